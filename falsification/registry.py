@@ -1,0 +1,92 @@
+"""Registry of falsification tests: a contract item names a test registered here by string."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from obligations.results import Outcome
+
+__all__ = ["FalsifyContext", "FalsificationTest", "register_test", "get_test", "registered_tests", "load_builtin_tests"]
+
+
+@dataclass(frozen=True)
+class FalsifyContext:
+    """Everything a falsification test may read: where to run, how hard to try, and the item's own terms.
+
+    ``item`` is the contract's falsification entry (id, rule, prediction, agreement, tolerance, params);
+    ``tolerance`` is the single tolerance the contract states for it (None where none applies).
+    """
+
+    device: str  # "host" or "cuda"
+    profile: str  # "quick" (CPU CI) or "full" (GPU)
+    seed: int
+    item: dict[str, Any]
+    contract: dict[str, Any] = field(default_factory=dict)
+    contract_path: str = ""
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """Free-form parameters the contract passes to the test."""
+        return dict(self.item.get("params") or {})
+
+    @property
+    def tolerance(self) -> Any:
+        """The one tolerance the contract states for this item, or None."""
+        return self.item.get("tolerance")
+
+    @property
+    def agreement(self) -> str | None:
+        """The registered agreement kind the item asks for, or None."""
+        return self.item.get("agreement")
+
+
+@dataclass(frozen=True)
+class FalsificationTest:
+    """A registered test: its name, the function that runs it, which devices it supports."""
+
+    name: str
+    run: Callable[[FalsifyContext], Outcome]
+    devices: tuple[str, ...] = ("host", "cuda")
+    doc: str = ""
+
+
+_REGISTRY: dict[str, FalsificationTest] = {}
+
+# Modules whose import registers the project's own tests; users add theirs with register_test.
+BUILTIN_TEST_MODULES: tuple[str, ...] = (
+    "falsification.gemm_tests",
+)
+
+
+def register_test(name: str, *, devices: tuple[str, ...] = ("host", "cuda")) -> Callable:
+    """Decorator: register ``fn(ctx) -> Outcome`` under ``name``; duplicate names are a bug."""
+
+    def deco(fn: Callable[[FalsifyContext], Outcome]) -> Callable[[FalsifyContext], Outcome]:
+        if name in _REGISTRY and _REGISTRY[name].run is not fn:
+            raise ValueError(f"falsification test {name!r} is registered twice")
+        summary = (fn.__doc__ or "").strip().split("\n")[0]
+        _REGISTRY[name] = FalsificationTest(name, fn, devices, summary)
+        return fn
+
+    return deco
+
+
+def load_builtin_tests() -> None:
+    """Import every module that registers the project's own tests (idempotent)."""
+    for mod in BUILTIN_TEST_MODULES:
+        importlib.import_module(mod)
+
+
+def get_test(name: str) -> FalsificationTest | None:
+    """The registered test called ``name``, or None."""
+    load_builtin_tests()
+    return _REGISTRY.get(name)
+
+
+def registered_tests() -> dict[str, FalsificationTest]:
+    """All registered tests by name."""
+    load_builtin_tests()
+    return dict(_REGISTRY)

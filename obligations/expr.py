@@ -1,0 +1,393 @@
+"""The contract expression language: a whitelisted parse of Python syntax, evaluated by our own walker.
+
+Contract text is never given to eval/exec/sympify. :func:`parse` accepts integer and boolean arithmetic,
+comparisons (chained), ``and``/``or``/``not``, ``implies`` (lowest precedence, right-associative),
+``a if c else b``, and calls to a fixed set of functions (min, max, cdiv, select, implies, int32, int64,
+uint32, uint64) or to callables the kernel's plan exposes. Everything else is rejected with its column.
+
+One parsed expression has three meanings: :meth:`Expr.evaluate` over Z3-carried Terms (proofs), over
+int/NumPy-carried Terms (enumeration, confirmation), and :meth:`Expr.to_sympy` for display.
+``//`` and ``%`` are C's truncating division and remainder; machine types come from the operands.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import tokenize
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+
+from obligations import symbolic as sym
+from obligations.symbolic import BoolTerm, Term
+
+__all__ = ["ExprError", "Expr", "parse", "FUNCTIONS"]
+
+MAX_LITERAL_BITS = 128
+MAX_SOURCE = 2000
+
+
+class ExprError(ValueError):
+    """A rejected expression: the message and the 0-based column in the source string."""
+
+    def __init__(self, message: str, col: int = 0):
+        super().__init__(message)
+        self.message = message
+        self.col = col
+
+    def __str__(self) -> str:
+        return f"col {self.col + 1}: {self.message}"
+
+
+def _cast(ty: str) -> Callable[[Any], Any]:
+    def cast(x: Any) -> Any:
+        if isinstance(x, int) and not isinstance(x, bool):
+            t = sym.machine_type(ty)
+            if not t.lo <= x <= t.hi:
+                raise OverflowError(f"literal {x} does not fit {ty}")
+            return x
+        return sym.as_type(x, ty)
+
+    return cast
+
+
+def _lit_or_term(f: Callable[[Any, Any], Any], int_f: Callable[[int, int], int]) -> Callable[[Any, Any], Any]:
+    def g(a: Any, b: Any) -> Any:
+        if isinstance(a, int) and isinstance(b, int):
+            return int_f(a, b)
+        return f(a, b)
+
+    return g
+
+
+def _int_cdiv(a: int, b: int) -> int:
+    return -((-a) // b)
+
+
+# Whitelisted functions: name -> (arity, implementation over Terms/ints, sympy renderer).
+FUNCTIONS: dict[str, tuple[int, Callable[..., Any], Callable[..., Any]]] = {
+    "min": (2, _lit_or_term(sym.smin, min), lambda a, b: sympy.Min(a, b)),
+    "max": (2, _lit_or_term(sym.smax, max), lambda a, b: sympy.Max(a, b)),
+    "cdiv": (2, _lit_or_term(sym.cdiv, _int_cdiv), lambda a, b: sympy.ceiling(a / b)),
+    "select": (3, sym.select, lambda c, a, b: sympy.Piecewise((a, c), (b, True))),
+    "implies": (2, sym.implies, lambda a, b: sympy.Implies(a, b)),
+    **{t: (1, _cast(t), (lambda t: lambda a: sympy.Function(t)(a))(t)) for t in sym.TYPES},
+}
+
+_CMP = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
+_ARITH = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod, ast.Pow)
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A parsed, whitelisted expression and its source text."""
+
+    source: str
+    tree: ast.expr
+
+    def names(self) -> set[str]:
+        """Free names used as values (symbols or plan quantities)."""
+        return {n.id for n in ast.walk(self.tree) if isinstance(n, ast.Name)}
+
+    def called(self) -> set[str]:
+        """Names used as functions that are not built in (plan callables)."""
+        return {
+            n.func.id
+            for n in ast.walk(self.tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id not in FUNCTIONS
+        }
+
+    def evaluate(self, env: Mapping[str, Any]) -> Any:
+        """Evaluate over ``env`` (names -> Term/BoolTerm/int/bool/callable); carriers decide the meaning."""
+        return _Evaluator(env, self.source).visit(self.tree)
+
+    def to_sympy(self) -> Any:
+        """A sympy expression for display (text/LaTeX); never used for proofs of machine arithmetic."""
+        return _Sympy().visit(self.tree)
+
+    def to_latex(self) -> str:
+        """LaTeX rendering of the expression."""
+        return sympy.latex(self.to_sympy())
+
+    def to_text(self) -> str:
+        """Unicode rendering of the expression."""
+        return sympy.pretty(self.to_sympy(), use_unicode=True)
+
+
+def parse(source: str) -> Expr:
+    """Parse ``source`` in the contract expression language, or raise ExprError with the column."""
+    if not isinstance(source, str):
+        raise ExprError(f"expected a string expression, got {type(source).__name__}")
+    if len(source) > MAX_SOURCE:
+        raise ExprError(f"expression longer than {MAX_SOURCE} characters")
+    if "\n" in source.strip() or "\r" in source:
+        raise ExprError("expressions are one line", source.find("\n"))
+    parts = _split_implies(source)
+    trees = [(_parse_part(source, start, end), start) for start, end in parts]
+    tree = trees[-1][0]
+    for part, _start in reversed(trees[:-1]):  # right-associative: a implies b implies c = a -> (b -> c)
+        tree = ast.Call(func=ast.Name(id="implies", ctx=ast.Load()), args=[part, tree], keywords=[])
+        ast.copy_location(tree, part)
+    return Expr(source, tree)
+
+
+def _split_implies(source: str) -> list[tuple[int, int]]:
+    """Spans of the top-level operands of the ``implies`` keyword (outside any brackets)."""
+    spans, depth, start = [], 0, 0
+    try:
+        toks = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError, IndentationError) as e:
+        raise ExprError(f"cannot tokenize: {e}") from None
+    for tok in toks:
+        if tok.type == tokenize.OP and tok.string in "([{":
+            depth += 1
+        elif tok.type == tokenize.OP and tok.string in ")]}":
+            depth -= 1
+        elif tok.type == tokenize.NAME and tok.string == "implies" and depth == 0:
+            col = tok.start[1]
+            spans.append((start, col))
+            start = tok.end[1]
+    spans.append((start, len(source)))
+    for s, e in spans:
+        if not source[s:e].strip():
+            raise ExprError("'implies' needs an expression on each side", s)
+    return spans
+
+
+def _parse_part(source: str, start: int, end: int) -> ast.expr:
+    text = source[start:end]
+    lead = len(text) - len(text.lstrip())
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as e:
+        raise ExprError(f"syntax error: {e.msg}", start + lead + max((e.offset or 1) - 1, 0)) from None
+    for node in ast.walk(tree):
+        if hasattr(node, "col_offset"):
+            node.col_offset += start + lead
+    _Whitelist().visit(tree)
+    return tree.body
+
+
+class _Whitelist(ast.NodeVisitor):
+    """Reject every syntax form outside the language, naming it and its column."""
+
+    def generic_visit(self, node: ast.AST) -> None:
+        allowed = (
+            ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.UAdd,
+            ast.BinOp, *_ARITH, ast.Compare, *_CMP, ast.IfExp, ast.Name, ast.Load, ast.Constant, ast.Call,
+        )
+        if not isinstance(node, allowed):
+            raise ExprError(f"{type(node).__name__} is not allowed in contract expressions", _col(node))
+        super().generic_visit(node)
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if node.id.startswith("_"):
+            raise ExprError(f"name {node.id!r} is not allowed (leading underscore)", node.col_offset)
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if not isinstance(node.value, bool | int):
+            raise ExprError(f"only integer and boolean literals are allowed, not {node.value!r}", node.col_offset)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        if not isinstance(node.func, ast.Name):
+            raise ExprError("only named functions may be called", node.col_offset)
+        if node.keywords:
+            raise ExprError("keyword arguments are not allowed", node.col_offset)
+        if node.func.id.startswith("_"):
+            raise ExprError(f"function {node.func.id!r} is not allowed", node.col_offset)
+        if node.func.id in FUNCTIONS and len(node.args) != FUNCTIONS[node.func.id][0]:
+            raise ExprError(f"{node.func.id}() takes {FUNCTIONS[node.func.id][0]} arguments", node.col_offset)
+        for a in node.args:
+            if isinstance(a, ast.Starred):
+                raise ExprError("starred arguments are not allowed", a.col_offset)
+            self.visit(a)
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        if isinstance(node.op, ast.Pow):
+            base, exp = _const_int(node.left), _const_int(node.right)
+            if base is None or exp is None:
+                raise ExprError("'**' needs integer literal operands", node.col_offset)
+            if exp < 0 or exp > MAX_LITERAL_BITS or abs(base) > 1 << 16 or (
+                abs(base) > 1 and exp * abs(base).bit_length() > MAX_LITERAL_BITS + 16
+            ):
+                raise ExprError(f"literal power too large (results are limited to {MAX_LITERAL_BITS} bits)",
+                                node.col_offset)
+        self.generic_visit(node)
+
+
+def _const_int(node: ast.AST) -> int | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        v = _const_int(node.operand)
+        return None if v is None else -v
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+        return None  # nested powers (9**9**9) are never literal-folded
+    return None
+
+
+def _col(node: ast.AST) -> int:
+    return getattr(node, "col_offset", 0)
+
+
+def _check_literal(v: int, node: ast.AST) -> int:
+    if v.bit_length() > MAX_LITERAL_BITS:
+        raise ExprError(f"literal arithmetic exceeds {MAX_LITERAL_BITS} bits", _col(node))
+    return v
+
+
+class _Evaluator(ast.NodeVisitor):
+    def __init__(self, env: Mapping[str, Any], source: str):
+        self.env = env
+        self.source = source
+
+    def generic_visit(self, node: ast.AST) -> Any:  # pragma: no cover - the whitelist forbids it
+        raise ExprError(f"cannot evaluate {type(node).__name__}", _col(node))
+
+    def visit_Constant(self, node: ast.Constant) -> Any:
+        return node.value
+
+    def visit_Name(self, node: ast.Name) -> Any:
+        if node.id in ("True", "False"):
+            return node.id == "True"
+        try:
+            return self.env[node.id]
+        except KeyError:
+            raise ExprError(f"unknown name {node.id!r}", node.col_offset) from None
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> Any:
+        vals = [self.visit(v) for v in node.values]
+        return sym.all_of(*vals) if isinstance(node.op, ast.And) else sym.any_of(*vals)
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
+        v = self.visit(node.operand)
+        if isinstance(node.op, ast.Not):
+            return sym.negate(v)
+        if isinstance(node.op, ast.USub):
+            return -v
+        return v
+
+    def visit_BinOp(self, node: ast.BinOp) -> Any:
+        a, b = self.visit(node.left), self.visit(node.right)
+        op = node.op
+        for x in (a, b):
+            if isinstance(x, bool | BoolTerm):
+                raise ExprError("arithmetic on a condition", node.col_offset)
+        if isinstance(a, int) and isinstance(b, int):
+            return _check_literal(_int_binop(op, a, b, node), node)
+        if isinstance(op, ast.Add):
+            return a + b
+        if isinstance(op, ast.Sub):
+            return a - b
+        if isinstance(op, ast.Mult):
+            return a * b
+        lhs = a if isinstance(a, Term) else b._coerce(a)
+        if isinstance(op, ast.FloorDiv):
+            return lhs.c_div(b)
+        if isinstance(op, ast.Mod):
+            return lhs.c_rem(b)
+        raise ExprError("'**' needs integer literal operands", node.col_offset)
+
+    def visit_Compare(self, node: ast.Compare) -> Any:
+        left = self.visit(node.left)
+        parts = []
+        for op, comp in zip(node.ops, node.comparators, strict=True):
+            right = self.visit(comp)
+            parts.append(_compare(_CMP[type(op)], left, right))
+            left = right
+        return parts[0] if len(parts) == 1 else sym.all_of(*parts)
+
+    def visit_IfExp(self, node: ast.IfExp) -> Any:
+        return sym.select(self.visit(node.test), self.visit(node.body), self.visit(node.orelse))
+
+    def visit_Call(self, node: ast.Call) -> Any:
+        name = node.func.id
+        args = [self.visit(a) for a in node.args]
+        if name in FUNCTIONS:
+            return FUNCTIONS[name][1](*args)
+        fn = self.env.get(name)
+        if not callable(fn):
+            raise ExprError(f"unknown function {name!r}", node.col_offset)
+        return fn(*args)
+
+
+def _int_binop(op: ast.operator, a: int, b: int, node: ast.AST) -> int:
+    if isinstance(op, ast.Add):
+        return a + b
+    if isinstance(op, ast.Sub):
+        return a - b
+    if isinstance(op, ast.Mult):
+        return a * b
+    if isinstance(op, ast.Pow):
+        return a**b
+    if b == 0:
+        raise ExprError("division by zero in literal arithmetic", _col(node))
+    q = abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1)
+    return q if isinstance(op, ast.FloorDiv) else a - b * q
+
+
+def _compare(op: str, a: Any, b: Any) -> Any:
+    if isinstance(a, int | bool) and isinstance(b, int | bool) and not (
+        isinstance(a, Term) or isinstance(b, Term)
+    ):
+        return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b, "==": a == b, "!=": a != b}[op]
+    if isinstance(a, BoolTerm | bool) and isinstance(b, BoolTerm | bool) and op in ("==", "!="):
+        eq = sym.any_of(sym.all_of(a, b), sym.all_of(sym.negate(a), sym.negate(b)))
+        return eq if op == "==" else sym.negate(eq)
+    if not isinstance(a, Term):
+        a, b, op = b, a, {"<": ">", "<=": ">=", ">": "<", ">=": "<="}.get(op, op)
+    return {"<": a.__lt__, "<=": a.__le__, ">": a.__gt__, ">=": a.__ge__, "==": a.__eq__, "!=": a.__ne__}[op](b)
+
+
+class _Sympy(ast.NodeVisitor):
+    def visit_Constant(self, node: ast.Constant) -> Any:
+        return sympy.true if node.value is True else sympy.false if node.value is False else sympy.Integer(node.value)
+
+    def visit_Name(self, node: ast.Name) -> Any:
+        return sympy.Symbol(node.id, integer=True)
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> Any:
+        vals = [self.visit(v) for v in node.values]
+        return sympy.And(*vals) if isinstance(node.op, ast.And) else sympy.Or(*vals)
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
+        v = self.visit(node.operand)
+        return sympy.Not(v) if isinstance(node.op, ast.Not) else (-v if isinstance(node.op, ast.USub) else v)
+
+    def visit_BinOp(self, node: ast.BinOp) -> Any:
+        a, b = self.visit(node.left), self.visit(node.right)
+        op = node.op
+        if isinstance(op, ast.Add):
+            return sympy.Add(a, b, evaluate=False)
+        if isinstance(op, ast.Sub):
+            return sympy.Add(a, sympy.Mul(-1, b, evaluate=False), evaluate=False)
+        if isinstance(op, ast.Mult):
+            return sympy.Mul(a, b, evaluate=False)
+        if isinstance(op, ast.Pow):
+            return sympy.Pow(a, b, evaluate=False)
+        if isinstance(op, ast.FloorDiv):
+            return sympy.Function("tdiv")(a, b)
+        return sympy.Function("trem")(a, b)
+
+    def visit_Compare(self, node: ast.Compare) -> Any:
+        rel = {"<": sympy.Lt, "<=": sympy.Le, ">": sympy.Gt, ">=": sympy.Ge, "==": sympy.Eq, "!=": sympy.Ne}
+        left = self.visit(node.left)
+        parts = []
+        for op, comp in zip(node.ops, node.comparators, strict=True):
+            right = self.visit(comp)
+            parts.append(rel[_CMP[type(op)]](left, right, evaluate=False))
+            left = right
+        return parts[0] if len(parts) == 1 else sympy.And(*parts, evaluate=False)
+
+    def visit_IfExp(self, node: ast.IfExp) -> Any:
+        return sympy.Piecewise((self.visit(node.body), self.visit(node.test)), (self.visit(node.orelse), True))
+
+    def visit_Call(self, node: ast.Call) -> Any:
+        args = [self.visit(a) for a in node.args]
+        name = node.func.id
+        if name in FUNCTIONS:
+            return FUNCTIONS[name][2](*args)
+        return sympy.Function(name)(*args)

@@ -1,0 +1,223 @@
+"""Evidence as labelled facts: a registry of renderers keyed by the evidence's shape.
+
+Each renderer looks at an item's free-form ``evidence`` and, when it recognises its shape, turns some
+keys into facts and claims those keys. Renderers run in registration order; whatever no renderer
+claimed is shown by the generic fallback, so every piece of evidence appears exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Fact", "EvidenceRenderer", "register_evidence_renderer", "evidence_renderers", "evidence_facts"]
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One labelled piece of evidence, already formatted as text."""
+
+    label: str
+    value: str
+
+
+@dataclass(frozen=True)
+class EvidenceRenderer:
+    """Recognises an evidence shape (``applies``) and renders it to facts, claiming the keys it used."""
+
+    name: str
+    applies: Callable[[Mapping[str, Any]], bool]
+    render: Callable[[Mapping[str, Any]], tuple[list[Fact], set[str]]]
+
+
+_RENDERERS: dict[str, EvidenceRenderer] = {}
+
+
+def register_evidence_renderer(renderer: EvidenceRenderer) -> EvidenceRenderer:
+    """Add ``renderer`` (replacing one of the same name in place); returns it."""
+    _RENDERERS[renderer.name] = renderer
+    return renderer
+
+
+def evidence_renderers() -> tuple[EvidenceRenderer, ...]:
+    """The registered renderers in the order they run."""
+    return tuple(_RENDERERS.values())
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{int(value):,}" if value.is_integer() and abs(value) < 1e15 else f"{value:.4g}"
+    return str(value)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _solver(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
+    facts = [Fact("Solver", " ".join(str(ev[k]) for k in ("solver", "solver_version") if ev.get(k)))]
+    if "rlimit_used" in ev or "rlimit" in ev:
+        used, limit = ev.get("rlimit_used"), ev.get("rlimit")
+        text = _num(used) if used is not None else "?"
+        facts.append(
+            Fact("Solver resource use", f"{text} of rlimit {_num(limit)}" if limit is not None else text)
+        )
+    if "assumptions" in ev:
+        assumptions = ev["assumptions"] or []
+        facts.append(Fact("Assumptions", "; ".join(map(str, assumptions)) if assumptions else "none"))
+    if "z3_reason" in ev:
+        facts.append(Fact("Solver reason", str(ev["z3_reason"])))
+    if "unsat_core" in ev:
+        facts.append(Fact("Unsatisfiable core", "; ".join(map(str, ev["unsat_core"]))))
+    if "simplified" in ev:
+        facts.append(Fact("Simplified difference", str(ev["simplified"])))
+    if "vacuity_checked" in ev:
+        facts.append(Fact("Assumptions satisfiable (vacuity check)", _num(ev["vacuity_checked"])))
+    keys = {
+        "solver",
+        "solver_version",
+        "rlimit",
+        "rlimit_used",
+        "assumptions",
+        "z3_reason",
+        "unsat_core",
+        "simplified",
+        "vacuity_checked",
+    }
+    return facts, keys
+
+
+def _enumeration(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
+    facts = [Fact("Points checked", f"{_num(ev['points'])} (every point of the domain)")]
+    keys = {"points"}
+    if "bound" in ev and not isinstance(ev["bound"], list):
+        facts.append(Fact("Bound", _num(ev["bound"])))
+        keys.add("bound")
+    if isinstance(ev.get("domain"), Mapping):
+        parts = []
+        for name, rng in ev["domain"].items():
+            if isinstance(rng, list | tuple) and len(rng) == 2:
+                parts.append(f"{name} ∈ [{_num(rng[0])}, {_num(rng[1])}]")
+            else:
+                parts.append(f"{name} = {_json(rng)}")
+        facts.append(Fact("Domain", ", ".join(parts)))
+        keys.add("domain")
+    return facts, keys
+
+
+def _sampling(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
+    text = _num(ev["cases"])
+    if "elements" in ev:
+        text += f" ({_num(ev['elements'])} elements)"
+    facts = [Fact("Cases", text)]
+    keys = {"cases", "elements"}
+    for key, label in (("seed", "Seed"), ("profile", "Profile"), ("shrunk", "Counterexample shrunk")):
+        if key in ev:
+            facts.append(Fact(label, _num(ev[key])))
+            keys.add(key)
+    return facts, keys
+
+
+def _ulp(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
+    hist = ev["ulp_histogram"] or {}
+    ordered = sorted(hist.items(), key=lambda kv: float(kv[0]))
+    facts = [Fact("ULP histogram", ", ".join(f"{k} ULP: {_num(v)}" for k, v in ordered) or "empty")]
+    if "max_ulp" in ev:
+        facts.insert(0, Fact("Max ULP error", _num(ev["max_ulp"])))
+    return facts, {"ulp_histogram", "max_ulp"}
+
+
+ERROR_AXIS_KEYS: tuple[str, ...] = ("k", "n", "size", "sizes", "shape")
+
+
+def error_axis(ev: Mapping[str, Any]) -> tuple[str, list[Any]] | None:
+    """The (name, values) of the size axis that ``observed_error``/``bound`` are indexed by, if stated."""
+    n = len(ev.get("observed_error") or [])
+    for key in ERROR_AXIS_KEYS:
+        values = ev.get(key)
+        if isinstance(values, list) and len(values) == n:
+            return key, values
+    return None
+
+
+def _error_bound(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
+    observed, bound = list(ev["observed_error"]), list(ev["bound"])
+    keys = {"observed_error", "bound"}
+    axis = error_axis(ev)
+    if axis:
+        keys.add(axis[0])
+    pairs = [(o / b if b else float("inf"), i) for i, (o, b) in enumerate(zip(observed, bound, strict=False))]
+    facts = [Fact("Observed error vs bound", f"{len(pairs)} sizes")]
+    if pairs:
+        worst, at = max(pairs)
+        where = f" at {axis[0]} = {_num(axis[1][at])}" if axis else f" at point {at}"
+        facts.append(Fact("Worst observed/bound ratio", f"{worst:.3g}{where}"))
+        within = sum(1 for r, _ in pairs if r <= 1)
+        facts.append(Fact("Within bound", f"{within} of {len(pairs)}"))
+    return facts, keys
+
+
+def _timings(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
+    facts = []
+    for name, samples in (ev["timings_ms"] or {}).items():
+        if samples:
+            med = statistics.median(samples)
+            facts.append(
+                Fact(f"Time ({name})", f"median {med:.4g} ms, min {min(samples):.4g} ms, n = {len(samples)}")
+            )
+    keys = {"timings_ms"}
+    if "ratio" in ev:
+        text = _num(ev["ratio"])
+        if "limit" in ev:
+            text += f" (limit {_num(ev['limit'])})"
+            keys.add("limit")
+        facts.append(Fact("Ratio ours/peer", text))
+        keys.add("ratio")
+    return facts, keys
+
+
+def _assumption(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
+    return [Fact("Named assumption", str(ev["assumption"]))], {"assumption"}
+
+
+for _r in (
+    EvidenceRenderer("assumption", lambda ev: "assumption" in ev, _assumption),
+    EvidenceRenderer("solver", lambda ev: "solver" in ev, _solver),
+    EvidenceRenderer("enumeration", lambda ev: "points" in ev, _enumeration),
+    EvidenceRenderer("sampling", lambda ev: "cases" in ev, _sampling),
+    EvidenceRenderer("ulp", lambda ev: isinstance(ev.get("ulp_histogram"), Mapping), _ulp),
+    EvidenceRenderer(
+        "error_bound",
+        lambda ev: isinstance(ev.get("observed_error"), list) and isinstance(ev.get("bound"), list),
+        _error_bound,
+    ),
+    EvidenceRenderer("timings", lambda ev: isinstance(ev.get("timings_ms"), Mapping), _timings),
+):
+    register_evidence_renderer(_r)
+
+
+def evidence_facts(evidence: Mapping[str, Any] | None) -> list[Fact]:
+    """All facts for one item's evidence: registered shapes first, then every unclaimed key verbatim."""
+    ev = dict(evidence or {})
+    facts: list[Fact] = []
+    claimed: set[str] = set()
+    for renderer in _RENDERERS.values():
+        remaining = {k: v for k, v in ev.items() if k not in claimed}
+        if remaining and renderer.applies(remaining):
+            new, keys = renderer.render(remaining)
+            facts.extend(new)
+            claimed |= keys
+    for key in ev:
+        if key not in claimed:
+            value = ev[key]
+            facts.append(
+                Fact(key, _num(value) if isinstance(value, int | float | str | bool) else _json(value))
+            )
+    return facts

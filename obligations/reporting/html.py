@@ -1,0 +1,164 @@
+"""Self-contained HTML report of one contract: inline CSS, base64 PNG plots, MathML; no script or network."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from html import escape
+from typing import Any
+
+from obligations.reporting.evidence import Fact
+from obligations.reporting.model import STATUSES, contract_summary, status_style
+from obligations.reporting.plots import MISSING_MATPLOTLIB, plots_available
+from obligations.reporting.provenance import stamp_line
+from obligations.reporting.views import ItemView, item_view, provenance_facts, report_stamp
+
+__all__ = ["render_contract_html"]
+
+PlotImages = Mapping[tuple[str, str], bytes]
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:2rem auto;max-width:64rem;
+ padding:0 1rem;color:#1f2328;line-height:1.45}
+h1{margin-bottom:.2rem} .meta{color:#57606a;margin-top:0}
+table{border-collapse:collapse;margin:.6rem 0 1rem} th,td{border:1px solid #d0d7de;padding:.25rem .6rem;
+ text-align:left;vertical-align:top} th{background:#f6f8fa}
+.status{font-weight:600;white-space:nowrap} section.item{border-top:1px solid #d0d7de;padding-top:.4rem}
+.badges span{display:inline-block;margin-right:.8rem} code,pre{background:#f6f8fa;border-radius:4px}
+code{padding:0 .25rem} pre{padding:.6rem;overflow-x:auto} figure{margin:.6rem 0}
+figcaption{color:#57606a;font-size:.9rem} img.plot{max-width:100%;height:auto;border:1px solid #d0d7de}
+math{font-size:1.1rem} .clause{margin:.3rem 0} .note{color:#57606a;font-style:italic}
+""".strip()
+
+
+def _status(status: str) -> str:
+    style = status_style(status)
+    return f'<span class="status" style="color:{style.colour}">{escape(style.mark)} {escape(status)}</span>'
+
+
+def _facts_table(facts: list[Fact] | tuple[Fact, ...], css: str, head: tuple[str, str]) -> list[str]:
+    rows = [
+        f'<table class="{css}"><thead><tr><th>{escape(head[0])}</th>'
+        f"<th>{escape(head[1])}</th></tr></thead><tbody>"
+    ]
+    rows += [f"<tr><th>{escape(f.label)}</th><td>{escape(f.value)}</td></tr>" for f in facts]
+    rows.append("</tbody></table>")
+    return rows
+
+
+def _statement(view: ItemView) -> list[str]:
+    if not view.statement:
+        return []
+    out = ['<div class="statement"><strong>Formal statement</strong>']
+    for clause, rendered in view.statement:
+        if rendered.parsed and rendered.mathml:
+            out.append(
+                f'<div class="clause"><em>{escape(clause)}</em>: '
+                f'<math display="inline" data-source="{escape(rendered.text)}">{rendered.mathml}</math></div>'
+            )
+        else:
+            out.append(
+                f'<div class="clause"><em>{escape(clause)}</em>: <code>{escape(rendered.text)}</code></div>'
+            )
+    out.append("</div>")
+    return out
+
+
+def _plots(view: ItemView, plot_images: PlotImages | None) -> list[str]:
+    out = []
+    for kind in view.plots:
+        png = (plot_images or {}).get((view.id, kind.name))
+        if png:
+            data = base64.b64encode(png).decode("ascii")
+            out.append(
+                f'<figure><img class="plot" data-plot="{escape(kind.name)}" '
+                f'alt="{escape(kind.title)} for {escape(view.id)}" src="data:image/png;base64,{data}">'
+                f"<figcaption>{escape(kind.caption(view.raw))}</figcaption></figure>"
+            )
+        else:
+            why = MISSING_MATPLOTLIB if not plots_available() else "plots were not requested"
+            out.append(f'<p class="note">{escape(kind.title)} left out: {escape(why)}.</p>')
+    return out
+
+
+def _item(view: ItemView, plot_images: PlotImages | None) -> list[str]:
+    out = [
+        f'<section class="item" id="{escape(view.id)}" data-status="{escape(view.status)}">',
+        f"<h3>{escape(view.id)}</h3>",
+        f'<p class="badges">{_status(view.status)}'
+        f"<span>claim: <strong>{escape(view.claim_label)}</strong></span>"
+        f"<span>{escape(view.kind)}</span><span>type <code>{escape(view.type)}</code></span>"
+        f"<span>method <code>{escape(view.method)}</code></span></p>",
+    ]
+    if view.property:
+        out.append(f"<p><strong>Property:</strong> {escape(view.property)}</p>")
+    out += _statement(view)
+    out.append(f"<p><strong>What the evidence supports:</strong> {escape(view.claim_text)}</p>")
+    if view.reason and view.status != "violated":
+        out.append(f"<p><strong>Reason:</strong> {escape(view.reason)}</p>")
+    if view.facts:
+        out += _facts_table(view.facts, "evidence", ("Evidence", "Value"))
+    if view.counterexample is not None:
+        out.append(
+            "<p><strong>Counterexample</strong></p>"
+            f'<pre class="counterexample">{escape(view.counterexample)}</pre>'
+        )
+    if view.replay:
+        out.append(f'<p><strong>Replay</strong></p><pre class="replay">{escape(view.replay)}</pre>')
+    out += _plots(view, plot_images)
+    out.append("</section>")
+    return out
+
+
+def render_contract_html(
+    result: Mapping[str, Any],
+    contract: Mapping[str, Any],
+    *,
+    plot_images: PlotImages | None = None,
+    symbols: Mapping[str, Any] | None = None,
+) -> str:
+    """A self-contained HTML page for one contract; ``plot_images`` maps (item id, plot name) to PNG bytes."""
+    prov = result.get("provenance") or {}
+    views = [item_view(item, contract, prov, symbols) for item in contract.get("items", [])]
+    cid = escape(str(contract["id"]))
+    device = prov.get("device") or {}
+    counts = contract_summary(contract)
+    keys = list(STATUSES) + [s for s in counts if s not in STATUSES]
+    out = [
+        "<!DOCTYPE html>",
+        stamp_line(report_stamp(result, [contract])),
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        # No script, no remote anything: images are data: URIs, styles inline.
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; img-src data:; '
+        "style-src 'unsafe-inline'\">",
+        f"<title>{cid}: kernel contract report</title><style>{_CSS}</style></head><body>",
+        f"<h1>{cid}</h1>",
+        f"<p>{escape(str(contract.get('summary') or ''))}</p>",
+        f'<p class="meta">Version {escape(str(contract.get("version", "?")))} · family '
+        f"<code>{escape(str(contract.get('family', '?')))}</code> · "
+        f"source <code>{escape(str(contract['path']))}</code>"
+        f" · checked {escape(str(prov.get('started', '?')))} on "
+        f"{escape(str(device.get('name') or device.get('kind') or '?'))}</p>",
+        "<h2>Summary</h2>",
+        '<table class="summary"><thead><tr>'
+        + "".join(f"<th>{escape(k)}</th>" for k in keys)
+        + "</tr></thead>"
+        "<tbody><tr>" + "".join(f"<td>{counts.get(k, 0)}</td>" for k in keys) + "</tr></tbody></table>",
+        '<table class="items"><thead><tr><th>Item</th><th>Type</th><th>Method</th><th>Status</th>'
+        "<th>Claim</th>"
+        "</tr></thead><tbody>",
+    ]
+    for v in views:
+        out.append(
+            f'<tr data-item="{escape(v.id)}"><td><a href="#{escape(v.id)}">{escape(v.id)}</a></td>'
+            f"<td>{escape(v.type)}</td><td>{escape(v.method)}</td><td>{_status(v.status)}</td>"
+            f"<td>{escape(v.claim_label)}</td></tr>"
+        )
+    out += ["</tbody></table>", "<h2>Items</h2>"]
+    for v in views:
+        out += _item(v, plot_images)
+    out += ["<h2>Provenance</h2>"]
+    out += _facts_table(provenance_facts(result, contract), "provenance", ("Provenance", "Value"))
+    out += ["</body></html>"]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,181 @@
+"""Markdown reports: one page per contract and an index across contracts (GitHub-flavoured)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from obligations.reporting.evidence import Fact
+from obligations.reporting.model import STATUSES, contract_summary
+from obligations.reporting.plots import MISSING_MATPLOTLIB, plots_available
+from obligations.reporting.provenance import stamp_line
+from obligations.reporting.views import ItemView, item_view, provenance_facts, report_stamp
+
+__all__ = ["render_contract_markdown", "render_index_markdown"]
+
+PlotFiles = Mapping[tuple[str, str], str]
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def _code(text: str) -> str:
+    ticks = 1
+    while "`" * ticks in text:
+        ticks += 1
+    fence = "`" * ticks
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _anchor(item_id: str) -> str:
+    return "".join(ch for ch in item_id.lower().replace(" ", "-") if ch.isalnum() or ch in "-_")
+
+
+def _facts_table(
+    facts: list[Fact] | tuple[Fact, ...], head: tuple[str, str] = ("Evidence", "Value")
+) -> list[str]:
+    lines = [f"| {head[0]} | {head[1]} |", "| --- | --- |"]
+    lines += [f"| {_cell(f.label)} | {_cell(f.value)} |" for f in facts]
+    return lines
+
+
+def _statement_lines(view: ItemView) -> list[str]:
+    if not view.statement:
+        return []
+    lines = ["**Formal statement:**", ""]
+    for clause, rendered in view.statement:
+        if rendered.parsed:
+            lines += [
+                f"*{clause}*",
+                "",
+                "```math",
+                rendered.latex or "",
+                "```",
+                "",
+                f"<sub>source: {_code(rendered.text)}</sub>",
+                "",
+            ]
+        else:
+            lines += [f"*{clause}*: {_code(rendered.text)}", ""]
+    return lines
+
+
+def _plot_lines(view: ItemView, plot_files: PlotFiles | None) -> list[str]:
+    lines: list[str] = []
+    for kind in view.plots:
+        path = (plot_files or {}).get((view.id, kind.name))
+        if path:
+            lines += [f"![{kind.title} for {view.id}]({path})", "", f"*{_cell(kind.caption(view.raw))}*", ""]
+        else:
+            why = MISSING_MATPLOTLIB if not plots_available() else "plots were not requested"
+            lines += [f"*{kind.title} left out: {why}.*", ""]
+    return lines
+
+
+def _item_section(view: ItemView, plot_files: PlotFiles | None) -> list[str]:
+    lines = [
+        f"### {view.id}",
+        "",
+        f"{view.style.mark} **{view.status}** · claim: **{view.claim_label}** · "
+        f"{view.kind} · type `{view.type}` · method `{view.method}`",
+        "",
+    ]
+    if view.property:
+        lines += [f"**Property:** {view.property}", ""]
+    lines += _statement_lines(view)
+    lines += [f"**What the evidence supports:** {view.claim_text}", ""]
+    if view.reason and view.status != "violated":
+        lines += [f"**Reason:** {view.reason}", ""]
+    if view.facts:
+        lines += _facts_table(view.facts) + [""]
+    if view.counterexample is not None:
+        lines += ["**Counterexample:**", "", "```json", view.counterexample, "```", ""]
+    if view.replay:
+        lines += ["**Replay:**", "", "```sh", view.replay, "```", ""]
+    lines += _plot_lines(view, plot_files)
+    return lines
+
+
+def _summary_table(counts: Mapping[str, int]) -> list[str]:
+    keys = [s for s in STATUSES] + [s for s in counts if s not in STATUSES]
+    return [
+        "| " + " | ".join(keys) + " |",
+        "|" + " --- |" * len(keys),
+        "| " + " | ".join(str(counts.get(k, 0)) for k in keys) + " |",
+    ]
+
+
+def render_contract_markdown(
+    result: Mapping[str, Any],
+    contract: Mapping[str, Any],
+    *,
+    plot_files: PlotFiles | None = None,
+    symbols: Mapping[str, Any] | None = None,
+) -> str:
+    """The Markdown report of one contract of ``result``; ``plot_files``: (item id, plot name) -> path."""
+    prov = result.get("provenance") or {}
+    views = [item_view(item, contract, prov, symbols) for item in contract.get("items", [])]
+    lines = [stamp_line(report_stamp(result, [contract])), ""]
+    lines += [f"# {contract['id']}", ""]
+    if contract.get("summary"):
+        lines += [str(contract["summary"]), ""]
+    lines += [
+        f"Version {contract.get('version', '?')} · family `{contract.get('family', '?')}` · "
+        f"source `{contract['path']}` · checked {prov.get('started', '?')} on "
+        f"{(prov.get('device') or {}).get('name') or (prov.get('device') or {}).get('kind', '?')}",
+        "",
+    ]
+    lines += ["## Summary", ""] + _summary_table(contract_summary(contract)) + [""]
+    lines += ["| Item | Type | Method | Status | Claim |", "| --- | --- | --- | --- | --- |"]
+    for v in views:
+        lines.append(
+            f"| [{_cell(v.id)}](#{_anchor(v.id)}) | {_cell(v.type)} | {_cell(v.method)} | "
+            f"{v.style.mark} {_cell(v.status)} | {_cell(v.claim_label)} |"
+        )
+    lines += ["", "## Items", ""]
+    for v in views:
+        lines += _item_section(v, plot_files)
+    lines += ["## Provenance", ""] + _facts_table(provenance_facts(result, contract), ("Provenance", "Value"))
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def render_index_markdown(result: Mapping[str, Any], *, html: bool = True) -> str:
+    """The Markdown index across every contract of ``result``, linking each contract's report."""
+    contracts = list(result.get("contracts", []))
+    lines = [stamp_line(report_stamp(result, contracts)), "", "# Kernel contract reports", ""]
+    totals = dict.fromkeys(STATUSES, 0)
+    for c in contracts:
+        for k, n in contract_summary(c).items():
+            totals[k] = totals.get(k, 0) + n
+    lines += ["## Totals", ""] + _summary_table(totals) + [""]
+    head = "| Contract | Family | Version | " + " | ".join(STATUSES) + " | Pages |"
+    lines += ["## Contracts", "", head, "|" + " --- |" * (len(STATUSES) + 4)]
+    for c in contracts:
+        counts = contract_summary(c)
+        pages = f"[md]({c['id']}.md)" + (f" · [html]({c['id']}.html)" if html else "")
+        lines.append(
+            f"| [{_cell(c['id'])}]({c['id']}.md) | {_cell(c.get('family', ''))} | "
+            f"{_cell(c.get('version', ''))} | "
+            + " | ".join(str(counts[s]) for s in STATUSES)
+            + f" | {pages} |"
+        )
+    attention = [
+        (c, i) for c in contracts for i in c.get("items", []) if i["status"] in ("violated", "error")
+    ]
+    if attention:
+        lines += [
+            "",
+            "## Needs attention",
+            "",
+            "| Contract | Item | Status | Reason |",
+            "| --- | --- | --- | --- |",
+        ]
+        for c, i in attention:
+            lines.append(
+                f"| {_cell(c['id'])} | [{_cell(i['id'])}]({c['id']}.md#{_anchor(str(i['id']))}) | "
+                f"{_cell(i['status'])} | {_cell(i.get('reason') or '')} |"
+            )
+    lines += ["", "## Provenance", ""] + _facts_table(provenance_facts(result), ("Provenance", "Value"))
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,230 @@
+"""Reading a `kc check --json` result and describing its statuses and claim levels in words."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "STATUSES",
+    "StatusStyle",
+    "status_style",
+    "load_result",
+    "validate_result",
+    "iter_items",
+    "contract_summary",
+    "ClaimDescriber",
+    "register_claim",
+    "describe_claim",
+    "claim_label",
+]
+
+STATUSES: tuple[str, ...] = ("proved", "exhausted", "passed", "violated", "unknown", "skipped", "error")
+
+
+@dataclass(frozen=True)
+class StatusStyle:
+    """How a status is shown: a word, a short mark for tables and a CSS colour."""
+
+    status: str
+    mark: str
+    colour: str
+    ok: bool
+
+
+_STATUS_STYLES: dict[str, StatusStyle] = {
+    s.status: s
+    for s in (
+        StatusStyle("proved", "✔", "#1a7f37", True),
+        StatusStyle("exhausted", "✔", "#1a7f37", True),
+        StatusStyle("passed", "✔", "#2f8f46", True),
+        StatusStyle("violated", "✘", "#cf222e", False),
+        StatusStyle("unknown", "?", "#9a6700", False),
+        StatusStyle("skipped", "–", "#57606a", False),
+        StatusStyle("error", "!", "#cf222e", False),
+    )
+}
+
+
+def status_style(status: str) -> StatusStyle:
+    """The display style of ``status``; an unregistered status is shown neutrally, never as passing."""
+    return _STATUS_STYLES.get(status, StatusStyle(status, "?", "#57606a", False))
+
+
+_REQUIRED_TOP = ("tool", "provenance", "contracts", "summary")
+_REQUIRED_CONTRACT = ("id", "path", "sha256", "items")
+_REQUIRED_ITEM = ("id", "status")
+
+
+def validate_result(result: Any) -> None:
+    """Raise ValueError naming the first missing piece when ``result`` is not a kc check result."""
+    if not isinstance(result, Mapping):
+        raise ValueError("a kc check result is a JSON object")
+    for key in _REQUIRED_TOP:
+        if key not in result:
+            raise ValueError(f"not a kc check result: missing top-level key {key!r}")
+    if not isinstance(result["contracts"], list):
+        raise ValueError("not a kc check result: 'contracts' must be a list")
+    for n, contract in enumerate(result["contracts"]):
+        for key in _REQUIRED_CONTRACT:
+            if key not in contract:
+                raise ValueError(f"not a kc check result: contract #{n} lacks {key!r}")
+        for m, item in enumerate(contract["items"]):
+            for key in _REQUIRED_ITEM:
+                if key not in item:
+                    raise ValueError(
+                        f"not a kc check result: contract {contract['id']!r} item #{m} lacks {key!r}"
+                    )
+
+
+def load_result(path: str | Path) -> dict[str, Any]:
+    """Read and validate a `kc check --json` file; ValueError (with the path) if it is not one."""
+    p = Path(path)
+    try:
+        result = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{p}: not JSON ({exc})") from exc
+    try:
+        validate_result(result)
+    except ValueError as exc:
+        raise ValueError(f"{p}: {exc}") from exc
+    return result
+
+
+def iter_items(result: Mapping[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """Every (contract, item) pair of a result, in file order."""
+    for contract in result.get("contracts", []):
+        for item in contract.get("items", []):
+            yield contract, item
+
+
+def contract_summary(contract: Mapping[str, Any]) -> dict[str, int]:
+    """Count of the contract's items per status, every known status present (zero where none)."""
+    counts = dict.fromkeys(STATUSES, 0)
+    for item in contract.get("items", []):
+        counts[item["status"]] = counts.get(item["status"], 0) + 1
+    return counts
+
+
+# --- claim levels -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClaimDescriber:
+    """How one claim level is named and explained for an item (the explanation reads its evidence)."""
+
+    claim: str
+    label: Callable[[Mapping[str, Any]], str]
+    explain: Callable[[Mapping[str, Any]], str]
+
+
+_CLAIMS: dict[str, ClaimDescriber] = {}
+
+
+def register_claim(describer: ClaimDescriber) -> ClaimDescriber:
+    """Add or replace the describer for ``describer.claim``; returns it."""
+    _CLAIMS[describer.claim] = describer
+    return describer
+
+
+def _ev(item: Mapping[str, Any]) -> Mapping[str, Any]:
+    return item.get("evidence") or {}
+
+
+def _fmt_int(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:g}"
+    return f"{int(value):,}"
+
+
+def _agreement_phrase(item: Mapping[str, Any]) -> str:
+    agreement = item.get("agreement")
+    if not agreement:
+        return ""
+    tol = item.get("tolerance")
+    return f", {agreement} agreement" + (f" (tolerance {tol})" if tol is not None else "")
+
+
+def _proved(item: Mapping[str, Any]) -> str:
+    ev = _ev(item)
+    solver = str(ev.get("solver") or item.get("method") or "a solver")
+    assumptions = ev.get("assumptions") or []
+    if assumptions:
+        return f"Proved by {solver} under {len(assumptions)} assumption(s): " + "; ".join(
+            map(str, assumptions)
+        )
+    return f"Proved by {solver} with no assumptions beyond the contract's domain"
+
+
+def _exhausted(item: Mapping[str, Any]) -> str:
+    ev = _ev(item)
+    points = ev.get("points")
+    text = "Checked at every point of the stated domain"
+    if points is not None:
+        text += f": {_fmt_int(points)} points"
+    if ev.get("bound") is not None and not isinstance(ev.get("bound"), list):
+        text += f" (bound {ev['bound']})"
+    return text + _agreement_phrase(item)
+
+
+def _tested_label(item: Mapping[str, Any]) -> str:
+    return "parity tested" if item.get("agreement") else "ran"
+
+
+def _tested(item: Mapping[str, Any]) -> str:
+    ev = _ev(item)
+    cases = ev.get("cases")
+    n = f"{_fmt_int(cases)} cases" if cases is not None else "an unstated number of cases"
+    seed = f" (seed {ev['seed']})" if "seed" in ev else ""
+    if item.get("agreement"):
+        return f"Parity tested on {n}{seed}{_agreement_phrase(item)}; no disagreement found (not a proof)"
+    return f"Ran on {n}{seed} without refutation (not a proof)"
+
+
+def _assumed(item: Mapping[str, Any]) -> str:
+    name = _ev(item).get("assumption") or item.get("reason") or "an unnamed assumption"
+    return f"Assumed, not checked: {name}"
+
+
+def _violated(item: Mapping[str, Any]) -> str:
+    text = "Refuted by a counterexample"
+    if item.get("reason"):
+        text += f": {item['reason']}"
+    if item.get("replay"):
+        text += f"; replay with `{item['replay']}`"
+    return text
+
+
+def _none(item: Mapping[str, Any]) -> str:
+    status = item.get("status", "unknown")
+    return f"Nothing: the item ended {status}, so it is neither proved, tested nor assumed"
+
+
+for _d in (
+    ClaimDescriber("proved", lambda i: "proved", _proved),
+    ClaimDescriber("exhausted", lambda i: "exhaustive", _exhausted),
+    ClaimDescriber("tested", _tested_label, _tested),
+    ClaimDescriber("assumed", lambda i: "assumed", _assumed),
+    ClaimDescriber("violated", lambda i: "violated", _violated),
+    ClaimDescriber("none", lambda i: "none", _none),
+):
+    register_claim(_d)
+
+
+def _describer(item: Mapping[str, Any]) -> ClaimDescriber:
+    return _CLAIMS.get(str(item.get("claim") or "none"), _CLAIMS["none"])
+
+
+def claim_label(item: Mapping[str, Any]) -> str:
+    """Short name of the claim level the item's evidence supports (e.g. "parity tested")."""
+    return _describer(item).label(item)
+
+
+def describe_claim(item: Mapping[str, Any]) -> str:
+    """One sentence saying what the evidence supports, with its counts, agreement and assumptions."""
+    return _describer(item).explain(item)

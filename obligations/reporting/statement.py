@@ -1,0 +1,56 @@
+"""Rendering a formal statement through the project's own parser, with the raw text as the fallback.
+
+Contract text is never evaluated here: it goes to ``obligations.expr.parse(text, symbols)`` and only the
+resulting AST's ``to_sympy()`` is printed. When the parser is missing, rejects the text or the printer
+fails, the statement is shown verbatim (in a code block) and ``RenderedStatement.parsed`` is False.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["RenderedStatement", "render_statement"]
+
+
+@dataclass(frozen=True)
+class RenderedStatement:
+    """One clause of a statement: its raw text and, when it parsed, LaTeX, Unicode and MathML forms."""
+
+    text: str
+    latex: str | None = None
+    unicode: str | None = None
+    mathml: str | None = None
+    error: str | None = None
+
+    @property
+    def parsed(self) -> bool:
+        """True when the project's parser accepted the text and it was printed symbolically."""
+        return self.latex is not None
+
+
+def _parser() -> Any:
+    return importlib.import_module("obligations.expr").parse
+
+
+def render_statement(text: str, symbols: Mapping[str, Any] | None = None) -> RenderedStatement:
+    """Parse ``text`` with ``obligations.expr.parse`` and print it; never raises, never evaluates text."""
+    try:
+        parse = _parser()
+        expr = parse(text, symbols if symbols is not None else {}).to_sympy()
+    except Exception as exc:  # the parser may be absent or reject the text: show it raw
+        return RenderedStatement(text=text, error=f"{type(exc).__name__}: {exc}")
+    try:
+        import sympy
+        from sympy.printing.mathml import mathml
+
+        return RenderedStatement(
+            text=text,
+            latex=sympy.latex(expr),
+            unicode=sympy.pretty(expr, use_unicode=True),
+            mathml=mathml(expr, printer="presentation"),
+        )
+    except Exception as exc:  # a printer failure is a reporting problem, not the contract's
+        return RenderedStatement(text=text, error=f"{type(exc).__name__}: {exc}")

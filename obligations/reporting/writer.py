@@ -1,0 +1,76 @@
+"""`kc report`: write every report for a check result into one directory."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from obligations.reporting.html import render_contract_html
+from obligations.reporting.markdown import render_contract_markdown, render_index_markdown
+from obligations.reporting.model import validate_result
+from obligations.reporting.plots import plots_for, render_plot
+from obligations.reporting.views import SymbolsFor
+
+__all__ = ["write_reports", "report_paths"]
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "item"
+
+
+def report_paths(out_dir: str | Path, contract_id: str) -> tuple[Path, Path]:
+    """Where the Markdown and HTML reports of ``contract_id`` go under ``out_dir``."""
+    out = Path(out_dir)
+    return out / f"{_safe(contract_id)}.md", out / f"{_safe(contract_id)}.html"
+
+
+def write_reports(
+    result: Mapping[str, Any],
+    out_dir: str | Path,
+    *,
+    html: bool = True,
+    plots: bool = True,
+    symbols_for: SymbolsFor | None = None,
+) -> list[Path]:
+    """Write <id>.md (+ <id>.html) per contract, index.md and plot PNGs under ``out_dir``; return the paths.
+
+    Plots are drawn only when ``plots`` is true and matplotlib is importable; otherwise reports say why a
+    plot is missing. ``symbols_for(contract)`` gives the symbol table statements are parsed with.
+    """
+    validate_result(result)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for contract in result["contracts"]:
+        cid = str(contract["id"])
+        images: dict[tuple[str, str], bytes] = {}
+        files: dict[tuple[str, str], str] = {}
+        if plots:
+            for item in contract.get("items", []):
+                for kind in plots_for(item):
+                    png = render_plot(kind, item)
+                    if png is None:
+                        continue
+                    rel = Path("plots") / _safe(cid) / f"{_safe(str(item['id']))}-{kind.name}.png"
+                    (out / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (out / rel).write_bytes(png)
+                    written.append(out / rel)
+                    images[(str(item["id"]), kind.name)] = png
+                    files[(str(item["id"]), kind.name)] = rel.as_posix()
+        symbols = symbols_for(contract) if symbols_for else None
+        md_path, html_path = report_paths(out, cid)
+        md_path.write_text(
+            render_contract_markdown(result, contract, plot_files=files, symbols=symbols), encoding="utf-8"
+        )
+        written.append(md_path)
+        if html:
+            html_path.write_text(
+                render_contract_html(result, contract, plot_images=images, symbols=symbols), encoding="utf-8"
+            )
+            written.append(html_path)
+    index = out / "index.md"
+    index.write_text(render_index_markdown(result, html=html), encoding="utf-8")
+    written.append(index)
+    return written

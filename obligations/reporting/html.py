@@ -54,7 +54,8 @@ def _statement(view: ItemView) -> list[str]:
         if rendered.parsed and rendered.mathml:
             out.append(
                 f'<div class="clause"><em>{escape(clause)}</em>: '
-                f'<math display="inline" data-source="{escape(rendered.text)}">{rendered.mathml}</math></div>'
+                f'<math display="inline">{rendered.mathml}</math> '
+                f'<small class="source">source: <code>{escape(rendered.text)}</code></small></div>'
             )
         else:
             out.append(
@@ -115,11 +116,10 @@ def render_contract_html(
     contract: Mapping[str, Any],
     *,
     plot_images: PlotImages | None = None,
-    symbols: Mapping[str, Any] | None = None,
 ) -> str:
     """A self-contained HTML page for one contract; ``plot_images`` maps (item id, plot name) to PNG bytes."""
     prov = result.get("provenance") or {}
-    views = [item_view(item, contract, prov, symbols) for item in contract.get("items", [])]
+    views = [item_view(item, contract, prov) for item in contract.get("items", [])]
     cid = escape(str(contract["id"]))
     device = prov.get("device") or {}
     counts = contract_summary(contract)

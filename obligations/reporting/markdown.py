@@ -112,11 +112,10 @@ def render_contract_markdown(
     contract: Mapping[str, Any],
     *,
     plot_files: PlotFiles | None = None,
-    symbols: Mapping[str, Any] | None = None,
 ) -> str:
     """The Markdown report of one contract of ``result``; ``plot_files``: (item id, plot name) -> path."""
     prov = result.get("provenance") or {}
-    views = [item_view(item, contract, prov, symbols) for item in contract.get("items", [])]
+    views = [item_view(item, contract, prov) for item in contract.get("items", [])]
     lines = [stamp_line(report_stamp(result, [contract])), ""]
     lines += [f"# {contract['id']}", ""]
     if contract.get("summary"):

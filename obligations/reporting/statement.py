@@ -1,6 +1,6 @@
 """Rendering a formal statement through the project's own parser, with the raw text as the fallback.
 
-Contract text is never evaluated here: it goes to ``obligations.expr.parse(text, symbols)`` and only the
+Contract text is never evaluated here: it goes to ``obligations.expr.parse(text)`` and only the
 resulting AST's ``to_sympy()`` is printed. When the parser is missing, rejects the text or the printer
 fails, the statement is shown verbatim (in a code block) and ``RenderedStatement.parsed`` is False.
 """
@@ -8,7 +8,6 @@ fails, the statement is shown verbatim (in a code block) and ``RenderedStatement
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,11 +34,15 @@ def _parser() -> Any:
     return importlib.import_module("obligations.expr").parse
 
 
-def render_statement(text: str, symbols: Mapping[str, Any] | None = None) -> RenderedStatement:
+def _long_names(expr: Any) -> dict[Any, str]:
+    """Multi-letter symbols as one italic name (``lda``, not l·d·a) in LaTeX."""
+    return {s: rf"\mathit{{{s.name}}}" for s in getattr(expr, "free_symbols", ()) if len(s.name) > 1}
+
+
+def render_statement(text: str) -> RenderedStatement:
     """Parse ``text`` with ``obligations.expr.parse`` and print it; never raises, never evaluates text."""
     try:
-        parse = _parser()
-        expr = parse(text, symbols if symbols is not None else {}).to_sympy()
+        expr = _parser()(text).to_sympy()
     except Exception as exc:  # the parser may be absent or reject the text: show it raw
         return RenderedStatement(text=text, error=f"{type(exc).__name__}: {exc}")
     try:
@@ -48,9 +51,9 @@ def render_statement(text: str, symbols: Mapping[str, Any] | None = None) -> Ren
 
         return RenderedStatement(
             text=text,
-            latex=sympy.latex(expr),
+            latex=sympy.latex(expr, mul_symbol="dot", symbol_names=_long_names(expr)),
             unicode=sympy.pretty(expr, use_unicode=True),
-            mathml=mathml(expr, printer="presentation"),
+            mathml=mathml(expr, printer="presentation", mul_symbol="dot"),
         )
     except Exception as exc:  # a printer failure is a reporting problem, not the contract's
         return RenderedStatement(text=text, error=f"{type(exc).__name__}: {exc}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,10 +13,7 @@ from obligations.reporting.plots import PlotKind, plots_for
 from obligations.reporting.provenance import ContractRef, ReportStamp, current_tool_version
 from obligations.reporting.statement import RenderedStatement, render_statement
 
-__all__ = ["ItemView", "item_view", "provenance_facts", "report_stamp", "SymbolsFor", "RUNS_ON_DEVICE"]
-
-SymbolsFor = Callable[[Mapping[str, Any]], Mapping[str, Any] | None]
-"""Given a contract entry of the result, the symbol table to parse its statements with (or None)."""
+__all__ = ["ItemView", "item_view", "provenance_facts", "report_stamp", "RUNS_ON_DEVICE"]
 
 # Methods whose evidence depends on where they ran (proofs do not).
 RUNS_ON_DEVICE: frozenset[str] = frozenset({"falsify", "measure"})
@@ -57,12 +54,11 @@ def item_view(
     item: Mapping[str, Any],
     contract: Mapping[str, Any],
     provenance: Mapping[str, Any],
-    symbols: Mapping[str, Any] | None = None,
 ) -> ItemView:
     """The view of one result item, with its statement rendered and its evidence turned into facts."""
     statement = item.get("statement") or {}
     clauses = tuple(
-        (clause, render_statement(str(statement[clause]), symbols))
+        (clause, render_statement(str(statement[clause])))
         for clause in ("given", "prove")
         if isinstance(statement, Mapping) and statement.get(clause)
     )

@@ -11,7 +11,6 @@ from obligations.reporting.html import render_contract_html
 from obligations.reporting.markdown import render_contract_markdown, render_index_markdown
 from obligations.reporting.model import validate_result
 from obligations.reporting.plots import plots_for, render_plot
-from obligations.reporting.views import SymbolsFor
 
 __all__ = ["write_reports", "report_paths"]
 
@@ -32,12 +31,11 @@ def write_reports(
     *,
     html: bool = True,
     plots: bool = True,
-    symbols_for: SymbolsFor | None = None,
 ) -> list[Path]:
     """Write <id>.md (+ <id>.html) per contract, index.md and plot PNGs under ``out_dir``; return the paths.
 
     Plots are drawn only when ``plots`` is true and matplotlib is importable; otherwise reports say why a
-    plot is missing. ``symbols_for(contract)`` gives the symbol table statements are parsed with.
+    plot is missing.
     """
     validate_result(result)
     out = Path(out_dir)
@@ -59,16 +57,11 @@ def write_reports(
                     written.append(out / rel)
                     images[(str(item["id"]), kind.name)] = png
                     files[(str(item["id"]), kind.name)] = rel.as_posix()
-        symbols = symbols_for(contract) if symbols_for else None
         md_path, html_path = report_paths(out, cid)
-        md_path.write_text(
-            render_contract_markdown(result, contract, plot_files=files, symbols=symbols), encoding="utf-8"
-        )
+        md_path.write_text(render_contract_markdown(result, contract, plot_files=files), encoding="utf-8")
         written.append(md_path)
         if html:
-            html_path.write_text(
-                render_contract_html(result, contract, plot_images=images, symbols=symbols), encoding="utf-8"
-            )
+            html_path.write_text(render_contract_html(result, contract, plot_images=images), encoding="utf-8")
             written.append(html_path)
     index = out / "index.md"
     index.write_text(render_index_markdown(result, html=html), encoding="utf-8")

@@ -74,7 +74,7 @@ FUNCTIONS: dict[str, tuple[int, Callable[..., Any], Callable[..., Any]]] = {
     "cdiv": (2, _lit_or_term(sym.cdiv, _int_cdiv), lambda a, b: sympy.ceiling(a / b)),
     "select": (3, sym.select, lambda c, a, b: sympy.Piecewise((a, c), (b, True))),
     "implies": (2, sym.implies, lambda a, b: sympy.Implies(a, b)),
-    **{t: (1, _cast(t), (lambda t: lambda a: sympy.Function(t)(a))(t)) for t in sym.TYPES},
+    **{t: (1, _cast(t), sympy.Function(t)) for t in sym.TYPES},
 }
 
 _CMP = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
@@ -90,7 +90,8 @@ class Expr:
 
     def names(self) -> set[str]:
         """Free names used as values (symbols or plan quantities)."""
-        return {n.id for n in ast.walk(self.tree) if isinstance(n, ast.Name)}
+        funcs = {id(n.func) for n in ast.walk(self.tree) if isinstance(n, ast.Call)}
+        return {n.id for n in ast.walk(self.tree) if isinstance(n, ast.Name) and id(n) not in funcs}
 
     def called(self) -> set[str]:
         """Names used as functions that are not built in (plan callables)."""

@@ -442,7 +442,8 @@ def select(cond: Any, a: Any, b: Any) -> Any:
     tb = b if isinstance(b, Term) else None
     if ta is None and tb is None:
         # Two literal branches take C's type for integer literals: int, or the narrowest wider type.
-        ty = next(t for t in (TYPES["int32"], TYPES["int64"], TYPES["uint64"]) if t.lo <= min(a, b) and max(a, b) <= t.hi)
+        ty = next(t for t in (TYPES["int32"], TYPES["int64"], TYPES["uint64"])
+                  if t.lo <= min(a, b) and max(a, b) <= t.hi)
         ta = Term(int(a), ty)
     ta = ta if ta is not None else tb._coerce(a)
     tb = tb if tb is not None else ta._coerce(b)

@@ -1,0 +1,184 @@
+"""Running contracts: every item through its engine, into the JSON result that reports are made from."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from obligations import __version__
+from obligations.contract import Contract, load_contract
+from obligations.engines import Job, get_engine
+from obligations.results import Outcome, Status, error, skipped
+
+__all__ = ["check_contract", "check_paths", "run_item", "exit_code", "provenance", "summarize", "replay_command"]
+
+ProgressFn = Callable[[str, dict[str, Any] | None], None]
+
+
+def item_method(item: dict[str, Any]) -> str:
+    """The method an item is discharged by (falsification items default to ``falsify``)."""
+    return item.get("method") or ("falsify" if item["kind"] == "falsification" else "assume")
+
+
+def run_item(contract: Contract, item: dict[str, Any], *, device: str = "host", profile: str = "quick",
+             seed: int = 0) -> Outcome:
+    """Discharge one item; a crash inside an engine is an ``error`` outcome carrying the traceback."""
+    if "pending" in item:
+        return skipped(f"no check wired yet: {item['pending']}")
+    job = Job(contract, item, device=device, profile=profile, seed=seed)
+    try:
+        return get_engine(item_method(item)).discharge(job)
+    except Exception as e:  # engines are fallible code; the run goes on and the item says why
+        return error(f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=6))
+
+
+def replay_command(contract: Contract, item_id: str, device: str, seed: int) -> str:
+    """The command that re-runs exactly this item."""
+    return f"kc check {contract.path} --only {item_id} --device {device} --seed {seed}"
+
+
+def check_contract(path: str | Path | Contract, *, device: str = "host", only: Iterable[str] | None = None,
+                   profile: str = "quick", seed: int = 0, progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Check one contract and return its entry of the JSON result."""
+    contract = path if isinstance(path, Contract) else load_contract(path)
+    wanted = set(only) if only else None
+    entry: dict[str, Any] = {
+        "id": contract.id,
+        "version": contract.data["version"],
+        "family": contract.data["family"],
+        "summary": contract.data["summary"],
+        "path": contract.path,
+        "sha256": contract.sha256,
+        "qa_gate": contract.data["qa_gate"],
+        "items": [],
+    }
+    if progress:
+        progress("contract", entry)
+    for item in contract.items:
+        if wanted is not None and item["id"] not in wanted:
+            continue
+        if progress:
+            progress("start", item)
+        t0 = time.perf_counter()
+        outcome = run_item(contract, item, device=device, profile=profile, seed=seed)
+        seconds = round(time.perf_counter() - t0, 4)
+        statement = {k: item[k] for k in ("given", "prove") if item.get(k)} or None
+        record = {
+            "id": item["id"],
+            "kind": item["kind"],
+            "type": item.get("type", "falsification"),
+            "property": item.get("property") or item.get("rule"),
+            "prediction": item.get("prediction"),
+            "equation": item.get("equation"),
+            "method": item_method(item),
+            "statement": statement,
+            "agreement": item.get("agreement"),
+            "tolerance": item.get("tolerance"),
+            "test": item.get("test"),
+            **outcome.to_json(),
+            "replay": replay_command(contract, item["id"], device, seed),
+            "location": item["location"],
+            "seconds": seconds,
+        }
+        entry["items"].append(record)
+        if progress:
+            progress("done", record)
+    gate = contract.data["qa_gate"]
+    statuses = {it["id"]: it["status"] for it in entry["items"]}
+    required = [statuses.get(i) for i in gate["requires"]]
+    entry["qa_gate_status"] = (
+        "not evaluated" if any(s is None for s in required)
+        else "passed" if all(s in ("proved", "exhausted", "passed") for s in required) else "not passed"
+    )
+    return entry
+
+
+def summarize(contracts: list[dict[str, Any]]) -> dict[str, int]:
+    """Counts of items per status across contracts."""
+    counts = {s.value: 0 for s in Status}
+    for c in contracts:
+        for it in c["items"]:
+            counts[it["status"]] += 1
+    return counts
+
+
+def exit_code(summary: dict[str, int], strict: bool = False) -> int:
+    """0 when nothing is violated or errored (with ``strict``, also nothing unknown or skipped), else 1."""
+    bad = summary["violated"] + summary["error"]
+    if strict:
+        bad += summary["unknown"] + summary["skipped"]
+    return 1 if bad else 0
+
+
+def _git_commit() -> tuple[str | None, bool]:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+        return commit, dirty
+    except (OSError, subprocess.SubprocessError):
+        return None, False
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def provenance(device: dict[str, Any], started: float, argv: list[str] | None = None) -> dict[str, Any]:
+    """Where and with what a result was produced."""
+    commit, dirty = _git_commit()
+    cupy = next((v for v in (_version(d) for d in ("cupy-cuda13x", "cupy-cuda12x", "cupy")) if v), None)
+    return {
+        "commit": commit,
+        "dirty": dirty,
+        "python": platform.python_version(),
+        "packages": {
+            "numpy": _version("numpy"),
+            "z3-solver": _version("z3-solver"),
+            "hypothesis": _version("hypothesis"),
+            "sympy": _version("sympy"),
+            "cupy": cupy,
+        },
+        "device": device,
+        "started": _dt.datetime.fromtimestamp(started, _dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "seconds": round(time.time() - started, 3),
+        "argv": list(argv if argv is not None else sys.argv),
+    }
+
+
+def check_paths(paths: Iterable[str | Path], *, device: str = "host", device_info: dict[str, Any] | None = None,
+                only: Iterable[str] | None = None, profile: str = "quick", seed: int = 0, strict: bool = False,
+                progress: ProgressFn | None = None, argv: list[str] | None = None) -> dict[str, Any]:
+    """Check every contract in ``paths`` and return the whole JSON result (see README: JSON result)."""
+    from obligations.contract import contract_files
+
+    started = time.time()
+    only = list(only) if only else None
+    contracts = []
+    for f in contract_files(paths):
+        contract = load_contract(f)
+        if only and not any(it["id"] in only for it in contract.items):
+            continue
+        contracts.append(check_contract(contract, device=device, only=only, profile=profile, seed=seed,
+                                        progress=progress))
+    summary = summarize(contracts)
+    return {
+        "tool": {"name": "kernel-contracts", "version": __version__},
+        "provenance": provenance(device_info or {"kind": device}, started, argv),
+        "contracts": contracts,
+        "summary": summary,
+        "exit_code": exit_code(summary, strict),
+    }

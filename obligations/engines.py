@@ -1,0 +1,439 @@
+"""Discharge engines, registered by method name: z3, enumerate, sympy, falsify, measure, assume.
+
+Each engine turns one contract item into an :class:`~obligations.results.Outcome` from evidence only:
+a solver verdict, points enumerated, a registered test's run. Nothing the contract author typed is
+reported as a result.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import z3
+
+from obligations import expr as exprlang
+from obligations import plans
+from obligations import symbolic as sym
+from obligations.contract import Contract
+from obligations.results import Outcome, assumed, error, exhausted, proved, skipped, unknown, violated
+
+__all__ = ["Job", "Engine", "register_engine", "get_engine", "ENGINES", "evaluate_statement", "Evaluation"]
+
+DEFAULT_RLIMIT = 50_000_000
+MAX_ENUMERATION_POINTS = 30_000_000
+
+
+@dataclass(frozen=True)
+class Job:
+    """One item to discharge, with where and how hard to run it."""
+
+    contract: Contract
+    item: dict[str, Any]
+    device: str = "host"
+    profile: str = "quick"
+    seed: int = 0
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Engine(ABC):
+    """A way of discharging an item; subclasses register under their method name."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def discharge(self, job: Job) -> Outcome:
+        """Check the item and return an outcome backed by evidence."""
+
+
+ENGINES: dict[str, Engine] = {}
+
+
+def register_engine(cls: type[Engine]) -> type[Engine]:
+    """Class decorator: register an engine instance under ``cls.name``."""
+    if cls.name in ENGINES:
+        raise ValueError(f"engine {cls.name!r} registered twice")
+    ENGINES[cls.name] = cls()
+    return cls
+
+
+def get_engine(method: str) -> Engine:
+    """The engine for ``method``; KeyError for an unknown method."""
+    return ENGINES[method]
+
+
+# -- evaluating a statement over one carrier ----------------------------------------------------------
+
+
+@dataclass
+class Evaluation:
+    """A statement evaluated over one carrier: given, prove, the side-conditions and plan quantities."""
+
+    given: sym.BoolTerm
+    prove: sym.BoolTerm
+    tracker: sym.Tracker
+    quantities: dict[str, Any]
+
+    def required(self) -> list[sym.SideCondition]:
+        """Side-conditions the claim depends on (those of given and prove)."""
+        return [self.tracker.conditions[i] for i in sorted(self.given.deps | self.prove.deps)]
+
+
+def _bool(x: Any) -> sym.BoolTerm:
+    if isinstance(x, sym.BoolTerm):
+        return x
+    if isinstance(x, bool | np.bool_ | np.ndarray) or isinstance(x, z3.BoolRef):
+        return sym.BoolTerm(x)
+    raise TypeError(f"statement evaluates to {type(x).__name__}, not a condition")
+
+
+def evaluate_statement(contract: Contract, item: Mapping[str, Any], env: dict[str, Any]) -> Evaluation:
+    """Run the item's kernel plan on ``env`` and evaluate its given/prove statements over the result."""
+    with sym.tracking() as tracker:
+        values = dict(env)
+        quantities: dict[str, Any] = {}
+        kernel = _kernel_of(contract, item)
+        if kernel is not None and "plan" in kernel:
+            fn = plans.resolve(kernel["plan"])
+            quantities = plans.quantities(plans.call_plan(fn, values))
+            plan_conds = frozenset(range(len(tracker.conditions)))
+            exprs = [tracker.conditions[i].expr for i in sorted(plan_conds)]
+            quantities["no_overflow"] = sym.BoolTerm(sym._and(*exprs) if exprs else True, plan_conds)
+        values.update(quantities)
+        given = _bool(exprlang.parse(item["given"]).evaluate(values)) if item.get("given") else sym.BoolTerm(True)
+        prove = _bool(exprlang.parse(item["prove"]).evaluate(values))
+    return Evaluation(given, prove, tracker, quantities)
+
+
+def _kernel_of(contract: Contract, item: Mapping[str, Any]) -> dict[str, Any] | None:
+    kernels = contract.data["kernels"]
+    if item.get("kernel"):
+        return kernels[item["kernel"]]
+    return next(iter(kernels.values())) if len(kernels) == 1 else None
+
+
+def _used_symbols(contract: Contract, item: Mapping[str, Any]) -> list[str]:
+    names: set[str] = set()
+    for key in ("given", "prove"):
+        if item.get(key):
+            names |= exprlang.parse(item[key]).names()
+    kernel = _kernel_of(contract, item)
+    if kernel is not None and "plan" in kernel:
+        names |= set(plans.plan_parameters(plans.resolve(kernel["plan"])))
+    names |= set(item.get("bound") or {})
+    return [s for s in contract.symbols if s in names]
+
+
+def _concrete_env(contract: Contract, values: Mapping[str, int]) -> dict[str, Any]:
+    env: dict[str, Any] = {}
+    for name, v in values.items():
+        decl = contract.symbols[name]
+        env[name] = bool(v) if decl["type"] == "bool" else sym.Term(int(v), decl["type"])
+    return env
+
+
+def confirm(contract: Contract, item: Mapping[str, Any], values: Mapping[str, int]) -> dict[str, Any]:
+    """Re-run the plan and statements with plain ints at one point: does it refute the claim?"""
+    ev = evaluate_statement(contract, item, _concrete_env(contract, values))
+    failed = [f"{c.message} at {c.where}" for c in ev.required() if not c.expr]
+    holds = bool(ev.prove.expr)
+    shown = {}
+    for name, v in ev.quantities.items():
+        if isinstance(v, sym.Term):
+            shown[name] = int(v.expr)
+        elif isinstance(v, sym.BoolTerm | bool):
+            shown[name] = bool(v.expr if isinstance(v, sym.BoolTerm) else v)
+    return {
+        "given": bool(ev.given.expr),
+        "prove": holds,
+        "failed_conditions": failed,
+        "refutes": bool(ev.given.expr) and (not holds or bool(failed)),
+        "quantities": shown,
+    }
+
+
+def _reason(conf: dict[str, Any]) -> str:
+    if conf["failed_conditions"]:
+        return "side-condition fails: " + "; ".join(conf["failed_conditions"])
+    return "the claim is false at this point"
+
+
+# -- engines ------------------------------------------------------------------------------------------
+
+
+def _domain(contract: Contract, env: Mapping[str, Any]) -> list[Any]:
+    out = []
+    for name, v in env.items():
+        decl = contract.symbols[name]
+        if decl["type"] == "bool":
+            continue
+        t = sym.machine_type(decl["type"])
+        x = v.expr
+        out += [x >= max(t.lo, decl.get("min", t.lo)), x <= min(t.hi, decl.get("max", t.hi))]
+        if "values" in decl:
+            out.append(z3.Or(*[x == int(val) for val in decl["values"]]))
+    return out
+
+
+def _domain_text(contract: Contract, names: list[str]) -> list[str]:
+    out = []
+    for name in names:
+        d = contract.symbols[name]
+        if d["type"] == "bool":
+            out.append(f"{name}: bool")
+        elif "values" in d:
+            out.append(f"{name}: {d['type']} in {d['values']}")
+        else:
+            t = sym.machine_type(d["type"])
+            out.append(f"{name}: {d['type']} in [{d.get('min', t.lo)}, {d.get('max', t.hi)}]")
+    return out
+
+
+@register_engine
+class Z3Engine(Engine):
+    """Prove ``domain and given -> prove and side-conditions`` by refuting its negation under an rlimit."""
+
+    name = "z3"
+
+    def discharge(self, job: Job) -> Outcome:
+        c, item = job.contract, job.item
+        names = _used_symbols(c, item)
+        env = plans.symbolic_env(c.symbols, set(names))
+        ev = evaluate_statement(c, item, env)
+        rlimit = int(item.get("rlimit", DEFAULT_RLIMIT))
+        domain = _domain(c, env)
+        required = ev.required()
+        evidence: dict[str, Any] = {
+            "solver": "z3",
+            "z3_version": z3.get_version_string(),
+            "rlimit": rlimit,
+            "assumptions": _domain_text(c, names) + ([item["given"]] if item.get("given") else []),
+            "side_conditions": len(required),
+        }
+        vac = z3.Solver()
+        vac.set("rlimit", rlimit)
+        vac.add(*domain, _z3bool(ev.given.expr))
+        r = vac.check()
+        if r == z3.unsat:
+            return error("vacuous: the assumptions (domain and given) are contradictory", **evidence)
+        if r == z3.unknown:
+            return unknown(f"vacuity check: solver returned unknown ({vac.reason_unknown()})", **evidence)
+        s = z3.Solver()
+        s.set("rlimit", rlimit)
+        claim = z3.And(_z3bool(ev.prove.expr), *[_z3bool(cnd.expr) for cnd in required])
+        s.add(*domain, _z3bool(ev.given.expr), z3.Not(claim))
+        r = s.check()
+        evidence["rlimit_used"] = _rlimit_used(s)
+        if r == z3.unsat:
+            return proved(**evidence)
+        if r == z3.unknown:
+            return unknown(f"solver returned unknown ({s.reason_unknown()})", **evidence)
+        model = s.model()
+        values = {}
+        for name, v in env.items():
+            e = v.expr
+            values[name] = bool(z3.is_true(model.eval(e, model_completion=True))) if isinstance(
+                v, sym.BoolTerm) else model.eval(e, model_completion=True).as_long()
+        conf = confirm(c, item, values)
+        evidence["confirmed_concretely"] = conf["refutes"]
+        cex = {"symbols": values, **conf}
+        if not conf["refutes"]:
+            return error("solver model did not refute the claim when re-run through the plan", cex=cex, **evidence)
+        return violated(cex, _reason(conf), **evidence)
+
+
+def _z3bool(e: Any) -> Any:
+    return z3.BoolVal(bool(e)) if isinstance(e, bool | np.bool_) else e
+
+
+_RLIMIT_SEEN = [0]
+
+
+def _rlimit_used(s: z3.Solver) -> int | None:
+    """Resource units this check spent (Z3's 'rlimit count' is cumulative over the process)."""
+    st = s.statistics()
+    for k in st.keys():
+        if k == "rlimit count":
+            total = int(st.get_key_value(k))
+            used, _RLIMIT_SEEN[0] = total - _RLIMIT_SEEN[0], max(total, _RLIMIT_SEEN[0])
+            return max(used, 0)
+    return None
+
+
+@register_engine
+class EnumerateEngine(Engine):
+    """Evaluate the claim at every point of the item's bounded domain through the real plan (vectorised)."""
+
+    name = "enumerate"
+
+    def discharge(self, job: Job) -> Outcome:
+        c, item = job.contract, job.item
+        t0 = time.perf_counter()
+        try:
+            grid, n = self._grid(c, item)
+        except _TooLarge as e:
+            return error(str(e))
+        env = {name: (sym.BoolTerm(arr.astype(bool)) if c.symbols[name]["type"] == "bool"
+                      else sym.Term(arr, c.symbols[name]["type"])) for name, arr in grid.items()}
+        ev = evaluate_statement(c, item, env)
+        given = np.broadcast_to(np.asarray(ev.given.expr, dtype=bool), (n,)) & _in_domain(c, grid, n)
+        ok = np.broadcast_to(np.asarray(ev.prove.expr, dtype=bool), (n,)).copy()
+        for cnd in ev.required():
+            ok &= np.broadcast_to(np.asarray(cnd.expr, dtype=bool), (n,))
+        evidence = {"points": int(n), "points_in_given": int(given.sum()), "bound": item.get("bound"),
+                    "enumeration_seconds": round(time.perf_counter() - t0, 3)}
+        if not given.any():
+            return error("vacuous: no enumerated point satisfies the assumptions", **evidence)
+        bad = np.flatnonzero(given & ~ok)
+        if bad.size == 0:
+            return exhausted(**evidence)
+        idx = int(bad[0])
+        values = {name: (bool(arr[idx]) if c.symbols[name]["type"] == "bool" else int(arr[idx]))
+                  for name, arr in grid.items()}
+        conf = confirm(c, item, values)
+        evidence["failing_points"] = int(bad.size)
+        return violated({"symbols": values, **conf}, _reason(conf), **evidence)
+
+    def _grid(self, c: Contract, item: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
+        given_bound = dict(item.get("bound") or {})
+        bound: dict[str, Any] = {}
+        for name in _used_symbols(c, item):  # finite domains enumerate themselves, first
+            if name not in given_bound:
+                d = c.symbols[name]
+                if d["type"] == "bool":
+                    bound[name] = [0, 1]
+                elif "values" in d:
+                    bound[name] = {"values": d["values"]}
+                else:
+                    raise _TooLarge(f"enumerate needs a bound for symbol {name!r}")
+        bound.update(given_bound)
+        kernel = _kernel_of(c, item)
+        plan_fn = plans.resolve(kernel["plan"]) if kernel and "plan" in kernel else None
+        params = set(plans.plan_parameters(plan_fn)) if plan_fn else set()
+        grid: dict[str, np.ndarray] = {}
+        n = 1
+        for name, spec in bound.items():
+            env = {k: (sym.BoolTerm(v.astype(bool)) if c.symbols[k]["type"] == "bool"
+                       else sym.Term(v, c.symbols[k]["type"])) for k, v in grid.items()}
+            with sym.tracking():
+                if plan_fn is not None and params <= set(grid):
+                    env.update(plans.quantities(plans.call_plan(plan_fn, env)))
+                if isinstance(spec, dict):
+                    values = np.asarray(spec["values"], dtype=np.int64)
+                    counts = np.full(n, values.size, dtype=np.int64)
+                    offsets = None
+                else:
+                    lo_s, hi_s = (spec, spec) if not isinstance(spec, list) else spec
+                    lo = np.broadcast_to(np.asarray(_bound_value(lo_s, env), dtype=np.int64), (n,))
+                    hi = np.broadcast_to(np.asarray(_bound_value(hi_s, env), dtype=np.int64), (n,))
+                    counts = np.maximum(hi - lo + 1, 0)
+                    offsets = lo
+            total = int(counts.sum())
+            if total > MAX_ENUMERATION_POINTS:
+                raise _TooLarge(f"enumeration domain has {total} points (limit {MAX_ENUMERATION_POINTS})")
+            grid = {k: np.repeat(v, counts) for k, v in grid.items()}
+            starts = np.repeat(np.cumsum(counts) - counts, counts)
+            within = np.arange(total, dtype=np.int64) - starts
+            if offsets is None:
+                grid[name] = values[within]
+            else:
+                grid[name] = np.repeat(offsets, counts) + within
+            n = total
+        return grid, n
+
+
+def _in_domain(c: Contract, grid: Mapping[str, np.ndarray], n: int) -> np.ndarray:
+    """Points whose every symbol lies in its declared type and domain (bounds may reach outside)."""
+    mask = np.ones(n, dtype=bool)
+    for name, arr in grid.items():
+        d = c.symbols[name]
+        if d["type"] == "bool":
+            continue
+        t = sym.machine_type(d["type"])
+        mask &= (arr >= max(t.lo, d.get("min", t.lo))) & (arr <= min(t.hi, d.get("max", t.hi)))
+        if "values" in d:
+            mask &= np.isin(arr, d["values"])
+    return mask
+
+
+class _TooLarge(ValueError):
+    pass
+
+
+def _bound_value(spec: Any, env: Mapping[str, Any]) -> Any:
+    if isinstance(spec, int):
+        return spec
+    v = exprlang.parse(spec).evaluate(env)
+    return v.expr if isinstance(v, sym.Term) else v
+
+
+@register_engine
+class SympyEngine(Engine):
+    """Prove an identity ``lhs == rhs`` over the reals by symbolic simplification."""
+
+    name = "sympy"
+
+    def discharge(self, job: Job) -> Outcome:
+        import sympy
+
+        e = exprlang.parse(job.item["prove"]).to_sympy()
+        if not isinstance(e, sympy.Equality):
+            return error("a sympy obligation proves one identity 'lhs == rhs'")
+        real = {s: sympy.Symbol(s.name, real=True) for s in e.free_symbols}
+        lhs, rhs = e.lhs.xreplace(real), e.rhs.xreplace(real)
+        diff = sympy.simplify(lhs - rhs)
+        evidence = {"prover": "sympy", "sympy_version": sympy.__version__, "simplified_difference": str(diff)}
+        if diff == 0:
+            return proved(**evidence)
+        rng = np.random.default_rng(job.seed)
+        for _ in range(20):
+            point = {s: sympy.Rational(int(rng.integers(-50, 50)), int(rng.integers(1, 9))) for s in real.values()}
+            val = diff.subs(point)
+            if val.is_number and abs(float(val)) > 1e-9:
+                return violated({"point": {str(k): str(v) for k, v in point.items()}, "difference": str(val)},
+                                "the identity differs at this point", **evidence)
+        return unknown("sympy could not simplify the difference to 0 and found no refuting point", **evidence)
+
+
+class _RegisteredTestEngine(Engine):
+    """Run the registered falsification test the item names."""
+
+    def discharge(self, job: Job) -> Outcome:
+        from falsification.registry import FalsifyContext, get_test
+
+        item = job.item
+        if "test" not in item:
+            return skipped(f"no check wired yet: {item.get('pending', 'no registered test named')}")
+        test = get_test(item["test"])
+        if test is None:
+            return error(f"no registered test named {item['test']!r}")
+        if job.device not in test.devices:
+            return skipped(f"test {test.name!r} runs on {', '.join(test.devices)}; this run is on {job.device}")
+        ctx = FalsifyContext(device=job.device, profile=job.profile, seed=job.seed, item=dict(item),
+                             contract=job.contract.data, contract_path=job.contract.path)
+        return test.run(ctx)
+
+
+@register_engine
+class FalsifyEngine(_RegisteredTestEngine):
+    name = "falsify"
+
+
+@register_engine
+class MeasureEngine(_RegisteredTestEngine):
+    name = "measure"
+
+
+@register_engine
+class AssumeEngine(Engine):
+    """A named assumption: reported as assumed, never as proved."""
+
+    name = "assume"
+
+    def discharge(self, job: Job) -> Outcome:
+        name = job.item["assumption"]
+        return assumed(name, f"assumed, not checked: {name}")

@@ -1,0 +1,71 @@
+"""Loading the code a contract names (dotted ``module:attr`` paths) and reading a plan's quantities."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from obligations import symbolic as sym
+
+__all__ = ["resolve", "ResolveError", "plan_parameters", "call_plan", "quantities", "symbolic_env"]
+
+
+class ResolveError(LookupError):
+    """A dotted path that does not name an importable attribute."""
+
+
+def resolve(dotted: str) -> Any:
+    """Import ``module.path:attr`` and return the attribute, or raise ResolveError saying why."""
+    module_name, _, attr = dotted.partition(":")
+    if not module_name or not attr:
+        raise ResolveError(f"{dotted!r} is not of the form module.path:attribute")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ResolveError(f"cannot import module {module_name!r}: {e}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ResolveError(f"module {module_name!r} has no attribute {attr!r}") from None
+
+
+def plan_parameters(fn: Callable[..., Any]) -> list[str]:
+    """Names of the plan function's parameters (each must be a contract symbol)."""
+    return [p.name for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def call_plan(fn: Callable[..., Any], env: Mapping[str, Any]) -> Any:
+    """Call the plan with the symbols its signature names, taken from ``env``."""
+    return fn(**{name: env[name] for name in plan_parameters(fn)})
+
+
+def quantities(plan: Any) -> dict[str, Any]:
+    """Named quantities of a plan result: mapping items, or dataclass fields plus its public methods."""
+    if isinstance(plan, Mapping):
+        return dict(plan)
+    if dataclasses.is_dataclass(plan):
+        out = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan) if not f.name.startswith("_")}
+        for name, _ in inspect.getmembers(type(plan), inspect.isfunction):
+            if not name.startswith("_"):
+                out[name] = getattr(plan, name)
+        return out
+    raise TypeError(f"a plan must return a mapping or a dataclass, not {type(plan).__name__}")
+
+
+def symbolic_env(symbols: Mapping[str, Mapping[str, Any]], names: set[str] | None = None) -> dict[str, Any]:
+    """Fresh Z3-carried values for the contract's symbols (bool symbols become Z3 Bools)."""
+    import z3
+
+    env: dict[str, Any] = {}
+    for name, decl in symbols.items():
+        if names is not None and name not in names:
+            continue
+        if decl["type"] == "bool":
+            env[name] = sym.BoolTerm(z3.Bool(name))
+        else:
+            env[name] = sym.Term.symbol(name, decl["type"])
+    return env

@@ -132,6 +132,7 @@ class Tracker:
 _CURRENT: contextvars.ContextVar[Tracker | None] = contextvars.ContextVar("kc_tracker", default=None)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _STDLIB = os.path.dirname(os.path.abspath(os.__file__))
+_EXPR = os.path.join(_HERE, "expr.py")
 
 
 def _caller() -> str:
@@ -139,6 +140,8 @@ def _caller() -> str:
     frame = sys._getframe(2)
     while frame is not None:
         fname = os.path.abspath(frame.f_code.co_filename)
+        if fname == _EXPR:
+            return "contract expression"
         if os.path.dirname(fname) != _HERE and not fname.startswith(_STDLIB):
             return f"{os.path.relpath(fname)}:{frame.f_lineno}"
         frame = frame.f_back

@@ -57,7 +57,6 @@ _REGISTRY: dict[str, FalsificationTest] = {}
 
 # Modules whose import registers the project's own tests; users add theirs with register_test.
 BUILTIN_TEST_MODULES: tuple[str, ...] = (
-    "falsification.gemm_tests",
 )
 
 

@@ -56,8 +56,8 @@ def _paint(text: str, status: str, enabled: bool) -> str:
 class _Progress:
     """Per-contract and per-item lines; a live 'running' line on a terminal."""
 
-    def __init__(self, stream: Any = sys.stdout):
-        self.stream = stream
+    def __init__(self, stream: Any = None):
+        self.stream = stream if stream is not None else sys.stdout
         self.tty = stream.isatty() and os.environ.get("NO_COLOR") is None
 
     def __call__(self, event: str, data: dict[str, Any] | None) -> None:

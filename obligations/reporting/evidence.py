@@ -18,10 +18,11 @@ __all__ = ["Fact", "EvidenceRenderer", "register_evidence_renderer", "evidence_r
 
 @dataclass(frozen=True)
 class Fact:
-    """One labelled piece of evidence, already formatted as text."""
+    """One labelled piece of evidence, already formatted as text (``block``: multi-line, shown as code)."""
 
     label: str
     value: str
+    block: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,9 @@ def _json(value: Any) -> str:
 
 
 def _solver(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
-    facts = [Fact("Solver", " ".join(str(ev[k]) for k in ("solver", "solver_version") if ev.get(k)))]
+    name = ev.get("solver") or ev.get("prover")
+    version = ev.get("solver_version") or ev.get("z3_version") or ev.get("sympy_version")
+    facts = [Fact("Solver", " ".join(str(v) for v in (name, version) if v))]
     if "rlimit_used" in ev or "rlimit" in ev:
         used, limit = ev.get("rlimit_used"), ev.get("rlimit")
         text = _num(used) if used is not None else "?"
@@ -76,39 +79,65 @@ def _solver(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
         facts.append(Fact("Solver reason", str(ev["z3_reason"])))
     if "unsat_core" in ev:
         facts.append(Fact("Unsatisfiable core", "; ".join(map(str, ev["unsat_core"]))))
-    if "simplified" in ev:
-        facts.append(Fact("Simplified difference", str(ev["simplified"])))
+    for key in ("simplified", "simplified_difference"):
+        if key in ev:
+            facts.append(Fact("Simplified difference (lhs - rhs)", str(ev[key])))
+    if "side_conditions" in ev:
+        facts.append(Fact("Side conditions proved with it", _num(ev["side_conditions"])))
+    if "confirmed_concretely" in ev:
+        facts.append(Fact("Solver model confirmed through the plan", _num(ev["confirmed_concretely"])))
     if "vacuity_checked" in ev:
         facts.append(Fact("Assumptions satisfiable (vacuity check)", _num(ev["vacuity_checked"])))
     keys = {
         "solver",
+        "prover",
         "solver_version",
+        "z3_version",
+        "sympy_version",
         "rlimit",
         "rlimit_used",
         "assumptions",
         "z3_reason",
         "unsat_core",
         "simplified",
+        "simplified_difference",
         "vacuity_checked",
+        "side_conditions",
+        "confirmed_concretely",
     }
     return facts, keys
 
 
+def _domain_text(domain: Mapping[str, Any]) -> str:
+    parts = []
+    for name, rng in domain.items():
+        if isinstance(rng, list | tuple) and len(rng) == 2:
+            parts.append(f"{name} ∈ [{_num(rng[0])}, {_num(rng[1])}]")
+        else:
+            parts.append(f"{name} = {_num(rng) if isinstance(rng, int | float | str) else _json(rng)}")
+    return ", ".join(parts)
+
+
 def _enumeration(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
-    facts = [Fact("Points checked", f"{_num(ev['points'])} (every point of the domain)")]
+    facts = [Fact("Points enumerated", f"{_num(ev['points'])} (every point of the domain)")]
     keys = {"points"}
-    if "bound" in ev and not isinstance(ev["bound"], list):
-        facts.append(Fact("Bound", _num(ev["bound"])))
-        keys.add("bound")
-    if isinstance(ev.get("domain"), Mapping):
-        parts = []
-        for name, rng in ev["domain"].items():
-            if isinstance(rng, list | tuple) and len(rng) == 2:
-                parts.append(f"{name} ∈ [{_num(rng[0])}, {_num(rng[1])}]")
-            else:
-                parts.append(f"{name} = {_json(rng)}")
-        facts.append(Fact("Domain", ", ".join(parts)))
-        keys.add("domain")
+    if "points_in_given" in ev:
+        facts.append(Fact("Points satisfying the assumptions", _num(ev["points_in_given"])))
+        keys.add("points_in_given")
+    if "failing_points" in ev:
+        facts.append(Fact("Points refuting the claim", _num(ev["failing_points"])))
+        keys.add("failing_points")
+    for key in ("bound", "domain"):
+        value = ev.get(key)
+        if isinstance(value, Mapping):
+            facts.append(Fact("Domain", _domain_text(value)))
+            keys.add(key)
+        elif key == "bound" and value is not None and not isinstance(value, list):
+            facts.append(Fact("Bound", _num(value)))
+            keys.add(key)
+    if "enumeration_seconds" in ev:
+        facts.append(Fact("Enumeration time", f"{float(ev['enumeration_seconds']):.3g} s"))
+        keys.add("enumeration_seconds")
     return facts, keys
 
 
@@ -183,13 +212,17 @@ def _timings(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
     return facts, keys
 
 
+def _traceback(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
+    return [Fact("Traceback", str(ev["traceback"]).rstrip(), block=True)], {"traceback"}
+
+
 def _assumption(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
     return [Fact("Named assumption", str(ev["assumption"]))], {"assumption"}
 
 
 for _r in (
     EvidenceRenderer("assumption", lambda ev: "assumption" in ev, _assumption),
-    EvidenceRenderer("solver", lambda ev: "solver" in ev, _solver),
+    EvidenceRenderer("solver", lambda ev: "solver" in ev or "prover" in ev, _solver),
     EvidenceRenderer("enumeration", lambda ev: "points" in ev, _enumeration),
     EvidenceRenderer("sampling", lambda ev: "cases" in ev, _sampling),
     EvidenceRenderer("ulp", lambda ev: isinstance(ev.get("ulp_histogram"), Mapping), _ulp),
@@ -199,6 +232,7 @@ for _r in (
         _error_bound,
     ),
     EvidenceRenderer("timings", lambda ev: isinstance(ev.get("timings_ms"), Mapping), _timings),
+    EvidenceRenderer("traceback", lambda ev: isinstance(ev.get("traceback"), str), _traceback),
 ):
     register_evidence_renderer(_r)
 

@@ -11,7 +11,7 @@ from obligations.reporting.evidence import Fact
 from obligations.reporting.model import STATUSES, contract_summary, status_style
 from obligations.reporting.plots import MISSING_MATPLOTLIB, plots_available
 from obligations.reporting.provenance import stamp_line
-from obligations.reporting.views import ItemView, item_view, provenance_facts, report_stamp
+from obligations.reporting.views import ItemView, item_view, provenance_facts, qa_gate_facts, report_stamp
 
 __all__ = ["render_contract_html"]
 
@@ -41,8 +41,11 @@ def _facts_table(facts: list[Fact] | tuple[Fact, ...], css: str, head: tuple[str
         f'<table class="{css}"><thead><tr><th>{escape(head[0])}</th>'
         f"<th>{escape(head[1])}</th></tr></thead><tbody>"
     ]
-    rows += [f"<tr><th>{escape(f.label)}</th><td>{escape(f.value)}</td></tr>" for f in facts]
+    rows += [f"<tr><th>{escape(f.label)}</th><td>{escape(f.value)}</td></tr>" for f in facts if not f.block]
     rows.append("</tbody></table>")
+    for f in facts:
+        if f.block:
+            rows.append(f"<p><strong>{escape(f.label)}</strong></p><pre>{escape(f.value)}</pre>")
     return rows
 
 
@@ -93,6 +96,8 @@ def _item(view: ItemView, plot_images: PlotImages | None) -> list[str]:
     ]
     if view.property:
         out.append(f"<p><strong>Property:</strong> {escape(view.property)}</p>")
+    if view.prediction:
+        out.append(f"<p><strong>Prediction:</strong> {escape(view.prediction)}</p>")
     out += _statement(view)
     out.append(f"<p><strong>What the evidence supports:</strong> {escape(view.claim_text)}</p>")
     if view.reason and view.status != "violated":
@@ -155,7 +160,11 @@ def render_contract_html(
             f"<td>{escape(v.type)}</td><td>{escape(v.method)}</td><td>{_status(v.status)}</td>"
             f"<td>{escape(v.claim_label)}</td></tr>"
         )
-    out += ["</tbody></table>", "<h2>Items</h2>"]
+    out.append("</tbody></table>")
+    gate = qa_gate_facts(contract)
+    if gate:
+        out += ["<h2>QA gate</h2>", *_facts_table(gate, "qa-gate", ("QA gate", "Value"))]
+    out.append("<h2>Items</h2>")
     for v in views:
         out += _item(v, plot_images)
     out += ["<h2>Provenance</h2>"]

@@ -9,7 +9,7 @@ from obligations.reporting.evidence import Fact
 from obligations.reporting.model import STATUSES, contract_summary
 from obligations.reporting.plots import MISSING_MATPLOTLIB, plots_available
 from obligations.reporting.provenance import stamp_line
-from obligations.reporting.views import ItemView, item_view, provenance_facts, report_stamp
+from obligations.reporting.views import ItemView, item_view, provenance_facts, qa_gate_facts, report_stamp
 
 __all__ = ["render_contract_markdown", "render_index_markdown"]
 
@@ -37,7 +37,10 @@ def _facts_table(
     facts: list[Fact] | tuple[Fact, ...], head: tuple[str, str] = ("Evidence", "Value")
 ) -> list[str]:
     lines = [f"| {head[0]} | {head[1]} |", "| --- | --- |"]
-    lines += [f"| {_cell(f.label)} | {_cell(f.value)} |" for f in facts]
+    lines += [f"| {_cell(f.label)} | {_cell(f.value)} |" for f in facts if not f.block]
+    for f in facts:
+        if f.block:
+            lines += ["", f"**{f.label}:**", "", "```text", f.value, "```"]
     return lines
 
 
@@ -84,6 +87,8 @@ def _item_section(view: ItemView, plot_files: PlotFiles | None) -> list[str]:
     ]
     if view.property:
         lines += [f"**Property:** {view.property}", ""]
+    if view.prediction:
+        lines += [f"**Prediction:** {view.prediction}", ""]
     lines += _statement_lines(view)
     lines += [f"**What the evidence supports:** {view.claim_text}", ""]
     if view.reason and view.status != "violated":
@@ -133,7 +138,11 @@ def render_contract_markdown(
             f"| [{_cell(v.id)}](#{_anchor(v.id)}) | {_cell(v.type)} | {_cell(v.method)} | "
             f"{v.style.mark} {_cell(v.status)} | {_cell(v.claim_label)} |"
         )
-    lines += ["", "## Items", ""]
+    lines.append("")
+    gate = qa_gate_facts(contract)
+    if gate:
+        lines += ["## QA gate", ""] + _facts_table(gate, ("QA gate", "Value")) + [""]
+    lines += ["## Items", ""]
     for v in views:
         lines += _item_section(v, plot_files)
     lines += ["## Provenance", ""] + _facts_table(provenance_facts(result, contract), ("Provenance", "Value"))
@@ -149,8 +158,8 @@ def render_index_markdown(result: Mapping[str, Any], *, html: bool = True) -> st
         for k, n in contract_summary(c).items():
             totals[k] = totals.get(k, 0) + n
     lines += ["## Totals", ""] + _summary_table(totals) + [""]
-    head = "| Contract | Family | Version | " + " | ".join(STATUSES) + " | Pages |"
-    lines += ["## Contracts", "", head, "|" + " --- |" * (len(STATUSES) + 4)]
+    head = "| Contract | Family | Version | " + " | ".join(STATUSES) + " | QA gate | Pages |"
+    lines += ["## Contracts", "", head, "|" + " --- |" * (len(STATUSES) + 5)]
     for c in contracts:
         counts = contract_summary(c)
         pages = f"[md]({c['id']}.md)" + (f" · [html]({c['id']}.html)" if html else "")
@@ -158,7 +167,7 @@ def render_index_markdown(result: Mapping[str, Any], *, html: bool = True) -> st
             f"| [{_cell(c['id'])}]({c['id']}.md) | {_cell(c.get('family', ''))} | "
             f"{_cell(c.get('version', ''))} | "
             + " | ".join(str(counts[s]) for s in STATUSES)
-            + f" | {pages} |"
+            + f" | {_cell(c.get('qa_gate_status') or 'n/a')} | {pages} |"
         )
     attention = [
         (c, i) for c in contracts for i in c.get("items", []) if i["status"] in ("violated", "error")

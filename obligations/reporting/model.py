@@ -152,7 +152,7 @@ def _agreement_phrase(item: Mapping[str, Any]) -> str:
 
 def _proved(item: Mapping[str, Any]) -> str:
     ev = _ev(item)
-    solver = str(ev.get("solver") or item.get("method") or "a solver")
+    solver = str(ev.get("solver") or ev.get("prover") or item.get("method") or "a solver")
     assumptions = ev.get("assumptions") or []
     if assumptions:
         return f"Proved by {solver} under {len(assumptions)} assumption(s): " + "; ".join(
@@ -167,7 +167,9 @@ def _exhausted(item: Mapping[str, Any]) -> str:
     text = "Checked at every point of the stated domain"
     if points is not None:
         text += f": {_fmt_int(points)} points"
-    if ev.get("bound") is not None and not isinstance(ev.get("bound"), list):
+        if ev.get("points_in_given") is not None:
+            text += f", {_fmt_int(ev['points_in_given'])} of them inside the assumptions"
+    if isinstance(ev.get("bound"), int | float) and not isinstance(ev.get("bound"), bool):
         text += f" (bound {ev['bound']})"
     return text + _agreement_phrase(item)
 

@@ -13,7 +13,7 @@ from obligations.reporting.plots import PlotKind, plots_for
 from obligations.reporting.provenance import ContractRef, ReportStamp, current_tool_version
 from obligations.reporting.statement import RenderedStatement, render_statement
 
-__all__ = ["ItemView", "item_view", "provenance_facts", "report_stamp", "RUNS_ON_DEVICE"]
+__all__ = ["qa_gate_facts", "ItemView", "item_view", "provenance_facts", "report_stamp", "RUNS_ON_DEVICE"]
 
 # Methods whose evidence depends on where they ran (proofs do not).
 RUNS_ON_DEVICE: frozenset[str] = frozenset({"falsify", "measure"})
@@ -27,6 +27,7 @@ class ItemView:
     kind: str
     type: str
     property: str
+    prediction: str | None
     method: str
     status: str
     style: StatusStyle
@@ -63,6 +64,9 @@ def item_view(
         if isinstance(statement, Mapping) and statement.get(clause)
     )
     facts: list[Fact] = []
+    for key, label in (("equation", "Equation"), ("test", "Registered test")):
+        if item.get(key):
+            facts.append(Fact(label, str(item[key])))
     if item.get("agreement"):
         tol = item.get("tolerance")
         facts.append(
@@ -82,6 +86,7 @@ def item_view(
         kind=str(item.get("kind") or ""),
         type=str(item.get("type") or ""),
         property=str(item.get("property") or ""),
+        prediction=item.get("prediction"),
         method=str(item.get("method") or ""),
         status=str(item["status"]),
         style=status_style(str(item["status"])),
@@ -131,3 +136,18 @@ def report_stamp(result: Mapping[str, Any], contracts: list[Mapping[str, Any]]) 
     """The provenance stamp of a report describing ``contracts`` of ``result``."""
     refs = tuple(ContractRef(str(c["id"]), str(c["path"]), str(c["sha256"])) for c in contracts)
     return ReportStamp(current_tool_version(), refs, (result.get("provenance") or {}).get("commit"))
+
+
+def qa_gate_facts(contract: Mapping[str, Any]) -> list[Fact]:
+    """The contract's QA gate: its id, what it requires, and whether this run passed it."""
+    gate = contract.get("qa_gate") or {}
+    if not gate:
+        return []
+    statuses = {str(i["id"]): str(i["status"]) for i in contract.get("items", [])}
+    required = [f"{r} ({statuses.get(str(r), 'not run')})" for r in gate.get("requires", [])]
+    rows = [Fact("Gate", str(gate.get("id", "?")))]
+    if gate.get("description"):
+        rows.append(Fact("Description", str(gate["description"])))
+    rows.append(Fact("Requires", ", ".join(required) or "nothing"))
+    rows.append(Fact("Status", str(contract.get("qa_gate_status") or "not evaluated")))
+    return rows

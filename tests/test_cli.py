@@ -1,0 +1,73 @@
+"""`kc` end to end: exit codes, the JSON result, loud failure without a GPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from obligations.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+GEMM = ROOT / "contracts" / "cublas-gemm-v1.yaml"
+SHAPE = ["PO-GEMM-02-A-z3", "KANI-CUBLAS-001-A", "PO-GEMM-04"]
+
+
+def test_check_writes_the_json_result_and_exits_0(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert main(["check", str(GEMM), "--device", "host", "--only", *SHAPE, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result) >= {"tool", "provenance", "contracts", "summary", "exit_code"}
+    assert set(result["provenance"]) >= {"commit", "python", "packages", "device", "started", "seconds"}
+    (contract,) = result["contracts"]
+    assert set(contract) >= {"id", "version", "path", "sha256", "items"}
+    items = {it["id"]: it for it in contract["items"]}
+    assert items["PO-GEMM-02-A-z3"]["status"] == "proved"
+    assert items["KANI-CUBLAS-001-A"]["status"] == "exhausted"
+    assert items["PO-GEMM-04"]["status"] == "skipped"
+    for it in items.values():
+        assert set(it) >= {"id", "kind", "method", "status", "claim", "evidence", "counterexample", "seconds"}
+    text = capsys.readouterr().out
+    assert "proved     PO-GEMM-02-A-z3" in text and "3 items: 1 proved, 1 exhausted, 1 skipped" in text
+
+
+def test_strict_fails_on_skipped_items():
+    assert main(["check", str(GEMM), "--device", "host", "--only", *SHAPE, "--strict"]) == 1
+
+
+def test_a_violated_item_exits_1_and_prints_the_counterexample(tmp_path, capsys):
+    path = tmp_path / "g.yaml"
+    path.write_text(GEMM.read_text().replace("native.gemm:gemm_plan", "tests.planted.gemm_bugs:plan_missing_elem_size"))
+    assert main(["check", str(path), "--device", "host", "--only", "PO-GEMM-02-A-z3"]) == 1
+    out = capsys.readouterr().out
+    assert "violated" in out and "counterexample:" in out and "replay: kc check" in out
+
+
+def test_invalid_contract_and_usage_exit_2(tmp_path):
+    path = tmp_path / "g.yaml"
+    path.write_text(GEMM.read_text().replace("method: z3", "method: z4", 1))
+    assert main(["check", str(path), "--device", "host"]) == 2
+    assert main(["check", "--device", "gpu"]) == 2
+    assert main(["check", str(GEMM), "--device", "host", "--only", "NO-SUCH-ID"]) == 2
+
+
+def test_device_cuda_without_a_gpu_is_an_error_not_a_host_run(capsys):
+    from native.device import cuda_available
+
+    if cuda_available()[0]:
+        pytest.skip("a CUDA device is present: this test is about machines without one")
+    assert main(["check", str(GEMM), "--device", "cuda", "--only", "PO-GEMM-02-A-z3"]) == 2
+    err = capsys.readouterr().err
+    assert "--device cuda" in err and "unavailable" in err
+
+
+def test_kc_console_script_runs_the_main_job():
+    """The installed `kc` entry point (README's first command) prints per-item statuses."""
+    proc = subprocess.run([sys.executable, "-m", "obligations.cli", "check", str(GEMM), "--device", "host"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "proved     PO-GEMM-02-overflow-z3" in proc.stdout
+    assert "skipped    FALSIFY-CUBLAS-003" in proc.stdout

@@ -1,0 +1,124 @@
+"""The expression language: hostile input rejected with positions; one parse, three meanings that agree."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import z3
+
+from obligations import symbolic as sym
+from obligations.expr import ExprError, parse
+
+HOSTILE = [
+    ("__import__('os').system('true')", 0),
+    ("().__class__.__bases__[0].__subclasses__()", 0),
+    ("m.__class__", 0),
+    ("(lambda: 1)()", 0),
+    ("[x for x in range(3)]", 0),
+    ("{x: 1 for x in y}", 0),
+    ("9**9**9", 0),
+    ("m and open('/etc/passwd')", 11),
+    ("m and open(m)", 6),
+    ("m + 1.5", 4),
+    ("'text'", 0),
+    ("m if m else __builtins__", 12),
+    ("min(m, k, key=abs)", 0),
+    ("f(*args)", 2),
+    ("m[0]", 0),
+    ("m := 3", 2),
+]
+
+
+@pytest.mark.parametrize(("source", "col"), HOSTILE)
+def test_hostile_strings_are_rejected_with_their_position(source, col):
+    """Rejected by the parser, or (calls to names that are not plan functions) when evaluated."""
+    with pytest.raises(ExprError) as info, sym.tracking():
+        parse(source).evaluate({"m": sym.Term(1, "int32")})
+    assert info.value.col == col, (source, info.value)
+
+
+def test_rejection_column_inside_an_implies_operand():
+    with pytest.raises(ExprError) as info:
+        parse("m > 0 implies m.real > 0")
+    assert info.value.col == 14
+
+
+def test_literal_powers_are_bounded():
+    assert parse("2**31 - 1").evaluate({}) == 2**31 - 1
+    with pytest.raises(ExprError):
+        parse("2**4096")
+
+
+def test_implies_is_lowest_precedence_and_right_associative():
+    e = parse("a implies b implies c")
+    env = {"a": True, "b": True, "c": False}
+    assert e.evaluate(env) is False
+    assert parse("1 < 2 implies 3 < 2").evaluate({}) is False
+    assert parse("2 < 1 implies 3 < 2").evaluate({}) is True
+
+
+def _z3_value(source: str, values: dict[str, int], ty: str = "int32") -> tuple[int, bool]:
+    """Evaluate with Z3 carriers under an assignment; return (value, side conditions hold)."""
+    with sym.tracking() as t:
+        env = {n: sym.Term.symbol(n, ty) for n in values}
+        v = parse(source).evaluate(env)
+    s = z3.Solver()
+    s.add(*[env[n].expr == val for n, val in values.items()])
+    assert s.check() == z3.sat
+    m = s.model()
+    ok = all(z3.is_true(m.eval(c.expr, model_completion=True)) for c in t.conditions)
+    return m.eval(v.expr, model_completion=True).as_long(), ok
+
+
+def _int_value(source: str, values: dict[str, int], ty: str = "int32") -> tuple[int, bool]:
+    with sym.tracking() as t:
+        v = parse(source).evaluate({n: sym.Term(val, ty) for n, val in values.items()})
+    return int(v.expr), all(bool(c.expr) for c in t.conditions)
+
+
+def _numpy_value(source: str, values: dict[str, int], ty: str = "int32") -> tuple[int, bool]:
+    with sym.tracking() as t:
+        v = parse(source).evaluate({n: sym.Term(np.array([val], dtype=np.int64), ty) for n, val in values.items()})
+    return int(np.asarray(v.expr)[0]), all(bool(np.asarray(c.expr).all()) for c in t.conditions)
+
+
+CASES = [
+    ("a // b", {"a": -7, "b": 2}, -3, True),   # C truncates toward zero (Python would give -4)
+    ("a % b", {"a": -7, "b": 2}, -1, True),    # sign of the dividend (Python would give 1)
+    ("a // b", {"a": 7, "b": -2}, -3, True),
+    ("a % b", {"a": 7, "b": -2}, 1, True),
+    ("a * b", {"a": 65536, "b": 32768}, 2**31, False),  # int32 overflow detected
+    ("int64(a) * b", {"a": 65536, "b": 32768}, 2**31, True),
+    ("cdiv(a, b)", {"a": 2**31 - 1, "b": 256}, 2**23, True),  # no a + b - 1 overflow
+    ("min(a, b) + max(a, b)", {"a": 3, "b": -9}, -6, True),
+    ("a if a > b else b", {"a": 3, "b": 9}, 9, True),
+    ("a // b", {"a": 1, "b": 0}, 0, False),    # division by zero is a failed side-condition
+]
+
+
+@pytest.mark.parametrize(("source", "values", "want", "ok"), CASES)
+def test_three_carriers_agree_on_c_semantics(source, values, want, ok):
+    for run in (_z3_value, _int_value, _numpy_value):
+        value, conds = run(source, values)
+        assert conds == ok, (run.__name__, source)
+        if ok:
+            assert value == want, (run.__name__, source, value)
+
+
+def test_unsigned_types_detect_wraparound():
+    _, ok = _int_value("a - b", {"a": 1, "b": 2}, "uint32")
+    assert not ok
+
+
+def test_to_sympy_renders_text_and_latex():
+    e = parse("accepts(a, b) implies cdiv(m, 256) * 256 >= m")
+    assert "ceiling" in e.to_latex() or "lceil" in e.to_latex()
+    assert "→" in e.to_text()
+
+
+def test_symbolic_condition_in_python_control_flow_raises():
+    with sym.tracking():
+        m = sym.Term.symbol("m", "int32")
+        with pytest.raises(TypeError, match="select"):
+            if m > 3:
+                pass

@@ -58,7 +58,7 @@ class _Progress:
 
     def __init__(self, stream: Any = None):
         self.stream = stream if stream is not None else sys.stdout
-        self.tty = stream.isatty() and os.environ.get("NO_COLOR") is None
+        self.tty = self.stream.isatty() and os.environ.get("NO_COLOR") is None
 
     def __call__(self, event: str, data: dict[str, Any] | None) -> None:
         if event == "contract":

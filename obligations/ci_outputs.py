@@ -200,6 +200,11 @@ def _region(item: Mapping[str, Any]) -> dict[str, int]:
     return region
 
 
+def _tags(item: Mapping[str, Any]) -> list[str]:
+    """Kind, type and method as SARIF tags (unique, as the schema requires)."""
+    return list(dict.fromkeys(str(t) for t in (item.get("kind"), item.get("type"), item.get("method")) if t))
+
+
 def sarif_log(result: Mapping[str, Any], *, strict: bool = False) -> dict[str, Any]:
     """A SARIF 2.1.0 log: one rule per item id, one result per item at its YAML line and column."""
     tool = result.get("tool") or {}
@@ -227,9 +232,7 @@ def sarif_log(result: Mapping[str, Any], *, strict: bool = False) -> dict[str, A
                     "defaultConfiguration": {"level": "error"},
                     "properties": {
                         "contract": str(contract["id"]),
-                        "tags": [
-                            str(t) for t in (item.get("kind"), item.get("type"), item.get("method")) if t
-                        ],
+                        "tags": _tags(item),
                     },
                 }
                 statement = item.get("statement") or {}

@@ -93,8 +93,8 @@ def test_markdown_shows_each_item_with_claim_evidence_and_provenance(result: dic
         assert f"### {item['id']}" in md
         assert f"[{item['id']}](#{item['id'].lower()})" in md
     # claim levels in words, with their evidence
-    assert "Proved by z3 under 3 assumption(s): 1 <= m; 1 <= k; lda >= 1" in md
-    assert "Checked at every point of the stated domain: 512 points (bound 8)" in md
+    assert "Proved by z3 under 4 assumption(s): 1 <= m <= 65536; 1 <= k <= 65536" in md
+    assert "Checked at every point of the stated domain: 512 points, 512 of them inside the assumptions" in md
     assert "Parity tested on 1,000 cases (seed 0), max_ulp agreement (tolerance 2)" in md
     assert "Assumed, not checked: vendor-library behaviour (cuBLAS 13.0 documentation)" in md
     assert "| Solver resource use | 18,234 of rlimit 2,000,000 |" in md
@@ -104,7 +104,7 @@ def test_markdown_shows_each_item_with_claim_evidence_and_provenance(result: dic
     # the violated item: counterexample and replay command
     section = md.split("### FT-GEMM-004", 1)[1].split("### ", 1)[0]
     assert '"expected": "0x3f800001"' in section
-    assert "kc check contracts/cublas-gemm-v1.yaml --only FT-GEMM-004 --seed 0" in section
+    assert "kc check contracts/cublas-gemm-v1.yaml --only FT-GEMM-004 --device cuda --seed 0" in section
     # provenance
     for needle in ("3f9c2a1d5be0", _gemm(result)["sha256"], "| numpy | 2.4.6 |", "| cupy | 14.0.1 |",
                    "| z3-solver | 4.15.4 |", "| hypothesis | 6.155.2 |", "| Driver | 580.95.05 |",
@@ -150,7 +150,7 @@ def test_statement_falls_back_when_the_parser_is_missing(monkeypatch: pytest.Mon
 def test_unknown_evidence_keys_are_shown_verbatim() -> None:
     facts = {f.label: f.value for f in evidence_facts({"cases": 3, "weird": {"a": [1, 2]}, "points": 9})}
     assert facts["weird"] == '{"a": [1, 2]}'
-    assert facts["Cases"] == "3" and facts["Points checked"].startswith("9")
+    assert facts["Cases"] == "3" and facts["Points enumerated"].startswith("9")
 
 
 def test_html_is_self_contained_and_escaped(result: dict) -> None:

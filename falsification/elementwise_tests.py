@@ -1,0 +1,394 @@
+"""Falsification tests of the elementwise family, registered for contract items by name.
+
+Registered names and their ``params`` (contract items pass them; every name takes ``variant`` for
+planted-bug builds, used by the project's own tests only):
+
+* ``elementwise.bitwise`` {op, route="nvrtc-ieee", env=<route's env>, nan_policy="exact",
+  refute_envs=[], layouts=[...]} — bit-identical to softfloat under ``env``. Each env in ``refute_envs``
+  names a claim the evidence must show false for this build (e.g. the stock CuPy route under "cuda"):
+  the minimal counterexample is recorded, and a claim that holds makes the item fail.
+* ``elementwise.max_ulp`` {op, bound (or the item's tolerance), bound_fn, route, env} — ULP distance
+  to the correctly rounded value (float64 evaluation, ambiguous roundings accept both neighbours).
+  ``bound_fn`` names a per-input bound from :data:`ULP_BOUNDS` (sigmoid, gelu).
+* ``elementwise.fma_contraction`` {op, promise="separate"|"fused", route} — bitwise against the promised
+  rounding; the evidence also checks the other promise and records whether it is refuted.
+* ``elementwise.backward_fd`` {op, rel_tol=1e-4 (or tolerance), h_rel=1e-4} — backward rule vs central
+  finite differences of the float64 forward, away from kinks; the convention exactly at kinks.
+* ``elementwise.determinism`` {op, runs=3, route} — repeated runs bit-identical.
+* ``elementwise.grid_coverage`` {op, sizes, block, max_grid} — the grid-stride loop, executed on the
+  index arithmetic of the build (its index type and tail guard) for huge sizes, visits every index in
+  [0, n) exactly once and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from falsification.agreement import make_agreement
+from falsification.registry import FalsifyContext, register_test
+from falsification.runner import NativeResult, Subject, falsify, replay_command
+from falsification.strategies import LAYOUTS
+from native.device import DeviceUnavailable, array_module
+from native.elementwise import (
+    RouteUnsupported,
+    get_kernel,
+    host_supports,
+    kernel_plan,
+    prepare_operands,
+    run_flat,
+)
+from native.nvrtc import get_route
+from obligations.results import Outcome, error, passed, skipped, violated
+from spec.elementwise import GELU_C, GELU_K, Reference, get_reference, round_f64_to_f32
+
+__all__ = ["POISON", "ULP_BOUNDS", "elementwise_subject", "gelu_ulp_bound", "sigmoid_ulp_bound"]
+
+# A signaling NaN that no arithmetic produces: output buffers start as this, one guard cell past the end.
+POISON = 0x7FBADBAD
+
+
+def sigmoid_ulp_bound(x: Any) -> Any:
+    """6 ulp everywhere (docs/falsification.md): expf's 2 ulp (4u) plus one rounding each for 1+e and /."""
+    return 6 + 0 * x
+
+
+def gelu_ulp_bound(x: Any) -> Any:
+    """8 + 9|t| ulp for x < 0, 8 for x >= 0, t = 2 sqrt(2/pi)(x + 0.044715 x^3) (docs/falsification.md).
+
+    For x < 0 the result is ~x e^t and e^t amplifies the float32 relative error of t (<= 7u) by |t|.
+    """
+    xp = array_module("cuda") if type(x).__module__.startswith("cupy") else np
+    t = 2.0 * GELU_K * (x + GELU_C * x * x * x)
+    with np.errstate(all="ignore"):
+        extra = xp.where(x < 0, 9.0 * xp.abs(t), 0.0)
+    return xp.where(xp.isfinite(extra), 8.0 + extra, xp.inf)
+
+
+ULP_BOUNDS: dict[str, Callable[..., Any]] = {"sigmoid": sigmoid_ulp_bound, "gelu": gelu_ulp_bound}
+
+
+def _scalar_f32(bits: int) -> np.float32:
+    return np.array([bits], dtype=np.uint32).view(np.float32)[0]
+
+
+def elementwise_subject(op: str, *, device: str, route: str = "nvrtc-ieee", variant: str | None = None,
+                        env: str | None = None, reference: str | None = None,
+                        layouts: tuple[str, ...] = ("contiguous",)) -> Subject:
+    """A Subject running kernel ``op`` (as ``variant``) on ``device`` against its softfloat/float64 reference."""
+    k = get_kernel(op)
+    xp = array_module(device)
+    r = get_route(route)
+    v = k.variant(variant)
+    env = env or get_route(v.route or route).env
+    ref_op = get_reference(reference or k.reference)
+    if device == "host" and v.host is None and not host_supports(route):
+        raise RouteUnsupported(f"route {route!r} is a CUDA compile route; the host backend realises only "
+                               f"routes without contraction or approximation")
+
+    def native(views: list, scalars: tuple) -> NativeResult:
+        flat, _ = prepare_operands(xp, [u.view(xp.float32) for u in views])
+        n = int(flat[0].size)
+        bufs = [xp.full(n + 1, POISON, dtype=xp.uint32) for _ in k.outputs]
+        run_flat(op, flat, tuple(_scalar_f32(s) for s in scalars), device=device, route=route, variant=variant,
+                 outs=[b.view(xp.float32) for b in bufs], n=n)
+        guard_ok = all(int(b[n]) == POISON for b in bufs)
+        return NativeResult([b[:n] for b in bufs], guard_ok)
+
+    def ref(flat: list, scalars: tuple) -> list:
+        n = int(flat[0].size)
+        sc = [xp.full(n, s, dtype=xp.uint32) for s in scalars]
+        return [ref_op.evaluate(*flat, *sc, env=env)]
+
+    evidence = {"kernel": op, "variant": v.name, "reference": ref_op.name, "env": env,
+                "route": (v.route or route) if device == "cuda" else
+                (f"host-model:{v.name}" if v.host else f"host ({route} semantics)"),
+                "compile": get_route(v.route or route).to_json() if device == "cuda" else None,
+                "host_transcendentals": "float64 evaluation rounded once to float32" if k.kind != "exact" else None}
+    del r
+    return Subject(name=f"{op}[{v.name}]@{device}", arity=len(k.inputs), native=native, reference=ref, xp=xp,
+                   n_scalars=len(k.scalars), operand_names=k.inputs, scalar_names=k.scalars,
+                   output_names=k.outputs, evidence=evidence, layouts=layouts)
+
+
+def _guarded(fn: Callable[[FalsifyContext], Outcome]) -> Callable[[FalsifyContext], Outcome]:
+    """Map the expected non-findings to outcomes: unsupported route -> skipped, no device -> error."""
+
+    def run(ctx: FalsifyContext) -> Outcome:
+        try:
+            return fn(ctx)
+        except RouteUnsupported as exc:
+            return skipped(str(exc))
+        except DeviceUnavailable as exc:
+            return error(f"device unavailable: {exc}")
+        except KeyError as exc:
+            return error(f"bad params for {ctx.item.get('test')}: {exc}")
+
+    run.__doc__ = fn.__doc__
+    run.__name__ = fn.__name__
+    return run
+
+
+def _op(ctx: FalsifyContext) -> str:
+    try:
+        return str(ctx.params["op"])
+    except KeyError:
+        raise KeyError("params.op is required") from None
+
+
+@register_test("elementwise.bitwise")
+@_guarded
+def bitwise(ctx: FalsifyContext) -> Outcome:
+    """Kernel bits equal the softfloat reference under the route's environment (and listed claims are refuted)."""
+    p = ctx.params
+    op, route = _op(ctx), p.get("route", "nvrtc-ieee")
+    layouts = tuple(p.get("layouts", LAYOUTS))
+    subj = elementwise_subject(op, device=ctx.device, route=route, variant=p.get("variant"), env=p.get("env"),
+                               layouts=layouts)
+    agreement = make_agreement(ctx.agreement or "bitwise", **({"nan_policy": p.get("nan_policy", "exact")}
+                                                              if (ctx.agreement or "bitwise") == "bitwise" else {}))
+    out = falsify(ctx, subj, agreement)
+    refuted = []
+    for env in p.get("refute_envs", []) if "replay" not in ctx.item else []:
+        other = elementwise_subject(op, device=ctx.device, route=route, variant=p.get("variant"), env=env)
+        o = falsify(ctx, other, agreement)
+        refuted.append({"claim": f"bitwise under {env}", "refuted": o.status.value == "violated",
+                        "counterexample": o.counterexample, "elements": o.evidence.get("elements")})
+    if not refuted:
+        return out
+    ev = {**out.evidence, "refuted_claims": refuted}
+    if out.status.value == "violated":
+        return violated(out.counterexample or {}, out.reason or "", **ev)
+    held = [r["claim"] for r in refuted if not r["refuted"]]
+    if held:
+        return violated({"claims_not_refuted": held, "replay": replay_command(ctx, None)},
+                        f"{op} via {route}: expected refutation of {held} but no counterexample was found", **ev)
+    return out.__class__(out.status, out.claim, ev, out.counterexample, out.reason)
+
+
+@register_test("elementwise.max_ulp")
+@_guarded
+def max_ulp(ctx: FalsifyContext) -> Outcome:
+    """Kernel within a max-ULP bound of the correctly rounded result (float64 evaluation, ties flagged)."""
+    p = ctx.params
+    op = _op(ctx)
+    subj = elementwise_subject(op, device=ctx.device, route=p.get("route", "nvrtc-ieee"), variant=p.get("variant"),
+                               env=p.get("env"))
+    if "bound_fn" in p:
+        bound: Any = ULP_BOUNDS[p["bound_fn"]]
+        agreement = make_agreement("max_ulp", bound=bound, bound_name=p["bound_fn"])
+    else:
+        b = p.get("bound", ctx.tolerance)
+        if b is None:
+            return error("elementwise.max_ulp needs params.bound, params.bound_fn or a tolerance")
+        agreement = make_agreement("max_ulp", bound=int(b))
+    return falsify(ctx, subj, agreement)
+
+
+_PROMISES: dict[tuple[str, str], str] = {
+    ("muladd", "separate"): "muladd", ("muladd", "fused"): "fma",
+    ("muladd_rn", "separate"): "muladd", ("muladd_rn", "fused"): "fma",
+    ("fma", "separate"): "muladd", ("fma", "fused"): "fma",
+    ("axpy", "separate"): "axpy", ("axpy", "fused"): "axpy_fused",
+}
+
+
+@register_test("elementwise.fma_contraction")
+@_guarded
+def fma_contraction(ctx: FalsifyContext) -> Outcome:
+    """Kernel bits equal the promised rounding of a*b+c (separate or fused); the other promise is probed."""
+    p = ctx.params
+    op, promise, route = _op(ctx), p.get("promise", "separate"), p.get("route", "nvrtc-ieee")
+    other = {"separate": "fused", "fused": "separate"}[promise]
+    agreement = make_agreement("bitwise", nan_policy=p.get("nan_policy", "exact"))
+    subj = elementwise_subject(op, device=ctx.device, route=route, variant=p.get("variant"),
+                               reference=_PROMISES[(op, promise)])
+    subj = Subject(**{**subj.__dict__, "mixes": ("correlated", "balanced")})
+    out = falsify(ctx, subj, agreement)
+    if "replay" in ctx.item:
+        return out
+    alt = elementwise_subject(op, device=ctx.device, route=route, variant=p.get("variant"),
+                              reference=_PROMISES[(op, other)])
+    alt = Subject(**{**alt.__dict__, "mixes": ("correlated",)})
+    o = falsify(ctx, alt, agreement)
+    ev = {**out.evidence, "promise": promise,
+          "other_promise": {"promise": other, "refuted": o.status.value == "violated",
+                            "counterexample": o.counterexample}}
+    return out.__class__(out.status, out.claim, ev, out.counterexample, out.reason)
+
+
+@register_test("elementwise.determinism")
+@_guarded
+def determinism(ctx: FalsifyContext) -> Outcome:
+    """Repeated runs of the kernel on the same inputs give identical bits."""
+    p = ctx.params
+    subj = elementwise_subject(_op(ctx), device=ctx.device, route=p.get("route", "nvrtc-ieee"),
+                               variant=p.get("variant"))
+    return falsify(ctx, subj, make_agreement("determinism", runs=int(p.get("runs", 3))))
+
+
+# -- backward rules vs finite differences ----------------------------------------------------------
+
+_FD_EXP = (121, 134)  # operands are moved to |x| in [2^-6, 2^7): FD truncation error stays ~1e-9
+
+
+def _moderate(xp: Any, u: Any) -> Any:
+    """Map any bits to a moderate finite value (zero stays zero: it is a kink); idempotent in range."""
+    e = (u >> 23) & 0xFF
+    mapped = xp.where((e >= _FD_EXP[0]) & (e < _FD_EXP[1]), e, _FD_EXP[0] + e % (_FD_EXP[1] - _FD_EXP[0]))
+    out = (u & xp.uint32(0x807FFFFF)) | (mapped.astype(xp.uint32) << xp.uint32(23))
+    return xp.where((u & xp.uint32(0x7FFFFFFF)) == 0, u, out).astype(xp.uint32)
+
+
+def _bits(xp: Any, f64: Any) -> Any:
+    return f64.astype(xp.float32).view(xp.uint32)
+
+
+def _f64(xp: Any, u: Any) -> Any:
+    return u.view(xp.float32).astype(xp.float64)
+
+
+def _backward_subject(ctx: FalsifyContext) -> tuple[Subject, float]:
+    p = ctx.params
+    op = _op(ctx)
+    base = elementwise_subject(op, device=ctx.device, route=p.get("route", "nvrtc-ieee"), variant=p.get("variant"))
+    spec = get_reference(op)
+    if spec.kind != "backward":
+        raise KeyError(f"{op} is not a backward rule")
+    xp = base.xp
+    h_rel = float(p.get("h_rel", 1e-4))
+    n_in = base.arity - 1  # the last input is dy
+    scal = lambda s: float(_scalar_f32(s))  # noqa: E731
+
+    def prepare(views: list) -> list:
+        flat = [xp.ascontiguousarray(v).reshape(-1) for v in xp.broadcast_arrays(*views)]
+        xs = [_moderate(xp, u) for u in flat]
+        if n_in == 2:  # min/max: snap near-ties to exact ties (the 0.5/0.5 convention)
+            a, b = _f64(xp, xs[0]), _f64(xp, xs[1])
+            near = xp.abs(a - b) <= 8 * h_rel * xp.maximum(xp.abs(a), 2.0**-6)
+            tie = ((xs[2] >> 8) & 7) == 0  # and make an eighth of them ties outright
+            xs[1] = xp.where(near | tie, xs[0], xs[1]).astype(xp.uint32)
+        else:  # single input: snap values within a few h of 0 to exactly 0 (the kink)
+            x = _f64(xp, xs[0])
+            xs[0] = xp.where(xp.abs(x) <= 8 * h_rel * 2.0**-6, xp.uint32(0), xs[0]).astype(xp.uint32)
+        return xs
+
+    def reference(flat: list, scalars: tuple) -> list:
+        xs = [_f64(xp, u) for u in flat[:n_in]]
+        dy = _f64(xp, flat[n_in])
+        sc = [scal(s) for s in scalars]
+        conv = spec.fn(*xs, dy, *sc)
+        kinks = spec.kinks(*xs, *sc) if spec.kinks else ()
+        refs = []
+        for j in range(n_in):
+            h = h_rel * xp.maximum(xp.abs(xs[j]), 2.0**-6)
+            up = [x + h if i == j else x for i, x in enumerate(xs)]
+            dn = [x - h if i == j else x for i, x in enumerate(xs)]
+            with np.errstate(all="ignore"):
+                fd = (spec.forward(*up, *sc) - spec.forward(*dn, *sc)) / (2 * h)
+            at_kink = xp.zeros(xs[0].shape, dtype=bool)
+            near = xp.zeros(xs[0].shape, dtype=bool)
+            for kv in kinks:
+                at_kink |= kv == 0
+                near |= xp.abs(kv) <= 2 * h
+            if op == "sqrt_bwd":
+                at_kink |= xs[0] <= 0  # outside the domain the convention (0) is the meaning
+            val = xp.where(at_kink, conv[j], dy * fd)
+            # strictly near a kink (not at it) the FD straddles it: the convention decides there too
+            val = xp.where(near & ~at_kink, conv[j], val)
+            refs.append(Reference(_bits(xp, val)))
+        return refs
+
+    scalar_strategy = st.sampled_from([0xBF800000, 0x3F800000, 0x00000000, 0xC0000000, 0x40000000, 0x3F000000])
+    subj = Subject(**{**base.__dict__, "reference": reference, "prepare": prepare, "scalar_strategy": scalar_strategy,
+                      "evidence": {**base.evidence, "h_rel": h_rel, "domain": "|x| in [2^-6, 2^7) or 0"}})
+    return subj, h_rel
+
+
+@register_test("elementwise.backward_fd")
+@_guarded
+def backward_fd(ctx: FalsifyContext) -> Outcome:
+    """Backward rule agrees with central finite differences where smooth and with the convention at kinks."""
+    subj, _ = _backward_subject(ctx)
+    rel = float(ctx.params.get("rel_tol", ctx.tolerance if ctx.tolerance is not None else 1e-4))
+    xp = subj.xp
+
+    def fd_bound(*args: Any) -> Any:
+        *_, dy, ref = args
+        return rel * (xp.abs(ref) + xp.abs(dy))
+
+    fd_bound.__name__ = f"{rel:g} * (|reference| + |dy|)"
+    return falsify(ctx, subj, make_agreement("error_bound", bound=fd_bound))
+
+
+# -- grid-stride coverage, executed on the build's index arithmetic --------------------------------
+
+_GUARDS: dict[str, Callable[[Any, int], Any]] = {
+    "i < n": lambda i, n: i < n,
+    "i < n - 1": lambda i, n: i < n - 1,
+    "i <= n": lambda i, n: i <= n,
+}
+DEFAULT_SIZES = (0, 1, 255, 256, 257, (1 << 20) + 1, (1 << 31) - 1, (1 << 31) + 7, (1 << 32) + 5)
+
+
+def _wrap(i: np.ndarray, bits: int) -> np.ndarray:
+    """Two's-complement wrap of int64 values to a ``bits``-bit signed index type."""
+    if bits >= 64:
+        return i
+    half = 1 << (bits - 1)
+    return ((i + half) & ((1 << bits) - 1)) - half
+
+
+@register_test("elementwise.grid_coverage")
+@_guarded
+def grid_coverage(ctx: FalsifyContext) -> Outcome:
+    """The build's grid-stride loop visits each index of [0, n) exactly once, for sizes up to past 2^32."""
+    p = ctx.params
+    op = _op(ctx)
+    k = get_kernel(op)
+    v = k.variant(p.get("variant"))
+    guard = _GUARDS[v.guard or "i < n"]
+    sizes = [int(s) for s in p.get("sizes", DEFAULT_SIZES)]
+    threads_checked = 0
+    for n in sizes:
+        plan = kernel_plan(op, n, p.get("variant"), int(p.get("block", 256)), int(p.get("max_grid", 65536)))
+        stride, bits = int(plan["stride"]), int(plan["index_bits"])
+        # Threads whose trips are extreme: the first and last 1024 of the grid and the 1024 around the one
+        # whose last in-range index is n-1 (its next step is the largest index the loop computes).
+        last = (n - 1) % stride if n else 0
+        t = np.unique(np.concatenate([np.arange(min(stride, 1024)), np.arange(max(0, stride - 1024), stride),
+                                      (last + np.arange(-512, 512)) % stride])).astype(np.int64)
+        threads_checked += int(t.size)
+        expected = np.where(t < n, (n - t + stride - 1) // stride, 0)
+        i = _wrap(t.copy(), bits)
+        count = np.zeros_like(t)
+        active = np.ones(t.shape, dtype=bool)
+        problem = None
+        for k in range(int(plan["iterations"]) + 2):
+            active &= guard(i, n)
+            if not active.any():
+                break
+            wrong = active & ((i != t + k * stride) | (i < 0) | (i >= n))
+            if wrong.any():
+                w = int(np.flatnonzero(wrong)[0])
+                problem = (int(t[w]), int(i[w]), f"trip {k} of thread {int(t[w])} computes index {int(i[w])}"
+                           f" (expected {int(t[w]) + k * stride}, valid range [0, {n}))")
+                break
+            count += active
+            i = _wrap(i + stride, bits)
+        if problem is None and (count != expected).any():
+            w = int(np.flatnonzero(count != expected)[0])
+            problem = (int(t[w]), None, f"thread {int(t[w])} visits {int(count[w])} indices, expected {int(expected[w])}")
+        if problem is not None:
+            ce = {"n": n, "thread": problem[0], "index": problem[1], "plan": {a: int(b) for a, b in plan.items()},
+                  "index_type": v.index_type or "long long", "guard": v.guard or "i < n",
+                  "replay": replay_command(ctx, None)}
+            return violated(ce, f"{op}[{v.name}] grid-stride loop at n={n}: {problem[2]}", sizes=sizes,
+                            threads_checked=threads_checked)
+    return passed(cases=threads_checked, sizes=sizes, threads_checked=threads_checked, kernel=op, variant=v.name,
+                  index_type=v.index_type or "long long", method="loop executed in the build's index arithmetic "
+                  "for the first/last 1024 threads and the 1024 around the one ending at n-1")
+

@@ -1,0 +1,102 @@
+"""Backend selection: ``host`` (NumPy) or ``cuda`` (CuPy); asking for cuda without a GPU fails loudly."""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DEVICES",
+    "DeviceUnavailable",
+    "cuda_available",
+    "resolve_device",
+    "device_info",
+    "array_module",
+    "to_host",
+    "to_device",
+]
+
+DEVICES: tuple[str, ...] = ("host", "cuda")
+
+
+class DeviceUnavailable(RuntimeError):
+    """Raised when a device is requested explicitly but cannot be used; the message says why."""
+
+
+@functools.cache
+def cuda_available() -> tuple[bool, str]:
+    """(True, "") when CuPy imports and a CUDA device answers; else (False, the reason)."""
+    try:
+        import cupy  # noqa: F401
+    except Exception as exc:  # ImportError, or a CuPy built against a missing CUDA library
+        return False, f"CuPy is not importable ({type(exc).__name__}: {exc})"
+    try:
+        import cupy
+
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # no driver, no device, or a driver too old for the runtime
+        return False, f"no CUDA device ({type(exc).__name__}: {exc})"
+    if count < 1:
+        return False, "no CUDA device (getDeviceCount() == 0)"
+    return True, ""
+
+
+def resolve_device(requested: str = "auto") -> str:
+    """Map "auto"/"host"/"cuda" to "host" or "cuda"; raise DeviceUnavailable if "cuda" cannot run."""
+    if requested not in ("auto", *DEVICES):
+        raise ValueError(f"unknown device {requested!r}; expected one of auto, host, cuda")
+    if requested == "host":
+        return "host"
+    ok, reason = cuda_available()
+    if requested == "cuda" and not ok:
+        # Never fall back silently: a GPU claim checked on the host would be a different claim.
+        raise DeviceUnavailable(f"--device cuda requested but unavailable: {reason}")
+    return "cuda" if ok else "host"
+
+
+def device_info(device: str = "auto") -> dict[str, Any]:
+    """JSON-ready description of the resolved device: kind, name, driver, cuda_runtime."""
+    kind = resolve_device(device)
+    if kind == "host":
+        import platform
+
+        return {"kind": "host", "name": platform.processor() or platform.machine(), "driver": None,
+                "cuda_runtime": None, "numpy": np.__version__}
+    import cupy
+
+    rt = cupy.cuda.runtime
+    dev = cupy.cuda.Device()
+    props = rt.getDeviceProperties(dev.id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    return {
+        "kind": "cuda",
+        "name": name,
+        "driver": int(rt.driverGetVersion()),
+        "cuda_runtime": int(rt.runtimeGetVersion()),
+        "compute_capability": str(dev.compute_capability),
+        "sm_count": int(props["multiProcessorCount"]),
+        "cupy": cupy.__version__,
+    }
+
+
+def array_module(device: str) -> ModuleType:
+    """numpy for "host", cupy for "cuda" (raising DeviceUnavailable when CuPy cannot run)."""
+    if resolve_device(device) == "host":
+        return np
+    import cupy
+
+    return cupy
+
+
+def to_host(a: Any) -> np.ndarray:
+    """A NumPy copy/view of a NumPy or CuPy array."""
+    get = getattr(a, "get", None)
+    return get() if callable(get) and not isinstance(a, np.ndarray) else np.asarray(a)
+
+
+def to_device(a: Any, device: str) -> Any:
+    """The array on ``device`` (a no-op when already there)."""
+    return array_module(device).asarray(a)

@@ -1,0 +1,124 @@
+"""The project's own compile route: NVRTC with explicit float flags, recorded as the float environment.
+
+CuPy's stock compile path appends ``-ftz=true`` to every kernel and the last flag wins, so a kernel built
+through ``cupy.RawKernel`` cannot keep subnormals (cupy/cupy#8382). This module compiles through
+``cupy.cuda.compiler.compile_using_nvrtc`` (which does not append the flag) and loads the binary with
+``cupy.cuda.function.Module``. Each :class:`Route` names its flags and the softfloat environment that
+those flags promise, so a contract can check a kernel against exactly what its compilation implies. The
+stock route stays available as a named route whose environment is ``cuda-ftz``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CompileFlags", "Route", "ROUTES", "register_route", "get_route", "compile_function"]
+
+
+@dataclass(frozen=True)
+class CompileFlags:
+    """NVRTC float flags; ``fast_math`` implies ftz, approximate div/sqrt, contraction and intrinsics."""
+
+    ftz: bool = False
+    fmad: bool = False
+    prec_div: bool = True
+    prec_sqrt: bool = True
+    fast_math: bool = False
+
+    def options(self) -> tuple[str, ...]:
+        """The NVRTC command-line options that realise these flags (every flag explicit)."""
+        if self.fast_math:
+            return ("--use_fast_math",)
+        b = {True: "true", False: "false"}
+        return (f"-ftz={b[self.ftz]}", f"-fmad={b[self.fmad]}", f"-prec-div={b[self.prec_div]}",
+                f"-prec-sqrt={b[self.prec_sqrt]}")
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON evidence: the flags and the exact options passed."""
+        return {"ftz": self.ftz, "fmad": self.fmad, "prec_div": self.prec_div, "prec_sqrt": self.prec_sqrt,
+                "fast_math": self.fast_math, "options": list(self.options())}
+
+
+@dataclass(frozen=True)
+class Route:
+    """A named way to compile a kernel: own NVRTC flags, or CuPy's stock path (``flags`` None).
+
+    ``env`` is the softfloat environment the route promises for correctly rounded operations.
+    """
+
+    name: str
+    env: str
+    flags: CompileFlags | None
+    doc: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON evidence describing the route."""
+        flags = self.flags.to_json() if self.flags else {"stock": True, "appended_by_cupy": ["-ftz=true"]}
+        return {"route": self.name, "env": self.env, "flags": flags}
+
+
+ROUTES: dict[str, Route] = {}
+
+
+def register_route(route: Route) -> Route:
+    """Add a route by name (names are unique)."""
+    if route.name in ROUTES and ROUTES[route.name] != route:
+        raise ValueError(f"compile route {route.name!r} is registered twice")
+    ROUTES[route.name] = route
+    return route
+
+
+def get_route(name: str) -> Route:
+    """The registered route ``name``; KeyError lists the known ones."""
+    try:
+        return ROUTES[name]
+    except KeyError:
+        raise KeyError(f"unknown compile route {name!r}; known: {sorted(ROUTES)}") from None
+
+
+register_route(Route("nvrtc-ieee", "cuda", CompileFlags(ftz=False, fmad=False),
+                     "subnormals kept, no contraction, IEEE div/sqrt: the project's default"))
+register_route(Route("nvrtc-fmad", "cuda", CompileFlags(ftz=False, fmad=True),
+                     "as nvrtc-ieee but a*b+c may be contracted to fma (NVRTC's default)"))
+register_route(Route("nvrtc-ftz", "cuda-ftz", CompileFlags(ftz=True, fmad=False),
+                     "subnormal inputs and results flushed to signed zero"))
+register_route(Route("nvrtc-fast-math", "cuda-ftz", CompileFlags(fast_math=True),
+                     "--use_fast_math: ftz, approximate div/sqrt, contraction, __expf etc."))
+register_route(Route("cupy-stock", "cuda-ftz", None,
+                     "cupy.RawKernel with default options: CuPy appends -ftz=true; fmad defaults to true"))
+
+
+@functools.cache
+def _arch() -> str:
+    import cupy
+
+    # Private but stable helper (float-facts.md); fall back to the device's compute capability.
+    get = getattr(cupy.cuda.compiler, "_get_arch", None)
+    return str(get()) if get else str(cupy.cuda.Device().compute_capability)
+
+
+@functools.cache
+def _compile_cached(source: str, name: str, route_name: str) -> Callable[..., Any]:
+    import cupy
+
+    route = get_route(route_name)
+    if route.flags is None:
+        return cupy.RawKernel(source, name)  # the stock path, -ftz=true appended by CuPy
+    compiled = cupy.cuda.compiler.compile_using_nvrtc(source, options=route.flags.options(), arch=_arch())
+    binary = compiled[0] if isinstance(compiled, tuple) else compiled
+    module = cupy.cuda.function.Module()
+    module.load(binary)
+    return module.get_function(name)
+
+
+def compile_function(source: str, name: str, route: str) -> Callable[..., Any]:
+    """Compile ``source`` via ``route`` and return the launchable ``extern "C"`` function ``name``.
+
+    The result is called as ``fn((grid,), (block,), args)``; compiled functions are cached per
+    (source, name, route).
+    """
+    get_route(route)
+    return _compile_cached(source, name, route)

@@ -271,10 +271,10 @@ def _fma_chunk(xp, a, b, c, fmt: Format, rounding: str, env: FloatEnv, want_flag
         s = (x ^ y) & t(fmt.sign_mask)
         zero_inf = ((xa == inf) & (ya == t(0))) | ((ya == inf) & (xa == t(0)))
         p_inf = ((xa == inf) | (ya == inf)) & ~zero_inf
-        bad = zero_inf | (p_inf & (za == inf) & ((s ^ z) >= t(fmt.sign_mask)))
+        nan = core.is_nan_bits(fmt, x) | core.is_nan_bits(fmt, y) | core.is_nan_bits(fmt, z)
+        bad = zero_inf | (p_inf & ~nan & (za == inf) & ((s ^ z) >= t(fmt.sign_mask)))
         r = xp.where(p_inf, s | inf, z)  # otherwise c is Inf and the product finite
         r = xp.where(bad, t(default_nan(fmt, env)), r)
-        nan = core.is_nan_bits(fmt, x) | core.is_nan_bits(fmt, y) | core.is_nan_bits(fmt, z)
         r = xp.where(nan, core.nan_result(xp, fmt, env, [x, y, z]), r)
         # 0 * Inf + qNaN signals invalid too (the choice IEEE 754 leaves open; SoftFloat does the same).
         f = core.flags_from(xp, x.shape, invalid=bad | core.any_snan(fmt, [x, y, z])) if want_flags else None

@@ -1,0 +1,131 @@
+"""`kc new NAME --family F`: a contract and its falsification-test module, every item skipped until written.
+
+Scaffolded items are visible and never passing: the obligation is ``pending: not implemented`` and the
+falsification test is registered but returns ``skipped("not implemented")``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+__all__ = ["scaffold_contract", "ScaffoldError", "module_name_for"]
+
+_IDENT = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
+
+CONTRACT_TEMPLATE = """\
+# yaml-language-server: $schema=schema/contract.schema.json
+# Scaffolded by `kc new {name} --family {family}`. Every item is reported skipped until you write it:
+# replace each TODO, remove `pending` once an obligation has its statement, and fill in the test in
+# {module_path}.
+id: {name}
+version: 0.1.0
+family: {family}
+summary: "TODO: one sentence saying what the kernel computes and what this contract claims about it."
+references: []
+kernels:
+  main:
+    entry: {module}:kernel
+    plan: {module}:plan
+symbols:
+  n: {{type: int32, min: 1, max: 2147483647, doc: number of elements}}
+equations:
+  {snake}:
+    formula: "TODO: y[i] = f(x[i]) for 0 <= i < n"
+    domain: "n >= 1"
+obligations:
+  - id: PO-{tag}-001
+    type: invariant
+    property: "TODO: every element the kernel reads or writes lies inside its buffers"
+    equation: {snake}
+    method: z3
+    pending: not implemented
+falsification:
+  - id: FT-{tag}-001
+    rule: "TODO: the kernel is bitwise equal to its reference"
+    prediction: "every output element has the reference's bits"
+    if_fails: "the kernel rounds or orders operations differently from the reference"
+    test: {test_name}
+    agreement: bitwise
+qa_gate:
+  id: F-{tag}-001
+  description: "TODO: what passing this gate allows"
+  requires: [FT-{tag}-001]
+"""
+
+MODULE_TEMPLATE = '''\
+"""Falsification tests for the {name} contract (scaffolded by `kc new`).
+
+``plan`` and ``kernel`` are placeholders the contract names until the real kernel exists: point the
+contract's ``kernels.main`` at your kernel's entry point and launch plan, then write the test below.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from falsification.registry import FalsifyContext, register_test
+from obligations.results import Outcome, skipped
+
+
+def plan(n: Any) -> dict[str, Any]:
+    """Launch/buffer plan placeholder: the quantities the contract's statements may name."""
+    return {{"elements": n}}
+
+
+def kernel(*args: Any, **kwargs: Any) -> None:
+    """Kernel entry point placeholder."""
+    raise NotImplementedError("scaffolded by kc new: point contracts/{name}.yaml at the real kernel")
+
+
+@register_test("{test_name}")
+def {func}(ctx: FalsifyContext) -> Outcome:
+    """{name}: the kernel is bitwise equal to its reference (not written yet)."""
+    return skipped("not implemented")
+'''
+
+
+class ScaffoldError(ValueError):
+    """The name or family cannot make a contract, or a file it would write already exists."""
+
+
+def module_name_for(path: Path) -> str:
+    """The importable dotted name of the module at ``path`` (its package chain up to the first non-package)."""
+    path = path.resolve()
+    parts = [path.stem]
+    parent = path.parent
+    while (parent / "__init__.py").is_file():
+        parts.append(parent.name)
+        parent = parent.parent
+    return ".".join(reversed(parts))
+
+
+def scaffold_contract(name: str, family: str, contracts_dir: str | Path, tests_dir: str | Path) -> list[Path]:
+    """Write ``contracts_dir/NAME.yaml`` and ``tests_dir/<name>_tests.py``; return both; never overwrite."""
+    if not _IDENT.match(name):
+        raise ScaffoldError(f"contract name {name!r} must match {_IDENT.pattern} (letters, digits, _ . -)")
+    if not family.strip() or "\n" in family or ":" in family:
+        raise ScaffoldError(f"family {family!r} must be a short single-line word, e.g. gemm or reduction")
+    snake = re.sub(r"[^0-9a-zA-Z]+", "_", name).strip("_").lower()
+    tag = re.sub(r"[^0-9a-zA-Z]+", "-", name).strip("-").upper()
+    contract_path = Path(contracts_dir) / f"{name}.yaml"
+    module_path = Path(tests_dir) / f"{snake}_tests.py"
+    for path in (contract_path, module_path):
+        if path.exists():
+            raise ScaffoldError(f"{path} already exists; kc new never overwrites")
+    module_path.parent.mkdir(parents=True, exist_ok=True)
+    contract_path.parent.mkdir(parents=True, exist_ok=True)
+    module = module_name_for(module_path)
+    fields = {
+        "name": name,
+        "family": family.strip(),
+        "snake": snake,
+        "tag": tag,
+        "module": module,
+        "module_path": module_path.as_posix(),
+        "test_name": f"{snake}.bitwise_vs_reference",
+        "func": "bitwise_vs_reference",
+    }
+    module_path.write_text(MODULE_TEMPLATE.format(**fields), encoding="utf-8")
+    contract_path.write_text(CONTRACT_TEMPLATE.format(**fields), encoding="utf-8")
+    return [contract_path, module_path]

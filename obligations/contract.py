@@ -419,8 +419,8 @@ def _find_name(source: str, name: str) -> int:
 def plan_quantity_names(c: Contract, dotted: str) -> dict[str, bool]:
     """Quantity names the plan exposes when run on fresh symbols: name -> is it a function."""
     fn = plans.resolve(dotted)
-    params = plans.plan_parameters(fn)
-    missing = [p for p in params if p not in c.symbols]
+    params = [p for p in plans.plan_parameters(fn) if p in c.symbols]
+    missing = [p for p in plans.plan_parameters(fn, required_only=True) if p not in c.symbols]
     if missing:
         raise ValueError(f"plan parameters {missing} are not declared symbols")
     with sym.tracking():

@@ -123,7 +123,7 @@ def _used_symbols(contract: Contract, item: Mapping[str, Any]) -> list[str]:
             names |= exprlang.parse(item[key]).names()
     kernel = _kernel_of(contract, item)
     if kernel is not None and "plan" in kernel:
-        names |= set(plans.plan_parameters(plans.resolve(kernel["plan"])))
+        names |= set(plans.plan_parameters(plans.resolve(kernel["plan"]))) & set(contract.symbols)
     names |= set(item.get("bound") or {})
     return [s for s in contract.symbols if s in names]
 
@@ -313,7 +313,7 @@ class EnumerateEngine(Engine):
         bound.update(given_bound)
         kernel = _kernel_of(c, item)
         plan_fn = plans.resolve(kernel["plan"]) if kernel and "plan" in kernel else None
-        params = set(plans.plan_parameters(plan_fn)) if plan_fn else set()
+        params = set(plans.plan_parameters(plan_fn)) & set(c.symbols) if plan_fn else set()
         grid: dict[str, np.ndarray] = {}
         n = 1
         for name, spec in bound.items():

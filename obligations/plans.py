@@ -32,15 +32,17 @@ def resolve(dotted: str) -> Any:
         raise ResolveError(f"module {module_name!r} has no attribute {attr!r}") from None
 
 
-def plan_parameters(fn: Callable[..., Any]) -> list[str]:
-    """Names of the plan function's parameters (each must be a contract symbol)."""
+def plan_parameters(fn: Callable[..., Any], *, required_only: bool = False) -> list[str]:
+    """Names of the plan function's parameters; those without a default must be contract symbols."""
     return [p.name for p in inspect.signature(fn).parameters.values()
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            and not (required_only and p.default is not p.empty)]
 
 
 def call_plan(fn: Callable[..., Any], env: Mapping[str, Any]) -> Any:
-    """Call the plan with the symbols its signature names, taken from ``env``."""
-    return fn(**{name: env[name] for name in plan_parameters(fn)})
+    """Call the plan with the symbols its signature names; parameters with defaults may be left out."""
+    required = set(plan_parameters(fn, required_only=True))
+    return fn(**{name: env[name] for name in plan_parameters(fn) if name in env or name in required})
 
 
 def quantities(plan: Any) -> dict[str, Any]:

@@ -251,3 +251,58 @@ def value_of(F, x):
     if D[0] != "num":
         return D
     return float(-D[2] if D[1] else D[2])
+
+
+# ---------------------------------------------------------------------------------------------------
+# TestFloat-style operand generator (vectorised, NumPy)
+
+
+def _sig_patterns(f: int):
+    full = (1 << f) - 1
+    pats = {0, 1, full, full - 1}
+    for k in range(f):
+        pats.add(1 << k)  # walking ones
+        pats.add(full ^ (1 << k))  # walking zeros
+        pats.add((full << k) & full)  # runs of leading ones
+        pats.add((1 << k) - 1)  # runs of trailing ones
+    return sorted(pats)
+
+
+def testfloat_operands(n: int, nops: int, seed: int, fmt_exp_bits: int = 8, fmt_frac_bits: int = 23):
+    """`nops` uint arrays of n bit patterns: exponent classes x significand patterns, near-equal exponents
+    for cancellation, and uniform random bit patterns (a quarter of the elements)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    F = Fmt(fmt_exp_bits, fmt_frac_bits)
+    dt = np.uint32 if F.nbits == 32 else np.uint64 if F.nbits > 32 else np.uint16
+    emax_field = 2**F.eb - 1
+    classes = sorted(
+        {0, 1, 2, max(F.bias - F.p, 1), F.bias - 2, F.bias - 1, F.bias, F.bias + 1, F.bias + 2,
+         min(F.bias + F.p, emax_field - 1), emax_field - 2, emax_field - 1, emax_field}
+    )
+    pats = np.array(_sig_patterns(F.f), dtype=np.uint64)
+    out = []
+    prev_exp = None
+    for _k in range(nops):
+        sign = rng.integers(0, 2, n, dtype=np.uint64)
+        exp = np.array(classes, dtype=np.int64)[rng.integers(0, len(classes), n)]
+        exp = exp + rng.integers(-1, 2, n) * (rng.random(n) < 0.3)
+        if prev_exp is not None:  # near-equal exponents make cancellation and tie cases frequent
+            near = rng.random(n) < 0.35
+            exp = np.where(near, prev_exp + rng.integers(-2, 3, n), exp)
+        exp = np.clip(exp, 0, emax_field).astype(np.uint64)
+        sig = np.where(
+            rng.random(n) < 0.8,
+            pats[rng.integers(0, pats.size, n)],
+            rng.integers(0, 1 << F.f, n, dtype=np.uint64),
+        )
+        sig = np.where(rng.random(n) < 0.06, np.uint64(0), sig)  # zeros and infinities
+        bits = (sign << np.uint64(F.nbits - 1)) | (exp << np.uint64(F.f)) | sig
+        rnd = rng.integers(0, 1 << F.nbits, n, dtype=np.uint64) if F.nbits < 64 else rng.integers(
+            0, 2**63, n, dtype=np.uint64
+        )
+        bits = np.where(rng.random(n) < 0.25, rnd, bits)
+        out.append(bits.astype(dt))
+        prev_exp = exp.astype(np.int64)
+    return out

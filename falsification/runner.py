@@ -61,7 +61,7 @@ class Budget:
 
 PROFILES: dict[str, Budget] = {
     # CPU CI: each item well under ~5 s on the host.
-    "quick": Budget(max_examples=30, max_size=2048, budget_s=2.0),
+    "quick": Budget(max_examples=30, max_size=8192, budget_s=2.0),
     # GPU: batches of up to 4M elements, a few hundred examples.
     "full": Budget(max_examples=200, max_size=1 << 22, budget_s=30.0),
 }
@@ -207,7 +207,8 @@ def _simplicity(bits: tuple[int, ...]) -> tuple:
     return (sum(bin(m).count("1") for m in mags), tuple(mags), tuple(b >> 31 for b in bits))
 
 
-_COMMON = (0x00000000, 0x80000000, 0x3F800000, 0x00000001, 0x00800000, 0x7F800000, 0x7FC00000, 0x40000000)
+_COMMON = (0x00000000, 0x80000000, 0x3F800000, 0x00000001, 0x00800000, 0x7F800000, 0x7F800001, 0x7FC00000,
+           0x40000000)
 
 
 def _candidates(bits: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -244,7 +245,10 @@ def minimise_element(subject: Subject, agreement: Agreement, bits: tuple[int, ..
         bad_idx = [int(i) for i in np.flatnonzero(_to_np(v.bad))]
         moved = False
         # Candidates are sorted simplest first; confirm on its own, since a batch may fail by position.
-        for i in bad_idx[:4]:
+        order = bad_idx[:4]
+        if len(bad_idx) == 1:  # a lone failure may be positional (e.g. the last element): try the simplest too
+            order = sorted(set(order) | set(range(min(2, len(cands)))))
+        for i in order:
             single = evaluate(subject, agreement, _batch(subject.xp, [cands[i]], subject.arity), scalars)
             if single.first_bad is not None:
                 best, best_v, moved = cands[i], single, True

@@ -202,7 +202,7 @@ def batch_specs(arity: int, n_scalars: int = 0, max_size: int = 1 << 16, max_exp
         size=sizes(max_size),
         mix=st.sampled_from(mixes),
         explicit=st.lists(st.tuples(st.integers(0, max_size), element), max_size=max_explicit).map(tuple),
-        scalars=st.tuples(*[scalar_bits or float32_bits() for _ in range(n_scalars)]),
+        scalars=st.tuples(*[float32_bits() if scalar_bits is None else scalar_bits for _ in range(n_scalars)]),
         layout=st.sampled_from(layouts),
     )
 

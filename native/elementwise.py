@@ -318,8 +318,9 @@ _reg("min", ("a", "b"), "r = fminf(a, b);", _tup(lambda a, b: _minmax_host(a, b,
 _reg("max", ("a", "b"), "r = fmaxf(a, b);", _tup(lambda a, b: _minmax_host(a, b, False)))
 _reg("relu", ("a",), "r = (a > 0.0f) ? a : ((a != a) ? a + a : 0.0f);",
      _tup(lambda a: np.where(a > 0, a, np.where(np.isnan(a), a + a, _ZERO)).astype(F32)),
-     Variant("nan_as_number", body="r = fmaxf(a, 0.0f);", host=_tup(lambda a: np.fmax(a, _ZERO).astype(F32)),
-             doc="relu via fmaxf: a NaN input returns 0"))
+     Variant("nan_as_number", body="r = (a > 0.0f) ? a : 0.0f;",
+             host=_tup(lambda a: np.where(a > 0, a, _ZERO).astype(F32)),
+             doc="relu without the NaN rule: a NaN input returns 0"))
 _reg("scale", ("x",), "r = x * c;", _tup(np.multiply), scalars=("c",))
 _reg("axpy", ("a", "b"), "r = __fadd_rn(a, __fmul_rn(c, b));", _tup(lambda a, b, c: a + c * b), scalars=("c",))
 _reg("muladd", ("x", "y", "z"), "r = x * y + z;", _tup(lambda x, y, z: x * y + z),
@@ -331,7 +332,7 @@ _reg("clamp", ("x",), "r = (x != x) ? x + x : fminf(fmaxf(x, lo), hi);",
                                      _minmax_host(_minmax_host(x, np.broadcast_to(lo, x.shape), False),
                                                   np.broadcast_to(hi, x.shape), True)).astype(F32)),
      Variant("nan_as_number", body="r = fminf(fmaxf(x, lo), hi);",
-             host=_tup(lambda x, lo, hi: np.fmin(np.fmax(x, lo), hi).astype(F32)),
+             host=_tup(lambda x, lo, hi: _minmax_host(_minmax_host(x, lo, False), hi, True)),
              doc="clamp without the NaN rule: a NaN input returns lo"),
      scalars=("lo", "hi"))
 _reg("exp", ("x",), "r = expf(x);", _tup(_expf), kind="approx")

@@ -91,8 +91,9 @@ class RefOp:
             return Reference(self.fn(*bits, env=env))
         if self.kind == "approx":
             xp = array_namespace(bits[0])
-            xs = [_flush(xp.asarray(b, dtype=xp.uint32), env).view(xp.float32).astype(xp.float64) for b in bits]
             with np.errstate(all="ignore"):
+                xs = [_flush(xp.asarray(b, dtype=xp.uint32), env).view(xp.float32).astype(xp.float64)
+                      for b in bits]
                 r64 = self.fn(*xs)
             ref, alt = round_f64_to_f32(r64)
             ref, alt = _flush(ref, env), _flush(alt, env)
@@ -149,6 +150,11 @@ def _canon(u: Any, env: str) -> Any:
 def round_f64_to_f32(r64: Any) -> tuple[Any, Any]:
     """(RNE binary32 bits of r64, the other neighbour's bits where the rounding is ambiguous else same)."""
     xp = array_namespace(r64)
+    with np.errstate(all="ignore"):
+        return _round_f64_to_f32(xp, r64)
+
+
+def _round_f64_to_f32(xp: ModuleType, r64: Any) -> tuple[Any, Any]:
     r32 = r64.astype(xp.float32)
     back = r32.astype(xp.float64)
     finite = xp.isfinite(r64) & xp.isfinite(back)

@@ -1,0 +1,216 @@
+"""Exhaustive sweeps: a unary binary32 kernel on all 2^32 inputs (GPU), all operand pairs of small formats (CPU).
+
+``sweep("sqrt", device="cuda")`` runs the kernel over every binary32 bit pattern in chunks on the GPU and
+compares each chunk with the reference computed on the GPU as well (softfloat for correctly rounded ops,
+float64 evaluation for transcendentals), so no 16 GiB array ever crosses the bus. On the host a 2^32
+sweep is too slow: pass ``lo``/``hi`` (a bit-pattern range) or ``sample`` (that many seeded patterns).
+
+For formats of at most 16 bits (``fmt="e4m3"``, ``"binary16"``, ...) the sweep checks the *reference*:
+softfloat in that format on every operand pair against an independent oracle (the operation in float64,
+exact or innocuously double-rounded for p <= 11, rounded once to the format by :func:`round_to_format`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from falsification.agreement import NAN_MISMATCH, ulp_distance
+from falsification.strategies import BatchSpec, generate_bits
+from native.device import array_module, resolve_device
+from native.elementwise import get_kernel, run_flat
+from native.nvrtc import get_route
+from spec import softfloat as sf
+from spec.elementwise import canonical_nan, get_reference, round_f64_to_f32
+
+__all__ = ["sweep", "round_to_format", "resolve_format", "DEFAULT_ULP_BOUNDS", "HOST_DEFAULT_SAMPLE"]
+
+# CUDA C++ Programming Guide maxima for the transcendental kernels, and the project's derived ones.
+DEFAULT_ULP_BOUNDS: dict[str, int] = {"exp": 2, "log": 1, "tanh": 2, "sigmoid": 6}
+HOST_DEFAULT_SAMPLE = 1 << 22
+_ALL = 1 << 32
+
+
+def resolve_format(fmt: Any) -> Any:
+    """A softfloat Format from a Format, "binary32"/"binary16"/"bfloat16", or "eXmY"."""
+    if not isinstance(fmt, str):
+        return fmt
+    named = {"binary32": sf.BINARY32, "binary16": sf.BINARY16, "bfloat16": sf.BFLOAT16, "binary64": sf.BINARY64}
+    if fmt in named:
+        return named[fmt]
+    if fmt.startswith("e") and "m" in fmt:
+        e, m = fmt[1:].split("m")
+        return sf.Format(int(e), int(m))
+    raise ValueError(f"unknown format {fmt!r}: use binary32, binary16, bfloat16 or eXmY (e.g. e4m3)")
+
+
+def round_to_format(x: np.ndarray, fmt: Any) -> np.ndarray:
+    """Bits of float64 ``x`` rounded to nearest-even in ``fmt`` (subnormals, overflow to Inf; NaN quiet).
+
+    Written from the format's parameters only (frexp/rint), independently of softfloat's integer code.
+    """
+    p, bias, fb = fmt.frac_bits + 1, (1 << (fmt.exp_bits - 1)) - 1, fmt.frac_bits
+    emin, emax = 1 - bias, bias
+    sign = np.signbit(x).astype(np.uint64) << np.uint64(fmt.bits - 1)
+    ax = np.abs(x)
+    with np.errstate(all="ignore"):
+        _, e2 = np.frexp(ax)
+        q = np.maximum(e2 - 1, emin) - (p - 1)  # exponent of one unit in the last place
+        r = np.rint(np.ldexp(ax, -q))  # exact scaling, then round half to even
+        carry = r >= 2**p
+        r = np.where(carry, r / 2, r)
+        q = np.where(carry, q + 1, q)
+        normal = r >= 2 ** (p - 1)
+        biased = np.where(normal, q + (p - 1) + bias, 0).astype(np.int64)
+        frac = np.where(normal, r - 2 ** (p - 1), r).astype(np.uint64)
+    bits = (biased.astype(np.uint64) << np.uint64(fb)) | frac
+    inf = np.uint64(((1 << fmt.exp_bits) - 1) << fb)
+    bits = np.where(np.isinf(ax) | (biased > emax + bias), inf, bits)
+    bits = np.where(ax == 0, np.uint64(0), bits)
+    bits = np.where(np.isnan(x), inf | np.uint64(1 << (fb - 1)), bits | sign)
+    return bits.astype(fmt.dtype)
+
+
+def _to_f64(bits: np.ndarray, fmt: Any) -> np.ndarray:
+    b = bits.astype(np.int64)
+    fb, bias = fmt.frac_bits, (1 << (fmt.exp_bits - 1)) - 1
+    e = (b >> fb) & ((1 << fmt.exp_bits) - 1)
+    f = b & ((1 << fb) - 1)
+    mag = np.where(e == 0, np.ldexp(f.astype(np.float64), 1 - bias - fb),
+                   np.ldexp((f + (1 << fb)).astype(np.float64), (e - bias - fb).astype(np.int64)))
+    mag = np.where(e == (1 << fmt.exp_bits) - 1, np.where(f == 0, np.inf, np.nan), mag)
+    return np.where((b >> (fmt.bits - 1)) & 1 == 1, -mag, mag)
+
+
+_ORACLE = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+
+
+def _small_format_sweep(op: str, fmt: Any, lo: int, hi: int | None, max_ce: int) -> dict[str, Any]:
+    nvals = 1 << fmt.bits
+    unary = op == "sqrt"
+    total = nvals if unary else nvals * nvals
+    hi = total if hi is None else min(hi, total)
+    t0 = time.perf_counter()
+    idx = np.arange(lo, hi, dtype=np.int64)
+    a = (idx % nvals).astype(fmt.dtype) if unary else (idx // nvals).astype(fmt.dtype)
+    b = None if unary else (idx % nvals).astype(fmt.dtype)
+    with np.errstate(all="ignore"):
+        if unary:
+            got = sf.sqrt(a, fmt=fmt, env="ieee")
+            want = round_to_format(np.sqrt(_to_f64(a, fmt)), fmt)
+        else:
+            got = getattr(sf, op)(a, b, fmt=fmt, env="ieee")
+            want = round_to_format(_ORACLE[op](_to_f64(a, fmt), _to_f64(b, fmt)), fmt)
+    nan_g, nan_w = sf.is_nan(got, fmt), sf.is_nan(want, fmt)
+    bad = np.where(nan_g | nan_w, nan_g != nan_w, got != want)  # NaN results compared by class
+    secs = time.perf_counter() - t0
+    where = np.flatnonzero(bad)[:max_ce]
+    return {
+        "op": op, "fmt": fmt.name, "subject": "softfloat reference", "oracle": "float64 rounded once (frexp/rint)",
+        "device": "host", "elements": int(hi - lo), "exhaustive": lo == 0 and hi == total,
+        "range": [lo, hi], "seconds": round(secs, 4), "disagreements": int(bad.sum()),
+        "first_counterexamples": [{"a": hex(int(a[i])), **({} if unary else {"b": hex(int(b[i]))}),
+                                   "softfloat": hex(int(got[i])), "oracle": hex(int(want[i]))} for i in where],
+    }
+
+
+def sweep(op: str, env: str | None = None, device: str = "auto", fmt: Any = "binary32", *, lo: int = 0,
+          hi: int | None = None, sample: int | None = None, route: str = "nvrtc-ieee", bound: int | None = None,
+          reference: str = "softfloat", chunk: int | None = None, max_counterexamples: int = 8,
+          seed: int = 0, variant: str | None = None) -> dict[str, Any]:
+    """Check a unary kernel on every binary32 pattern in [lo, hi) (default all 2^32) or on ``sample`` seeded ones.
+
+    Returns a JSON-ready dict: elements, seconds, elements_per_s, max_ulp, disagreements (beyond
+    ``bound``: 0 for correctly rounded ops, the guide's bound for transcendentals), a distance histogram
+    and the first counterexamples. ``fmt`` other than binary32 sweeps the softfloat reference itself.
+    ``reference="float64"`` uses float64 evaluation for correctly rounded ops (exact for sqrt/inv).
+    """
+    f = resolve_format(fmt)
+    if f.bits <= 16:
+        return _small_format_sweep(op, f, lo, hi, max_counterexamples)
+    if f != sf.BINARY32:
+        raise ValueError(f"kernel sweeps are binary32 only, not {f.name}")
+    dev = resolve_device(device)
+    xp = array_module(dev)
+    k = get_kernel(op)
+    if len(k.inputs) != 1 or k.scalars:
+        raise ValueError(f"sweep covers unary kernels without scalars; {op} has inputs {k.inputs} scalars {k.scalars}")
+    env = env or get_route(route).env
+    ref_op = get_reference(k.reference)
+    approx = ref_op.kind == "approx" or reference == "float64"
+    bound = bound if bound is not None else (DEFAULT_ULP_BOUNDS.get(op, 0) if ref_op.kind == "approx" else 0)
+    if hi is None and sample is None and dev == "host":
+        sample = HOST_DEFAULT_SAMPLE  # 2^32 on one CPU core would take hours
+    hi = _ALL if hi is None else hi
+    total = sample if sample is not None else hi - lo
+    chunk = chunk or (1 << 28 if dev == "cuda" else 1 << 20)
+    hist = np.zeros(5, dtype=np.int64)  # 0, 1, 2, 3, >3 ulps (NaN mismatches in the last)
+    max_ulp, bad_total, ces = 0, 0, []
+    sync = (lambda: xp.cuda.Device().synchronize()) if dev == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    t_native = t_ref = 0.0
+    done = 0
+    while done < total:
+        m = min(chunk, total - done)
+        if sample is not None:
+            x = generate_bits(BatchSpec(seed=seed + done, size=m, mix="uniform"), 1, xp)[0]
+        else:
+            x = (xp.arange(lo + done, lo + done + m, dtype=xp.uint64)).astype(xp.uint32)
+        ta = time.perf_counter()
+        (out,), _ = run_flat(op, [x.view(xp.float32)], (), device=dev, route=route, variant=variant)
+        nat = out.view(xp.uint32)
+        sync()
+        tb = time.perf_counter()
+        if approx and ref_op.kind != "approx":
+            with np.errstate(all="ignore"):
+                r64 = {"sqrt": xp.sqrt, "inv": lambda v: 1.0 / v}[op](x.view(xp.float32).astype(xp.float64))
+            ref_bits, _ = round_f64_to_f32(r64)  # exact for sqrt and 1/x (Roux 2014)
+            nan = ((ref_bits & 0x7F800000) == 0x7F800000) & ((ref_bits & 0x7FFFFF) != 0)
+            ref_bits = xp.where(nan, xp.uint32(canonical_nan(env)), ref_bits).astype(xp.uint32)
+            if env.endswith("-ftz"):
+                raise ValueError("reference='float64' implements non-flushing environments only")
+            alt = None
+        else:
+            r = ref_op.evaluate(x, env=env)
+            ref_bits, alt = r.bits, r.alt
+        sync()
+        tc = time.perf_counter()
+        d = ulp_distance(nat, ref_bits)
+        if alt is not None:
+            d = xp.minimum(d, ulp_distance(nat, alt))
+        bad = (nat != ref_bits) if bound == 0 and not approx else (d > bound)
+        if alt is not None and bound == 0:
+            bad &= nat != alt
+        finite = d < NAN_MISMATCH
+        if m:
+            max_ulp = max(max_ulp, int(xp.where(finite, d, 0).max()))
+        h = [int(((d == v) & finite).sum()) for v in range(4)]
+        hist += np.array(h + [m - sum(h)], dtype=np.int64)
+        nb = int(bad.sum())
+        bad_total += nb
+        if nb and len(ces) < max_counterexamples:
+            for i in xp.flatnonzero(bad)[: max_counterexamples - len(ces)].tolist():
+                ces.append({"input": f"0x{int(x[i]):08X}", "native": f"0x{int(nat[i]):08X}",
+                            "reference": f"0x{int(ref_bits[i]):08X}",
+                            "ulp": "nan-mismatch" if int(d[i]) >= NAN_MISMATCH else int(d[i])})
+        t_native += tb - ta
+        t_ref += tc - tb
+        done += m
+    sync()
+    secs = time.perf_counter() - t0
+    return {
+        "op": op, "fmt": "binary32", "env": env, "device": dev, "route": route, "variant": variant or "default",
+        "reference": "float64 rounded once (ambiguous roundings accept both neighbours)" if approx else
+        "softfloat (on the same device)",
+        "range": None if sample is not None else [lo, hi], "sample": sample, "seed": seed if sample else None,
+        "elements": int(total), "exhaustive": sample is None and lo == 0 and hi == _ALL,
+        "seconds": round(secs, 4), "native_seconds": round(t_native, 4), "reference_seconds": round(t_ref, 4),
+        "elements_per_s": round(total / secs, 1) if secs else None,
+        "bound": bound, "max_ulp": max_ulp, "disagreements": bad_total,
+        "histogram": {"0": int(hist[0]), "1": int(hist[1]), "2": int(hist[2]), "3": int(hist[3]),
+                      ">3_or_nan": int(hist[4])},
+        "first_counterexamples": ces,
+    }

@@ -1,0 +1,261 @@
+"""The falsification engine: strategies, agreement kinds (conformance), runner shrinking/replay, sweeps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from falsification import strategies as fs
+from falsification.agreement import AGREEMENTS, NAN_MISMATCH, make_agreement, ulp_distance
+from falsification.registry import FalsifyContext, registered_tests
+from falsification.runner import NativeResult, Subject, falsify, find_item, replay
+from falsification.sweep import resolve_format, round_to_format, sweep
+from spec import softfloat as sf
+from spec.elementwise import Reference
+
+U32 = np.uint32
+
+
+def _u(*vals: int) -> np.ndarray:
+    return np.array(vals, dtype=U32)
+
+
+def _ctx(item: dict, seed: int = 3, profile: str = "quick") -> FalsifyContext:
+    return FalsifyContext(device="host", profile=profile, seed=seed, item={"id": "t", **item},
+                          contract_path="contracts/x.yaml")
+
+
+# -- strategies -----------------------------------------------------------------------------------
+
+
+def test_special_table_has_every_required_encoding():
+    s = set(fs.SPECIAL_BITS)
+    is_nan = lambda b: (b & 0x7F800000) == 0x7F800000 and b & 0x7FFFFF  # noqa: E731
+    assert {0x0, 0x80000000, 0x7F800000, 0xFF800000} <= s
+    assert any(is_nan(b) and not b & 0x400000 for b in s), "a signaling NaN"
+    assert any(is_nan(b) and b & 0x3FFFFF for b in s), "a NaN with a payload"
+    assert any(is_nan(b) and b >> 31 for b in s), "a negative NaN"
+    assert {0x00000001, 0x007FFFFF, 0x80000001, 0x807FFFFF} <= s, "subnormals at both ends, both signs"
+    assert {0x00800000, 0x00800001, 0x007FFFFF} <= s, "neighbours of 2^-126"
+    assert {0x7F7FFFFF, 0x7F7FFFFE, 0xFF7FFFFF} <= s, "near overflow"
+    assert {0x3F800000, 0x33800000} <= s, "1 and 2^-24: an exact addition tie"
+
+
+@settings(max_examples=300, database=None)
+@given(fs.float32_bits())
+def test_float32_bits_are_32_bit_patterns(b):
+    assert 0 <= b <= 0xFFFFFFFF
+
+
+def test_float32_bits_reach_subnormals_and_signaling_nans_often():
+    seen = []
+
+    @settings(max_examples=400, database=None, derandomize=True)
+    @given(fs.float32_bits())
+    def draw(b):
+        seen.append(b)
+
+    draw()
+    a = np.array(seen, dtype=np.uint64)
+    sub = ((a & 0x7F800000) == 0) & ((a & 0x7FFFFF) != 0)
+    snan = ((a & 0x7FC00000) == 0x7F800000) & ((a & 0x3FFFFF) != 0)
+    assert sub.mean() > 0.05 and snan.sum() >= 3
+
+
+def test_generate_bits_is_deterministic_and_rich():
+    spec = fs.BatchSpec(seed=11, size=1 << 16)
+    a = fs.generate_bits(spec, 3)
+    b = fs.generate_bits(spec, 3)
+    assert all((x == y).all() for x, y in zip(a, b, strict=True))
+    c = fs.generate_bits(fs.BatchSpec(seed=12, size=1 << 16), 3)
+    assert not (a[0] == c[0]).all()
+    x = a[0]
+    sub = ((x & 0x7F800000) == 0) & ((x & 0x7FFFFF) != 0)
+    assert 0.05 < sub.mean() < 0.5
+    assert (((x & 0x7FC00000) == 0x7F800000) & ((x & 0x3FFFFF) != 0)).any(), "signaling NaNs"
+
+
+def test_correlated_mix_makes_exact_addition_ties():
+    a, b = fs.generate_bits(fs.BatchSpec(seed=5, size=1 << 14, mix="correlated"), 2)
+    with np.errstate(all="ignore"):
+        fa, fb = a.view(np.float32).astype(np.float64), b.view(np.float32).astype(np.float64)
+        exact = fa + fb
+        r = exact.astype(np.float32).astype(np.float64)
+        other = np.nextafter(exact.astype(np.float32), np.where(r < exact, np.inf, -np.inf).astype(np.float32))
+        tie = np.isfinite(exact) & (r != exact) & (np.abs(exact - r) == np.abs(other.astype(np.float64) - exact))
+    assert tie.sum() > 100
+
+
+def test_explicit_elements_land_at_their_positions():
+    spec = fs.BatchSpec(seed=1, size=10, explicit=((3, (0x7F800001, 0x1)), (17, (0x80000000, 0x2))))
+    a, b = fs.generate_bits(spec, 2)
+    assert (a[3], b[3], a[7], b[7]) == (0x7F800001, 0x1, 0x80000000, 0x2)
+
+
+@pytest.mark.parametrize("layout", fs.LAYOUTS)
+def test_layouts_keep_logical_values(layout):
+    ops = fs.generate_bits(fs.BatchSpec(seed=2, size=30), 2)
+    views = fs.layout_arrays(ops, layout)
+    flat = [np.ascontiguousarray(v).reshape(-1) for v in np.broadcast_arrays(*views)]
+    if layout == "broadcast":
+        assert views[1].shape[0] == 1 and flat[0].size == 30
+        assert (flat[1].reshape(views[0].shape) == np.broadcast_to(views[1], views[0].shape)).all()
+    else:
+        assert (flat[0] == ops[0]).all() and (flat[1] == ops[1]).all()
+    if layout in ("strided", "transposed"):
+        assert not views[0].flags.c_contiguous
+
+
+@settings(max_examples=50, database=None)
+@given(fs.shapes(max_size=4096))
+def test_shapes_respect_the_size_bound(shape):
+    assert int(np.prod(shape)) <= 4096 or len(shape) > 1
+
+
+# -- agreement kinds: one conformance case per registered kind ------------------------------------
+
+_CASES = {
+    "bitwise": ({}, _u(1, 2, 3), _u(1, 2, 3), _u(1, 5, 3)),
+    "max_ulp": ({"bound": 1}, _u(0x3F800000, 0x3F800001), _u(0x3F800001, 0x3F800000), _u(0x3F800003, 0x3F800000)),
+    "error_bound": ({"bound": lambda x, ref: np.abs(ref) * 1e-3}, _u(0x3F800000, 0x40000000),
+                    _u(0x3F800001, 0x40000000), _u(0x3F900000, 0x40000000)),
+    "determinism": ({"runs": 2}, _u(7, 0x7FC12345), _u(7, 0x7FC12345), _u(7, 0x7FC00000)),
+}
+
+
+def test_every_agreement_kind_has_a_conformance_case():
+    assert set(AGREEMENTS) == set(_CASES)
+
+
+@pytest.mark.parametrize("kind", sorted(_CASES))
+def test_agreement_conformance(kind):
+    params, ref, good, bad = _CASES[kind]
+    ag = make_agreement(kind, **params)
+    ok = ag.compare(good, ref, None, [ref])
+    assert not ok.bad.any(), kind
+    nok = ag.compare(bad, ref, None, [ref])
+    assert list(np.flatnonzero(nok.bad)) == [int(np.flatnonzero(bad != good)[0])], kind
+    assert nok.summary["kind"] == kind and nok.summary["disagreements"] == 1
+    assert ag.describe()["kind"] == kind
+
+
+def test_unknown_agreement_kind_lists_known():
+    with pytest.raises(KeyError, match="bitwise"):
+        make_agreement("nope")
+
+
+def test_bitwise_nan_policy():
+    ref, nat = _u(0x7FC00000), _u(0x7FFFFFFF)
+    assert make_agreement("bitwise").compare(nat, ref).bad.all()
+    assert not make_agreement("bitwise", nan_policy="class").compare(nat, ref).bad.any()
+    assert make_agreement("bitwise", nan_policy="class").compare(_u(0), ref).bad.all()
+
+
+def test_max_ulp_alt_reference_and_nan():
+    ag = make_agreement("max_ulp", bound=0)
+    assert not ag.compare(_u(0x3F800001), _u(0x3F800000), _u(0x3F800001)).bad.any()
+    c = ag.compare(_u(0x3F800000), _u(0x7FFFFFFF))
+    assert c.bad.all() and int(c.distance[0]) == NAN_MISMATCH
+    assert int(ulp_distance(_u(0x80000000), _u(0x00000000))[0]) == 0
+    assert int(ulp_distance(_u(0x00000001), _u(0x80000001))[0]) == 2
+
+
+# -- runner ---------------------------------------------------------------------------------------
+
+
+def _add_subject(bug: bool) -> Subject:
+    """sf.add as 'native'; with ``bug``, any subnormal first operand is flushed first (an FTZ bug)."""
+
+    def native(views, scalars):
+        flat = [np.ascontiguousarray(v).reshape(-1) for v in np.broadcast_arrays(*views)]
+        a = flat[0]
+        if bug:
+            sub = ((a & 0x7F800000) == 0) & ((a & 0x7FFFFF) != 0)
+            a = np.where(sub, a & U32(0x80000000), a).astype(U32)
+        return NativeResult([sf.add(a, flat[1], env="cuda")])
+
+    def reference(flat, scalars):
+        return [Reference(sf.add(flat[0], flat[1], env="cuda"))]
+
+    return Subject("toy-add", 2, native, reference, operand_names=("a", "b"), layouts=fs.LAYOUTS)
+
+
+def test_runner_passes_a_correct_subject_and_records_seed():
+    out = falsify(_ctx({"test": "x"}, seed=9), _add_subject(False), make_agreement("bitwise"))
+    assert out.status.value == "passed", out.reason
+    assert out.evidence["seed"] == 9 and out.evidence["elements"] > 10_000
+
+
+def test_runner_shrinks_to_one_minimal_element():
+    out = falsify(_ctx({"test": "x"}), _add_subject(True), make_agreement("bitwise"))
+    assert out.status.value == "violated"
+    ce = out.counterexample
+    assert ce["kind"] == "element" and ce["size"] == 1
+    a = int(ce["element"]["operands"]["a"], 16)
+    b = int(ce["element"]["operands"]["b"], 16)
+    assert a == 0x00000001, ce  # the simplest subnormal
+    assert bin(b & 0x7FFFFFFF).count("1") <= 1, ce
+    assert ce["replay"].startswith("kc replay contracts/x.yaml t --bits 0x00000001,")
+    assert ce["element"]["outputs"]["r"]["ulp_distance"] != 0
+
+
+def test_runner_is_deterministic_for_a_seed():
+    a = falsify(_ctx({"test": "x"}, seed=4), _add_subject(True), make_agreement("bitwise"))
+    b = falsify(_ctx({"test": "x"}, seed=4), _add_subject(True), make_agreement("bitwise"))
+    assert a.counterexample == b.counterexample
+
+
+def test_find_item_and_replay_through_the_registry():
+    contract = {"falsification": [{"id": "relu-nan", "test": "elementwise.bitwise",
+                                   "params": {"op": "relu", "variant": "nan_as_number"}}]}
+    item = find_item(contract, "relu-nan")
+    assert item is not None and find_item(contract, "nope") is None
+    bad = replay(item, bits=["0x7FC00000"], device="host", contract_path="c.yaml")
+    assert bad.status.value == "violated" and bad.counterexample["element"]["outputs"]["r"]["native"] == "0x00000000"
+    good = replay(item, bits=["0x3F800000"], device="host")
+    assert good.status.value == "passed"
+
+
+def test_registered_test_names():
+    names = set(registered_tests())
+    assert {"elementwise.bitwise", "elementwise.max_ulp", "elementwise.fma_contraction", "elementwise.backward_fd",
+            "elementwise.determinism", "elementwise.grid_coverage"} <= names
+
+
+# -- sweeps ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "sqrt"])
+def test_small_format_sweep_is_exhaustive_and_clean(op):
+    r = sweep(op, fmt="e4m3")
+    assert r["exhaustive"] and r["disagreements"] == 0 and r["elements"] in (1 << 8, 1 << 16)
+
+
+def test_round_to_format_matches_numpy_float16():
+    x = np.random.default_rng(0).standard_normal(100_000) * np.exp2(np.random.default_rng(1).integers(-30, 20, 100_000))
+    mine = round_to_format(x, resolve_format("binary16"))
+    with np.errstate(over="ignore"):
+        assert (mine == x.astype(np.float16).view(np.uint16)).all()
+
+
+def test_host_sweep_finds_a_planted_bug_and_reports_counterexamples():
+    r = sweep("relu", device="host", lo=0x7F800000, hi=0x7F800000 + 4096, variant="nan_as_number")
+    assert r["disagreements"] == 4095 and r["first_counterexamples"][0]["input"] == "0x7F800001"
+    clean = sweep("sqrt", device="host", lo=0, hi=1 << 18)
+    assert clean["disagreements"] == 0 and clean["max_ulp"] == 0
+
+
+def test_host_sweep_defaults_to_a_sample():
+    r = sweep("neg", device="host", sample=1 << 16)
+    assert not r["exhaustive"] and r["elements"] == 1 << 16 and r["disagreements"] == 0
+
+
+def test_nan_bits_strategy_kinds():
+    @settings(max_examples=60, database=None)
+    @given(fs.nan_bits(signaling=True), fs.nan_bits(signaling=False))
+    def check(s, q):
+        assert (s & 0x7FC00000) == 0x7F800000 and s & 0x3FFFFF
+        assert (q & 0x7FC00000) == 0x7FC00000
+
+    check()

@@ -36,7 +36,23 @@ def _parser() -> Any:
 
 def _long_names(expr: Any) -> dict[Any, str]:
     """Multi-letter symbols as one italic name (``lda``, not l·d·a) in LaTeX."""
-    return {s: rf"\mathit{{{s.name}}}" for s in getattr(expr, "free_symbols", ()) if len(s.name) > 1}
+    names = {}
+    for sym in getattr(expr, "free_symbols", ()):
+        if len(sym.name) > 1:
+            names[sym] = r"\mathit{" + sym.name.replace("_", r"\_") + "}"
+    return names
+
+
+def _keep_underscores(expr: Any) -> Any:
+    """Symbols named like ``a_bytes`` printed whole in MathML (sympy would make ``bytes`` a subscript)."""
+    import sympy
+
+    swap = {
+        sym: sympy.Symbol(sym.name.replace("_", "\u02cd"), **sym.assumptions0)
+        for sym in getattr(expr, "free_symbols", ())
+        if "_" in sym.name
+    }
+    return expr.xreplace(swap) if swap else expr
 
 
 def render_statement(text: str) -> RenderedStatement:
@@ -53,7 +69,7 @@ def render_statement(text: str) -> RenderedStatement:
             text=text,
             latex=sympy.latex(expr, mul_symbol="dot", symbol_names=_long_names(expr)),
             unicode=sympy.pretty(expr, use_unicode=True),
-            mathml=mathml(expr, printer="presentation", mul_symbol="dot"),
+            mathml=mathml(_keep_underscores(expr), printer="presentation", mul_symbol="dot"),
         )
     except Exception as exc:  # a printer failure is a reporting problem, not the contract's
         return RenderedStatement(text=text, error=f"{type(exc).__name__}: {exc}")

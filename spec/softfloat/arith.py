@@ -71,7 +71,10 @@ def _add_chunk(xp, a, b, fmt: Format, rounding: str, env: FloatEnv, want_flags: 
     same = H.sign == L.sign
     X = xp.where(same, A + B, A - B)
     # An exact zero from opposite signs is +0 (-0 when rounding down); equal signs keep theirs.
-    sign = xp.where(same | (X != u(0)), H.sign, core.zero_sum_sign(u, rounding))
+    sign = H.sign
+    zero = X == u(0)
+    if not core.is_numpy(xp) or zero.any():  # exact cancellation is rare: skip the select when absent
+        sign = xp.where(same | ~zero, sign, core.zero_sum_sign(u, rounding))
     res, fl = round_pack(xp, fmt, w, sign, H.e - I32(_ADD_GUARD), X, rounding, env, want_flags)
 
     def special(idx):

@@ -21,7 +21,7 @@ U8 = np.uint8
 
 # Elements per chunk: big enough to amortise per-call overhead, small enough that the ~30 temporaries of
 # one operation stay in cache on a CPU (NumPy) or stay a bounded slice of device memory (CuPy).
-CHUNK = {"numpy": 1 << 16, "cupy": 1 << 24}
+CHUNK = {"numpy": 1 << 17, "cupy": 1 << 24}
 
 
 def set_chunk_size(n: int, backend: str = "numpy") -> None:
@@ -287,7 +287,7 @@ def round_pack(xp, fmt: Format, w: Work, sign, e, sig, rounding: str, env: Float
     ebf = xp.maximum(t, I32(0))
     # Bits to drop: P - f for normal results, more for subnormal ones; capped where sig_n >> cap == 0
     # and the round bit is 0, which is exactly right for any larger shift.
-    rsh = xp.minimum(xp.maximum(-t, I32(0)) + I32(P - f), I32(w.bits - 1)).astype(u)
+    rsh = xp.clip(I32(P - f) - t, I32(P - f), I32(w.bits - 1)).astype(u)
     mant = _round_shift(xp, w, sig_n, rsh, sign, rounding)
     # Adding the significand (hidden bit included) to (biased exponent - 1) << f lets a carry out of
     # rounding bump the exponent and turns subnormals into normals for free.
@@ -306,7 +306,10 @@ def round_pack(xp, fmt: Format, w: Work, sign, e, sig, rounding: str, env: Float
             tiny = tiny & ~((E == I32(fmt.emin - 1)) & (m_full >> u(fmt.precision) != u(0)))
         if env.ftz:
             enc = xp.where(tiny, u(0), enc)
-    out = enc.astype(fmt.dtype) | (sign.astype(fmt.dtype) << fmt.dtype.type(fmt.bits - 1))
+    if enc.dtype == fmt.dtype:
+        out = enc | (sign << u(fmt.bits - 1))
+    else:
+        out = enc.astype(fmt.dtype) | (sign.astype(fmt.dtype) << fmt.dtype.type(fmt.bits - 1))
     if not want_flags:
         return out, None
     inexact = (sig_n & ((u(1) << rsh) - u(1))) != u(0)

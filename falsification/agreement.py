@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from spec import softfloat as sf
+from spec.elementwise import bits_to_f64
 
 __all__ = [
     "Comparison",
@@ -159,7 +160,9 @@ class MaxUlpAgreement(Agreement):
 
     def __init__(self, bound: int | Callable[..., Any] = 0, bound_name: str | None = None) -> None:
         self.bound = bound
-        self.bound_name = bound_name or (None if isinstance(bound, int) else getattr(bound, "__name__", "callable"))
+        self.bound_name = bound_name or (
+            None if isinstance(bound, int) else getattr(bound, "__name__", "callable")
+        )
 
     def params(self) -> dict[str, Any]:
         """The bound (int) or its name (callable)."""
@@ -180,8 +183,7 @@ class MaxUlpAgreement(Agreement):
 
 
 def _f64(u: Any) -> Any:
-    with np.errstate(all="ignore"):  # NaN payloads (signaling ones too) convert without a warning
-        return u.view(_ns(u).float32).astype(_ns(u).float64)
+    return bits_to_f64(u)  # exact, subnormals too, on either device
 
 
 @register_agreement

@@ -43,7 +43,7 @@ from native.elementwise import (
 )
 from native.nvrtc import get_route
 from obligations.results import Outcome, error, passed, skipped, violated
-from spec.elementwise import GELU_C, GELU_K, Reference, get_reference, round_f64_to_f32
+from spec.elementwise import GELU_C, GELU_K, Reference, bits_to_f64, f64_to_f32_bits, get_reference
 
 __all__ = ["POISON", "ULP_BOUNDS", "elementwise_subject", "gelu_ulp_bound", "sigmoid_ulp_bound"]
 
@@ -76,10 +76,17 @@ def _scalar_f32(bits: int) -> np.float32:
     return np.array([bits], dtype=np.uint32).view(np.float32)[0]
 
 
-def elementwise_subject(op: str, *, device: str, route: str = "nvrtc-ieee", variant: str | None = None,
-                        env: str | None = None, reference: str | None = None,
-                        layouts: tuple[str, ...] = ("contiguous",)) -> Subject:
-    """A Subject running kernel ``op`` (as ``variant``) on ``device`` against its softfloat/float64 reference."""
+def elementwise_subject(
+    op: str,
+    *,
+    device: str,
+    route: str = "nvrtc-ieee",
+    variant: str | None = None,
+    env: str | None = None,
+    reference: str | None = None,
+    layouts: tuple[str, ...] = ("contiguous",),
+) -> Subject:
+    """A Subject running kernel ``op`` (as ``variant``) on ``device`` against its reference."""
     k = get_kernel(op)
     xp = array_module(device)
     r = get_route(route)
@@ -88,15 +95,25 @@ def elementwise_subject(op: str, *, device: str, route: str = "nvrtc-ieee", vari
     env = env or get_route(route).env
     ref_op = get_reference(reference or k.reference)
     if device == "host" and v.host is None and not host_supports(route):
-        raise RouteUnsupported(f"route {route!r} is a CUDA compile route; the host backend realises only "
-                               f"routes without contraction or approximation")
+        raise RouteUnsupported(
+            f"route {route!r} is a CUDA compile route; the host backend realises only "
+            f"routes without contraction or approximation"
+        )
 
     def native(views: list, scalars: tuple) -> NativeResult:
         flat, _ = prepare_operands(xp, [u.view(xp.float32) for u in views])
         n = int(flat[0].size)
         bufs = [xp.full(n + 1, POISON, dtype=xp.uint32) for _ in k.outputs]
-        run_flat(op, flat, tuple(_scalar_f32(s) for s in scalars), device=device, route=route, variant=variant,
-                 outs=[b.view(xp.float32) for b in bufs], n=n)
+        run_flat(
+            op,
+            flat,
+            tuple(_scalar_f32(s) for s in scalars),
+            device=device,
+            route=route,
+            variant=variant,
+            outs=[b.view(xp.float32) for b in bufs],
+            n=n,
+        )
         guard_ok = all(int(b[n]) == POISON for b in bufs)
         return NativeResult([b[:n] for b in bufs], guard_ok)
 
@@ -105,15 +122,31 @@ def elementwise_subject(op: str, *, device: str, route: str = "nvrtc-ieee", vari
         sc = [xp.full(n, s, dtype=xp.uint32) for s in scalars]
         return [ref_op.evaluate(*flat, *sc, env=env)]
 
-    evidence = {"kernel": op, "variant": v.name, "reference": ref_op.name, "env": env,
-                "route": (v.route or route) if device == "cuda" else
-                (f"host-model:{v.name}" if v.host else f"host ({route} semantics)"),
-                "compile": get_route(v.route or route).to_json() if device == "cuda" else None,
-                "host_transcendentals": "float64 evaluation rounded once to float32" if k.kind != "exact" else None}
+    evidence = {
+        "kernel": op,
+        "variant": v.name,
+        "reference": ref_op.name,
+        "env": env,
+        "route": (v.route or route)
+        if device == "cuda"
+        else (f"host-model:{v.name}" if v.host else f"host ({route} semantics)"),
+        "compile": get_route(v.route or route).to_json() if device == "cuda" else None,
+        "host_transcendentals": "float64 evaluation rounded once to float32" if k.kind != "exact" else None,
+    }
     del r
-    return Subject(name=f"{op}[{v.name}]@{device}", arity=len(k.inputs), native=native, reference=ref, xp=xp,
-                   n_scalars=len(k.scalars), operand_names=k.inputs, scalar_names=k.scalars,
-                   output_names=k.outputs, evidence=evidence, layouts=layouts)
+    return Subject(
+        name=f"{op}[{v.name}]@{device}",
+        arity=len(k.inputs),
+        native=native,
+        reference=ref,
+        xp=xp,
+        n_scalars=len(k.scalars),
+        operand_names=k.inputs,
+        scalar_names=k.scalars,
+        output_names=k.outputs,
+        evidence=evidence,
+        layouts=layouts,
+    )
 
 
 def _guarded(fn: Callable[[FalsifyContext], Outcome]) -> Callable[[FalsifyContext], Outcome]:
@@ -144,21 +177,30 @@ def _op(ctx: FalsifyContext) -> str:
 @register_test("elementwise.bitwise")
 @_guarded
 def bitwise(ctx: FalsifyContext) -> Outcome:
-    """Kernel bits equal the softfloat reference under the route's environment (and listed claims are refuted)."""
+    """Kernel bits equal softfloat under the route's environment; listed other claims are refuted."""
     p = ctx.params
     op, route = _op(ctx), p.get("route", "nvrtc-ieee")
     layouts = tuple(p.get("layouts", LAYOUTS))
-    subj = elementwise_subject(op, device=ctx.device, route=route, variant=p.get("variant"), env=p.get("env"),
-                               layouts=layouts)
-    agreement = make_agreement(ctx.agreement or "bitwise", **({"nan_policy": p.get("nan_policy", "exact")}
-                                                              if (ctx.agreement or "bitwise") == "bitwise" else {}))
+    subj = elementwise_subject(
+        op, device=ctx.device, route=route, variant=p.get("variant"), env=p.get("env"), layouts=layouts
+    )
+    agreement = make_agreement(
+        ctx.agreement or "bitwise",
+        **({"nan_policy": p.get("nan_policy", "exact")} if (ctx.agreement or "bitwise") == "bitwise" else {}),
+    )
     out = falsify(ctx, subj, agreement)
     refuted = []
     for env in p.get("refute_envs", []) if "replay" not in ctx.item else []:
         other = elementwise_subject(op, device=ctx.device, route=route, variant=p.get("variant"), env=env)
         o = falsify(ctx, other, agreement)
-        refuted.append({"claim": f"bitwise under {env}", "refuted": o.status.value == "violated",
-                        "counterexample": o.counterexample, "elements": o.evidence.get("elements")})
+        refuted.append(
+            {
+                "claim": f"bitwise under {env}",
+                "refuted": o.status.value == "violated",
+                "counterexample": o.counterexample,
+                "elements": o.evidence.get("elements"),
+            }
+        )
     if not refuted:
         return out
     ev = {**out.evidence, "refuted_claims": refuted}
@@ -166,8 +208,11 @@ def bitwise(ctx: FalsifyContext) -> Outcome:
         return violated(out.counterexample or {}, out.reason or "", **ev)
     held = [r["claim"] for r in refuted if not r["refuted"]]
     if held:
-        return violated({"claims_not_refuted": held, "replay": replay_command(ctx, None)},
-                        f"{op} via {route}: expected refutation of {held} but no counterexample was found", **ev)
+        return violated(
+            {"claims_not_refuted": held, "replay": replay_command(ctx, None)},
+            f"{op} via {route}: expected refutation of {held} but no counterexample was found",
+            **ev,
+        )
     return out.__class__(out.status, out.claim, ev, out.counterexample, out.reason)
 
 
@@ -177,8 +222,9 @@ def max_ulp(ctx: FalsifyContext) -> Outcome:
     """Kernel within a max-ULP bound of the correctly rounded result (float64 evaluation, ties flagged)."""
     p = ctx.params
     op = _op(ctx)
-    subj = elementwise_subject(op, device=ctx.device, route=p.get("route", "nvrtc-ieee"), variant=p.get("variant"),
-                               env=p.get("env"))
+    subj = elementwise_subject(
+        op, device=ctx.device, route=p.get("route", "nvrtc-ieee"), variant=p.get("variant"), env=p.get("env")
+    )
     if "bound_fn" in p:
         bound: Any = ULP_BOUNDS[p["bound_fn"]]
         agreement = make_agreement("max_ulp", bound=bound, bound_name=p["bound_fn"])
@@ -191,10 +237,14 @@ def max_ulp(ctx: FalsifyContext) -> Outcome:
 
 
 _PROMISES: dict[tuple[str, str], str] = {
-    ("muladd", "separate"): "muladd", ("muladd", "fused"): "fma",
-    ("muladd_rn", "separate"): "muladd", ("muladd_rn", "fused"): "fma",
-    ("fma", "separate"): "muladd", ("fma", "fused"): "fma",
-    ("axpy", "separate"): "axpy", ("axpy", "fused"): "axpy_fused",
+    ("muladd", "separate"): "muladd",
+    ("muladd", "fused"): "fma",
+    ("muladd_rn", "separate"): "muladd",
+    ("muladd_rn", "fused"): "fma",
+    ("fma", "separate"): "muladd",
+    ("fma", "fused"): "fma",
+    ("axpy", "separate"): "axpy",
+    ("axpy", "fused"): "axpy_fused",
 }
 
 
@@ -206,19 +256,27 @@ def fma_contraction(ctx: FalsifyContext) -> Outcome:
     op, promise, route = _op(ctx), p.get("promise", "separate"), p.get("route", "nvrtc-ieee")
     other = {"separate": "fused", "fused": "separate"}[promise]
     agreement = make_agreement("bitwise", nan_policy=p.get("nan_policy", "exact"))
-    subj = elementwise_subject(op, device=ctx.device, route=route, variant=p.get("variant"),
-                               reference=_PROMISES[(op, promise)])
+    subj = elementwise_subject(
+        op, device=ctx.device, route=route, variant=p.get("variant"), reference=_PROMISES[(op, promise)]
+    )
     subj = Subject(**{**subj.__dict__, "mixes": ("correlated", "balanced")})
     out = falsify(ctx, subj, agreement)
     if "replay" in ctx.item:
         return out
-    alt = elementwise_subject(op, device=ctx.device, route=route, variant=p.get("variant"),
-                              reference=_PROMISES[(op, other)])
+    alt = elementwise_subject(
+        op, device=ctx.device, route=route, variant=p.get("variant"), reference=_PROMISES[(op, other)]
+    )
     alt = Subject(**{**alt.__dict__, "mixes": ("correlated",)})
     o = falsify(ctx, alt, agreement)
-    ev = {**out.evidence, "promise": promise,
-          "other_promise": {"promise": other, "refuted": o.status.value == "violated",
-                            "counterexample": o.counterexample}}
+    ev = {
+        **out.evidence,
+        "promise": promise,
+        "other_promise": {
+            "promise": other,
+            "refuted": o.status.value == "violated",
+            "counterexample": o.counterexample,
+        },
+    }
     return out.__class__(out.status, out.claim, ev, out.counterexample, out.reason)
 
 
@@ -227,8 +285,9 @@ def fma_contraction(ctx: FalsifyContext) -> Outcome:
 def determinism(ctx: FalsifyContext) -> Outcome:
     """Repeated runs of the kernel on the same inputs give identical bits."""
     p = ctx.params
-    subj = elementwise_subject(_op(ctx), device=ctx.device, route=p.get("route", "nvrtc-ieee"),
-                               variant=p.get("variant"))
+    subj = elementwise_subject(
+        _op(ctx), device=ctx.device, route=p.get("route", "nvrtc-ieee"), variant=p.get("variant")
+    )
     return falsify(ctx, subj, make_agreement("determinism", runs=int(p.get("runs", 3))))
 
 
@@ -246,17 +305,19 @@ def _moderate(xp: Any, u: Any) -> Any:
 
 
 def _bits(xp: Any, f64: Any) -> Any:
-    return f64.astype(xp.float32).view(xp.uint32)
+    return f64_to_f32_bits(f64)
 
 
 def _f64(xp: Any, u: Any) -> Any:
-    return u.view(xp.float32).astype(xp.float64)
+    return bits_to_f64(u)
 
 
 def _backward_subject(ctx: FalsifyContext) -> tuple[Subject, float]:
     p = ctx.params
     op = _op(ctx)
-    base = elementwise_subject(op, device=ctx.device, route=p.get("route", "nvrtc-ieee"), variant=p.get("variant"))
+    base = elementwise_subject(
+        op, device=ctx.device, route=p.get("route", "nvrtc-ieee"), variant=p.get("variant")
+    )
     spec = get_reference(op)
     if spec.kind != "backward":
         raise KeyError(f"{op} is not a backward rule")
@@ -305,9 +366,18 @@ def _backward_subject(ctx: FalsifyContext) -> tuple[Subject, float]:
             refs.append(Reference(_bits(xp, val)))
         return refs
 
-    scalar_strategy = st.sampled_from([0xBF800000, 0x3F800000, 0x00000000, 0xC0000000, 0x40000000, 0x3F000000])
-    subj = Subject(**{**base.__dict__, "reference": reference, "prepare": prepare, "scalar_strategy": scalar_strategy,
-                      "evidence": {**base.evidence, "h_rel": h_rel, "domain": "|x| in [2^-6, 2^7) or 0"}})
+    scalar_strategy = st.sampled_from(
+        [0xBF800000, 0x3F800000, 0x00000000, 0xC0000000, 0x40000000, 0x3F000000]
+    )
+    subj = Subject(
+        **{
+            **base.__dict__,
+            "reference": reference,
+            "prepare": prepare,
+            "scalar_strategy": scalar_strategy,
+            "evidence": {**base.evidence, "h_rel": h_rel, "domain": "|x| in [2^-6, 2^7) or 0"},
+        }
+    )
     return subj, h_rel
 
 
@@ -362,8 +432,15 @@ def grid_coverage(ctx: FalsifyContext) -> Outcome:
         # Threads whose trips are extreme: the first and last 1024 of the grid and the 1024 around the one
         # whose last in-range index is n-1 (its next step is the largest index the loop computes).
         last = (n - 1) % stride if n else 0
-        t = np.unique(np.concatenate([np.arange(min(stride, 1024)), np.arange(max(0, stride - 1024), stride),
-                                      (last + np.arange(-512, 512)) % stride])).astype(np.int64)
+        t = np.unique(
+            np.concatenate(
+                [
+                    np.arange(min(stride, 1024)),
+                    np.arange(max(0, stride - 1024), stride),
+                    (last + np.arange(-512, 512)) % stride,
+                ]
+            )
+        ).astype(np.int64)
         threads_checked += int(t.size)
         expected = np.where(t < n, (n - t + stride - 1) // stride, 0)
         i = _wrap(t.copy(), bits)
@@ -377,21 +454,45 @@ def grid_coverage(ctx: FalsifyContext) -> Outcome:
             wrong = active & ((i != t + k * stride) | (i < 0) | (i >= n))
             if wrong.any():
                 w = int(np.flatnonzero(wrong)[0])
-                problem = (int(t[w]), int(i[w]), f"trip {k} of thread {int(t[w])} computes index {int(i[w])}"
-                           f" (expected {int(t[w]) + k * stride}, valid range [0, {n}))")
+                problem = (
+                    int(t[w]),
+                    int(i[w]),
+                    f"trip {k} of thread {int(t[w])} computes index {int(i[w])}"
+                    f" (expected {int(t[w]) + k * stride}, valid range [0, {n}))",
+                )
                 break
             count += active
             i = _wrap(i + stride, bits)
         if problem is None and (count != expected).any():
             w = int(np.flatnonzero(count != expected)[0])
-            problem = (int(t[w]), None, f"thread {int(t[w])} visits {int(count[w])} indices, expected {int(expected[w])}")
+            problem = (
+                int(t[w]),
+                None,
+                f"thread {int(t[w])} visits {int(count[w])} indices, expected {int(expected[w])}",
+            )
         if problem is not None:
-            ce = {"n": n, "thread": problem[0], "index": problem[1], "plan": {a: int(b) for a, b in plan.items()},
-                  "index_type": v.index_type or "long long", "guard": v.guard or "i < n",
-                  "replay": replay_command(ctx, None)}
-            return violated(ce, f"{op}[{v.name}] grid-stride loop at n={n}: {problem[2]}", sizes=sizes,
-                            threads_checked=threads_checked)
-    return passed(cases=threads_checked, sizes=sizes, threads_checked=threads_checked, kernel=op, variant=v.name,
-                  index_type=v.index_type or "long long", method="loop executed in the build's index arithmetic "
-                  "for the first/last 1024 threads and the 1024 around the one ending at n-1")
-
+            ce = {
+                "n": n,
+                "thread": problem[0],
+                "index": problem[1],
+                "plan": {a: int(b) for a, b in plan.items()},
+                "index_type": v.index_type or "long long",
+                "guard": v.guard or "i < n",
+                "replay": replay_command(ctx, None),
+            }
+            return violated(
+                ce,
+                f"{op}[{v.name}] grid-stride loop at n={n}: {problem[2]}",
+                sizes=sizes,
+                threads_checked=threads_checked,
+            )
+    return passed(
+        cases=threads_checked,
+        sizes=sizes,
+        threads_checked=threads_checked,
+        kernel=op,
+        variant=v.name,
+        index_type=v.index_type or "long long",
+        method="loop executed in the build's index arithmetic "
+        "for the first/last 1024 threads and the 1024 around the one ending at n-1",
+    )

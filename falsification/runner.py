@@ -71,7 +71,9 @@ def budget_for(ctx: FalsifyContext) -> Budget:
     """The profile's budget with the item's ``max_examples``/``max_size``/``budget_s`` params applied."""
     b = PROFILES.get(ctx.profile, PROFILES["quick"])
     p = ctx.params
-    return replace(b, **{k: type(getattr(b, k))(p[k]) for k in ("max_examples", "max_size", "budget_s") if k in p})
+    return replace(
+        b, **{k: type(getattr(b, k))(p[k]) for k in ("max_examples", "max_size", "budget_s") if k in p}
+    )
 
 
 @dataclass(frozen=True)
@@ -190,8 +192,12 @@ def _element(subject: Subject, verdict: Verdict, i: int) -> dict[str, Any]:
     for j, name in enumerate(subject.output_names):
         nat, ref = int(verdict.native[j][i]), int(verdict.refs[j].bits[i])
         d = verdict.distances[len(verdict.distances) - per + j]
-        entry = {"native": _hex(nat), "reference": _hex(ref), "native_value": _f32(nat),
-                 "reference_value": _f32(ref)}
+        entry = {
+            "native": _hex(nat),
+            "reference": _hex(ref),
+            "native_value": _f32(nat),
+            "reference_value": _f32(ref),
+        }
         if verdict.refs[j].alt is not None and int(verdict.refs[j].alt[i]) != ref:
             entry["reference_alt"] = _hex(verdict.refs[j].alt[i])
         if d is not None:
@@ -207,8 +213,17 @@ def _simplicity(bits: tuple[int, ...]) -> tuple:
     return (sum(bin(m).count("1") for m in mags), tuple(mags), tuple(b >> 31 for b in bits))
 
 
-_COMMON = (0x00000000, 0x80000000, 0x3F800000, 0x00000001, 0x00800000, 0x7F800000, 0x7F800001, 0x7FC00000,
-           0x40000000)
+_COMMON = (
+    0x00000000,
+    0x80000000,
+    0x3F800000,
+    0x00000001,
+    0x00800000,
+    0x7F800000,
+    0x7F800001,
+    0x7FC00000,
+    0x40000000,
+)
 
 
 def _candidates(bits: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -218,7 +233,7 @@ def _candidates(bits: tuple[int, ...]) -> list[tuple[int, ...]]:
         alts |= {b & ~(1 << j) for j in range(32) if b >> j & 1}
         alts |= {b & ~((1 << j) - 1) for j in (4, 8, 12, 16, 20, 23)}
         for a in alts:
-            cand = bits[:k] + (a & 0xFFFFFFFF,) + bits[k + 1:]
+            cand = bits[:k] + (a & 0xFFFFFFFF,) + bits[k + 1 :]
             if _simplicity(cand) < _simplicity(bits):
                 out.add(cand)
     return sorted(out, key=_simplicity)
@@ -228,8 +243,9 @@ def _batch(xp: ModuleType, tuples: list[tuple[int, ...]], arity: int) -> list:
     return [xp.asarray(np.array([t[k] for t in tuples], dtype=np.uint32)) for k in range(arity)]
 
 
-def minimise_element(subject: Subject, agreement: Agreement, bits: tuple[int, ...], scalars: tuple,
-                     rounds: int = 40) -> tuple[tuple[int, ...], Verdict] | None:
+def minimise_element(
+    subject: Subject, agreement: Agreement, bits: tuple[int, ...], scalars: tuple, rounds: int = 40
+) -> tuple[tuple[int, ...], Verdict] | None:
     """Shrink a failing operand tuple to a simpler one failing on its own; None if it passes alone."""
     alone = evaluate(subject, agreement, _batch(subject.xp, [bits], subject.arity), scalars)
     if alone.first_bad is None:
@@ -246,7 +262,9 @@ def minimise_element(subject: Subject, agreement: Agreement, bits: tuple[int, ..
         moved = False
         # Candidates are sorted simplest first; confirm on its own, since a batch may fail by position.
         order = bad_idx[:4]
-        if len(bad_idx) == 1:  # a lone failure may be positional (e.g. the last element): try the simplest too
+        if (
+            len(bad_idx) == 1
+        ):  # a lone failure may be positional (e.g. the last element): try the simplest too
             order = sorted(set(order) | set(range(min(2, len(cands)))))
         for i in order:
             single = evaluate(subject, agreement, _batch(subject.xp, [cands[i]], subject.arity), scalars)
@@ -274,29 +292,52 @@ def replay_command(ctx: FalsifyContext, bits: tuple[int, ...] | None, scalars: t
     return f"kc check {path} --only {item} --seed {ctx.seed} --profile {ctx.profile} --device {ctx.device}"
 
 
-def _counterexample(ctx: FalsifyContext, subject: Subject, agreement: Agreement, spec: BatchSpec,
-                    verdict: Verdict, rounds: int) -> dict[str, Any]:
+def _counterexample(
+    ctx: FalsifyContext,
+    subject: Subject,
+    agreement: Agreement,
+    spec: BatchSpec,
+    verdict: Verdict,
+    rounds: int,
+) -> dict[str, Any]:
     scalars = spec.scalars
     names = subject.scalar_names or tuple(f"s{k}" for k in range(subject.n_scalars))
-    base: dict[str, Any] = {"batch": spec.to_json(), "seed": ctx.seed,
-                            "scalars": {nm: _hex(s) for nm, s in zip(names, scalars, strict=True)}}
+    base: dict[str, Any] = {
+        "batch": spec.to_json(),
+        "seed": ctx.seed,
+        "scalars": {nm: _hex(s) for nm, s in zip(names, scalars, strict=True)},
+    }
     if verdict.first_bad is None:  # only the guard cell was written
-        base.update(kind="out_of_bounds_write", size=verdict.n,
-                    detail=f"the kernel wrote element {verdict.n} of a {verdict.n}-element output",
-                    replay=replay_command(ctx, None))
+        base.update(
+            kind="out_of_bounds_write",
+            size=verdict.n,
+            detail=f"the kernel wrote element {verdict.n} of a {verdict.n}-element output",
+            replay=replay_command(ctx, None),
+        )
         return base
     i = verdict.first_bad
     bits = tuple(int(f[i]) for f in verdict.flat)
     shrunk = minimise_element(subject, agreement, bits, scalars, rounds)
     if shrunk is None:
-        base.update(kind="position_dependent", size=verdict.n, disagreements=verdict.bad_count,
-                    element=_element(subject, verdict, i), replay=replay_command(ctx, None),
-                    detail="the element agrees on its own: the failure depends on its batch (size/position)")
+        base.update(
+            kind="position_dependent",
+            size=verdict.n,
+            disagreements=verdict.bad_count,
+            element=_element(subject, verdict, i),
+            replay=replay_command(ctx, None),
+            detail="the element agrees on its own: the failure depends on its batch (size/position)",
+        )
         return base
     sbits, sv = shrunk
-    base.update(kind="element", first_in_batch=_element(subject, verdict, i), size=1,
-                element=_element(subject, sv, 0), replay=replay_command(ctx, sbits, scalars),
-                batch_disagreements=verdict.bad_count, batch_size=verdict.n)
+    base.update(
+        kind="element",
+        first_in_batch=_element(subject, verdict, i),
+        size=1,
+        element=_element(subject, sv, 0),
+        replay=replay_command(ctx, sbits, scalars),
+        batch_disagreements=verdict.bad_count,
+        batch_size=verdict.n,
+    )
     return base
 
 
@@ -309,14 +350,18 @@ def _replay(ctx: FalsifyContext, subject: Subject, agreement: Agreement) -> Outc
     v = evaluate(subject, agreement, _batch(subject.xp, [bits], subject.arity), scalars)
     ev = {"replayed": True, "agreement": agreement.describe(), **subject.evidence}
     if v.failed:
-        ce = {"kind": "element", "element": _element(subject, v, 0), "size": 1,
-              "replay": replay_command(ctx, bits, scalars)}
+        ce = {
+            "kind": "element",
+            "element": _element(subject, v, 0),
+            "size": 1,
+            "replay": replay_command(ctx, bits, scalars),
+        }
         return violated(ce, f"{subject.name}: the replayed element disagrees", **ev)
     return passed(cases=1, **ev)
 
 
 def falsify(ctx: FalsifyContext, subject: Subject, agreement: Agreement) -> Outcome:
-    """Check ``subject`` under ``agreement`` with the context's budget and seed; a shrunk counterexample or pass."""
+    """Check ``subject`` under ``agreement`` with the context's budget and seed: pass, or a shrunk case."""
     if "replay" in ctx.item:
         return _replay(ctx, subject, agreement)
     budget = budget_for(ctx)
@@ -324,15 +369,30 @@ def falsify(ctx: FalsifyContext, subject: Subject, agreement: Agreement) -> Outc
     stats = {"cases": 0, "batches": 0, "skipped": 0, "max_ulp": None, "eval_s": 0.0}
     failing: dict[str, Any] = {}
     t0 = time.perf_counter()
-    strategy = batch_specs(subject.arity, subject.n_scalars, budget.max_size, budget.max_explicit,
-                           mixes=subject.mixes or ("balanced", "subnormal", "special", "correlated", "uniform"),
-                           layouts=subject.layouts, scalar_bits=subject.scalar_strategy)
-    first_spec = BatchSpec(seed=ctx.seed, size=budget.max_size,
-                           scalars=tuple(0x3F800000 for _ in range(subject.n_scalars)))
+    strategy = batch_specs(
+        subject.arity,
+        subject.n_scalars,
+        budget.max_size,
+        budget.max_explicit,
+        mixes=subject.mixes or ("balanced", "subnormal", "special", "correlated", "uniform"),
+        layouts=subject.layouts,
+        scalar_bits=subject.scalar_strategy,
+    )
+    first_spec = BatchSpec(
+        seed=ctx.seed, size=budget.max_size, scalars=tuple(0x3F800000 for _ in range(subject.n_scalars))
+    )
 
-    @settings(max_examples=budget.max_examples, deadline=None, database=None, derandomize=False,
-              suppress_health_check=list(HealthCheck), phases=(Phase.explicit, Phase.generate, Phase.shrink),
-              verbosity=Verbosity.quiet, report_multiple_bugs=False, print_blob=False)
+    @settings(
+        max_examples=budget.max_examples,
+        deadline=None,
+        database=None,
+        derandomize=False,
+        suppress_health_check=list(HealthCheck),
+        phases=(Phase.explicit, Phase.generate, Phase.shrink),
+        verbosity=Verbosity.quiet,
+        report_multiple_bugs=False,
+        print_blob=False,
+    )
     @hseed(ctx.seed)
     @example(first_spec)
     @given(strategy)
@@ -359,8 +419,11 @@ def falsify(ctx: FalsifyContext, subject: Subject, agreement: Agreement) -> Outc
     except _Disagreement as exc:
         found = exc
     except HypothesisException as exc:  # e.g. Flaky: a failure that did not reproduce
-        return error(f"{subject.name}: Hypothesis could not settle a failure ({type(exc).__name__}: {exc})",
-                     seed=ctx.seed, **subject.evidence)
+        return error(
+            f"{subject.name}: Hypothesis could not settle a failure ({type(exc).__name__}: {exc})",
+            seed=ctx.seed,
+            **subject.evidence,
+        )
     wall = time.perf_counter() - t0
     evidence = {
         "seed": ctx.seed,
@@ -372,14 +435,21 @@ def falsify(ctx: FalsifyContext, subject: Subject, agreement: Agreement) -> Outc
         "max_ulp_observed": stats["max_ulp"],
         "wall_s": round(wall, 4),
         "elements_per_s": round(stats["cases"] / stats["eval_s"], 1) if stats["eval_s"] else None,
-        "budget": {"max_examples": budget.max_examples, "max_size": budget.max_size, "budget_s": budget.budget_s},
+        "budget": {
+            "max_examples": budget.max_examples,
+            "max_size": budget.max_size,
+            "budget_s": budget.budget_s,
+        },
         **subject.evidence,
     }
     if found is None:
         return passed(cases=stats["cases"], **evidence)
     ce = _counterexample(ctx, subject, agreement, found.spec, found.verdict, budget.minimise_rounds)
-    what = {"element": "an element disagrees", "position_dependent": "a batch disagrees (position-dependent)",
-            "out_of_bounds_write": "the kernel wrote past the end of its output"}[ce["kind"]]
+    what = {
+        "element": "an element disagrees",
+        "position_dependent": "a batch disagrees (position-dependent)",
+        "out_of_bounds_write": "the kernel wrote past the end of its output",
+    }[ce["kind"]]
     return violated(ce, f"{subject.name}: {what} under {agreement.name}", cases=stats["cases"], **evidence)
 
 
@@ -397,8 +467,16 @@ def find_item(contract: dict[str, Any], item_id: str) -> dict[str, Any] | None:
     return None
 
 
-def replay(item: dict[str, Any], *, bits: list, scalars: list | tuple = (), device: str = "host",
-           contract: dict[str, Any] | None = None, contract_path: str = "", seed: int = 0) -> Outcome:
+def replay(
+    item: dict[str, Any],
+    *,
+    bits: list,
+    scalars: list | tuple = (),
+    device: str = "host",
+    contract: dict[str, Any] | None = None,
+    contract_path: str = "",
+    seed: int = 0,
+) -> Outcome:
     """Re-check one element (operand ``bits``, hex strings or ints) of a contract item on ``device``.
 
     ``device`` must already be resolved ("host" or "cuda"); the CLI resolves it and fails loudly first.
@@ -411,6 +489,12 @@ def replay(item: dict[str, Any], *, bits: list, scalars: list | tuple = (), devi
 
         return skipped(f"test {test.name} does not support device {device!r}")
     rp_item = {**item, "replay": {"bits": [str(b) for b in bits], "scalars": [str(s) for s in scalars]}}
-    ctx = FalsifyContext(device=device, profile="quick", seed=seed, item=rp_item, contract=contract or {},
-                         contract_path=contract_path)
+    ctx = FalsifyContext(
+        device=device,
+        profile="quick",
+        seed=seed,
+        item=rp_item,
+        contract=contract or {},
+        contract_path=contract_path,
+    )
     return test.run(ctx)

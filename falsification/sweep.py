@@ -1,4 +1,4 @@
-"""Exhaustive sweeps: a unary binary32 kernel on all 2^32 inputs (GPU), all operand pairs of small formats (CPU).
+"""Exhaustive sweeps: unary binary32 kernels on all 2^32 inputs (GPU); all pairs of small formats (CPU).
 
 ``sweep("sqrt", device="cuda")`` runs the kernel over every binary32 bit pattern in chunks on the GPU and
 compares each chunk with the reference computed on the GPU as well (softfloat for correctly rounded ops,
@@ -23,7 +23,7 @@ from native.device import array_module, resolve_device
 from native.elementwise import get_kernel, run_flat
 from native.nvrtc import get_route
 from spec import softfloat as sf
-from spec.elementwise import canonical_nan, get_reference, round_f64_to_f32
+from spec.elementwise import bits_to_f64, canonical_nan, get_reference, round_f64_to_f32
 
 __all__ = ["sweep", "round_to_format", "resolve_format", "DEFAULT_ULP_BOUNDS", "HOST_DEFAULT_SAMPLE"]
 
@@ -37,7 +37,12 @@ def resolve_format(fmt: Any) -> Any:
     """A softfloat Format from a Format, "binary32"/"binary16"/"bfloat16", or "eXmY"."""
     if not isinstance(fmt, str):
         return fmt
-    named = {"binary32": sf.BINARY32, "binary16": sf.BINARY16, "bfloat16": sf.BFLOAT16, "binary64": sf.BINARY64}
+    named = {
+        "binary32": sf.BINARY32,
+        "binary16": sf.BINARY16,
+        "bfloat16": sf.BFLOAT16,
+        "binary64": sf.BINARY64,
+    }
     if fmt in named:
         return named[fmt]
     if fmt.startswith("e") and "m" in fmt:
@@ -78,8 +83,11 @@ def _to_f64(bits: np.ndarray, fmt: Any) -> np.ndarray:
     fb, bias = fmt.frac_bits, (1 << (fmt.exp_bits - 1)) - 1
     e = (b >> fb) & ((1 << fmt.exp_bits) - 1)
     f = b & ((1 << fb) - 1)
-    mag = np.where(e == 0, np.ldexp(f.astype(np.float64), 1 - bias - fb),
-                   np.ldexp((f + (1 << fb)).astype(np.float64), (e - bias - fb).astype(np.int64)))
+    mag = np.where(
+        e == 0,
+        np.ldexp(f.astype(np.float64), 1 - bias - fb),
+        np.ldexp((f + (1 << fb)).astype(np.float64), (e - bias - fb).astype(np.int64)),
+    )
     mag = np.where(e == (1 << fmt.exp_bits) - 1, np.where(f == 0, np.inf, np.nan), mag)
     return np.where((b >> (fmt.bits - 1)) & 1 == 1, -mag, mag)
 
@@ -108,19 +116,46 @@ def _small_format_sweep(op: str, fmt: Any, lo: int, hi: int | None, max_ce: int)
     secs = time.perf_counter() - t0
     where = np.flatnonzero(bad)[:max_ce]
     return {
-        "op": op, "fmt": fmt.name, "subject": "softfloat reference", "oracle": "float64 rounded once (frexp/rint)",
-        "device": "host", "elements": int(hi - lo), "exhaustive": lo == 0 and hi == total,
-        "range": [lo, hi], "seconds": round(secs, 4), "disagreements": int(bad.sum()),
-        "first_counterexamples": [{"a": hex(int(a[i])), **({} if unary else {"b": hex(int(b[i]))}),
-                                   "softfloat": hex(int(got[i])), "oracle": hex(int(want[i]))} for i in where],
+        "op": op,
+        "fmt": fmt.name,
+        "subject": "softfloat reference",
+        "oracle": "float64 rounded once (frexp/rint)",
+        "device": "host",
+        "elements": int(hi - lo),
+        "exhaustive": lo == 0 and hi == total,
+        "range": [lo, hi],
+        "seconds": round(secs, 4),
+        "disagreements": int(bad.sum()),
+        "first_counterexamples": [
+            {
+                "a": hex(int(a[i])),
+                **({} if unary else {"b": hex(int(b[i]))}),
+                "softfloat": hex(int(got[i])),
+                "oracle": hex(int(want[i])),
+            }
+            for i in where
+        ],
     }
 
 
-def sweep(op: str, env: str | None = None, device: str = "auto", fmt: Any = "binary32", *, lo: int = 0,
-          hi: int | None = None, sample: int | None = None, route: str = "nvrtc-ieee", bound: int | None = None,
-          reference: str = "softfloat", chunk: int | None = None, max_counterexamples: int = 8,
-          seed: int = 0, variant: str | None = None) -> dict[str, Any]:
-    """Check a unary kernel on every binary32 pattern in [lo, hi) (default all 2^32) or on ``sample`` seeded ones.
+def sweep(
+    op: str,
+    env: str | None = None,
+    device: str = "auto",
+    fmt: Any = "binary32",
+    *,
+    lo: int = 0,
+    hi: int | None = None,
+    sample: int | None = None,
+    route: str = "nvrtc-ieee",
+    bound: int | None = None,
+    reference: str = "softfloat",
+    chunk: int | None = None,
+    max_counterexamples: int = 8,
+    seed: int = 0,
+    variant: str | None = None,
+) -> dict[str, Any]:
+    """Check a unary kernel on every binary32 pattern in [lo, hi) (default: all 2^32) or ``sample`` ones.
 
     Returns a JSON-ready dict: elements, seconds, elements_per_s, max_ulp, disagreements (beyond
     ``bound``: 0 for correctly rounded ops, the guide's bound for transcendentals), a distance histogram
@@ -136,7 +171,9 @@ def sweep(op: str, env: str | None = None, device: str = "auto", fmt: Any = "bin
     xp = array_module(dev)
     k = get_kernel(op)
     if len(k.inputs) != 1 or k.scalars:
-        raise ValueError(f"sweep covers unary kernels without scalars; {op} has inputs {k.inputs} scalars {k.scalars}")
+        raise ValueError(
+            f"sweep covers unary kernels without scalars; {op} has inputs {k.inputs} scalars {k.scalars}"
+        )
     env = env or get_route(route).env
     ref_op = get_reference(k.reference)
     approx = ref_op.kind == "approx" or reference == "float64"
@@ -166,7 +203,7 @@ def sweep(op: str, env: str | None = None, device: str = "auto", fmt: Any = "bin
         tb = time.perf_counter()
         if approx and ref_op.kind != "approx":
             with np.errstate(all="ignore"):
-                r64 = {"sqrt": xp.sqrt, "inv": lambda v: 1.0 / v}[op](x.view(xp.float32).astype(xp.float64))
+                r64 = {"sqrt": xp.sqrt, "inv": lambda v: 1.0 / v}[op](bits_to_f64(x))
             ref_bits, _ = round_f64_to_f32(r64)  # exact for sqrt and 1/x (Roux 2014)
             nan = ((ref_bits & 0x7F800000) == 0x7F800000) & ((ref_bits & 0x7FFFFF) != 0)
             ref_bits = xp.where(nan, xp.uint32(canonical_nan(env)), ref_bits).astype(xp.uint32)
@@ -193,24 +230,47 @@ def sweep(op: str, env: str | None = None, device: str = "auto", fmt: Any = "bin
         bad_total += nb
         if nb and len(ces) < max_counterexamples:
             for i in xp.flatnonzero(bad)[: max_counterexamples - len(ces)].tolist():
-                ces.append({"input": f"0x{int(x[i]):08X}", "native": f"0x{int(nat[i]):08X}",
-                            "reference": f"0x{int(ref_bits[i]):08X}",
-                            "ulp": "nan-mismatch" if int(d[i]) >= NAN_MISMATCH else int(d[i])})
+                ces.append(
+                    {
+                        "input": f"0x{int(x[i]):08X}",
+                        "native": f"0x{int(nat[i]):08X}",
+                        "reference": f"0x{int(ref_bits[i]):08X}",
+                        "ulp": "nan-mismatch" if int(d[i]) >= NAN_MISMATCH else int(d[i]),
+                    }
+                )
         t_native += tb - ta
         t_ref += tc - tb
         done += m
     sync()
     secs = time.perf_counter() - t0
     return {
-        "op": op, "fmt": "binary32", "env": env, "device": dev, "route": route, "variant": variant or "default",
-        "reference": "float64 rounded once (ambiguous roundings accept both neighbours)" if approx else
-        "softfloat (on the same device)",
-        "range": None if sample is not None else [lo, hi], "sample": sample, "seed": seed if sample else None,
-        "elements": int(total), "exhaustive": sample is None and lo == 0 and hi == _ALL,
-        "seconds": round(secs, 4), "native_seconds": round(t_native, 4), "reference_seconds": round(t_ref, 4),
+        "op": op,
+        "fmt": "binary32",
+        "env": env,
+        "device": dev,
+        "route": route,
+        "variant": variant or "default",
+        "reference": "float64 rounded once (ambiguous roundings accept both neighbours)"
+        if approx
+        else "softfloat (on the same device)",
+        "range": None if sample is not None else [lo, hi],
+        "sample": sample,
+        "seed": seed if sample else None,
+        "elements": int(total),
+        "exhaustive": sample is None and lo == 0 and hi == _ALL,
+        "seconds": round(secs, 4),
+        "native_seconds": round(t_native, 4),
+        "reference_seconds": round(t_ref, 4),
         "elements_per_s": round(total / secs, 1) if secs else None,
-        "bound": bound, "max_ulp": max_ulp, "disagreements": bad_total,
-        "histogram": {"0": int(hist[0]), "1": int(hist[1]), "2": int(hist[2]), "3": int(hist[3]),
-                      ">3_or_nan": int(hist[4])},
+        "bound": bound,
+        "max_ulp": max_ulp,
+        "disagreements": bad_total,
+        "histogram": {
+            "0": int(hist[0]),
+            "1": int(hist[1]),
+            "2": int(hist[2]),
+            "3": int(hist[3]),
+            ">3_or_nan": int(hist[4]),
+        },
         "first_counterexamples": ces,
     }

@@ -63,8 +63,13 @@ def device_info(device: str = "auto") -> dict[str, Any]:
     if kind == "host":
         import platform
 
-        return {"kind": "host", "name": platform.processor() or platform.machine(), "driver": None,
-                "cuda_runtime": None, "numpy": np.__version__}
+        return {
+            "kind": "host",
+            "name": platform.processor() or platform.machine(),
+            "driver": None,
+            "cuda_runtime": None,
+            "numpy": np.__version__,
+        }
     import cupy
 
     rt = cupy.cuda.runtime

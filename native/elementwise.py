@@ -51,7 +51,9 @@ DEFAULT_BLOCK = 256
 DEFAULT_MAX_GRID = 65536
 
 
-def launch_plan(n: Any, block: Any = DEFAULT_BLOCK, max_grid: Any = DEFAULT_MAX_GRID, index_bits: int = 64) -> dict:
+def launch_plan(
+    n: Any, block: Any = DEFAULT_BLOCK, max_grid: Any = DEFAULT_MAX_GRID, index_bits: int = 64
+) -> dict:
     """Launch geometry for ``n`` elements: grid/block/stride and the per-thread trip count.
 
     Plain integer arithmetic plus cdiv/smin/smax only, so the checker can run it on symbolic terms.
@@ -117,7 +119,9 @@ class Kernel:
         try:
             return self.variants[name]
         except KeyError:
-            raise KeyError(f"kernel {self.name!r} has no variant {name!r}; has {sorted(self.variants)}") from None
+            raise KeyError(
+                f"kernel {self.name!r} has no variant {name!r}; has {sorted(self.variants)}"
+            ) from None
 
 
 KERNELS: dict[str, Kernel] = {}
@@ -145,7 +149,8 @@ _TEMPLATE = """\
 #define KC_GELU_C 0.044715f
 #define KC_GELU_K 0.7978845608028654f
 extern "C" __global__ void {fname}({params}long long n) {{
-    for ({idx} i = ({idx})blockIdx.x * blockDim.x + threadIdx.x; {guard}; i += ({idx})blockDim.x * gridDim.x) {{
+    for ({idx} i = ({idx})blockIdx.x * blockDim.x + threadIdx.x; {guard};
+         i += ({idx})blockDim.x * gridDim.x) {{
 {loads}        float r = 0.0f, r2 = 0.0f;
         {body}
 {stores}    }}
@@ -163,13 +168,25 @@ def kernel_source(name: str, variant: str | None = None) -> tuple[str, str]:
     params += "".join(f"const float {s}, " for s in k.scalars)
     loads = "".join(f"        const float {a} = in_{a}[i];\n" for a in k.inputs)
     stores = "".join(f"        out_{o}[i] = {o};\n" for o in k.outputs)
-    src = _TEMPLATE.format(fname=fname, params=params, idx=v.index_type or "long long", guard=v.guard or "i < n",
-                           loads=loads, body=v.body or k.body, stores=stores)
+    src = _TEMPLATE.format(
+        fname=fname,
+        params=params,
+        idx=v.index_type or "long long",
+        guard=v.guard or "i < n",
+        loads=loads,
+        body=v.body or k.body,
+        stores=stores,
+    )
     return src, fname
 
 
-def kernel_plan(name: str, n: int, variant: str | None = None, block: int = DEFAULT_BLOCK,
-                max_grid: int = DEFAULT_MAX_GRID) -> dict:
+def kernel_plan(
+    name: str,
+    n: int,
+    variant: str | None = None,
+    block: int = DEFAULT_BLOCK,
+    max_grid: int = DEFAULT_MAX_GRID,
+) -> dict:
     """The launch plan a kernel build uses for ``n`` elements (index_bits from its index type)."""
     v = get_kernel(name).variant(variant)
     return launch_plan(n, block, max_grid, index_bits=32 if v.index_type == "int" else 64)
@@ -274,8 +291,12 @@ def _tup(f: Callable[..., Any]) -> Callable[..., tuple]:
 
 # -- planted-bug variants shared by several kernels ------------------------------------------------
 
-_TAIL_SHORT = Variant("tail_short", guard="i < n - 1", host_tail="short", doc="tail guard off by one (drops last)")
-_TAIL_OVER = Variant("tail_over", guard="i <= n", host_tail="over", doc="tail guard off by one (writes out[n])")
+_TAIL_SHORT = Variant(
+    "tail_short", guard="i < n - 1", host_tail="short", doc="tail guard off by one (drops last)"
+)
+_TAIL_OVER = Variant(
+    "tail_over", guard="i <= n", host_tail="over", doc="tail guard off by one (writes out[n])"
+)
 _WRAP32 = Variant("wrap32", index_type="int", doc="32-bit grid-stride index that wraps for n near 2^31")
 _COMMON = {v.name: v for v in (_TAIL_SHORT, _TAIL_OVER, _WRAP32)}
 
@@ -285,15 +306,21 @@ def _with(common: dict[str, Variant], *extra: Variant) -> dict[str, Variant]:
 
 
 def _fast(host: Callable[..., tuple]) -> Variant:
-    return Variant("fast_math", route="nvrtc-fast-math", host=_host_fast_math(host), host_env="cuda-ftz",
-                   doc="compiled with --use_fast_math")
+    return Variant(
+        "fast_math",
+        route="nvrtc-fast-math",
+        host=_host_fast_math(host),
+        host_env="cuda-ftz",
+        doc="compiled with --use_fast_math",
+    )
 
 
 # -- the registry -----------------------------------------------------------------------------------
 
 
-def _reg(name: str, inputs: tuple[str, ...], body: str, host: Callable[..., tuple], *extra: Variant,
-         **kw: Any) -> None:
+def _reg(
+    name: str, inputs: tuple[str, ...], body: str, host: Callable[..., tuple], *extra: Variant, **kw: Any
+) -> None:
     kw.setdefault("reference", name)
     register_kernel(Kernel(name, inputs, body, host, variants=_with(_COMMON, _fast(host), *extra), **kw))
 
@@ -305,83 +332,189 @@ def _div_fast(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 _reg("add", ("a", "b"), "r = a + b;", _tup(np.add))
 _reg("sub", ("a", "b"), "r = a - b;", _tup(np.subtract))
 _reg("mul", ("a", "b"), "r = a * b;", _tup(np.multiply))
-_reg("div", ("a", "b"), "r = a / b;", _tup(np.divide),
-     Variant("fast_math", route="nvrtc-fast-math", host=_host_fast_math(_tup(_div_fast)), host_env="cuda-ftz",
-             doc="compiled with --use_fast_math (approximate division)"))
+_reg(
+    "div",
+    ("a", "b"),
+    "r = a / b;",
+    _tup(np.divide),
+    Variant(
+        "fast_math",
+        route="nvrtc-fast-math",
+        host=_host_fast_math(_tup(_div_fast)),
+        host_env="cuda-ftz",
+        doc="compiled with --use_fast_math (approximate division)",
+    ),
+)
 _reg("inv", ("a",), "r = 1.0f / a;", _tup(lambda a: _ONE / a))
 _reg("fma", ("a", "b", "c"), "r = fmaf(a, b, c);", _tup(_fused_host))
 _reg("sqrt", ("a",), "r = sqrtf(a);", _tup(np.sqrt))
-_reg("neg", ("a",), "r = __int_as_float(__float_as_int(a) ^ 0x80000000);", _sign_op(0x80000000, 0xFFFFFFFF),
-     bitop=True)
-_reg("abs", ("a",), "r = __int_as_float(__float_as_int(a) & 0x7fffffff);", _sign_op(0, 0x7FFFFFFF), bitop=True)
+_reg(
+    "neg",
+    ("a",),
+    "r = __int_as_float(__float_as_int(a) ^ 0x80000000);",
+    _sign_op(0x80000000, 0xFFFFFFFF),
+    bitop=True,
+)
+_reg(
+    "abs", ("a",), "r = __int_as_float(__float_as_int(a) & 0x7fffffff);", _sign_op(0, 0x7FFFFFFF), bitop=True
+)
 _reg("min", ("a", "b"), "r = fminf(a, b);", _tup(lambda a, b: _minmax_host(a, b, True)))
 _reg("max", ("a", "b"), "r = fmaxf(a, b);", _tup(lambda a, b: _minmax_host(a, b, False)))
-_reg("relu", ("a",), "r = (a > 0.0f) ? a : ((a != a) ? a + a : 0.0f);",
-     _tup(lambda a: np.where(a > 0, a, np.where(np.isnan(a), a + a, _ZERO)).astype(F32)),
-     Variant("nan_as_number", body="r = (a > 0.0f) ? a : 0.0f;",
-             host=_tup(lambda a: np.where(a > 0, a, _ZERO).astype(F32)),
-             doc="relu without the NaN rule: a NaN input returns 0"))
+_reg(
+    "relu",
+    ("a",),
+    "r = (a > 0.0f) ? a : ((a != a) ? a + a : 0.0f);",
+    _tup(lambda a: np.where(a > 0, a, np.where(np.isnan(a), a + a, _ZERO)).astype(F32)),
+    Variant(
+        "nan_as_number",
+        body="r = (a > 0.0f) ? a : 0.0f;",
+        host=_tup(lambda a: np.where(a > 0, a, _ZERO).astype(F32)),
+        doc="relu without the NaN rule: a NaN input returns 0",
+    ),
+)
 _reg("scale", ("x",), "r = x * c;", _tup(np.multiply), scalars=("c",))
-_reg("axpy", ("a", "b"), "r = __fadd_rn(a, __fmul_rn(c, b));", _tup(lambda a, b, c: a + c * b), scalars=("c",))
-_reg("muladd", ("x", "y", "z"), "r = x * y + z;", _tup(lambda x, y, z: x * y + z),
-     doc="plain source: the compiler may contract it (fmad)")
-_reg("muladd_rn", ("x", "y", "z"), "r = __fadd_rn(__fmul_rn(x, y), z);", _tup(lambda x, y, z: x * y + z),
-     reference="muladd", doc="_rn intrinsics: never contracted")
-_reg("clamp", ("x",), "r = (x != x) ? x + x : fminf(fmaxf(x, lo), hi);",
-     _tup(lambda x, lo, hi: np.where(np.isnan(x), x + x,
-                                     _minmax_host(_minmax_host(x, np.broadcast_to(lo, x.shape), False),
-                                                  np.broadcast_to(hi, x.shape), True)).astype(F32)),
-     Variant("nan_as_number", body="r = fminf(fmaxf(x, lo), hi);",
-             host=_tup(lambda x, lo, hi: _minmax_host(_minmax_host(x, lo, False), hi, True)),
-             doc="clamp without the NaN rule: a NaN input returns lo"),
-     scalars=("lo", "hi"))
+_reg(
+    "axpy", ("a", "b"), "r = __fadd_rn(a, __fmul_rn(c, b));", _tup(lambda a, b, c: a + c * b), scalars=("c",)
+)
+_reg(
+    "muladd",
+    ("x", "y", "z"),
+    "r = x * y + z;",
+    _tup(lambda x, y, z: x * y + z),
+    doc="plain source: the compiler may contract it (fmad)",
+)
+_reg(
+    "muladd_rn",
+    ("x", "y", "z"),
+    "r = __fadd_rn(__fmul_rn(x, y), z);",
+    _tup(lambda x, y, z: x * y + z),
+    reference="muladd",
+    doc="_rn intrinsics: never contracted",
+)
+_reg(
+    "clamp",
+    ("x",),
+    "r = (x != x) ? x + x : fminf(fmaxf(x, lo), hi);",
+    _tup(
+        lambda x, lo, hi: np.where(
+            np.isnan(x),
+            x + x,
+            _minmax_host(
+                _minmax_host(x, np.broadcast_to(lo, x.shape), False), np.broadcast_to(hi, x.shape), True
+            ),
+        ).astype(F32)
+    ),
+    Variant(
+        "nan_as_number",
+        body="r = fminf(fmaxf(x, lo), hi);",
+        host=_tup(lambda x, lo, hi: _minmax_host(_minmax_host(x, lo, False), hi, True)),
+        doc="clamp without the NaN rule: a NaN input returns lo",
+    ),
+    scalars=("lo", "hi"),
+)
 _reg("exp", ("x",), "r = expf(x);", _tup(_expf), kind="approx")
 _reg("log", ("x",), "r = logf(x);", _tup(_logf), kind="approx")
 _reg("tanh", ("x",), "r = tanhf(x);", _tup(_tanhf), kind="approx")
-_reg("sigmoid", ("x",),
-     "const float e = expf(-fabsf(x)); r = (x >= 0.0f) ? 1.0f / (1.0f + e) : e / (1.0f + e);",
-     _tup(_sigmoid_host), kind="approx")
-_GELU_S = ("const float t = 2.0f * (KC_GELU_K * (x + KC_GELU_C * (x * x * x))); const float e = expf(-fabsf(t)); "
-           "const float s = (t >= 0.0f) ? 1.0f / (1.0f + e) : e / (1.0f + e);")
-_reg("gelu", ("x",), _GELU_S + " r = x * s;", _tup(_gelu_host), kind="approx",
-     doc="x * sigmoid(2t): the tanh-approximation GELU without the 1 + tanh cancellation")
+_reg(
+    "sigmoid",
+    ("x",),
+    "const float e = expf(-fabsf(x)); r = (x >= 0.0f) ? 1.0f / (1.0f + e) : e / (1.0f + e);",
+    _tup(_sigmoid_host),
+    kind="approx",
+)
+_GELU_S = (
+    "const float t = 2.0f * (KC_GELU_K * (x + KC_GELU_C * (x * x * x))); const float e = expf(-fabsf(t)); "
+    "const float s = (t >= 0.0f) ? 1.0f / (1.0f + e) : e / (1.0f + e);"
+)
+_reg(
+    "gelu",
+    ("x",),
+    _GELU_S + " r = x * s;",
+    _tup(_gelu_host),
+    kind="approx",
+    doc="x * sigmoid(2t): the tanh-approximation GELU without the 1 + tanh cancellation",
+)
 
 # Backward rules: gradient conventions from kernel-families.md.
-_reg("relu_bwd", ("x", "dy"), "r = (x > 0.0f) ? dy : 0.0f;",
-     _tup(lambda x, dy: np.where(x > 0, dy, _ZERO).astype(F32)), kind="backward")
-_reg("abs_bwd", ("x", "dy"), "r = (x > 0.0f) ? dy : ((x < 0.0f) ? -dy : 0.0f);",
-     _tup(lambda x, dy: np.where(x > 0, dy, np.where(x < 0, -dy, _ZERO)).astype(F32)), kind="backward")
-_reg("sqrt_bwd", ("x", "dy"), "r = (x > 0.0f) ? dy / (2.0f * sqrtf(x)) : 0.0f;",
-     _tup(lambda x, dy: np.where(x > 0, dy / (_TWO * np.sqrt(np.abs(x))), _ZERO).astype(F32)), kind="backward")
-_reg("clamp_bwd", ("x", "dy"), "r = (x > lo && x < hi) ? dy : 0.0f;",
-     _tup(lambda x, dy, lo, hi: np.where((x > lo) & (x < hi), dy, _ZERO).astype(F32)), kind="backward",
-     scalars=("lo", "hi"))
-_SPLIT = "r = (a {op} b) ? dy : ((a == b) ? 0.5f * dy : 0.0f); r2 = (b {op} a) ? dy : ((a == b) ? 0.5f * dy : 0.0f);"
+_reg(
+    "relu_bwd",
+    ("x", "dy"),
+    "r = (x > 0.0f) ? dy : 0.0f;",
+    _tup(lambda x, dy: np.where(x > 0, dy, _ZERO).astype(F32)),
+    kind="backward",
+)
+_reg(
+    "abs_bwd",
+    ("x", "dy"),
+    "r = (x > 0.0f) ? dy : ((x < 0.0f) ? -dy : 0.0f);",
+    _tup(lambda x, dy: np.where(x > 0, dy, np.where(x < 0, -dy, _ZERO)).astype(F32)),
+    kind="backward",
+)
+_reg(
+    "sqrt_bwd",
+    ("x", "dy"),
+    "r = (x > 0.0f) ? dy / (2.0f * sqrtf(x)) : 0.0f;",
+    _tup(lambda x, dy: np.where(x > 0, dy / (_TWO * np.sqrt(np.abs(x))), _ZERO).astype(F32)),
+    kind="backward",
+)
+_reg(
+    "clamp_bwd",
+    ("x", "dy"),
+    "r = (x > lo && x < hi) ? dy : 0.0f;",
+    _tup(lambda x, dy, lo, hi: np.where((x > lo) & (x < hi), dy, _ZERO).astype(F32)),
+    kind="backward",
+    scalars=("lo", "hi"),
+)
+_SPLIT = (
+    "r = (a {op} b) ? dy : ((a == b) ? 0.5f * dy : 0.0f);"
+    " r2 = (b {op} a) ? dy : ((a == b) ? 0.5f * dy : 0.0f);"
+)
 
 
 def _split_host(op: Callable) -> Callable[..., tuple]:
     def fn(a: np.ndarray, b: np.ndarray, dy: np.ndarray) -> tuple:
         half = _HALF * dy
-        return (np.where(op(a, b), dy, np.where(a == b, half, _ZERO)).astype(F32),
-                np.where(op(b, a), dy, np.where(a == b, half, _ZERO)).astype(F32))
+        return (
+            np.where(op(a, b), dy, np.where(a == b, half, _ZERO)).astype(F32),
+            np.where(op(b, a), dy, np.where(a == b, half, _ZERO)).astype(F32),
+        )
 
     return fn
 
 
-_reg("min_bwd", ("a", "b", "dy"), _SPLIT.format(op="<"), _split_host(np.less), kind="backward",
-     outputs=("r", "r2"))
-_reg("max_bwd", ("a", "b", "dy"), _SPLIT.format(op=">"), _split_host(np.greater), kind="backward",
-     outputs=("r", "r2"))
-_reg("gelu_bwd", ("x", "dy"),
-     _GELU_S + " const float dz = KC_GELU_K * (1.0f + (3.0f * KC_GELU_C) * (x * x));"
-     " const float g = 2.0f * s * (1.0f - s); r = dy * ((g == 0.0f) ? s : s + x * g * dz);",
-     _tup(_gelu_bwd_host), kind="backward")
+_reg(
+    "min_bwd",
+    ("a", "b", "dy"),
+    _SPLIT.format(op="<"),
+    _split_host(np.less),
+    kind="backward",
+    outputs=("r", "r2"),
+)
+_reg(
+    "max_bwd",
+    ("a", "b", "dy"),
+    _SPLIT.format(op=">"),
+    _split_host(np.greater),
+    kind="backward",
+    outputs=("r", "r2"),
+)
+_reg(
+    "gelu_bwd",
+    ("x", "dy"),
+    _GELU_S + " const float dz = KC_GELU_K * (1.0f + (3.0f * KC_GELU_C) * (x * x));"
+    " const float g = 2.0f * s * (1.0f - s); r = dy * ((g == 0.0f) ? s : s + x * g * dz);",
+    _tup(_gelu_bwd_host),
+    kind="backward",
+)
 
 # The contraction bug: a + c*b written plainly and compiled with fmad on; on the host, a fused evaluation.
 KERNELS["axpy"].variants["contracted"] = Variant(
-    "contracted", body="r = a + c * b;", route="nvrtc-fmad",
+    "contracted",
+    body="r = a + c * b;",
+    route="nvrtc-fmad",
     host=_tup(lambda a, b, c: _fused_host(np.broadcast_to(c, a.shape), b, a)),
-    doc="a + c*b in plain source under fmad=true: contracted to fma")
+    doc="a + c*b in plain source under fmad=true: contracted to fma",
+)
 
 
 # -- running ----------------------------------------------------------------------------------------
@@ -418,8 +551,10 @@ def _run_host(k: Kernel, v: Variant, route: str, ins: list, scalars: tuple, outs
             results = [flush_subnormals(r) for r in results]
         nan = HOST_ENVS[env]
         if nan is not None:
-            results = [np.where(np.isnan(r), np.uint32(nan), r.view(np.uint32)).astype(np.uint32).view(F32)
-                       for r in results]
+            results = [
+                np.where(np.isnan(r), np.uint32(nan), r.view(np.uint32)).astype(np.uint32).view(F32)
+                for r in results
+            ]
     for out, r in zip(outs, results, strict=True):
         m = max(n - 1, 0) if v.host_tail == "short" else n
         out[:m] = r[:m]
@@ -428,8 +563,18 @@ def _run_host(k: Kernel, v: Variant, route: str, ins: list, scalars: tuple, outs
     return env
 
 
-def _run_cuda(k: Kernel, v: Variant, variant: str | None, route: str, ins: list, scalars: tuple, outs: list,
-              n: int, block: int, max_grid: int) -> str:
+def _run_cuda(
+    k: Kernel,
+    v: Variant,
+    variant: str | None,
+    route: str,
+    ins: list,
+    scalars: tuple,
+    outs: list,
+    n: int,
+    block: int,
+    max_grid: int,
+) -> str:
     import cupy
 
     r = get_route(v.route or route)
@@ -437,14 +582,27 @@ def _run_cuda(k: Kernel, v: Variant, variant: str | None, route: str, ins: list,
     fn = compile_function(src, fname, r.name)
     plan = kernel_plan(k.name, n, variant, block, max_grid)
     args = [cupy.ascontiguousarray(a, dtype=cupy.float32) for a in ins]
-    fn((int(plan["grid"]),), (int(plan["block"]),),
-       (*args, *outs, *[np.float32(s) for s in scalars], np.int64(n)))
+    fn(
+        (int(plan["grid"]),),
+        (int(plan["block"]),),
+        (*args, *outs, *[np.float32(s) for s in scalars], np.int64(n)),
+    )
     return r.env
 
 
-def run_flat(name: str, inputs: list, scalars: tuple = (), *, device: str = "host", route: str = "nvrtc-ieee",
-             variant: str | None = None, outs: list | None = None, n: int | None = None,
-             block: int = DEFAULT_BLOCK, max_grid: int = DEFAULT_MAX_GRID) -> tuple[list, dict]:
+def run_flat(
+    name: str,
+    inputs: list,
+    scalars: tuple = (),
+    *,
+    device: str = "host",
+    route: str = "nvrtc-ieee",
+    variant: str | None = None,
+    outs: list | None = None,
+    n: int | None = None,
+    block: int = DEFAULT_BLOCK,
+    max_grid: int = DEFAULT_MAX_GRID,
+) -> tuple[list, dict]:
     """Run kernel ``name`` on flat contiguous float32 buffers; returns (outputs, evidence).
 
     ``outs`` (optional) are caller-owned flat buffers of length >= n (tests pass guarded, poisoned ones);
@@ -475,8 +633,14 @@ def prepare_operands(xp: Any, arrays: Any) -> tuple[list, tuple[int, ...]]:
     return [xp.ascontiguousarray(a).reshape(-1) for a in arrs], arrs[0].shape
 
 
-def apply(name: str, *arrays: Any, scalars: tuple = (), device: str = "auto", route: str = "nvrtc-ieee",
-          variant: str | None = None) -> Any:
+def apply(
+    name: str,
+    *arrays: Any,
+    scalars: tuple = (),
+    device: str = "auto",
+    route: str = "nvrtc-ieee",
+    variant: str | None = None,
+) -> Any:
     """Kernel ``name`` on broadcastable arrays of any layout; returns the output(s) in the broadcast shape."""
     dev = resolve_device(device)
     flat, shape = prepare_operands(array_module(dev), arrays)

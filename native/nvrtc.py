@@ -33,13 +33,23 @@ class CompileFlags:
         if self.fast_math:
             return ("--use_fast_math",)
         b = {True: "true", False: "false"}
-        return (f"-ftz={b[self.ftz]}", f"-fmad={b[self.fmad]}", f"-prec-div={b[self.prec_div]}",
-                f"-prec-sqrt={b[self.prec_sqrt]}")
+        return (
+            f"-ftz={b[self.ftz]}",
+            f"-fmad={b[self.fmad]}",
+            f"-prec-div={b[self.prec_div]}",
+            f"-prec-sqrt={b[self.prec_sqrt]}",
+        )
 
     def to_json(self) -> dict[str, Any]:
         """JSON evidence: the flags and the exact options passed."""
-        return {"ftz": self.ftz, "fmad": self.fmad, "prec_div": self.prec_div, "prec_sqrt": self.prec_sqrt,
-                "fast_math": self.fast_math, "options": list(self.options())}
+        return {
+            "ftz": self.ftz,
+            "fmad": self.fmad,
+            "prec_div": self.prec_div,
+            "prec_sqrt": self.prec_sqrt,
+            "fast_math": self.fast_math,
+            "options": list(self.options()),
+        }
 
 
 @dataclass(frozen=True)
@@ -79,16 +89,46 @@ def get_route(name: str) -> Route:
         raise KeyError(f"unknown compile route {name!r}; known: {sorted(ROUTES)}") from None
 
 
-register_route(Route("nvrtc-ieee", "cuda", CompileFlags(ftz=False, fmad=False),
-                     "subnormals kept, no contraction, IEEE div/sqrt: the project's default"))
-register_route(Route("nvrtc-fmad", "cuda", CompileFlags(ftz=False, fmad=True),
-                     "as nvrtc-ieee but a*b+c may be contracted to fma (NVRTC's default)"))
-register_route(Route("nvrtc-ftz", "cuda-ftz", CompileFlags(ftz=True, fmad=False),
-                     "subnormal inputs and results flushed to signed zero"))
-register_route(Route("nvrtc-fast-math", "cuda-ftz", CompileFlags(fast_math=True),
-                     "--use_fast_math: ftz, approximate div/sqrt, contraction, __expf etc."))
-register_route(Route("cupy-stock", "cuda-ftz", None,
-                     "cupy.RawKernel with default options: CuPy appends -ftz=true; fmad defaults to true"))
+register_route(
+    Route(
+        "nvrtc-ieee",
+        "cuda",
+        CompileFlags(ftz=False, fmad=False),
+        "subnormals kept, no contraction, IEEE div/sqrt: the project's default",
+    )
+)
+register_route(
+    Route(
+        "nvrtc-fmad",
+        "cuda",
+        CompileFlags(ftz=False, fmad=True),
+        "as nvrtc-ieee but a*b+c may be contracted to fma (NVRTC's default)",
+    )
+)
+register_route(
+    Route(
+        "nvrtc-ftz",
+        "cuda-ftz",
+        CompileFlags(ftz=True, fmad=False),
+        "subnormal inputs and results flushed to signed zero",
+    )
+)
+register_route(
+    Route(
+        "nvrtc-fast-math",
+        "cuda-ftz",
+        CompileFlags(fast_math=True),
+        "--use_fast_math: ftz, approximate div/sqrt, contraction, __expf etc.",
+    )
+)
+register_route(
+    Route(
+        "cupy-stock",
+        "cuda-ftz",
+        None,
+        "cupy.RawKernel with default options: CuPy appends -ftz=true; fmad defaults to true",
+    )
+)
 
 
 @functools.cache

@@ -38,6 +38,8 @@ __all__ = [
     "canonical_nan",
     "round_f64_to_f32",
     "GELU_C",
+    "bits_to_f64",
+    "f64_to_f32_bits",
     "GELU_K",
 ]
 
@@ -92,8 +94,7 @@ class RefOp:
         if self.kind == "approx":
             xp = array_namespace(bits[0])
             with np.errstate(all="ignore"):
-                xs = [_flush(xp.asarray(b, dtype=xp.uint32), env).view(xp.float32).astype(xp.float64)
-                      for b in bits]
+                xs = [bits_to_f64(_flush(xp.asarray(b, dtype=xp.uint32), env)) for b in bits]
                 r64 = self.fn(*xs)
             ref, alt = round_f64_to_f32(r64)
             ref, alt = _flush(ref, env), _flush(alt, env)
@@ -147,6 +148,32 @@ def _canon(u: Any, env: str) -> Any:
     return xp.where(_is_nan(u), xp.uint32(canonical_nan(env)), u).astype(xp.uint32)
 
 
+def bits_to_f64(u: Any) -> Any:
+    """Exact float64 values of binary32 bits, subnormals included, on NumPy or CuPy.
+
+    Not ``u.view(float32).astype(float64)``: CuPy compiles its casts with -ftz=true, which reads a
+    subnormal input as zero; here subnormals are scaled in float64 arithmetic, which never flushes.
+    """
+    xp = array_namespace(u)
+    with np.errstate(all="ignore"):
+        plain = u.view(xp.float32).astype(xp.float64)
+        sub = ((u & 0x7F800000) == 0) & ((u & 0x007FFFFF) != 0)
+        mag = (u & xp.uint32(0x007FFFFF)).astype(xp.float64) * 2.0**-149
+        return xp.where(sub, xp.where((u >> 31) == 1, -mag, mag), plain)
+
+
+def f64_to_f32_bits(r: Any) -> Any:
+    """binary32 bits of float64 ``r`` rounded to nearest-even, subnormal results included (no flush)."""
+    xp = array_namespace(r)
+    with np.errstate(all="ignore"):
+        plain = r.astype(xp.float32).view(xp.uint32)
+        tiny = xp.abs(r) < 2.0**-126
+        # rint(|r| 2^149) is the subnormal significand; 2^23 is exactly the bits of 2^-126.
+        m = xp.rint(xp.where(tiny, xp.abs(r), 0.0) * 2.0**149).astype(xp.uint32)
+        sign = xp.signbit(r).astype(xp.uint32) << xp.uint32(31)
+        return xp.where(tiny, sign | m, plain).astype(xp.uint32)
+
+
 def round_f64_to_f32(r64: Any) -> tuple[Any, Any]:
     """(RNE binary32 bits of r64, the other neighbour's bits where the rounding is ambiguous else same)."""
     xp = array_namespace(r64)
@@ -155,15 +182,21 @@ def round_f64_to_f32(r64: Any) -> tuple[Any, Any]:
 
 
 def _round_f64_to_f32(xp: ModuleType, r64: Any) -> tuple[Any, Any]:
-    r32 = r64.astype(xp.float32)
-    back = r32.astype(xp.float64)
+    u = f64_to_f32_bits(r64)
+    back = bits_to_f64(u)
     finite = xp.isfinite(r64) & xp.isfinite(back)
-    toward = xp.where(back < r64, xp.float32(np.inf), xp.float32(-np.inf)).astype(xp.float32)
-    other = xp.nextafter(r32, toward)
-    mid = (back + other.astype(xp.float64)) * 0.5  # exact: 25 significant bits
+    # The neighbour on the other side of r64, by stepping the bit pattern (no float op that could flush).
+    up_mag = (r64 > back) == (back > 0)
+    zero = (u & xp.uint32(0x7FFFFFFF)) == 0
+    other = xp.where(
+        zero,
+        (xp.signbit(r64).astype(xp.uint32) << xp.uint32(31)) | xp.uint32(1),
+        xp.where(up_mag, u + xp.uint32(1), u - xp.uint32(1)),
+    ).astype(xp.uint32)
+    mid = (back + bits_to_f64(other)) * 0.5  # exact: 25 significant bits
     amb = finite & (back != r64) & (xp.abs(r64 - mid) <= AMBIGUITY_REL * xp.abs(r64))
-    alt = xp.where(amb, other, r32)
-    return r32.view(xp.uint32), alt.view(xp.uint32)
+    alt = xp.where(amb, other, u).astype(xp.uint32)
+    return u, alt
 
 
 # -- exact (softfloat-defined) operations ---------------------------------------------------------
@@ -193,30 +226,75 @@ def _sf2(name: str) -> Callable[..., Any]:
     return fn
 
 
-for _name, _sfname in (("add", "add"), ("sub", "sub"), ("mul", "mul"), ("div", "div"),
-                       ("min", "fmin"), ("max", "fmax")):
+for _name, _sfname in (
+    ("add", "add"),
+    ("sub", "sub"),
+    ("mul", "mul"),
+    ("div", "div"),
+    ("min", "fmin"),
+    ("max", "fmax"),
+):
     register_reference(RefOp(_name, 2, "exact", _sf2(_sfname), doc=f"softfloat {_sfname}"))
-register_reference(RefOp("fma", 3, "exact", lambda a, b, c, *, env: sf.fma(a, b, c, env=env),
-                         doc="fused a*b+c, one rounding"))
+register_reference(
+    RefOp(
+        "fma", 3, "exact", lambda a, b, c, *, env: sf.fma(a, b, c, env=env), doc="fused a*b+c, one rounding"
+    )
+)
 register_reference(RefOp("sqrt", 1, "exact", lambda a, *, env: sf.sqrt(a, env=env), doc="softfloat sqrt"))
-register_reference(RefOp("inv", 1, "exact",
-                         lambda a, *, env: sf.div(array_namespace(a).full_like(a, 0x3F800000), a, env=env),
-                         doc="1/x, one rounding"))
+register_reference(
+    RefOp(
+        "inv",
+        1,
+        "exact",
+        lambda a, *, env: sf.div(array_namespace(a).full_like(a, 0x3F800000), a, env=env),
+        doc="1/x, one rounding",
+    )
+)
 register_reference(RefOp("neg", 1, "exact", lambda a, *, env: sf.neg(a), doc="sign-bit flip"))
 register_reference(RefOp("abs", 1, "exact", lambda a, *, env: sf.abs(a), doc="sign-bit clear"))
 register_reference(RefOp("relu", 1, "exact", _relu, doc="x if x > 0 else +0; NaN -> env NaN"))
-register_reference(RefOp("scale", 1, "exact", lambda x, c, *, env: sf.mul(x, c, env=env), scalars=("c",),
-                         doc="x*c, one rounding"))
-register_reference(RefOp("axpy", 2, "exact",
-                         lambda a, b, c, *, env: sf.add(a, sf.mul(c, b, env=env), env=env), scalars=("c",),
-                         doc="a + c*b with the product and the sum each rounded (no contraction)"))
-register_reference(RefOp("axpy_fused", 2, "exact", lambda a, b, c, *, env: sf.fma(c, b, a, env=env),
-                         scalars=("c",), doc="a + c*b as one fused multiply-add"))
-register_reference(RefOp("muladd", 3, "exact",
-                         lambda x, y, z, *, env: sf.add(sf.mul(x, y, env=env), z, env=env),
-                         doc="x*y + z with the product and the sum each rounded"))
-register_reference(RefOp("clamp", 1, "exact", _clamp, scalars=("lo", "hi"),
-                         doc="fmin(fmax(x, lo), hi); NaN x -> env NaN"))
+register_reference(
+    RefOp(
+        "scale",
+        1,
+        "exact",
+        lambda x, c, *, env: sf.mul(x, c, env=env),
+        scalars=("c",),
+        doc="x*c, one rounding",
+    )
+)
+register_reference(
+    RefOp(
+        "axpy",
+        2,
+        "exact",
+        lambda a, b, c, *, env: sf.add(a, sf.mul(c, b, env=env), env=env),
+        scalars=("c",),
+        doc="a + c*b with the product and the sum each rounded (no contraction)",
+    )
+)
+register_reference(
+    RefOp(
+        "axpy_fused",
+        2,
+        "exact",
+        lambda a, b, c, *, env: sf.fma(c, b, a, env=env),
+        scalars=("c",),
+        doc="a + c*b as one fused multiply-add",
+    )
+)
+register_reference(
+    RefOp(
+        "muladd",
+        3,
+        "exact",
+        lambda x, y, z, *, env: sf.add(sf.mul(x, y, env=env), z, env=env),
+        doc="x*y + z with the product and the sum each rounded",
+    )
+)
+register_reference(
+    RefOp("clamp", 1, "exact", _clamp, scalars=("lo", "hi"), doc="fmin(fmax(x, lo), hi); NaN x -> env NaN")
+)
 
 
 # -- transcendentals: the real function, evaluated in float64 -------------------------------------
@@ -260,32 +338,87 @@ def _gelu_grad64(x: Any) -> Any:
     return s + x * 2.0 * s * (1.0 - s) * dz + 0.0 * xp.zeros_like(x)
 
 
-register_reference(RefOp("relu_bwd", 1, "backward", lambda x, dy: (_where(x > 0, dy, 0.0 * dy),),
-                         forward=lambda x: _xp64(x).maximum(x, 0.0), kinks=lambda x: (x,),
-                         doc="dx = dy where x > 0 else 0 (relu'(0) = 0)"))
-register_reference(RefOp("abs_bwd", 1, "backward",
-                         lambda x, dy: (_where(x > 0, dy, _where(x < 0, -dy, 0.0 * dy)),),
-                         forward=lambda x: _xp64(x).abs(x), kinks=lambda x: (x,),
-                         doc="dx = sign(x) dy, abs'(0) = 0"))
-register_reference(RefOp("sqrt_bwd", 1, "backward",
-                         lambda x, dy: (_where(x > 0, dy / (2.0 * _xp64(x).sqrt(_xp64(x).abs(x))), 0.0 * dy),),
-                         forward=lambda x: _xp64(x).sqrt(x), kinks=lambda x: (x,),
-                         doc="dx = dy / (2 sqrt x) for x > 0 else 0"))
-register_reference(RefOp("clamp_bwd", 1, "backward",
-                         lambda x, dy, lo, hi: (_where((x > lo) & (x < hi), dy, 0.0 * dy),),
-                         scalars=("lo", "hi"),
-                         forward=lambda x, lo, hi: _xp64(x).minimum(_xp64(x).maximum(x, lo), hi),
-                         kinks=lambda x, lo, hi: (x - lo, x - hi),
-                         doc="gradient passes strictly inside (lo, hi)"))
-register_reference(RefOp("min_bwd", 2, "backward",
-                         lambda a, b, dy: (_where(a < b, dy, _where(a == b, 0.5 * dy, 0.0 * dy)),
-                                           _where(b < a, dy, _where(a == b, 0.5 * dy, 0.0 * dy))),
-                         forward=lambda a, b: _xp64(a).minimum(a, b), kinks=lambda a, b: (a - b,),
-                         doc="gradient to the smaller operand; 0.5/0.5 on ties"))
-register_reference(RefOp("max_bwd", 2, "backward",
-                         lambda a, b, dy: (_where(a > b, dy, _where(a == b, 0.5 * dy, 0.0 * dy)),
-                                           _where(b > a, dy, _where(a == b, 0.5 * dy, 0.0 * dy))),
-                         forward=lambda a, b: _xp64(a).maximum(a, b), kinks=lambda a, b: (a - b,),
-                         doc="gradient to the larger operand; 0.5/0.5 on ties"))
-register_reference(RefOp("gelu_bwd", 1, "backward", lambda x, dy: (dy * _gelu_grad64(x),), forward=_gelu64,
-                         kinks=None, doc="analytic derivative of the tanh-approximation GELU"))
+register_reference(
+    RefOp(
+        "relu_bwd",
+        1,
+        "backward",
+        lambda x, dy: (_where(x > 0, dy, 0.0 * dy),),
+        forward=lambda x: _xp64(x).maximum(x, 0.0),
+        kinks=lambda x: (x,),
+        doc="dx = dy where x > 0 else 0 (relu'(0) = 0)",
+    )
+)
+register_reference(
+    RefOp(
+        "abs_bwd",
+        1,
+        "backward",
+        lambda x, dy: (_where(x > 0, dy, _where(x < 0, -dy, 0.0 * dy)),),
+        forward=lambda x: _xp64(x).abs(x),
+        kinks=lambda x: (x,),
+        doc="dx = sign(x) dy, abs'(0) = 0",
+    )
+)
+register_reference(
+    RefOp(
+        "sqrt_bwd",
+        1,
+        "backward",
+        lambda x, dy: (_where(x > 0, dy / (2.0 * _xp64(x).sqrt(_xp64(x).abs(x))), 0.0 * dy),),
+        forward=lambda x: _xp64(x).sqrt(x),
+        kinks=lambda x: (x,),
+        doc="dx = dy / (2 sqrt x) for x > 0 else 0",
+    )
+)
+register_reference(
+    RefOp(
+        "clamp_bwd",
+        1,
+        "backward",
+        lambda x, dy, lo, hi: (_where((x > lo) & (x < hi), dy, 0.0 * dy),),
+        scalars=("lo", "hi"),
+        forward=lambda x, lo, hi: _xp64(x).minimum(_xp64(x).maximum(x, lo), hi),
+        kinks=lambda x, lo, hi: (x - lo, x - hi),
+        doc="gradient passes strictly inside (lo, hi)",
+    )
+)
+register_reference(
+    RefOp(
+        "min_bwd",
+        2,
+        "backward",
+        lambda a, b, dy: (
+            _where(a < b, dy, _where(a == b, 0.5 * dy, 0.0 * dy)),
+            _where(b < a, dy, _where(a == b, 0.5 * dy, 0.0 * dy)),
+        ),
+        forward=lambda a, b: _xp64(a).minimum(a, b),
+        kinks=lambda a, b: (a - b,),
+        doc="gradient to the smaller operand; 0.5/0.5 on ties",
+    )
+)
+register_reference(
+    RefOp(
+        "max_bwd",
+        2,
+        "backward",
+        lambda a, b, dy: (
+            _where(a > b, dy, _where(a == b, 0.5 * dy, 0.0 * dy)),
+            _where(b > a, dy, _where(a == b, 0.5 * dy, 0.0 * dy)),
+        ),
+        forward=lambda a, b: _xp64(a).maximum(a, b),
+        kinks=lambda a, b: (a - b,),
+        doc="gradient to the larger operand; 0.5/0.5 on ties",
+    )
+)
+register_reference(
+    RefOp(
+        "gelu_bwd",
+        1,
+        "backward",
+        lambda x, dy: (dy * _gelu_grad64(x),),
+        forward=_gelu64,
+        kinks=None,
+        doc="analytic derivative of the tanh-approximation GELU",
+    )
+)

@@ -1,4 +1,4 @@
-"""Elementwise family: launch plan, host kernels checked by the contract items, planted bugs caught, CUDA runs."""
+"""Elementwise family: launch plan, host kernels under the contract items, planted bugs caught, CUDA."""
 
 from __future__ import annotations
 
@@ -18,15 +18,41 @@ CUDA_OK, CUDA_WHY = cuda_available()
 cuda = pytest.mark.cuda
 needs_cuda = pytest.mark.skipif(not CUDA_OK, reason="no CUDA device")
 DEVICE_PARAMS = ["host", pytest.param("cuda", marks=[cuda, needs_cuda])]
-EXACT = ["add", "sub", "mul", "div", "fma", "sqrt", "inv", "neg", "abs", "min", "max", "relu", "scale", "axpy", "clamp"]
-APPROX = {"exp": {"bound": 2}, "log": {"bound": 1}, "tanh": {"bound": 2}, "sigmoid": {"bound_fn": "sigmoid"},
-          "gelu": {"bound_fn": "gelu"}}
+EXACT = [
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "fma",
+    "sqrt",
+    "inv",
+    "neg",
+    "abs",
+    "min",
+    "max",
+    "relu",
+    "scale",
+    "axpy",
+    "clamp",
+]
+APPROX = {
+    "exp": {"bound": 2},
+    "log": {"bound": 1},
+    "tanh": {"bound": 2},
+    "sigmoid": {"bound_fn": "sigmoid"},
+    "gelu": {"bound_fn": "gelu"},
+}
 BACKWARD = ["relu_bwd", "abs_bwd", "sqrt_bwd", "clamp_bwd", "min_bwd", "max_bwd", "gelu_bwd"]
 
 
 def check(test: str, params: dict, device: str = "host", seed: int = 1, profile: str = "quick", **item):
-    ctx = FalsifyContext(device=device, profile=profile, seed=seed,
-                         item={"id": "it", "test": test, "params": params, **item}, contract_path="c.yaml")
+    ctx = FalsifyContext(
+        device=device,
+        profile=profile,
+        seed=seed,
+        item={"id": "it", "test": test, "params": params, **item},
+        contract_path="c.yaml",
+    )
     out = get_test(test).run(ctx)
     json.dumps(out.to_json())  # evidence must be JSON-serialisable
     return out
@@ -59,7 +85,12 @@ def test_kernel_sources_use_64_bit_index_and_variants_differ():
 
 
 def test_routes_record_explicit_flags():
-    assert ROUTES["nvrtc-ieee"].flags.options() == ("-ftz=false", "-fmad=false", "-prec-div=true", "-prec-sqrt=true")
+    assert ROUTES["nvrtc-ieee"].flags.options() == (
+        "-ftz=false",
+        "-fmad=false",
+        "-prec-div=true",
+        "-prec-sqrt=true",
+    )
     assert ROUTES["cupy-stock"].env == "cuda-ftz" and ROUTES["cupy-stock"].flags is None
     assert CompileFlags(fast_math=True).options() == ("--use_fast_math",)
 
@@ -68,7 +99,7 @@ def test_device_selection_fails_loudly_without_cuda():
     assert resolve_device("host") == "host"
     if CUDA_OK:
         pytest.skip("a CUDA device is present")
-    assert resolve_device("auto") == "host" and "CuPy" in CUDA_WHY or "CUDA" in CUDA_WHY
+    assert resolve_device("auto") == "host" and ("CuPy" in CUDA_WHY or "CUDA" in CUDA_WHY)
     with pytest.raises(DeviceUnavailable, match="--device cuda"):
         resolve_device("cuda")
     assert device_info("host")["kind"] == "host"
@@ -79,7 +110,9 @@ def test_apply_broadcasts_and_handles_views():
     b = np.float32([1, 2, 3, 4])
     assert (ew.apply("add", a.T.T[:, ::2], b[::2], device="host") == a[:, ::2] + b[::2]).all()
     assert ew.apply("scale", a, scalars=(2.0,), device="host").tolist() == (a * 2).tolist()
-    da, db = ew.apply("max_bwd", np.float32([1, 2, 3]), np.float32([3, 2, 1]), np.float32([1, 1, 1]), device="host")
+    da, db = ew.apply(
+        "max_bwd", np.float32([1, 2, 3]), np.float32([3, 2, 1]), np.float32([1, 1, 1]), device="host"
+    )
     assert da.tolist() == [0, 0.5, 1] and db.tolist() == [1, 0.5, 0]
     assert ew.apply("add", np.zeros(0, np.float32), np.zeros(0, np.float32), device="host").shape == (0,)
 
@@ -101,7 +134,9 @@ def test_bitwise_ops_agree_with_softfloat(op, device):
     assert out.status.value == "passed", (out.reason, out.counterexample)
     assert out.evidence["env"] == "cuda" and out.evidence["elements"] > 1000
     if device == "cuda":
-        figure(f"bitwise.{op}", elements=out.evidence["elements"], elements_per_s=out.evidence["elements_per_s"])
+        figure(
+            f"bitwise.{op}", elements=out.evidence["elements"], elements_per_s=out.evidence["elements_per_s"]
+        )
 
 
 @pytest.mark.parametrize("device", DEVICE_PARAMS)
@@ -148,12 +183,18 @@ PLANTED = [
     ("elementwise.bitwise", {"op": "mul", "variant": "tail_over"}, "out_of_bounds_write"),
     ("elementwise.bitwise", {"op": "relu", "variant": "nan_as_number"}, "element"),
     ("elementwise.bitwise", {"op": "clamp", "variant": "nan_as_number"}, "element"),
-    ("elementwise.fma_contraction", {"op": "axpy", "variant": "contracted", "promise": "separate"}, "element"),
+    (
+        "elementwise.fma_contraction",
+        {"op": "axpy", "variant": "contracted", "promise": "separate"},
+        "element",
+    ),
 ]
 
 
 @pytest.mark.parametrize("device", DEVICE_PARAMS)
-@pytest.mark.parametrize(("test", "params", "kind"), PLANTED, ids=[f"{p['op']}-{p['variant']}" for _, p, _ in PLANTED])
+@pytest.mark.parametrize(
+    ("test", "params", "kind"), PLANTED, ids=[f"{p['op']}-{p['variant']}" for _, p, _ in PLANTED]
+)
 def test_planted_bug_is_caught(test, params, kind, device):
     out = check(test, params, device)
     assert out.status.value == "violated", (out.reason, out.evidence)
@@ -168,7 +209,9 @@ def test_planted_bug_is_caught(test, params, kind, device):
         a = [int(v, 16) for v in ce["element"]["operands"].values()]
         assert any((v & 0x7F800000) == 0 and v & 0x7FFFFF for v in a), "a subnormal operand"
     if device == "cuda":
-        figure(f"planted.{params['op']}.{params['variant']}", counterexample=ce.get("element", ce.get("detail")))
+        figure(
+            f"planted.{params['op']}.{params['variant']}", counterexample=ce.get("element", ce.get("detail"))
+        )
 
 
 def test_wrapping_grid_stride_index_is_caught():
@@ -178,7 +221,9 @@ def test_wrapping_grid_stride_index_is_caught():
 
 
 def test_tail_guard_bug_also_fails_grid_coverage():
-    assert check("elementwise.grid_coverage", {"op": "add", "variant": "tail_short"}).status.value == "violated"
+    assert (
+        check("elementwise.grid_coverage", {"op": "add", "variant": "tail_short"}).status.value == "violated"
+    )
 
 
 # -- CUDA-only claims ------------------------------------------------------------------------------
@@ -199,13 +244,20 @@ def test_cuda_stock_route_is_ftz_and_refutes_ieee():
 @cuda
 @needs_cuda
 def test_cuda_plain_muladd_is_contracted_under_fmad():
-    fused = check("elementwise.fma_contraction", {"op": "muladd", "route": "nvrtc-fmad", "promise": "fused"}, "cuda")
+    fused = check(
+        "elementwise.fma_contraction", {"op": "muladd", "route": "nvrtc-fmad", "promise": "fused"}, "cuda"
+    )
     assert fused.status.value == "passed", (fused.reason, fused.counterexample)
     assert fused.evidence["other_promise"]["refuted"]
-    sep = check("elementwise.fma_contraction", {"op": "muladd", "route": "nvrtc-ieee", "promise": "separate"}, "cuda")
+    sep = check(
+        "elementwise.fma_contraction", {"op": "muladd", "route": "nvrtc-ieee", "promise": "separate"}, "cuda"
+    )
     assert sep.status.value == "passed", (sep.reason, sep.counterexample)
-    rn = check("elementwise.fma_contraction", {"op": "muladd_rn", "route": "nvrtc-fmad", "promise": "separate"},
-               "cuda")
+    rn = check(
+        "elementwise.fma_contraction",
+        {"op": "muladd_rn", "route": "nvrtc-fmad", "promise": "separate"},
+        "cuda",
+    )
     assert rn.status.value == "passed", (rn.reason, rn.counterexample)
     figure("contraction", plain_fmad_separate_refuted=fused.evidence["other_promise"]["counterexample"])
 
@@ -215,8 +267,13 @@ def test_cuda_plain_muladd_is_contracted_under_fmad():
 def test_cuda_full_profile_throughput():
     out = check("elementwise.bitwise", {"op": "fma", "max_examples": 40}, "cuda", profile="full")
     assert out.status.value == "passed", (out.reason, out.counterexample)
-    figure("full_profile.fma", elements=out.evidence["elements"], wall_s=out.evidence["wall_s"],
-           elements_per_s=out.evidence["elements_per_s"], device=device_info("cuda"))
+    figure(
+        "full_profile.fma",
+        elements=out.evidence["elements"],
+        wall_s=out.evidence["wall_s"],
+        elements_per_s=out.evidence["elements_per_s"],
+        device=device_info("cuda"),
+    )
 
 
 @cuda
@@ -229,9 +286,17 @@ def test_cuda_exhaustive_sweep(op):
     bound = {"gelu": 10**6}.get(op)  # gelu's bound is per input; the sweep reports its max ULP
     t = time.perf_counter()
     r = sweep(op, device="cuda", bound=bound)
-    figure(f"sweep.{op}", seconds=r["seconds"], native_s=r["native_seconds"], reference_s=r["reference_seconds"],
-           max_ulp=r["max_ulp"], disagreements=r["disagreements"], hist=r["histogram"],
-           first=r["first_counterexamples"][:3], wall=round(time.perf_counter() - t, 3))
+    figure(
+        f"sweep.{op}",
+        seconds=r["seconds"],
+        native_s=r["native_seconds"],
+        reference_s=r["reference_seconds"],
+        max_ulp=r["max_ulp"],
+        disagreements=r["disagreements"],
+        hist=r["histogram"],
+        first=r["first_counterexamples"][:3],
+        wall=round(time.perf_counter() - t, 3),
+    )
     assert r["exhaustive"] and r["elements"] == 1 << 32
     if op in ("sqrt", "inv"):
         f = sweep(op, device="cuda", reference="float64")

@@ -22,8 +22,9 @@ def _u(*vals: int) -> np.ndarray:
 
 
 def _ctx(item: dict, seed: int = 3, profile: str = "quick") -> FalsifyContext:
-    return FalsifyContext(device="host", profile=profile, seed=seed, item={"id": "t", **item},
-                          contract_path="contracts/x.yaml")
+    return FalsifyContext(
+        device="host", profile=profile, seed=seed, item={"id": "t", **item}, contract_path="contracts/x.yaml"
+    )
 
 
 # -- strategies -----------------------------------------------------------------------------------
@@ -82,8 +83,14 @@ def test_correlated_mix_makes_exact_addition_ties():
         fa, fb = a.view(np.float32).astype(np.float64), b.view(np.float32).astype(np.float64)
         exact = fa + fb
         r = exact.astype(np.float32).astype(np.float64)
-        other = np.nextafter(exact.astype(np.float32), np.where(r < exact, np.inf, -np.inf).astype(np.float32))
-        tie = np.isfinite(exact) & (r != exact) & (np.abs(exact - r) == np.abs(other.astype(np.float64) - exact))
+        other = np.nextafter(
+            exact.astype(np.float32), np.where(r < exact, np.inf, -np.inf).astype(np.float32)
+        )
+        tie = (
+            np.isfinite(exact)
+            & (r != exact)
+            & (np.abs(exact - r) == np.abs(other.astype(np.float64) - exact))
+        )
     assert tie.sum() > 100
 
 
@@ -117,9 +124,18 @@ def test_shapes_respect_the_size_bound(shape):
 
 _CASES = {
     "bitwise": ({}, _u(1, 2, 3), _u(1, 2, 3), _u(1, 5, 3)),
-    "max_ulp": ({"bound": 1}, _u(0x3F800000, 0x3F800001), _u(0x3F800001, 0x3F800000), _u(0x3F800003, 0x3F800000)),
-    "error_bound": ({"bound": lambda x, ref: np.abs(ref) * 1e-3}, _u(0x3F800000, 0x40000000),
-                    _u(0x3F800001, 0x40000000), _u(0x3F900000, 0x40000000)),
+    "max_ulp": (
+        {"bound": 1},
+        _u(0x3F800000, 0x3F800001),
+        _u(0x3F800001, 0x3F800000),
+        _u(0x3F800003, 0x3F800000),
+    ),
+    "error_bound": (
+        {"bound": lambda x, ref: np.abs(ref) * 1e-3},
+        _u(0x3F800000, 0x40000000),
+        _u(0x3F800001, 0x40000000),
+        _u(0x3F900000, 0x40000000),
+    ),
     "determinism": ({"runs": 2}, _u(7, 0x7FC12345), _u(7, 0x7FC12345), _u(7, 0x7FC00000)),
 }
 
@@ -207,20 +223,36 @@ def test_runner_is_deterministic_for_a_seed():
 
 
 def test_find_item_and_replay_through_the_registry():
-    contract = {"falsification": [{"id": "relu-nan", "test": "elementwise.bitwise",
-                                   "params": {"op": "relu", "variant": "nan_as_number"}}]}
+    contract = {
+        "falsification": [
+            {
+                "id": "relu-nan",
+                "test": "elementwise.bitwise",
+                "params": {"op": "relu", "variant": "nan_as_number"},
+            }
+        ]
+    }
     item = find_item(contract, "relu-nan")
     assert item is not None and find_item(contract, "nope") is None
     bad = replay(item, bits=["0x7FC00000"], device="host", contract_path="c.yaml")
-    assert bad.status.value == "violated" and bad.counterexample["element"]["outputs"]["r"]["native"] == "0x00000000"
+    assert (
+        bad.status.value == "violated"
+        and bad.counterexample["element"]["outputs"]["r"]["native"] == "0x00000000"
+    )
     good = replay(item, bits=["0x3F800000"], device="host")
     assert good.status.value == "passed"
 
 
 def test_registered_test_names():
     names = set(registered_tests())
-    assert {"elementwise.bitwise", "elementwise.max_ulp", "elementwise.fma_contraction", "elementwise.backward_fd",
-            "elementwise.determinism", "elementwise.grid_coverage"} <= names
+    assert {
+        "elementwise.bitwise",
+        "elementwise.max_ulp",
+        "elementwise.fma_contraction",
+        "elementwise.backward_fd",
+        "elementwise.determinism",
+        "elementwise.grid_coverage",
+    } <= names
 
 
 # -- sweeps ---------------------------------------------------------------------------------------
@@ -233,7 +265,9 @@ def test_small_format_sweep_is_exhaustive_and_clean(op):
 
 
 def test_round_to_format_matches_numpy_float16():
-    x = np.random.default_rng(0).standard_normal(100_000) * np.exp2(np.random.default_rng(1).integers(-30, 20, 100_000))
+    x = np.random.default_rng(0).standard_normal(100_000) * np.exp2(
+        np.random.default_rng(1).integers(-30, 20, 100_000)
+    )
     mine = round_to_format(x, resolve_format("binary16"))
     with np.errstate(over="ignore"):
         assert (mine == x.astype(np.float16).view(np.uint16)).all()
@@ -259,3 +293,19 @@ def test_nan_bits_strategy_kinds():
         assert (q & 0x7FC00000) == 0x7FC00000
 
     check()
+
+
+def test_flush_free_conversions_match_numpy_everywhere():
+    from spec.elementwise import bits_to_f64, f64_to_f32_bits, round_f64_to_f32
+
+    u = fs.generate_bits(fs.BatchSpec(seed=8, size=1 << 16, mix="subnormal"), 1)[0]
+    with np.errstate(all="ignore"):
+        want = u.view(np.float32).astype(np.float64)
+        got = bits_to_f64(u)
+        assert ((got == want) | (np.isnan(got) & np.isnan(want))).all()
+        r = want * 1.000000123 + 1e-46
+        ok = f64_to_f32_bits(r) == r.astype(np.float32).view(np.uint32)
+        assert (ok | np.isnan(r)).all()
+    ref, alt = round_f64_to_f32(np.array([1 + 2.0**-24, 1 + 2.0**-24 + 2.0**-60, 1.5]))
+    assert ref.tolist() == [0x3F800000, 0x3F800000, 0x3FC00000]
+    assert alt.tolist() == [0x3F800000, 0x3F800001, 0x3FC00000], "exact tie is decided; near-tie is ambiguous"

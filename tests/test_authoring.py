@@ -13,7 +13,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-import yaml
+from ruamel.yaml import YAML
 
 from obligations.explain import ItemNotFound, explain
 from obligations.scaffold import ScaffoldError, scaffold_contract
@@ -59,7 +59,7 @@ def test_scaffold_is_valid_visible_and_never_passing(tmp_path: Path, monkeypatch
     name = f"demo-{uuid.uuid4().hex[:6]}"
     contract, module, module_name = _scaffold(tmp_path, name)
     assert contract == tmp_path / "contracts" / f"{name}.yaml" and module.is_file()
-    jsonschema.Draft7Validator(SCHEMA).validate(yaml.safe_load(contract.read_text()))
+    jsonschema.Draft7Validator(SCHEMA).validate(YAML(typ="safe").load(contract.read_text()))
     importlib.import_module(module_name)  # registers the scaffold's falsification test
     loaded = load_contract(contract)  # schema and semantic checks: entry, plan and test all resolve
     assert {i["kind"] for i in loaded.items} == {"obligation", "falsification"}

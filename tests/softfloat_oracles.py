@@ -203,7 +203,9 @@ def div(F, a, b, mode, env=IEEE):
 
 def fma(F, a, b, c, mode, env=IEEE):
     A, B, C = decode(F, a, env), decode(F, b, env), decode(F, c, env)
-    zero_inf = (A[0] == "inf" and B[0] == "num" and B[2] == 0) or (B[0] == "inf" and A[0] == "num" and A[2] == 0)
+    zero_inf = (A[0] == "inf" and B[0] == "num" and B[2] == 0) or (
+        B[0] == "inf" and A[0] == "num" and A[2] == 0
+    )
     if "nan" in (A[0], B[0], C[0]):
         r, fl = nan_out(F, env, [a, b, c])
         return r, fl | (INVALID if zero_inf else 0)
@@ -278,8 +280,21 @@ def testfloat_operands(n: int, nops: int, seed: int, fmt_exp_bits: int = 8, fmt_
     dt = np.uint32 if F.nbits == 32 else np.uint64 if F.nbits > 32 else np.uint16
     emax_field = 2**F.eb - 1
     classes = sorted(
-        {0, 1, 2, max(F.bias - F.p, 1), F.bias - 2, F.bias - 1, F.bias, F.bias + 1, F.bias + 2,
-         min(F.bias + F.p, emax_field - 1), emax_field - 2, emax_field - 1, emax_field}
+        {
+            0,
+            1,
+            2,
+            max(F.bias - F.p, 1),
+            F.bias - 2,
+            F.bias - 1,
+            F.bias,
+            F.bias + 1,
+            F.bias + 2,
+            min(F.bias + F.p, emax_field - 1),
+            emax_field - 2,
+            emax_field - 1,
+            emax_field,
+        }
     )
     pats = np.array(_sig_patterns(F.f), dtype=np.uint64)
     out = []
@@ -299,8 +314,10 @@ def testfloat_operands(n: int, nops: int, seed: int, fmt_exp_bits: int = 8, fmt_
         )
         sig = np.where(rng.random(n) < 0.06, np.uint64(0), sig)  # zeros and infinities
         bits = (sign << np.uint64(F.nbits - 1)) | (exp << np.uint64(F.f)) | sig
-        rnd = rng.integers(0, 1 << F.nbits, n, dtype=np.uint64) if F.nbits < 64 else rng.integers(
-            0, 2**63, n, dtype=np.uint64
+        rnd = (
+            rng.integers(0, 1 << F.nbits, n, dtype=np.uint64)
+            if F.nbits < 64
+            else rng.integers(0, 2**63, n, dtype=np.uint64)
         )
         bits = np.where(rng.random(n) < 0.25, rnd, bits)
         out.append(bits.astype(dt))

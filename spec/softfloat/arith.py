@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
 from . import core
 from .core import I32, W64, Work, patch, round_pack, unpack, work_for
 from .env import FloatEnv, default_nan, resolve_env
-from .formats import BINARY32, RDN, RNE, Format, check_rounding
+from .formats import BINARY32, RNE, Format, check_rounding
 
 __all__ = [
     "add",
@@ -33,7 +33,9 @@ _abs = abs
 def _arith_fmt(fmt: Format, op: str) -> None:
     # fma aligns a 2p-bit product with the addend inside 61 bits; binary64 arithmetic is out of scope.
     if 2 * fmt.precision > 56:
-        raise NotImplementedError(f"fmt: {op} supports precisions up to 28 bits, {fmt.name} has {fmt.precision}")
+        raise NotImplementedError(
+            f"fmt: {op} supports precisions up to 28 bits, {fmt.name} has {fmt.precision}"
+        )
 
 
 def _args(fmt, rounding, env):
@@ -98,7 +100,11 @@ def add(a, b, *, fmt: Format = BINARY32, rounding: str = RNE, env="ieee", flags:
     _arith_fmt(fmt, "add")
     a, b = core.check_bits(a, fmt, "a"), core.check_bits(b, fmt, "b")
     return core.run_chunked(
-        lambda xp, x, y: _add_chunk(xp, x, y, fmt, rounding, env, flags, False), [a, b], ["a", "b"], fmt.dtype, flags
+        lambda xp, x, y: _add_chunk(xp, x, y, fmt, rounding, env, flags, False),
+        [a, b],
+        ["a", "b"],
+        fmt.dtype,
+        flags,
     )
 
 
@@ -108,7 +114,11 @@ def sub(a, b, *, fmt: Format = BINARY32, rounding: str = RNE, env="ieee", flags:
     _arith_fmt(fmt, "sub")
     a, b = core.check_bits(a, fmt, "a"), core.check_bits(b, fmt, "b")
     return core.run_chunked(
-        lambda xp, x, y: _add_chunk(xp, x, y, fmt, rounding, env, flags, True), [a, b], ["a", "b"], fmt.dtype, flags
+        lambda xp, x, y: _add_chunk(xp, x, y, fmt, rounding, env, flags, True),
+        [a, b],
+        ["a", "b"],
+        fmt.dtype,
+        flags,
     )
 
 
@@ -313,7 +323,7 @@ def _sqrt_params(p: int):
     return pp, m, s
 
 
-@lru_cache(maxsize=None)
+@cache
 def _sqrt_table(m: int) -> np.ndarray:
     # Initial overestimates ceil(sqrt((T + 1) * 2**(2m - 8))) for the top 10 bits T of S: relative error
     # below 2**-9, so two Newton steps from above leave the floor or floor + 1 of the root.
@@ -364,7 +374,11 @@ def _sqrt_chunk(xp, a, fmt: Format, rounding: str, env: FloatEnv, want_flags: bo
         r = xp.where(neg, t(default_nan(fmt, env)), r)
         nan = core.is_nan_bits(fmt, x)
         r = xp.where(nan, core.nan_result(xp, fmt, env, [x]), r)
-        f = core.flags_from(xp, x.shape, invalid=(neg & ~nan) | core.is_snan_bits(fmt, x)) if want_flags else None
+        f = (
+            core.flags_from(xp, x.shape, invalid=(neg & ~nan) | core.is_snan_bits(fmt, x))
+            if want_flags
+            else None
+        )
         return r, f
 
     return patch(xp, res, A.special | (A.sign != u(0)) | zero, special, fl)
@@ -385,7 +399,6 @@ def sqrt(a, *, fmt: Format = BINARY32, rounding: str = RNE, env="ieee", flags: b
 
 
 def _scalb_chunk(xp, a, n, fmt, rounding, env, want_flags):
-    t = fmt.dtype.type
     w = W64
     A = unpack(xp, fmt, a, w, env.daz)
     # Clamp n: anything beyond the whole exponent range plus precision already over/underflows.
@@ -412,12 +425,15 @@ def scalb(a, n, *, fmt: Format = BINARY32, rounding: str = RNE, env="ieee", flag
     if not hasattr(n, "dtype") or n.dtype.kind not in "iu":
         raise TypeError(f"n: expected an integer array or int, got {getattr(n, 'dtype', type(n).__name__)}")
     return core.run_chunked(
-        lambda xp, x, y: _scalb_chunk(xp, x, y, fmt, rounding, env, flags), [a, n], ["a", "n"], fmt.dtype, flags
+        lambda xp, x, y: _scalb_chunk(xp, x, y, fmt, rounding, env, flags),
+        [a, n],
+        ["a", "n"],
+        fmt.dtype,
+        flags,
     )
 
 
 def _round_int_chunk(xp, a, fmt, rounding, env, want_flags, exact):
-    t = fmt.dtype.type
     w = W64
     u = w.u
     A = unpack(xp, fmt, a, w, env.daz)

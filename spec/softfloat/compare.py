@@ -89,7 +89,9 @@ def _compare(op):
 
 
 eq = _compare("eq")
-eq.__doc__ = "a == b (bool array); NaN is unequal to everything, +0 == -0; invalid on sNaN (any NaN if signaling)."
+eq.__doc__ = (
+    "a == b (bool array); NaN is unequal to everything, +0 == -0; invalid on sNaN (any NaN if signaling)."
+)
 lt = _compare("lt")
 lt.__doc__ = "a < b (bool array); false when unordered; invalid on sNaN (any NaN if signaling)."
 le = _compare("le")
@@ -137,7 +139,10 @@ def _minmax(is_max: bool, kind: str, name: str, doc: str):
 minimum = _minmax(False, "propagate", "minimum", "IEEE 754-2019 minimum: NaN if either is NaN, -0 < +0.")
 maximum = _minmax(True, "propagate", "maximum", "IEEE 754-2019 maximum: NaN if either is NaN, -0 < +0.")
 minimum_number = _minmax(
-    False, "number", "minimum_number", "IEEE 754-2019 minimumNumber: a NaN operand loses to a number; -0 < +0."
+    False,
+    "number",
+    "minimum_number",
+    "IEEE 754-2019 minimumNumber: a NaN operand loses to a number; -0 < +0.",
 )
 maximum_number = _minmax(
     True, "number", "maximum_number", "IEEE 754-2019 maximumNumber: a NaN operand loses to a number; -0 < +0."

@@ -117,6 +117,11 @@ def _int_info(int_dtype: str):
     return dt, n, signed, lo, hi
 
 
+def _as_int64(v: int) -> np.int64:
+    """Two's-complement int64 holding the low 64 bits of v (uint64 max becomes -1)."""
+    return np.int64(v - (1 << 64) if v >= (1 << 63) else v)
+
+
 def _to_int_chunk(xp, a, fmt: Format, int_dtype: str, rounding: str, env: FloatEnv, want_flags: bool):
     dt, n, signed, lo, hi = _int_info(int_dtype)
     u = np.uint64
@@ -140,11 +145,11 @@ def _to_int_chunk(xp, a, fmt: Format, int_dtype: str, rounding: str, env: FloatE
     val = xp.where(neg, u(0) - mag, mag).view(np.int64)
     if env.convert_policy == "ieee":
         # x86 "integer indefinite": the most negative signed value, all ones for unsigned.
-        bad = np.int64(lo) if signed else np.int64(hi if n < 64 else -1)
+        bad = np.int64(lo) if signed else _as_int64(hi)
         val = xp.where(ok, val, bad)
     else:
         # CUDA cvt saturates: NaN -> 0, out of range -> nearest bound.
-        sat = xp.where(neg, np.int64(lo), np.int64(hi if n < 64 else -1))
+        sat = xp.where(neg, np.int64(lo), _as_int64(hi))
         val = xp.where(ok, val, xp.where(nan, np.int64(0), sat))
     out = val.view(np.uint64).astype(dt) if dt == np.uint64 else val.astype(dt)
     fl = None

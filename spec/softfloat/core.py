@@ -242,7 +242,7 @@ def flags_from(xp, shape, **conds):
 
 
 def _round_shift(xp, w: Work, sig, rsh, sign, rounding: str):
-    """Round the unsigned sig right by rsh bits (>= 1, scalar or array) in `rounding`; last bit of sig is sticky."""
+    """Round unsigned sig right by rsh (>= 1) bits in `rounding`; the last bit of sig is sticky."""
     u = w.u
     one = u(1)
     if rounding == RTZ:

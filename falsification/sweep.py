@@ -182,7 +182,7 @@ def sweep(
         sample = HOST_DEFAULT_SAMPLE  # 2^32 on one CPU core would take hours
     hi = _ALL if hi is None else hi
     total = sample if sample is not None else hi - lo
-    chunk = chunk or (1 << 28 if dev == "cuda" else 1 << 20)
+    chunk = chunk or (1 << 27 if dev == "cuda" else 1 << 20)
     hist = np.zeros(5, dtype=np.int64)  # 0, 1, 2, 3, >3 ulps (NaN mismatches in the last)
     max_ulp, bad_total, ces = 0, 0, []
     sync = (lambda: xp.cuda.Device().synchronize()) if dev == "cuda" else (lambda: None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,8 +76,10 @@ def register_test(name: str, *, devices: tuple[str, ...] = ("host", "cuda")) -> 
 
 
 def load_builtin_tests() -> None:
-    """Import every module that registers the project's own tests (idempotent)."""
-    for mod in BUILTIN_TEST_MODULES:
+    """Import every module that registers the project's own tests: ``falsification/*_tests.py`` (idempotent)."""
+    here = Path(__file__).resolve().parent
+    found = tuple(f"falsification.{p.stem}" for p in sorted(here.glob("*_tests.py")))
+    for mod in dict.fromkeys(BUILTIN_TEST_MODULES + found):
         importlib.import_module(mod)
 
 

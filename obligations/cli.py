@@ -172,28 +172,111 @@ def _write_outputs(args: argparse.Namespace, result: dict[str, Any]) -> None:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-    outputs = _ci_outputs()
-    if outputs is None:
-        return
+    from obligations import ci_outputs
+
     if args.junit:
-        outputs.write_junit(result, args.junit)
+        ci_outputs.write_junit(result, args.junit, strict=args.strict)
     if args.sarif:
-        outputs.write_sarif(result, args.sarif)
-    if os.environ.get("GITHUB_ACTIONS"):
-        for line in outputs.github_annotations(result):
-            print(line)
-    summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary_path:
-        with open(summary_path, "a", encoding="utf-8") as fh:
-            fh.write(outputs.step_summary(result))
+        ci_outputs.write_sarif(result, args.sarif, strict=args.strict)
+    # Annotations when GITHUB_ACTIONS is set; a Markdown summary appended to GITHUB_STEP_SUMMARY.
+    ci_outputs.emit_github(result, strict=args.strict)
 
 
-def _ci_outputs() -> Any:
+# -- report -------------------------------------------------------------------------------------------
+
+
+def _report_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="*", default=[DEFAULT_CONTRACTS], help="contracts (when no --from is given)")
+    p.add_argument("--from", dest="source", metavar="RESULT.json", help="report this result instead of checking")
+    p.add_argument("--out", default="reports", help="output directory (default: reports)")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 if committed reports no longer match their contracts or this tool version")
+    p.add_argument("--device", choices=["auto", "host", "cuda"], default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-html", action="store_true")
+    p.add_argument("--no-plots", action="store_true")
+
+
+@command("report", "write Markdown/HTML compliance reports from a check result (or check first)")
+@_configure(_report_options)
+def _report(args: argparse.Namespace) -> int:
+    from obligations import reporting
+
+    if args.check:
+        contracts_dir = args.paths[0] if args.paths else DEFAULT_CONTRACTS
+        problems = reporting.check_reports(args.out, contracts_dir)
+        for msg in problems:
+            print(f"kc report --check: {msg}", file=sys.stderr)
+        if not problems:
+            print(f"reports in {args.out} match their contracts and this tool version")
+        return EXIT_FAILED if problems else EXIT_OK
+    if args.source:
+        try:
+            result = reporting.load_result(args.source)
+        except (OSError, ValueError) as e:
+            print(f"kc: error: {e}", file=sys.stderr)
+            return EXIT_INVALID
+    else:
+        out_json = Path(args.out) / "result.json"
+        code = main(["check", *args.paths, "--device", args.device, "--seed", str(args.seed), "--json",
+                     str(out_json)])
+        if code not in (EXIT_OK, EXIT_FAILED):
+            return code
+        result = reporting.load_result(out_json)
+    written = reporting.write_reports(result, args.out, html=not args.no_html, plots=not args.no_plots)
+    for path in written:
+        print(f"wrote {path}")
+    return EXIT_OK
+
+
+# -- explain / new ------------------------------------------------------------------------------------
+
+
+def _explain_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("item_id", metavar="ID")
+    p.add_argument("paths", nargs="*", default=[DEFAULT_CONTRACTS])
+    p.add_argument("--from", dest="source", metavar="RESULT.json", default=None,
+                   help="evidence from this result (default: reports/result.json when present)")
+
+
+@command("explain", "print an item, its formal statement, its last evidence and how to reproduce it")
+@_configure(_explain_options)
+def _explain(args: argparse.Namespace) -> int:
+    from obligations.contract import contract_files
+    from obligations.explain import ItemNotFound, explain
+    from obligations.reporting import load_result
+
+    source = args.source or ("reports/result.json" if Path("reports/result.json").exists() else None)
+    result = load_result(source) if source else None
     try:
-        from obligations import ci_outputs
-    except ImportError:
-        return None
-    return ci_outputs
+        print(explain(args.item_id, contract_files(args.paths), result))
+    except ItemNotFound as e:
+        print(f"kc: error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    return EXIT_OK
+
+
+def _new_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", help="contract id stem, e.g. softmax (the contract becomes NAME-v1)")
+    p.add_argument("--family", required=True)
+    p.add_argument("--contracts-dir", default=DEFAULT_CONTRACTS)
+    p.add_argument("--tests-dir", default="falsification",
+                   help="where the test module goes (falsification/*_tests.py are registered automatically)")
+
+
+@command("new", "scaffold a contract and a test module whose items start skipped: not implemented")
+@_configure(_new_options)
+def _new(args: argparse.Namespace) -> int:
+    from obligations.scaffold import ScaffoldError, scaffold_contract
+
+    try:
+        paths = scaffold_contract(args.name, args.family, args.contracts_dir, args.tests_dir)
+    except ScaffoldError as e:
+        print(f"kc: error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    for path in paths:
+        print(f"created {path}")
+    return EXIT_OK
 
 
 # -- entry point --------------------------------------------------------------------------------------

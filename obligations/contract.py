@@ -144,12 +144,13 @@ def _plain(node: Any) -> Any:
     return node
 
 
-def _load_yaml(path: Path) -> tuple[Any, str]:
-    text = path.read_text(encoding="utf-8")
+def _load_yaml(path: Path) -> tuple[Any, str, bytes]:
+    raw = path.read_bytes()
+    text = raw.decode("utf-8")
     yaml = YAML(typ="rt")
     yaml.allow_duplicate_keys = False
     try:
-        return yaml.load(text), text
+        return yaml.load(text), text, raw
     except MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
@@ -160,13 +161,13 @@ def _load_yaml(path: Path) -> tuple[Any, str]:
 def load_contract(path: str | Path, *, check: bool = True, known_ids: set[str] | None = None) -> Contract:
     """Load one contract; with ``check`` raise ContractError listing every problem found."""
     path = Path(path)
-    root, text = _load_yaml(path)
+    root, text, raw = _load_yaml(path)
     if not isinstance(root, CommentedMap):
         raise ContractError([Diagnostic(str(path), 1, 1, "a contract is a YAML mapping")])
     contract = Contract(
         path=str(path),
         data=_plain(root),
-        sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        sha256=hashlib.sha256(raw).hexdigest(),  # of the file's bytes, so CRLF files hash as stored
         text=text,
         _root=root,
     )

@@ -72,8 +72,8 @@ FUNCTIONS: dict[str, tuple[int, Callable[..., Any], Callable[..., Any]]] = {
     "min": (2, _lit_or_term(sym.smin, min), lambda a, b: sympy.Min(a, b)),
     "max": (2, _lit_or_term(sym.smax, max), lambda a, b: sympy.Max(a, b)),
     "cdiv": (2, _lit_or_term(sym.cdiv, _int_cdiv), lambda a, b: sympy.ceiling(a / b)),
-    "select": (3, sym.select, lambda c, a, b: sympy.Piecewise((a, c), (b, True))),
-    "implies": (2, sym.implies, lambda a, b: sympy.Implies(a, b)),
+    "select": (3, sym.select, lambda c, a, b: sympy.Piecewise((a, _as_bool(c)), (b, True))),
+    "implies": (2, sym.implies, lambda a, b: sympy.Implies(_as_bool(a), _as_bool(b))),
     **{t: (1, _cast(t), sympy.Function(t)) for t in sym.TYPES},
 }
 
@@ -343,6 +343,16 @@ def _compare(op: str, a: Any, b: Any) -> Any:
     return {"<": a.__lt__, "<=": a.__le__, ">": a.__gt__, ">=": a.__ge__, "==": a.__eq__, "!=": a.__ne__}[op](b)
 
 
+def _as_bool(e: Any) -> Any:
+    """A plan call used as a condition becomes a boolean-valued sympy function (sympy's And rejects others)."""
+    from sympy.core.function import AppliedUndef
+    from sympy.logic.boolalg import Boolean
+
+    if isinstance(e, AppliedUndef) and not isinstance(e, Boolean):
+        return type(e.func.__name__, (sympy.Function, Boolean), {})(*e.args)
+    return e
+
+
 class _Sympy(ast.NodeVisitor):
     def visit_Constant(self, node: ast.Constant) -> Any:
         return sympy.true if node.value is True else sympy.false if node.value is False else sympy.Integer(node.value)
@@ -351,12 +361,12 @@ class _Sympy(ast.NodeVisitor):
         return sympy.Symbol(node.id, integer=True)
 
     def visit_BoolOp(self, node: ast.BoolOp) -> Any:
-        vals = [self.visit(v) for v in node.values]
+        vals = [_as_bool(self.visit(v)) for v in node.values]
         return sympy.And(*vals) if isinstance(node.op, ast.And) else sympy.Or(*vals)
 
     def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
         v = self.visit(node.operand)
-        return sympy.Not(v) if isinstance(node.op, ast.Not) else (-v if isinstance(node.op, ast.USub) else v)
+        return sympy.Not(_as_bool(v)) if isinstance(node.op, ast.Not) else (-v if isinstance(node.op, ast.USub) else v)
 
     def visit_BinOp(self, node: ast.BinOp) -> Any:
         a, b = self.visit(node.left), self.visit(node.right)
@@ -384,7 +394,8 @@ class _Sympy(ast.NodeVisitor):
         return parts[0] if len(parts) == 1 else sympy.And(*parts, evaluate=False)
 
     def visit_IfExp(self, node: ast.IfExp) -> Any:
-        return sympy.Piecewise((self.visit(node.body), self.visit(node.test)), (self.visit(node.orelse), True))
+        test = _as_bool(self.visit(node.test))
+        return sympy.Piecewise((self.visit(node.body), test), (self.visit(node.orelse), True))
 
     def visit_Call(self, node: ast.Call) -> Any:
         args = [self.visit(a) for a in node.args]

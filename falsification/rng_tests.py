@@ -1,0 +1,394 @@
+"""Falsification tests of the deterministic RNG family (contracts/rng-splitmix64-v1.yaml).
+
+Registered names and their ``params`` (``variant`` selects a planted-bug build; the project's tests only):
+
+* ``rng.agreement`` {output: bits|uniform|mask|dropout|normal} -- the kernel on the run's device against
+  :mod:`spec.rng`: bitwise, except ``normal`` within the item's tolerance in binary32 ULPs of the
+  extended-precision reference. Hypothesis draws (seed, counter, shape, keep_prob, x) and shrinks a
+  disagreement to the smallest call; the counterexample names the first disagreeing element.
+* ``rng.cross_device`` {outputs, seeds, size} (CUDA only) -- CUDA against the host path on large tensors:
+  bitwise for bits/uniform/mask/dropout, ``normal`` within the tolerance (ULPs).
+* ``rng.uniform_map_model`` {} -- the kernel's uniform map against the integer model the enumerated
+  "uniform < 1" obligation checks (:func:`native.rng.uniform_map_plan`), on all 2^24 inputs (profile
+  full) or the top 2^20 plus a random sample (profile quick).
+* ``rng.statistics`` {seeds, log2_n} -- chi-square uniformity (256 bins), serial pairs, adjacent-counter
+  pairs, low bits of the raw words and a normal histogram; the item's tolerance is the family-wise
+  false-alarm rate alpha, split evenly (Bonferroni) over every statistic computed.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from hypothesis import HealthCheck, Phase, Verbosity, find, settings
+from hypothesis import strategies as st
+from hypothesis.errors import NoSuchExample
+
+from falsification.registry import FalsifyContext, register_test
+from native import rng as native
+from native.device import DeviceUnavailable, array_module, to_host
+from obligations.results import Outcome, error, passed, skipped, violated
+from obligations.symbolic import Term, tracking
+from spec import rng as spec
+from spec import softfloat as sf
+
+__all__ = ["RngCase", "rng_cases", "compare_case", "chi_square_sf", "uniformity_statistics"]
+
+_QUICK = {"max_examples": 25, "max_size": 512}
+_FULL = {"max_examples": 150, "max_size": 4096}
+_BIG_QUICK, _BIG_FULL = 1 << 14, 1 << 20  # the explicit first case: one large call
+
+
+@dataclass(frozen=True)
+class RngCase:
+    """One RNG call: its seed, counter, shape, keep_prob (binary32 bits) and the seed of the dropout input."""
+
+    seed: int
+    counter: int
+    shape: tuple[int, ...]
+    keep_prob_bits: int = spec.ONE_BITS
+    x_seed: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form with the keep_prob as hex bits and value."""
+        d = asdict(self)
+        d["shape"] = list(self.shape)
+        d["keep_prob"] = float(np.array([self.keep_prob_bits], np.uint32).view(np.float32)[0])
+        d["keep_prob_bits"] = f"0x{self.keep_prob_bits:08X}"
+        return d
+
+
+_U64_EDGES = (0, 1, 2**32 - 1, 2**32, 2**63 - 1, 2**63, 2**64 - 2**20, 2**64 - 1)
+# keep_prob values in (0, 1]: 1 (keeps all), 1 - 2^-24, 0.5, 2^-24 and the smallest subnormal.
+_KEEP_EDGES = (0x3F800000, 0x3F7FFFFF, 0x3F000000, 0x33800000, 0x00000001)
+
+
+def rng_cases(max_size: int) -> st.SearchStrategy[RngCase]:
+    """Calls with boundary-biased seeds and counters (wrap-around), shapes up to max_size elements."""
+    u64 = st.one_of(st.integers(0, 2**64 - 1), st.sampled_from(_U64_EDGES))
+    shapes = st.lists(st.integers(1, 64), min_size=1, max_size=3).filter(lambda s: math.prod(s) <= max_size)
+    keep = st.one_of(st.sampled_from(_KEEP_EDGES), st.integers(1, 0x3F800000))
+    return st.builds(RngCase, u64, u64, shapes.map(tuple), keep, st.integers(0, 2**32 - 1))
+
+
+def _dropout_input(case: RngCase, n: int) -> np.ndarray:
+    """float32 bits for dropout: random patterns with zeros, infinities, NaNs and subnormals mixed in."""
+    g = np.random.default_rng(case.x_seed)
+    x = g.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
+    specials = np.array([0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00001, 0xFFBADBAD, 0x00000001, 0x3F800000,
+                         0x7F7FFFFF], dtype=np.uint32)
+    pick = g.integers(0, 4, n) == 0
+    x[pick] = specials[g.integers(0, specials.size, int(pick.sum()))]
+    return x
+
+
+def _reference(output: str, case: RngCase) -> tuple[np.ndarray, np.ndarray | None]:
+    """(reference uint32 bits, dropout input bits or None) of one case, flat."""
+    n = math.prod(case.shape)
+    words = spec.draw_words(case.seed, case.counter, n, 2 if output == "normal" else 1)
+    if output == "bits":
+        return words[:, 0], None
+    if output == "normal":
+        ref = spec.normal_reference(words[:, 0], words[:, 1])
+        if ref is None:
+            raise _NoReference("no extended-precision float type on this host for the normal reference")
+        return ref.bits, None
+    uni = spec.uniform_reference(words[:, 0])
+    if output == "uniform":
+        return uni, None
+    mask = spec.mask_reference(uni, case.keep_prob_bits)
+    if output == "mask":
+        return mask.astype(np.uint32), None
+    x = _dropout_input(case, n)
+    return spec.dropout_reference(x, mask, case.keep_prob_bits), x
+
+
+class _NoReference(RuntimeError):
+    pass
+
+
+def _native(output: str, case: RngCase, device: str, variant: str | None, x: np.ndarray | None) -> np.ndarray:
+    kp = float(np.array([case.keep_prob_bits], np.uint32).view(np.float32)[0])
+    xp = array_module(device)
+    xs = None if x is None else xp.asarray(x.view(np.float32).reshape(case.shape))
+    out = native.generate(output, case.shape, case.seed, case.counter, device=device, keep_prob=kp, x=xs,
+                          variant=variant)
+    return np.ascontiguousarray(to_host(out)).reshape(-1).astype(np.uint32)
+
+
+def compare_case(output: str, case: RngCase, device: str, variant: str | None, ulp_bound: int) -> dict | None:
+    """None when the kernel agrees with the spec on this call, else the first disagreeing element."""
+    ref, x = _reference(output, case)
+    got = _native(output, case, device, variant, x)
+    if output == "normal":
+        dist = np.asarray(sf.ulp_distance(got, ref, sf.BINARY32)).astype(np.float64)
+        bad = np.flatnonzero(dist > ulp_bound)
+    else:
+        dist = None
+        bad = np.flatnonzero(got != ref)
+    if bad.size == 0:
+        return None
+    i = int(bad[0])
+    el = {"index": i, "multi_index": [int(k) for k in np.unravel_index(i, case.shape)],
+          "native": f"0x{int(got[i]):08X}", "reference": f"0x{int(ref[i]):08X}", "disagreements": int(bad.size)}
+    if dist is not None:
+        el["ulp_distance"] = float(dist[i])
+    if x is not None:
+        el["x"] = f"0x{int(x[i]):08X}"
+    return el
+
+
+def _budget(ctx: FalsifyContext) -> dict[str, int]:
+    b = dict(_FULL if ctx.profile == "full" else _QUICK)
+    b.update({k: int(ctx.params[k]) for k in ("max_examples", "max_size") if k in ctx.params})
+    return b
+
+
+def _find_settings(max_examples: int) -> settings:
+    return settings(max_examples=max_examples, deadline=None, database=None, derandomize=False,
+                    suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
+                    phases=(Phase.generate, Phase.shrink), report_multiple_bugs=False)
+
+
+def _guarded(fn: Callable[[FalsifyContext], Outcome]) -> Callable[[FalsifyContext], Outcome]:
+    """No CUDA device -> error (the run asked for it); missing reference -> skipped; bad params -> error."""
+
+    def run(ctx: FalsifyContext) -> Outcome:
+        try:
+            return fn(ctx)
+        except DeviceUnavailable as exc:
+            return error(f"device unavailable: {exc}")
+        except _NoReference as exc:
+            return skipped(str(exc))
+        except KeyError as exc:
+            return error(f"bad params for {ctx.item.get('test')}: {exc}")
+
+    run.__doc__ = fn.__doc__
+    run.__name__ = fn.__name__
+    return run
+
+
+def _evidence(ctx: FalsifyContext, **more: Any) -> dict[str, Any]:
+    ev: dict[str, Any] = {"device": ctx.device, "seed": ctx.seed, "profile": ctx.profile,
+                          "variant": ctx.params.get("variant", "default")}
+    if ctx.device == "cuda":
+        ev["compile"] = native.route_evidence()
+    ev.update(more)
+    return ev
+
+
+@register_test("rng.agreement")
+@_guarded
+def agreement(ctx: FalsifyContext) -> Outcome:
+    """Kernel output equals spec.rng bit for bit (normal: within the tolerance in binary32 ULPs)."""
+    output = str(ctx.params["output"])
+    if output not in native.MODES:
+        return error(f"params.output must be one of {sorted(native.MODES)}")
+    bound = int(ctx.tolerance or 0) if output == "normal" else 0
+    variant = ctx.params.get("variant")
+    b = _budget(ctx)
+    t0 = time.perf_counter()
+    big = RngCase(ctx.seed, 0, (_BIG_FULL if ctx.profile == "full" else _BIG_QUICK,), 0x3F800000, ctx.seed)
+    first = compare_case(output, big, ctx.device, variant, bound)
+    calls = [0]
+
+    def disagrees(case: RngCase) -> bool:
+        calls[0] += 1
+        return compare_case(output, case, ctx.device, variant, bound) is not None
+
+    try:
+        shrunk = find(rng_cases(b["max_size"]), disagrees, settings=_find_settings(b["max_examples"]),
+                      random=random.Random(ctx.seed))
+    except NoSuchExample:
+        shrunk = None
+    ev = _evidence(ctx, output=output, agreement="bitwise" if output != "normal" else f"max_ulp <= {bound}",
+                   big_case_elements=big.shape[0], hypothesis_calls=calls[0], max_size=b["max_size"],
+                   seconds=round(time.perf_counter() - t0, 3))
+    if output == "normal":
+        ev["reference"] = "binary64 pinned u1 and t; log/sqrt/cos in numpy longdouble; rounded once to binary32"
+    if shrunk is None and first is None:
+        return passed(cases=calls[0] + 1, elements=big.shape[0], **ev)
+    case, el = (shrunk, compare_case(output, shrunk, ctx.device, variant, bound)) if shrunk else (big, first)
+    cex = {"call": case.to_json(), "element": el,
+           "replay": f"kc check {ctx.contract_path} --only {ctx.item.get('id')} --seed {ctx.seed} "
+                     f"--device {ctx.device}"}
+    return violated(cex, f"{output} on {ctx.device} disagrees with spec.rng at element {el['index']} of the call "
+                         f"{case.to_json()['shape']} (seed {case.seed}, counter {case.counter})", **ev)
+
+
+@register_test("rng.cross_device", devices=("cuda",))
+@_guarded
+def cross_device(ctx: FalsifyContext) -> Outcome:
+    """CUDA equals the host path: bitwise for bits/uniform/mask/dropout, normal within the tolerance (ULPs)."""
+    p = ctx.params
+    outputs = list(p.get("outputs", ["bits", "uniform", "mask", "dropout", "normal"]))
+    size = int(p.get("size", 1 << (22 if ctx.profile == "full" else 18)))
+    seeds = [int(s) for s in p.get("seeds", [ctx.seed, 2**64 - 1])]
+    bound = int(ctx.tolerance or 0)
+    stats: dict[str, Any] = {}
+    for out in outputs:
+        worst, nonzero = 0.0, 0
+        for s in seeds:
+            case = RngCase(s, 2**64 - 7, (size // 64, 64), 0x3F666666, s)
+            x = _dropout_input(case, size) if out == "dropout" else None
+            h = _native(out, case, "host", p.get("variant"), x)
+            c = _native(out, case, "cuda", p.get("variant"), x)
+            if out == "normal":
+                d = np.asarray(sf.ulp_distance(c, h, sf.BINARY32)).astype(np.float64)
+            else:
+                d = (c != h).astype(np.float64)
+            worst, nonzero = max(worst, float(d.max())), nonzero + int((d > 0).sum())
+            limit = bound if out == "normal" else 0
+            if d.max() > limit:
+                i = int(np.argmax(d))
+                cex = {"output": out, "call": case.to_json(), "index": i, "cuda": f"0x{int(c[i]):08X}",
+                       "host": f"0x{int(h[i]):08X}", "distance": float(d[i])}
+                return violated(cex, f"{out}: CUDA and host differ at element {i}", **_evidence(ctx))
+        stats[out] = {"max_distance": worst, "elements_differing": nonzero, "elements": size * len(seeds)}
+    return passed(cases=len(outputs) * len(seeds), elements=size * len(seeds) * len(outputs),
+                  per_output=stats, normal_ulp_bound=bound, **_evidence(ctx))
+
+
+@register_test("rng.uniform_map_model")
+@_guarded
+def uniform_map_model(ctx: FalsifyContext) -> Outcome:
+    """The kernel's uniform map equals the integer model uniform_map_plan (all 2^24 distinct inputs on full)."""
+    variant = ctx.params.get("variant")
+    plan_fn = native.design_uniform_map_plan if ctx.params.get("model") == "design" else native.uniform_map_plan
+    if ctx.profile == "full":
+        u24 = np.arange(1 << 24, dtype=np.int64)
+    else:
+        g = np.random.default_rng(ctx.seed)
+        u24 = np.unique(np.concatenate([np.arange((1 << 24) - (1 << 20), 1 << 24, dtype=np.int64),
+                                        np.arange(0, 4096, dtype=np.int64),
+                                        g.integers(0, 1 << 24, 1 << 18, dtype=np.int64)]))
+    # The low 8 bits vary too: the map must ignore them (255 for the top region, random elsewhere).
+    low = np.random.default_rng(ctx.seed + 1).integers(0, 256, u24.size, dtype=np.int64)
+    words = (u24 << 8) | low
+    with tracking():
+        model = np.asarray(plan_fn(Term(words, "uint32"))["uniform_bits"].expr, dtype=np.int64)
+    got = to_host(native.uniform_map(array_module(ctx.device).asarray(words.astype(np.uint32)), device=ctx.device,
+                                     variant=variant)).astype(np.int64)
+    bad = np.flatnonzero(got != model)
+    ev = _evidence(ctx, inputs=int(words.size), coverage="all 2^24 values of u >> 8" if ctx.profile == "full"
+                   else "top 2^20 values of u >> 8, 0..4095 and 2^18 random", max_bits=f"0x{int(got.max()):08X}")
+    if bad.size:
+        i = int(bad[0])
+        cex = {"u": f"0x{int(words[i]):08X}", "kernel": f"0x{int(got[i]):08X}", "model": f"0x{int(model[i]):08X}",
+               "disagreements": int(bad.size)}
+        return violated(cex, "the kernel's uniform map differs from the model the enumeration checks", **ev)
+    return passed(cases=int(words.size), **ev)
+
+
+# -- statistics ----------------------------------------------------------------------------------------
+
+
+def _gammaincc(a: float, x: float) -> float:
+    """Regularised upper incomplete gamma Q(a, x) (series below a + 1, continued fraction above)."""
+    if x <= 0:
+        return 1.0
+    lg = math.lgamma(a)
+    if x < a + 1:
+        term = total = 1.0 / a
+        k = a
+        for _ in range(10_000):
+            k += 1
+            term *= x / k
+            total += term
+            if abs(term) < abs(total) * 1e-16:
+                break
+        return max(0.0, 1.0 - total * math.exp(-x + a * math.log(x) - lg))
+    tiny = 1e-300
+    b = x + 1 - a
+    c, d = 1 / tiny, 1 / b
+    h = d
+    for i in range(1, 10_000):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = tiny if abs(d) < tiny else d
+        c = b + an / c
+        c = tiny if abs(c) < tiny else c
+        d = 1 / d
+        delta = d * c
+        h *= delta
+        if abs(delta - 1) < 1e-16:
+            break
+    return math.exp(-x + a * math.log(x) - lg) * h
+
+
+def chi_square_sf(stat: float, df: int) -> float:
+    """P(X >= stat) for a chi-square variable with df degrees of freedom."""
+    return _gammaincc(df / 2.0, stat / 2.0)
+
+
+def _chi2(counts: np.ndarray, probs: np.ndarray) -> tuple[float, int, float]:
+    exp = probs * counts.sum()
+    stat = float(((counts - exp) ** 2 / exp).sum())
+    df = counts.size - 1
+    return stat, df, chi_square_sf(stat, df)
+
+
+def _normal_bins() -> tuple[np.ndarray, np.ndarray]:
+    edges = np.concatenate([[-np.inf], np.linspace(-3.5, 3.5, 57), [np.inf]])
+    cdf = np.array([0.5 * (1 + math.erf(e / math.sqrt(2))) if np.isfinite(e) else float(e > 0) for e in edges])
+    return edges, np.diff(cdf)
+
+
+def uniformity_statistics(u: np.ndarray, u_next_counter: np.ndarray, words: np.ndarray,
+                          z: np.ndarray) -> dict[str, dict[str, float]]:
+    """Chi-square statistics and p-values of one seed: histogram, serial pairs, adjacent counters, low bits, normal."""
+    out = {}
+    out["uniform_256_bins"] = np.bincount((u * 256).astype(np.int64), minlength=256)
+    a, b = (u[0::2] * 16).astype(np.int64), (u[1::2] * 16).astype(np.int64)
+    out["serial_pairs_16x16"] = np.bincount(a * 16 + b, minlength=256)
+    c, d = (u * 16).astype(np.int64), (u_next_counter * 16).astype(np.int64)
+    out["adjacent_counter_pairs_16x16"] = np.bincount(c * 16 + d, minlength=256)
+    out["raw_low_byte"] = np.bincount((words & 0xFF).astype(np.int64), minlength=256)
+    res = {}
+    for name, counts in out.items():
+        stat, df, p = _chi2(counts.astype(np.float64), np.full(256, 1 / 256))
+        res[name] = {"chi2": round(stat, 3), "df": df, "p": p}
+    edges, probs = _normal_bins()
+    counts = np.histogram(z.astype(np.float64), bins=edges)[0].astype(np.float64)
+    stat, df, p = _chi2(counts, probs)
+    res["normal_58_bins"] = {"chi2": round(stat, 3), "df": df, "p": p}
+    return res
+
+
+@register_test("rng.statistics")
+@_guarded
+def statistics(ctx: FalsifyContext) -> Outcome:
+    """Chi-square uniformity/independence at fixed seeds; rejects only below alpha / (number of statistics)."""
+    alpha = ctx.tolerance
+    if not isinstance(alpha, int | float) or not 0 < alpha < 1:
+        return error("rng.statistics needs the family-wise false-alarm rate alpha as the item's tolerance")
+    p = ctx.params
+    seeds = [int(s) for s in p.get("seeds", [0, 1])]
+    n = 1 << int(p.get("log2_n", 20))
+    variant = p.get("variant")
+    per_seed: dict[str, Any] = {}
+    for s in seeds:
+        def gen(mode: str, counter: int, s: int = s) -> np.ndarray:
+            return np.ascontiguousarray(to_host(native.generate(mode, n, s, counter, device=ctx.device,
+                                                                variant=variant))).reshape(-1)
+
+        u = gen("uniform", 0).view(np.float32)
+        res = uniformity_statistics(u, gen("uniform", 1).view(np.float32), gen("bits", 0), gen("normal", 0)
+                                    .view(np.float32))
+        per_seed[str(s)] = res
+    tests = sum(len(r) for r in per_seed.values())
+    threshold = alpha / tests
+    worst = min((r["p"], s, name) for s, rs in per_seed.items() for name, r in rs.items())
+    ev = _evidence(ctx, alpha=alpha, statistics=tests, per_test_threshold=threshold, elements_per_stream=n,
+                   results=per_seed, smallest_p={"p": worst[0], "seed": worst[1], "statistic": worst[2]})
+    if worst[0] < threshold:
+        return violated({"seed": int(worst[1]), "statistic": worst[2], "p": worst[0], "threshold": threshold},
+                        f"{worst[2]} at seed {worst[1]}: p = {worst[0]:.3g} < alpha / {tests}", **ev)
+    return passed(cases=tests, **ev)

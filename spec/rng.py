@@ -1,0 +1,145 @@
+"""Reference semantics of the deterministic RNG family (SplitMix64 keyed by seed and counter).
+
+Everything here is written independently of :mod:`native.rng`: SplitMix64 and the uniform map in Python
+integers (no NumPy wrap-around), the mask and dropout through the integer softfloat, and the Box-Muller
+normal in extended precision. The native kernels are checked against these functions.
+
+Definitions (docs/rng.md):
+
+* ``splitmix64(x)``: the SplitMix64 finaliser of ``x + 0x9e3779b97f4a7c15`` (uint64 wrap-around by design).
+* ``key(seed, counter) = splitmix64(seed + counter)``; element ``i`` (row-major linear index) draws
+  ``low32(splitmix64(key + draws * i + j))`` for ``j < draws`` (1 draw, 2 for Box-Muller).
+* uniform (ours, [0, 1)): ``(u >> 8) * 2^-24`` -- exact in binary32, largest value ``1 - 2^-24``.
+* uniform (kernel-families design): binary32 rounding of ``u * 2^-32`` -- equals 1.0 for
+  ``u >= 4294967168`` (128 of 2^32 values); kept as :func:`design_uniform_bits` so the contract can refute it.
+* mask: ``keep_prob > uniform`` (binary32 compare); dropout ``y = (x * mask) / keep_prob`` in binary32 ops.
+* normal: ``u1 = fl64((r1 + 1) / 4294967297)``, ``t = fl64(fl64(2 pi) * r2 * 2^-32)``,
+  ``z = sqrt(-2 ln u1) cos t`` evaluated exactly at those doubles and rounded once to binary32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from spec import softfloat as sf
+
+__all__ = [
+    "MASK64",
+    "GOLDEN",
+    "MIX1",
+    "MIX2",
+    "ONE_BITS",
+    "DESIGN_ONE_THRESHOLD",
+    "TWO_PI",
+    "DIVISOR_U1",
+    "splitmix64",
+    "key",
+    "draw_words",
+    "bits_reference",
+    "uniform_bits",
+    "design_uniform_bits",
+    "uniform_reference",
+    "mask_reference",
+    "dropout_reference",
+    "NormalReference",
+    "normal_reference",
+]
+
+MASK64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
+MIX1 = 0xBF58476D1CE4E5B9
+MIX2 = 0x94D049BB133111EB
+ONE_BITS = 0x3F800000  # binary32 1.0
+# The design's u * 2^-32 rounds to 1.0 from here on: 2^32 - 128 is the midpoint 1 - 2^-25, a tie to even (1.0).
+DESIGN_ONE_THRESHOLD = (1 << 32) - 128
+TWO_PI = 6.283185307179586  # fl64(2 pi): the pinned constant the kernels multiply by
+DIVISOR_U1 = 4294967297.0  # 2^32 + 1, exact in binary64
+
+
+def splitmix64(x: int) -> int:
+    """SplitMix64 of one uint64 in Python integers (wrap-around by masking)."""
+    z = (x + GOLDEN) & MASK64
+    z = ((z ^ (z >> 30)) * MIX1) & MASK64
+    z = ((z ^ (z >> 27)) * MIX2) & MASK64
+    return z ^ (z >> 31)
+
+
+def key(seed: int, counter: int) -> int:
+    """The stream key of (seed, counter): splitmix64(seed + counter), uint64 wrap-around."""
+    return splitmix64((seed + counter) & MASK64)
+
+
+def draw_words(seed: int, counter: int, n: int, draws: int = 1) -> np.ndarray:
+    """uint32 array [n, draws]: low32(splitmix64(key + draws * i + j)) for every element i and draw j."""
+    k = key(seed, counter)
+    out = np.empty((n, draws), dtype=np.uint32)
+    for i in range(n):
+        for j in range(draws):
+            out[i, j] = splitmix64((k + draws * i + j) & MASK64) & 0xFFFFFFFF
+    return out
+
+
+def bits_reference(seed: int, counter: int, n: int) -> np.ndarray:
+    """The raw uint32 words of n elements."""
+    return draw_words(seed, counter, n)[:, 0]
+
+
+def uniform_bits(u: int) -> int:
+    """binary32 bits of (u >> 8) * 2^-24, built from the integer (exponent = bit length, no float used)."""
+    u24 = (u & 0xFFFFFFFF) >> 8
+    if u24 == 0:
+        return 0
+    e = u24.bit_length() - 1  # value = 2^(e - 24) * (u24 / 2^e), u24 / 2^e in [1, 2)
+    return ((e - 24 + 127) << 23) | ((u24 << (23 - e)) & 0x7FFFFF)
+
+
+def design_uniform_bits(u: int) -> int:
+    """binary32 bits of the kernel-families design: u * 2^-32 rounded to nearest even (softfloat)."""
+    r = int(sf.from_int(np.array([u & 0xFFFFFFFF], dtype=np.uint32), fmt=sf.BINARY32)[0])
+    # Scaling by 2^-32 only lowers the exponent: every nonzero value stays >= 2^-32, a normal number.
+    return r if r == 0 else r - (32 << 23)
+
+
+def uniform_reference(words: np.ndarray) -> np.ndarray:
+    """uint32 bits of the uniform of each raw word."""
+    return np.array([uniform_bits(int(u)) for u in np.asarray(words).ravel()], dtype=np.uint32)
+
+
+def mask_reference(uniform: np.ndarray, keep_prob_bits: int) -> np.ndarray:
+    """uint8 mask: 1 where keep_prob > uniform (binary32 compare by softfloat)."""
+    p = np.full(uniform.shape, keep_prob_bits, dtype=np.uint32)
+    return sf.lt(np.asarray(uniform, dtype=np.uint32), p).astype(np.uint8)
+
+
+def dropout_reference(x_bits: np.ndarray, mask: np.ndarray, keep_prob_bits: int, env: str = "cuda") -> np.ndarray:
+    """uint32 bits of (x * mask) / keep_prob in binary32 under ``env`` (mask as 0.0f / 1.0f)."""
+    m = np.where(np.asarray(mask) != 0, np.uint32(ONE_BITS), np.uint32(0)).astype(np.uint32)
+    p = np.full(m.shape, keep_prob_bits, dtype=np.uint32)
+    return sf.div(sf.mul(np.asarray(x_bits, dtype=np.uint32), m, env=env), p, env=env)
+
+
+@dataclass(frozen=True)
+class NormalReference:
+    """binary32 bits of the Box-Muller normal from extended precision, and which carrier computed it."""
+
+    bits: np.ndarray
+    carrier: str
+
+
+def normal_reference(r1: np.ndarray, r2: np.ndarray) -> NormalReference | None:
+    """Correctly rounded binary32 normal from the pinned doubles u1, t (None without an extended float type).
+
+    x86 ``long double`` (64-bit significand) evaluates log, sqrt, cos to about 2^-62 relative; the result
+    is then rounded once to binary32, which is the correctly rounded value except within ~2^-60 of a tie.
+    """
+    if np.finfo(np.longdouble).nmant < 60:
+        return None
+    r1 = np.asarray(r1, dtype=np.uint32).astype(np.float64)
+    r2 = np.asarray(r2, dtype=np.uint32).astype(np.float64)
+    u1 = (r1 + 1.0) / DIVISOR_U1  # pinned: one correctly rounded double division
+    t = TWO_PI * (r2 * 2.0**-32)  # pinned: exact scaling, one correctly rounded double multiply
+    ld = np.longdouble
+    z = np.sqrt(ld(-2.0) * np.log(u1.astype(ld))) * np.cos(t.astype(ld))
+    return NormalReference(z.astype(np.float32).view(np.uint32), "numpy longdouble (x87 80-bit)")

@@ -59,6 +59,7 @@ _REGISTRY: dict[str, FalsificationTest] = {}
 # Modules whose import registers the project's own tests; users add theirs with register_test.
 BUILTIN_TEST_MODULES: tuple[str, ...] = (
     "falsification.elementwise_tests",
+    "falsification.reductions_tests",
 )
 
 

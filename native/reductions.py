@@ -1,0 +1,460 @@
+"""Reductions (sum, mean, max over a buffer or along an axis; scatter-add): plans, host and CUDA kernels.
+
+Three accumulation orders, each its own claim (contracts/reductions-v1.yaml):
+
+* ``fold`` — one thread per output folds its axis from +0 in index order: bitwise the reference's
+  reduce-sum-left. Whole buffer, rows, columns and an axis of an N-d tensor are one kernel over the
+  (outer, length, inner) view; ``max`` and ``mean`` use the same kernel with another combine/final step.
+* ``tree`` — fixed, reproducible, not the fold: :func:`tree_plan` (256-thread blocks, grid-stride partial
+  sums per thread, a shared-memory tree ``sh[t] += sh[t + s]``, repeated over the block partials). The grid
+  depends on ``n`` only (never on the device), so the bits are a function of the input alone.
+* ``atomic`` — pass 1 of the tree, then one ``atomicAdd`` per block into the result: no fixed order, and
+  ``atomicAdd(float*)`` on global memory flushes subnormals whatever ``-ftz`` says (float-facts.md). Only
+  an error bound is claimed. The host model adds the block partials in a fresh random order per run, with
+  the flush, so the same determinism item refutes a reproducibility claim on the host too.
+
+Kernels compile through :mod:`native.nvrtc` (route ``nvrtc-ieee``: subnormals kept, no contraction, IEEE
+division), never CuPy's stock route (it forces ``-ftz=true``). Host paths are NumPy float32 in the same
+order; NaN results are written as the CUDA canonical NaN 0x7FFFFFFF, like the GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from native.device import array_module, resolve_device
+from native.elementwise import launch_plan
+from native.nvrtc import compile_function, get_route
+from obligations.symbolic import all_of, as_type, cdiv, smax, smin
+
+__all__ = [
+    "BLOCK",
+    "MAX_GRID",
+    "UNROLL",
+    "MAX_ELEMENTS",
+    "ROUTE",
+    "TreePlan",
+    "tree_plan",
+    "pass_grids",
+    "AxisPlan",
+    "axis_plan",
+    "TreeOrder",
+    "TREE_ORDERS",
+    "register_tree_order",
+    "STANDARD",
+    "fold_sum",
+    "fold_max",
+    "mean",
+    "tree_sum",
+    "atomic_sum",
+    "scatter_add",
+    "SUMS",
+    "tree_source",
+]
+
+BLOCK = 256
+# Fixed (not per-device) so the tree, hence the bits, depend on n alone; 2048 x 256 threads fill an H100.
+MAX_GRID = 2048
+# Loads issued ahead of the (still sequential) adds: memory-level parallelism without reordering.
+UNROLL = 8
+# Largest input the kernels accept (2^40 elements = 4 TiB of float32): every int64 index stays far from 2^63.
+MAX_ELEMENTS = 1 << 40
+ROUTE = "nvrtc-ieee"
+CANONICAL_NAN = np.uint32(0x7FFFFFFF)
+F32 = np.float32
+
+
+# -- plans (ints at launch time, checker terms in kc check) -------------------------------------------
+
+
+@dataclass(frozen=True)
+class TreePlan:
+    """One pass of the tree: ``grid`` blocks of ``block`` threads; thread t reads t, t + stride, ..."""
+
+    n: Any
+    block: Any
+    grid: Any
+    stride: Any
+    trips: Any
+    unroll: Any
+
+    def index(self, t: Any, k: Any) -> Any:
+        """Element read by thread ``t`` on trip ``k`` (int64)."""
+        return as_type(t, "int64") + as_type(k, "int64") * self.stride
+
+    def owner(self, i: Any) -> Any:
+        """The thread that reads element ``i``."""
+        return i % self.stride
+
+    def trip(self, i: Any) -> Any:
+        """The trip on which element ``i`` is read."""
+        return i // self.stride
+
+    def unrolled_probe(self, i: Any) -> Any:
+        """The furthest index the unrolled loop computes from position ``i`` (its guard and step)."""
+        return as_type(i, "int64") + self.unroll * self.stride
+
+
+def tree_plan(n: Any, block: Any = BLOCK, max_grid: Any = MAX_GRID, unroll: Any = UNROLL) -> TreePlan:
+    """Grid of one tree pass over ``n`` elements: grid = min(max(cdiv(n, block), 1), max_grid)."""
+    grid = smin(smax(cdiv(n, block), 1), max_grid)
+    stride = as_type(grid, "int64") * block
+    return TreePlan(n, block, grid, stride, cdiv(n, stride), unroll)
+
+
+def pass_grids(n: int, block: int = BLOCK, max_grid: int = MAX_GRID) -> list[int]:
+    """Grids of the successive passes for n elements; the last pass has one block (one result)."""
+    grids = [int(tree_plan(n, block, max_grid).grid)]
+    while grids[-1] > 1:
+        grids.append(int(tree_plan(grids[-1], block, max_grid).grid))
+    return grids
+
+
+@dataclass(frozen=True)
+class AxisPlan:
+    """An axis reduction over the row-major (outer, length, inner) view: one output per (o, i)."""
+
+    outer: Any
+    length: Any
+    inner: Any
+    outputs: Any
+    total: Any
+    admissible: Any
+
+    def offset(self, o: Any, k: Any, i: Any) -> Any:
+        """Element offset of x[o, k, i] (int64)."""
+        return (as_type(o, "int64") * self.length + k) * self.inner + i
+
+    def out_offset(self, o: Any, i: Any) -> Any:
+        """Offset of out[o, i]."""
+        return as_type(o, "int64") * self.inner + i
+
+
+def axis_plan(outer: Any, length: Any, inner: Any) -> AxisPlan:
+    """Sizes of an axis reduction; element counts are int64; ``admissible``: at most MAX_ELEMENTS elements."""
+    # Checked by division (never by the product, which is what could overflow): outer*length*inner <= limit.
+    per_outer = MAX_ELEMENTS // smax(as_type(outer, "int64"), 1)
+    admissible = all_of(outer >= 0, length >= 0, inner >= 0, length <= per_outer,
+                        inner <= per_outer // smax(as_type(length, "int64"), 1))
+    outputs = as_type(outer, "int64") * inner
+    return AxisPlan(outer, length, inner, outputs, outputs * length, admissible)
+
+
+# -- tree combine orders (a registry: planted bugs register another order) ------------------------------
+
+
+@dataclass(frozen=True)
+class TreeOrder:
+    """How a block combines its threads' partials: CUDA loop and the NumPy model of the same loop."""
+
+    name: str
+    cuda: str
+    host: Callable[[np.ndarray], np.ndarray]
+    doc: str = ""
+
+
+def _host_halving(sh: np.ndarray) -> np.ndarray:
+    """sh[:, t] = sh[:, t] + sh[:, t + s] for s = block/2 .. 1; result sh[:, 0]."""
+    sh = sh.copy()
+    s = sh.shape[1] // 2
+    while s >= 1:
+        sh[:, :s] = sh[:, :s] + sh[:, s:2 * s]
+        s //= 2
+    return sh[:, 0]
+
+
+TREE_ORDERS: dict[str, TreeOrder] = {}
+
+
+def register_tree_order(order: TreeOrder) -> TreeOrder:
+    """Add a combine order by name (names are unique)."""
+    if order.name in TREE_ORDERS and TREE_ORDERS[order.name] != order:
+        raise ValueError(f"tree order {order.name!r} is registered twice")
+    TREE_ORDERS[order.name] = order
+    return order
+
+
+STANDARD = register_tree_order(TreeOrder(
+    "halving",
+    "for (int s = {block} / 2; s > 0; s >>= 1) {{ if (t < s) sh[t] = sh[t] + sh[t + s]; __syncthreads(); }}",
+    _host_halving, "the stated tree: sh[t] += sh[t + s], s = block/2 .. 1"))
+
+
+# -- CUDA sources ---------------------------------------------------------------------------------------
+
+_MAXIMUM = """\
+__device__ __forceinline__ float kc_maximum(float a, float b) {
+    if (a != a || b != b) return __int_as_float(0x7fffffff);
+    if (a == b) return __int_as_float(__float_as_int(a) & __float_as_int(b));  // max(-0, +0) = +0
+    return a > b ? a : b;
+}
+"""
+
+_AXIS = _MAXIMUM + """\
+extern "C" __global__ void kc_axis_{name}(const float* __restrict__ x, float* __restrict__ out,
+                                          long long outer, long long len, long long inner) {{
+    const long long total = outer * inner;
+    for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < total;
+         j += (long long)blockDim.x * gridDim.x) {{
+        const long long o = j / inner, i = j - o * inner;
+        const float* p = x + o * len * inner + i;
+        float acc = {init};
+        for (long long k = 0; k < len; ++k) {{ const float v = p[k * inner]; acc = {combine}; }}
+        out[j] = {final};
+    }}
+}}
+"""
+
+_AXIS_OPS: dict[str, tuple[str, str, str]] = {
+    "sum": ("0.0f", "acc + v", "acc"),
+    "max": ("__int_as_float(0xff800000)", "kc_maximum(acc, v)", "acc"),
+    "mean": ("0.0f", "acc + v", "acc / (float)len"),
+}
+
+_TREE = """\
+extern "C" __global__ void kc_tree_{name}(const float* __restrict__ x, float* __restrict__ out, long long n) {{
+    __shared__ float sh[{block}];
+    const int t = threadIdx.x;
+    const long long S = (long long)gridDim.x * {block};
+    long long i = (long long)blockIdx.x * {block} + t;
+    float acc = 0.0f;
+    // Loads are issued {unroll} at a time; the adds stay in trip order (no reassociation without fast-math).
+    for (; i + ({unroll} - 1) * S < n; i += {unroll} * S) {{
+        float v[{unroll}];
+        #pragma unroll
+        for (int u = 0; u < {unroll}; ++u) v[u] = x[i + u * S];
+        #pragma unroll
+        for (int u = 0; u < {unroll}; ++u) acc = acc + v[u];
+    }}
+    for (; i < n; i += S) acc = acc + x[i];
+    sh[t] = acc;
+    __syncthreads();
+    {combine}
+    if (t == 0) {{ {store} }}
+}}
+"""
+
+_STORES: dict[str, str] = {"tree": "out[blockIdx.x] = sh[0];", "atomic": "atomicAdd(out, sh[0]);"}
+
+_SCATTER = """\
+extern "C" __global__ void kc_scatter_segments(const float* __restrict__ src_sorted,
+        const long long* __restrict__ starts, const long long* __restrict__ ends, float* __restrict__ out,
+        long long n_out) {
+    for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < n_out;
+         j += (long long)blockDim.x * gridDim.x) {
+        float acc = out[j];
+        for (long long p = starts[j]; p < ends[j]; ++p) acc = acc + src_sorted[p];
+        out[j] = acc;
+    }
+}
+"""
+
+_DIV = """\
+extern "C" __global__ void kc_div_count(float* v, long long count) { v[0] = v[0] / (float)count; }
+"""
+
+
+def tree_source(kind: str, order: TreeOrder = STANDARD) -> tuple[str, str]:
+    """(CUDA source, function name) of a tree pass ("tree") or the atomic pass ("atomic")."""
+    name = f"{kind}_{order.name}"
+    src = _TREE.format(name=name, block=BLOCK, unroll=UNROLL, combine=order.cuda.format(block=BLOCK),
+                       store=_STORES[kind])
+    return src, f"kc_tree_{name}"
+
+
+def _fn(src: str, name: str) -> Any:
+    return compile_function(src, name, ROUTE)
+
+
+# -- host models (NumPy float32, same order) -------------------------------------------------------------
+
+
+def _canon(a: np.ndarray) -> np.ndarray:
+    """NaNs as the CUDA canonical NaN (x86 would keep payloads and signs)."""
+    a = np.asarray(a, dtype=F32)
+    return np.where(np.isnan(a), CANONICAL_NAN, a.view(np.uint32)).astype(np.uint32).view(F32)
+
+
+def _ieee_max(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    nan = np.isnan(a) | np.isnan(b)
+    tie = a == b
+    tied = (a.view(np.uint32) & b.view(np.uint32)).view(F32)
+    return np.where(nan, np.float32(np.nan), np.where(tie, tied, np.where(a > b, a, b))).astype(F32)
+
+
+_HOST_AXIS: dict[str, tuple[float, Callable[[np.ndarray, np.ndarray], np.ndarray]]] = {
+    "sum": (0.0, lambda acc, v: (acc + v).astype(F32)),
+    "max": (-np.inf, _ieee_max),
+    "mean": (0.0, lambda acc, v: (acc + v).astype(F32)),
+}
+
+
+def _host_axis(op: str, x3: np.ndarray) -> np.ndarray:
+    init, combine = _HOST_AXIS[op]
+    acc = np.full((x3.shape[0], x3.shape[2]), init, dtype=F32)
+    with np.errstate(all="ignore"):
+        for k in range(x3.shape[1]):
+            acc = combine(acc, x3[:, k, :])
+        if op == "mean":
+            acc = (acc / F32(x3.shape[1])).astype(F32)
+    return _canon(acc)
+
+
+def _host_pass_partials(x: np.ndarray, grid: int, order: TreeOrder) -> np.ndarray:
+    n, stride = x.shape[0], grid * BLOCK
+    acc = np.zeros(stride, dtype=F32)
+    with np.errstate(all="ignore"):
+        for k in range(-(-n // stride)):
+            chunk = x[k * stride:(k + 1) * stride]
+            acc[: chunk.shape[0]] = acc[: chunk.shape[0]] + chunk
+        return order.host(acc.reshape(grid, BLOCK)).astype(F32)
+
+
+def _flush(a: np.ndarray) -> np.ndarray:
+    return np.where(np.abs(a) < np.finfo(F32).tiny, np.copysign(F32(0), a), a).astype(F32)
+
+
+# -- the shared front end --------------------------------------------------------------------------------
+
+
+def _axis_view(x: Any, axis: int | None) -> tuple[Any, tuple[int, ...], tuple[int, int, int]]:
+    """(contiguous flat x, output shape, (outer, length, inner)) for a reduction over ``axis``."""
+    shape = tuple(int(s) for s in x.shape)
+    if axis is None:
+        return x.reshape(-1), (), (1, int(np.prod(shape, dtype=np.int64)), 1)
+    ax = axis % len(shape)
+    outer = int(np.prod(shape[:ax], dtype=np.int64))
+    inner = int(np.prod(shape[ax + 1:], dtype=np.int64))
+    return x.reshape(-1), shape[:ax] + shape[ax + 1:], (outer, shape[ax], inner)
+
+
+def _axis_reduce(op: str, x: Any, axis: int | None, device: str) -> Any:
+    dev = resolve_device(device)
+    xp = array_module(dev)
+    x = xp.ascontiguousarray(xp.asarray(x, dtype=xp.float32))
+    flat, out_shape, (outer, length, inner) = _axis_view(x, axis)
+    if not axis_plan(outer, length, inner).admissible:
+        raise ValueError(f"reduction over {outer} x {length} x {inner} elements exceeds {MAX_ELEMENTS}")
+    if dev == "host":
+        return _host_axis(op, flat.reshape(outer, length, inner)).reshape(out_shape)
+    out = xp.empty(outer * inner, dtype=xp.float32)
+    if outer * inner:
+        init, combine, final = _AXIS_OPS[op]
+        fn = _fn(_AXIS.format(name=op, init=init, combine=combine, final=final), f"kc_axis_{op}")
+        plan = launch_plan(outer * inner)
+        fn((int(plan["grid"]),), (int(plan["block"]),),
+           (flat, out, np.int64(outer), np.int64(length), np.int64(inner)))
+    return out.reshape(out_shape)
+
+
+def fold_sum(x: Any, axis: int | None = None, device: str = "auto") -> Any:
+    """Sum by left fold from +0 along ``axis`` (None: the whole buffer; empty: +0)."""
+    return _axis_reduce("sum", x, axis, device)
+
+
+def fold_max(x: Any, axis: int | None = None, device: str = "auto") -> Any:
+    """IEEE maximum (NaN if any NaN, -0 < +0) along ``axis``; an empty reduction gives -Inf."""
+    return _axis_reduce("max", x, axis, device)
+
+
+def mean(x: Any, axis: int | None = None, device: str = "auto", order: str = "fold") -> Any:
+    """Fold (or whole-buffer tree) sum divided once by float32(length); empty: NaN."""
+    if order == "fold":
+        return _axis_reduce("mean", x, axis, device)
+    if axis is not None:
+        raise ValueError("the tree order reduces the whole buffer only")
+    dev = resolve_device(device)
+    xp = array_module(dev)
+    total = tree_sum(x, device=dev)
+    n = int(xp.asarray(x).size)
+    if dev == "host":
+        with np.errstate(all="ignore"):
+            return _canon(np.asarray(total / F32(n), dtype=F32))
+    buf = total.reshape(1).copy()
+    _fn(_DIV, "kc_div_count")((1,), (1,), (buf, np.int64(n)))
+    return buf.reshape(())
+
+
+def _run_tree(x: Any, device: str, kind: str, order: TreeOrder) -> Any:
+    dev = resolve_device(device)
+    xp = array_module(dev)
+    flat = xp.ascontiguousarray(xp.asarray(x, dtype=xp.float32)).reshape(-1)
+    n = int(flat.size)
+    if n > MAX_ELEMENTS:
+        raise ValueError(f"reduction over {n} elements exceeds {MAX_ELEMENTS}")
+    grids = pass_grids(n)
+    if dev == "host":
+        part = _host_pass_partials(flat, grids[0], order)
+        if kind == "atomic":
+            acc = F32(0)
+            with np.errstate(all="ignore"):
+                # A fresh order per run, deliberately unseeded: the hardware's atomics promise none either.
+                for p in part[np.random.default_rng().permutation(part.shape[0])]:
+                    acc = _flush(np.asarray(acc + p, dtype=F32))[()]
+            return _canon(np.asarray(acc, dtype=F32))
+        for g in grids[1:]:
+            part = _host_pass_partials(part, g, order)
+        return _canon(part[0])
+    if kind == "atomic":
+        out = xp.zeros(1, dtype=xp.float32)
+        src, name = tree_source("atomic", order)
+        _fn(src, name)((grids[0],), (BLOCK,), (flat, out, np.int64(n)))
+        return out.reshape(())
+    src, name = tree_source("tree", order)
+    fn = _fn(src, name)
+    cur, m = flat, n
+    for g in grids:
+        nxt = xp.empty(g, dtype=xp.float32)
+        fn((g,), (BLOCK,), (cur, nxt, np.int64(m)))
+        cur, m = nxt, g
+    return cur.reshape(())
+
+
+def tree_sum(x: Any, device: str = "auto", order: TreeOrder = STANDARD) -> Any:
+    """Deterministic fixed-tree sum of the whole buffer (empty: +0)."""
+    return _run_tree(x, device, "tree", order)
+
+
+def atomic_sum(x: Any, device: str = "auto") -> Any:
+    """Fast sum: block trees then one atomicAdd per block (no fixed order; subnormal results flushed)."""
+    return _run_tree(x, device, "atomic", STANDARD)
+
+
+def scatter_add(out: Any, idx: Any, src: Any, device: str = "auto") -> Any:
+    """out[idx[j]] += src[j], duplicates in increasing j; returns a new array (``out`` is not modified)."""
+    dev = resolve_device(device)
+    xp = array_module(dev)
+    res = xp.array(out, dtype=xp.float32, copy=True).reshape(-1)
+    idx = xp.asarray(idx, dtype=xp.int64).reshape(-1)
+    src = xp.asarray(src, dtype=xp.float32).reshape(-1)
+    if idx.shape != src.shape:
+        raise ValueError(f"scatter_add: {idx.size} indices for {src.size} sources")
+    if idx.size == 0:
+        return res
+    if int(idx.min()) < 0 or int(idx.max()) >= res.size:
+        raise IndexError(f"scatter_add: index out of range [0, {res.size})")
+    # Unique keys (index, source position): any sort gives the same order, so the order is the source's.
+    keys = idx * idx.size + xp.arange(idx.size, dtype=xp.int64)
+    perm = xp.argsort(keys)
+    sidx, ssrc = idx[perm], src[perm]
+    targets = xp.arange(res.size, dtype=xp.int64)
+    starts = xp.searchsorted(sidx, targets, side="left").astype(xp.int64)
+    ends = xp.searchsorted(sidx, targets, side="right").astype(xp.int64)
+    if dev == "host":
+        with np.errstate(all="ignore"):
+            for r in range(int((ends - starts).max())):
+                live = starts + r < ends
+                res[live] = res[live] + ssrc[(starts + r)[live]]
+        return _canon(res)
+    plan = launch_plan(int(res.size))
+    _fn(_SCATTER, "kc_scatter_segments")((int(plan["grid"]),), (int(plan["block"]),),
+                                         (xp.ascontiguousarray(ssrc), starts, ends, res, np.int64(res.size)))
+    return res
+
+
+SUMS: dict[str, Callable[..., Any]] = {"fold": fold_sum, "tree": tree_sum, "atomic": atomic_sum}
+get_route(ROUTE)  # fail at import if the route this module promises is not registered

@@ -1,0 +1,127 @@
+"""Reductions: the shipped contract on the host, planted bugs caught by their items, host API edge cases."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from native import reductions as red
+from obligations.check import check_contract
+from spec import reductions as ref
+
+ROOT = Path(__file__).resolve().parent.parent
+CONTRACT = ROOT / "contracts" / "reductions-v1.yaml"
+
+
+def _variant(tmp_path: Path, old: str, new: str, count: int = -1) -> Path:
+    text = CONTRACT.read_text()
+    assert old in text, old
+    out = tmp_path / "reductions-v1.yaml"
+    out.write_text(text.replace(old, new, count))
+    return out
+
+
+def _items(path: Path, ids: list[str], device: str = "host") -> dict[str, dict]:
+    return {it["id"]: it for it in check_contract(path, only=ids, device=device)["items"]}
+
+
+def test_shipped_contract_holds_on_host():
+    entry = check_contract(CONTRACT, device="host")
+    by = {it["id"]: it for it in entry["items"]}
+    bad = {k: (v["status"], v["reason"]) for k, v in by.items() if v["status"] in ("violated", "error", "unknown")}
+    assert not bad, bad
+    for iid in ("RED-TREE-cover-z3", "RED-TREE-once-z3", "RED-TREE-probe-z3", "RED-AXIS-inbounds-z3"):
+        assert by[iid]["status"] == "proved", iid
+    assert by["RED-TREE-bitwise"]["status"] == "passed"
+    assert by["RED-ATOMIC-not-reproducible"]["evidence"]["distinct_results"] >= 2
+    assert by["RED-BANDWIDTH"]["status"] == "skipped" and "CUDA" in by["RED-BANDWIDTH"]["reason"]
+
+
+def test_order_changed_tree_is_caught_by_the_tree_item(tmp_path):
+    path = _variant(tmp_path, 'params: {impl: "native.reductions:tree_sum"}\n  - id: RED-TREE-determinism',
+                    'params: {impl: "tests.planted.reduction_bugs:tree_sum_interleaved"}\n'
+                    '  - id: RED-TREE-determinism', 1)
+    it = _items(path, ["RED-TREE-bitwise"])["RED-TREE-bitwise"]
+    assert it["status"] == "violated", it["reason"]
+    assert "interleaved" in it["reason"]
+    # The planted tree is reproducible: only the bitwise-against-the-stated-tree claim can catch it.
+    path2 = _variant(tmp_path, 'params: {impl: "native.reductions:tree_sum", runs: 5}\n  - id: RED-TREE-bound',
+                     'params: {impl: "tests.planted.reduction_bugs:tree_sum_interleaved", runs: 5}\n'
+                     '  - id: RED-TREE-bound', 1)
+    assert _items(path2, ["RED-TREE-determinism"])["RED-TREE-determinism"]["status"] == "passed"
+
+
+def test_atomic_path_claimed_deterministic_is_caught_by_the_determinism_item(tmp_path):
+    path = _variant(tmp_path, 'params: {impl: "native.reductions:tree_sum", runs: 5}\n  - id: RED-TREE-bound',
+                    'params: {impl: "native.reductions:atomic_sum", runs: 5}\n  - id: RED-TREE-bound', 1)
+    it = _items(path, ["RED-TREE-determinism"])["RED-TREE-determinism"]
+    assert it["status"] == "violated", it["reason"]
+    assert len(set(it["counterexample"]["results"])) > 1
+
+
+def test_tree_claimed_nonreproducible_is_refuted(tmp_path):
+    path = _variant(tmp_path, 'params: {impl: "native.reductions:atomic_sum", runs: 20}',
+                    'params: {impl: "native.reductions:tree_sum", runs: 20}', 1)
+    assert _items(path, ["RED-ATOMIC-not-reproducible"])["RED-ATOMIC-not-reproducible"]["status"] == "violated"
+
+
+def test_unadmitted_axis_plan_overflows_int64(tmp_path):
+    old = 'given: "admissible and o < outer and r < length and q < inner"\n    prove: "0 <= offset(o, r, q) and '
+    path = _variant(tmp_path, old + "offset(o, r, q) < total and out_offset",
+                    old.replace("admissible and ", "") + "offset(o, r, q) < total and out_offset", 1)
+    it = _items(path, ["RED-AXIS-inbounds-z3"])["RED-AXIS-inbounds-z3"]
+    assert it["status"] == "violated" and "int64 overflow" in it["reason"]
+
+
+def test_tree_reference_is_not_the_fold():
+    x = np.zeros(300, dtype=np.float32)
+    x[0], x[1], x[129] = 1.0, 2.0**-24, 2.0**-24
+    bits = x.view(np.uint32)
+    fold = int(ref.fold_left(bits[None, :])[0])
+    tree = int(ref.tree_sum(bits.copy(), red.pass_grids(x.size), red.BLOCK))
+    assert fold == 0x3F800000  # 1 + u + u rounds to 1 twice in the fold
+    assert tree == 0x3F800001  # the tree adds u + u first (threads 1 and 129 meet at s = 128)
+    assert int(np.asarray(red.tree_sum(x, device="host")).view(np.uint32)) == tree
+    assert int(np.asarray(red.fold_sum(x, device="host")).view(np.uint32)) == fold
+
+
+def test_axis_kinds_and_scatter_on_host():
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    for axis in (None, 0, 1, 2):
+        np.testing.assert_array_equal(red.fold_sum(x, axis=axis, device="host"), x.sum(axis=axis))
+        np.testing.assert_array_equal(red.fold_max(x, axis=axis, device="host"), x.max(axis=axis))
+    out = red.scatter_add(np.zeros(3, np.float32), [2, 0, 2], [1.0, 5.0, 2.0 ** 25], device="host")
+    np.testing.assert_array_equal(out, np.array([5.0, 0.0, 2.0 ** 25], np.float32))  # 1 first, then 2^25: 1 lost
+    with pytest.raises(IndexError):
+        red.scatter_add(np.zeros(3, np.float32), [3], [1.0], device="host")
+    assert np.isnan(red.fold_max(np.array([1.0, np.nan, 3.0], np.float32), device="host"))
+    assert np.signbit(red.fold_max(np.array([-0.0, 0.0], np.float32), device="host")) == np.False_
+
+
+@pytest.mark.cuda
+def test_cuda_reductions_match_the_reference():
+    from native.device import cuda_available
+
+    ok, why = cuda_available()
+    if not ok:
+        pytest.skip("no CUDA device")
+    entry = check_contract(CONTRACT, device="cuda")
+    bad = {it["id"]: it["reason"] for it in entry["items"] if it["status"] in ("violated", "error")}
+    assert not bad, bad
+
+
+@pytest.mark.cuda
+def test_cuda_planted_bugs_are_caught(tmp_path):
+    from native.device import cuda_available
+
+    if not cuda_available()[0]:
+        pytest.skip("no CUDA device")
+    path = _variant(tmp_path, 'params: {impl: "native.reductions:tree_sum", runs: 5}\n  - id: RED-TREE-bound',
+                    'params: {impl: "native.reductions:atomic_sum", runs: 5}\n  - id: RED-TREE-bound', 1)
+    assert _items(path, ["RED-TREE-determinism"], "cuda")["RED-TREE-determinism"]["status"] == "violated"
+    path = _variant(tmp_path, 'params: {impl: "native.reductions:tree_sum"}\n  - id: RED-TREE-determinism',
+                    'params: {impl: "tests.planted.reduction_bugs:tree_sum_interleaved"}\n'
+                    '  - id: RED-TREE-determinism', 1)
+    assert _items(path, ["RED-TREE-bitwise"], "cuda")["RED-TREE-bitwise"]["status"] == "violated"

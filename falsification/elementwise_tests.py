@@ -475,7 +475,7 @@ def grid_coverage(ctx: FalsifyContext) -> Outcome:
                 "n": n,
                 "thread": problem[0],
                 "index": problem[1],
-                "plan": {a: int(b) for a, b in plan.items()},
+                "plan": {a: int(b) for a, b in plan.items() if not callable(b)},
                 "index_type": v.index_type or "long long",
                 "guard": v.guard or "i < n",
                 "replay": replay_command(ctx, None),

@@ -24,7 +24,7 @@ import numpy as np
 
 from native.device import array_module, resolve_device
 from native.nvrtc import compile_function, get_route
-from obligations.symbolic import cdiv, smax, smin
+from obligations.symbolic import as_type, cdiv, smax, smin
 
 __all__ = [
     "DEFAULT_BLOCK",
@@ -61,7 +61,19 @@ def launch_plan(
     """
     grid = smin(smax(cdiv(n, block), 1), max_grid)
     stride = grid * block
+    index_type = "int64" if index_bits == 64 else "int32"
+
+    def thread_index(block_id: Any, thread_id: Any) -> Any:
+        """First index of a thread, computed in the kernel's index type (blockIdx.x * blockDim.x + threadIdx.x)."""
+        return as_type(block_id, index_type) * as_type(block, index_type) + as_type(thread_id, index_type)
+
+    def step(i: Any) -> Any:
+        """The grid-stride increment ``i += stride`` in the kernel's index type."""
+        return as_type(i, index_type) + as_type(stride, index_type)
+
     return {
+        "thread_index": thread_index,
+        "step": step,
         "n": n,
         "block": block,
         "grid": grid,

@@ -1,0 +1,214 @@
+"""RNG family: spec vectors, the contract on the host, planted bugs caught by their items, CUDA."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from falsification.rng_tests import chi_square_sf, uniformity_statistics
+from native import rng
+from native.device import cuda_available
+from obligations.check import check_contract
+from spec import rng as spec
+from spec import softfloat as sf
+
+ROOT = Path(__file__).resolve().parent.parent
+CONTRACT = ROOT / "contracts" / "rng-splitmix64-v1.yaml"
+CUDA_OK, _ = cuda_available()
+needs_cuda = pytest.mark.skipif(not CUDA_OK, reason="no CUDA device")
+
+
+def _variant(tmp_path: Path, old: str, new: str) -> Path:
+    text = CONTRACT.read_text()
+    assert old in text, old
+    out = tmp_path / CONTRACT.name
+    out.write_text(text.replace(old, new, 1))
+    return out
+
+
+def _items(path: Path, ids: list[str], device: str = "host") -> dict[str, dict]:
+    return {it["id"]: it for it in check_contract(path, only=ids, device=device)["items"]}
+
+
+# -- spec -----------------------------------------------------------------------------------------------
+
+
+def test_splitmix64_matches_the_published_first_outputs():
+    # Vigna's splitmix64.c from state 0: next() returns splitmix64(0), splitmix64(golden), ...
+    assert spec.splitmix64(0) == 0xE220A8397B1DCDAF
+    assert spec.splitmix64(spec.GOLDEN) == 0x6E789E6AA1B965F4
+    assert rng.stream_key(0, 0) == spec.splitmix64(0)
+
+
+def test_key_depends_on_seed_plus_counter_only():
+    # Documented property of the design (docs/rng.md): adjacent (seed, counter) pairs alias.
+    assert spec.key(5, 8) == spec.key(6, 7) == spec.key(13, 0)
+    assert spec.key(2**64 - 1, 1) == spec.key(0, 0)  # seed + counter wraps modulo 2^64
+
+
+def test_uniform_map_is_exact_and_below_one():
+    assert spec.uniform_bits(0) == 0 and spec.uniform_bits(255) == 0
+    assert spec.uniform_bits(256) == 0x33800000  # 2^-24
+    assert spec.uniform_bits(2**32 - 1) == 0x3F7FFFFF  # 1 - 2^-24
+    u = np.arange(2**32 - 2**16, 2**32, dtype=np.uint64).astype(np.uint32)
+    f = rng.uniform_map(u, device="host").view(np.float32)
+    assert f.max() == np.float32(1 - 2**-24) and (f < 1).all()
+
+
+def test_design_uniform_returns_exactly_one_from_4294967168():
+    assert spec.design_uniform_bits(spec.DESIGN_ONE_THRESHOLD - 1) == 0x3F7FFFFF
+    assert spec.design_uniform_bits(spec.DESIGN_ONE_THRESHOLD) == spec.ONE_BITS  # the tie rounds to even: 1.0
+    u = np.array([spec.DESIGN_ONE_THRESHOLD - 1, spec.DESIGN_ONE_THRESHOLD, 2**32 - 1], dtype=np.uint32)
+    got = rng.uniform_map(u, device="host", variant="uniform_design")
+    assert [int(v) for v in got] == [0x3F7FFFFF, spec.ONE_BITS, spec.ONE_BITS]
+    # ...so keep_prob = 1 > uniform fails there: the design's mask drops an element the pure spec keeps.
+    assert not (np.float32(1.0) > got.view(np.float32)[1])
+
+
+def test_host_paths_equal_the_spec_on_a_wrapping_stream():
+    seed, counter, n = 2**64 - 3, 1, 300  # seed + counter wraps; key + i wraps for some seeds
+    words = spec.draw_words(seed, counter, n, 1)  # one word per element: offsets i
+    assert (rng.generate("bits", (3, 100), seed, counter) == words[:, 0].reshape(3, 100)).all()
+    np.testing.assert_array_equal(rng.generate("uniform", n, seed, counter), spec.uniform_reference(words[:, 0]))
+    ref = spec.normal_reference(*spec.draw_words(seed, counter, n, 2).T)  # offsets 2i, 2i + 1
+    if ref is not None:
+        d = np.asarray(sf.ulp_distance(rng.generate("normal", n, seed, counter), ref.bits, sf.BINARY32))
+        assert d.max() <= 1
+
+
+def test_mask_keep_prob_one_keeps_everything_and_dropout_scales():
+    assert rng.bernoulli_mask((64, 64), 1.0, seed=7, device="host").all()
+    x = np.ones(4096, np.float32)
+    y = rng.dropout(x, 0.5, seed=7, device="host")
+    assert set(np.unique(y).tolist()) <= {0.0, 2.0}
+    with pytest.raises(ValueError):
+        rng.bernoulli_mask(4, 0.0, seed=0, device="host")
+
+
+def test_normal_reference_bound_holds_at_the_extremes_of_r1_and_r2():
+    r = np.array([0, 1, 2**31, 2**32 - 2, 2**32 - 1], dtype=np.uint32)
+    r1, r2 = np.repeat(r, r.size), np.tile(r, r.size)
+    ref = spec.normal_reference(r1, r2)
+    if ref is None:
+        pytest.skip("no extended-precision long double on this host")
+    u1 = (r1.astype(np.float64) + 1.0) / spec.DIVISOR_U1
+    t = spec.TWO_PI * (r2.astype(np.float64) * 2.0**-32)
+    host = (np.sqrt(-2.0 * np.log(u1)) * np.cos(t)).astype(np.float32).view(np.uint32)
+    assert np.asarray(sf.ulp_distance(host, ref.bits, sf.BINARY32)).max() <= 1
+
+
+# -- statistics helpers can fail ---------------------------------------------------------------------------
+
+
+def test_chi_square_survival_function():
+    for x in (0.5, 2.0, 10.0):
+        assert math.isclose(chi_square_sf(x, 2), math.exp(-x / 2), rel_tol=1e-12)
+    assert math.isclose(chi_square_sf(255.0, 255), 0.4880, abs_tol=2e-3)
+
+
+def test_statistics_reject_biased_and_correlated_streams():
+    g = np.random.default_rng(0)
+    u = g.random(1 << 18).astype(np.float32)
+    z = g.standard_normal(1 << 18).astype(np.float32)
+    w = g.integers(0, 2**32, 1 << 18, dtype=np.uint64).astype(np.uint32)
+    good = uniformity_statistics(u, g.random(1 << 18).astype(np.float32), w, z)
+    assert min(r["p"] for r in good.values()) > 1e-7
+    bad = uniformity_statistics(u**1.1, u, w & np.uint32(0xFFFFFFFE), z * 1.02)
+    for name in ("uniform_256_bins", "adjacent_counter_pairs_16x16", "raw_low_byte", "normal_58_bins"):
+        assert bad[name]["p"] < 1e-7, (name, bad[name])
+
+
+# -- the contract on the host ------------------------------------------------------------------------------
+
+
+def test_shipped_contract_on_the_host():
+    entry = check_contract(CONTRACT, device="host")
+    items = {it["id"]: it for it in entry["items"]}
+    want = {"z3": "proved", "enumerate": "exhausted", "falsify": "passed"}
+    for iid, it in items.items():
+        if iid == "FALSIFY-RNG-008":
+            assert it["status"] == "skipped" and "cuda" in it["reason"]
+        else:
+            assert it["status"] == want[it["method"]], (iid, it["reason"])
+    assert items["RNG-UNIFORM-LT1-enum"]["evidence"]["points_in_given"] == 2**20
+    stats = items["FALSIFY-RNG-007"]["evidence"]
+    assert stats["alpha"] == 1e-6 and stats["statistics"] == 10 and stats["per_test_threshold"] == 1e-7
+
+
+def test_index_off_by_one_in_the_kernel_is_caught_with_the_smallest_call(tmp_path):
+    path = _variant(tmp_path, "params: {output: bits}", "params: {output: bits, variant: index_off_by_one}")
+    it = _items(path, ["FALSIFY-RNG-001"])["FALSIFY-RNG-001"]
+    assert it["status"] == "violated", it["reason"]
+    cex = it["counterexample"]
+    assert cex["call"]["shape"] == [1] and cex["call"]["seed"] == 0 and cex["call"]["counter"] == 0
+    assert cex["element"]["index"] == 0
+    assert int(cex["element"]["reference"], 16) == spec.splitmix64(spec.key(0, 0)) & 0xFFFFFFFF
+    assert int(cex["element"]["native"], 16) == spec.splitmix64(spec.key(0, 0) + 1) & 0xFFFFFFFF
+
+
+def test_index_off_by_one_in_the_plan_is_caught_by_z3(tmp_path):
+    path = _variant(tmp_path, "plan: native.rng:rng_plan", "plan: tests.planted.rng_bugs:plan_index_off_by_one")
+    it = _items(path, ["RNG-INDEX-z3"])["RNG-INDEX-z3"]
+    assert it["status"] == "violated" and it["counterexample"]["refutes"]
+    s = it["counterexample"]["symbols"]
+    assert s["i"] == s["n_elems"] - 1 and s["j"] == s["draws"] - 1  # the last word reads one past the call
+
+
+def test_int32_offset_plan_overflows_below_2_to_the_40(tmp_path):
+    path = _variant(tmp_path, "plan: native.rng:rng_plan", "plan: tests.planted.rng_bugs:plan_int32_offset")
+    it = _items(path, ["RNG-INDEX-z3"])["RNG-INDEX-z3"]
+    assert it["status"] == "violated"
+    assert any("int32" in c and "rng_bugs.py" in c for c in it["counterexample"]["failed_conditions"])
+
+
+def test_design_uniform_is_refuted_at_the_smallest_word(tmp_path):
+    path = _variant(tmp_path, "plan: native.rng:uniform_map_plan", "plan: native.rng:design_uniform_map_plan")
+    items = _items(path, ["RNG-UNIFORM-LT1-enum", "RNG-UNIFORM-LT1-z3"])
+    enum = items["RNG-UNIFORM-LT1-enum"]
+    assert enum["status"] == "violated"
+    assert enum["counterexample"]["symbols"] == {"u": spec.DESIGN_ONE_THRESHOLD}  # enumeration runs upwards
+    assert enum["counterexample"]["quantities"]["uniform_bits"] == spec.ONE_BITS
+    assert enum["evidence"]["failing_points"] == 128
+    z = items["RNG-UNIFORM-LT1-z3"]
+    assert z["status"] == "violated" and z["counterexample"]["symbols"]["u"] >= spec.DESIGN_ONE_THRESHOLD
+
+
+def test_design_kernel_is_caught_by_the_uniform_map_model_item(tmp_path):
+    path = _variant(tmp_path, "test: rng.uniform_map_model", "test: rng.uniform_map_model\n"
+                                                             "    params: {variant: uniform_design}")
+    it = _items(path, ["FALSIFY-RNG-006"])["FALSIFY-RNG-006"]
+    assert it["status"] == "violated", it["reason"]
+    # The design model describes the design kernel exactly: that pair agrees.
+    path = _variant(tmp_path, "test: rng.uniform_map_model", "test: rng.uniform_map_model\n"
+                                                             "    params: {variant: uniform_design, model: design}")
+    assert _items(path, ["FALSIFY-RNG-006"])["FALSIFY-RNG-006"]["status"] == "passed"
+
+
+# -- CUDA ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_contract_passes_and_prints_figures():
+    entry = check_contract(CONTRACT, device="cuda", profile="full")
+    items = {it["id"]: it for it in entry["items"]}
+    bad = {i: it["reason"] for i, it in items.items() if it["status"] not in ("proved", "exhausted", "passed")}
+    assert not bad, bad
+    print("\nRNG cross-device:", items["FALSIFY-RNG-008"]["evidence"]["per_output"])
+    print("RNG smallest p:", items["FALSIFY-RNG-007"]["evidence"]["smallest_p"])
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_planted_bugs_are_caught(tmp_path):
+    path = _variant(tmp_path, "params: {output: bits}", "params: {output: bits, variant: index_off_by_one}")
+    assert _items(path, ["FALSIFY-RNG-001"], "cuda")["FALSIFY-RNG-001"]["status"] == "violated"
+    path = _variant(tmp_path, "test: rng.uniform_map_model", "test: rng.uniform_map_model\n"
+                                                             "    params: {variant: uniform_design}")
+    assert _items(path, ["FALSIFY-RNG-006"], "cuda")["FALSIFY-RNG-006"]["status"] == "violated"
+    u = np.array([spec.DESIGN_ONE_THRESHOLD], dtype=np.uint32)
+    assert int(rng.uniform_map(u, device="cuda", variant="uniform_design").get()[0]) == spec.ONE_BITS
+    assert int(rng.uniform_map(u, device="cuda").get()[0]) == 0x3F7FFFFF

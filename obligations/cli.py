@@ -279,6 +279,90 @@ def _new(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- sweep / replay -----------------------------------------------------------------------------------
+
+
+def _sweep_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("op", help="a registered unary elementwise kernel (sqrt, inv, neg, relu, exp, log, tanh, ...)")
+    p.add_argument("--env", default=None, help="float environment of the reference (default: the route's)")
+    p.add_argument("--device", choices=["auto", "host", "cuda"], default="auto")
+    p.add_argument("--fmt", default="binary32", help="binary32 (kernel vs reference) or a small format (e.g. "
+                   "binary16, e4m3): every operand pair of softfloat against an exact oracle, on the CPU")
+    p.add_argument("--lo", type=lambda v: int(v, 0), default=0)
+    p.add_argument("--hi", type=lambda v: int(v, 0), default=None)
+    p.add_argument("--sample", type=int, default=None, help="check this many seeded random inputs instead")
+    p.add_argument("--route", default="nvrtc-ieee")
+    p.add_argument("--bound", type=int, default=None, help="max ULP allowed (default: bitwise)")
+    p.add_argument("--reference", choices=["softfloat", "float64"], default=None)
+    p.add_argument("--json", metavar="FILE")
+
+
+@command("sweep", "check a unary op on every binary32 input (GPU) or every operand pair of a small format (CPU)")
+@_configure(_sweep_options)
+def _sweep(args: argparse.Namespace) -> int:
+    from falsification.sweep import sweep
+    from native.device import DeviceUnavailable, resolve_device
+
+    try:
+        device = resolve_device(args.device)
+    except DeviceUnavailable as e:
+        print(f"kc: error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    kwargs: dict[str, Any] = {"lo": args.lo, "hi": args.hi, "sample": args.sample, "route": args.route,
+                              "bound": args.bound}
+    if args.reference:
+        kwargs["reference"] = args.reference
+    if device == "host" and args.fmt == "binary32" and args.sample is None and args.hi is None:
+        print("kc sweep: all 2^32 inputs on the host would take hours; checking a 2^22 sample "
+              "(use --device cuda for the exhaustive sweep, or --lo/--hi/--sample)", file=sys.stderr)
+    try:
+        report = sweep(args.op, args.env, device=device, fmt=args.fmt, **kwargs)
+    except (KeyError, ValueError) as e:
+        print(f"kc: error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    text = json.dumps(report, indent=2, default=str)
+    if args.json:
+        Path(args.json).write_text(text + "\n", encoding="utf-8")
+    print(text)
+    return EXIT_FAILED if report.get("disagreements") else EXIT_OK
+
+
+def _replay_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="the contract")
+    p.add_argument("item_id", metavar="ID")
+    p.add_argument("--bits", required=True, help="operand bit patterns, comma separated (0x... or ints)")
+    p.add_argument("--scalars", default="", help="scalar operand bit patterns, comma separated")
+    p.add_argument("--device", choices=["auto", "host", "cuda"], default="auto")
+    p.add_argument("--seed", type=int, default=0)
+
+
+@command("replay", "re-check exactly one counterexample of a falsification item")
+@_configure(_replay_options)
+def _replay(args: argparse.Namespace) -> int:
+    from falsification.runner import find_item, replay
+    from native.device import DeviceUnavailable, resolve_device
+    from obligations.contract import ContractError, load_contract
+
+    try:
+        device = resolve_device(args.device)
+        contract = load_contract(args.path)
+    except DeviceUnavailable as e:
+        print(f"kc: error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    except ContractError as e:
+        _print_diagnostics(e.diagnostics)
+        return EXIT_INVALID
+    item = find_item(contract.data, args.item_id)
+    if item is None:
+        print(f"kc: error: no falsification item {args.item_id!r} in {args.path}", file=sys.stderr)
+        return EXIT_INVALID
+    split = [s for s in args.scalars.split(",") if s]
+    outcome = replay(item, bits=args.bits.split(","), scalars=split, device=device, contract=contract.data,
+                     contract_path=args.path, seed=args.seed)
+    print(json.dumps(outcome.to_json(), indent=2, default=str))
+    return EXIT_FAILED if outcome.status.is_failure else EXIT_OK
+
+
 # -- entry point --------------------------------------------------------------------------------------
 
 

@@ -71,3 +71,25 @@ def test_kc_console_script_runs_the_main_job():
     assert proc.returncode == 0, proc.stderr
     assert "proved     PO-GEMM-02-overflow-z3" in proc.stdout
     assert "skipped    FALSIFY-CUBLAS-003" in proc.stdout
+
+
+def test_kc_sweep_small_format_and_sampled_binary32(capsys):
+    assert main(["sweep", "sqrt", "--device", "host", "--sample", "4096"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["elements"] == 4096 and out["disagreements"] == 0 and not out["exhaustive"]
+
+
+def test_kc_sweep_of_a_planted_bug_exits_1(capsys):
+    from falsification.sweep import sweep
+
+    # The same sweep machinery on a fast-math build of inv flags disagreements (subnormals flushed).
+    report = sweep("inv", None, device="host", sample=1 << 14, variant="fast_math")
+    assert report["disagreements"] > 0
+
+
+def test_kc_replay_rechecks_one_element(capsys):
+    ew = ROOT / "contracts" / "float32-elementwise-v1.yaml"
+    assert main(["replay", str(ew), "FALSIFY-EW-ADD-bitwise", "--bits", "0x00000001,0x00000000",
+                 "--device", "host"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["status"] == "passed" and out["evidence"]["cases"] == 1

@@ -60,6 +60,7 @@ _REGISTRY: dict[str, FalsificationTest] = {}
 BUILTIN_TEST_MODULES: tuple[str, ...] = (
     "falsification.elementwise_tests",
     "falsification.reductions_tests",
+    "falsification.gemm_tests",
 )
 
 

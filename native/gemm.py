@@ -12,12 +12,42 @@ cuBLAS dimensions and leading dimensions are C ``int`` (int32); offsets and elem
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import atexit
+import functools
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from obligations.symbolic import all_of, as_type, select
 
-__all__ = ["GemmPlan", "gemm_plan", "BufferTooSmall", "check_buffers", "ELEMENT_SIZES"]
+__all__ = [
+    "GemmPlan",
+    "gemm_plan",
+    "BufferTooSmall",
+    "check_buffers",
+    "ELEMENT_SIZES",
+    "OP_N",
+    "OP_T",
+    "DATA_TYPES",
+    "COMPUTE_32F",
+    "COMPUTE_32F_FAST_TF32",
+    "GEMM_DEFAULT",
+    "CublasCall",
+    "cublas_args",
+    "HostBlas",
+    "CupyBlas",
+    "Instrumented",
+    "GemmContext",
+    "get_context",
+    "close_contexts",
+    "guard",
+    "gemm_raw",
+    "matmul",
+    "bmm",
+]
 
 ELEMENT_SIZES = {"float16": 2, "float32": 4}
 
@@ -101,3 +131,322 @@ def check_buffers(plan: GemmPlan, a_bytes: int, b_bytes: int, c_bytes: int) -> N
             f"trans_a={plan.trans_a} trans_b={plan.trans_b}: needs A {plan.a_elems * es} B {plan.b_elems * es} "
             f"C {plan.c_elems * es} bytes (and ld >= stored cols), got A {a_bytes} B {b_bytes} C {c_bytes}"
         )
+
+
+# -- cuBLAS constants (cublas_api.h / library_types.h; stable ABI values) -------------------------------
+
+OP_N, OP_T = 0, 1
+DATA_TYPES: dict[str, int] = {"float32": 0, "float16": 2}  # CUDA_R_32F, CUDA_R_16F
+COMPUTE_32F = 68  # CUBLAS_COMPUTE_32F: fp32 accumulation, no TF32
+COMPUTE_32F_FAST_TF32 = 77  # CUBLAS_COMPUTE_32F_FAST_TF32: inputs rounded to TF32 (what CUPY_TF32=1 selects)
+GEMM_DEFAULT = -1  # CUBLAS_GEMM_DEFAULT
+
+
+@dataclass(frozen=True)
+class CublasCall:
+    """The column-major cuBLAS call that computes a row-major C = op(A) op(B): operands swapped."""
+
+    transa: int
+    transb: int
+    m: int
+    n: int
+    k: int
+    first: str  # which row-major operand cuBLAS reads as its "A"
+    lda: int
+    ldb: int
+    ldc: int
+
+
+@functools.lru_cache(maxsize=4096)
+def cublas_args(m: int, n: int, k: int, lda: int, ldb: int, ldc: int, trans_a: bool, trans_b: bool) -> CublasCall:
+    """Row-major C[m,n] = op(A) op(B) as column-major C^T[n,m] = op(B)^T op(A)^T (kernel-families.md).
+
+    A row-major stored matrix read column-major is its transpose, so op(B)^T is stored B read as is (OP_N)
+    when trans_b is false and read transposed (OP_T) when it is true; likewise A. cuBLAS's m, n are ours
+    swapped, its first operand is B.
+    """
+    return CublasCall(OP_T if trans_b else OP_N, OP_T if trans_a else OP_N, n, m, k, "B", ldb, lda, ldc)
+
+
+@functools.lru_cache(maxsize=4096)
+def guard(m: int, n: int, k: int, lda: int, ldb: int, ldc: int, trans_a: bool, trans_b: bool, elem_size: int,
+          a_bytes: int, b_bytes: int, c_bytes: int) -> bool:
+    """check_buffers over gemm_plan with ints; memoised because it is a pure function of its ints.
+
+    Exceptions are never cached: a rejected call re-runs the guard and raises every time.
+    """
+    check_buffers(gemm_plan(m, n, k, lda, ldb, ldc, trans_a, trans_b, elem_size), a_bytes, b_bytes, c_bytes)
+    return True
+
+
+# -- BLAS backends: the real cuBLAS through CuPy, and a NumPy model of column-major gemmEx ------------------
+
+
+def _tf32(x: np.ndarray) -> np.ndarray:
+    """Round float32 values to TF32 (10 explicit mantissa bits, RNE), as the tensor cores read them."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0xFFF + ((u >> 13) & 1)) & ~np.uint64(0x1FFF)).astype(np.uint32)
+    return np.where(np.isfinite(x), r.view(np.float32), x)
+
+
+def _colmajor(buf: np.ndarray, rows: int, cols: int, ld: int, offset: int = 0) -> np.ndarray:
+    """The rows x cols column-major matrix at ``offset`` with leading dimension ``ld`` (bounds-checked)."""
+    last = offset + (cols - 1) * ld + rows
+    if rows < 1 or cols < 1 or ld < rows or offset < 0 or last > buf.size:
+        # Where cuBLAS would read or write out of bounds the model stops: it is never silent memory.
+        raise RuntimeError(f"host BLAS: {rows}x{cols} ld={ld} at {offset} needs {last} elements of {buf.size}")
+    return np.lib.stride_tricks.as_strided(buf[offset:], shape=(rows, cols),
+                                           strides=(buf.itemsize, ld * buf.itemsize), writeable=False)
+
+
+class HostBlas:
+    """NumPy model of cublasGemmEx / cublasGemmStridedBatchedEx on flat host buffers (column-major).
+
+    Products and sums in float64, then one rounding to C's type: the "float64 accumulate then round" host
+    path. COMPUTE_32F_FAST_TF32 rounds fp32 inputs to TF32 first, as the tensor cores do.
+    """
+
+    name = "host"
+
+    def __init__(self) -> None:
+        self._next = 1
+
+    def create(self) -> int:
+        """A new handle id."""
+        self._next += 1
+        return self._next
+
+    def destroy(self, handle: int) -> None:
+        """Nothing to free on the host."""
+
+    def setStream(self, handle: int, stream: Any) -> None:  # noqa: N802 - cuBLAS's name
+        """The host has no streams."""
+
+    def gemmStridedBatchedEx(self, handle: int, transa: int, transb: int, m: int, n: int, k: int,  # noqa: N802
+                             alpha: float, A: np.ndarray, lda: int, sa: int, B: np.ndarray, ldb: int, sb: int,  # noqa: N803
+                             beta: float, C: np.ndarray, ldc: int, sc: int, batch: int, compute: int) -> None:
+        """C_i = alpha op(A_i) op(B_i) + beta C_i for i < batch, column-major."""
+        A, B, C = A.reshape(-1), B.reshape(-1), C.reshape(-1)  # noqa: N806 - cuBLAS's names; views of the buffers
+        for i in range(batch):
+            a = _colmajor(A, *((m, k) if transa == OP_N else (k, m)), lda, i * sa)
+            b = _colmajor(B, *((k, n) if transb == OP_N else (n, k)), ldb, i * sb)
+            c = _colmajor(C, m, n, ldc, i * sc)
+            a = a if transa == OP_N else a.T
+            b = b if transb == OP_N else b.T
+            if compute == COMPUTE_32F_FAST_TF32 and A.dtype == np.float32:
+                a, b = _tf32(np.asarray(a)), _tf32(np.asarray(b))
+            with np.errstate(all="ignore"):
+                r = float(np.float32(alpha)) * (a.astype(np.float64) @ b.astype(np.float64))
+                if beta != 0:
+                    r = r + float(np.float32(beta)) * c.astype(np.float64)
+            cols = [C[i * sc + j * ldc: i * sc + j * ldc + m] for j in range(n)]
+            for j, col in enumerate(cols):
+                col[:] = r[:, j].astype(C.dtype)
+
+
+class CupyBlas:
+    """cuBLAS through CuPy's bindings (cupy.cuda.cublas), on device arrays."""
+
+    name = "cublas"
+
+    def __init__(self) -> None:
+        from cupy.cuda import cublas
+
+        self._cublas = cublas
+        self._scalars: dict[float, np.ndarray] = {}
+
+    def _host_ptr(self, v: float) -> int:
+        # Host-pointer mode: the scalar must outlive the call; keep one float32 per value.
+        arr = self._scalars.setdefault(float(v), np.array(v, dtype=np.float32))
+        return arr.ctypes.data
+
+    def create(self) -> int:
+        """cublasCreate_v2."""
+        return self._cublas.create()
+
+    def destroy(self, handle: int) -> None:
+        """cublasDestroy_v2."""
+        self._cublas.destroy(handle)
+
+    def setStream(self, handle: int, stream: Any) -> None:  # noqa: N802
+        """cublasSetStream_v2."""
+        self._cublas.setStream(handle, stream.ptr)
+
+    def gemmStridedBatchedEx(self, handle: int, transa: int, transb: int, m: int, n: int, k: int,  # noqa: N802
+                             alpha: float, A: Any, lda: int, sa: int, B: Any, ldb: int, sb: int,  # noqa: N803
+                             beta: float, C: Any, ldc: int, sc: int, batch: int, compute: int) -> None:
+        """cublasGemmEx (batch 1) or cublasGemmStridedBatchedEx."""
+        at, ct = DATA_TYPES[str(A.dtype)], DATA_TYPES[str(C.dtype)]
+        if batch == 1:
+            self._cublas.gemmEx(handle, transa, transb, m, n, k, self._host_ptr(alpha), A.data.ptr, at, lda,
+                                B.data.ptr, at, ldb, self._host_ptr(beta), C.data.ptr, ct, ldc, compute,
+                                GEMM_DEFAULT)
+        else:
+            self._cublas.gemmStridedBatchedEx(handle, transa, transb, m, n, k, self._host_ptr(alpha), A.data.ptr,
+                                              at, lda, sa, B.data.ptr, at, ldb, sb, self._host_ptr(beta),
+                                              C.data.ptr, ct, ldc, sc, batch, compute, GEMM_DEFAULT)
+
+
+@dataclass
+class Instrumented:
+    """Counts every call into a BLAS backend and records the compute type of every GEMM (evidence)."""
+
+    api: Any
+    calls: Counter = field(default_factory=Counter)
+    compute_types: Counter = field(default_factory=Counter)
+    streams: list = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        """The backend's name."""
+        return self.api.name
+
+    def create(self) -> int:
+        """Counted create."""
+        self.calls["create"] += 1
+        return self.api.create()
+
+    def destroy(self, handle: int) -> None:
+        """Counted destroy."""
+        self.calls["destroy"] += 1
+        self.api.destroy(handle)
+
+    def setStream(self, handle: int, stream: Any) -> None:  # noqa: N802
+        """Counted setStream."""
+        self.calls["setStream"] += 1
+        self.streams.append(getattr(stream, "ptr", stream))
+        self.api.setStream(handle, stream)
+
+    def gemmStridedBatchedEx(self, *args: Any) -> None:  # noqa: N802
+        """Counted GEMM; its compute type is recorded."""
+        self.calls["gemm"] += 1
+        self.compute_types[args[-1]] += 1
+        self.api.gemmStridedBatchedEx(*args)
+
+
+class GemmContext:
+    """One cuBLAS handle for one device context: created once, stream bound once per step, destroyed once."""
+
+    def __init__(self, api: Any, device: str) -> None:
+        self.api = api if isinstance(api, Instrumented) else Instrumented(api)
+        self.device = device
+        self.handle: int | None = self.api.create()
+        self._stream: Any = None
+
+    def bind(self, stream: Any = None) -> None:
+        """Start a step: bind ``stream`` (default: the current one) once; GEMMs of the step reuse it."""
+        if self.handle is None:
+            raise RuntimeError("GEMM context is closed")
+        if stream is None and self.device == "cuda":
+            import cupy
+
+            stream = cupy.cuda.get_current_stream()
+        self.api.setStream(self.handle, stream if stream is not None else 0)
+        self._stream = stream if stream is not None else 0
+
+    def _ensure_bound(self) -> None:
+        if self.handle is None:
+            raise RuntimeError("GEMM context is closed")
+        if self._stream is None:
+            self.bind()
+        elif self.device == "cuda":
+            import cupy
+
+            if cupy.cuda.get_current_stream().ptr != getattr(self._stream, "ptr", None):
+                self.bind()  # a new step on another stream: rebind once
+
+    def close(self) -> None:
+        """Destroy the handle exactly once (later calls are no-ops)."""
+        if self.handle is not None:
+            handle, self.handle = self.handle, None
+            self.api.destroy(handle)
+
+
+_CONTEXTS: dict[tuple[str, int], GemmContext] = {}
+
+
+def get_context(device: str) -> GemmContext:
+    """The one context of the current device (created on first use)."""
+    if device == "cuda":
+        import cupy
+
+        key = ("cuda", cupy.cuda.runtime.getDevice())
+    else:
+        key = ("host", 0)
+    ctx = _CONTEXTS.get(key)
+    if ctx is None or ctx.handle is None:
+        ctx = _CONTEXTS[key] = GemmContext(CupyBlas() if device == "cuda" else HostBlas(), device)
+    return ctx
+
+
+@atexit.register
+def close_contexts() -> None:
+    """Destroy every context's handle (once each)."""
+    for ctx in _CONTEXTS.values():
+        ctx.close()
+
+
+def _nbytes(x: Any) -> int:
+    return int(x.size) * int(x.dtype.itemsize)
+
+
+def gemm_raw(ctx: GemmContext, a: Any, b: Any, c: Any, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
+             trans_a: bool, trans_b: bool, alpha: float = 1.0, beta: float = 0.0, batch: int = 1,
+             strides: tuple[int, int, int] = (0, 0, 0), compute: int = COMPUTE_32F,
+             args: Callable[..., CublasCall] = cublas_args) -> Any:
+    """Row-major C = alpha op(A) op(B) + beta C on C-contiguous buffers (their bytes are the buffer lengths).
+
+    The guard runs before cuBLAS is reached.
+    """
+    es_in, es_out = int(a.dtype.itemsize), int(c.dtype.itemsize)
+    if str(a.dtype) != str(b.dtype) or str(a.dtype) not in DATA_TYPES or str(c.dtype) not in DATA_TYPES:
+        raise TypeError(f"unsupported GEMM types {a.dtype} x {b.dtype} -> {c.dtype}")
+    sa, sb, sc = strides
+    # The last batch's window must fit; earlier windows lie below it (non-negative strides).
+    tail = batch - 1
+    guard(m, n, k, lda, ldb, ldc, trans_a, trans_b, es_in, _nbytes(a) - tail * sa * es_in,
+          _nbytes(b) - tail * sb * es_in, ((_nbytes(c) - tail * sc * es_out) // es_out) * es_in)
+    if min(strides) < 0 or batch < 1:
+        raise BufferTooSmall(f"batch {batch} with strides {strides}")
+    ctx._ensure_bound()
+    call = args(m, n, k, lda, ldb, ldc, trans_a, trans_b)
+    first, second = (b, a) if call.first == "B" else (a, b)
+    s1, s2 = (sb, sa) if call.first == "B" else (sa, sb)
+    ctx.api.gemmStridedBatchedEx(ctx.handle, call.transa, call.transb, call.m, call.n, call.k, alpha, first,
+                                 call.lda, s1, second, call.ldb, s2, beta, c, call.ldc, sc, batch, compute)
+    return c
+
+
+def matmul(a: Any, b: Any, *, trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0,
+           c: Any = None, out_dtype: str | None = None, device: str = "auto", compute: int = COMPUTE_32F,
+           args: Callable[..., CublasCall] = cublas_args) -> Any:
+    """C = alpha op(A) op(B) + beta C for C-contiguous row-major stored 2-D (or 3-D batched) arrays."""
+    from native.device import array_module, resolve_device
+
+    dev = resolve_device(device)
+    xp = array_module(dev)
+    a, b = xp.ascontiguousarray(xp.asarray(a)), xp.ascontiguousarray(xp.asarray(b))
+    batched = a.ndim == 3
+    batch = int(a.shape[0]) if batched else 1
+    (ar, ac), (br, bc) = a.shape[-2:], b.shape[-2:]
+    m, k = (ac, ar) if trans_a else (ar, ac)
+    k2, n = (bc, br) if trans_b else (br, bc)
+    if k != k2 or (batched and (b.ndim != 3 or b.shape[0] != batch)):
+        raise ValueError(f"GEMM shapes {a.shape} (trans {trans_a}) and {b.shape} (trans {trans_b}) do not match")
+    out_dtype = out_dtype or str(a.dtype)
+    shape = (batch, m, n) if batched else (m, n)
+    if c is None:
+        c = xp.zeros(shape, dtype=out_dtype)
+    elif tuple(c.shape) != shape or not c.flags.c_contiguous:
+        raise ValueError(f"C must be C-contiguous of shape {shape}")
+    # Contiguous arrays are their own flat buffers (no per-call reshape: the hot path stays short).
+    gemm_raw(get_context(dev), a, b, c, int(m), int(n), int(k), int(ac),
+             int(bc), int(n), trans_a, trans_b, alpha, beta, batch, (ar * ac, br * bc, m * n), compute, args)
+    return c
+
+
+def bmm(a: Any, b: Any, **kw: Any) -> Any:
+    """Batched matmul over the leading axis (cublasGemmStridedBatchedEx)."""
+    if a.ndim != 3 or b.ndim != 3:
+        raise ValueError("bmm takes 3-D arrays")
+    return matmul(a, b, **kw)

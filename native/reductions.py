@@ -194,7 +194,7 @@ __device__ __forceinline__ float kc_maximum(float a, float b) {
 }
 """
 
-_AXIS = _MAXIMUM + """\
+_AXIS = """\
 extern "C" __global__ void kc_axis_{name}(const float* __restrict__ x, float* __restrict__ out,
                                           long long outer, long long len, long long inner) {{
     const long long total = outer * inner;
@@ -344,7 +344,8 @@ def _axis_reduce(op: str, x: Any, axis: int | None, device: str) -> Any:
     out = xp.empty(outer * inner, dtype=xp.float32)
     if outer * inner:
         init, combine, final = _AXIS_OPS[op]
-        fn = _fn(_AXIS.format(name=op, init=init, combine=combine, final=final), f"kc_axis_{op}")
+        # _MAXIMUM is prepended after formatting: its braces are C, not format fields.
+        fn = _fn(_MAXIMUM + _AXIS.format(name=op, init=init, combine=combine, final=final), f"kc_axis_{op}")
         plan = launch_plan(outer * inner)
         fn((int(plan["grid"]),), (int(plan["block"]),),
            (flat, out, np.int64(outer), np.int64(length), np.int64(inner)))

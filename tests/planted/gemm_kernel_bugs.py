@@ -1,0 +1,27 @@
+"""Deliberately wrong GEMM wrappers: each must be caught by the contract item meant to catch it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from native import gemm
+
+__all__ = ["args_wrong_transpose", "matmul_wrong_transpose", "matmul_tf32"]
+
+
+def args_wrong_transpose(m: int, n: int, k: int, lda: int, ldb: int, ldc: int, trans_a: bool,
+                         trans_b: bool) -> gemm.CublasCall:
+    """BUG: B's transpose flag is taken from trans_a (the flags of the two operands crossed)."""
+    good = gemm.cublas_args(m, n, k, lda, ldb, ldc, trans_a, trans_b)
+    return gemm.CublasCall(gemm.OP_T if trans_a else gemm.OP_N, good.transb, good.m, good.n, good.k, good.first,
+                           good.lda, good.ldb, good.ldc)
+
+
+def matmul_wrong_transpose(a: Any, b: Any, **kw: Any) -> Any:
+    """native.gemm.matmul with the crossed transpose flag."""
+    return gemm.matmul(a, b, args=args_wrong_transpose, **kw)
+
+
+def matmul_tf32(a: Any, b: Any, **kw: Any) -> Any:
+    """BUG: TF32 switched on (CUBLAS_COMPUTE_32F_FAST_TF32), as CUPY_TF32=1 would."""
+    return gemm.matmul(a, b, compute=gemm.COMPUTE_32F_FAST_TF32, **kw)

@@ -1,0 +1,103 @@
+"""GEMM/BMM: wiring of the contract on the host, planted wrapper bugs caught by their items, the host model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from native import gemm as ng
+from native.device import cuda_available
+from obligations.check import check_contract
+
+ROOT = Path(__file__).resolve().parent.parent
+CONTRACT = ROOT / "contracts" / "cublas-gemm-v1.yaml"
+CUDA_OK, _ = cuda_available()
+needs_cuda = pytest.mark.skipif(not CUDA_OK, reason="no CUDA device")
+ALL_IDS = [f"PO-GEMM-0{i}" for i in (1, 3, 4, 5, 6, 7, 8)] + [f"FALSIFY-CUBLAS-{i:03d}" for i in range(1, 12)]
+
+
+def _variant(tmp_path: Path, old: str, new: str) -> Path:
+    text = CONTRACT.read_text()
+    assert old in text, old
+    out = tmp_path / "cublas-gemm-v1.yaml"
+    out.write_text(text.replace(old, new))
+    return out
+
+
+def _items(path: Path, ids: list[str], device: str = "host") -> dict[str, dict]:
+    return {it["id"]: it for it in check_contract(path, only=ids, device=device)["items"]}
+
+
+def test_every_obligation_and_falsification_test_is_wired_never_silently_dropped():
+    items = _items(CONTRACT, ALL_IDS)
+    assert set(items) == set(ALL_IDS)
+    for iid, it in items.items():
+        assert not (it["reason"] or "").startswith("no check wired"), iid
+        assert it["status"] in ("passed", "skipped"), (iid, it["status"], it["reason"])
+        if it["status"] == "skipped":
+            assert it["reason"].startswith(("needs a CUDA device", "not applicable:")), (iid, it["reason"])
+    for iid in ("PO-GEMM-01", "PO-GEMM-03", "PO-GEMM-06", "PO-GEMM-07", "PO-GEMM-08", "FALSIFY-CUBLAS-001",
+                "FALSIFY-CUBLAS-002", "FALSIFY-CUBLAS-005", "FALSIFY-CUBLAS-006", "FALSIFY-CUBLAS-011"):
+        assert items[iid]["status"] == "passed", iid
+    assert items["PO-GEMM-01"]["evidence"]["layouts"] == ["NN", "NT", "TN", "TT"]
+    assert items["PO-GEMM-03"]["evidence"]["calls"] == {"create": 1, "setStream": 3, "gemm": 12, "destroy": 1}
+
+
+def test_wrong_transpose_flag_is_caught_by_the_layout_item(tmp_path):
+    path = _variant(tmp_path, 'params: {impl: "native.gemm:matmul", dtypes: [float32]}',
+                    'params: {impl: "tests.planted.gemm_kernel_bugs:matmul_wrong_transpose", dtypes: [float32]}')
+    it = _items(path, ["FALSIFY-CUBLAS-011"])["FALSIFY-CUBLAS-011"]
+    assert it["status"] == "violated", it["reason"]
+    assert it["counterexample"]["trans_a"] != it["counterexample"]["trans_b"]
+
+
+def test_tf32_is_caught_on_the_host_model_too(tmp_path):
+    path = _variant(tmp_path, 'test: gemm.compute_type\n    params: {impl: "native.gemm:matmul"}',
+                    'test: gemm.compute_type\n    params: {impl: "tests.planted.gemm_kernel_bugs:matmul_tf32"}')
+    it = _items(path, ["PO-GEMM-08"])["PO-GEMM-08"]
+    assert it["status"] == "violated" and str(ng.COMPUTE_32F_FAST_TF32) in it["counterexample"]["compute_types"]
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_tf32_switched_on_is_caught_on_the_gpu(tmp_path):
+    path = _variant(tmp_path, 'test: gemm.compute_type\n    params: {impl: "native.gemm:matmul"}',
+                    'test: gemm.compute_type\n    params: {impl: "tests.planted.gemm_kernel_bugs:matmul_tf32"}')
+    it = _items(path, ["PO-GEMM-08"], "cuda")["PO-GEMM-08"]
+    assert it["status"] == "violated", it["reason"]
+    assert it["evidence"]["probe"]["got"] == [1.0]  # the tensor cores really read TF32
+    path = _variant(tmp_path, 'params: {impl: "native.gemm:matmul", dtypes: [float32, float16]}',
+                    'params: {impl: "tests.planted.gemm_kernel_bugs:matmul_tf32", dtypes: [float32]}')
+    assert _items(path, ["PO-GEMM-01"], "cuda")["PO-GEMM-01"]["status"] == "violated"
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_contract_items_hold():
+    items = _items(CONTRACT, ALL_IDS, "cuda")
+    bad = {k: (v["status"], v["reason"]) for k, v in items.items() if v["status"] in ("violated", "error")}
+    assert not bad, bad
+
+
+def test_undersized_buffer_raises_before_the_backend():
+    gc = ng.GemmContext(ng.HostBlas(), "host")
+    a, b, c = np.zeros(12, np.float32), np.zeros(12, np.float32), np.zeros(8, np.float32)  # C needs 9
+    with pytest.raises(ng.BufferTooSmall):
+        ng.gemm_raw(gc, a, b, c, 3, 3, 4, 4, 3, 3, False, False)
+    assert gc.api.calls["gemm"] == 0 and gc.api.calls["setStream"] == 0
+
+
+def test_host_model_refuses_out_of_bounds_reads_that_a_bad_flag_would_make():
+    with pytest.raises(RuntimeError, match="host BLAS"):
+        ng._colmajor(np.zeros(5, np.float32), 2, 3, 2)
+
+
+def test_batched_fp16_to_fp32_matches_per_batch_products():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((3, 4, 5)).astype(np.float16)
+    b = rng.standard_normal((3, 6, 5)).astype(np.float16)
+    got = ng.bmm(a, b, trans_b=True, out_dtype="float32", device="host")
+    want = np.stack([a[i].astype(np.float64) @ b[i].astype(np.float64).T for i in range(3)])
+    np.testing.assert_allclose(got, want, rtol=1e-6)  # fp16 products are exact in fp32

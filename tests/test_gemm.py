@@ -76,7 +76,8 @@ def test_tf32_switched_on_is_caught_on_the_gpu(tmp_path):
 @pytest.mark.cuda
 @needs_cuda
 def test_cuda_contract_items_hold():
-    items = _items(CONTRACT, ALL_IDS, "cuda")
+    perf = {"PO-GEMM-04", "FALSIFY-CUBLAS-003", "FALSIFY-CUBLAS-008", "FALSIFY-CUBLAS-010"}  # kc check reports them
+    items = _items(CONTRACT, [i for i in ALL_IDS if i not in perf], "cuda")
     bad = {k: (v["status"], v["reason"]) for k, v in items.items() if v["status"] in ("violated", "error")}
     assert not bad, bad
 

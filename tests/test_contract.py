@@ -43,7 +43,7 @@ def test_shipped_contracts_are_valid():
          'given: "accepts(a_bytes, b_bytes, c_bytes) and q < m and p < k"', "and q < m", "unknown name 'q'"),
         ("depends_on: []", "depends_on: [training-gpu-kernel-v1]", "depends_on:", "no contract with id"),
         ("FALSIFY-CUBLAS-011]", "FALSIFY-CUBLAS-012]", "FALSIFY-CUBLAS-012]", "unknown item 'FALSIFY-CUBLAS-012'"),
-        ("    pending: \"GEMM agreement test arrives with the kernel-families issue\"\nqa_gate",
+        ("    test: gemm.agreement\n    params: {impl: \"native.gemm:matmul\", dtypes: [float32]}\nqa_gate",
          "    test: no.such.test\nqa_gate", "no.such.test", "no registered falsification test"),
     ],
 )

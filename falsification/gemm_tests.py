@@ -161,14 +161,17 @@ def compute_type(ctx: FalsifyContext) -> Outcome:
     api = ng.get_context(ctx.device).api
     before = dict(api.compute_types)
     x = np.float32(1 + 2.0**-13)
-    probe = to_host(impl(xp.full((4, 1), x, xp.float32), xp.full((1, 4), x, xp.float32), device=ctx.device))
+    # 64^3 so cuBLAS takes the tensor-core path when TF32 is allowed (a k=1 product never does, measured on H200).
+    dim = 64
+    probe = to_host(impl(xp.full((dim, dim), x, xp.float32), xp.full((dim, dim), x, xp.float32), device=ctx.device))
     impl(xp.ones((8, 8), xp.float16), xp.ones((8, 8), xp.float16), out_dtype="float32", device=ctx.device)
     used = {int(k): v - before.get(k, 0) for k, v in api.compute_types.items() if v - before.get(k, 0)}
-    fp32 = np.float32(np.float64(x) * np.float64(x))  # 1 + 2^-12: what fp32 inputs give
+    # Each fp32 product rounds to 1 + 2^-12 and 64 of them sum exactly to 64 + 2^-6; TF32 inputs give 64.
+    fp32 = np.float32(dim * np.float64(np.float32(np.float64(x) * np.float64(x))))
     ok_probe = bool(np.all(probe == fp32))
     ev = {"impl": name, "compute_types_used": {str(k): v for k, v in used.items()}, "required": ng.COMPUTE_32F,
-          "probe": {"input": "1 + 2^-13", "fp32_expected": float(fp32), "got": sorted({float(v) for v in
-                    probe.reshape(-1)}), "tf32_would_give": 1.0}, "CUPY_TF32": os.environ.get("CUPY_TF32")}
+          "probe": {"input": "1 + 2^-13", "shape": [dim, dim, dim], "fp32_expected": float(fp32),
+                    "got": sorted({float(v) for v in probe.reshape(-1)}), "tf32_would_give": float(dim)}, "CUPY_TF32": os.environ.get("CUPY_TF32")}
     if set(used) != {ng.COMPUTE_32F} or not ok_probe:
         return violated({"compute_types": {str(k): v for k, v in used.items()}, "probe_ok": ok_probe},
                         f"{name}: GEMMs not all CUBLAS_COMPUTE_32F without TF32", **ev)

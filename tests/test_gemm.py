@@ -67,7 +67,7 @@ def test_tf32_switched_on_is_caught_on_the_gpu(tmp_path):
                     'test: gemm.compute_type\n    params: {impl: "tests.planted.gemm_kernel_bugs:matmul_tf32"}')
     it = _items(path, ["PO-GEMM-08"], "cuda")["PO-GEMM-08"]
     assert it["status"] == "violated", it["reason"]
-    assert it["evidence"]["probe"]["got"] == [1.0]  # the tensor cores really read TF32
+    assert it["evidence"]["probe"]["got"] == [64.0]  # the tensor cores really read TF32
     path = _variant(tmp_path, 'params: {impl: "native.gemm:matmul", dtypes: [float32, float16]}',
                     'params: {impl: "tests.planted.gemm_kernel_bugs:matmul_tf32", dtypes: [float32]}')
     assert _items(path, ["PO-GEMM-01"], "cuda")["PO-GEMM-01"]["status"] == "violated"

@@ -209,6 +209,8 @@ def test_cuda_planted_bugs_are_caught(tmp_path):
     path = _variant(tmp_path, "test: rng.uniform_map_model", "test: rng.uniform_map_model\n"
                                                              "    params: {variant: uniform_design}")
     assert _items(path, ["FALSIFY-RNG-006"], "cuda")["FALSIFY-RNG-006"]["status"] == "violated"
-    u = np.array([spec.DESIGN_ONE_THRESHOLD], dtype=np.uint32)
+    import cupy
+
+    u = cupy.asarray(np.array([spec.DESIGN_ONE_THRESHOLD], dtype=np.uint32))
     assert int(rng.uniform_map(u, device="cuda", variant="uniform_design").get()[0]) == spec.ONE_BITS
     assert int(rng.uniform_map(u, device="cuda").get()[0]) == 0x3F7FFFFF

@@ -171,7 +171,8 @@ def compute_type(ctx: FalsifyContext) -> Outcome:
     ok_probe = bool(np.all(probe == fp32))
     ev = {"impl": name, "compute_types_used": {str(k): v for k, v in used.items()}, "required": ng.COMPUTE_32F,
           "probe": {"input": "1 + 2^-13", "shape": [dim, dim, dim], "fp32_expected": float(fp32),
-                    "got": sorted({float(v) for v in probe.reshape(-1)}), "tf32_would_give": float(dim)}, "CUPY_TF32": os.environ.get("CUPY_TF32")}
+                    "got": sorted({float(v) for v in probe.reshape(-1)}), "tf32_would_give": float(dim)},
+          "CUPY_TF32": os.environ.get("CUPY_TF32")}
     if set(used) != {ng.COMPUTE_32F} or not ok_probe:
         return violated({"compute_types": {str(k): v for k, v in used.items()}, "probe_ok": ok_probe},
                         f"{name}: GEMMs not all CUBLAS_COMPUTE_32F without TF32", **ev)

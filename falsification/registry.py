@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from obligations.results import Outcome

@@ -187,7 +187,8 @@ def _write_outputs(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
 def _report_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="*", default=[DEFAULT_CONTRACTS], help="contracts (when no --from is given)")
-    p.add_argument("--from", dest="source", metavar="RESULT.json", help="report this result instead of checking")
+    p.add_argument("--from", dest="source", metavar="RESULT.json", action="append",
+                   help="report this result instead of checking; repeat to merge runs (e.g. per-contract runs)")
     p.add_argument("--out", default="reports", help="output directory (default: reports)")
     p.add_argument("--check", action="store_true",
                    help="exit 1 if committed reports no longer match their contracts or this tool version")
@@ -212,7 +213,7 @@ def _report(args: argparse.Namespace) -> int:
         return EXIT_FAILED if problems else EXIT_OK
     if args.source:
         try:
-            result = reporting.load_result(args.source)
+            result = merge_results([reporting.load_result(src) for src in args.source])
         except (OSError, ValueError) as e:
             print(f"kc: error: {e}", file=sys.stderr)
             return EXIT_INVALID
@@ -227,6 +228,28 @@ def _report(args: argparse.Namespace) -> int:
     for path in written:
         print(f"wrote {path}")
     return EXIT_OK
+
+
+def merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from several runs: contracts concatenated (a contract may appear once), summary recomputed."""
+    from obligations.check import summarize
+
+    if len(results) == 1:
+        return results[0]
+    seen: set[str] = set()
+    contracts = []
+    for r in results:
+        for c in r["contracts"]:
+            if c["id"] in seen:
+                raise ValueError(f"contract {c['id']!r} appears in more than one result")
+            seen.add(c["id"])
+            contracts.append(c)
+    merged = dict(results[0])
+    merged["provenance"] = {**results[0]["provenance"], "merged_runs": [r["provenance"] for r in results]}
+    merged["contracts"] = contracts
+    merged["summary"] = summarize(contracts)
+    merged["exit_code"] = max(r["exit_code"] for r in results)
+    return merged
 
 
 # -- explain / new ------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata
+import os
 import platform
 import subprocess
 import sys
@@ -125,9 +126,11 @@ def _git_commit() -> tuple[str | None, bool]:
                                 timeout=10).stdout.strip() or None
         dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                     capture_output=True, text=True, timeout=10).stdout.strip())
-        return commit, dirty
     except (OSError, subprocess.SubprocessError):
-        return None, False
+        commit, dirty = None, False
+    if commit is None and os.environ.get("KC_COMMIT"):  # a copy of the tree without .git (the GPU machine)
+        return os.environ["KC_COMMIT"], False
+    return commit, dirty
 
 
 def _version(dist: str) -> str | None:

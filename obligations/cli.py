@@ -224,6 +224,10 @@ def _report(args: argparse.Namespace) -> int:
         if code not in (EXIT_OK, EXIT_FAILED):
             return code
         result = reporting.load_result(out_json)
+    if args.source:  # keep the evidence beside the reports: `kc explain` reads reports/result.json
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "result.json").write_text(json.dumps(result, indent=2, default=str) + "\n",
+                                                   encoding="utf-8")
     written = reporting.write_reports(result, args.out, html=not args.no_html, plots=not args.no_plots)
     for path in written:
         print(f"wrote {path}")
@@ -280,7 +284,7 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _new_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("name", help="contract id stem, e.g. softmax (the contract becomes NAME-v1)")
+    p.add_argument("name", help="contract id, e.g. softmax-v1 (written to CONTRACTS_DIR/NAME.yaml)")
     p.add_argument("--family", required=True)
     p.add_argument("--contracts-dir", default=DEFAULT_CONTRACTS)
     p.add_argument("--tests-dir", default="falsification",

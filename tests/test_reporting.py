@@ -333,3 +333,13 @@ def test_report_modules_import_without_matplotlib() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
                           cwd=Path(__file__).parents[1])
     assert proc.returncode == 0, proc.stderr
+
+
+def test_committed_repository_reports_match_their_contracts():
+    """reports/ is generated from a GPU run; editing a contract without regenerating them fails here."""
+    from pathlib import Path
+
+    from obligations.reporting import check_reports
+
+    root = Path(__file__).resolve().parent.parent
+    assert check_reports(root / "reports", root / "contracts") == []

@@ -13,7 +13,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Fact", "EvidenceRenderer", "register_evidence_renderer", "evidence_renderers", "evidence_facts"]
+__all__ = [
+    "timing_series", "histogram_bin", "Fact", "EvidenceRenderer", "register_evidence_renderer",
+    "evidence_renderers", "evidence_facts",
+]
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,7 @@ def _sampling(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
 
 def _ulp(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
     hist = ev["ulp_histogram"] or {}
-    ordered = sorted(hist.items(), key=lambda kv: float(kv[0]))
+    ordered = sorted(hist.items(), key=lambda kv: histogram_bin(kv[0]))
     facts = [Fact("ULP histogram", ", ".join(f"{k} ULP: {_num(v)}" for k, v in ordered) or "empty")]
     if "max_ulp" in ev:
         facts.insert(0, Fact("Max ULP error", _num(ev["max_ulp"])))
@@ -193,9 +196,36 @@ def _error_bound(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
     return facts, keys
 
 
+def histogram_bin(key: Any) -> float:
+    """Sort key of a histogram bin: its number, or +inf for open bins such as ">3_or_nan"."""
+    try:
+        return float(key)
+    except ValueError:
+        return float("inf")
+
+
+def timing_series(timings: Any) -> dict[str, list[float]]:
+    """Name -> samples (ms) from the shapes tests report: a number, a list, or per-case dicts of ``*_ms``."""
+    out: dict[str, list[float]] = {}
+    if not isinstance(timings, Mapping):
+        return out
+    for name, v in timings.items():
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            out[str(name)] = [float(v)]
+        elif isinstance(v, list) and v and all(isinstance(x, int | float) for x in v):
+            out[str(name)] = [float(x) for x in v]
+        elif isinstance(v, Mapping):
+            for sub, x in v.items():
+                if str(sub).endswith("_ms") and isinstance(x, int | float):
+                    out[f"{name}\n{str(sub)[:-3]}"] = [float(x)]
+    return out
+
+
+
 def _timings(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
     facts = []
-    for name, samples in (ev["timings_ms"] or {}).items():
+    for name, samples in timing_series(ev["timings_ms"]).items():
+        name = name.replace("\n", " ")
         if samples:
             med = statistics.median(samples)
             facts.append(

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from obligations.reporting.evidence import error_axis
+from obligations.reporting.evidence import error_axis, histogram_bin, timing_series
 
 __all__ = [
     "PlotKind",
@@ -83,8 +83,10 @@ def _ulp_applies(item: Mapping[str, Any]) -> bool:
 
 
 def _ulp_draw(item: Mapping[str, Any], ax: Any) -> None:
-    hist = sorted(((float(k), v) for k, v in _ev(item)["ulp_histogram"].items()), key=lambda kv: kv[0])
-    labels = [f"{k:g}" for k, _ in hist]
+    # Numeric bins in order; open bins such as ">3_or_nan" go last, labelled as given.
+    hist = sorted(((histogram_bin(k), v) for k, v in _ev(item)["ulp_histogram"].items()), key=lambda kv: kv[0])
+    labels = [f"{k:g}" if k != float("inf") else str(raw) for (k, _), raw in
+              zip(hist, sorted(_ev(item)["ulp_histogram"], key=histogram_bin), strict=True)]
     ax.bar(labels, [v for _, v in hist], color=OURS_COLOUR)
     ax.set_yscale("log")
     ax.set_xlabel("ULP distance from reference")
@@ -142,18 +144,18 @@ def _bound_caption(item: Mapping[str, Any]) -> str:
 
 
 def _timing_applies(item: Mapping[str, Any]) -> bool:
-    timings = _ev(item).get("timings_ms")
-    return isinstance(timings, Mapping) and any(timings.values())
+    return bool(timing_series(_ev(item).get("timings_ms")))
 
 
 def _timing_draw(item: Mapping[str, Any], ax: Any) -> None:
-    timings = {k: v for k, v in _ev(item)["timings_ms"].items() if v}
+    timings = timing_series(_ev(item)["timings_ms"])
     names = list(timings)
     medians = [statistics.median(v) for v in timings.values()]
     lows = [m - min(v) for m, v in zip(medians, timings.values(), strict=True)]
     highs = [max(v) - m for m, v in zip(medians, timings.values(), strict=True)]
     colours = [OURS_COLOUR if i == 0 else PEER_COLOUR for i in range(len(names))]
     ax.bar(names, medians, yerr=[lows, highs], capsize=6, color=colours)
+    ax.tick_params(axis="x", labelsize=7)
     ax.set_ylabel("median time (ms), whiskers min..max")
 
 

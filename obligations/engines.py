@@ -236,8 +236,8 @@ class Z3Engine(Engine):
         values = {}
         for name, v in env.items():
             e = v.expr
-            values[name] = bool(z3.is_true(model.eval(e, model_completion=True))) if isinstance(
-                v, sym.BoolTerm) else model.eval(e, model_completion=True).as_long()
+            values[name] = bool(z3.is_true(model.evaluate(e, model_completion=True))) if isinstance(
+                v, sym.BoolTerm) else model.evaluate(e, model_completion=True).as_long()
         conf = confirm(c, item, values)
         evidence["confirmed_concretely"] = conf["refutes"]
         cex = {"symbols": values, **conf}

@@ -92,6 +92,17 @@ def _evidence_line(item: dict[str, Any]) -> str:
     return ""
 
 
+def _resolve_device(requested: str) -> str | None:
+    """The device to run on, or None after printing why ``--device cuda`` cannot run (the caller exits 2)."""
+    from native.device import DeviceUnavailable, resolve_device
+
+    try:
+        return resolve_device(requested)
+    except DeviceUnavailable as e:
+        print(f"kc: error: {e}", file=sys.stderr)
+        return None
+
+
 def _print_diagnostics(diags: list[Any]) -> None:
     for d in diags:
         print(str(d), file=sys.stderr)
@@ -135,14 +146,12 @@ def _check_options(p: argparse.ArgumentParser) -> None:
 @command("check", "check contracts: proofs, enumeration, falsification; exit 1 if anything is refuted")
 @_configure(_check_options)
 def _check(args: argparse.Namespace) -> int:
-    from native.device import DeviceUnavailable, device_info, resolve_device
+    from native.device import device_info
     from obligations.check import check_paths
     from obligations.contract import ContractError, validate_paths
 
-    try:
-        device = resolve_device(args.device)
-    except DeviceUnavailable as e:
-        print(f"kc: error: {e}", file=sys.stderr)
+    device = _resolve_device(args.device)
+    if device is None:
         return EXIT_INVALID
     diags = validate_paths(args.paths)
     if diags:
@@ -328,12 +337,9 @@ def _sweep_options(p: argparse.ArgumentParser) -> None:
 @_configure(_sweep_options)
 def _sweep(args: argparse.Namespace) -> int:
     from falsification.sweep import sweep
-    from native.device import DeviceUnavailable, resolve_device
 
-    try:
-        device = resolve_device(args.device)
-    except DeviceUnavailable as e:
-        print(f"kc: error: {e}", file=sys.stderr)
+    device = _resolve_device(args.device)
+    if device is None:
         return EXIT_INVALID
     kwargs: dict[str, Any] = {"lo": args.lo, "hi": args.hi, "sample": args.sample, "route": args.route,
                               "bound": args.bound}
@@ -367,15 +373,13 @@ def _replay_options(p: argparse.ArgumentParser) -> None:
 @_configure(_replay_options)
 def _replay(args: argparse.Namespace) -> int:
     from falsification.runner import find_item, replay
-    from native.device import DeviceUnavailable, resolve_device
     from obligations.contract import ContractError, load_contract
 
-    try:
-        device = resolve_device(args.device)
-        contract = load_contract(args.path)
-    except DeviceUnavailable as e:
-        print(f"kc: error: {e}", file=sys.stderr)
+    device = _resolve_device(args.device)
+    if device is None:
         return EXIT_INVALID
+    try:
+        contract = load_contract(args.path)
     except ContractError as e:
         _print_diagnostics(e.diagnostics)
         return EXIT_INVALID

@@ -128,6 +128,18 @@ def _used_symbols(contract: Contract, item: Mapping[str, Any]) -> list[str]:
     return [s for s in contract.symbols if s in names]
 
 
+def _symbol_range(decl: Mapping[str, Any]) -> tuple[int, int]:
+    """The inclusive range of a non-bool symbol: its machine type narrowed by min/max."""
+    t = sym.machine_type(decl["type"])
+    return max(t.lo, decl.get("min", t.lo)), min(t.hi, decl.get("max", t.hi))
+
+
+def _array_env(contract: Contract, grid: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """NumPy-carried values for enumerated symbols (bool symbols become bool arrays)."""
+    return {name: (sym.BoolTerm(arr.astype(bool)) if contract.symbols[name]["type"] == "bool"
+                   else sym.Term(arr, contract.symbols[name]["type"])) for name, arr in grid.items()}
+
+
 def _concrete_env(contract: Contract, values: Mapping[str, int]) -> dict[str, Any]:
     env: dict[str, Any] = {}
     for name, v in values.items():
@@ -171,9 +183,9 @@ def _domain(contract: Contract, env: Mapping[str, Any]) -> list[Any]:
         decl = contract.symbols[name]
         if decl["type"] == "bool":
             continue
-        t = sym.machine_type(decl["type"])
+        lo, hi = _symbol_range(decl)
         x = v.expr
-        out += [x >= max(t.lo, decl.get("min", t.lo)), x <= min(t.hi, decl.get("max", t.hi))]
+        out += [x >= lo, x <= hi]
         if "values" in decl:
             out.append(z3.Or(*[x == int(val) for val in decl["values"]]))
     return out
@@ -188,8 +200,8 @@ def _domain_text(contract: Contract, names: list[str]) -> list[str]:
         elif "values" in d:
             out.append(f"{name}: {d['type']} in {d['values']}")
         else:
-            t = sym.machine_type(d["type"])
-            out.append(f"{name}: {d['type']} in [{d.get('min', t.lo)}, {d.get('max', t.hi)}]")
+            lo, hi = _symbol_range(d)
+            out.append(f"{name}: {d['type']} in [{lo}, {hi}]")
     return out
 
 
@@ -277,8 +289,7 @@ class EnumerateEngine(Engine):
             grid, n = self._grid(c, item)
         except _TooLarge as e:
             return error(str(e))
-        env = {name: (sym.BoolTerm(arr.astype(bool)) if c.symbols[name]["type"] == "bool"
-                      else sym.Term(arr, c.symbols[name]["type"])) for name, arr in grid.items()}
+        env = _array_env(c, grid)
         ev = evaluate_statement(c, item, env)
         given = np.broadcast_to(np.asarray(ev.given.expr, dtype=bool), (n,)) & _in_domain(c, grid, n)
         ok = np.broadcast_to(np.asarray(ev.prove.expr, dtype=bool), (n,)).copy()
@@ -317,8 +328,7 @@ class EnumerateEngine(Engine):
         grid: dict[str, np.ndarray] = {}
         n = 1
         for name, spec in bound.items():
-            env = {k: (sym.BoolTerm(v.astype(bool)) if c.symbols[k]["type"] == "bool"
-                       else sym.Term(v, c.symbols[k]["type"])) for k, v in grid.items()}
+            env = _array_env(c, grid)
             with sym.tracking():
                 if plan_fn is not None and params <= set(grid):
                     env.update(plans.quantities(plans.call_plan(plan_fn, env)))
@@ -353,8 +363,8 @@ def _in_domain(c: Contract, grid: Mapping[str, np.ndarray], n: int) -> np.ndarra
         d = c.symbols[name]
         if d["type"] == "bool":
             continue
-        t = sym.machine_type(d["type"])
-        mask &= (arr >= max(t.lo, d.get("min", t.lo))) & (arr <= min(t.hi, d.get("max", t.hi)))
+        lo, hi = _symbol_range(d)
+        mask &= (arr >= lo) & (arr <= hi)
         if "values" in d:
             mask &= np.isin(arr, d["values"])
     return mask

@@ -3,8 +3,10 @@
 Registered names and their ``params`` (``impl`` is a dotted ``module:function`` the project's tests swap
 for planted bugs; every impl takes ``(x, device=...)``):
 
-* ``reductions.fold_bitwise`` {op: sum|max|mean, max_len, max_dim} — fold kernels over the whole buffer,
-  rows, columns and each axis of 3-d tensors, bitwise against the softfloat fold (any input bits).
+* ``reductions.fold_bitwise`` {op: sum|max|mean, max_dim, max_elements, max_fold} — fold kernels over the
+  whole buffer, rows, columns and each axis of 3-d tensors, bitwise against the softfloat fold (any input
+  bits). A case has at most ``max_elements`` elements and folds at most ``max_fold`` of them per output
+  (the softfloat fold is sequential in its length); the full profile scales all three.
 * ``reductions.tree_bitwise`` {impl=native.reductions:tree_sum, max_n} — bitwise against the softfloat
   evaluation of the stated tree (:func:`native.reductions.pass_grids`).
 * ``reductions.determinism`` {impl, runs=5, n} — ``runs`` evaluations of one input bit-identical.
@@ -43,6 +45,9 @@ __all__ = ["moderate_floats", "run_hypothesis", "PROFILE_EXAMPLES"]
 
 PROFILE_EXAMPLES: dict[str, int] = {"quick": 12, "full": 60}
 _SCALE: dict[str, int] = {"quick": 1, "full": 16}
+# Fold cases: (max_elements, max_fold) per profile. The reference costs ~0.1 ms per folded element
+# on one core whatever the width, so max_fold bounds a case's time; the full run stays within minutes.
+_FOLD_BUDGET: dict[str, tuple[int, int]] = {"quick": (1 << 14, 1 << 12), "full": (1 << 20, 1 << 13)}
 
 
 def _bits(a: Any) -> np.ndarray:
@@ -120,10 +125,13 @@ def _first_diff(native: np.ndarray, want: np.ndarray) -> dict | None:
 _FOLD_NATIVE: dict[str, Callable[..., Any]] = {"sum": red.fold_sum, "max": red.fold_max, "mean": red.mean}
 
 
-def _fold_reference(op: str, x3: Any) -> Any:
-    """Reference over an (outer, length, inner) bit array: outputs (outer, inner)."""
-    xp = array_module("cuda") if type(x3).__module__.startswith("cupy") else np
-    last = xp.ascontiguousarray(xp.moveaxis(x3, 1, 2))
+def _fold_reference(op: str, x3: np.ndarray) -> np.ndarray:
+    """Reference over an (outer, length, inner) bit array on the host: outputs (outer, inner).
+
+    The fold is sequential in its length, and NumPy steps are cheaper than kernel-launch steps for the
+    narrow folds the cases draw, so the reference runs on the host whatever the kernel's device.
+    """
+    last = np.ascontiguousarray(np.moveaxis(x3, 1, 2))
     if op == "max":
         return ref.fold_max(last)
     s = ref.fold_left(last)
@@ -131,11 +139,16 @@ def _fold_reference(op: str, x3: Any) -> Any:
 
 
 @st.composite
-def _fold_cases(draw: Any, max_dim: int) -> tuple:
+def _fold_cases(draw: Any, max_dim: int, max_elements: int, max_fold: int) -> tuple:
+    """(seed, shape, axis, mix) with at most ``max_elements`` elements and ``max_fold`` per output."""
     ndim = draw(st.integers(1, 3))
-    shape = tuple(draw(st.integers(0, max_dim)) for _ in range(ndim))
     axis = draw(st.one_of(st.none(), st.integers(0, ndim - 1)))
-    return draw(st.integers(0, 2**32 - 1)), shape, axis, draw(st.sampled_from(_MIX_NAMES))
+    shape, budget = [], max_fold if axis is None else max_elements
+    for d in range(ndim):
+        cap = min(max_dim, budget, max_fold if d == axis else max_dim)
+        shape.append(draw(st.integers(0, cap)))
+        budget //= max(shape[-1], 1)
+    return draw(st.integers(0, 2**32 - 1)), tuple(shape), axis, draw(st.sampled_from(_MIX_NAMES))
 
 
 @register_test("reductions.fold_bitwise")
@@ -144,8 +157,12 @@ def fold_bitwise(ctx: FalsifyContext) -> Outcome:
     op = ctx.params.get("op", "sum")
     native_fn = _FOLD_NATIVE[op]
     xp = array_module(ctx.device)
-    max_dim = int(ctx.params.get("max_dim", 24)) * _SCALE.get(ctx.profile, 1)
-    stats = {"cases": 0, "outputs": 0, "elements": 0, "kinds": set()}
+    scale = _SCALE.get(ctx.profile, 1)
+    max_dim = int(ctx.params.get("max_dim", 24)) * scale
+    budget = _FOLD_BUDGET.get(ctx.profile, _FOLD_BUDGET["quick"])
+    max_elements = int(ctx.params.get("max_elements", budget[0]))
+    max_fold = int(ctx.params.get("max_fold", budget[1]))
+    stats = {"cases": 0, "outputs": 0, "elements": 0, "kinds": set(), "longest_fold": 0}
 
     def check(case: tuple) -> dict | None:
         seed, shape, axis, mix = case
@@ -153,8 +170,9 @@ def fold_bitwise(ctx: FalsifyContext) -> Outcome:
         bits = _input_bits(seed, size, mix, xp)[0].reshape(shape)
         got = _bits(native_fn(bits.view(xp.float32), axis=axis, device=ctx.device))
         _, _, (outer, length, inner) = red._axis_view(bits, axis)
-        want = _bits(_fold_reference(op, bits.reshape(outer, length, inner)).view(xp.float32))
+        want = _fold_reference(op, to_host(bits).reshape(outer, length, inner))
         stats["cases"] += 1
+        stats["longest_fold"] = max(stats["longest_fold"], int(length))
         stats["outputs"] += int(want.size)
         stats["elements"] += size
         stats["kinds"].add("whole" if axis is None else f"axis {axis} of {len(shape)}-d")
@@ -164,8 +182,9 @@ def fold_bitwise(ctx: FalsifyContext) -> Outcome:
         return {"shape": list(shape), "axis": axis, "mix": mix, "seed": seed, **diff,
                 "detail": f"{op} over axis {axis} of {shape}: output {diff['first_bad_output']} differs"}
 
-    bad = run_hypothesis(ctx, _fold_cases(max_dim), check)
-    ev = {"op": op, "reference": "spec.reductions fold (softfloat, env cuda)", "device": ctx.device,
+    bad = run_hypothesis(ctx, _fold_cases(max_dim, max_elements, max_fold), check)
+    ev = {"op": op, "reference": "spec.reductions fold (softfloat on the host, env cuda)", "device": ctx.device,
+          "max_elements": max_elements, "max_fold": max_fold, "longest_fold": stats["longest_fold"],
           "route": red.ROUTE if ctx.device == "cuda" else "host float32 in fold order",
           "outputs": stats["outputs"], "elements": stats["elements"], "layouts": sorted(stats["kinds"]),
           "seed": ctx.seed}

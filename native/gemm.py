@@ -44,6 +44,8 @@ __all__ = [
     "get_context",
     "close_contexts",
     "guard",
+    "PreparedGemm",
+    "prepare_gemm",
     "gemm_raw",
     "matmul",
     "bmm",
@@ -222,6 +224,13 @@ class HostBlas:
     def setStream(self, handle: int, stream: Any) -> None:  # noqa: N802 - cuBLAS's name
         """The host has no streams."""
 
+    def prepare(self, handle: int, transa: int, transb: int, m: int, n: int, k: int, alpha: float, lda: int,
+                sa: int, ldb: int, sb: int, beta: float, ldc: int, sc: int, batch: int, compute: int,
+                in_dtype: Any, out_dtype: Any) -> Callable[[Any, Any, Any], None]:
+        """The call with every int fixed: ``run(A, B, C)`` (see :class:`CupyBlas`)."""
+        return lambda A, B, C: self.gemmStridedBatchedEx(handle, transa, transb, m, n, k, alpha, A, lda, sa,  # noqa: N803
+                                                         B, ldb, sb, beta, C, ldc, sc, batch, compute)
+
     def gemmStridedBatchedEx(self, handle: int, transa: int, transb: int, m: int, n: int, k: int,  # noqa: N802
                              alpha: float, A: np.ndarray, lda: int, sa: int, B: np.ndarray, ldb: int, sb: int,  # noqa: N803
                              beta: float, C: np.ndarray, ldc: int, sc: int, batch: int, compute: int) -> None:
@@ -253,12 +262,15 @@ class CupyBlas:
         from cupy.cuda import cublas
 
         self._cublas = cublas
-        self._scalars: dict[float, np.ndarray] = {}
+        self._scalars: dict[float, tuple[np.ndarray, int]] = {}
 
     def _host_ptr(self, v: float) -> int:
-        # Host-pointer mode: the scalar must outlive the call; keep one float32 per value.
-        arr = self._scalars.setdefault(float(v), np.array(v, dtype=np.float32))
-        return arr.ctypes.data
+        # Host-pointer mode: the scalar must outlive every call that uses it; keep one float32 per value.
+        got = self._scalars.get(float(v))
+        if got is None:
+            arr = np.array(v, dtype=np.float32)
+            got = self._scalars[float(v)] = (arr, arr.ctypes.data)
+        return got[1]
 
     def create(self) -> int:
         """cublasCreate_v2."""
@@ -272,19 +284,36 @@ class CupyBlas:
         """cublasSetStream_v2."""
         self._cublas.setStream(handle, stream.ptr)
 
+    def prepare(self, handle: int, transa: int, transb: int, m: int, n: int, k: int, alpha: float, lda: int,
+                sa: int, ldb: int, sb: int, beta: float, ldc: int, sc: int, batch: int, compute: int,
+                in_dtype: Any, out_dtype: Any) -> Callable[[Any, Any, Any], None]:
+        """``run(A, B, C)``: cublasGemmEx (batch 1) or cublasGemmStridedBatchedEx with every int fixed.
+
+        Everything but the three device pointers is resolved here, once, so a call costs what the raw
+        binding costs plus one Python frame (PO-GEMM-04: the wrapper must stay within 2% of raw cuBLAS).
+        """
+        at, ct = DATA_TYPES[str(in_dtype)], DATA_TYPES[str(out_dtype)]
+        pa, pb = self._host_ptr(alpha), self._host_ptr(beta)
+        if batch == 1:
+            gemm = self._cublas.gemmEx
+
+            def run(A: Any, B: Any, C: Any) -> None:  # noqa: N803
+                gemm(handle, transa, transb, m, n, k, pa, A.data.ptr, at, lda, B.data.ptr, at, ldb, pb, C.data.ptr,
+                     ct, ldc, compute, GEMM_DEFAULT)
+        else:
+            gemm = self._cublas.gemmStridedBatchedEx
+
+            def run(A: Any, B: Any, C: Any) -> None:  # noqa: N803
+                gemm(handle, transa, transb, m, n, k, pa, A.data.ptr, at, lda, sa, B.data.ptr, at, ldb, sb, pb,
+                     C.data.ptr, ct, ldc, sc, batch, compute, GEMM_DEFAULT)
+        return run
+
     def gemmStridedBatchedEx(self, handle: int, transa: int, transb: int, m: int, n: int, k: int,  # noqa: N802
                              alpha: float, A: Any, lda: int, sa: int, B: Any, ldb: int, sb: int,  # noqa: N803
                              beta: float, C: Any, ldc: int, sc: int, batch: int, compute: int) -> None:
         """cublasGemmEx (batch 1) or cublasGemmStridedBatchedEx."""
-        at, ct = DATA_TYPES[str(A.dtype)], DATA_TYPES[str(C.dtype)]
-        if batch == 1:
-            self._cublas.gemmEx(handle, transa, transb, m, n, k, self._host_ptr(alpha), A.data.ptr, at, lda,
-                                B.data.ptr, at, ldb, self._host_ptr(beta), C.data.ptr, ct, ldc, compute,
-                                GEMM_DEFAULT)
-        else:
-            self._cublas.gemmStridedBatchedEx(handle, transa, transb, m, n, k, self._host_ptr(alpha), A.data.ptr,
-                                              at, lda, sa, B.data.ptr, at, ldb, sb, self._host_ptr(beta),
-                                              C.data.ptr, ct, ldc, sc, batch, compute, GEMM_DEFAULT)
+        self.prepare(handle, transa, transb, m, n, k, alpha, lda, sa, ldb, sb, beta, ldc, sc, batch, compute,
+                     A.dtype, C.dtype)(A, B, C)
 
 
 @dataclass
@@ -323,6 +352,16 @@ class Instrumented:
         self.compute_types[args[-1]] += 1
         self.api.gemmStridedBatchedEx(*args)
 
+    def prepare(self, *args: Any) -> Callable[[Any, Any, Any], None]:
+        """The backend's prepared call, counted and its compute type recorded on every run."""
+        inner, calls, compute_types, compute = self.api.prepare(*args), self.calls, self.compute_types, args[15]
+
+        def run(A: Any, B: Any, C: Any) -> None:  # noqa: N803
+            calls["gemm"] += 1
+            compute_types[compute] += 1
+            inner(A, B, C)
+        return run
+
 
 class GemmContext:
     """One cuBLAS handle for one device context: created once, stream bound once per step, destroyed once."""
@@ -332,33 +371,37 @@ class GemmContext:
         self.device = device
         self.handle: int | None = self.api.create()
         self._stream: Any = None
+        self._bound_ptr: int | None = None  # the bound stream's pointer (cuda), checked before every call
+        self._current_stream: Callable[[], Any] | None = None
+        if device == "cuda":
+            import cupy
+
+            self._current_stream = cupy.cuda.get_current_stream
 
     def bind(self, stream: Any = None) -> None:
         """Start a step: bind ``stream`` (default: the current one) once; GEMMs of the step reuse it."""
         if self.handle is None:
             raise RuntimeError("GEMM context is closed")
-        if stream is None and self.device == "cuda":
-            import cupy
-
-            stream = cupy.cuda.get_current_stream()
+        if stream is None and self._current_stream is not None:
+            stream = self._current_stream()
         self.api.setStream(self.handle, stream if stream is not None else 0)
         self._stream = stream if stream is not None else 0
+        self._bound_ptr = getattr(stream, "ptr", None)
 
     def _ensure_bound(self) -> None:
         if self.handle is None:
             raise RuntimeError("GEMM context is closed")
         if self._stream is None:
             self.bind()
-        elif self.device == "cuda":
-            import cupy
-
-            if cupy.cuda.get_current_stream().ptr != getattr(self._stream, "ptr", None):
-                self.bind()  # a new step on another stream: rebind once
+        elif self._current_stream is not None and self._current_stream().ptr != self._bound_ptr:
+            self.bind()  # a new step on another stream: rebind once
 
     def close(self) -> None:
-        """Destroy the handle exactly once (later calls are no-ops)."""
+        """Destroy the handle exactly once (later calls are no-ops); its prepared calls are dropped."""
         if self.handle is not None:
             handle, self.handle = self.handle, None
+            for key in [key for key, (call, _) in _PREPARED.items() if call.context is self]:
+                del _PREPARED[key]
             self.api.destroy(handle)
 
 
@@ -390,13 +433,35 @@ def _nbytes(x: Any) -> int:
     return int(x.size) * int(x.dtype.itemsize)
 
 
-def gemm_raw(ctx: GemmContext, a: Any, b: Any, c: Any, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
-             trans_a: bool, trans_b: bool, alpha: float = 1.0, beta: float = 0.0, batch: int = 1,
-             strides: tuple[int, int, int] = (0, 0, 0), compute: int = COMPUTE_32F,
-             args: Callable[..., CublasCall] = cublas_args) -> Any:
-    """Row-major C = alpha op(A) op(B) + beta C on C-contiguous buffers (their bytes are the buffer lengths).
+@dataclass(frozen=True)
+class PreparedGemm:
+    """A guarded GEMM with every int resolved: ``call(a, b, c)`` binds the step's stream and runs cuBLAS.
 
-    The guard runs before cuBLAS is reached.
+    Only :func:`prepare_gemm` makes one, after the guard accepted the call's ints; whoever caches it must
+    key it by everything those ints derive from (:func:`matmul` keys by class, shape, strides and dtype).
+    """
+
+    context: GemmContext
+    run: Callable[[Any, Any, Any], None]
+    swap: bool  # cuBLAS's first operand is our B
+
+    def __call__(self, a: Any, b: Any, c: Any) -> Any:
+        """Run on these operands (of the prepared signature); returns ``c``."""
+        self.context._ensure_bound()
+        if self.swap:
+            self.run(b, a, c)
+        else:
+            self.run(a, b, c)
+        return c
+
+
+def prepare_gemm(ctx: GemmContext, a: Any, b: Any, c: Any, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
+                 trans_a: bool, trans_b: bool, alpha: float = 1.0, beta: float = 0.0, batch: int = 1,
+                 strides: tuple[int, int, int] = (0, 0, 0), compute: int = COMPUTE_32F,
+                 args: Callable[..., CublasCall] = cublas_args) -> PreparedGemm:
+    """Run the guard on C-contiguous buffers (their bytes are the buffer lengths) and resolve the cuBLAS call.
+
+    Raises BufferTooSmall (nothing reaches cuBLAS) when the guard refuses, TypeError on unsupported types.
     """
     es_in, es_out = int(a.dtype.itemsize), int(c.dtype.itemsize)
     if str(a.dtype) != str(b.dtype) or str(a.dtype) not in DATA_TYPES or str(c.dtype) not in DATA_TYPES:
@@ -408,41 +473,103 @@ def gemm_raw(ctx: GemmContext, a: Any, b: Any, c: Any, m: int, n: int, k: int, l
           _nbytes(b) - tail * sb * es_in, ((_nbytes(c) - tail * sc * es_out) // es_out) * es_in)
     if min(strides) < 0 or batch < 1:
         raise BufferTooSmall(f"batch {batch} with strides {strides}")
-    ctx._ensure_bound()
+    if ctx.handle is None:
+        raise RuntimeError("GEMM context is closed")
     call = args(m, n, k, lda, ldb, ldc, trans_a, trans_b)
-    first, second = (b, a) if call.first == "B" else (a, b)
-    s1, s2 = (sb, sa) if call.first == "B" else (sa, sb)
-    ctx.api.gemmStridedBatchedEx(ctx.handle, call.transa, call.transb, call.m, call.n, call.k, alpha, first,
-                                 call.lda, s1, second, call.ldb, s2, beta, c, call.ldc, sc, batch, compute)
-    return c
+    swap = call.first == "B"
+    s1, s2 = (sb, sa) if swap else (sa, sb)
+    run = ctx.api.prepare(ctx.handle, call.transa, call.transb, call.m, call.n, call.k, alpha, call.lda, s1,
+                          call.ldb, s2, beta, call.ldc, sc, batch, compute, a.dtype, c.dtype)
+    return PreparedGemm(ctx, run, swap)
+
+
+def gemm_raw(ctx: GemmContext, a: Any, b: Any, c: Any, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
+             trans_a: bool, trans_b: bool, alpha: float = 1.0, beta: float = 0.0, batch: int = 1,
+             strides: tuple[int, int, int] = (0, 0, 0), compute: int = COMPUTE_32F,
+             args: Callable[..., CublasCall] = cublas_args) -> Any:
+    """Row-major C = alpha op(A) op(B) + beta C on C-contiguous buffers (their bytes are the buffer lengths).
+
+    The guard runs before cuBLAS is reached.
+    """
+    return prepare_gemm(ctx, a, b, c, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, batch, strides,
+                        compute, args)(a, b, c)
+
+
+# Prepared calls by operand signature. The guard is a pure function of ints that the signature fixes (a
+# C-contiguous buffer's bytes are its shape times its itemsize), so a signature it accepted stays accepted.
+_PREPARED: dict[tuple, tuple[PreparedGemm, Callable[[], Any]]] = {}
+_PREPARED_MAX = 4096
+
+
+def _signature(a: Any, b: Any, c: Any, *rest: Any) -> tuple:
+    # Arrays are keyed by class, shape, strides and dtype; the current device (cuda) picks the context.
+    dev = _device_id() if type(a) is not np.ndarray else -1
+    if c is None:
+        return (dev, type(a), a.shape, a.strides, a.dtype, type(b), b.shape, b.strides, b.dtype, None, *rest)
+    return (dev, type(a), a.shape, a.strides, a.dtype, type(b), b.shape, b.strides, b.dtype, type(c), c.shape,
+            c.strides, c.dtype, *rest)
+
+
+def _device_id() -> int:
+    import cupy
+
+    global _device_id
+    _device_id = cupy.cuda.runtime.getDevice  # rebinding: later calls skip the import
+    return _device_id()
 
 
 def matmul(a: Any, b: Any, *, trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0,
            c: Any = None, out_dtype: str | None = None, device: str = "auto", compute: int = COMPUTE_32F,
            args: Callable[..., CublasCall] = cublas_args) -> Any:
-    """C = alpha op(A) op(B) + beta C for C-contiguous row-major stored 2-D (or 3-D batched) arrays."""
+    """C = alpha op(A) op(B) + beta C for C-contiguous row-major stored 2-D (or 3-D batched) arrays.
+
+    The first call with an operand signature validates the shapes, runs the guard and prepares the cuBLAS
+    call; later calls with the same signature reuse it (the per-call cost is the raw binding's plus a lookup).
+    """
+    key = None
+    if hasattr(a, "strides") and hasattr(b, "strides"):
+        key = _signature(a, b, c, trans_a, trans_b, float(alpha), float(beta), out_dtype, device, compute, args)
+        hit = _PREPARED.get(key)
+        if hit is not None:
+            prepared, new_c = hit
+            return prepared(a, b, new_c() if c is None else c)
+    return _matmul_first(key, a, b, trans_a, trans_b, alpha, beta, c, out_dtype, device, compute, args)
+
+
+def _matmul_first(key: tuple | None, a: Any, b: Any, trans_a: bool, trans_b: bool, alpha: float, beta: float,
+                  c: Any, out_dtype: str | None, device: str, compute: int, args: Callable[..., CublasCall]) -> Any:
     from native.device import array_module, resolve_device
 
     dev = resolve_device(device)
     xp = array_module(dev)
+    if not (isinstance(a, xp.ndarray) and isinstance(b, xp.ndarray) and a.flags.c_contiguous
+            and b.flags.c_contiguous):
+        key = None  # converted operands are new arrays: their signature says nothing about the next call's
     a, b = xp.ascontiguousarray(xp.asarray(a)), xp.ascontiguousarray(xp.asarray(b))
     batched = a.ndim == 3
     batch = int(a.shape[0]) if batched else 1
+    if a.ndim not in (2, 3) or b.ndim != a.ndim:
+        raise ValueError(f"GEMM takes 2-D or 3-D operands of equal rank, got {a.shape} and {b.shape}")
     (ar, ac), (br, bc) = a.shape[-2:], b.shape[-2:]
     m, k = (ac, ar) if trans_a else (ar, ac)
     k2, n = (bc, br) if trans_b else (br, bc)
-    if k != k2 or (batched and (b.ndim != 3 or b.shape[0] != batch)):
+    if k != k2 or (batched and b.shape[0] != batch):
         raise ValueError(f"GEMM shapes {a.shape} (trans {trans_a}) and {b.shape} (trans {trans_b}) do not match")
     out_dtype = out_dtype or str(a.dtype)
     shape = (batch, m, n) if batched else (m, n)
+    new_c = functools.partial(xp.zeros, shape, dtype=out_dtype)
     if c is None:
-        c = xp.zeros(shape, dtype=out_dtype)
-    elif tuple(c.shape) != shape or not c.flags.c_contiguous:
-        raise ValueError(f"C must be C-contiguous of shape {shape}")
-    # Contiguous arrays are their own flat buffers (no per-call reshape: the hot path stays short).
-    gemm_raw(get_context(dev), a, b, c, int(m), int(n), int(k), int(ac),
-             int(bc), int(n), trans_a, trans_b, alpha, beta, batch, (ar * ac, br * bc, m * n), compute, args)
-    return c
+        c = new_c()
+    elif not isinstance(c, xp.ndarray) or tuple(c.shape) != shape or not c.flags.c_contiguous:
+        raise ValueError(f"C must be a C-contiguous {xp.__name__} array of shape {shape}")
+    ctx = get_context(dev)
+    prepared = prepare_gemm(ctx, a, b, c, int(m), int(n), int(k), int(ac), int(bc), int(n), trans_a, trans_b,
+                            alpha, beta, batch, (ar * ac, br * bc, m * n), compute, args)
+    if key is not None:
+        if len(_PREPARED) >= _PREPARED_MAX:
+            _PREPARED.clear()
+        _PREPARED[key] = (prepared, new_c)
+    return prepared(a, b, c)
 
 
 def bmm(a: Any, b: Any, **kw: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import fnmatch
 import importlib.metadata
 import os
 import platform
@@ -19,7 +20,8 @@ from obligations.contract import Contract, load_contract
 from obligations.engines import Job, get_engine
 from obligations.results import Outcome, Status, error, skipped
 
-__all__ = ["check_contract", "check_paths", "run_item", "exit_code", "provenance", "summarize", "replay_command"]
+__all__ = ["check_contract", "check_paths", "selected", "run_item", "exit_code", "provenance", "summarize",
+           "replay_command"]
 
 ProgressFn = Callable[[str, dict[str, Any] | None], None]
 
@@ -46,11 +48,16 @@ def replay_command(contract: Contract, item_id: str, device: str, seed: int) -> 
     return f"kc check {contract.path} --only {item_id} --device {device} --seed {seed}"
 
 
+def selected(item_id: str, patterns: Iterable[str]) -> bool:
+    """True iff ``item_id`` equals one of ``patterns`` or matches it as a shell glob (``RED-FOLD-*``)."""
+    return any(item_id == p or fnmatch.fnmatchcase(item_id, p) for p in patterns)
+
+
 def check_contract(path: str | Path | Contract, *, device: str = "host", only: Iterable[str] | None = None,
                    profile: str = "quick", seed: int = 0, progress: ProgressFn | None = None) -> dict[str, Any]:
     """Check one contract and return its entry of the JSON result."""
     contract = path if isinstance(path, Contract) else load_contract(path)
-    wanted = set(only) if only else None
+    wanted = list(only) if only else None
     entry: dict[str, Any] = {
         "id": contract.id,
         "version": contract.data["version"],
@@ -64,7 +71,7 @@ def check_contract(path: str | Path | Contract, *, device: str = "host", only: I
     if progress:
         progress("contract", entry)
     for item in contract.items:
-        if wanted is not None and item["id"] not in wanted:
+        if wanted is not None and not selected(item["id"], wanted):
             continue
         if progress:
             progress("start", item)
@@ -173,7 +180,7 @@ def check_paths(paths: Iterable[str | Path], *, device: str = "host", device_inf
     contracts = []
     for f in contract_files(paths):
         contract = load_contract(f)
-        if only and not any(it["id"] in only for it in contract.items):
+        if only and not any(selected(it["id"], only) for it in contract.items):
             continue
         contracts.append(check_contract(contract, device=device, only=only, profile=profile, seed=seed,
                                         progress=progress))

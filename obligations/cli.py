@@ -137,7 +137,8 @@ def _check_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML (one testcase per item)")
     p.add_argument("--sarif", metavar="FILE", help="write SARIF 2.1.0")
     p.add_argument("--strict", action="store_true", help="also fail on unknown or skipped items")
-    p.add_argument("--only", nargs="+", metavar="ID", help="check only these item ids")
+    p.add_argument("--only", nargs="+", action="extend", metavar="ID",
+                   help="check only these item ids or shell globs (RED-FOLD-*); repeatable")
     p.add_argument("--profile", choices=["quick", "full"], default=None,
                    help="falsification budget (default: quick on host, full on cuda)")
     p.add_argument("--seed", type=int, default=0)

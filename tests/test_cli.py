@@ -34,6 +34,15 @@ def test_check_writes_the_json_result_and_exits_0(tmp_path, capsys):
     assert "proved     PO-GEMM-02-A-z3" in text and "3 items: 1 proved, 1 exhausted, 1 skipped" in text
 
 
+def test_only_takes_globs_and_accumulates_when_repeated(tmp_path):
+    out = tmp_path / "r.json"
+    argv = ["check", str(GEMM), "--device", "host", "--only", "PO-GEMM-02-*-z3", "--only", "PO-GEMM-03"]
+    assert main([*argv, "--json", str(out)]) == 0
+    ids = [it["id"] for it in json.loads(out.read_text())["contracts"][0]["items"]]
+    assert ids == ["PO-GEMM-02-A-z3", "PO-GEMM-02-B-z3", "PO-GEMM-02-C-z3", "PO-GEMM-02-complete-z3",
+                   "PO-GEMM-02-overflow-z3", "PO-GEMM-03"]
+
+
 def test_strict_fails_on_skipped_items():
     assert main(["check", str(GEMM), "--device", "host", "--only", *SHAPE, "--strict"]) == 1
 

@@ -102,3 +102,42 @@ def test_batched_fp16_to_fp32_matches_per_batch_products():
     got = ng.bmm(a, b, trans_b=True, out_dtype="float32", device="host")
     want = np.stack([a[i].astype(np.float64) @ b[i].astype(np.float64).T for i in range(3)])
     np.testing.assert_allclose(got, want, rtol=1e-6)  # fp16 products are exact in fp32
+
+
+def test_prepared_calls_are_reused_per_signature_and_never_alias_outputs():
+    ng.close_contexts()
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((5, 3)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    first, second = ng.matmul(a, b, device="host"), ng.matmul(a, b, device="host")
+    assert first is not second and np.array_equal(first, second)
+    api = ng.get_context("host").api
+    entries = len(ng._PREPARED)
+    c = np.zeros((5, 4), np.float32)
+    before = api.calls["gemm"]
+    for _ in range(3):
+        ng.matmul(a, b, c=c, device="host")
+    assert api.calls["gemm"] - before == 3 and len(ng._PREPARED) == entries + 1  # one prepare, three calls
+    np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-6)
+    at = np.ascontiguousarray(a.T)
+    np.testing.assert_allclose(ng.matmul(at, b, trans_a=True, device="host"), c, rtol=1e-6)
+    np.testing.assert_allclose(ng.matmul(a.T.T[:, :2], b[:2], device="host"), a[:, :2] @ b[:2], rtol=1e-6)
+    with pytest.raises(ValueError, match="C must be"):
+        ng.matmul(a, b, c=np.zeros((4, 5), np.float32), device="host")
+
+
+def test_closing_the_context_drops_its_prepared_calls():
+    a = np.ones((2, 2), np.float32)
+    ng.matmul(a, a, device="host")
+    ctx = ng.get_context("host")
+    assert any(call.context is ctx for call, _ in ng._PREPARED.values())
+    ng.close_contexts()
+    assert not any(call.context is ctx for call, _ in ng._PREPARED.values())
+    assert np.array_equal(ng.matmul(a, a, device="host"), 2 * a) and ng.get_context("host") is not ctx
+
+
+def test_a_cache_keyed_without_shapes_is_caught_by_the_agreement_item(tmp_path):
+    ng.close_contexts()
+    path = _variant(tmp_path, 'params: {impl: "native.gemm:matmul", dtypes: [float32, float16]}',
+                    'params: {impl: "tests.planted.gemm_kernel_bugs:matmul_stale_cache", dtypes: [float32, float16]}')
+    it = _items(path, ["PO-GEMM-01"])["PO-GEMM-01"]
+    assert it["status"] == "violated" and "host BLAS" in it["reason"], it["reason"]  # the model's bounds check

@@ -6,7 +6,7 @@ from typing import Any
 
 from native import gemm
 
-__all__ = ["args_wrong_transpose", "matmul_wrong_transpose", "matmul_tf32"]
+__all__ = ["args_wrong_transpose", "matmul_wrong_transpose", "matmul_tf32", "matmul_stale_cache"]
 
 
 def args_wrong_transpose(m: int, n: int, k: int, lda: int, ldb: int, ldc: int, trans_a: bool,
@@ -25,3 +25,17 @@ def matmul_wrong_transpose(a: Any, b: Any, **kw: Any) -> Any:
 def matmul_tf32(a: Any, b: Any, **kw: Any) -> Any:
     """BUG: TF32 switched on (CUBLAS_COMPUTE_32F_FAST_TF32), as CUPY_TF32=1 would."""
     return gemm.matmul(a, b, compute=gemm.COMPUTE_32F_FAST_TF32, **kw)
+
+
+def _signature_without_shapes(a: Any, b: Any, c: Any, *rest: Any) -> tuple:
+    return ("stale", type(a), a.dtype, type(b), b.dtype, None if c is None else (type(c), c.dtype), *rest)
+
+
+def matmul_stale_cache(a: Any, b: Any, **kw: Any) -> Any:
+    """BUG: prepared calls keyed without shapes, so a new shape reuses another shape's guarded call."""
+    real = gemm._signature
+    gemm._signature = _signature_without_shapes
+    try:
+        return gemm.matmul(a, b, **kw)
+    finally:
+        gemm._signature = real

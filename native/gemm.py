@@ -373,10 +373,13 @@ class GemmContext:
         self._stream: Any = None
         self._bound_ptr: int | None = None  # the bound stream's pointer (cuda), checked before every call
         self._current_stream: Callable[[], Any] | None = None
+        self._current_ptr: Callable[[], int] | None = None
         if device == "cuda":
             import cupy
 
             self._current_stream = cupy.cuda.get_current_stream
+            self._current_ptr = getattr(cupy.cuda.stream, "get_current_stream_ptr", None) or (
+                lambda: cupy.cuda.get_current_stream().ptr)
 
     def bind(self, stream: Any = None) -> None:
         """Start a step: bind ``stream`` (default: the current one) once; GEMMs of the step reuse it."""
@@ -391,16 +394,38 @@ class GemmContext:
     def _ensure_bound(self) -> None:
         if self.handle is None:
             raise RuntimeError("GEMM context is closed")
-        if self._stream is None:
-            self.bind()
-        elif self._current_stream is not None and self._current_stream().ptr != self._bound_ptr:
-            self.bind()  # a new step on another stream: rebind once
+        if self._stream is None or (self._current_ptr is not None and self._current_ptr() != self._bound_ptr):
+            self.bind()  # the first call, or a new step on another stream: bind once
+
+    def step_call(self, run: Callable[[Any, Any, Any], None], swap: bool,
+                  new_c: Callable[[], Any] | None = None) -> PreparedGemm:
+        """``call(a, b, c=None) -> c``: bind the step's stream if it changed, then ``run`` (cuBLAS operand order)."""
+        ctx, current = self, self._current_ptr
+        if current is None:
+            def call(a: Any, b: Any, c: Any = None) -> Any:
+                if ctx.handle is None or ctx._stream is None:
+                    ctx._ensure_bound()
+                if c is None:
+                    c = new_c()
+                run(b, a, c) if swap else run(a, b, c)
+                return c
+        else:
+            def call(a: Any, b: Any, c: Any = None) -> Any:
+                # One pointer compare per call: the handle is rebound only when the step's stream changed.
+                if ctx.handle is None or current() != ctx._bound_ptr:
+                    ctx._ensure_bound()
+                if c is None:
+                    c = new_c()
+                run(b, a, c) if swap else run(a, b, c)
+                return c
+        call.context = self
+        return call
 
     def close(self) -> None:
         """Destroy the handle exactly once (later calls are no-ops); its prepared calls are dropped."""
         if self.handle is not None:
             handle, self.handle = self.handle, None
-            for key in [key for key, (call, _) in _PREPARED.items() if call.context is self]:
+            for key in [key for key, call in _PREPARED.items() if call.context is self]:
                 del _PREPARED[key]
             self.api.destroy(handle)
 
@@ -433,35 +458,24 @@ def _nbytes(x: Any) -> int:
     return int(x.size) * int(x.dtype.itemsize)
 
 
-@dataclass(frozen=True)
-class PreparedGemm:
-    """A guarded GEMM with every int resolved: ``call(a, b, c)`` binds the step's stream and runs cuBLAS.
+PreparedGemm = Callable[..., Any]
+"""``call(a, b, c=None) -> c``: a guarded GEMM with every int resolved (made by :func:`prepare_gemm`).
 
-    Only :func:`prepare_gemm` makes one, after the guard accepted the call's ints; whoever caches it must
-    key it by everything those ints derive from (:func:`matmul` keys by class, shape, strides and dtype).
-    """
-
-    context: GemmContext
-    run: Callable[[Any, Any, Any], None]
-    swap: bool  # cuBLAS's first operand is our B
-
-    def __call__(self, a: Any, b: Any, c: Any) -> Any:
-        """Run on these operands (of the prepared signature); returns ``c``."""
-        self.context._ensure_bound()
-        if self.swap:
-            self.run(b, a, c)
-        else:
-            self.run(a, b, c)
-        return c
+It rebinds the context's stream when the step's stream changed, counts the call and runs cuBLAS; its
+``context`` attribute is the context it was prepared on. Whoever caches one must key it by everything
+the guard's ints derive from (:func:`matmul` keys by shape, layout and dtype).
+"""
 
 
 def prepare_gemm(ctx: GemmContext, a: Any, b: Any, c: Any, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
                  trans_a: bool, trans_b: bool, alpha: float = 1.0, beta: float = 0.0, batch: int = 1,
                  strides: tuple[int, int, int] = (0, 0, 0), compute: int = COMPUTE_32F,
-                 args: Callable[..., CublasCall] = cublas_args) -> PreparedGemm:
+                 args: Callable[..., CublasCall] = cublas_args,
+                 new_c: Callable[[], Any] | None = None) -> PreparedGemm:
     """Run the guard on C-contiguous buffers (their bytes are the buffer lengths) and resolve the cuBLAS call.
 
     Raises BufferTooSmall (nothing reaches cuBLAS) when the guard refuses, TypeError on unsupported types.
+    ``new_c`` makes the output when a call passes ``c=None``.
     """
     es_in, es_out = int(a.dtype.itemsize), int(c.dtype.itemsize)
     if str(a.dtype) != str(b.dtype) or str(a.dtype) not in DATA_TYPES or str(c.dtype) not in DATA_TYPES:
@@ -480,7 +494,7 @@ def prepare_gemm(ctx: GemmContext, a: Any, b: Any, c: Any, m: int, n: int, k: in
     s1, s2 = (sb, sa) if swap else (sa, sb)
     run = ctx.api.prepare(ctx.handle, call.transa, call.transb, call.m, call.n, call.k, alpha, call.lda, s1,
                           call.ldb, s2, beta, call.ldc, sc, batch, compute, a.dtype, c.dtype)
-    return PreparedGemm(ctx, run, swap)
+    return ctx.step_call(run, swap, new_c)
 
 
 def gemm_raw(ctx: GemmContext, a: Any, b: Any, c: Any, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
@@ -497,17 +511,27 @@ def gemm_raw(ctx: GemmContext, a: Any, b: Any, c: Any, m: int, n: int, k: int, l
 
 # Prepared calls by operand signature. The guard is a pure function of ints that the signature fixes (a
 # C-contiguous buffer's bytes are its shape times its itemsize), so a signature it accepted stays accepted.
-_PREPARED: dict[tuple, tuple[PreparedGemm, Callable[[], Any]]] = {}
+_PREPARED: dict[tuple, PreparedGemm] = {}
 _PREPARED_MAX = 4096
 
 
-def _signature(a: Any, b: Any, c: Any, *rest: Any) -> tuple:
-    # Arrays are keyed by class, shape, strides and dtype; the current device (cuda) picks the context.
-    dev = _device_id() if type(a) is not np.ndarray else -1
+def _numpy_signature(a: np.ndarray, b: np.ndarray, c: np.ndarray | None) -> tuple:
     if c is None:
-        return (dev, type(a), a.shape, a.strides, a.dtype, type(b), b.shape, b.strides, b.dtype, None, *rest)
-    return (dev, type(a), a.shape, a.strides, a.dtype, type(b), b.shape, b.strides, b.dtype, type(c), c.shape,
-            c.strides, c.dtype, *rest)
+        return -1, a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype, type(b)
+    return -1, a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype, type(b), c.shape, c.strides, c.dtype, type(c)
+
+
+def _cupy_signature(a: Any, b: Any, c: Any) -> tuple:
+    # _c_contiguous is CuPy's cached flag (an attribute read; .strides builds a tuple): the hot path is
+    # budgeted in hundreds of nanoseconds. A NumPy b or c has no such attribute: AttributeError, slow path.
+    if c is None:
+        return _device_id(), a.shape, a.dtype, b.shape, b.dtype, a._c_contiguous and b._c_contiguous
+    return (_device_id(), a.shape, a.dtype, b.shape, b.dtype, c.shape, c.dtype,
+            a._c_contiguous and b._c_contiguous and c._c_contiguous)
+
+
+# Operand signature per array class of A (registered when the class's module is first used).
+_SIGNATURES: dict[type, Callable[[Any, Any, Any], tuple]] = {np.ndarray: _numpy_signature}
 
 
 def _device_id() -> int:
@@ -526,13 +550,17 @@ def matmul(a: Any, b: Any, *, trans_a: bool = False, trans_b: bool = False, alph
     The first call with an operand signature validates the shapes, runs the guard and prepares the cuBLAS
     call; later calls with the same signature reuse it (the per-call cost is the raw binding's plus a lookup).
     """
+    signature = _SIGNATURES.get(type(a))
     key = None
-    if hasattr(a, "strides") and hasattr(b, "strides"):
-        key = _signature(a, b, c, trans_a, trans_b, float(alpha), float(beta), out_dtype, device, compute, args)
-        hit = _PREPARED.get(key)
-        if hit is not None:
-            prepared, new_c = hit
-            return prepared(a, b, new_c() if c is None else c)
+    if signature is not None:
+        try:
+            key = (signature(a, b, c), trans_a, trans_b, alpha, beta, out_dtype, device, compute, args)
+        except AttributeError:
+            key = None
+        else:
+            prepared = _PREPARED.get(key)
+            if prepared is not None:
+                return prepared(a, b, c)
     return _matmul_first(key, a, b, trans_a, trans_b, alpha, beta, c, out_dtype, device, compute, args)
 
 
@@ -542,6 +570,7 @@ def _matmul_first(key: tuple | None, a: Any, b: Any, trans_a: bool, trans_b: boo
 
     dev = resolve_device(device)
     xp = array_module(dev)
+    _SIGNATURES.setdefault(xp.ndarray, _cupy_signature if dev == "cuda" else _numpy_signature)
     if not (isinstance(a, xp.ndarray) and isinstance(b, xp.ndarray) and a.flags.c_contiguous
             and b.flags.c_contiguous):
         key = None  # converted operands are new arrays: their signature says nothing about the next call's
@@ -564,11 +593,11 @@ def _matmul_first(key: tuple | None, a: Any, b: Any, trans_a: bool, trans_b: boo
         raise ValueError(f"C must be a C-contiguous {xp.__name__} array of shape {shape}")
     ctx = get_context(dev)
     prepared = prepare_gemm(ctx, a, b, c, int(m), int(n), int(k), int(ac), int(bc), int(n), trans_a, trans_b,
-                            alpha, beta, batch, (ar * ac, br * bc, m * n), compute, args)
+                            alpha, beta, batch, (ar * ac, br * bc, m * n), compute, args, new_c)
     if key is not None:
         if len(_PREPARED) >= _PREPARED_MAX:
             _PREPARED.clear()
-        _PREPARED[key] = (prepared, new_c)
+        _PREPARED[key] = prepared
     return prepared(a, b, c)
 
 

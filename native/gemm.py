@@ -570,10 +570,12 @@ def _matmul_first(key: tuple | None, a: Any, b: Any, trans_a: bool, trans_b: boo
 
     dev = resolve_device(device)
     xp = array_module(dev)
-    _SIGNATURES.setdefault(xp.ndarray, _cupy_signature if dev == "cuda" else _numpy_signature)
+    signature = _SIGNATURES.setdefault(xp.ndarray, _cupy_signature if dev == "cuda" else _numpy_signature)
     if not (isinstance(a, xp.ndarray) and isinstance(b, xp.ndarray) and a.flags.c_contiguous
-            and b.flags.c_contiguous):
+            and b.flags.c_contiguous and (c is None or isinstance(c, xp.ndarray))):
         key = None  # converted operands are new arrays: their signature says nothing about the next call's
+    elif key is None:  # the array class was registered just now
+        key = (signature(a, b, c), trans_a, trans_b, alpha, beta, out_dtype, device, compute, args)
     a, b = xp.ascontiguousarray(xp.asarray(a)), xp.ascontiguousarray(xp.asarray(b))
     batched = a.ndim == 3
     batch = int(a.shape[0]) if batched else 1

@@ -390,13 +390,17 @@ def overhead(ctx: FalsifyContext) -> Outcome:
     gc._ensure_bound()
     rows, worst = {}, 0.0
     alpha, beta = np.array(1.0, np.float32), np.array(0.0, np.float32)
+    # The peer is the cheapest raw call: handle, scalar pointers and enums resolved once, outside the loop.
+    handle, p_alpha, p_beta, op_n, c32, algo = (gc.handle, alpha.ctypes.data, beta.ctypes.data, ng.OP_N,
+                                                ng.COMPUTE_32F, ng.GEMM_DEFAULT)
+    gemm_ex = cublas.gemmEx
     for m, k, n, dtype in ctx.params.get("shapes", [[4096, 1024, 4096, "float16"]]):
         a, b, c = _operands(m, n, k, dtype)
         t = ng.DATA_TYPES[dtype]
 
         def raw(a: Any = a, b: Any = b, c: Any = c, t: int = t, m: int = m, n: int = n, k: int = k) -> None:
-            cublas.gemmEx(gc.handle, ng.OP_N, ng.OP_N, n, m, k, alpha.ctypes.data, b.data.ptr, t, n, a.data.ptr, t,
-                          k, beta.ctypes.data, c.data.ptr, t, n, ng.COMPUTE_32F, ng.GEMM_DEFAULT)
+            gemm_ex(handle, op_n, op_n, n, m, k, p_alpha, b.data.ptr, t, n, a.data.ptr, t, k, p_beta, c.data.ptr, t,
+                    n, c32, algo)
 
         def wrapped(a: Any = a, b: Any = b, c: Any = c) -> None:
             ng.matmul(a, b, c=c, device="cuda")

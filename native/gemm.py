@@ -16,7 +16,7 @@ import atexit
 import functools
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -209,6 +209,7 @@ class HostBlas:
     """
 
     name = "host"
+    binds_current_stream = True  # no streams: nothing to rebind
 
     def __init__(self) -> None:
         self._next = 1
@@ -257,6 +258,9 @@ class CupyBlas:
     """cuBLAS through CuPy's bindings (cupy.cuda.cublas), on device arrays."""
 
     name = "cublas"
+    # CuPy's gemmEx / gemmStridedBatchedEx bindings issue cublasSetStream(handle, current stream) before
+    # every call (cupy_backends/cuda/libs/cublas.pyx), so a prepared call needs no stream check of its own.
+    binds_current_stream = True
 
     def __init__(self) -> None:
         from cupy.cuda import cublas
@@ -316,49 +320,70 @@ class CupyBlas:
                      A.dtype, C.dtype)(A, B, C)
 
 
-@dataclass
 class Instrumented:
-    """Counts every call into a BLAS backend and records the compute type of every GEMM (evidence)."""
+    """Counts every call into a BLAS backend and records the compute type of every GEMM (evidence).
 
-    api: Any
-    calls: Counter = field(default_factory=Counter)
-    compute_types: Counter = field(default_factory=Counter)
-    streams: list = field(default_factory=list)
+    A GEMM's count lives in a one-element list per compute type, bumped by the prepared call itself:
+    the count costs one increment, which the wrapper-overhead budget (PO-GEMM-04) has room for.
+    """
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+        self._lifecycle: Counter = Counter()
+        self._gemms: dict[int, list[int]] = {}
+        self.streams: list = []
 
     @property
     def name(self) -> str:
         """The backend's name."""
         return self.api.name
 
+    @property
+    def binds_current_stream(self) -> bool:
+        """Whether the backend's GEMM binding itself runs on the caller's current stream."""
+        return bool(getattr(self.api, "binds_current_stream", False))
+
+    @property
+    def calls(self) -> Counter:
+        """Calls so far by kind: create, setStream, gemm, destroy (a snapshot)."""
+        out = Counter(self._lifecycle)
+        gemms = sum(cell[0] for cell in self._gemms.values())
+        if gemms:
+            out["gemm"] = gemms
+        return out
+
+    @property
+    def compute_types(self) -> Counter:
+        """GEMMs so far by requested compute type (a snapshot)."""
+        return Counter({ct: cell[0] for ct, cell in self._gemms.items() if cell[0]})
+
     def create(self) -> int:
         """Counted create."""
-        self.calls["create"] += 1
+        self._lifecycle["create"] += 1
         return self.api.create()
 
     def destroy(self, handle: int) -> None:
         """Counted destroy."""
-        self.calls["destroy"] += 1
+        self._lifecycle["destroy"] += 1
         self.api.destroy(handle)
 
     def setStream(self, handle: int, stream: Any) -> None:  # noqa: N802
         """Counted setStream."""
-        self.calls["setStream"] += 1
+        self._lifecycle["setStream"] += 1
         self.streams.append(getattr(stream, "ptr", stream))
         self.api.setStream(handle, stream)
 
     def gemmStridedBatchedEx(self, *args: Any) -> None:  # noqa: N802
         """Counted GEMM; its compute type is recorded."""
-        self.calls["gemm"] += 1
-        self.compute_types[args[-1]] += 1
+        self._gemms.setdefault(args[-1], [0])[0] += 1
         self.api.gemmStridedBatchedEx(*args)
 
     def prepare(self, *args: Any) -> Callable[[Any, Any, Any], None]:
-        """The backend's prepared call, counted and its compute type recorded on every run."""
-        inner, calls, compute_types, compute = self.api.prepare(*args), self.calls, self.compute_types, args[15]
+        """The backend's prepared call, counted under its compute type on every run."""
+        inner, cell = self.api.prepare(*args), self._gemms.setdefault(args[15], [0])
 
         def run(A: Any, B: Any, C: Any) -> None:  # noqa: N803
-            calls["gemm"] += 1
-            compute_types[compute] += 1
+            cell[0] += 1
             inner(A, B, C)
         return run
 
@@ -378,8 +403,12 @@ class GemmContext:
             import cupy
 
             self._current_stream = cupy.cuda.get_current_stream
-            self._current_ptr = getattr(cupy.cuda.stream, "get_current_stream_ptr", None) or (
-                lambda: cupy.cuda.get_current_stream().ptr)
+            try:
+                from cupy_backends.cuda.stream import get_current_stream_ptr as current_ptr
+            except ImportError:  # older layouts: the same pointer through the public API
+                def current_ptr() -> int:
+                    return cupy.cuda.get_current_stream().ptr
+            self._current_ptr = current_ptr
 
     def bind(self, stream: Any = None) -> None:
         """Start a step: bind ``stream`` (default: the current one) once; GEMMs of the step reuse it."""
@@ -401,10 +430,10 @@ class GemmContext:
                   new_c: Callable[[], Any] | None = None) -> PreparedGemm:
         """``call(a, b, c=None) -> c``: bind the step's stream if it changed, then ``run`` (cuBLAS operand order)."""
         ctx, current = self, self._current_ptr
-        if current is None:
+        if current is None or self.api.binds_current_stream:
             def call(a: Any, b: Any, c: Any = None) -> Any:
                 if ctx.handle is None or ctx._stream is None:
-                    ctx._ensure_bound()
+                    ctx._ensure_bound()  # closed: raises; first call: binds the current stream once
                 if c is None:
                     c = new_c()
                 run(b, a, c) if swap else run(a, b, c)

@@ -46,6 +46,9 @@ __all__ = [
     "guard",
     "PreparedGemm",
     "prepare_gemm",
+    "BoundGemm",
+    "bind_gemm",
+    "bind_matmul",
     "gemm_raw",
     "matmul",
     "bmm",
@@ -232,6 +235,11 @@ class HostBlas:
         return lambda A, B, C: self.gemmStridedBatchedEx(handle, transa, transb, m, n, k, alpha, A, lda, sa,  # noqa: N803
                                                          B, ldb, sb, beta, C, ldc, sc, batch, compute)
 
+    def bind(self, *args: Any) -> Callable[[], None]:
+        """``prepare``'s arguments followed by the three buffers: ``run()`` on them."""
+        run, operands = self.prepare(*args[:18]), args[18:]
+        return lambda: run(*operands)
+
     def gemmStridedBatchedEx(self, handle: int, transa: int, transb: int, m: int, n: int, k: int,  # noqa: N802
                              alpha: float, A: np.ndarray, lda: int, sa: int, B: np.ndarray, ldb: int, sb: int,  # noqa: N803
                              beta: float, C: np.ndarray, ldc: int, sc: int, batch: int, compute: int) -> None:
@@ -312,6 +320,22 @@ class CupyBlas:
                      C.data.ptr, ct, ldc, sc, batch, compute, GEMM_DEFAULT)
         return run
 
+    def bind(self, handle: int, transa: int, transb: int, m: int, n: int, k: int, alpha: float, lda: int, sa: int,
+             ldb: int, sb: int, beta: float, ldc: int, sc: int, batch: int, compute: int, in_dtype: Any,
+             out_dtype: Any, A: Any, B: Any, C: Any) -> Callable[[], None]:  # noqa: N803
+        """``run()``: the call with its device pointers resolved too (a C-level partial, no Python frame)."""
+        at, ct = DATA_TYPES[str(in_dtype)], DATA_TYPES[str(out_dtype)]
+        pa, pb = self._host_ptr(alpha), self._host_ptr(beta)
+        if batch == 1:
+            run = functools.partial(self._cublas.gemmEx, handle, transa, transb, m, n, k, pa, A.data.ptr, at, lda,
+                                    B.data.ptr, at, ldb, pb, C.data.ptr, ct, ldc, compute, GEMM_DEFAULT)
+        else:
+            run = functools.partial(self._cublas.gemmStridedBatchedEx, handle, transa, transb, m, n, k, pa,
+                                    A.data.ptr, at, lda, sa, B.data.ptr, at, ldb, sb, pb, C.data.ptr, ct, ldc, sc,
+                                    batch, compute, GEMM_DEFAULT)
+        run.operands = (A, B, C)  # the pointers stay valid while the call holds their arrays
+        return run
+
     def gemmStridedBatchedEx(self, handle: int, transa: int, transb: int, m: int, n: int, k: int,  # noqa: N802
                              alpha: float, A: Any, lda: int, sa: int, B: Any, ldb: int, sb: int,  # noqa: N803
                              beta: float, C: Any, ldc: int, sc: int, batch: int, compute: int) -> None:
@@ -377,6 +401,15 @@ class Instrumented:
         """Counted GEMM; its compute type is recorded."""
         self._gemms.setdefault(args[-1], [0])[0] += 1
         self.api.gemmStridedBatchedEx(*args)
+
+    def bind(self, *args: Any) -> Callable[[], None]:
+        """The backend's bound call, counted under its compute type on every run."""
+        inner, cell = self.api.bind(*args), self._gemms.setdefault(args[15], [0])
+
+        def run() -> None:
+            cell[0] += 1
+            inner()
+        return run
 
     def prepare(self, *args: Any) -> Callable[[Any, Any, Any], None]:
         """The backend's prepared call, counted under its compute type on every run."""
@@ -450,6 +483,24 @@ class GemmContext:
         call.context = self
         return call
 
+    def bound_call(self, run: Callable[[], None], c: Any) -> BoundGemm:
+        """``call() -> c``: as :meth:`step_call`, for a backend call with its buffers bound."""
+        ctx, current = self, self._current_ptr
+        if current is None or self.api.binds_current_stream:
+            def call() -> Any:
+                if ctx.handle is None or ctx._stream is None:
+                    ctx._ensure_bound()
+                run()
+                return c
+        else:
+            def call() -> Any:
+                if ctx.handle is None or current() != ctx._bound_ptr:
+                    ctx._ensure_bound()
+                run()
+                return c
+        call.context = self
+        return call
+
     def close(self) -> None:
         """Destroy the handle exactly once (later calls are no-ops); its prepared calls are dropped."""
         if self.handle is not None:
@@ -488,24 +539,20 @@ def _nbytes(x: Any) -> int:
 
 
 PreparedGemm = Callable[..., Any]
+BoundGemm = Callable[[], Any]
 """``call(a, b, c=None) -> c``: a guarded GEMM with every int resolved (made by :func:`prepare_gemm`).
 
 It rebinds the context's stream when the step's stream changed, counts the call and runs cuBLAS; its
 ``context`` attribute is the context it was prepared on. Whoever caches one must key it by everything
 the guard's ints derive from (:func:`matmul` keys by shape, layout and dtype).
 """
+# BoundGemm: ``call() -> c`` on buffers bound at preparation (made by :func:`bind_gemm`); ``context`` as above.
 
 
-def prepare_gemm(ctx: GemmContext, a: Any, b: Any, c: Any, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
-                 trans_a: bool, trans_b: bool, alpha: float = 1.0, beta: float = 0.0, batch: int = 1,
-                 strides: tuple[int, int, int] = (0, 0, 0), compute: int = COMPUTE_32F,
-                 args: Callable[..., CublasCall] = cublas_args,
-                 new_c: Callable[[], Any] | None = None) -> PreparedGemm:
-    """Run the guard on C-contiguous buffers (their bytes are the buffer lengths) and resolve the cuBLAS call.
-
-    Raises BufferTooSmall (nothing reaches cuBLAS) when the guard refuses, TypeError on unsupported types.
-    ``new_c`` makes the output when a call passes ``c=None``.
-    """
+def _guarded_args(ctx: GemmContext, a: Any, b: Any, c: Any, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
+                  trans_a: bool, trans_b: bool, alpha: float, beta: float, batch: int, strides: tuple[int, int, int],
+                  compute: int, args: Callable[..., CublasCall]) -> tuple[bool, tuple]:
+    """Run the guard and resolve the column-major call: (swap operands?, the backend's prepare arguments)."""
     es_in, es_out = int(a.dtype.itemsize), int(c.dtype.itemsize)
     if str(a.dtype) != str(b.dtype) or str(a.dtype) not in DATA_TYPES or str(c.dtype) not in DATA_TYPES:
         raise TypeError(f"unsupported GEMM types {a.dtype} x {b.dtype} -> {c.dtype}")
@@ -521,9 +568,38 @@ def prepare_gemm(ctx: GemmContext, a: Any, b: Any, c: Any, m: int, n: int, k: in
     call = args(m, n, k, lda, ldb, ldc, trans_a, trans_b)
     swap = call.first == "B"
     s1, s2 = (sb, sa) if swap else (sa, sb)
-    run = ctx.api.prepare(ctx.handle, call.transa, call.transb, call.m, call.n, call.k, alpha, call.lda, s1,
-                          call.ldb, s2, beta, call.ldc, sc, batch, compute, a.dtype, c.dtype)
-    return ctx.step_call(run, swap, new_c)
+    return swap, (ctx.handle, call.transa, call.transb, call.m, call.n, call.k, alpha, call.lda, s1, call.ldb, s2,
+                  beta, call.ldc, sc, batch, compute, a.dtype, c.dtype)
+
+
+def prepare_gemm(ctx: GemmContext, a: Any, b: Any, c: Any, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
+                 trans_a: bool, trans_b: bool, alpha: float = 1.0, beta: float = 0.0, batch: int = 1,
+                 strides: tuple[int, int, int] = (0, 0, 0), compute: int = COMPUTE_32F,
+                 args: Callable[..., CublasCall] = cublas_args,
+                 new_c: Callable[[], Any] | None = None) -> PreparedGemm:
+    """Run the guard on C-contiguous buffers (their bytes are the buffer lengths) and resolve the cuBLAS call.
+
+    Raises BufferTooSmall (nothing reaches cuBLAS) when the guard refuses, TypeError on unsupported types.
+    ``new_c`` makes the output when a call passes ``c=None``.
+    """
+    swap, cargs = _guarded_args(ctx, a, b, c, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, batch,
+                                strides, compute, args)
+    return ctx.step_call(ctx.api.prepare(*cargs), swap, new_c)
+
+
+def bind_gemm(ctx: GemmContext, a: Any, b: Any, c: Any, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
+              trans_a: bool, trans_b: bool, alpha: float = 1.0, beta: float = 0.0, batch: int = 1,
+              strides: tuple[int, int, int] = (0, 0, 0), compute: int = COMPUTE_32F,
+              args: Callable[..., CublasCall] = cublas_args) -> BoundGemm:
+    """:func:`prepare_gemm` with the three buffers bound too: ``call() -> c`` on exactly these buffers.
+
+    The guard runs here, on these buffers; an allocation's size never changes and the call holds its
+    buffers, so the guard's verdict covers every later call.
+    """
+    swap, cargs = _guarded_args(ctx, a, b, c, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, batch,
+                                strides, compute, args)
+    first, second = (b, a) if swap else (a, b)
+    return ctx.bound_call(ctx.api.bind(*cargs, first, second, c), c)
 
 
 def gemm_raw(ctx: GemmContext, a: Any, b: Any, c: Any, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
@@ -593,18 +669,17 @@ def matmul(a: Any, b: Any, *, trans_a: bool = False, trans_b: bool = False, alph
     return _matmul_first(key, a, b, trans_a, trans_b, alpha, beta, c, out_dtype, device, compute, args)
 
 
-def _matmul_first(key: tuple | None, a: Any, b: Any, trans_a: bool, trans_b: bool, alpha: float, beta: float,
-                  c: Any, out_dtype: str | None, device: str, compute: int, args: Callable[..., CublasCall]) -> Any:
+def _matmul_operands(a: Any, b: Any, trans_a: bool, trans_b: bool, c: Any, out_dtype: str | None,
+                     device: str) -> tuple:
+    """Validate and resolve matmul's operands: (device, a, b, c, ints for the guard, new_c, cacheable)."""
     from native.device import array_module, resolve_device
 
     dev = resolve_device(device)
     xp = array_module(dev)
-    signature = _SIGNATURES.setdefault(xp.ndarray, _cupy_signature if dev == "cuda" else _numpy_signature)
-    if not (isinstance(a, xp.ndarray) and isinstance(b, xp.ndarray) and a.flags.c_contiguous
-            and b.flags.c_contiguous and (c is None or isinstance(c, xp.ndarray))):
-        key = None  # converted operands are new arrays: their signature says nothing about the next call's
-    elif key is None:  # the array class was registered just now
-        key = (signature(a, b, c), trans_a, trans_b, alpha, beta, out_dtype, device, compute, args)
+    _SIGNATURES.setdefault(xp.ndarray, _cupy_signature if dev == "cuda" else _numpy_signature)
+    # Converted operands are new arrays: their signature says nothing about the next call's.
+    cacheable = (isinstance(a, xp.ndarray) and isinstance(b, xp.ndarray) and a.flags.c_contiguous
+                 and b.flags.c_contiguous and (c is None or isinstance(c, xp.ndarray)))
     a, b = xp.ascontiguousarray(xp.asarray(a)), xp.ascontiguousarray(xp.asarray(b))
     batched = a.ndim == 3
     batch = int(a.shape[0]) if batched else 1
@@ -622,14 +697,44 @@ def _matmul_first(key: tuple | None, a: Any, b: Any, trans_a: bool, trans_b: boo
         c = new_c()
     elif not isinstance(c, xp.ndarray) or tuple(c.shape) != shape or not c.flags.c_contiguous:
         raise ValueError(f"C must be a C-contiguous {xp.__name__} array of shape {shape}")
-    ctx = get_context(dev)
-    prepared = prepare_gemm(ctx, a, b, c, int(m), int(n), int(k), int(ac), int(bc), int(n), trans_a, trans_b,
-                            alpha, beta, batch, (ar * ac, br * bc, m * n), compute, args, new_c)
+    ints = (int(m), int(n), int(k), int(ac), int(bc), int(n))
+    return dev, a, b, c, ints, batch, (ar * ac, br * bc, m * n), new_c, cacheable
+
+
+def _matmul_first(key: tuple | None, a: Any, b: Any, trans_a: bool, trans_b: bool, alpha: float, beta: float,
+                  c: Any, out_dtype: str | None, device: str, compute: int, args: Callable[..., CublasCall]) -> Any:
+    c_given = c
+    dev, a, b, c, ints, batch, strides, new_c, cacheable = _matmul_operands(a, b, trans_a, trans_b, c, out_dtype,
+                                                                             device)
+    if not cacheable:
+        key = None
+    elif key is None:  # the array class was registered just now
+        key = (_SIGNATURES[type(a)](a, b, c_given), trans_a, trans_b, alpha, beta, out_dtype, device, compute, args)
+    prepared = prepare_gemm(get_context(dev), a, b, c, *ints, trans_a, trans_b, alpha, beta, batch, strides,
+                            compute, args, new_c)
     if key is not None:
         if len(_PREPARED) >= _PREPARED_MAX:
             _PREPARED.clear()
         _PREPARED[key] = prepared
     return prepared(a, b, c)
+
+
+def bind_matmul(a: Any, b: Any, c: Any = None, *, trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0,
+                beta: float = 0.0, out_dtype: str | None = None, device: str = "auto", compute: int = COMPUTE_32F,
+                args: Callable[..., CublasCall] = cublas_args) -> BoundGemm:
+    """:func:`matmul` bound to these buffers for a step's hot loop: ``call()`` computes into ``call.c``.
+
+    Operands are used as given (C-contiguous arrays of the device; nothing is converted), so later writes
+    into ``a`` and ``b`` are seen by later calls. The guard runs once, here, on these buffers.
+    """
+    dev, a2, b2, c, ints, batch, strides, _, cacheable = _matmul_operands(a, b, trans_a, trans_b, c, out_dtype,
+                                                                          device)
+    if not cacheable:
+        raise ValueError("bind_matmul binds C-contiguous arrays of the device as they are; convert them first")
+    call = bind_gemm(get_context(dev), a2, b2, c, *ints, trans_a, trans_b, alpha, beta, batch, strides, compute,
+                     args)
+    call.c = c
+    return call
 
 
 def bmm(a: Any, b: Any, **kw: Any) -> Any:

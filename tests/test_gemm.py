@@ -75,6 +75,16 @@ def test_tf32_switched_on_is_caught_on_the_gpu(tmp_path):
 
 @pytest.mark.cuda
 @needs_cuda
+def test_a_bound_call_that_revalidates_every_time_is_caught_by_the_overhead_item(tmp_path):
+    planted = '      impl: "tests.planted.gemm_kernel_bugs:bind_matmul_revalidating"\n'
+    path = _variant(tmp_path, 'test: gemm.overhead\n    params:\n', 'test: gemm.overhead\n    params:\n' + planted)
+    it = _items(path, ["PO-GEMM-04"], "cuda")["PO-GEMM-04"]
+    assert it["status"] == "violated", it["reason"]
+    assert it["evidence"]["timings_ms"]["4096x256x1024:float16"]["ratio"] > 1.02
+
+
+@pytest.mark.cuda
+@needs_cuda
 def test_cuda_contract_items_hold():
     perf = {"PO-GEMM-04", "FALSIFY-CUBLAS-003", "FALSIFY-CUBLAS-008", "FALSIFY-CUBLAS-010"}  # kc check reports them
     items = _items(CONTRACT, [i for i in ALL_IDS if i not in perf], "cuda")
@@ -149,3 +159,27 @@ def test_a_cache_keyed_without_shapes_is_caught_by_the_agreement_item(tmp_path):
                     'params: {impl: "tests.planted.gemm_kernel_bugs:matmul_stale_cache", dtypes: [float32, float16]}')
     it = _items(path, ["PO-GEMM-01"])["PO-GEMM-01"]
     assert it["status"] == "violated" and "host BLAS" in it["reason"], it["reason"]  # the model's bounds check
+
+
+def test_a_bound_call_runs_on_its_buffers_and_sees_later_writes():
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((3, 5)).astype(np.float32)
+    call = ng.bind_matmul(a, b, device="host")
+    api = ng.get_context("host").api
+    before = api.calls["gemm"]
+    assert call() is call.c
+    np.testing.assert_allclose(call.c, a.astype(np.float64) @ b, rtol=1e-6)
+    a[:] = 2 * a
+    call()
+    np.testing.assert_allclose(call.c, a.astype(np.float64) @ b, rtol=1e-6)
+    assert api.calls["gemm"] - before == 2 and api.compute_types[ng.COMPUTE_32F] >= 2
+    with pytest.raises(ValueError, match="binds C-contiguous"):
+        ng.bind_matmul(np.asfortranarray(a), b, device="host")
+
+
+def test_binding_undersized_buffers_raises_before_the_backend():
+    gc = ng.GemmContext(ng.HostBlas(), "host")
+    a, b, c = np.zeros(12, np.float32), np.zeros(12, np.float32), np.zeros(8, np.float32)  # C needs 9
+    with pytest.raises(ng.BufferTooSmall):
+        ng.bind_gemm(gc, a, b, c, 3, 3, 4, 4, 3, 3, False, False)
+    assert gc.api.calls["gemm"] == 0

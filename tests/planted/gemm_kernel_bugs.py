@@ -6,7 +6,8 @@ from typing import Any
 
 from native import gemm
 
-__all__ = ["args_wrong_transpose", "matmul_wrong_transpose", "matmul_tf32", "matmul_stale_cache"]
+__all__ = ["args_wrong_transpose", "matmul_wrong_transpose", "matmul_tf32", "matmul_stale_cache",
+           "bind_matmul_revalidating"]
 
 
 def args_wrong_transpose(m: int, n: int, k: int, lda: int, ldb: int, ldc: int, trans_a: bool,
@@ -39,3 +40,13 @@ def matmul_stale_cache(a: Any, b: Any, **kw: Any) -> Any:
         return gemm.matmul(a, b, **kw)
     finally:
         gemm._SIGNATURES[type(a)] = real
+
+
+def bind_matmul_revalidating(a: Any, b: Any, c: Any = None, **kw: Any) -> Any:
+    """BUG (performance): the "bound" call redoes the whole per-call validation and preparation every time."""
+    gemm.bind_matmul(a, b, c, **kw)  # same checks up front as the real one
+
+    def call() -> Any:
+        return gemm._matmul_first(None, a, b, False, False, 1.0, 0.0, c, None, kw.get("device", "auto"),
+                                  gemm.COMPUTE_32F, gemm.cublas_args)
+    return call

@@ -76,8 +76,8 @@ def test_tf32_switched_on_is_caught_on_the_gpu(tmp_path):
 @pytest.mark.cuda
 @needs_cuda
 def test_a_bound_call_that_revalidates_every_time_is_caught_by_the_overhead_item(tmp_path):
-    planted = '      impl: "tests.planted.gemm_kernel_bugs:bind_matmul_revalidating"\n'
-    path = _variant(tmp_path, 'test: gemm.overhead\n    params:\n', 'test: gemm.overhead\n    params:\n' + planted)
+    path = _variant(tmp_path, 'impl: "native.gemm:bind_matmul"',
+                    'impl: "tests.planted.gemm_kernel_bugs:bind_matmul_revalidating"')
     it = _items(path, ["PO-GEMM-04"], "cuda")["PO-GEMM-04"]
     assert it["status"] == "violated", it["reason"]
     assert it["evidence"]["timings_ms"]["4096x256x1024:float16"]["ratio"] > 1.02

@@ -127,6 +127,9 @@ def exit_code(summary: dict[str, int], strict: bool = False) -> int:
 
 
 def _git_commit() -> tuple[str | None, bool]:
+    # KC_COMMIT, when set, names the commit of a copied tree (a GPU machine's copy may carry a stale .git).
+    if os.environ.get("KC_COMMIT"):
+        return os.environ["KC_COMMIT"], False
     root = Path(__file__).resolve().parent.parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
@@ -135,8 +138,6 @@ def _git_commit() -> tuple[str | None, bool]:
                                     capture_output=True, text=True, timeout=10).stdout.strip())
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, False
-    if commit is None and os.environ.get("KC_COMMIT"):  # a copy of the tree without .git (the GPU machine)
-        return os.environ["KC_COMMIT"], False
     return commit, dirty
 
 

@@ -102,3 +102,11 @@ def test_kc_replay_rechecks_one_element(capsys):
                  "--device", "host"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["status"] == "passed" and out["evidence"]["cases"] == 1
+
+
+def test_kc_commit_names_the_commit_of_a_copied_tree(monkeypatch):
+    from obligations.check import provenance
+
+    monkeypatch.setenv("KC_COMMIT", "0123abc")
+    prov = provenance({"kind": "host"}, 0.0)
+    assert prov["commit"] == "0123abc" and prov["dirty"] is False

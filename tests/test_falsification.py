@@ -7,10 +7,12 @@ import pytest
 from hypothesis import given, settings
 
 from falsification import strategies as fs
+from falsification import sweep as sweep_module
 from falsification.agreement import AGREEMENTS, NAN_MISMATCH, make_agreement, ulp_distance
 from falsification.registry import FalsifyContext, registered_tests
 from falsification.runner import NativeResult, Subject, falsify, find_item, replay
 from falsification.sweep import resolve_format, round_to_format, sweep
+from native.device import cuda_available
 from spec import softfloat as sf
 from spec.elementwise import Reference
 
@@ -278,6 +280,49 @@ def test_host_sweep_finds_a_planted_bug_and_reports_counterexamples():
     assert r["disagreements"] == 4095 and r["first_counterexamples"][0]["input"] == "0x7F800001"
     clean = sweep("sqrt", device="host", lo=0, hi=1 << 18)
     assert clean["disagreements"] == 0 and clean["max_ulp"] == 0
+
+
+def _compare_cases(xp, rng):
+    special = np.array([0, 0x80000000, 1, 0x80000001, 0x007FFFFF, 0x00800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000,
+                        0xFF800000, 0x7F800001, 0x7FC00000, 0xFFFFFFFF, 0x3F800000, 0x3F800001, 0x3F800003,
+                        0x3F800004, 0xBF800002], dtype=np.uint32)
+    a, b = np.meshgrid(special, special)
+    rand = rng.integers(0, 2**32, 1 << 16, dtype=np.uint64).astype(np.uint32)
+    near = (rand.astype(np.int64) + rng.integers(-5, 6, rand.size)).astype(np.uint32)  # wraps: far pairs too
+    nat, ref = np.concatenate([a.ravel(), rand]), np.concatenate([b.ravel(), near])
+    alt = np.roll(ref, 1)
+    return xp.asarray(nat), xp.asarray(ref), xp.asarray(alt)
+
+
+def test_chunk_comparison_counts_histogram_max_and_disagreements():
+    nat = np.array([0x3F800000, 0x3F800001, 0x3F800003, 0x7FC00000, 0x7FC00000, 0x80000000, 0x3F800010], np.uint32)
+    ref = np.array([0x3F800000, 0x3F800000, 0x3F800000, 0x7FC00001, 0x3F800000, 0x00000000, 0x3F800000], np.uint32)
+    hist, max_ulp, bad = sweep_module.compare_chunk(nat, ref, None, 0, exact=True)
+    # distances 0, 1, 3, 0 (two NaNs), NaN-vs-number, 0 (-0 vs +0), 16; bitwise, only row 0 agrees
+    assert hist.tolist() == [3, 1, 0, 1, 2] and max_ulp == 16 and bad == 6
+    assert sweep_module.compare_chunk(nat, ref, None, 3, exact=False)[2] == 2  # the NaN mismatch and 16 ulp
+    alt = nat.copy()
+    assert sweep_module.compare_chunk(nat, ref, alt, 0, exact=True)[2] == 0  # every native matches its alt
+
+
+@pytest.mark.cuda
+def test_fused_cuda_comparison_agrees_with_the_array_ops():
+    ok, why = cuda_available()
+    if not ok:
+        pytest.skip(why)
+    import cupy
+
+    rng = np.random.default_rng(5)
+    nat, ref, alt = _compare_cases(cupy, rng)
+    for a, bound, exact in [(None, 0, True), (None, 0, False), (None, 2, False), (alt, 0, True), (alt, 0, False),
+                            (alt, 3, False)]:
+        want = sweep_module.compare_chunk(nat, ref, a, bound, exact=exact)
+        got = sweep_module.compare_chunk_fused(nat, ref, a, bound, exact=exact)
+        assert got[0].tolist() == want[0].tolist() and got[1:] == want[1:], (bound, exact, a is None, got, want)
+        assert want[2] > 0
+    r = sweep("relu", device="cuda", lo=0x7F800000, hi=0x7F800000 + 4096, variant="nan_as_number")
+    assert r["disagreements"] == 4095 and r["first_counterexamples"][0]["input"] == "0x7F800001"
+    assert r["comparison"] == "one fused CUDA kernel per chunk"
 
 
 def test_host_sweep_defaults_to_a_sample():

@@ -7,6 +7,7 @@ Every problem is a :class:`Diagnostic` with file, line and column, printed by ``
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ __all__ = [
     "Diagnostic",
     "Contract",
     "ContractError",
+    "import_test_modules",
     "load_contract",
     "validate_paths",
     "contract_files",
@@ -325,6 +327,24 @@ def _dotted_paths(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
                     continue
                 if not callable(obj):
                     yield _d(c, ("kernels", name, role), f"{k[role]} is not callable", True)
+
+
+def import_test_modules(c: Contract) -> list[tuple[int, str]]:
+    """Import the contract's ``test_modules`` (their imports register its tests); (index, error) per failure."""
+    failures = []
+    for idx, name in enumerate(c.data.get("test_modules") or []):
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            failures.append((idx, f"cannot import test module {name!r}: {e}"))
+    return failures
+
+
+@semantic_check
+def _test_modules(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
+    # Registered before _methods: the tests an item names exist once these modules are imported.
+    for idx, msg in import_test_modules(c):
+        yield _d(c, ("test_modules", idx), msg, True)
 
 
 @semantic_check

@@ -19,7 +19,7 @@ import z3
 from obligations import expr as exprlang
 from obligations import plans
 from obligations import symbolic as sym
-from obligations.contract import Contract
+from obligations.contract import Contract, import_test_modules
 from obligations.results import Outcome, assumed, error, exhausted, proved, skipped, unknown, violated
 
 __all__ = ["Job", "Engine", "register_engine", "get_engine", "ENGINES", "evaluate_statement", "Evaluation"]
@@ -418,6 +418,9 @@ class _RegisteredTestEngine(Engine):
         item = job.item
         if "test" not in item:
             return skipped(f"no check wired yet: {item.get('pending', 'no registered test named')}")
+        failed = import_test_modules(job.contract)  # a contract loaded unchecked has not imported them yet
+        if failed:
+            return error(failed[0][1])
         test = get_test(item["test"])
         if test is None:
             return error(f"no registered test named {item['test']!r}")

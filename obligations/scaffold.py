@@ -6,6 +6,7 @@ falsification test is registered but returns ``skipped("not implemented")``.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -14,7 +15,7 @@ __all__ = ["scaffold_contract", "ScaffoldError", "module_name_for"]
 _IDENT = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
 
 CONTRACT_TEMPLATE = """\
-# yaml-language-server: $schema=schema/contract.schema.json
+# yaml-language-server: $schema={schema}
 # Scaffolded by `kc new {name} --family {family}`. Every item is reported skipped until you write it:
 # replace each TODO, remove `pending` once an obligation has its statement, and fill in the test in
 # {module_path}.
@@ -23,6 +24,7 @@ version: 0.1.0
 family: {family}
 summary: "TODO: one sentence saying what the kernel computes and what this contract claims about it."
 references: []
+test_modules: [{module}]
 kernels:
   main:
     entry: {module}:kernel
@@ -100,6 +102,16 @@ def module_name_for(path: Path) -> str:
     return ".".join(reversed(parts))
 
 
+def _schema_ref(contracts_dir: Path) -> str:
+    """The installed schema as seen from ``contracts_dir``: a relative path, or a file URI across drives."""
+    from obligations.contract import SCHEMA_PATH
+
+    try:
+        return Path(os.path.relpath(SCHEMA_PATH, contracts_dir.resolve())).as_posix()
+    except ValueError:
+        return SCHEMA_PATH.as_uri()
+
+
 def scaffold_contract(name: str, family: str, contracts_dir: str | Path, tests_dir: str | Path) -> list[Path]:
     """Write ``contracts_dir/NAME.yaml`` and ``tests_dir/<name>_tests.py``; return both; never overwrite."""
     if not _IDENT.match(name):
@@ -125,6 +137,7 @@ def scaffold_contract(name: str, family: str, contracts_dir: str | Path, tests_d
         "module_path": module_path.as_posix(),
         "test_name": f"{snake}.bitwise_vs_reference",
         "func": "bitwise_vs_reference",
+        "schema": _schema_ref(contract_path.parent),
     }
     module_path.write_text(MODULE_TEMPLATE.format(**fields), encoding="utf-8")
     contract_path.write_text(CONTRACT_TEMPLATE.format(**fields), encoding="utf-8")

@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 from ruamel.yaml import YAML
 
+from obligations.contract import SCHEMA_PATH
 from obligations.explain import ItemNotFound, explain
 from obligations.scaffold import ScaffoldError, scaffold_contract
 
@@ -59,6 +60,8 @@ def test_scaffold_is_valid_visible_and_never_passing(tmp_path: Path, monkeypatch
     name = f"demo-{uuid.uuid4().hex[:6]}"
     contract, module, module_name = _scaffold(tmp_path, name)
     assert contract == tmp_path / "contracts" / f"{name}.yaml" and module.is_file()
+    schema_ref = contract.read_text().splitlines()[0].split("$schema=", 1)[1]
+    assert (contract.parent / schema_ref).resolve() == SCHEMA_PATH.resolve()  # editors find the real schema
     jsonschema.Draft7Validator(SCHEMA).validate(YAML(typ="safe").load(contract.read_text()))
     importlib.import_module(module_name)  # registers the scaffold's falsification test
     loaded = load_contract(contract)  # schema and semantic checks: entry, plan and test all resolve

@@ -90,3 +90,36 @@ def test_items_carry_their_yaml_location():
     c = load_contract(GEMM)
     it = c.item("PO-GEMM-02-A-z3")
     assert it["location"]["line"] == _line_of(GEMM, "- id: PO-GEMM-02-A-z3")
+
+
+def test_test_modules_are_imported_so_their_tests_exist(tmp_path, monkeypatch):
+    import uuid
+
+    from obligations.check import check_contract
+
+    pkg = f"kc_user_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{pkg}.py").write_text(
+        "from falsification.registry import register_test\n"
+        "from obligations.results import passed\n\n\n"
+        f"@register_test('{pkg}.holds')\n"
+        "def holds(ctx):\n"
+        "    '''Always holds (a user test outside falsification/).'''\n"
+        "    return passed(cases=1)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = GEMM.read_text().replace("test: gemm.overhead", f"test: {pkg}.holds", 1)
+    without = tmp_path / "without.yaml"
+    without.write_text(text)
+    with pytest.raises(ContractError, match=f"no registered falsification test named '{pkg}.holds'"):
+        load_contract(without)
+    with_modules = tmp_path / "with.yaml"
+    with_modules.write_text(text.replace("depends_on: []", f"depends_on: []\ntest_modules: [{pkg}]", 1))
+    entry = check_contract(with_modules, only=["PO-GEMM-04"])
+    assert [(it["id"], it["status"]) for it in entry["items"]] == [("PO-GEMM-04", "passed")]
+
+
+def test_a_test_module_that_does_not_import_is_reported_at_its_line(tmp_path):
+    path = _broken(tmp_path, "depends_on: []", "depends_on: []\ntest_modules: [no_such_kc_module_xyz]")
+    with pytest.raises(ContractError) as e:
+        load_contract(path)
+    (d,) = [d for d in e.value.diagnostics if "no_such_kc_module_xyz" in d.message]
+    assert d.line == _line_of(path, "test_modules:") and "cannot import test module" in d.message

@@ -29,10 +29,10 @@ import numpy as np
 from hypothesis import strategies as st
 
 from falsification.agreement import make_agreement
-from falsification.registry import FalsifyContext, register_test
+from falsification.registry import FalsifyContext, guarded, register_test
 from falsification.runner import NativeResult, Subject, falsify, replay_command
 from falsification.strategies import LAYOUTS
-from native.device import DeviceUnavailable, array_module
+from native.device import array_module
 from native.elementwise import (
     RouteUnsupported,
     get_kernel,
@@ -42,7 +42,7 @@ from native.elementwise import (
     run_flat,
 )
 from native.nvrtc import get_route
-from obligations.results import Outcome, error, passed, skipped, violated
+from obligations.results import Outcome, error, passed, violated
 from spec.elementwise import GELU_C, GELU_K, Reference, bits_to_f64, f64_to_f32_bits, get_reference
 
 __all__ = ["POISON", "ULP_BOUNDS", "elementwise_subject", "gelu_ulp_bound", "sigmoid_ulp_bound"]
@@ -149,24 +149,6 @@ def elementwise_subject(
     )
 
 
-def _guarded(fn: Callable[[FalsifyContext], Outcome]) -> Callable[[FalsifyContext], Outcome]:
-    """Map the expected non-findings to outcomes: unsupported route -> skipped, no device -> error."""
-
-    def run(ctx: FalsifyContext) -> Outcome:
-        try:
-            return fn(ctx)
-        except RouteUnsupported as exc:
-            return skipped(str(exc))
-        except DeviceUnavailable as exc:
-            return error(f"device unavailable: {exc}")
-        except KeyError as exc:
-            return error(f"bad params for {ctx.item.get('test')}: {exc}")
-
-    run.__doc__ = fn.__doc__
-    run.__name__ = fn.__name__
-    return run
-
-
 def _op(ctx: FalsifyContext) -> str:
     try:
         return str(ctx.params["op"])
@@ -175,7 +157,7 @@ def _op(ctx: FalsifyContext) -> str:
 
 
 @register_test("elementwise.bitwise")
-@_guarded
+@guarded(skip=(RouteUnsupported,))
 def bitwise(ctx: FalsifyContext) -> Outcome:
     """Kernel bits equal softfloat under the route's environment; listed other claims are refuted."""
     p = ctx.params
@@ -217,7 +199,7 @@ def bitwise(ctx: FalsifyContext) -> Outcome:
 
 
 @register_test("elementwise.max_ulp")
-@_guarded
+@guarded(skip=(RouteUnsupported,))
 def max_ulp(ctx: FalsifyContext) -> Outcome:
     """Kernel within a max-ULP bound of the correctly rounded result (float64 evaluation, ties flagged)."""
     p = ctx.params
@@ -249,7 +231,7 @@ _PROMISES: dict[tuple[str, str], str] = {
 
 
 @register_test("elementwise.fma_contraction")
-@_guarded
+@guarded(skip=(RouteUnsupported,))
 def fma_contraction(ctx: FalsifyContext) -> Outcome:
     """Kernel bits equal the promised rounding of a*b+c (separate or fused); the other promise is probed."""
     p = ctx.params
@@ -281,7 +263,7 @@ def fma_contraction(ctx: FalsifyContext) -> Outcome:
 
 
 @register_test("elementwise.determinism")
-@_guarded
+@guarded(skip=(RouteUnsupported,))
 def determinism(ctx: FalsifyContext) -> Outcome:
     """Repeated runs of the kernel on the same inputs give identical bits."""
     p = ctx.params
@@ -382,7 +364,7 @@ def _backward_subject(ctx: FalsifyContext) -> tuple[Subject, float]:
 
 
 @register_test("elementwise.backward_fd")
-@_guarded
+@guarded(skip=(RouteUnsupported,))
 def backward_fd(ctx: FalsifyContext) -> Outcome:
     """Backward rule agrees with central finite differences where smooth and with the convention at kinks."""
     subj, _ = _backward_subject(ctx)
@@ -416,7 +398,7 @@ def _wrap(i: np.ndarray, bits: int) -> np.ndarray:
 
 
 @register_test("elementwise.grid_coverage")
-@_guarded
+@guarded(skip=(RouteUnsupported,))
 def grid_coverage(ctx: FalsifyContext) -> Outcome:
     """The build's grid-stride loop visits each index of [0, n) exactly once, for sizes up to past 2^32."""
     p = ctx.params

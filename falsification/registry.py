@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -10,7 +11,8 @@ from typing import Any
 
 from obligations.results import Outcome
 
-__all__ = ["FalsifyContext", "FalsificationTest", "register_test", "get_test", "registered_tests", "load_builtin_tests"]
+__all__ = ["FalsifyContext", "FalsificationTest", "register_test", "guarded", "get_test", "registered_tests",
+           "load_builtin_tests"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,35 @@ def register_test(name: str, *, devices: tuple[str, ...] = ("host", "cuda")) -> 
         summary = (fn.__doc__ or "").strip().split("\n")[0]
         _REGISTRY[name] = FalsificationTest(name, fn, devices, summary)
         return fn
+
+    return deco
+
+
+TestFn = Callable[["FalsifyContext"], Outcome]
+
+
+def guarded(*, skip: tuple[type[Exception], ...] = ()) -> Callable[[TestFn], TestFn]:
+    """Decorator: a test's expected non-findings become outcomes instead of tracebacks.
+
+    No device for a run that asked for one (``native.device.DeviceUnavailable``) -> error; a missing
+    param (KeyError) -> error naming the test; an exception in ``skip`` -> skipped with its message.
+    """
+    from native.device import DeviceUnavailable
+    from obligations.results import error, skipped
+
+    def deco(fn: TestFn) -> TestFn:
+        @functools.wraps(fn)
+        def run(ctx: FalsifyContext) -> Outcome:
+            try:
+                return fn(ctx)
+            except skip as exc:
+                return skipped(str(exc))
+            except DeviceUnavailable as exc:
+                return error(f"device unavailable: {exc}")
+            except KeyError as exc:
+                return error(f"bad params for {ctx.item.get('test')}: {exc}")
+
+        return run
 
     return deco
 

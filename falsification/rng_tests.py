@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -30,10 +29,10 @@ from hypothesis import HealthCheck, Phase, Verbosity, find, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
-from falsification.registry import FalsifyContext, register_test
+from falsification.registry import FalsifyContext, guarded, register_test
 from native import rng as native
-from native.device import DeviceUnavailable, array_module, to_host
-from obligations.results import Outcome, error, passed, skipped, violated
+from native.device import array_module, to_host
+from obligations.results import Outcome, error, passed, violated
 from obligations.symbolic import Term, tracking
 from spec import rng as spec
 from spec import softfloat as sf
@@ -156,24 +155,6 @@ def _find_settings(max_examples: int) -> settings:
                     phases=(Phase.generate, Phase.shrink), report_multiple_bugs=False)
 
 
-def _guarded(fn: Callable[[FalsifyContext], Outcome]) -> Callable[[FalsifyContext], Outcome]:
-    """No CUDA device -> error (the run asked for it); missing reference -> skipped; bad params -> error."""
-
-    def run(ctx: FalsifyContext) -> Outcome:
-        try:
-            return fn(ctx)
-        except DeviceUnavailable as exc:
-            return error(f"device unavailable: {exc}")
-        except _NoReference as exc:
-            return skipped(str(exc))
-        except KeyError as exc:
-            return error(f"bad params for {ctx.item.get('test')}: {exc}")
-
-    run.__doc__ = fn.__doc__
-    run.__name__ = fn.__name__
-    return run
-
-
 def _evidence(ctx: FalsifyContext, **more: Any) -> dict[str, Any]:
     ev: dict[str, Any] = {"device": ctx.device, "seed": ctx.seed, "profile": ctx.profile,
                           "variant": ctx.params.get("variant", "default")}
@@ -184,7 +165,7 @@ def _evidence(ctx: FalsifyContext, **more: Any) -> dict[str, Any]:
 
 
 @register_test("rng.agreement")
-@_guarded
+@guarded(skip=(_NoReference,))
 def agreement(ctx: FalsifyContext) -> Outcome:
     """Kernel output equals spec.rng bit for bit (normal: within the tolerance in binary32 ULPs)."""
     output = str(ctx.params["output"])
@@ -223,7 +204,7 @@ def agreement(ctx: FalsifyContext) -> Outcome:
 
 
 @register_test("rng.cross_device", devices=("cuda",))
-@_guarded
+@guarded(skip=(_NoReference,))
 def cross_device(ctx: FalsifyContext) -> Outcome:
     """CUDA equals the host path: bitwise for bits/uniform/mask/dropout, normal within the tolerance (ULPs)."""
     p = ctx.params
@@ -256,7 +237,7 @@ def cross_device(ctx: FalsifyContext) -> Outcome:
 
 
 @register_test("rng.uniform_map_model")
-@_guarded
+@guarded(skip=(_NoReference,))
 def uniform_map_model(ctx: FalsifyContext) -> Outcome:
     """The kernel's uniform map equals the integer model uniform_map_plan (all 2^24 distinct inputs on full)."""
     variant = ctx.params.get("variant")
@@ -363,7 +344,7 @@ def uniformity_statistics(u: np.ndarray, u_next_counter: np.ndarray, words: np.n
 
 
 @register_test("rng.statistics")
-@_guarded
+@guarded(skip=(_NoReference,))
 def statistics(ctx: FalsifyContext) -> Outcome:
     """Chi-square uniformity/independence at fixed seeds; rejects only below alpha / (number of statistics)."""
     alpha = ctx.tolerance

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,10 +24,10 @@ from hypothesis import HealthCheck, Phase, Verbosity, find, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
-from falsification.registry import FalsifyContext, register_test
+from falsification.registry import FalsifyContext, guarded, register_test
 from native import transfer as native
-from native.device import DeviceUnavailable, array_module
-from obligations.results import Outcome, error, passed, violated
+from native.device import array_module
+from obligations.results import Outcome, passed, violated
 from spec.transfer import TargetFormat, convert_reference, get_target, is_nan_bits, overflow_threshold_bits
 
 __all__ = ["edge_inputs", "bulk_inputs", "f64_bits", "h2d_disagreements", "D2H_FORMATS", "d2h_patterns"]
@@ -119,22 +118,6 @@ def _element(x: int, target: str, got: int, ref: int) -> dict[str, Any]:
             "native": f"0x{got:0{width}X}", "reference": f"0x{ref:0{width}X}"}
 
 
-def _guarded(fn: Callable[[FalsifyContext], Outcome]) -> Callable[[FalsifyContext], Outcome]:
-    """No CUDA device -> error (the run asked for it); bad params -> error."""
-
-    def run(ctx: FalsifyContext) -> Outcome:
-        try:
-            return fn(ctx)
-        except DeviceUnavailable as exc:
-            return error(f"device unavailable: {exc}")
-        except KeyError as exc:
-            return error(f"bad params for {ctx.item.get('test')}: {exc}")
-
-    run.__doc__ = fn.__doc__
-    run.__name__ = fn.__name__
-    return run
-
-
 def _stock_astype_probe(x: np.ndarray, target: str) -> dict[str, Any] | None:
     """CUDA only, evidence: does CuPy's stock astype (compiled with -ftz=true) agree with softfloat?"""
     if target not in ("binary32", "binary16"):
@@ -151,7 +134,7 @@ def _stock_astype_probe(x: np.ndarray, target: str) -> dict[str, Any] | None:
 
 
 @register_test("transfer.h2d_rounding")
-@_guarded
+@guarded()
 def h2d_rounding(ctx: FalsifyContext) -> Outcome:
     """float64 -> target on the device equals softfloat round-to-nearest-even (NaN -> a NaN)."""
     target = str(ctx.params["format"])
@@ -229,7 +212,7 @@ def d2h_patterns(fmt: str, seed: int, n_random: int) -> np.ndarray:
 
 
 @register_test("transfer.d2h_bits")
-@_guarded
+@guarded()
 def d2h_bits(ctx: FalsifyContext) -> Outcome:
     """Arrays stored on the device come back to the host with every bit unchanged (NaN payloads, sNaN, -0)."""
     formats = list(ctx.params.get("formats", list(D2H_FORMATS)))

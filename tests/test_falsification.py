@@ -355,3 +355,32 @@ def test_flush_free_conversions_match_numpy_everywhere():
     assert ref.tolist() == [0x3F800000, 0x3F800000, 0x3FC00000]
     # float64 lands on or next to a binary32 midpoint: the true value may lie on either side
     assert alt.tolist() == [0x3F800001, 0x3F800001, 0x3FC00000]
+
+
+def test_guarded_maps_expected_non_findings_to_outcomes():
+    from falsification.registry import guarded
+    from native.device import DeviceUnavailable
+    from obligations.results import passed
+
+    class Unsupported(Exception):
+        pass
+
+    def raising(exc):
+        @guarded(skip=(Unsupported,))
+        def test(ctx):
+            """Doc kept."""
+            if exc is None:
+                return passed(cases=1)
+            raise exc
+
+        return test
+
+    ctx = FalsifyContext("host", "quick", 0, {"id": "X", "test": "demo.test", "params": {}})
+    assert raising(None)(ctx).status.value == "passed" and raising(None).__doc__ == "Doc kept."
+    assert raising(Unsupported("route absent"))(ctx).status.value == "skipped"
+    out = raising(DeviceUnavailable("no GPU"))(ctx)
+    assert out.status.value == "error" and "device unavailable" in out.reason
+    out = raising(KeyError("op"))(ctx)
+    assert out.status.value == "error" and "bad params for demo.test" in out.reason
+    with pytest.raises(ZeroDivisionError):  # a bug stays a bug
+        raising(ZeroDivisionError())(ctx)

@@ -8,26 +8,19 @@ import numpy as np
 import pytest
 
 from native import gemm as ng
-from native.device import cuda_available
-from obligations.check import check_contract
+from tests.contract_helpers import check_items, contract_variant, needs_cuda
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTRACT = ROOT / "contracts" / "cublas-gemm-v1.yaml"
-CUDA_OK, _ = cuda_available()
-needs_cuda = pytest.mark.skipif(not CUDA_OK, reason="no CUDA device")
 ALL_IDS = [f"PO-GEMM-0{i}" for i in (1, 3, 4, 5, 6, 7, 8)] + [f"FALSIFY-CUBLAS-{i:03d}" for i in range(1, 12)]
 
 
 def _variant(tmp_path: Path, old: str, new: str) -> Path:
-    text = CONTRACT.read_text()
-    assert old in text, old
-    out = tmp_path / "cublas-gemm-v1.yaml"
-    out.write_text(text.replace(old, new))
-    return out
+    return contract_variant(CONTRACT, tmp_path, old, new, -1)
 
 
 def _items(path: Path, ids: list[str], device: str = "host") -> dict[str, dict]:
-    return {it["id"]: it for it in check_contract(path, only=ids, device=device)["items"]}
+    return check_items(path, ids, device)
 
 
 def test_every_obligation_and_falsification_test_is_wired_never_silently_dropped():

@@ -10,27 +10,21 @@ import pytest
 
 from falsification.rng_tests import chi_square_sf, uniformity_statistics
 from native import rng
-from native.device import cuda_available
 from obligations.check import check_contract
 from spec import rng as spec
 from spec import softfloat as sf
+from tests.contract_helpers import check_items, contract_variant, needs_cuda
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTRACT = ROOT / "contracts" / "rng-splitmix64-v1.yaml"
-CUDA_OK, _ = cuda_available()
-needs_cuda = pytest.mark.skipif(not CUDA_OK, reason="no CUDA device")
 
 
 def _variant(tmp_path: Path, old: str, new: str) -> Path:
-    text = CONTRACT.read_text()
-    assert old in text, old
-    out = tmp_path / CONTRACT.name
-    out.write_text(text.replace(old, new, 1))
-    return out
+    return contract_variant(CONTRACT, tmp_path, old, new, 1)
 
 
 def _items(path: Path, ids: list[str], device: str = "host") -> dict[str, dict]:
-    return {it["id"]: it for it in check_contract(path, only=ids, device=device)["items"]}
+    return check_items(path, ids, device)
 
 
 # -- spec -----------------------------------------------------------------------------------------------

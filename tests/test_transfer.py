@@ -9,26 +9,20 @@ import pytest
 
 from falsification.transfer_tests import edge_inputs
 from native import transfer
-from native.device import cuda_available
 from obligations.check import check_contract
 from spec.transfer import TARGETS, convert_reference, overflow_threshold_bits
+from tests.contract_helpers import check_items, contract_variant, needs_cuda
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTRACT = ROOT / "contracts" / "float32-transfer-v1.yaml"
-CUDA_OK, _ = cuda_available()
-needs_cuda = pytest.mark.skipif(not CUDA_OK, reason="no CUDA device")
 
 
 def _variant(tmp_path: Path, old: str, new: str) -> Path:
-    text = CONTRACT.read_text()
-    assert old in text, old
-    out = tmp_path / CONTRACT.name
-    out.write_text(text.replace(old, new, 1))
-    return out
+    return contract_variant(CONTRACT, tmp_path, old, new, 1)
 
 
 def _items(path: Path, ids: list[str], device: str = "host") -> dict[str, dict]:
-    return {it["id"]: it for it in check_contract(path, only=ids, device=device)["items"]}
+    return check_items(path, ids, device)
 
 
 def _f64(bits: int) -> float:

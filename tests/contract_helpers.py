@@ -1,0 +1,30 @@
+"""Helpers the family test modules share: contract variants with a planted change, items by id, CUDA marks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from native.device import cuda_available
+from obligations.check import check_contract
+
+__all__ = ["CONTRACTS", "CUDA_OK", "needs_cuda", "contract_variant", "check_items"]
+
+CONTRACTS = Path(__file__).resolve().parent.parent / "contracts"
+CUDA_OK, _WHY = cuda_available()
+needs_cuda = pytest.mark.skipif(not CUDA_OK, reason=_WHY or "no CUDA device")
+
+
+def contract_variant(contract: Path, tmp_path: Path, old: str, new: str, count: int = 1) -> Path:
+    """A copy of ``contract`` under ``tmp_path`` (same file name) with ``old`` replaced (``count`` times; -1 all)."""
+    text = contract.read_text()
+    assert old in text, old
+    out = tmp_path / contract.name
+    out.write_text(text.replace(old, new, count))
+    return out
+
+
+def check_items(path: Path, ids: list[str], device: str = "host") -> dict[str, dict]:
+    """Check only ``ids`` of the contract at ``path``; their result records by id."""
+    return {it["id"]: it for it in check_contract(path, only=ids, device=device)["items"]}

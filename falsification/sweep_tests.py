@@ -38,6 +38,8 @@ def exhaustive_sweep(ctx: FalsifyContext) -> Outcome:
         "seconds": r["seconds"],
         "native_seconds": r.get("native_seconds"),
         "reference_seconds": r.get("reference_seconds"),
+        "compare_seconds": r.get("compare_seconds"),
+        "comparison": r.get("comparison"),
         "elements_per_s": r.get("elements_per_s"),
         "seed": r.get("seed"),
         "route": r.get("route"),

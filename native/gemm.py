@@ -426,10 +426,13 @@ class GemmContext:
 
     def __init__(self, api: Any, device: str) -> None:
         self.api = api if isinstance(api, Instrumented) else Instrumented(api)
+        if not self.api.binds_current_stream:
+            # Prepared calls check no stream per call: that is the backend binding's job.
+            raise TypeError(f"GEMM backend {self.api.name!r} must run every call on the caller's current stream")
         self.device = device
         self.handle: int | None = self.api.create()
         self._stream: Any = None
-        self._bound_ptr: int | None = None  # the bound stream's pointer (cuda), checked before every call
+        self._bound_ptr: int | None = None  # the bound stream's pointer (cuda)
         self._current_stream: Callable[[], Any] | None = None
         self._current_ptr: Callable[[], int] | None = None
         if device == "cuda":
@@ -461,43 +464,30 @@ class GemmContext:
 
     def step_call(self, run: Callable[[Any, Any, Any], None], swap: bool,
                   new_c: Callable[[], Any] | None = None) -> PreparedGemm:
-        """``call(a, b, c=None) -> c``: bind the step's stream if it changed, then ``run`` (cuBLAS operand order)."""
-        ctx, current = self, self._current_ptr
-        if current is None or self.api.binds_current_stream:
-            def call(a: Any, b: Any, c: Any = None) -> Any:
-                if ctx.handle is None or ctx._stream is None:
-                    ctx._ensure_bound()  # closed: raises; first call: binds the current stream once
-                if c is None:
-                    c = new_c()
-                run(b, a, c) if swap else run(a, b, c)
-                return c
-        else:
-            def call(a: Any, b: Any, c: Any = None) -> Any:
-                # One pointer compare per call: the handle is rebound only when the step's stream changed.
-                if ctx.handle is None or current() != ctx._bound_ptr:
-                    ctx._ensure_bound()
-                if c is None:
-                    c = new_c()
-                run(b, a, c) if swap else run(a, b, c)
-                return c
+        """``call(a, b, c=None) -> c``: ``run`` in cuBLAS operand order; binds the stream on the first call."""
+        ctx = self
+
+        def call(a: Any, b: Any, c: Any = None) -> Any:
+            if ctx.handle is None or ctx._stream is None:
+                ctx._ensure_bound()  # closed: raises; first call: binds the current stream once
+            if c is None:
+                c = new_c()
+            run(b, a, c) if swap else run(a, b, c)
+            return c
+
         call.context = self
         return call
 
     def bound_call(self, run: Callable[[], None], c: Any) -> BoundGemm:
         """``call() -> c``: as :meth:`step_call`, for a backend call with its buffers bound."""
-        ctx, current = self, self._current_ptr
-        if current is None or self.api.binds_current_stream:
-            def call() -> Any:
-                if ctx.handle is None or ctx._stream is None:
-                    ctx._ensure_bound()
-                run()
-                return c
-        else:
-            def call() -> Any:
-                if ctx.handle is None or current() != ctx._bound_ptr:
-                    ctx._ensure_bound()
-                run()
-                return c
+        ctx = self
+
+        def call() -> Any:
+            if ctx.handle is None or ctx._stream is None:
+                ctx._ensure_bound()
+            run()
+            return c
+
         call.context = self
         return call
 

@@ -176,3 +176,11 @@ def test_binding_undersized_buffers_raises_before_the_backend():
     with pytest.raises(ng.BufferTooSmall):
         ng.bind_gemm(gc, a, b, c, 3, 3, 4, 4, 3, 3, False, False)
     assert gc.api.calls["gemm"] == 0
+
+
+def test_a_backend_that_does_not_run_on_the_current_stream_is_refused():
+    class Unbound(ng.HostBlas):
+        binds_current_stream = False
+
+    with pytest.raises(TypeError, match="current stream"):
+        ng.GemmContext(Unbound(), "host")

@@ -39,3 +39,10 @@ def test_readme_documents_every_status_and_exit_code():
         assert f"| `{s.value}` |" in README
     for code in range(4):
         assert f"| {code} |" in README
+
+
+def test_readme_names_every_docs_page_and_only_pages_that_exist():
+    root = Path(__file__).resolve().parent.parent
+    named = set(re.findall(r"docs/[\w.-]+\.md", (root / "README.md").read_text()))
+    present = {f"docs/{p.name}" for p in (root / "docs").glob("*.md")}
+    assert named == present, (sorted(named - present), sorted(present - named))

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import atexit
 import functools
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -37,6 +38,7 @@ __all__ = [
     "GEMM_DEFAULT",
     "CublasCall",
     "cublas_args",
+    "BlasBackend",
     "HostBlas",
     "CupyBlas",
     "Instrumented",
@@ -204,7 +206,39 @@ def _colmajor(buf: np.ndarray, rows: int, cols: int, ld: int, offset: int = 0) -
                                            strides=(buf.itemsize, ld * buf.itemsize), writeable=False)
 
 
-class HostBlas:
+class BlasBackend(ABC):
+    """A BLAS backend a GemmContext drives: a handle lifecycle and prepared column-major gemmEx calls.
+
+    ``prepare(handle, transa, transb, m, n, k, alpha, lda, sa, ldb, sb, beta, ldc, sc, batch, compute,
+    in_dtype, out_dtype)`` returns ``run(A, B, C)``; ``bind`` takes the same arguments followed by A, B, C
+    and returns ``run()``. Every run must execute on the caller's current stream.
+    """
+
+    name: ClassVar[str]
+    binds_current_stream: ClassVar[bool]
+
+    @abstractmethod
+    def create(self) -> int:
+        """A new handle."""
+
+    @abstractmethod
+    def destroy(self, handle: int) -> None:
+        """Free ``handle``."""
+
+    @abstractmethod
+    def setStream(self, handle: int, stream: Any) -> None:  # noqa: N802 - cuBLAS's name
+        """Bind ``stream`` to ``handle``."""
+
+    @abstractmethod
+    def prepare(self, *args: Any) -> Callable[[Any, Any, Any], None]:
+        """``run(A, B, C)`` with every int resolved."""
+
+    @abstractmethod
+    def bind(self, *args: Any) -> Callable[[], None]:
+        """``run()`` with the buffers bound too."""
+
+
+class HostBlas(BlasBackend):
     """NumPy model of cublasGemmEx / cublasGemmStridedBatchedEx on flat host buffers (column-major).
 
     Products and sums in float64, then one rounding to C's type: the "float64 accumulate then round" host
@@ -262,7 +296,7 @@ class HostBlas:
                 col[:] = r[:, j].astype(C.dtype)
 
 
-class CupyBlas:
+class CupyBlas(BlasBackend):
     """cuBLAS through CuPy's bindings (cupy.cuda.cublas), on device arrays."""
 
     name = "cublas"
@@ -336,12 +370,6 @@ class CupyBlas:
         run.operands = (A, B, C)  # the pointers stay valid while the call holds their arrays
         return run
 
-    def gemmStridedBatchedEx(self, handle: int, transa: int, transb: int, m: int, n: int, k: int,  # noqa: N802
-                             alpha: float, A: Any, lda: int, sa: int, B: Any, ldb: int, sb: int,  # noqa: N803
-                             beta: float, C: Any, ldc: int, sc: int, batch: int, compute: int) -> None:
-        """cublasGemmEx (batch 1) or cublasGemmStridedBatchedEx."""
-        self.prepare(handle, transa, transb, m, n, k, alpha, lda, sa, ldb, sb, beta, ldc, sc, batch, compute,
-                     A.dtype, C.dtype)(A, B, C)
 
 
 class Instrumented:
@@ -396,11 +424,6 @@ class Instrumented:
         self._lifecycle["setStream"] += 1
         self.streams.append(getattr(stream, "ptr", stream))
         self.api.setStream(handle, stream)
-
-    def gemmStridedBatchedEx(self, *args: Any) -> None:  # noqa: N802
-        """Counted GEMM; its compute type is recorded."""
-        self._gemms.setdefault(args[-1], [0])[0] += 1
-        self.api.gemmStridedBatchedEx(*args)
 
     def bind(self, *args: Any) -> Callable[[], None]:
         """The backend's bound call, counted under its compute type on every run."""

@@ -184,3 +184,34 @@ def test_a_backend_that_does_not_run_on_the_current_stream_is_refused():
 
     with pytest.raises(TypeError, match="current stream"):
         ng.GemmContext(Unbound(), "host")
+
+
+def _backends() -> list:
+    from tests.contract_helpers import CUDA_OK
+
+    return [ng.HostBlas] + ([ng.CupyBlas] if CUDA_OK else [])
+
+
+@pytest.mark.parametrize("backend", _backends(), ids=lambda b: b.name)
+def test_every_blas_backend_conforms(backend):
+    """The extension point's contract: handle lifecycle, prepare and bind compute column-major gemmEx."""
+    from native.device import array_module, to_host
+
+    assert issubclass(backend, ng.BlasBackend) and backend.binds_current_stream
+    api = backend()
+    xp = array_module("cuda" if backend is ng.CupyBlas else "host")
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal((5, 3)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    want = a.astype(np.float64) @ b
+    handle = api.create()
+    try:
+        # Row-major C = A B as column-major C^T = B^T A^T: cuBLAS (m, n, k) = (4, 5, 3), B first.
+        args = (handle, ng.OP_N, ng.OP_N, 4, 5, 3, 1.0, 4, 0, 3, 0, 0.0, 4, 0, 1, ng.COMPUTE_32F, a.dtype, a.dtype)
+        da, db = xp.asarray(a.ravel()), xp.asarray(b.ravel())
+        c1, c2 = xp.zeros(20, xp.float32), xp.zeros(20, xp.float32)
+        api.prepare(*args)(db, da, c1)
+        api.bind(*args, db, da, c2)()
+        for c in (c1, c2):
+            np.testing.assert_allclose(to_host(c).reshape(5, 4), want, rtol=1e-5, atol=1e-6)
+    finally:
+        api.destroy(handle)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from falsification.agreement import NAN_MISMATCH, ulp_distance
+from falsification.fused_reference import fused_approx_reference, has_fused_reference
 from falsification.strategies import BatchSpec, generate_bits
 from native.device import array_module, resolve_device
 from native.elementwise import get_kernel, run_flat
@@ -294,6 +295,9 @@ def sweep(
     env = env or get_route(route).env
     ref_op = get_reference(k.reference)
     approx = ref_op.kind == "approx" or reference == "float64"
+    # On the GPU an approx reference with a one-kernel form uses it (cross-checked against the array form).
+    fused_ref = dev == "cuda" and ref_op.kind == "approx" and reference != "float64" and \
+        has_fused_reference(k.reference)
     bound = bound if bound is not None else (DEFAULT_ULP_BOUNDS.get(op, 0) if ref_op.kind == "approx" else 0)
     if hi is None and sample is None and dev == "host":
         sample = HOST_DEFAULT_SAMPLE  # 2^32 on one CPU core would take hours
@@ -328,7 +332,7 @@ def sweep(
                 raise ValueError("reference='float64' implements non-flushing environments only")
             alt = None
         else:
-            r = ref_op.evaluate(x, env=env)
+            r = (fused_approx_reference(k.reference, x, env) if fused_ref else ref_op.evaluate(x, env=env))
             ref_bits, alt = r.bits, r.alt
         sync()
         tc = time.perf_counter()
@@ -352,8 +356,8 @@ def sweep(
         "device": dev,
         "route": route,
         "variant": variant or "default",
-        "reference": "float64 rounded once (ambiguous roundings accept both neighbours)"
-        if approx
+        "reference": ("float64 rounded once (ambiguous roundings accept both neighbours)"
+                      + ("; one-kernel CUDA form of spec.elementwise" if fused_ref else "")) if approx
         else "softfloat (on the same device)",
         "range": None if sample is not None else [lo, hi],
         "sample": sample,

@@ -325,6 +325,56 @@ def test_fused_cuda_comparison_agrees_with_the_array_ops():
     assert r["comparison"] == "one fused CUDA kernel per chunk"
 
 
+def _approx_patterns():
+    rng = np.random.default_rng(11)
+    special = [0, 0x80000000, 1, 0x80000001, 0x007FFFFF, 0x807FFFFF, 0x00800000, 0x7F7FFFFF, 0xFF7FFFFF,
+               0x7F800000, 0xFF800000, 0x7F800001, 0x7FC00000, 0xFFFFFFFF, 0x3F800000, 0xBF800000]
+    dense = [np.arange(c - (1 << 20), c + (1 << 20), dtype=np.int64) for c in (0x3F800000, 0x42B00000, 0xC2B00000,
+                                                                               0x00800000, 0x80800000, 0x3D000000)]
+    return np.concatenate([np.array(special, np.int64), *dense, rng.integers(0, 2**32, 1 << 22)]).astype(np.uint32)
+
+
+def _fused_mismatches(name, bits, env):
+    import cupy
+
+    from falsification.fused_reference import fused_approx_reference
+    from spec.elementwise import get_reference
+
+    x = cupy.asarray(bits)
+    want, got = get_reference(name).evaluate(x, env=env), fused_approx_reference(name, x, env)
+    return {kind: [hex(int(bits[int(i)])) for i in cupy.flatnonzero(g != w)[:5].get()]
+            for kind, g, w in (("ref", got.bits, want.bits), ("alt", got.alt, want.alt))}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("env", ["cuda", "cuda-ftz"])
+def test_fused_approx_references_equal_the_array_form_bit_for_bit(env):
+    ok, why = cuda_available()
+    if not ok:
+        pytest.skip(why)
+    from falsification.fused_reference import APPROX_FORMULAS
+
+    bits = _approx_patterns()
+    for name in APPROX_FORMULAS:
+        assert _fused_mismatches(name, bits, env) == {"ref": [], "alt": []}, (name, env)
+
+
+@pytest.mark.cuda
+def test_a_fused_reference_with_a_planted_formula_change_is_caught(monkeypatch):
+    ok, why = cuda_available()
+    if not ok:
+        pytest.skip(why)
+    from falsification import fused_reference
+
+    monkeypatch.setitem(fused_reference.APPROX_FORMULAS, "exp", "exp(x) * (1.0 + 1e-12)")  # a few ulp of double
+    fused_reference._kernel.cache_clear()
+    try:
+        found = _fused_mismatches("exp", _approx_patterns(), "cuda")
+        assert found["ref"] or found["alt"], found  # roundings near midpoints move
+    finally:
+        fused_reference._kernel.cache_clear()
+
+
 def test_host_sweep_defaults_to_a_sample():
     r = sweep("neg", device="host", sample=1 << 16)
     assert not r["exhaustive"] and r["elements"] == 1 << 16 and r["disagreements"] == 0

@@ -295,9 +295,9 @@ def sweep(
     env = env or get_route(route).env
     ref_op = get_reference(k.reference)
     approx = ref_op.kind == "approx" or reference == "float64"
-    # On the GPU an approx reference with a one-kernel form uses it (cross-checked against the array form).
-    fused_ref = dev == "cuda" and ref_op.kind == "approx" and reference != "float64" and \
-        has_fused_reference(k.reference)
+    # On the GPU an approx reference (float64-defined whatever ``reference`` says) with a one-kernel form
+    # uses it; the form is cross-checked against the array form.
+    fused_ref = dev == "cuda" and ref_op.kind == "approx" and has_fused_reference(k.reference)
     bound = bound if bound is not None else (DEFAULT_ULP_BOUNDS.get(op, 0) if ref_op.kind == "approx" else 0)
     if hi is None and sample is None and dev == "host":
         sample = HOST_DEFAULT_SAMPLE  # 2^32 on one CPU core would take hours

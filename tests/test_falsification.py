@@ -323,6 +323,9 @@ def test_fused_cuda_comparison_agrees_with_the_array_ops():
     r = sweep("relu", device="cuda", lo=0x7F800000, hi=0x7F800000 + 4096, variant="nan_as_number")
     assert r["disagreements"] == 4095 and r["first_counterexamples"][0]["input"] == "0x7F800001"
     assert r["comparison"] == "one fused CUDA kernel per chunk"
+    for reference in ("softfloat", "float64"):  # an approx op is float64-defined either way: one kernel
+        r = sweep("exp", device="cuda", lo=0x3F000000, hi=0x3F100000, reference=reference, bound=2)
+        assert "one-kernel CUDA form" in r["reference"] and r["disagreements"] == 0, r
 
 
 def _approx_patterns():

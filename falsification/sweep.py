@@ -26,7 +26,7 @@ from native.device import array_module, resolve_device
 from native.elementwise import get_kernel, run_flat
 from native.nvrtc import get_route
 from spec import softfloat as sf
-from spec.elementwise import bits_to_f64, canonical_nan, get_reference, round_f64_to_f32
+from spec.elementwise import array_namespace, bits_to_f64, canonical_nan, get_reference, round_f64_to_f32
 
 __all__ = ["sweep", "compare_chunk", "compare_chunk_fused", "round_to_format", "resolve_format",
            "DEFAULT_ULP_BOUNDS", "HOST_DEFAULT_SAMPLE"]
@@ -144,7 +144,7 @@ def _small_format_sweep(op: str, fmt: Any, lo: int, hi: int | None, max_ce: int)
 
 def _distance_and_bad(nat: Any, ref: Any, alt: Any, bound: int, exact: bool) -> tuple[Any, Any]:
     """Per element: ULP distance to the reference (the nearer of ref/alt) and the disagreement mask."""
-    xp = array_module("cuda") if type(nat).__module__.startswith("cupy") else np
+    xp = array_namespace(nat)
     d = ulp_distance(nat, ref)
     if alt is not None:
         d = xp.minimum(d, ulp_distance(nat, alt))
@@ -156,7 +156,7 @@ def _distance_and_bad(nat: Any, ref: Any, alt: Any, bound: int, exact: bool) -> 
 
 def compare_chunk(nat: Any, ref: Any, alt: Any, bound: int, *, exact: bool) -> tuple[np.ndarray, int, int]:
     """(histogram of 0/1/2/3/>3-or-NaN ULPs, max finite ULP, disagreements) of one chunk, array ops."""
-    xp = array_module("cuda") if type(nat).__module__.startswith("cupy") else np
+    xp = array_namespace(nat)
     d, bad = _distance_and_bad(nat, ref, alt, bound, exact)
     finite = d < NAN_MISMATCH
     m = int(d.size)
@@ -249,7 +249,7 @@ _COMPARE: dict[str, Callable[..., tuple[np.ndarray, int, int]]] = {"host": compa
 
 def _counterexamples(x: Any, nat: Any, ref: Any, alt: Any, bound: int, exact: bool, limit: int) -> list[dict]:
     """The first ``limit`` disagreeing inputs of a chunk (recomputed with array ops: chunks with any are rare)."""
-    xp = array_module("cuda") if type(nat).__module__.startswith("cupy") else np
+    xp = array_namespace(nat)
     d, bad = _distance_and_bad(nat, ref, alt, bound, exact)
     return [{"input": f"0x{int(x[i]):08X}", "native": f"0x{int(nat[i]):08X}", "reference": f"0x{int(ref[i]):08X}",
              "ulp": "nan-mismatch" if int(d[i]) >= NAN_MISMATCH else int(d[i])}

@@ -7,7 +7,7 @@ import sys
 
 from falsification.gemm_tests import overhead, throughput
 from falsification.registry import FalsifyContext
-from native.device import cuda_available
+from obligations.core.device import cuda_available
 
 __all__ = ["main", "SHAPES"]
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from falsification.gemm_tests import host_us, time_ms
 from native import gemm as ng
-from native.device import cuda_available
+from obligations.core.device import cuda_available
 
 __all__ = ["main"]
 

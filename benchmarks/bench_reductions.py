@@ -7,7 +7,7 @@ import sys
 
 from falsification.reductions_tests import _time_ms, moderate_floats
 from native import reductions as red
-from native.device import cuda_available
+from obligations.core.device import cuda_available
 
 __all__ = ["main"]
 

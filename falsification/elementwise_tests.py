@@ -32,7 +32,6 @@ from falsification.agreement import make_agreement
 from falsification.registry import FalsifyContext, guarded, register_test
 from falsification.runner import NativeResult, Subject, falsify, replay_command
 from falsification.strategies import LAYOUTS
-from native.device import array_module
 from native.elementwise import (
     RouteUnsupported,
     get_kernel,
@@ -42,7 +41,8 @@ from native.elementwise import (
     run_flat,
 )
 from native.nvrtc import get_route
-from obligations.results import Outcome, error, passed, violated
+from obligations.core.device import array_module
+from obligations.core.results import Outcome, error, passed, violated
 from spec.elementwise import GELU_C, GELU_K, Reference, bits_to_f64, f64_to_f32_bits, get_reference
 
 __all__ = ["POISON", "ULP_BOUNDS", "elementwise_subject", "gelu_ulp_bound", "sigmoid_ulp_bound"]

@@ -34,9 +34,9 @@ from falsification.registry import FalsifyContext, register_test
 from falsification.runner import replay_command
 from native import gemm as ng
 from native import reductions as red
-from native.device import array_module, to_host
-from obligations.plans import resolve
-from obligations.results import Outcome, passed, skipped, violated
+from obligations.core.device import array_module, to_host
+from obligations.core.plans import resolve
+from obligations.core.results import Outcome, passed, skipped, violated
 from spec import gemm as sg
 
 __all__ = ["SmallModel", "time_ms", "host_us", "WARMUP"]

@@ -36,9 +36,9 @@ from falsification.registry import FalsifyContext, register_test
 from falsification.runner import replay_command
 from falsification.strategies import MIXES, BatchSpec, generate_bits
 from native import reductions as red
-from native.device import array_module, to_host
-from obligations.plans import resolve
-from obligations.results import Outcome, passed, skipped, violated
+from obligations.core.device import array_module, to_host
+from obligations.core.plans import resolve
+from obligations.core.results import Outcome, passed, skipped, violated
 from spec import reductions as ref
 
 __all__ = ["moderate_floats", "run_hypothesis", "PROFILE_EXAMPLES"]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from obligations.results import Outcome
+from obligations.core.results import Outcome
 
 __all__ = ["FalsifyContext", "FalsificationTest", "register_test", "guarded", "get_test", "registered_tests",
            "load_builtin_tests"]
@@ -85,11 +85,11 @@ TestFn = Callable[["FalsifyContext"], Outcome]
 def guarded(*, skip: tuple[type[Exception], ...] = ()) -> Callable[[TestFn], TestFn]:
     """Decorator: a test's expected non-findings become outcomes instead of tracebacks.
 
-    No device for a run that asked for one (``native.device.DeviceUnavailable``) -> error; a missing
+    No device for a run that asked for one (``obligations.core.device.DeviceUnavailable``) -> error; a missing
     param (KeyError) -> error naming the test; an exception in ``skip`` -> skipped with its message.
     """
-    from native.device import DeviceUnavailable
-    from obligations.results import error, skipped
+    from obligations.core.device import DeviceUnavailable
+    from obligations.core.results import error, skipped
 
     def deco(fn: TestFn) -> TestFn:
         @functools.wraps(fn)

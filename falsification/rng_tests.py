@@ -31,9 +31,9 @@ from hypothesis.errors import NoSuchExample
 
 from falsification.registry import FalsifyContext, guarded, register_test
 from native import rng as native
-from native.device import array_module, to_host
-from obligations.results import Outcome, error, passed, violated
-from obligations.symbolic import Term, tracking
+from obligations.core.device import array_module, to_host
+from obligations.core.results import Outcome, error, passed, violated
+from obligations.core.symbolic import Term, tracking
 from spec import rng as spec
 from spec import softfloat as sf
 

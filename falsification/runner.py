@@ -29,7 +29,7 @@ from hypothesis.errors import HypothesisException
 from falsification.agreement import NAN_MISMATCH, Agreement
 from falsification.registry import FalsifyContext, get_test
 from falsification.strategies import BatchSpec, batch_specs, generate_bits, layout_arrays
-from obligations.results import Outcome, error, passed, violated
+from obligations.core.results import Outcome, error, passed, violated
 from spec.elementwise import Reference
 
 __all__ = [
@@ -485,7 +485,7 @@ def replay(
     if test is None:
         return error(f"unknown falsification test {item['test']!r}")
     if device not in test.devices:
-        from obligations.results import skipped
+        from obligations.core.results import skipped
 
         return skipped(f"test {test.name} does not support device {device!r}")
     rp_item = {**item, "replay": {"bits": [str(b) for b in bits], "scalars": [str(s) for s in scalars]}}

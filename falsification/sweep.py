@@ -22,9 +22,9 @@ import numpy as np
 from falsification.agreement import NAN_MISMATCH, ulp_distance
 from falsification.fused_reference import fused_approx_reference, has_fused_reference
 from falsification.strategies import BatchSpec, generate_bits
-from native.device import array_module, resolve_device
 from native.elementwise import get_kernel, run_flat
 from native.nvrtc import get_route
+from obligations.core.device import array_module, resolve_device
 from spec import softfloat as sf
 from spec.elementwise import array_namespace, bits_to_f64, canonical_nan, get_reference, round_f64_to_f32
 

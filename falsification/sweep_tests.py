@@ -6,7 +6,7 @@ from typing import Any
 
 from falsification.registry import FalsifyContext, register_test
 from falsification.sweep import sweep
-from obligations.results import Outcome, passed, violated
+from obligations.core.results import Outcome, passed, violated
 
 __all__ = ["exhaustive_sweep", "HOST_SAMPLE"]
 

@@ -26,8 +26,8 @@ from hypothesis.errors import NoSuchExample
 
 from falsification.registry import FalsifyContext, guarded, register_test
 from native import transfer as native
-from native.device import array_module
-from obligations.results import Outcome, passed, violated
+from obligations.core.device import array_module
+from obligations.core.results import Outcome, passed, violated
 from spec.transfer import TargetFormat, convert_reference, get_target, is_nan_bits, overflow_threshold_bits
 
 __all__ = ["edge_inputs", "bulk_inputs", "f64_bits", "h2d_disagreements", "D2H_FORMATS", "d2h_patterns"]

@@ -2,7 +2,7 @@
 
 Every kernel is a grid-stride loop over flat float32 buffers with a 64-bit index; its launch geometry
 comes from :func:`launch_plan` alone, which is written in plain integer arithmetic with the helpers of
-:mod:`obligations.symbolic` so that the checker proves coverage/bounds/overflow of exactly the code the
+:mod:`obligations.core.symbolic` so that the checker proves coverage/bounds/overflow of exactly the code the
 launcher runs. The host backend is a NumPy implementation of the same kernel under the same float
 environment (IEEE binary32 with subnormals, then the environment's NaN rule), so one contract item checks
 both backends. Transcendentals on the host evaluate expf/logf/tanhf in float64 and round once to float32
@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from native.device import array_module, resolve_device
 from native.nvrtc import compile_function, get_route
-from obligations.symbolic import as_type, cdiv, smax, smin
+from obligations.core.device import array_module, resolve_device
+from obligations.core.symbolic import as_type, cdiv, smax, smin
 
 __all__ = [
     "DEFAULT_BLOCK",

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from obligations.symbolic import all_of, as_type, select
+from obligations.core.symbolic import all_of, as_type, select
 
 __all__ = [
     "GemmPlan",
@@ -685,7 +685,7 @@ def matmul(a: Any, b: Any, *, trans_a: bool = False, trans_b: bool = False, alph
 def _matmul_operands(a: Any, b: Any, trans_a: bool, trans_b: bool, c: Any, out_dtype: str | None,
                      device: str) -> tuple:
     """Validate and resolve matmul's operands: (device, a, b, c, ints for the guard, new_c, cacheable)."""
-    from native.device import array_module, resolve_device
+    from obligations.core.device import array_module, resolve_device
 
     dev = resolve_device(device)
     xp = array_module(dev)

@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from native.device import array_module, resolve_device
 from native.elementwise import launch_plan
 from native.nvrtc import compile_function, get_route
-from obligations.symbolic import all_of, as_type, cdiv, smax, smin
+from obligations.core.device import array_module, resolve_device
+from obligations.core.symbolic import all_of, as_type, cdiv, smax, smin
 
 __all__ = [
     "BLOCK",

@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from native.device import array_module, resolve_device, to_host
 from native.nvrtc import compile_function, get_route
-from obligations.symbolic import as_type, cdiv, select, smax, smin
+from obligations.core.device import array_module, resolve_device, to_host
+from obligations.core.symbolic import as_type, cdiv, select, smax, smin
 
 __all__ = [
     "DEFAULT_BLOCK",

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from native.device import array_module, resolve_device
 from native.nvrtc import compile_function, get_route
-from obligations.symbolic import cdiv, smax, smin
+from obligations.core.device import array_module, resolve_device
+from obligations.core.symbolic import cdiv, smax, smin
 from spec.transfer import TargetFormat, get_target
 
 __all__ = [

@@ -17,8 +17,8 @@ from typing import Any
 
 from obligations import __version__
 from obligations.contract import Contract, load_contract
+from obligations.core.results import Outcome, Status, error, skipped
 from obligations.engines import Job, get_engine
-from obligations.results import Outcome, Status, error, skipped
 
 __all__ = ["check_contract", "check_paths", "selected", "run_item", "exit_code", "provenance", "summarize",
            "replay_command"]

@@ -94,7 +94,7 @@ def _evidence_line(item: dict[str, Any]) -> str:
 
 def _resolve_device(requested: str) -> str | None:
     """The device to run on, or None after printing why ``--device cuda`` cannot run (the caller exits 2)."""
-    from native.device import DeviceUnavailable, resolve_device
+    from obligations.core.device import DeviceUnavailable, resolve_device
 
     try:
         return resolve_device(requested)
@@ -147,9 +147,9 @@ def _check_options(p: argparse.ArgumentParser) -> None:
 @command("check", "check contracts: proofs, enumeration, falsification; exit 1 if anything is refuted")
 @_configure(_check_options)
 def _check(args: argparse.Namespace) -> int:
-    from native.device import device_info
     from obligations.check import check_paths
     from obligations.contract import ContractError, validate_paths
+    from obligations.core.device import device_info
 
     device = _resolve_device(args.device)
     if device is None:

@@ -20,8 +20,8 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
 from obligations import expr as exprlang
-from obligations import plans
-from obligations import symbolic as sym
+from obligations.core import plans
+from obligations.core import symbolic as sym
 
 __all__ = [
     "Diagnostic",

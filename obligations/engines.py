@@ -1,6 +1,6 @@
 """Discharge engines, registered by method name: z3, enumerate, sympy, falsify, measure, assume.
 
-Each engine turns one contract item into an :class:`~obligations.results.Outcome` from evidence only:
+Each engine turns one contract item into an :class:`~obligations.core.results.Outcome` from evidence only:
 a solver verdict, points enumerated, a registered test's run. Nothing the contract author typed is
 reported as a result.
 """
@@ -17,10 +17,10 @@ import numpy as np
 import z3
 
 from obligations import expr as exprlang
-from obligations import plans
-from obligations import symbolic as sym
 from obligations.contract import Contract, import_test_modules
-from obligations.results import Outcome, assumed, error, exhausted, proved, skipped, unknown, violated
+from obligations.core import plans
+from obligations.core import symbolic as sym
+from obligations.core.results import Outcome, assumed, error, exhausted, proved, skipped, unknown, violated
 
 __all__ = ["Job", "Engine", "register_engine", "get_engine", "ENGINES", "evaluate_statement", "Evaluation"]
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import sympy
 
-from obligations import symbolic as sym
-from obligations.symbolic import BoolTerm, Term
+from obligations.core import symbolic as sym
+from obligations.core.symbolic import BoolTerm, Term
 
 __all__ = ["ExprError", "Expr", "parse", "FUNCTIONS"]
 

@@ -67,7 +67,7 @@ from __future__ import annotations
 from typing import Any
 
 from falsification.registry import FalsifyContext, register_test
-from obligations.results import Outcome, skipped
+from obligations.core.results import Outcome, skipped
 
 
 def plan(n: Any) -> dict[str, Any]:

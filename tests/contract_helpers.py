@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from native.device import cuda_available
 from obligations.check import check_contract
+from obligations.core.device import cuda_available
 
 __all__ = ["CONTRACTS", "CUDA_OK", "needs_cuda", "contract_variant", "check_items"]
 

@@ -64,7 +64,7 @@ def test_invalid_contract_and_usage_exit_2(tmp_path):
 
 
 def test_device_cuda_without_a_gpu_is_an_error_not_a_host_run(capsys):
-    from native.device import cuda_available
+    from obligations.core.device import cuda_available
 
     if cuda_available()[0]:
         pytest.skip("a CUDA device is present: this test is about machines without one")

@@ -100,7 +100,7 @@ def test_test_modules_are_imported_so_their_tests_exist(tmp_path, monkeypatch):
     pkg = f"kc_user_{uuid.uuid4().hex[:8]}"
     (tmp_path / f"{pkg}.py").write_text(
         "from falsification.registry import register_test\n"
-        "from obligations.results import passed\n\n\n"
+        "from obligations.core.results import passed\n\n\n"
         f"@register_test('{pkg}.holds')\n"
         "def holds(ctx):\n"
         "    '''Always holds (a user test outside falsification/).'''\n"

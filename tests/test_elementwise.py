@@ -11,8 +11,8 @@ import pytest
 
 from falsification.registry import FalsifyContext, get_test
 from native import elementwise as ew
-from native.device import DeviceUnavailable, cuda_available, device_info, resolve_device
 from native.nvrtc import ROUTES, CompileFlags
+from obligations.core.device import DeviceUnavailable, cuda_available, device_info, resolve_device
 
 CUDA_OK, CUDA_WHY = cuda_available()
 cuda = pytest.mark.cuda

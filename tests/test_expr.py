@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import z3
 
-from obligations import symbolic as sym
+from obligations.core import symbolic as sym
 from obligations.expr import ExprError, parse
 
 HOSTILE = [

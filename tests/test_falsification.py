@@ -12,7 +12,7 @@ from falsification.agreement import AGREEMENTS, NAN_MISMATCH, make_agreement, ul
 from falsification.registry import FalsifyContext, registered_tests
 from falsification.runner import NativeResult, Subject, falsify, find_item, replay
 from falsification.sweep import resolve_format, round_to_format, sweep
-from native.device import cuda_available
+from obligations.core.device import cuda_available
 from spec import softfloat as sf
 from spec.elementwise import Reference
 
@@ -412,8 +412,8 @@ def test_flush_free_conversions_match_numpy_everywhere():
 
 def test_guarded_maps_expected_non_findings_to_outcomes():
     from falsification.registry import guarded
-    from native.device import DeviceUnavailable
-    from obligations.results import passed
+    from obligations.core.device import DeviceUnavailable
+    from obligations.core.results import passed
 
     class Unsupported(Exception):
         pass

@@ -195,7 +195,7 @@ def _backends() -> list:
 @pytest.mark.parametrize("backend", _backends(), ids=lambda b: b.name)
 def test_every_blas_backend_conforms(backend):
     """The extension point's contract: handle lifecycle, prepare and bind compute column-major gemmEx."""
-    from native.device import array_module, to_host
+    from obligations.core.device import array_module, to_host
 
     assert issubclass(backend, ng.BlasBackend) and backend.binds_current_stream
     api = backend()

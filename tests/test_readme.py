@@ -33,7 +33,7 @@ def test_readme_contract_example_is_valid_and_proves(tmp_path):
 
 
 def test_readme_documents_every_status_and_exit_code():
-    from obligations.results import Status
+    from obligations.core.results import Status
 
     for s in Status:
         assert f"| `{s.value}` |" in README

@@ -102,7 +102,7 @@ def test_axis_kinds_and_scatter_on_host():
 
 @pytest.mark.cuda
 def test_cuda_reductions_match_the_reference():
-    from native.device import cuda_available
+    from obligations.core.device import cuda_available
 
     ok, why = cuda_available()
     if not ok:
@@ -116,7 +116,7 @@ def test_cuda_reductions_match_the_reference():
 
 @pytest.mark.cuda
 def test_cuda_planted_bugs_are_caught(tmp_path):
-    from native.device import cuda_available
+    from obligations.core.device import cuda_available
 
     if not cuda_available()[0]:
         pytest.skip("no CUDA device")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from native import gemm
-from obligations.symbolic import all_of, as_type, select
+from obligations.core.symbolic import all_of, as_type, select
 
 
 def _rebuild(cls: type, plan: gemm.GemmPlan, **changes: Any) -> Any:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from native import rng
-from obligations.symbolic import as_type
+from obligations.core.symbolic import as_type
 
 __all__ = ["plan_index_off_by_one", "plan_int32_offset"]
 

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from native import transfer
-from obligations.symbolic import as_type
+from obligations.core.symbolic import as_type
 
 __all__ = ["plan_int32_bytes"]
 

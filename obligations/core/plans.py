@@ -8,7 +8,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from obligations import symbolic as sym
+from obligations.core import symbolic as sym
 
 __all__ = ["resolve", "ResolveError", "plan_parameters", "call_plan", "quantities", "symbolic_env"]
 

@@ -136,7 +136,7 @@ class Tracker:
 _CURRENT: contextvars.ContextVar[Tracker | None] = contextvars.ContextVar("kc_tracker", default=None)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _STDLIB = os.path.dirname(os.path.abspath(os.__file__))
-_EXPR = os.path.join(_HERE, "expr.py")
+_EXPR = os.path.join(os.path.dirname(_HERE), "expr.py")
 
 
 def _caller() -> str:
@@ -166,7 +166,7 @@ def tracking() -> Iterator[Tracker]:
 def _tracker() -> Tracker:
     t = _CURRENT.get()
     if t is None:
-        raise RuntimeError("symbolic arithmetic outside obligations.symbolic.tracking()")
+        raise RuntimeError("symbolic arithmetic outside obligations.core.symbolic.tracking()")
     return t
 
 

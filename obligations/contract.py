@@ -20,6 +20,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
 from obligations import expr as exprlang
+from obligations import statements
 from obligations.core import plans
 from obligations.core import symbolic as sym
 
@@ -401,6 +402,7 @@ def _expressions(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
                 return
             quantities = {n for n, v in qs.items() if not v} | BUILTIN_QUANTITIES
             callables = {n for n, v in qs.items() if v}
+        clean = True
         for field_name in ("given", "prove"):
             if field_name not in item:
                 continue
@@ -408,8 +410,11 @@ def _expressions(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
             try:
                 e = exprlang.parse(item[field_name])
             except exprlang.ExprError as err:
+                clean = False
                 yield Diagnostic(c.path, *c.expression_position(path, err.col, item[field_name]), err.message)
                 continue
+            clean = clean and not (e.names() - names - quantities - {"True", "False"}) and not (
+                e.called() - callables)
             for n in sorted(e.names() - names - quantities - {"True", "False"}):
                 yield Diagnostic(c.path, *c.expression_position(path, _find_name(item[field_name], n),
                                                                 item[field_name]),
@@ -418,6 +423,11 @@ def _expressions(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
                 yield Diagnostic(c.path, *c.expression_position(path, _find_name(item[field_name], n),
                                                                 item[field_name]),
                                  f"unknown function {n!r} (not a builtin or plan function)")
+        if clean:
+            # Kinds (integer vs condition) are known only with the plan's values: evaluate once over Z3 symbols.
+            for err in statements.statement_errors(c, item):
+                source = item[err.field]
+                yield Diagnostic(c.path, *c.expression_position((key, idx, err.field), err.col, source), err.message)
         for sname, spec in (item.get("bound") or {}).items():
             if sname not in names:
                 yield _d(c, (key, idx, "bound", sname), f"bound names unknown symbol {sname!r}")

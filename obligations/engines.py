@@ -21,6 +21,7 @@ from obligations.contract import Contract, import_test_modules
 from obligations.core import plans
 from obligations.core import symbolic as sym
 from obligations.core.results import Outcome, assumed, error, exhausted, proved, skipped, unknown, violated
+from obligations.statements import Evaluation, evaluate_statement, kernel_of
 
 __all__ = ["Job", "Engine", "register_engine", "get_engine", "ENGINES", "evaluate_statement", "Evaluation"]
 
@@ -69,59 +70,12 @@ def get_engine(method: str) -> Engine:
 # -- evaluating a statement over one carrier ----------------------------------------------------------
 
 
-@dataclass
-class Evaluation:
-    """A statement evaluated over one carrier: given, prove, the side-conditions and plan quantities."""
-
-    given: sym.BoolTerm
-    prove: sym.BoolTerm
-    tracker: sym.Tracker
-    quantities: dict[str, Any]
-
-    def required(self) -> list[sym.SideCondition]:
-        """Side-conditions the claim depends on (those of given and prove)."""
-        return [self.tracker.conditions[i] for i in sorted(self.given.deps | self.prove.deps)]
-
-
-def _bool(x: Any) -> sym.BoolTerm:
-    if isinstance(x, sym.BoolTerm):
-        return x
-    if isinstance(x, bool | np.bool_ | np.ndarray) or isinstance(x, z3.BoolRef):
-        return sym.BoolTerm(x)
-    raise TypeError(f"statement evaluates to {type(x).__name__}, not a condition")
-
-
-def evaluate_statement(contract: Contract, item: Mapping[str, Any], env: dict[str, Any]) -> Evaluation:
-    """Run the item's kernel plan on ``env`` and evaluate its given/prove statements over the result."""
-    with sym.tracking() as tracker:
-        values = dict(env)
-        quantities: dict[str, Any] = {}
-        kernel = _kernel_of(contract, item)
-        if kernel is not None and "plan" in kernel:
-            fn = plans.resolve(kernel["plan"])
-            quantities = plans.quantities(plans.call_plan(fn, values))
-            plan_conds = frozenset(range(len(tracker.conditions)))
-            exprs = [tracker.conditions[i].expr for i in sorted(plan_conds)]
-            quantities["no_overflow"] = sym.BoolTerm(sym._and(*exprs) if exprs else True, plan_conds)
-        values.update(quantities)
-        given = _bool(exprlang.parse(item["given"]).evaluate(values)) if item.get("given") else sym.BoolTerm(True)
-        prove = _bool(exprlang.parse(item["prove"]).evaluate(values))
-    return Evaluation(given, prove, tracker, quantities)
-
-
-def _kernel_of(contract: Contract, item: Mapping[str, Any]) -> dict[str, Any] | None:
-    kernels = contract.data["kernels"]
-    if item.get("kernel"):
-        return kernels[item["kernel"]]
-    return next(iter(kernels.values())) if len(kernels) == 1 else None
-
-
 def _used_symbols(contract: Contract, item: Mapping[str, Any]) -> list[str]:
     names: set[str] = set()
     for key in ("given", "prove"):
         if item.get(key):
             names |= exprlang.parse(item[key]).names()
-    kernel = _kernel_of(contract, item)
+    kernel = kernel_of(contract, item)
     if kernel is not None and "plan" in kernel:
         names |= set(plans.plan_parameters(plans.resolve(kernel["plan"]))) & set(contract.symbols)
     names |= set(item.get("bound") or {})
@@ -322,7 +276,7 @@ class EnumerateEngine(Engine):
                 else:
                     raise _TooLarge(f"enumerate needs a bound for symbol {name!r}")
         bound.update(given_bound)
-        kernel = _kernel_of(c, item)
+        kernel = kernel_of(c, item)
         plan_fn = plans.resolve(kernel["plan"]) if kernel and "plan" in kernel else None
         params = set(plans.plan_parameters(plan_fn)) & set(c.symbols) if plan_fn else set()
         grid: dict[str, np.ndarray] = {}

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import sympy
 
 from obligations.core import symbolic as sym
@@ -28,6 +29,7 @@ __all__ = ["ExprError", "Expr", "parse", "FUNCTIONS"]
 
 MAX_LITERAL_BITS = 128
 MAX_SOURCE = 2000
+MAX_DEPTH = 64  # nesting of the syntax tree; deeper statements are rejected, never a RecursionError
 
 
 class ExprError(ValueError):
@@ -48,7 +50,8 @@ def _cast(ty: str) -> Callable[[Any], Any]:
             t = sym.machine_type(ty)
             if not t.lo <= x <= t.hi:
                 raise OverflowError(f"literal {x} does not fit {ty}")
-            return x
+            # A typed constant, not a bare literal: its arithmetic is machine arithmetic, with overflow checks.
+            return Term(x, t)
         return sym.as_type(x, ty)
 
     return cast
@@ -143,6 +146,12 @@ def _split_implies(source: str) -> list[tuple[int, int]]:
     except (tokenize.TokenError, SyntaxError, IndentationError) as e:
         raise ExprError(f"cannot tokenize: {e}") from None
     for tok in toks:
+        if tok.type == tokenize.COMMENT:
+            # Python would drop the rest of the line silently ('m > 0 # and m < 0' reads as 'm > 0').
+            raise ExprError("'#' is not allowed in contract expressions (it would comment out the rest)",
+                            tok.start[1])
+        if tok.type == tokenize.ERRORTOKEN and not tok.string.isspace():
+            raise ExprError(f"unexpected character {tok.string!r}", tok.start[1])
         if tok.type == tokenize.OP and tok.string in "([{":
             depth += 1
         elif tok.type == tokenize.OP and tok.string in ")]}":
@@ -165,11 +174,24 @@ def _parse_part(source: str, start: int, end: int) -> ast.expr:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as e:
         raise ExprError(f"syntax error: {e.msg}", start + lead + max((e.offset or 1) - 1, 0)) from None
+    except (RecursionError, MemoryError):
+        raise ExprError(f"expression nested too deeply (limit {MAX_DEPTH})", start + lead) from None
+    _check_depth(tree, start + lead)
     for node in ast.walk(tree):
         if hasattr(node, "col_offset"):
             node.col_offset += start + lead
     _Whitelist().visit(tree)
     return tree.body
+
+
+def _check_depth(tree: ast.AST, col: int) -> None:
+    """Reject trees deeper than MAX_DEPTH, walking with an explicit stack (no recursion to overflow)."""
+    stack = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ExprError(f"expression nested too deeply (limit {MAX_DEPTH})", getattr(node, "col_offset", 0) + col)
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
 
 
 class _Whitelist(ast.NodeVisitor):
@@ -240,10 +262,52 @@ def _check_literal(v: int, node: ast.AST) -> int:
     return v
 
 
+def _is_cond(v: Any) -> bool:
+    return isinstance(v, bool | np.bool_ | BoolTerm)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, Term) or (isinstance(v, int | np.integer) and not isinstance(v, bool | np.bool_))
+
+
+def _kind(v: Any) -> str:
+    return "a condition" if _is_cond(v) else "an integer" if _is_int(v) else f"a {type(v).__name__}"
+
+
 class _Evaluator(ast.NodeVisitor):
+    """Evaluate a whitelisted tree; every operand's kind (integer or condition) is checked where it is used.
+
+    A value of the wrong kind, or an operation that raises, becomes an ExprError at its column: nothing
+    that is not a Term, BoolTerm, int or bool ever reaches a combinator (a stray ``NotImplemented`` once
+    read as "true").
+    """
+
     def __init__(self, env: Mapping[str, Any], source: str):
         self.env = env
         self.source = source
+
+    def visit(self, node: ast.AST) -> Any:
+        try:
+            value = super().visit(node)
+        except ExprError:
+            raise
+        except (TypeError, OverflowError, ValueError, ZeroDivisionError) as e:
+            raise ExprError(str(e), _col(node)) from None
+        if not (_is_cond(value) or _is_int(value)):
+            raise ExprError(f"{ast.unparse(node)!r} is {_kind(value)}, not an integer or a condition", _col(node))
+        return value
+
+    def cond(self, node: ast.AST) -> Any:
+        v = self.visit(node)
+        if not _is_cond(v):
+            raise ExprError(f"expected a condition, got {_kind(v)}: {ast.unparse(node)!r}", _col(node))
+        return v
+
+    def integer(self, node: ast.AST) -> Any:
+        v = self.visit(node)
+        if not _is_int(v):
+            raise ExprError(f"expected an integer, got {_kind(v)}: {ast.unparse(node)!r}", _col(node))
+        return v
 
     def generic_visit(self, node: ast.AST) -> Any:  # pragma: no cover - the whitelist forbids it
         raise ExprError(f"cannot evaluate {type(node).__name__}", _col(node))
@@ -260,25 +324,20 @@ class _Evaluator(ast.NodeVisitor):
             raise ExprError(f"unknown name {node.id!r}", node.col_offset) from None
 
     def visit_BoolOp(self, node: ast.BoolOp) -> Any:
-        vals = [self.visit(v) for v in node.values]
+        vals = [self.cond(v) for v in node.values]
         return sym.all_of(*vals) if isinstance(node.op, ast.And) else sym.any_of(*vals)
 
     def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
-        v = self.visit(node.operand)
         if isinstance(node.op, ast.Not):
-            return sym.negate(v)
-        if isinstance(node.op, ast.USub):
-            return -v
-        return v
+            return sym.negate(self.cond(node.operand))
+        v = self.integer(node.operand)
+        return -v if isinstance(node.op, ast.USub) else v
 
     def visit_BinOp(self, node: ast.BinOp) -> Any:
-        a, b = self.visit(node.left), self.visit(node.right)
+        a, b = self.integer(node.left), self.integer(node.right)
         op = node.op
-        for x in (a, b):
-            if isinstance(x, bool | BoolTerm):
-                raise ExprError("arithmetic on a condition", node.col_offset)
-        if isinstance(a, int) and isinstance(b, int):
-            return _check_literal(_int_binop(op, a, b, node), node)
+        if not isinstance(a, Term) and not isinstance(b, Term):
+            return _check_literal(_int_binop(op, int(a), int(b), node), node)
         if isinstance(op, ast.Add):
             return a + b
         if isinstance(op, ast.Sub):
@@ -297,22 +356,45 @@ class _Evaluator(ast.NodeVisitor):
         parts = []
         for op, comp in zip(node.ops, node.comparators, strict=True):
             right = self.visit(comp)
-            parts.append(_compare(_CMP[type(op)], left, right))
+            name = _CMP[type(op)]
+            if name in ("==", "!=") and _is_cond(left) != _is_cond(right):
+                raise ExprError(f"'{name}' compares {_kind(left)} with {_kind(right)}", _col(node))
+            if name not in ("==", "!=") and not (_is_int(left) and _is_int(right)):
+                raise ExprError(f"'{name}' orders integers only, not {_kind(left)} and {_kind(right)}", _col(node))
+            parts.append(_compare(name, left, right))
             left = right
         return parts[0] if len(parts) == 1 else sym.all_of(*parts)
 
     def visit_IfExp(self, node: ast.IfExp) -> Any:
-        return sym.select(self.visit(node.test), self.visit(node.body), self.visit(node.orelse))
+        test, body, orelse = self.cond(node.test), self.visit(node.body), self.visit(node.orelse)
+        if _is_cond(body) != _is_cond(orelse):
+            raise ExprError(f"the branches are {_kind(body)} and {_kind(orelse)}", _col(node))
+        return sym.select(test, body, orelse)
 
     def visit_Call(self, node: ast.Call) -> Any:
         name = node.func.id
-        args = [self.visit(a) for a in node.args]
-        if name in FUNCTIONS:
+        if name in _SIGNATURES:
+            kinds = _SIGNATURES[name]
+            args = [self.cond(a) if k == "cond" else self.integer(a) if k == "int" else self.visit(a)
+                    for a, k in zip(node.args, kinds, strict=True)]
+            if name == "select" and _is_cond(args[1]) != _is_cond(args[2]):
+                raise ExprError(f"select() branches are {_kind(args[1])} and {_kind(args[2])}", _col(node))
             return FUNCTIONS[name][1](*args)
         fn = self.env.get(name)
         if not callable(fn):
             raise ExprError(f"unknown function {name!r}", node.col_offset)
-        return fn(*args)
+        return fn(*[self.visit(a) for a in node.args])
+
+
+# The kind each builtin's arguments must have: "int", "cond", or "any" (a select branch).
+_SIGNATURES: dict[str, tuple[str, ...]] = {
+    "min": ("int", "int"),
+    "max": ("int", "int"),
+    "cdiv": ("int", "int"),
+    "select": ("cond", "any", "any"),
+    "implies": ("cond", "cond"),
+    **{t: ("int",) for t in sym.TYPES},
+}
 
 
 def _int_binop(op: ast.operator, a: int, b: int, node: ast.AST) -> int:
@@ -331,13 +413,13 @@ def _int_binop(op: ast.operator, a: int, b: int, node: ast.AST) -> int:
 
 
 def _compare(op: str, a: Any, b: Any) -> Any:
-    if isinstance(a, int | bool) and isinstance(b, int | bool) and not (
-        isinstance(a, Term) or isinstance(b, Term)
-    ):
-        return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b, "==": a == b, "!=": a != b}[op]
-    if isinstance(a, BoolTerm | bool) and isinstance(b, BoolTerm | bool) and op in ("==", "!="):
+    """``a op b`` for two integers (any op) or two conditions (== and != only); kinds checked by the caller."""
+    if _is_cond(a):
         eq = sym.any_of(sym.all_of(a, b), sym.all_of(sym.negate(a), sym.negate(b)))
         return eq if op == "==" else sym.negate(eq)
+    if not isinstance(a, Term) and not isinstance(b, Term):
+        a, b = int(a), int(b)
+        return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b, "==": a == b, "!=": a != b}[op]
     if not isinstance(a, Term):
         a, b, op = b, a, {"<": ">", "<=": ">=", ">": "<", ">=": "<="}.get(op, op)
     return {"<": a.__lt__, "<=": a.__le__, ">": a.__gt__, ">=": a.__ge__, "==": a.__eq__, "!=": a.__ne__}[op](b)

@@ -217,8 +217,56 @@ def _ite(c: Any, a: Any, b: Any) -> Any:
     return a if c else b
 
 
-# Beyond this magnitude the NumPy carrier itself could wrap; enumeration bounds must stay far below it.
-_NUMPY_SAFE = 1 << 62
+_I64 = np.iinfo(np.int64)
+
+
+def _exact(op: str, a: Any, b: Any) -> Any:
+    """``a op b`` for op in + - * with the mathematical result on every carrier.
+
+    Z3 and Python ints are exact. NumPy int64 arrays wrap silently, so each operation checks for
+    wrap-around exactly and redoes the operation on Python-int (object) arrays where it happened:
+    enumeration never trusts a wrapped value (a wrapped product can look in range).
+    """
+    if not (isinstance(a, np.ndarray) or isinstance(b, np.ndarray)):
+        return a + b if op == "+" else a - b if op == "-" else a * b
+    if _is_object(a) or _is_object(b) or not (_fits_i64(a) and _fits_i64(b)):
+        return _exact(op, _as_object(a), _as_object(b)) if not (_is_object(a) and _is_object(b)) else (
+            a + b if op == "+" else a - b if op == "-" else a * b)
+    x, y = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+    with np.errstate(over="ignore"):
+        if op == "+":
+            r = x + y
+            wrapped = ((x ^ r) & (y ^ r)) < 0
+        elif op == "-":
+            r = x - y
+            wrapped = ((x ^ y) & (x ^ r)) < 0
+        else:
+            r = x * y
+            safe_x = np.where(x == 0, 1, x)
+            # r // x == y exactly when no wrap (exact division); INT64_MIN // -1 is itself a wrap.
+            special = (x == -1) & (y == _I64.min)
+            quotient = np.where(special, 0, r) // np.where(special, 1, safe_x)
+            wrapped = special | ((x != 0) & (quotient != y))
+    if np.any(wrapped):
+        return _exact(op, _as_object(a), _as_object(b))
+    return r
+
+
+def _is_object(x: Any) -> bool:
+    return isinstance(x, np.ndarray) and x.dtype == object
+
+
+def _fits_i64(x: Any) -> bool:
+    if isinstance(x, np.ndarray):
+        return x.dtype != object
+    return _I64.min <= int(x) <= _I64.max
+
+
+def _as_object(x: Any) -> Any:
+    """Python-int carrier array (exact, slower) for values the int64 carrier cannot hold."""
+    if isinstance(x, np.ndarray):
+        return x if x.dtype == object else np.array([int(v) for v in x.ravel()], dtype=object).reshape(x.shape)
+    return int(x)
 
 
 class BoolTerm:
@@ -247,6 +295,11 @@ class BoolTerm:
     def __invert__(self) -> BoolTerm:
         return negate(self)
 
+    def _unordered(self, other: Any) -> BoolTerm:
+        raise TypeError("conditions are not ordered: '<', '<=', '>', '>=' compare integers only")
+
+    __lt__ = __le__ = __gt__ = __ge__ = _unordered
+
     def __repr__(self) -> str:
         return f"BoolTerm({self.expr})"
 
@@ -254,7 +307,8 @@ class BoolTerm:
 def _lift_bool(x: Any) -> BoolTerm:
     if isinstance(x, BoolTerm):
         return x
-    if isinstance(x, bool | np.bool_) or _is_z3(x) or isinstance(x, np.ndarray):
+    if isinstance(x, bool | np.bool_) or (_is_z3(x) and z3.is_bool(x)) or (
+            isinstance(x, np.ndarray) and x.dtype in (np.bool_, object)):
         return BoolTerm(x)
     raise TypeError(f"expected a condition, got {type(x).__name__}")
 
@@ -286,8 +340,6 @@ class Term:
         return Term(other, self.ty)
 
     def _checked(self, value: Any, ty: MachineType, deps: frozenset[int], what: str) -> Term:
-        if isinstance(value, np.ndarray) and value.size and int(np.abs(value).max()) >= _NUMPY_SAFE:
-            raise OverflowError("enumeration values too large for the int64 carrier; use smaller bounds")
         cond = _and(value >= ty.lo, value <= ty.hi)
         idx = _tracker().record(cond, f"{ty.name} overflow in {what}")
         return Term(value, ty, deps | {idx})
@@ -297,13 +349,7 @@ class Term:
         a, b = (o, self) if reflected else (self, o)
         ty = _promote(a.ty, b.ty)
         deps = a.deps | b.deps
-        if op == "+":
-            v = a.expr + b.expr
-        elif op == "-":
-            v = a.expr - b.expr
-        else:
-            v = a.expr * b.expr
-        return self._checked(v, ty, deps, f"'{op}'")
+        return self._checked(_exact(op, a.expr, b.expr), ty, deps, f"'{op}'")
 
     def __add__(self, o: Any) -> Term:
         return self._arith(o, "+")
@@ -339,7 +385,7 @@ class Term:
             ok = _and(a.expr >= 0, b.expr > 0)
             deps |= {t.record(ok, "plan division needs a non-negative dividend and a positive divisor")}
         q = _tdiv(a.expr, b.expr)
-        value = q if want == "div" else a.expr - b.expr * q
+        value = q if want == "div" else _exact("-", a.expr, _exact("*", b.expr, q))
         return self._checked(value, ty, deps, "'/'" if want == "div" else "'%'")
 
     def __floordiv__(self, o: Any) -> Term:
@@ -424,7 +470,11 @@ def _tdiv(a: Any, b: Any) -> Any:
         q = abs_a / abs_b  # Z3's Int division is Euclidean; on non-negative operands it is truncation
         return z3.If((a >= 0) == (b >= 0), q, -q)
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+        if _is_object(a) or _is_object(b) or not (_fits_i64(a) and _fits_i64(b)) or np.any(
+                np.asarray(a) == _I64.min) or np.any(np.asarray(b) == _I64.min):
+            a, b = _as_object(np.asarray(a)), _as_object(np.asarray(b))  # |INT64_MIN| is not an int64
+        else:
+            a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
         safe_b = np.where(b == 0, 1, b)
         q = np.abs(a) // np.abs(safe_b)
         return np.where((a >= 0) == (safe_b >= 0), q, -q)
@@ -473,10 +523,17 @@ def cdiv(a: Any, b: Any) -> Any:
     return q + select(q * b < a, 1, 0)
 
 
+def _plain_bool(c: Any) -> bool:
+    """A launch-time condition: only real booleans (a stray NotImplemented or int must never read as true)."""
+    if isinstance(c, bool | np.bool_):
+        return bool(c)
+    raise TypeError(f"expected a condition, got {type(c).__name__}")
+
+
 def all_of(*conds: Any) -> Any:
     """Conjunction of conditions (bools at launch time, BoolTerms in the checker)."""
     if not any(is_symbolic(c) for c in conds):
-        return all(bool(c) for c in conds)
+        return all(_plain_bool(c) for c in conds)
     lifted = [_lift_bool(c) for c in conds]
     deps = frozenset().union(*(c.deps for c in lifted))
     return BoolTerm(_and(*(c.expr for c in lifted)), deps)
@@ -485,7 +542,7 @@ def all_of(*conds: Any) -> Any:
 def any_of(*conds: Any) -> Any:
     """Disjunction of conditions."""
     if not any(is_symbolic(c) for c in conds):
-        return any(bool(c) for c in conds)
+        return any(_plain_bool(c) for c in conds)
     lifted = [_lift_bool(c) for c in conds]
     deps = frozenset().union(*(c.deps for c in lifted))
     return BoolTerm(_or(*(c.expr for c in lifted)), deps)
@@ -494,7 +551,7 @@ def any_of(*conds: Any) -> Any:
 def negate(cond: Any) -> Any:
     """Logical not."""
     if not is_symbolic(cond):
-        return not cond
+        return not _plain_bool(cond)
     c = _lift_bool(cond)
     return BoolTerm(_not(c.expr), c.deps)
 

@@ -1,0 +1,104 @@
+"""A contract item's statement (given, prove) evaluated through its kernel's plan on one carrier.
+
+The Z3 engine, the enumeration engine, counterexample confirmation and ``kc validate``'s type check all
+evaluate statements here, so a statement that validates is the statement the engines check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from obligations import expr as exprlang
+from obligations.core import plans
+from obligations.core import symbolic as sym
+
+if TYPE_CHECKING:
+    from obligations.contract import Contract
+
+__all__ = ["Evaluation", "StatementError", "evaluate_statement", "kernel_of", "statement_errors"]
+
+FIELDS = ("given", "prove")
+
+
+class StatementError(exprlang.ExprError):
+    """An expression error in one field of an item (``given`` or ``prove``)."""
+
+    def __init__(self, field: str, err: exprlang.ExprError):
+        super().__init__(err.message, err.col)
+        self.field = field
+
+
+@dataclass
+class Evaluation:
+    """A statement evaluated over one carrier: given, prove, the side-conditions and plan quantities."""
+
+    given: sym.BoolTerm
+    prove: sym.BoolTerm
+    tracker: sym.Tracker
+    quantities: dict[str, Any]
+
+    def required(self) -> list[sym.SideCondition]:
+        """Side-conditions the claim depends on (those of given and prove)."""
+        return [self.tracker.conditions[i] for i in sorted(self.given.deps | self.prove.deps)]
+
+
+def kernel_of(contract: Contract, item: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The kernel an item refers to: the one it names, or the contract's only kernel."""
+    kernels = contract.data["kernels"]
+    if item.get("kernel"):
+        return kernels[item["kernel"]]
+    return next(iter(kernels.values())) if len(kernels) == 1 else None
+
+
+def _condition(field: str, value: Any) -> sym.BoolTerm:
+    if isinstance(value, sym.BoolTerm):
+        return value
+    if isinstance(value, bool | np.bool_):
+        return sym.BoolTerm(bool(value))
+    raise StatementError(field, exprlang.ExprError(f"the '{field}' statement is an integer, not a condition"))
+
+
+def evaluate_statement(contract: Contract, item: Mapping[str, Any], env: dict[str, Any]) -> Evaluation:
+    """Run the item's kernel plan on ``env`` and evaluate its given/prove statements over the result.
+
+    Raises StatementError (field and column) for an ill-kinded statement.
+    """
+    with sym.tracking() as tracker:
+        values = dict(env)
+        quantities: dict[str, Any] = {}
+        kernel = kernel_of(contract, item)
+        if kernel is not None and "plan" in kernel:
+            fn = plans.resolve(kernel["plan"])
+            quantities = plans.quantities(plans.call_plan(fn, values))
+            plan_conds = frozenset(range(len(tracker.conditions)))
+            exprs = [tracker.conditions[i].expr for i in sorted(plan_conds)]
+            quantities["no_overflow"] = sym.BoolTerm(sym._and(*exprs) if exprs else True, plan_conds)
+        values.update(quantities)
+        result = {}
+        for field in FIELDS:
+            if not item.get(field):
+                result[field] = sym.BoolTerm(True)
+                continue
+            try:
+                result[field] = _condition(field, exprlang.parse(item[field]).evaluate(values))
+            except StatementError:
+                raise
+            except exprlang.ExprError as e:
+                raise StatementError(field, e) from None
+    return Evaluation(result["given"], result["prove"], tracker, quantities)
+
+
+def statement_errors(contract: Contract, item: Mapping[str, Any]) -> list[StatementError]:
+    """Kind errors of the item's statements, found by evaluating them once over fresh Z3 symbols."""
+    if not any(item.get(f) for f in FIELDS):
+        return []
+    env = plans.symbolic_env(contract.symbols)
+    try:
+        evaluate_statement(contract, item, env)
+    except StatementError as e:
+        return [e]
+    return []

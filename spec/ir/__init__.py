@@ -23,6 +23,8 @@ API summary (stable; names are added, never renamed):
 * :mod:`spec.ir.rewrites` -- ``eliminate_dead_nodes``, ``fold_reshapes``, ``fold_constants``.
 """
 
+from spec.ir.checks import IRError, check_inferred_shapes, check_payload, check_shapes, check_well_formed, checklist
+from spec.ir.denote import Ok, denote, denote_all
 from spec.ir.graph import PAYLOAD_KINDS, Attrs, Graph, GraphBuilder, Node, Payload, format_graph, format_shape
 from spec.ir.ops import OPS, AttrSpec, OpKind, ShapeRuleError, get_op, op_names, register_op
 
@@ -30,6 +32,15 @@ __all__ = [
     "Attrs",
     "AttrSpec",
     "Graph",
+    "IRError",
+    "Ok",
+    "check_inferred_shapes",
+    "check_payload",
+    "check_shapes",
+    "check_well_formed",
+    "checklist",
+    "denote",
+    "denote_all",
     "GraphBuilder",
     "Node",
     "OpKind",

@@ -169,8 +169,8 @@ class GraphBuilder:
 def _as_f32(a: Any) -> np.ndarray:
     arr = np.asarray(a)
     if arr.dtype == np.uint32:  # bit patterns
-        return np.ascontiguousarray(arr).view(np.float32).copy()
-    return np.ascontiguousarray(arr, dtype=np.float32).copy()
+        return np.array(arr, order="C").view(np.float32)
+    return np.array(arr, dtype=np.float32, order="C")
 
 
 @dataclass(frozen=True)

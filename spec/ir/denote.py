@@ -1,0 +1,447 @@
+"""The denotation of a graph on the host, in IEEE binary32, bit for bit.
+
+``denote_all(graph, payload, inputs)`` runs :func:`spec.ir.checks.check_well_formed` first (an ill-formed
+graph yields its first error and computes nothing), then is a left fold of :func:`eval_node` over ids
+0..n-1: node i reads only the values of its parents (all earlier). ``denote(..., out_id)`` is entry
+``out_id`` of that table. Both return :class:`Ok` or an :class:`~spec.ir.checks.IRError` naming the node;
+they never raise for a bad graph, payload or input.
+
+Values are float32 NumPy arrays of the node's shape. Every arithmetic result is defined by the project's
+references under the ``cuda`` float environment (subnormals kept, NaN results 0x7FFFFFFF): correctly
+rounded ops by the integer softfloat (:mod:`spec.softfloat`, :mod:`spec.elementwise`), transcendentals by
+the real function in float64 rounded once to binary32 (the ``approx`` references of
+:mod:`spec.elementwise`; where that rounding is ambiguous the nearest-even float64 rounding is taken),
+folds in the orders of :mod:`spec.reductions`, randomness by :mod:`spec.rng` (SplitMix64). The meaning of
+each op is its ``meaning`` line in :mod:`spec.ir.ops`; the evaluators below are registered per op name.
+
+Inputs: one array per ``input`` node, in id order (a single array where there is one input node), or a
+mapping from input node id to array; each must have its node's declared shape.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from spec import rng as srng
+from spec import softfloat as sf
+from spec.elementwise import RefOp, get_reference
+from spec.ir.checks import IRError, check_well_formed, node_attrs
+from spec.ir.graph import Graph, Node, Payload, format_shape
+from spec.ir.ops import get_op
+from spec.reductions import NEG_INF, fold_left, fold_max, mean_of
+
+__all__ = ["Ok", "EVALUATORS", "register_evaluator", "denote_all", "denote", "eval_node", "EvalError",
+           "bits", "floats", "normalise_inputs"]
+
+ENV = "cuda"
+
+
+@dataclass(frozen=True)
+class Ok:
+    """A successful evaluation: ``value`` is one float32 array or a tuple of them (one per node)."""
+
+    value: Any
+
+
+class EvalError(ValueError):
+    """Raised inside an evaluator for a value the op cannot evaluate; turned into an IRError at the node."""
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    """The uint32 bit patterns of a float32 array (a contiguous copy)."""
+    return _c(a, dtype=np.float32).view(np.uint32).copy()
+
+
+def floats(u: np.ndarray) -> np.ndarray:
+    """The float32 array of uint32 bit patterns."""
+    return _c(u, dtype=np.uint32).view(np.float32)
+
+
+def _c(a: Any, dtype: Any = None) -> np.ndarray:
+    """A C-contiguous copy that keeps 0-d arrays 0-d (np.ascontiguousarray makes them 1-d)."""
+    return np.array(a, dtype=dtype, order="C", copy=True)
+
+
+Evaluator = Callable[[Node, dict[str, Any], list[np.ndarray], Mapping[str, np.ndarray] | None], np.ndarray]
+EVALUATORS: dict[str, Evaluator] = {}
+
+
+def register_evaluator(*names: str) -> Callable[[Evaluator], Evaluator]:
+    """Decorator: the evaluator of the ops ``names`` (bits in, bits out)."""
+
+    def deco(fn: Evaluator) -> Evaluator:
+        for name in names:
+            if name in EVALUATORS:
+                raise ValueError(f"evaluator for {name!r} registered twice")
+            EVALUATORS[name] = fn
+        return fn
+
+    return deco
+
+
+def _bc(u: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    return _c(np.broadcast_to(u, shape))
+
+
+def _full(shape: tuple[int, ...], b: int) -> np.ndarray:
+    return np.full(shape, b, dtype=np.uint32)
+
+
+def _f32_bits(x: float) -> int:
+    return int(np.array([x], dtype=np.float32).view(np.uint32)[0])
+
+
+def _approx(fn: Callable[..., Any], *us: np.ndarray) -> np.ndarray:
+    """Real function in float64, rounded once to binary32, NaN -> env NaN (the nearest-even choice)."""
+    return RefOp("ir", len(us), "approx", fn).evaluate(*us, env=ENV).bits.astype(np.uint32)
+
+
+# -- leaves ---------------------------------------------------------------------------------------------
+
+
+@register_evaluator("const")
+def _const(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
+    return bits(entry["value"]).reshape(node.out_shape)
+
+
+@register_evaluator("randUniform", "bernoulliMask")
+def _random(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
+    n = math.prod(node.out_shape)
+    u = srng.uniform_reference(srng.draw_words(a["seed"], a["counter"], n)[:, 0]).reshape(node.out_shape)
+    if node.kind == "randUniform":
+        return u
+    mask = srng.mask_reference(u.reshape(-1), _f32_bits(a["keep_prob"]))
+    return np.where(mask != 0, np.uint32(srng.ONE_BITS), np.uint32(0)).astype(np.uint32).reshape(node.out_shape)
+
+
+# -- elementwise ----------------------------------------------------------------------------------------
+
+_REF_NAMES = {"add": "add", "sub": "sub", "mul_elem": "mul", "div": "div", "maxElem": "max", "minElem": "min",
+              "sqrt": "sqrt", "inv": "inv", "neg": "neg", "abs": "abs", "relu": "relu", "exp": "exp", "log": "log",
+              "tanh": "tanh", "sigmoid": "sigmoid", "gelu": "gelu"}
+
+
+def _reference_op(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
+    ref = get_reference(_REF_NAMES[node.kind])
+    flat = [x.reshape(-1) for x in args]
+    return ref.evaluate(*flat, env=ENV).bits.astype(np.uint32).reshape(args[0].shape)
+
+
+for _name in _REF_NAMES:
+    register_evaluator(_name)(_reference_op)
+
+
+def _silu64(x: Any) -> Any:
+    e = np.exp(-np.abs(x))
+    return x * np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+_REAL: dict[str, Callable[..., Any]] = {"pow": np.power, "rsqrt": lambda x: 1.0 / np.sqrt(x), "sin": np.sin,
+                                        "cos": np.cos, "silu": _silu64}
+
+
+def _real_op(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
+    flat = [x.reshape(-1) for x in args]
+    return _approx(_REAL[node.kind], *flat).reshape(args[0].shape)
+
+
+for _name in _REAL:
+    register_evaluator(_name)(_real_op)
+
+
+# -- data movement (bit copies) -------------------------------------------------------------------------
+
+
+@register_evaluator("input")
+def _input(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:  # pragma: no cover - handled by the fold
+    raise EvalError("input nodes take their value from the inputs")
+
+
+@register_evaluator("reshape", "flatten")
+def _reshape(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
+    return _c(args[0]).reshape(node.out_shape)
+
+
+@register_evaluator("concat")
+def _concat(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
+    return _c(np.concatenate(args, axis=a["axis"]))
+
+
+@register_evaluator("permute")
+def _permute(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
+    return _c(np.transpose(args[0], a["perm"]))
+
+
+@register_evaluator("transpose")
+def _transpose(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
+    return _c(np.swapaxes(args[0], a["dim0"], a["dim1"]))
+
+
+@register_evaluator("slice")
+def _slice(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
+    x = args[0]
+    idx = [slice(None)] * x.ndim
+    idx[a["axis"]] = slice(a["start"], a["stop"], a["step"])
+    return _c(x[tuple(idx)])
+
+
+@register_evaluator("broadcastTo", "expand")
+def _broadcast(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
+    return _bc(args[0], node.out_shape)
+
+
+# -- reductions -----------------------------------------------------------------------------------------
+
+
+def _to_last(x: np.ndarray, axis: int) -> np.ndarray:
+    return _c(np.moveaxis(x, axis, -1))
+
+
+@register_evaluator("reduceSum", "reduceMean")
+def _reduce(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
+    x = args[0]
+    ax = a["axis"] % x.ndim
+    acc = fold_left(_to_last(x, ax), env=ENV)
+    if node.kind == "reduceMean":
+        acc = mean_of(acc, x.shape[ax], env=ENV)
+    acc = np.asarray(acc, dtype=np.uint32)
+    return acc.reshape(node.out_shape)
+
+
+@register_evaluator("sum")
+def _sum(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
+    return np.asarray(fold_left(args[0].reshape(1, -1), env=ENV), dtype=np.uint32).reshape(())
+
+
+# -- contractions ---------------------------------------------------------------------------------------
+
+
+def _dot_fold(lhs: Callable[[int], np.ndarray], rhs: Callable[[int], np.ndarray], k: int,
+              shape: tuple[int, ...]) -> np.ndarray:
+    """fold_k(+0, lhs(k) * rhs(k)) with the product and the sum each rounded, k ascending."""
+    acc = _full(shape, 0)
+    for kk in range(k):
+        acc = sf.add(acc, sf.mul(_bc(lhs(kk), shape), _bc(rhs(kk), shape), env=ENV), env=ENV)
+    return acc
+
+
+@register_evaluator("linear")
+def _linear(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
+    x, w, b = args[0], bits(entry["weight"]), bits(entry["bias"])
+    shape = node.out_shape
+    acc = _dot_fold(lambda k: x[..., k:k + 1], lambda k: w[:, k], x.shape[-1], shape)
+    return sf.add(acc, _bc(b, shape), env=ENV).reshape(shape)
+
+
+@register_evaluator("matmul", "bmm")
+def _matmul(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
+    x, y = args
+    return _dot_fold(lambda k: x[..., :, k:k + 1], lambda k: y[..., k:k + 1, :], x.shape[-1],
+                     node.out_shape).reshape(node.out_shape)
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (v[0], v[1])
+
+
+def _windows(x: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int], padding: tuple[int, int],
+             dilation: tuple[int, int], pad_bits: int, out_hw: tuple[int, int]) -> list[np.ndarray]:
+    """The taps of every window, in row-major (ki, kj) order: each (..., Ho, Wo), from the padded input."""
+    ph, pw = padding
+    padded = np.full(x.shape[:-2] + (x.shape[-2] + 2 * ph, x.shape[-1] + 2 * pw), pad_bits, dtype=np.uint32)
+    padded[..., ph:ph + x.shape[-2], pw:pw + x.shape[-1]] = x
+    taps = []
+    for ki in range(kernel[0]):
+        for kj in range(kernel[1]):
+            r0, c0 = ki * dilation[0], kj * dilation[1]
+            taps.append(_c(
+                padded[..., r0:r0 + stride[0] * (out_hw[0] - 1) + 1:stride[0],
+                       c0:c0 + stride[1] * (out_hw[1] - 1) + 1:stride[1]]))
+    return taps
+
+
+@register_evaluator("conv2d")
+def _conv2d(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
+    x, w, b = args[0], bits(entry["weight"]), bits(entry["bias"])
+    k = _pair(a["kernel"])
+    out = node.out_shape
+    taps = _windows(x, k, _pair(a["stride"]), _pair(a["padding"]), _pair(a["dilation"]), 0, out[-2:])
+    cin = x.shape[-3]
+    acc = _full(out, 0)
+    for ci in range(cin):
+        for t, tap in enumerate(taps):
+            ki, kj = divmod(t, k[1])
+            xv = _bc(tap[..., ci:ci + 1, :, :], out)
+            wv = _bc(w[:, ci, ki, kj].reshape(-1, 1, 1), out)
+            acc = sf.add(acc, sf.mul(wv, xv, env=ENV), env=ENV)
+    return sf.add(acc, _bc(b.reshape(-1, 1, 1), out), env=ENV)
+
+
+@register_evaluator("pool")
+def _pool(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
+    k = _pair(a["kernel"])
+    is_max = a["mode"] == "max"
+    out = node.out_shape
+    taps = _windows(args[0], k, _pair(a["stride"]), _pair(a["padding"]), (1, 1), NEG_INF if is_max else 0, out[-2:])
+    acc = _full(out, NEG_INF if is_max else 0)
+    for tap in taps:
+        acc = sf.maximum(acc, tap, env=ENV) if is_max else sf.add(acc, tap, env=ENV)
+    return acc if is_max else np.asarray(mean_of(acc, k[0] * k[1], env=ENV), dtype=np.uint32)
+
+
+# -- normalisations -------------------------------------------------------------------------------------
+
+
+@register_evaluator("softmax")
+def _softmax(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
+    ax = a["axis"] % args[0].ndim
+    x = _to_last(args[0], ax)
+    m = _bc(fold_max(x, env=ENV)[..., None], x.shape)
+    e = _approx(np.exp, sf.sub(x, m, env=ENV).reshape(-1)).reshape(x.shape)
+    s = _bc(np.asarray(fold_left(e, env=ENV))[..., None], x.shape)
+    return _c(np.moveaxis(sf.div(e, s, env=ENV), -1, ax))
+
+
+def _mean_last(x: np.ndarray) -> np.ndarray:
+    return _bc(np.asarray(mean_of(fold_left(x, env=ENV), x.shape[-1], env=ENV), dtype=np.uint32)[..., None],
+               x.shape)
+
+
+def _rsqrt_eps(v: np.ndarray, eps: float) -> np.ndarray:
+    ve = sf.add(v, _full(v.shape, _f32_bits(eps)), env=ENV)
+    return _approx(_REAL["rsqrt"], ve.reshape(-1)).reshape(v.shape)
+
+
+@register_evaluator("layernorm")
+def _layernorm(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
+    x = args[0]
+    d = sf.sub(x, _mean_last(x), env=ENV)
+    r = _rsqrt_eps(_mean_last(sf.mul(d, d, env=ENV)), a["eps"])
+    y = sf.mul(sf.mul(d, r, env=ENV), _bc(bits(entry["weight"]), x.shape), env=ENV)
+    return sf.add(y, _bc(bits(entry["bias"]), x.shape), env=ENV)
+
+
+@register_evaluator("rmsnorm")
+def _rmsnorm(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
+    x = args[0]
+    r = _rsqrt_eps(_mean_last(sf.mul(x, x, env=ENV)), a["eps"])
+    return sf.mul(sf.mul(x, r, env=ENV), _bc(bits(entry["weight"]), x.shape), env=ENV)
+
+
+@register_evaluator("embedding")
+def _embedding(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
+    idx = floats(args[0]).astype(np.float64)
+    table = bits(entry["table"])
+    ok = np.isfinite(idx) & (idx == np.floor(idx)) & (idx >= 0) & (idx < table.shape[0])
+    if not ok.all():
+        bad = float(idx.reshape(-1)[int(np.argmin(ok.reshape(-1)))])
+        raise EvalError(f"embedding index {bad!r} is not an integer in [0, {table.shape[0]})")
+    return _c(table[idx.astype(np.int64)])
+
+
+@register_evaluator("rope")
+def _rope(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
+    x = args[0]
+    t_len, dim = x.shape[-2], x.shape[-1]
+    theta = np.arange(t_len, dtype=np.float64)[:, None] * np.power(
+        float(a["base"]), -(2.0 * np.arange(dim // 2, dtype=np.float64)) / dim)[None, :]
+    c = _approx(np.cos, theta.reshape(-1)).reshape(theta.shape)
+    s = _approx(np.sin, theta.reshape(-1)).reshape(theta.shape)
+    half = x.shape[:-1] + (dim // 2,)
+    x0, x1 = _c(x[..., 0::2]), _c(x[..., 1::2])
+    cb, sb = _bc(c, half), _bc(s, half)
+    y0 = sf.sub(sf.mul(x0, cb, env=ENV), sf.mul(x1, sb, env=ENV), env=ENV)
+    y1 = sf.add(sf.mul(x0, sb, env=ENV), sf.mul(x1, cb, env=ENV), env=ENV)
+    out = np.empty(x.shape, dtype=np.uint32)
+    out[..., 0::2], out[..., 1::2] = y0, y1
+    return out
+
+
+# -- the fold -------------------------------------------------------------------------------------------
+
+
+def normalise_inputs(graph: Graph, inputs: Any) -> dict[int, np.ndarray] | IRError:
+    """Inputs as {input node id: float32 array}, each of its node's declared shape, or the first error."""
+    ids = graph.input_ids()
+    if isinstance(inputs, Mapping):
+        given = {int(k): v for k, v in inputs.items()}
+    elif isinstance(inputs, np.ndarray) or not isinstance(inputs, Sequence):
+        given = {ids[0]: inputs} if len(ids) == 1 and inputs is not None else {}
+    else:
+        given = dict(zip(ids, inputs, strict=False))
+    out: dict[int, np.ndarray] = {}
+    for i in ids:
+        node = graph.nodes[i]
+        if i not in given:
+            return IRError("input", i, "input", f"no input array for input node {i}", declared=node.out_shape)
+        arr = np.asarray(given[i])
+        arr = arr.view(np.float32) if arr.dtype == np.uint32 else arr.astype(np.float32)
+        if tuple(arr.shape) != node.out_shape:
+            return IRError("input", i, "input", f"input array has shape {format_shape(arr.shape)}",
+                           declared=node.out_shape, inferred=tuple(arr.shape))
+        out[i] = _c(arr)
+    return out
+
+
+def eval_node(graph: Graph, payload: Payload, values: list[np.ndarray], node: Node,
+              inputs: Mapping[int, np.ndarray]) -> np.ndarray | IRError:
+    """The value of one node from its parents' values (bits), or an error at that node."""
+    op = get_op(node.kind)
+    if node.kind == "input":
+        return bits(inputs[node.id])
+    fn = EVALUATORS.get(node.kind)
+    if op is None or fn is None:
+        return IRError("unknown-op", node.id, node.kind, f"unsupported operator {node.kind!r} in the denotation")
+    entry = payload.get(node.id) if op.payload else None
+    if op.payload and entry is None:
+        return IRError("missing-payload", node.id, node.kind, f"no payload entry for {op.payload} node {node.id}")
+    args = [values[p] for p in node.parents]
+    try:
+        with np.errstate(all="ignore"):
+            out = np.asarray(fn(node, node_attrs(node, op), args, entry), dtype=np.uint32)
+    except EvalError as e:
+        return IRError("value", node.id, node.kind, str(e))
+    except (KeyError, ValueError, IndexError, TypeError) as e:
+        return IRError("value", node.id, node.kind, f"cannot evaluate: {type(e).__name__}: {e}",
+                       declared=node.out_shape, parent_shapes=tuple(v.shape for v in args))
+    if tuple(out.shape) != node.out_shape:
+        return IRError("shape-mismatch", node.id, node.kind, "value shape differs from the declared shape",
+                       declared=node.out_shape, inferred=tuple(out.shape))
+    return out
+
+
+def denote_all(graph: Graph, payload: Payload | None, inputs: Any) -> Ok | IRError:
+    """Every node's value (float32 arrays, by id) or the first error; checks well-formedness first."""
+    return _fold(graph, payload, inputs, len(graph.nodes))
+
+
+def _fold(graph: Graph, payload: Payload | None, inputs: Any, stop: int) -> Ok | IRError:
+    """Values of nodes 0..stop-1 as a left fold of eval_node over ids (the whole graph must be well formed)."""
+    wf = check_well_formed(graph)
+    if wf:
+        return wf[0]
+    payload = payload if payload is not None else Payload()
+    ins = normalise_inputs(graph, inputs)
+    if isinstance(ins, IRError):
+        return ins
+    values: list[np.ndarray] = []
+    for node in graph.nodes[:stop]:
+        v = eval_node(graph, payload, values, node, ins)
+        if isinstance(v, IRError):
+            return v
+        values.append(v)
+    return Ok(tuple(floats(v) for v in values))
+
+
+def denote(graph: Graph, payload: Payload | None, inputs: Any, out_id: int | None = None) -> Ok | IRError:
+    """The value of node ``out_id`` (default: the last node), or the first error."""
+    target = len(graph.nodes) - 1 if out_id is None else out_id
+    if not 0 <= target < len(graph.nodes):
+        return IRError("output", None, None, f"output id {out_id} is not a node (0..{len(graph.nodes) - 1})")
+    res = _fold(graph, payload, inputs, target + 1)
+    return res if isinstance(res, IRError) else Ok(res.value[target])

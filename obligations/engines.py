@@ -26,6 +26,8 @@ from obligations.statements import Evaluation, evaluate_statement, kernel_of
 __all__ = ["Job", "Engine", "register_engine", "get_engine", "ENGINES", "evaluate_statement", "Evaluation"]
 
 DEFAULT_RLIMIT = 50_000_000
+MAX_RLIMIT = (1 << 32) - 1  # Z3 keeps rlimit in 32 bits: 2**32 would mean "no limit", 2**32 + 1 would mean 1
+Z3_WALL_SECONDS = 120.0  # a ceiling per check besides the deterministic rlimit; hitting it is `unknown`
 MAX_ENUMERATION_POINTS = 30_000_000
 
 
@@ -170,18 +172,23 @@ class Z3Engine(Engine):
         names = _used_symbols(c, item)
         env = plans.symbolic_env(c.symbols, set(names))
         ev = evaluate_statement(c, item, env)
-        rlimit = int(item.get("rlimit", DEFAULT_RLIMIT))
+        rlimit = item.get("rlimit", DEFAULT_RLIMIT)
+        if isinstance(rlimit, bool) or not isinstance(rlimit, int) or not 1 <= rlimit <= MAX_RLIMIT:
+            return error(f"rlimit must be an integer in [1, {MAX_RLIMIT}], not {rlimit!r}")
+        wall_ms = int(float(job.options.get("z3_wall_seconds", Z3_WALL_SECONDS)) * 1000)
         domain = _domain(c, env)
         required = ev.required()
         evidence: dict[str, Any] = {
             "solver": "z3",
             "z3_version": z3.get_version_string(),
             "rlimit": rlimit,
+            "wall_limit_s": wall_ms / 1000,
             "assumptions": _domain_text(c, names) + ([item["given"]] if item.get("given") else []),
             "side_conditions": len(required),
         }
         vac = z3.Solver()
         vac.set("rlimit", rlimit)
+        vac.set("timeout", wall_ms)
         vac.add(*domain, _z3bool(ev.given.expr))
         r = vac.check()
         if r == z3.unsat:
@@ -190,6 +197,7 @@ class Z3Engine(Engine):
             return unknown(f"vacuity check: solver returned unknown ({vac.reason_unknown()})", **evidence)
         s = z3.Solver()
         s.set("rlimit", rlimit)
+        s.set("timeout", wall_ms)
         claim = z3.And(_z3bool(ev.prove.expr), *[_z3bool(cnd.expr) for cnd in required])
         s.add(*domain, _z3bool(ev.given.expr), z3.Not(claim))
         r = s.check()

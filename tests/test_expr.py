@@ -18,7 +18,7 @@ HOSTILE = [
     ("{x: 1 for x in y}", 0),
     ("9**9**9", 0),
     ("m and open('/etc/passwd')", 11),
-    ("m and open(m)", 6),
+    ("m > 0 and open(m)", 10),
     ("m + 1.5", 4),
     ("'text'", 0),
     ("m if m else __builtins__", 12),

@@ -1,0 +1,347 @@
+"""Soundness: the checker never proves a false claim.
+
+Regression tests for each false proof found by fuzzing (issue 18), and a property test: random statements
+over declared symbols, checked by the Z3 and enumeration engines, must agree with a brute-force oracle
+written here independently of ``obligations.expr`` (Python ints, the language's typing rules restated).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from obligations.check import run_item
+from obligations.contract import ContractError, load_contract
+from obligations.core import symbolic as sym
+from obligations.engines import Job, get_engine
+from obligations.expr import MAX_DEPTH, ExprError, parse
+
+HEADER = """\
+id: soundness-v1
+version: 1.0.0
+family: gemm
+summary: soundness probes
+kernels:
+  k: {entry: "native.gemm:check_buffers"}
+equations: {e: {formula: "x"}}
+symbols:
+  t: {type: bool}
+  u: {type: bool}
+  a: {type: int32, min: -3, max: 3}
+  b: {type: uint32, min: 0, max: 3}
+  c: {type: int64, min: -2, max: 2}
+  x: {type: int64, min: 0}
+falsification: []
+qa_gate: {id: GATE, requires: []}
+"""
+
+
+def _contract(tmp_path: Path, items: str = "obligations: []\n"):
+    path = tmp_path / "soundness-v1.yaml"
+    path.write_text(HEADER + items)
+    return load_contract(path, check=False), path
+
+
+def _item(prove: str, method: str = "z3", **extra) -> dict:
+    return {"id": "P", "kind": "obligation", "type": "invariant", "property": "p", "method": method,
+            "prove": prove, "location": {"line": 1, "column": 1}, **extra}
+
+
+# -- the cases of issue 18, each a regression test ------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["z3", "enumerate"])
+def test_ordering_between_conditions_is_rejected_at_validation(tmp_path, method):
+    bound = ", bound: {t: [0, 1], u: [0, 1]}" if method == "enumerate" else ""
+    _, path = _contract(tmp_path, "obligations:\n  - {id: B, type: invariant, property: p, method: "
+                        f'{method}, prove: "t < u and u < t"{bound}}}\n')
+    with pytest.raises(ContractError) as info:
+        load_contract(path)
+    (diag,) = info.value.diagnostics
+    line = path.read_text().splitlines()[diag.line - 1]
+    assert "orders integers only" in diag.message and line[diag.col - 1:].startswith("t < u"), diag
+
+
+def test_ordering_between_conditions_never_reaches_a_combinator(tmp_path):
+    contract, _ = _contract(tmp_path)
+    for method in ("z3", "enumerate"):
+        extra = {"bound": {"t": [0, 1], "u": [0, 1]}} if method == "enumerate" else {}
+        out = run_item(contract, _item("t < u and u < t", method, **extra))
+        assert out.status.value == "error", (method, out)
+    with pytest.raises(TypeError):
+        sym.all_of(NotImplemented)
+    with pytest.raises(TypeError):
+        sym.BoolTerm(True) < sym.BoolTerm(False)  # noqa: B015 - the comparison itself must raise
+
+
+def test_enumeration_detects_int64_overflow_exactly(tmp_path):
+    contract, _ = _contract(tmp_path)
+    item = _item("x * x < 2**40", "enumerate", bound={"x": ["2**32", "2**32+4"]})
+    out = run_item(contract, item)
+    assert out.status.value == "violated", out
+    assert out.counterexample["symbols"] == {"x": 2**32}
+    z3_out = run_item(contract, _item("x * x < 2**40", given="x >= 2**32 and x <= 2**32+4"))
+    assert z3_out.status.value == "violated"
+
+
+@pytest.mark.parametrize("a, b", [(2**32, 2**32), (-(2**63), -1), (2**62, 2), (-(2**62), 2), (3037000500, 3037000500)])
+def test_array_carrier_products_are_exact(a, b):
+    with sym.tracking() as tracker:
+        x = sym.Term(np.array([a, 1]), "int64") * sym.Term(np.array([b, 1]), "int64")
+    assert int(x.expr[0]) == a * b
+    fits = bool(np.asarray(tracker.conditions[-1].expr)[0])
+    assert fits == (-(2**63) <= a * b < 2**63)
+
+
+def test_array_carrier_division_of_int64_min_by_minus_one_overflows():
+    with sym.tracking() as tracker:
+        q = sym.Term(np.array([-(2**63), 7]), "int64").c_div(sym.Term(np.array([-1, -2]), "int64"))
+    assert [int(v) for v in q.expr] == [2**63, -3]
+    assert list(np.asarray(tracker.conditions[-1].expr)) == [False, True]
+
+
+@pytest.mark.parametrize("prove", ["int32(2147483647) + int32(1) > 2147483647", "int32(-2147483648) // int32(-1) > 0",
+                                   "uint32(0) - uint32(1) > 0", "-int32(-2147483648) > 0"])
+def test_literal_casts_are_machine_arithmetic(tmp_path, prove):
+    contract, _ = _contract(tmp_path)
+    out = run_item(contract, _item(prove))
+    assert out.status.value == "violated", out
+    assert "overflow" in out.reason
+
+
+def test_comment_in_a_statement_is_rejected():
+    with pytest.raises(ExprError) as info:
+        parse("m > 0 # and m < 0")
+    assert info.value.col == 6
+
+
+@pytest.mark.parametrize("source", ["-" * 400 + "m", "not " * 300 + "t", "m" + " + m" * 480])
+def test_deep_nesting_is_an_expression_error_not_a_recursion_error(source):
+    with pytest.raises(ExprError) as info:
+        parse(source)
+    assert "nested too deeply" in info.value.message or "syntax" in info.value.message
+
+
+def test_nesting_up_to_the_limit_still_parses():
+    parse("-" * (MAX_DEPTH - 4) + "m")
+    parse("(" * 150 + "m" + ")" * 150)  # brackets alone add no depth to the tree
+
+
+@pytest.mark.parametrize("rlimit", [0, 2**32, 2**32 + 1, True, "5"])
+def test_rlimit_outside_z3s_range_is_an_error_not_a_silent_wrap(tmp_path, rlimit):
+    contract, _ = _contract(tmp_path)
+    out = get_engine("z3").discharge(Job(contract, _item("a >= -3", rlimit=rlimit)))
+    assert out.status.value == "error" and "rlimit" in out.reason
+
+
+def test_wall_clock_ceiling_turns_a_long_solve_into_unknown(tmp_path):
+    contract, _ = _contract(tmp_path)
+    item = _item("x * x * x != 2 * 1000000007 * 1000000009 * 3", given="x <= 4000000000")
+    out = get_engine("z3").discharge(Job(contract, item, options={"z3_wall_seconds": 0.001}))
+    assert out.status.value in ("unknown", "violated", "proved")  # a 1 ms ceiling may or may not bind
+    assert out.evidence["wall_limit_s"] == 0.001
+
+
+# -- the property: every verdict agrees with brute force --------------------------------------------------
+
+DOMAIN = {"a": ("int32", -3, 3), "b": ("uint32", 0, 3), "c": ("int64", -2, 2)}
+TYPES = {"int32": (32, True), "int64": (64, True), "uint32": (32, False), "uint64": (64, False)}
+
+
+class IllTyped(Exception):
+    """The statement is rejected by the language (wrong kind, literal that does not fit its type)."""
+
+
+def _range(ty: str) -> tuple[int, int]:
+    bits, signed = TYPES[ty]
+    return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+
+
+def _promote(x: str, y: str) -> str:
+    (bx, sx), (by, sy) = TYPES[x], TYPES[y]
+    if x == y:
+        return x
+    if sx == sy:
+        return x if bx >= by else y
+    (s_ty, bs), (u_ty, bu) = ((x, bx), (y, by)) if sx else ((y, by), (x, bx))
+    return u_ty if bu >= bs else s_ty
+
+
+def _trunc_div(p: int, q: int) -> int:
+    r = abs(p) // abs(q)
+    return r if (p >= 0) == (q >= 0) else -r
+
+
+class Oracle:
+    """Evaluates a statement at one point with Python ints; ``ok`` is False once any operation overflows."""
+
+    def __init__(self, point: dict[str, int | bool]):
+        self.point, self.ok = point, True
+
+    def typed(self, value: int, ty: str) -> tuple[str, int, str]:
+        lo, hi = _range(ty)
+        self.ok &= lo <= value <= hi
+        return ("int", value, ty)
+
+    def fit(self, v: tuple, ty: str) -> tuple:
+        if v[2] is not None:
+            return v
+        lo, hi = _range(ty)
+        if not lo <= v[1] <= hi:
+            raise IllTyped(f"literal {v[1]} does not fit {ty}")
+        return ("int", v[1], ty)
+
+    def both(self, x: tuple, y: tuple) -> tuple[tuple, tuple, str | None]:
+        if x[0] != "int" or y[0] != "int":
+            raise IllTyped("arithmetic on a condition")
+        if x[2] is None and y[2] is None:
+            return x, y, None
+        x = self.fit(x, y[2]) if x[2] is None else x
+        y = self.fit(y, x[2]) if y[2] is None else y
+        return x, y, _promote(x[2], y[2])
+
+    def cond(self, node: ast.AST) -> bool:
+        v = self.ev(node)
+        if v[0] != "bool":
+            raise IllTyped("expected a condition")
+        return v[1]
+
+    def ev(self, node: ast.AST) -> tuple:
+        if isinstance(node, ast.Constant):
+            return ("bool", node.value) if isinstance(node.value, bool) else ("int", node.value, None)
+        if isinstance(node, ast.Name):
+            v = self.point[node.id]
+            return ("bool", v) if isinstance(v, bool) else ("int", v, DOMAIN[node.id][0])
+        if isinstance(node, ast.BoolOp):
+            vals = [self.cond(v) for v in node.values]
+            return ("bool", all(vals) if isinstance(node.op, ast.And) else any(vals))
+        if isinstance(node, ast.UnaryOp):
+            if isinstance(node.op, ast.Not):
+                return ("bool", not self.cond(node.operand))
+            v = self.ev(node.operand)
+            if v[0] != "int":
+                raise IllTyped("minus on a condition")
+            return ("int", -v[1], None) if v[2] is None else self.typed(-v[1], v[2])
+        if isinstance(node, ast.BinOp):
+            x, y, ty = self.both(self.ev(node.left), self.ev(node.right))
+            p, q = x[1], y[1]
+            if isinstance(node.op, ast.FloorDiv | ast.Mod):
+                if q == 0:
+                    if ty is None:
+                        raise IllTyped("literal division by zero")
+                    self.ok = False
+                    return ("int", 0, ty)
+                d = _trunc_div(p, q)
+                r = d if isinstance(node.op, ast.FloorDiv) else p - q * d
+            else:
+                r = {ast.Add: p + q, ast.Sub: p - q, ast.Mult: p * q}[type(node.op)]
+            return ("int", r, None) if ty is None else self.typed(r, ty)
+        if isinstance(node, ast.Compare):
+            (op,), (rhs,) = node.ops, node.comparators
+            x, y = self.ev(node.left), self.ev(rhs)
+            if x[0] != y[0] or (x[0] == "bool" and not isinstance(op, ast.Eq | ast.NotEq)):
+                raise IllTyped("comparison of mixed or unordered kinds")
+            if x[0] == "int":
+                x, y, _ = self.both(x, y)
+            p, q = x[1], y[1]
+            ops = {ast.Lt: p < q, ast.LtE: p <= q, ast.Gt: p > q, ast.GtE: p >= q, ast.Eq: p == q, ast.NotEq: p != q}
+            return ("bool", ops[type(op)])
+        if isinstance(node, ast.IfExp):
+            return self.select(self.cond(node.test), self.ev(node.body), self.ev(node.orelse))
+        if isinstance(node, ast.Call):
+            name, args = node.func.id, [self.ev(a) for a in node.args]
+            if name in TYPES:
+                (v,) = args
+                if v[0] != "int":
+                    raise IllTyped("cast of a condition")
+                if v[2] is None:
+                    return self.fit(v, name)
+                lo, hi = _range(name)
+                if not (lo <= _range(v[2])[0] and _range(v[2])[1] <= hi):
+                    self.ok &= lo <= v[1] <= hi
+                return ("int", v[1], name)
+            x, y = args
+            if x[0] != "int" or y[0] != "int":
+                raise IllTyped("min/max of a condition")
+            if x[2] is None and y[2] is None:
+                return ("int", (min if name == "min" else max)(x[1], y[1]), None)
+            x, y, _ = self.both(x, y)
+            take_x = x[1] <= y[1] if name == "min" else x[1] >= y[1]
+            return self.select(take_x, x, y)
+        raise AssertionError(f"oracle cannot evaluate {ast.dump(node)}")
+
+    def select(self, test: bool, x: tuple, y: tuple) -> tuple:
+        if x[0] != y[0]:
+            raise IllTyped("branches of different kinds")
+        if x[0] == "bool":
+            return x if test else y
+        if x[2] is None and y[2] is None:
+            lo_v, hi_v = min(x[1], y[1]), max(x[1], y[1])
+            ty = next(t for t in ("int32", "int64", "uint64") if _range(t)[0] <= lo_v and hi_v <= _range(t)[1])
+            return ("int", x[1] if test else y[1], ty)
+        x, y, ty = self.both(x, y)
+        return ("int", x[1] if test else y[1], ty)
+
+
+def brute_force(source: str) -> bool:
+    """True iff the statement holds, with no overflow anywhere, at every point of the domain."""
+    tree = ast.parse(source, mode="eval").body
+    for a in range(-3, 4):
+        for b in range(0, 4):
+            for c in range(-2, 3):
+                for t in (False, True):
+                    for u in (False, True):
+                        o = Oracle({"a": a, "b": b, "c": c, "t": t, "u": u})
+                        holds = o.cond(tree)
+                        if not (holds and o.ok):
+                            return False
+    return True
+
+
+LITERALS = st.sampled_from([0, 1, 2, 3, -1, -2, 2147483647, -2147483648, 4294967295])
+INT_ATOMS = st.one_of(st.sampled_from(["a", "b", "c"]), LITERALS.map(str))
+BOOL_ATOMS = st.sampled_from(["t", "u", "True", "False"])
+
+
+def _extend(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    pair = st.tuples(children, children)
+    return st.one_of(
+        st.tuples(children, st.sampled_from(["+", "-", "*", "//", "%"]), children).map(
+            lambda p: f"({p[0]} {p[1]} {p[2]})"),
+        st.tuples(children, st.sampled_from(["<", "<=", ">", ">=", "==", "!="]), children).map(
+            lambda p: f"({p[0]} {p[1]} {p[2]})"),
+        st.tuples(pair, st.sampled_from(["and", "or"])).map(lambda p: f"({p[0][0]} {p[1]} {p[0][1]})"),
+        children.map(lambda s: f"(not {s})"),
+        children.map(lambda s: f"(-{s})"),
+        st.tuples(children, children, children).map(lambda p: f"({p[1]} if {p[0]} else {p[2]})"),
+        st.tuples(st.sampled_from(["min", "max"]), pair).map(lambda p: f"{p[0]}({p[1][0]}, {p[1][1]})"),
+        st.tuples(st.sampled_from(["int32", "int64", "uint32"]), children).map(lambda p: f"{p[0]}({p[1]})"),
+    )
+
+
+STATEMENTS = st.recursive(st.one_of(INT_ATOMS, BOOL_ATOMS), _extend, max_leaves=8)
+
+
+@settings(max_examples=250, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(STATEMENTS)
+def test_every_verdict_agrees_with_brute_force(tmp_path_factory, source):
+    contract, _ = _contract(tmp_path_factory.mktemp("prop"))
+    try:
+        truth: bool | None = brute_force(source)
+    except IllTyped:
+        truth = None  # the language must reject it: no engine may prove or exhaust it
+    bound = {"a": [-3, 3], "b": [0, 3], "c": [-2, 2], "t": [0, 1], "u": [0, 1]}
+    for method, extra in (("z3", {}), ("enumerate", {"bound": bound})):
+        out = run_item(contract, _item(source, method, **extra))
+        status = out.status.value
+        if truth is None:
+            assert status == "error", (method, source, out)
+        elif truth:
+            assert status in ("proved", "exhausted"), (method, source, out)
+        else:
+            assert status == "violated", (method, source, out)

@@ -198,6 +198,11 @@ def _broadcast(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
 # -- reductions -----------------------------------------------------------------------------------------
 
 
+def _axis_fold(fn: Callable[..., Any], x: np.ndarray) -> np.ndarray:
+    """A spec.reductions fold along the last axis, shaped x.shape[:-1] (the folds return 1-d for 0-d)."""
+    return np.asarray(fn(x, env=ENV), dtype=np.uint32).reshape(x.shape[:-1])
+
+
 def _to_last(x: np.ndarray, axis: int) -> np.ndarray:
     return _c(np.moveaxis(x, axis, -1))
 
@@ -206,9 +211,9 @@ def _to_last(x: np.ndarray, axis: int) -> np.ndarray:
 def _reduce(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
     x = args[0]
     ax = a["axis"] % x.ndim
-    acc = fold_left(_to_last(x, ax), env=ENV)
+    acc = _axis_fold(fold_left, _to_last(x, ax))
     if node.kind == "reduceMean":
-        acc = mean_of(acc, x.shape[ax], env=ENV)
+        acc = np.asarray(mean_of(acc, x.shape[ax], env=ENV)).reshape(acc.shape)
     acc = np.asarray(acc, dtype=np.uint32)
     return acc.reshape(node.out_shape)
 
@@ -291,7 +296,7 @@ def _pool(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
     acc = _full(out, NEG_INF if is_max else 0)
     for tap in taps:
         acc = sf.maximum(acc, tap, env=ENV) if is_max else sf.add(acc, tap, env=ENV)
-    return acc if is_max else np.asarray(mean_of(acc, k[0] * k[1], env=ENV), dtype=np.uint32)
+    return acc if is_max else np.asarray(mean_of(acc, k[0] * k[1], env=ENV), dtype=np.uint32).reshape(out)
 
 
 # -- normalisations -------------------------------------------------------------------------------------
@@ -301,14 +306,15 @@ def _pool(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
 def _softmax(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
     ax = a["axis"] % args[0].ndim
     x = _to_last(args[0], ax)
-    m = _bc(fold_max(x, env=ENV)[..., None], x.shape)
+    m = _bc(_axis_fold(fold_max, x)[..., None], x.shape)
     e = _approx(np.exp, sf.sub(x, m, env=ENV).reshape(-1)).reshape(x.shape)
-    s = _bc(np.asarray(fold_left(e, env=ENV))[..., None], x.shape)
+    s = _bc(_axis_fold(fold_left, e)[..., None], x.shape)
     return _c(np.moveaxis(sf.div(e, s, env=ENV), -1, ax))
 
 
 def _mean_last(x: np.ndarray) -> np.ndarray:
-    return _bc(np.asarray(mean_of(fold_left(x, env=ENV), x.shape[-1], env=ENV), dtype=np.uint32)[..., None],
+    total = _axis_fold(fold_left, x)
+    return _bc(np.asarray(mean_of(total, x.shape[-1], env=ENV), dtype=np.uint32).reshape(total.shape)[..., None],
                x.shape)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -20,7 +20,25 @@ from obligations import expr as exprlang
 from obligations.contract import Contract, import_test_modules
 from obligations.core import plans
 from obligations.core import symbolic as sym
-from obligations.core.results import Outcome, assumed, error, exhausted, proved, skipped, unknown, violated
+from obligations.core.evidence import (
+    EnumerateEvidence,
+    Evidence,
+    FalsifyEvidence,
+    MeasureEvidence,
+    SympyEvidence,
+    Z3Evidence,
+)
+from obligations.core.results import (
+    Outcome,
+    assumed,
+    error,
+    exhausted,
+    proved,
+    skipped,
+    unknown,
+    violated,
+    with_evidence_kind,
+)
 from obligations.statements import Evaluation, evaluate_statement, kernel_of
 
 __all__ = ["Job", "Engine", "register_engine", "get_engine", "ENGINES", "evaluate_statement", "Evaluation"]
@@ -178,34 +196,33 @@ class Z3Engine(Engine):
         wall_ms = int(float(job.options.get("z3_wall_seconds", Z3_WALL_SECONDS)) * 1000)
         domain = _domain(c, env)
         required = ev.required()
-        evidence: dict[str, Any] = {
-            "solver": "z3",
-            "z3_version": z3.get_version_string(),
-            "rlimit": rlimit,
-            "wall_limit_s": wall_ms / 1000,
-            "assumptions": _domain_text(c, names) + ([item["given"]] if item.get("given") else []),
-            "side_conditions": len(required),
-        }
+        evidence = Z3Evidence(
+            z3_version=z3.get_version_string(),
+            rlimit=rlimit,
+            wall_limit_s=wall_ms / 1000,
+            assumptions=_domain_text(c, names) + ([item["given"]] if item.get("given") else []),
+            side_conditions=len(required),
+        )
         vac = z3.Solver()
         vac.set("rlimit", rlimit)
         vac.set("timeout", wall_ms)
         vac.add(*domain, _z3bool(ev.given.expr))
         r = vac.check()
         if r == z3.unsat:
-            return error("vacuous: the assumptions (domain and given) are contradictory", **evidence)
+            return error("vacuous: the assumptions (domain and given) are contradictory", evidence)
         if r == z3.unknown:
-            return unknown(f"vacuity check: solver returned unknown ({vac.reason_unknown()})", **evidence)
+            return unknown(f"vacuity check: solver returned unknown ({vac.reason_unknown()})", evidence)
         s = z3.Solver()
         s.set("rlimit", rlimit)
         s.set("timeout", wall_ms)
         claim = z3.And(_z3bool(ev.prove.expr), *[_z3bool(cnd.expr) for cnd in required])
         s.add(*domain, _z3bool(ev.given.expr), z3.Not(claim))
         r = s.check()
-        evidence["rlimit_used"] = _rlimit_used(s)
+        evidence = replace(evidence, rlimit_used=_rlimit_used(s))
         if r == z3.unsat:
-            return proved(**evidence)
+            return proved(evidence)
         if r == z3.unknown:
-            return unknown(f"solver returned unknown ({s.reason_unknown()})", **evidence)
+            return unknown(f"solver returned unknown ({s.reason_unknown()})", evidence)
         model = s.model()
         values = {}
         for name, v in env.items():
@@ -213,11 +230,11 @@ class Z3Engine(Engine):
             values[name] = bool(z3.is_true(model.evaluate(e, model_completion=True))) if isinstance(
                 v, sym.BoolTerm) else model.evaluate(e, model_completion=True).as_long()
         conf = confirm(c, item, values)
-        evidence["confirmed_concretely"] = conf["refutes"]
+        evidence = replace(evidence, confirmed_concretely=conf["refutes"])
         cex = {"symbols": values, **conf}
         if not conf["refutes"]:
-            return error("solver model did not refute the claim when re-run through the plan", cex=cex, **evidence)
-        return violated(cex, _reason(conf), **evidence)
+            return error("solver model did not refute the claim when re-run through the plan", evidence, cex=cex)
+        return violated(cex, _reason(conf), evidence)
 
 
 def _z3bool(e: Any) -> Any:
@@ -257,19 +274,19 @@ class EnumerateEngine(Engine):
         ok = np.broadcast_to(np.asarray(ev.prove.expr, dtype=bool), (n,)).copy()
         for cnd in ev.required():
             ok &= np.broadcast_to(np.asarray(cnd.expr, dtype=bool), (n,))
-        evidence = {"points": int(n), "points_in_given": int(given.sum()), "bound": item.get("bound"),
-                    "enumeration_seconds": round(time.perf_counter() - t0, 3)}
+        evidence = EnumerateEvidence(points=int(n), points_in_given=int(given.sum()), bound=item.get("bound"),
+                                     enumeration_seconds=round(time.perf_counter() - t0, 3))
         if not given.any():
-            return error("vacuous: no enumerated point satisfies the assumptions", **evidence)
+            return error("vacuous: no enumerated point satisfies the assumptions", evidence)
         bad = np.flatnonzero(given & ~ok)
         if bad.size == 0:
-            return exhausted(**evidence)
+            return exhausted(evidence)
         idx = int(bad[0])
         values = {name: (bool(arr[idx]) if c.symbols[name]["type"] == "bool" else int(arr[idx]))
                   for name, arr in grid.items()}
         conf = confirm(c, item, values)
-        evidence["failing_points"] = int(bad.size)
-        return violated({"symbols": values, **conf}, _reason(conf), **evidence)
+        evidence = replace(evidence, failing_points=int(bad.size))
+        return violated({"symbols": values, **conf}, _reason(conf), evidence)
 
     def _grid(self, c: Contract, item: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
         given_bound = dict(item.get("bound") or {})
@@ -358,21 +375,23 @@ class SympyEngine(Engine):
         real = {s: sympy.Symbol(s.name, real=True) for s in e.free_symbols}
         lhs, rhs = e.lhs.xreplace(real), e.rhs.xreplace(real)
         diff = sympy.simplify(lhs - rhs)
-        evidence = {"prover": "sympy", "sympy_version": sympy.__version__, "simplified_difference": str(diff)}
+        evidence = SympyEvidence(sympy_version=sympy.__version__, simplified_difference=str(diff))
         if diff == 0:
-            return proved(**evidence)
+            return proved(evidence)
         rng = np.random.default_rng(job.seed)
         for _ in range(20):
             point = {s: sympy.Rational(int(rng.integers(-50, 50)), int(rng.integers(1, 9))) for s in real.values()}
             val = diff.subs(point)
             if val.is_number and abs(float(val)) > 1e-9:
                 return violated({"point": {str(k): str(v) for k, v in point.items()}, "difference": str(val)},
-                                "the identity differs at this point", **evidence)
-        return unknown("sympy could not simplify the difference to 0 and found no refuting point", **evidence)
+                                "the identity differs at this point", evidence)
+        return unknown("sympy could not simplify the difference to 0 and found no refuting point", evidence)
 
 
 class _RegisteredTestEngine(Engine):
-    """Run the registered falsification test the item names."""
+    """Run the registered falsification test the item names; its evidence is typed as this engine's kind."""
+
+    evidence_class: ClassVar[type[Evidence]] = FalsifyEvidence
 
     def discharge(self, job: Job) -> Outcome:
         from falsification.registry import FalsifyContext, get_test
@@ -390,7 +409,7 @@ class _RegisteredTestEngine(Engine):
             return skipped(f"test {test.name!r} runs on {', '.join(test.devices)}; this run is on {job.device}")
         ctx = FalsifyContext(device=job.device, profile=job.profile, seed=job.seed, item=dict(item),
                              contract=job.contract.data, contract_path=job.contract.path)
-        return test.run(ctx)
+        return with_evidence_kind(test.run(ctx), self.evidence_class)
 
 
 @register_engine
@@ -401,6 +420,7 @@ class FalsifyEngine(_RegisteredTestEngine):
 @register_engine
 class MeasureEngine(_RegisteredTestEngine):
     name = "measure"
+    evidence_class = MeasureEvidence
 
 
 @register_engine

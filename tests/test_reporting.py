@@ -148,9 +148,13 @@ def test_statement_falls_back_when_the_parser_is_missing(monkeypatch: pytest.Mon
 
 
 def test_unknown_evidence_keys_are_shown_verbatim() -> None:
-    facts = {f.label: f.value for f in evidence_facts({"cases": 3, "weird": {"a": [1, 2]}, "points": 9})}
+    facts = {f.label: f.value for f in evidence_facts({"kind": "falsify", "cases": 3, "weird": {"a": [1, 2]},
+                                                       "points": 9})}
     assert facts["weird"] == '{"a": [1, 2]}'
-    assert facts["Cases"] == "3" and facts["Points enumerated"].startswith("9")
+    # Renderers go by the evidence's kind: a test's "points" is its own detail, not an enumeration.
+    assert facts["Cases"] == "3" and facts["points"] == "9" and "Points enumerated" not in facts
+    enum = {f.label: f.value for f in evidence_facts({"kind": "enumerate", "points": 9})}
+    assert enum["Points enumerated"].startswith("9")
 
 
 def test_html_is_self_contained_and_escaped(result: dict) -> None:

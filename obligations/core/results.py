@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
+
+from obligations.core.evidence import AssumeEvidence, Evidence, FalsifyEvidence, NoEvidence, json_safe
 
 __all__ = [
     "Status",
@@ -17,6 +19,7 @@ __all__ = [
     "skipped",
     "error",
     "assumed",
+    "with_evidence_kind",
 ]
 
 
@@ -42,63 +45,89 @@ class Outcome:
     """The result of one engine or test run: status, claim level, evidence and an optional counterexample.
 
     ``claim`` is the level the evidence supports: "proved", "exhausted", "tested", "assumed",
-    "violated" or "none". ``evidence`` is JSON-serialisable.
+    "violated" or "none". ``evidence`` is typed (:mod:`obligations.core.evidence`).
     """
 
     status: Status
     claim: str
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: Evidence = field(default_factory=NoEvidence)
     counterexample: dict[str, Any] | None = None
     reason: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON fields this outcome contributes to an item of the check result."""
+        """The JSON fields this outcome contributes to an item of the check result (strict JSON)."""
         return {
             "status": self.status.value,
             "claim": self.claim,
             "reason": self.reason,
-            "evidence": self.evidence,
-            "counterexample": self.counterexample,
+            "evidence": self.evidence.to_json(),
+            "counterexample": json_safe(self.counterexample),
         }
 
 
-def proved(**evidence: Any) -> Outcome:
+def _evidence(evidence: Evidence | None, legacy: dict[str, Any]) -> Evidence:
+    """Typed evidence, or keyword evidence from a registered test (a test's run when it counts cases)."""
+    if evidence is not None:
+        if legacy:
+            return replace(evidence, details={**evidence.details, **legacy})
+        return evidence
+    if "cases" in legacy:
+        cases, seed = legacy.pop("cases"), legacy.pop("seed", None)
+        return FalsifyEvidence(cases=cases, seed=seed, details=legacy)
+    return NoEvidence(details=legacy)
+
+
+def with_evidence_kind(outcome: Outcome, cls: type[Evidence]) -> Outcome:
+    """``outcome`` with generic test evidence re-typed as ``cls`` (the engine that ran it knows its kind)."""
+    ev = outcome.evidence
+    if type(ev) not in (FalsifyEvidence, NoEvidence) or cls is type(ev):
+        return outcome
+    data = ev.to_json()
+    data.pop("kind")
+    names = {f for f in cls.__dataclass_fields__} - {"details"}
+    fields = {k: data.pop(k) for k in list(data) if k in names}
+    return replace(outcome, evidence=cls(details=data, **fields))
+
+
+def proved(evidence: Evidence | None = None, /, **details: Any) -> Outcome:
     """A claim discharged by a solver or symbolic proof."""
-    return Outcome(Status.PROVED, "proved", evidence)
+    return Outcome(Status.PROVED, "proved", _evidence(evidence, details))
 
 
-def exhausted(**evidence: Any) -> Outcome:
+def exhausted(evidence: Evidence | None = None, /, **details: Any) -> Outcome:
     """A claim checked at every point of a stated bounded domain."""
-    return Outcome(Status.EXHAUSTED, "exhausted", evidence)
+    return Outcome(Status.EXHAUSTED, "exhausted", _evidence(evidence, details))
 
 
-def passed(**evidence: Any) -> Outcome:
-    """A claim tested on the cases named in ``evidence`` (must include ``cases``) without refutation."""
-    if "cases" not in evidence:
+def passed(evidence: Evidence | None = None, /, **details: Any) -> Outcome:
+    """A claim tested on the cases its evidence counts (``cases`` is required) without refutation."""
+    ev = _evidence(evidence, details)
+    if ev.get("cases") is None:
         raise ValueError("passed() needs a 'cases' count in its evidence")
-    return Outcome(Status.PASSED, "tested", evidence)
+    return Outcome(Status.PASSED, "tested", ev)
 
 
-def violated(counterexample: dict[str, Any], reason: str, **evidence: Any) -> Outcome:
+def violated(counterexample: dict[str, Any], reason: str, evidence: Evidence | None = None, /,
+             **details: Any) -> Outcome:
     """A claim refuted by a concrete counterexample."""
-    return Outcome(Status.VIOLATED, "violated", evidence, counterexample, reason)
+    return Outcome(Status.VIOLATED, "violated", _evidence(evidence, details), counterexample, reason)
 
 
-def unknown(reason: str, **evidence: Any) -> Outcome:
+def unknown(reason: str, evidence: Evidence | None = None, /, **details: Any) -> Outcome:
     """Neither proved nor refuted (e.g. solver budget exhausted)."""
-    return Outcome(Status.UNKNOWN, "none", evidence, None, reason)
+    return Outcome(Status.UNKNOWN, "none", _evidence(evidence, details), None, reason)
 
 
-def skipped(reason: str, **evidence: Any) -> Outcome:
+def skipped(reason: str, evidence: Evidence | None = None, /, **details: Any) -> Outcome:
     """Not checked, with the reason; never counted as passing."""
-    return Outcome(Status.SKIPPED, "none", evidence, None, reason)
+    return Outcome(Status.SKIPPED, "none", _evidence(evidence, details), None, reason)
 
 
-def error(reason: str, **evidence: Any) -> Outcome:
+def error(reason: str, evidence: Evidence | None = None, /, **details: Any) -> Outcome:
     """The item could not be checked because it is malformed (e.g. vacuous assumptions)."""
-    return Outcome(Status.ERROR, "none", evidence, None, reason)
+    return Outcome(Status.ERROR, "none", _evidence(evidence, details), None, reason)
 
 
-def assumed(name: str, reason: str, **evidence: Any) -> Outcome:
+def assumed(name: str, reason: str) -> Outcome:
     """A named assumption: reported as such, never counted as proved."""
-    return Outcome(Status.SKIPPED, "assumed", {"assumption": name, **evidence}, None, reason)
+    return Outcome(Status.SKIPPED, "assumed", AssumeEvidence(assumption=name), None, reason)

@@ -1,8 +1,10 @@
-"""Evidence as labelled facts: a registry of renderers keyed by the evidence's shape.
+"""Evidence as labelled facts: a registry of renderers keyed by the evidence's ``kind``.
 
-Each renderer looks at an item's free-form ``evidence`` and, when it recognises its shape, turns some
-keys into facts and claims those keys. Renderers run in registration order; whatever no renderer
-claimed is shown by the generic fallback, so every piece of evidence appears exactly once.
+Every item's evidence carries the ``kind`` of the typed class an engine wrote
+(:mod:`obligations.core.evidence`). Each renderer names the kinds it renders (and, for a test's own
+details, the shape it recognises), turns keys into facts and claims them. Renderers run in registration
+order; whatever no renderer claimed is shown by the generic fallback, so every piece of evidence appears
+exactly once and nothing is rendered that the evidence does not hold.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class EvidenceRenderer:
     """Recognises an evidence shape (``applies``) and renders it to facts, claiming the keys it used."""
 
     name: str
+    kinds: tuple[str, ...]
     applies: Callable[[Mapping[str, Any]], bool]
     render: Callable[[Mapping[str, Any]], tuple[list[Fact], set[str]]]
 
@@ -67,7 +70,7 @@ def _json(value: Any) -> str:
 
 def _solver(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
     name = ev.get("solver") or ev.get("prover")
-    version = ev.get("solver_version") or ev.get("z3_version") or ev.get("sympy_version")
+    version = ev.get("z3_version") or ev.get("sympy_version")
     facts = [Fact("Solver", " ".join(str(v) for v in (name, version) if v))]
     if "rlimit_used" in ev or "rlimit" in ev:
         used, limit = ev.get("rlimit_used"), ev.get("rlimit")
@@ -75,39 +78,19 @@ def _solver(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
         facts.append(
             Fact("Solver resource use", f"{text} of rlimit {_num(limit)}" if limit is not None else text)
         )
+    if "wall_limit_s" in ev:
+        facts.append(Fact("Wall-clock ceiling", f"{_num(ev['wall_limit_s'])} s"))
     if "assumptions" in ev:
         assumptions = ev["assumptions"] or []
         facts.append(Fact("Assumptions", "; ".join(map(str, assumptions)) if assumptions else "none"))
-    if "z3_reason" in ev:
-        facts.append(Fact("Solver reason", str(ev["z3_reason"])))
-    if "unsat_core" in ev:
-        facts.append(Fact("Unsatisfiable core", "; ".join(map(str, ev["unsat_core"]))))
-    for key in ("simplified", "simplified_difference"):
-        if key in ev:
-            facts.append(Fact("Simplified difference (lhs - rhs)", str(ev[key])))
+    if "simplified_difference" in ev:
+        facts.append(Fact("Simplified difference (lhs - rhs)", str(ev["simplified_difference"])))
     if "side_conditions" in ev:
         facts.append(Fact("Side conditions proved with it", _num(ev["side_conditions"])))
     if "confirmed_concretely" in ev:
         facts.append(Fact("Solver model confirmed through the plan", _num(ev["confirmed_concretely"])))
-    if "vacuity_checked" in ev:
-        facts.append(Fact("Assumptions satisfiable (vacuity check)", _num(ev["vacuity_checked"])))
-    keys = {
-        "solver",
-        "prover",
-        "solver_version",
-        "z3_version",
-        "sympy_version",
-        "rlimit",
-        "rlimit_used",
-        "assumptions",
-        "z3_reason",
-        "unsat_core",
-        "simplified",
-        "simplified_difference",
-        "vacuity_checked",
-        "side_conditions",
-        "confirmed_concretely",
-    }
+    keys = {"solver", "prover", "z3_version", "sympy_version", "rlimit", "rlimit_used", "wall_limit_s",
+            "assumptions", "simplified_difference", "side_conditions", "confirmed_concretely"}
     return facts, keys
 
 
@@ -250,29 +233,34 @@ def _assumption(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
     return [Fact("Named assumption", str(ev["assumption"]))], {"assumption"}
 
 
+_TESTS = ("falsify", "measure", "sweep")
 for _r in (
-    EvidenceRenderer("assumption", lambda ev: "assumption" in ev, _assumption),
-    EvidenceRenderer("solver", lambda ev: "solver" in ev or "prover" in ev, _solver),
-    EvidenceRenderer("enumeration", lambda ev: "points" in ev, _enumeration),
-    EvidenceRenderer("sampling", lambda ev: "cases" in ev, _sampling),
-    EvidenceRenderer("ulp", lambda ev: isinstance(ev.get("ulp_histogram"), Mapping), _ulp),
+    EvidenceRenderer("assumption", ("assume",), lambda ev: "assumption" in ev, _assumption),
+    EvidenceRenderer("solver", ("z3", "sympy"), lambda ev: True, _solver),
+    EvidenceRenderer("enumeration", ("enumerate",), lambda ev: "points" in ev, _enumeration),
+    EvidenceRenderer("sampling", _TESTS, lambda ev: "cases" in ev, _sampling),
+    EvidenceRenderer("ulp", _TESTS, lambda ev: isinstance(ev.get("ulp_histogram"), Mapping), _ulp),
     EvidenceRenderer(
         "error_bound",
+        _TESTS,
         lambda ev: isinstance(ev.get("observed_error"), list) and isinstance(ev.get("bound"), list),
         _error_bound,
     ),
-    EvidenceRenderer("timings", lambda ev: isinstance(ev.get("timings_ms"), Mapping), _timings),
-    EvidenceRenderer("traceback", lambda ev: isinstance(ev.get("traceback"), str), _traceback),
+    EvidenceRenderer("timings", _TESTS, lambda ev: isinstance(ev.get("timings_ms"), Mapping), _timings),
+    EvidenceRenderer("traceback", (), lambda ev: isinstance(ev.get("traceback"), str), _traceback),
 ):
     register_evidence_renderer(_r)
 
 
 def evidence_facts(evidence: Mapping[str, Any] | None) -> list[Fact]:
-    """All facts for one item's evidence: registered shapes first, then every unclaimed key verbatim."""
+    """All facts for one item's evidence: the renderers of its kind first, then every unclaimed key verbatim."""
     ev = dict(evidence or {})
+    kind = ev.pop("kind", None)
     facts: list[Fact] = []
     claimed: set[str] = set()
     for renderer in _RENDERERS.values():
+        if renderer.kinds and kind not in renderer.kinds:
+            continue
         remaining = {k: v for k, v in ev.items() if k not in claimed}
         if remaining and renderer.applies(remaining):
             new, keys = renderer.render(remaining)

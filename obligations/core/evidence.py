@@ -76,6 +76,10 @@ class Evidence:
     def __contains__(self, key: object) -> bool:
         return key in self.to_json()
 
+    def keys(self) -> list[str]:
+        """The JSON keys, so ``{**evidence, ...}`` reads like the JSON object (``kind`` included)."""
+        return list(self.to_json())
+
 
 def register_evidence(cls: type[Evidence]) -> type[Evidence]:
     """Class decorator: register an evidence class under its ``kind``."""

@@ -67,6 +67,7 @@ class Outcome:
 
 def _evidence(evidence: Evidence | None, legacy: dict[str, Any]) -> Evidence:
     """Typed evidence, or keyword evidence from a registered test (a test's run when it counts cases)."""
+    legacy.pop("kind", None)  # spread from another evidence object: the kind is this outcome's to decide
     if evidence is not None:
         if legacy:
             return replace(evidence, details={**evidence.details, **legacy})

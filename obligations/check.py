@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as _dt
 import fnmatch
 import importlib.metadata
+import json
+import math
 import os
 import platform
 import subprocess
@@ -15,13 +17,17 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from obligations import __version__
-from obligations.contract import Contract, load_contract
+from obligations.contract import Contract, ContractError, load_contract, load_contracts
 from obligations.core.results import Outcome, Status, error, skipped
 from obligations.engines import Job, get_engine
 
 __all__ = ["check_contract", "check_paths", "selected", "run_item", "exit_code", "provenance", "summarize",
-           "replay_command"]
+           "replay_command", "result_json", "EXIT_INTERRUPTED"]
+
+EXIT_INTERRUPTED = 130  # the shell's code for a run stopped by Ctrl-C (SIGINT)
 
 ProgressFn = Callable[[str, dict[str, Any] | None], None]
 
@@ -38,9 +44,16 @@ def run_item(contract: Contract, item: dict[str, Any], *, device: str = "host", 
         return skipped(f"no check wired yet: {item['pending']}")
     job = Job(contract, item, device=device, profile=profile, seed=seed)
     try:
-        return get_engine(item_method(item)).discharge(job)
+        outcome = get_engine(item_method(item)).discharge(job)
+    except SystemExit as e:  # a test or plan that calls sys.exit ends its item, not the run
+        return error(f"the check called sys.exit({e.code!r}) instead of returning an outcome",
+                     traceback=traceback.format_exc(limit=6))
     except Exception as e:  # engines are fallible code; the run goes on and the item says why
         return error(f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=6))
+    if not isinstance(outcome, Outcome):
+        return error(f"the check returned {type(outcome).__name__}, not an Outcome (a registered test must "
+                     "return passed/violated/skipped/... from obligations.core.results)")
+    return outcome
 
 
 def replay_command(contract: Contract, item_id: str, device: str, seed: int) -> str:
@@ -76,7 +89,11 @@ def check_contract(path: str | Path | Contract, *, device: str = "host", only: I
         if progress:
             progress("start", item)
         t0 = time.perf_counter()
-        outcome = run_item(contract, item, device=device, profile=profile, seed=seed)
+        try:
+            outcome = run_item(contract, item, device=device, profile=profile, seed=seed)
+        except KeyboardInterrupt:  # stop here; the caller writes what was checked so far
+            entry["interrupted"] = item["id"]
+            break
         seconds = round(time.perf_counter() - t0, 4)
         statement = {k: item[k] for k in ("given", "prove") if item.get(k)} or None
         record = {
@@ -170,26 +187,64 @@ def provenance(device: dict[str, Any], started: float, argv: list[str] | None = 
     }
 
 
-def check_paths(paths: Iterable[str | Path], *, device: str = "host", device_info: dict[str, Any] | None = None,
-                only: Iterable[str] | None = None, profile: str = "quick", seed: int = 0, strict: bool = False,
-                progress: ProgressFn | None = None, argv: list[str] | None = None) -> dict[str, Any]:
-    """Check every contract in ``paths`` and return the whole JSON result (see README: JSON result)."""
-    from obligations.contract import contract_files
+def check_paths(paths: Iterable[str | Path | Contract], *, device: str = "host",
+                device_info: dict[str, Any] | None = None, only: Iterable[str] | None = None,
+                profile: str = "quick", seed: int = 0, strict: bool = False, progress: ProgressFn | None = None,
+                argv: list[str] | None = None) -> dict[str, Any]:
+    """Check every contract in ``paths`` and return the whole JSON result (see README: JSON result).
 
+    Loaded contracts are checked as given (``kc check`` loads and validates each once); paths are loaded and
+    validated here, raising ContractError. A KeyboardInterrupt stops the run: the result holds what was
+    checked, ``"interrupted": true`` and exit code 130.
+    """
     started = time.time()
     only = list(only) if only else None
-    contracts = []
-    for f in contract_files(paths):
-        contract = load_contract(f)
-        if only and not any(selected(it["id"], only) for it in contract.items):
-            continue
-        contracts.append(check_contract(contract, device=device, only=only, profile=profile, seed=seed,
-                                        progress=progress))
+    paths = list(paths)
+    todo = [p for p in paths if isinstance(p, Contract)]
+    named = [p for p in paths if not isinstance(p, Contract)]
+    if named:
+        loaded = load_contracts(named)
+        if loaded.diagnostics:
+            raise ContractError(list(loaded.diagnostics))
+        todo.extend(loaded.contracts)
+    contracts: list[dict[str, Any]] = []
+    interrupted = False
+    try:
+        for contract in todo:
+            if only and not any(selected(it["id"], only) for it in contract.items):
+                continue
+            entry = check_contract(contract, device=device, only=only, profile=profile, seed=seed,
+                                   progress=progress)
+            contracts.append(entry)
+            if "interrupted" in entry:
+                interrupted = True
+                break
+    except KeyboardInterrupt:
+        interrupted = True
     summary = summarize(contracts)
-    return {
+    result = {
         "tool": {"name": "kernel-contracts", "version": __version__},
         "provenance": provenance(device_info or {"kind": device}, started, argv),
         "contracts": contracts,
         "summary": summary,
-        "exit_code": exit_code(summary, strict),
+        "exit_code": EXIT_INTERRUPTED if interrupted else exit_code(summary, strict),
     }
+    if interrupted:
+        result["interrupted"] = True
+    return result
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by the string JSON readers expect ("NaN", "Infinity")."""
+    if isinstance(value, float | np.floating) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def result_json(result: dict[str, Any]) -> str:
+    """The result as strict JSON text (RFC 8259: no bare NaN or Infinity; those become strings)."""
+    return json.dumps(_finite(result), indent=2, allow_nan=False, default=str) + "\n"

@@ -2,7 +2,7 @@
 
 Exit codes: 0 nothing violated or errored; 1 something violated or errored (with --strict also anything
 unknown or skipped); 2 invalid contract or usage (including --device cuda without a working GPU);
-3 internal error.
+3 internal error; 130 interrupted (Ctrl-C; `kc check --json` still writes the partial result).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from obligations import __version__
 
 __all__ = ["main", "COMMANDS"]
 
-EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 DEFAULT_CONTRACTS = "contracts"
 
 COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
@@ -111,14 +111,25 @@ def _print_diagnostics(diags: list[Any]) -> None:
 # -- validate -----------------------------------------------------------------------------------------
 
 
-@command("validate", "check contracts against the schema and resolve every reference")
-@_configure(lambda p: p.add_argument("paths", nargs="*", default=[DEFAULT_CONTRACTS]))
-def _validate(args: argparse.Namespace) -> int:
-    from obligations.contract import contract_files, validate_paths
+def _search_path_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--search-path", metavar="DIR", action="append", default=[],
+                   help="contracts here (not checked themselves) may satisfy depends_on; repeatable")
 
-    diags = validate_paths(args.paths)
+
+def _validate_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="*", default=[DEFAULT_CONTRACTS])
+    _search_path_option(p)
+
+
+@command("validate", "check contracts against the schema and resolve every reference")
+@_configure(_validate_options)
+def _validate(args: argparse.Namespace) -> int:
+    from obligations.contract import load_contracts
+
+    loaded = load_contracts(args.paths, search_path=args.search_path)
+    diags = loaded.diagnostics
     _print_diagnostics(diags)
-    n = len(contract_files(args.paths))
+    n = len(loaded.files)
     if diags:
         print(f"{len(diags)} problem(s) in {n} contract file(s)", file=sys.stderr)
         return EXIT_INVALID
@@ -142,31 +153,33 @@ def _check_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", choices=["quick", "full"], default=None,
                    help="falsification budget (default: quick on host, full on cuda)")
     p.add_argument("--seed", type=int, default=0)
+    _search_path_option(p)
 
 
 @command("check", "check contracts: proofs, enumeration, falsification; exit 1 if anything is refuted")
 @_configure(_check_options)
 def _check(args: argparse.Namespace) -> int:
     from obligations.check import check_paths
-    from obligations.contract import ContractError, validate_paths
+    from obligations.contract import load_contracts
     from obligations.core.device import device_info
 
     device = _resolve_device(args.device)
     if device is None:
         return EXIT_INVALID
-    diags = validate_paths(args.paths)
-    if diags:
-        _print_diagnostics(diags)
+    loaded = load_contracts(args.paths, search_path=args.search_path)  # each file parsed and validated once
+    if loaded.diagnostics:
+        _print_diagnostics(loaded.diagnostics)
         return EXIT_INVALID
     profile = args.profile or ("full" if device == "cuda" else "quick")
     print(f"kc {__version__}: device {device}, profile {profile}, seed {args.seed}")
-    try:
-        result = check_paths(args.paths, device=device, device_info=device_info(device), only=args.only,
-                             profile=profile, seed=args.seed, strict=args.strict, progress=_Progress(),
-                             argv=["kc", *sys.argv[1:]])
-    except ContractError as e:
-        _print_diagnostics(e.diagnostics)
-        return EXIT_INVALID
+    result = check_paths(loaded.contracts, device=device, device_info=device_info(device), only=args.only,
+                         profile=profile, seed=args.seed, strict=args.strict, progress=_Progress(),
+                         argv=["kc", *sys.argv[1:]])
+    if result.get("interrupted"):
+        _write_outputs(args, result)
+        print("kc: interrupted; the result holds the items checked so far" +
+              (f" ({args.json})" if args.json else ""), file=sys.stderr)
+        return result["exit_code"]
     if args.only and not result["contracts"]:
         print(f"kc: error: no item with id {', '.join(args.only)}", file=sys.stderr)
         return EXIT_INVALID
@@ -179,9 +192,11 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _write_outputs(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    from obligations.check import result_json
+
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+        Path(args.json).write_text(result_json(result), encoding="utf-8")
     from obligations import ci_outputs
 
     if args.junit:
@@ -236,8 +251,9 @@ def _report(args: argparse.Namespace) -> int:
         result = reporting.load_result(out_json)
     if args.source:  # keep the evidence beside the reports: `kc explain` reads reports/result.json
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "result.json").write_text(json.dumps(result, indent=2, default=str) + "\n",
-                                                   encoding="utf-8")
+        from obligations.check import result_json
+
+        (Path(args.out) / "result.json").write_text(result_json(result), encoding="utf-8")
     written = reporting.write_reports(result, args.out, html=not args.no_html, plots=not args.no_plots)
     for path in written:
         print(f"wrote {path}")
@@ -400,7 +416,6 @@ def _replay(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every registered subcommand."""
-    _load_optional_commands()
     parser = argparse.ArgumentParser(prog="kc", description="kernel-contracts: checkable claims about GPU kernels")
     parser.add_argument("--version", action="version", version=f"kc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -409,15 +424,6 @@ def build_parser() -> argparse.ArgumentParser:
         configure(p)
         p.set_defaults(run=run)
     return parser
-
-
-def _load_optional_commands() -> None:
-    # Commands that live beside their engines register themselves on import.
-    for mod in ("obligations.cli_extra",):
-        try:
-            __import__(mod)
-        except ImportError:
-            pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -429,8 +435,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(e.code or 0)
     try:
         return args.run(args)
-    except KeyboardInterrupt:
-        return EXIT_INTERNAL
+    except KeyboardInterrupt:  # outside `kc check`'s items (which write a partial result): stop, not a bug
+        print("kc: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception:
         traceback.print_exc()
         print("kc: internal error (a bug in kernel-contracts; please report it with the traceback)",

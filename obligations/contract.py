@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import json
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,8 +18,12 @@ from typing import Any
 
 import jsonschema
 from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap, CommentedSeq
-from ruamel.yaml.error import MarkedYAMLError
+from ruamel.yaml.comments import CommentedMap, CommentedOrderedMap, CommentedSeq
+from ruamel.yaml.composer import Composer, ComposerError, MaxDepthExceededError
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.events import AliasEvent
+from ruamel.yaml.nodes import MappingNode, SequenceNode
+from ruamel.yaml.reader import ReaderError
 
 from obligations import expr as exprlang
 from obligations import statements
@@ -29,17 +35,23 @@ __all__ = [
     "Contract",
     "ContractError",
     "import_test_modules",
+    "Loaded",
     "load_contract",
+    "load_contracts",
+    "parse_contract",
     "validate_paths",
     "contract_files",
     "SCHEMA_PATH",
+    "CODE_ROLES",
+    "resolve_code",
     "semantic_check",
 ]
 
 # Quantities every plan offers the checker besides its own: the conjunction of its side-conditions.
 BUILTIN_QUANTITIES = frozenset({"no_overflow"})
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "contracts" / "schema" / "contract.schema.json"
+# Inside the package, so an installed wheel validates; contracts/schema/ holds an equal copy for editors.
+SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "contract.schema.json"
 
 
 @dataclass(frozen=True)
@@ -139,41 +151,151 @@ class Contract:
         return kernels[name]
 
 
-def _plain(node: Any) -> Any:
-    if isinstance(node, dict):
-        return {str(k): _plain(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_plain(v) for v in node]
-    return node
+# -- loading -----------------------------------------------------------------------------------------
+
+MAX_FILE_BYTES = 4 * 1024 * 1024  # a contract is a few KiB; a bigger file is not one
+MAX_DEPTH = 40  # nesting of mappings and sequences; the shipped contracts need 6
+MAX_ALIASES = 64  # YAML aliases (``*name``) per file
+MAX_EXPANDED_NODES = 200_000  # nodes after every alias is expanded (the shipped contracts have < 5,000)
+
+_SCALARS: tuple[tuple[type, type], ...] = ((bool, bool), (str, str), (int, int), (float, float))
 
 
-def _load_yaml(path: Path) -> tuple[Any, str, bytes]:
-    raw = path.read_bytes()
-    text = raw.decode("utf-8")
+class _BoundedComposer(Composer):
+    """ruamel's composer with a bound on aliases: their count, their expanded size, and no recursion."""
+
+    def __init__(self, loader: Any = None) -> None:
+        super().__init__(loader)
+        self.aliases = 0
+        self.expanded = 0
+        self.sizes: dict[int, int] = {}
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if not self.parser.check_event(AliasEvent):
+            return super().compose_node(parent, index)
+        event = self.parser.peek_event()
+        target = self.anchors.get(event.anchor)
+        self.aliases += 1
+        if self.aliases > MAX_ALIASES:
+            raise ComposerError(None, None, f"more than {MAX_ALIASES} aliases (a contract needs few)",
+                                event.start_mark)
+        if target is not None and getattr(target, "end_mark", None) is None:
+            raise ComposerError(None, None, f"alias *{event.anchor} refers to a node that contains it",
+                                event.start_mark)
+        if target is not None:
+            self.expanded += self._size(target)
+            if self.expanded > MAX_EXPANDED_NODES:
+                raise ComposerError(None, None, f"aliases expand to more than {MAX_EXPANDED_NODES} nodes",
+                                    event.start_mark)
+        return super().compose_node(parent, index)
+
+    def _size(self, node: Any) -> int:
+        """Nodes in ``node`` with every alias expanded (memoised: aliased nodes are shared)."""
+        if id(node) not in self.sizes:
+            value = node.value
+            if isinstance(node, MappingNode):
+                self.sizes[id(node)] = 1 + sum(self._size(k) + self._size(v) for k, v in value)
+            elif isinstance(node, SequenceNode):
+                self.sizes[id(node)] = 1 + sum(self._size(v) for v in value)
+            else:
+                self.sizes[id(node)] = 1
+        return self.sizes[id(node)]
+
+
+def _at(path: Path, text: str, index: int, message: str) -> Diagnostic:
+    """A diagnostic at character ``index`` of ``text``."""
+    line = text.count("\n", 0, index) + 1
+    return Diagnostic(str(path), line, index - (text.rfind("\n", 0, index) + 1) + 1, message)
+
+
+def _decode(path: Path, raw: bytes) -> str:
+    """The file's text (UTF-8, an optional BOM dropped); ContractError at the first byte that is not UTF-8."""
+    if len(raw) > MAX_FILE_BYTES:
+        raise ContractError([Diagnostic(str(path), 1, 1, f"file is {len(raw)} bytes; a contract is at most "
+                                                         f"{MAX_FILE_BYTES}")])
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        good = raw[: e.start].decode("utf-8", errors="replace")
+        raise ContractError([_at(path, good, len(good), f"not UTF-8: byte 0x{raw[e.start]:02x} ({e.reason})")]) \
+            from None
+
+
+def _parse(path: Path, raw: bytes) -> tuple[Any, str]:
+    """Parse the file's bytes into ruamel's round-trip nodes (positions kept); ContractError on bad YAML."""
+    text = _decode(path, raw)
     yaml = YAML(typ="rt")
     yaml.allow_duplicate_keys = False
+    yaml.max_depth = MAX_DEPTH
+    yaml.Composer = _BoundedComposer
     try:
-        return yaml.load(text), text, raw
+        return yaml.load(text), text
+    except MaxDepthExceededError as e:
+        mark = e.problem_mark
+        raise ContractError([Diagnostic(str(path), mark.line + 1, mark.column + 1,
+                                        f"YAML: nested more than {MAX_DEPTH} levels deep")]) from None
     except MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         msg = " ".join(str(x) for x in (e.context, e.problem) if x).replace("\n", " ")
         raise ContractError([Diagnostic(str(path), line, col, f"YAML: {msg}")]) from None
+    except ReaderError as e:
+        index = e.position if isinstance(e.position, int) else 0
+        char = e.character if isinstance(e.character, int) else 0
+        raise ContractError([_at(path, text, index, f"YAML: character U+{char:04X} is not allowed ({e.reason})")]) \
+            from None
+    except (YAMLError, ValueError, TypeError, OverflowError, RecursionError) as e:  # ruamel's unmarked errors
+        raise ContractError([Diagnostic(str(path), 1, 1, f"YAML: {type(e).__name__}: {e}")]) from None
+
+
+def _position(node: Any, key: Any, value: bool = True) -> tuple[int, int]:
+    """1-based position of ``node[key]`` (of its key with ``value=False``), (1, 1) where ruamel has none."""
+    try:
+        if isinstance(node, CommentedMap):
+            ln, cl = node.lc.value(key) if value else node.lc.key(key)
+        else:
+            ln, cl = node.lc.item(key)
+        return ln + 1, cl + 1
+    except (AttributeError, KeyError, TypeError, IndexError):
+        return 1, 1
+
+
+def _plain(node: Any, path: str, where: tuple[int, int], problems: list[Diagnostic]) -> Any:
+    """JSON data from ruamel's nodes: str keys, plain scalars; every other YAML type is a located problem."""
+    if isinstance(node, CommentedMap | CommentedSeq) and not isinstance(node, CommentedOrderedMap):
+        if isinstance(node, CommentedSeq):
+            return [_plain(v, path, _position(node, i), problems) for i, v in enumerate(node)]
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            if not isinstance(k, str):
+                problems.append(Diagnostic(path, *_position(node, k, value=False),
+                                           f"mapping key {k!r} is not a string (quote it)"))
+                continue
+            out[str(k)] = _plain(v, path, _position(node, k), problems)
+        return out
+    if node is None:
+        return None
+    for yaml_type, plain in _SCALARS:
+        if isinstance(node, yaml_type):
+            return plain(node)
+    problems.append(Diagnostic(path, *where, f"a YAML {_yaml_kind(node)} is not allowed in a contract "
+                                             "(only strings, numbers, booleans, lists and mappings)"))
+    return None
+
+
+_YAML_KINDS = {"bytes": "binary value (!!binary)", "date": "date (quote it to make it a string)",
+               "datetime": "timestamp (quote it)", "TimeStamp": "timestamp (quote it)",
+               "CommentedSet": "set (!!set)", "CommentedOrderedMap": "ordered map (!!omap)"}
+
+
+def _yaml_kind(node: Any) -> str:
+    tag = getattr(getattr(node, "tag", None), "value", None)
+    return f"value tagged {tag}" if isinstance(tag, str) else _YAML_KINDS.get(type(node).__name__, type(node).__name__)
 
 
 def load_contract(path: str | Path, *, check: bool = True, known_ids: set[str] | None = None) -> Contract:
     """Load one contract; with ``check`` raise ContractError listing every problem found."""
-    path = Path(path)
-    root, text, raw = _load_yaml(path)
-    if not isinstance(root, CommentedMap):
-        raise ContractError([Diagnostic(str(path), 1, 1, "a contract is a YAML mapping")])
-    contract = Contract(
-        path=str(path),
-        data=_plain(root),
-        sha256=hashlib.sha256(raw).hexdigest(),  # of the file's bytes, so CRLF files hash as stored
-        text=text,
-        _root=root,
-    )
+    contract = parse_contract(path)
     if check:
         problems = list(_diagnose(contract, known_ids))
         if problems:
@@ -181,47 +303,132 @@ def load_contract(path: str | Path, *, check: bool = True, known_ids: set[str] |
     return contract
 
 
+def parse_contract(path: str | Path) -> Contract:
+    """Read and parse one contract file (no schema or semantic checks); ContractError if it is not one."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ContractError([Diagnostic(str(path), 1, 1, f"cannot read: {e.strerror or e}")]) from None
+    root, text = _parse(path, raw)
+    if not isinstance(root, CommentedMap):
+        raise ContractError([Diagnostic(str(path), 1, 1, "a contract is a YAML mapping")])
+    problems: list[Diagnostic] = []
+    data = _plain(root, str(path), (1, 1), problems)
+    if problems:
+        raise ContractError(problems)
+    return Contract(
+        path=str(path),
+        data=data,
+        sha256=hashlib.sha256(raw).hexdigest(),  # of the file's bytes, so CRLF files hash as stored
+        text=text,
+        _root=root,
+    )
+
+
 def contract_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Expand directories to their ``*.yaml``/``*.yml`` contracts (sorted); keep files as given."""
+    """Expand directories to their ``*.yaml``/``*.yml`` contracts (sorted); keep files as given; no repeats."""
     out: list[Path] = []
+    seen: set[Path] = set()
     for p in map(Path, paths):
-        if p.is_dir():
-            out.extend(sorted(q for q in p.iterdir() if q.suffix in (".yaml", ".yml") and q.is_file()))
-        else:
-            out.append(p)
+        found = sorted(q for q in p.iterdir() if q.suffix in (".yaml", ".yml") and q.is_file()) if p.is_dir() else [p]
+        for q in found:
+            if q.resolve() not in seen:
+                seen.add(q.resolve())
+                out.append(q)
     return out
 
 
-def validate_paths(paths: Iterable[str | Path]) -> list[Diagnostic]:
-    """Every problem in the named contracts (directories expanded); depends_on resolves among them."""
+@dataclass(frozen=True)
+class Loaded:
+    """The contracts named on a command line, each parsed and validated once, and every problem found."""
+
+    contracts: tuple[Contract, ...]
+    diagnostics: tuple[Diagnostic, ...]
+    files: tuple[Path, ...]
+
+
+def load_contracts(paths: Iterable[str | Path], *, search_path: Iterable[str | Path] = ()) -> Loaded:
+    """Parse and validate every named contract once (directories expanded).
+
+    ``depends_on`` resolves among the named contracts and those in ``search_path`` (directories or files,
+    parsed for their ids only, never validated); nothing else is read. Contract ids must be unique among the
+    named files, and ``depends_on`` must not form a cycle.
+    """
     files = contract_files(paths)
     problems: list[Diagnostic] = []
-    ids: set[str] = set()
+    parsed: list[Contract] = []
     for f in files:
-        if not f.exists():
-            problems.append(Diagnostic(str(f), 1, 1, "no such file"))
-            continue
         try:
-            c = load_contract(f, check=False)
-            if isinstance(c.data.get("id"), str):
-                ids.add(c.data["id"])
-        except ContractError:
-            pass
-    # Contracts beside the named ones also satisfy depends_on.
-    for d in {f.parent for f in files}:
-        for q in contract_files([d]):
-            try:
-                ids.add(load_contract(q, check=False).data.get("id"))
-            except ContractError:
-                pass
-    for f in files:
-        if not f.exists():
-            continue
-        try:
-            load_contract(f, known_ids=ids)
+            parsed.append(parse_contract(f))
         except ContractError as e:
             problems.extend(e.diagnostics)
-    return problems
+    problems.extend(_duplicate_contract_ids(parsed))
+    named = {Path(c.path).resolve() for c in parsed}
+    others = []
+    for f in contract_files(search_path):
+        if f.resolve() not in named:
+            try:
+                others.append(parse_contract(f))
+            except ContractError:
+                pass  # a file on the search path only offers its id; its own problems are its own
+    known = {c.data["id"] for c in (*parsed, *others) if isinstance(c.data.get("id"), str)}
+    valid = []
+    for c in parsed:
+        found = list(_diagnose(c, known))
+        problems.extend(found)
+        if not found:
+            valid.append(c)
+    problems.extend(_depends_on_cycles(valid, others))
+    return Loaded(tuple(parsed), tuple(problems), tuple(files))
+
+
+def validate_paths(paths: Iterable[str | Path], *, search_path: Iterable[str | Path] = ()) -> list[Diagnostic]:
+    """Every problem in the named contracts (see :func:`load_contracts`)."""
+    return list(load_contracts(paths, search_path=search_path).diagnostics)
+
+
+def _duplicate_contract_ids(contracts: list[Contract]) -> Iterator[Diagnostic]:
+    first: dict[str, Contract] = {}
+    for c in contracts:
+        cid = c.data.get("id")
+        if not isinstance(cid, str):
+            continue
+        if cid in first:
+            other = first[cid]
+            line, col = other.position(("id",), value=True)
+            yield _d(c, ("id",), f"duplicate contract id {cid!r} (also in {other.path}:{line}:{col})", True)
+        else:
+            first[cid] = c
+
+
+def _depends_on_cycles(valid: list[Contract], others: list[Contract]) -> Iterator[Diagnostic]:
+    """One diagnostic per named contract on a ``depends_on`` cycle, at the entry that closes it."""
+    graph: dict[str, list[str]] = {}
+    for c in (*others, *valid):  # the named contracts win over search-path copies of the same id
+        deps = c.data.get("depends_on")
+        if isinstance(c.data.get("id"), str) and isinstance(deps, list):
+            graph[c.data["id"]] = [d for d in deps if isinstance(d, str)]
+    for c in valid:
+        for idx, dep in enumerate(c.data.get("depends_on") or []):
+            cycle = _path_to(graph, dep, c.id)
+            if cycle is not None:
+                yield _d(c, ("depends_on", idx), "depends_on cycle: " + " -> ".join([c.id, *cycle]))
+                break
+
+
+def _path_to(graph: dict[str, list[str]], start: str, goal: str) -> list[str] | None:
+    """Ids from ``start`` to ``goal`` along ``depends_on`` (iterative DFS), or None if ``goal`` is not reached."""
+    stack, seen = [(start, [start])], {start}
+    while stack:
+        node, trail = stack.pop()
+        if node == goal:
+            return trail
+        for nxt in graph.get(node, ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append((nxt, [*trail, nxt]))
+    return None
 
 
 # -- checks ------------------------------------------------------------------------------------------
@@ -243,8 +450,16 @@ def _schema() -> dict[str, Any]:
     return _SCHEMA
 
 
+# JSON Schema's "integer" admits 1.0 and 1e300; a contract's integers are YAML integers.
+_Validator = jsonschema.validators.extend(
+    jsonschema.Draft7Validator,
+    type_checker=jsonschema.Draft7Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _checker, v: isinstance(v, int) and not isinstance(v, bool)),
+)
+
+
 def _diagnose(c: Contract, known_ids: set[str] | None) -> Iterator[Diagnostic]:
-    validator = jsonschema.Draft7Validator(_schema())
+    validator = _Validator(_schema())
     schema_errors = sorted(validator.iter_errors(c.data), key=lambda e: list(map(str, e.absolute_path)))
     for err in schema_errors:
         yield _schema_diagnostic(c, err)
@@ -264,7 +479,8 @@ def _schema_diagnostic(c: Contract, err: jsonschema.ValidationError) -> Diagnost
         msg = f"{'.'.join(map(str, path))}: {_short(err.instance)} matches none of the allowed forms"
         return Diagnostic(c.path, *c.position(path, value=True), msg)
     label = ".".join(map(str, path)) or "contract"
-    return Diagnostic(c.path, *c.position(path, value=bool(path)), f"{label}: {err.message}")
+    message = err.message if len(err.message) <= 200 else err.message[:197] + "..."
+    return Diagnostic(c.path, *c.position(path, value=bool(path)), f"{label}: {message}")
 
 
 def _short(v: Any) -> str:
@@ -316,28 +532,79 @@ def _references(c: Contract, known: set[str] | None) -> Iterator[Diagnostic]:
             yield _d(c, ("qa_gate", "requires", idx), f"qa_gate requires unknown item {rid!r}")
 
 
+def _function(obj: Any) -> bool:
+    return inspect.isfunction(obj)
+
+
+def _function_or_class(obj: Any) -> bool:
+    return inspect.isfunction(obj) or inspect.isclass(obj)
+
+
+# What each kernel role must name: plans are called during validation, so only plain Python functions.
+CODE_ROLES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "plan": ("a Python function", _function),
+    "entry": ("a Python function or class", _function_or_class),
+    "spec": ("a Python function or class", _function_or_class),
+}
+
+
+def _standard_library(module_name: str) -> bool:
+    top = module_name.partition(".")[0]
+    return top in sys.stdlib_module_names or top in sys.builtin_module_names
+
+
+def resolve_code(dotted: str, role: str = "plan") -> Any:
+    """Resolve a kernel's ``module:attr`` for ``role``, refusing what validation must never import or call.
+
+    The module must not be part of Python's standard library, importing it must not fail or exit, and the
+    object must be a function (or, for entry/spec, a class) written in Python outside the standard library:
+    no builtins such as ``sys.exit`` or ``os.abort``. Raises ``plans.ResolveError`` saying why.
+    """
+    module_name = dotted.partition(":")[0]
+    if _standard_library(module_name):
+        raise plans.ResolveError(f"{dotted}: module {module_name!r} is Python's standard library; a kernel's "
+                                 f"{role} must be project code")
+    try:
+        obj = plans.resolve(dotted)
+    except plans.ResolveError:
+        raise
+    except SystemExit as e:
+        raise plans.ResolveError(f"importing module {module_name!r} called sys.exit({e.code!r})") from None
+    except Exception as e:  # a module that raises on import is the contract's problem, not a crash
+        raise plans.ResolveError(f"importing module {module_name!r} failed: {type(e).__name__}: {e}") from None
+    what, accepts = CODE_ROLES[role]
+    if not accepts(obj) or _standard_library(getattr(obj, "__module__", None) or "builtins"):
+        raise plans.ResolveError(f"{dotted} is not {what} outside the standard library "
+                                 f"(it is a {type(obj).__name__})")
+    return obj
+
+
 @semantic_check
 def _dotted_paths(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
     for name, k in c.data["kernels"].items():
-        for role in ("entry", "plan", "spec"):
+        for role in CODE_ROLES:
             if role in k:
                 try:
-                    obj = plans.resolve(k[role])
+                    resolve_code(k[role], role)
                 except plans.ResolveError as e:
                     yield _d(c, ("kernels", name, role), str(e), True)
-                    continue
-                if not callable(obj):
-                    yield _d(c, ("kernels", name, role), f"{k[role]} is not callable", True)
 
 
 def import_test_modules(c: Contract) -> list[tuple[int, str]]:
     """Import the contract's ``test_modules`` (their imports register its tests); (index, error) per failure."""
     failures = []
     for idx, name in enumerate(c.data.get("test_modules") or []):
+        if _standard_library(name):
+            failures.append((idx, f"test module {name!r} is Python's standard library, not a test module"))
+            continue
         try:
             importlib.import_module(name)
         except ImportError as e:
             failures.append((idx, f"cannot import test module {name!r}: {e}"))
+        except SystemExit as e:
+            failures.append((idx, f"importing test module {name!r} called sys.exit({e.code!r})"))
+        except Exception as e:  # a test module that raises on import is reported, not a crash
+            failures.append((idx, f"importing test module {name!r} failed: {type(e).__name__}: {e}"))
     return failures
 
 
@@ -397,6 +664,8 @@ def _expressions(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
         if kernel and "plan" in kernel:
             try:
                 qs = plan_quantity_names(c, kernel["plan"])
+            except plans.ResolveError:
+                return  # reported at the plan's line by _dotted_paths
             except Exception as e:  # a plan that cannot run symbolically is a contract problem
                 yield _d(c, ("kernels",), f"plan {kernel['plan']} failed on symbolic inputs: {e}")
                 return
@@ -449,12 +718,15 @@ def _find_name(source: str, name: str) -> int:
 
 def plan_quantity_names(c: Contract, dotted: str) -> dict[str, bool]:
     """Quantity names the plan exposes when run on fresh symbols: name -> is it a function."""
-    fn = plans.resolve(dotted)
+    fn = resolve_code(dotted, "plan")
     params = [p for p in plans.plan_parameters(fn) if p in c.symbols]
     missing = [p for p in plans.plan_parameters(fn, required_only=True) if p not in c.symbols]
     if missing:
         raise ValueError(f"plan parameters {missing} are not declared symbols")
     with sym.tracking():
         env = plans.symbolic_env(c.symbols, set(params))
-        qs = plans.quantities(plans.call_plan(fn, env))
+        try:
+            qs = plans.quantities(plans.call_plan(fn, env))
+        except SystemExit as e:  # a plan must return its quantities, never end the process
+            raise ValueError(f"the plan called sys.exit({e.code!r})") from None
     return {name: callable(v) for name, v in qs.items()}

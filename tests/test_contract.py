@@ -123,3 +123,11 @@ def test_a_test_module_that_does_not_import_is_reported_at_its_line(tmp_path):
         load_contract(path)
     (d,) = [d for d in e.value.diagnostics if "no_such_kc_module_xyz" in d.message]
     assert d.line == _line_of(path, "test_modules:") and "cannot import test module" in d.message
+
+
+def test_the_editor_schema_copy_equals_the_packaged_schema():
+    from obligations.contract import SCHEMA_PATH
+
+    assert SCHEMA_PATH == ROOT / "obligations" / "schema" / "contract.schema.json"
+    copy = ROOT / "contracts" / "schema" / "contract.schema.json"
+    assert copy.read_bytes() == SCHEMA_PATH.read_bytes(), "cp obligations/schema/contract.schema.json contracts/schema/"

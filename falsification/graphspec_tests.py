@@ -125,14 +125,14 @@ def _residual(draw: Any) -> gs.Graph:
 def _dag(draw: Any) -> gs.Graph:
     d = draw(st.integers(1, 5))
     b = gs.DagBuilder((d,))
-    vals = [b.input]
+    vals = [b.input, b.apply(gs.Linear(d, d), b.input)]  # two values of one shape: multi-input nodes can differ
     for _ in range(draw(st.integers(1, 4))):
-        kind = draw(st.sampled_from(["linear", "act", "add", "sub", "mul", "concat"]))
+        kind = draw(st.sampled_from(["sub", "concat", "add", "mul", "linear", "act"]))
         v = vals[draw(st.integers(0, len(vals) - 1))]
         if kind in ("linear", "act"):
             vals.append(b.apply(gs.Linear(v.shape[-1], d) if kind == "linear" else draw(st.sampled_from(_ACTS))(), v))
             continue
-        same = [u for u in vals if u.shape == v.shape]
+        same = [u for u in vals if u.shape == v.shape and u != v] or [v]  # a distinct operand where there is one
         u = same[draw(st.integers(0, len(same) - 1))]
         vals.append(b.concat(v, u) if kind == "concat" else b.node(kind, v, u))
     out = vals[-1]

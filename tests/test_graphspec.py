@@ -1,0 +1,214 @@
+"""GraphSpec DSL, its lowering, ONNX import and the reference executor; planted bugs must be caught."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ruamel.yaml import YAML
+
+from falsification import graphspec_tests as T
+from falsification.registry import FalsifyContext
+from native import ir as nir
+from obligations.core.device import cuda_available
+from spec import rng as srng
+from spec.ir import graphspec as gs
+from spec.ir.checks import check_inferred_shapes, check_well_formed
+from spec.ir.denote import denote, denote_all
+from tests.contract_helpers import CONTRACTS
+
+CUDA_OK, _WHY = cuda_available()
+cuda = pytest.mark.cuda
+needs_cuda = pytest.mark.skipif(not CUDA_OK, reason=_WHY or "no CUDA device")
+
+
+def _ctx(test: str, device: str = "host", seed: int = 1, **params: object) -> FalsifyContext:
+    return FalsifyContext(device=device, profile="quick", seed=seed, item={"id": test, "test": test, "params": params})
+
+
+def _u(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def test_mlp_lowers_to_the_seed_graph_and_meanings_agree() -> None:
+    g = gs.Linear(4, 8) >> gs.ReLU() >> gs.Linear(8, 3)
+    assert g.param_shapes == ((8, 4), (8,), (3, 8), (3,))
+    p = gs.init_params(g)
+    low = gs.lower(g, p)
+    assert [(n.kind, n.parents) for n in low.graph.nodes] == [("input", ()), ("linear", (0,)), ("relu", (1,)),
+                                                                ("linear", (2,))]
+    assert set(low.payload.entries) == {1, 3}  # W, b keyed by the linear node ids, not extra parents
+    assert not check_well_formed(low.graph) and not check_inferred_shapes(low.graph)
+    x = np.linspace(-1, 1, 4, dtype=np.float32)
+    assert np.array_equal(_u(denote(low.graph, low.payload, x, low.output).value), _u(gs.spec(g)(p, x)))
+
+
+def test_init_is_seeded_by_layer_occurrence() -> None:
+    g = gs.Linear(3, 2) >> gs.Tanh() >> gs.Linear(2, 2)
+    w0, b0, w1, b1 = gs.init_params(g)
+    for arr, seed, fan_in in ((w0, 0, 3), (b0, 1, 3), (w1, 2, 2), (b1, 3, 2)):
+        u = srng.uniform_reference(srng.bits_reference(seed, 0, arr.size)).view(np.float32)
+        bound = np.float32(1 / np.sqrt(fan_in))
+        assert np.array_equal(arr.reshape(-1), (u * np.float32(2) - np.float32(1)) * bound)
+    assert all(np.array_equal(a, b) for a, b in zip(gs.init_params(g), gs.init_params(g), strict=True))
+
+
+def test_parameter_abi_is_checked_and_split_canonically() -> None:
+    g = gs.Linear(2, 3) >> gs.LayerNorm() >> gs.Linear(3, 1)
+    assert [s.name for s in g.params] == ["weight", "bias", "weight", "bias", "weight", "bias"]
+    p = gs.init_params(g)
+    with pytest.raises(gs.GraphSpecParamError, match="takes 6 parameter tensors, got 5"):
+        gs.spec(g)(p[:5], np.zeros(2, np.float32))
+    bad = list(p)
+    bad[2] = np.ones(4, np.float32)
+    with pytest.raises(gs.GraphSpecParamError, match=r"parameter 2 \(weight\) must have shape \[3\], got \[4\]"):
+        gs.spec(g)(bad, np.zeros(2, np.float32))
+
+
+def test_shape_mismatch_names_both_shapes_and_the_position() -> None:
+    with pytest.raises(gs.GraphSpecShapeError) as exc:
+        gs.Linear(4, 8) >> gs.ReLU() >> gs.Linear(6, 3)
+    msg = str(exc.value)
+    assert "position 2" in msg and "[..., 6]" in msg and "[8]" in msg
+    with pytest.raises(gs.GraphSpecShapeError, match=r"position 1 .*expects \[7\].*produces \[8\]"):
+        gs.Linear(4, 8) >> gs.identity((7,))
+    b = gs.DagBuilder((3,))
+    h = b.apply(gs.Linear(3, 5), b.input)
+    with pytest.raises(gs.GraphSpecShapeError, match=r"DAG step 1 .*\[5\] vs \[3\]"):
+        b.add(h, b.input)
+
+
+def test_conv_chain_and_residual_block() -> None:
+    cnn = gs.Conv2d(1, 4, 3, padding=1, in_hw=(6, 6)) >> gs.ReLU() >> gs.MaxPool(2) >> gs.Flatten() >> gs.Linear(36, 5)
+    assert cnn.out_shape == (5,)
+    res = gs.Linear(4, 8) >> gs.residual(gs.identity((8,)) >> gs.Linear(8, 8) >> gs.Tanh()) >> gs.Linear(8, 2)
+    low = gs.lower(res)
+    assert [n.kind for n in low.graph.nodes] == ["input", "linear", "linear", "tanh", "add", "linear"]
+    assert low.graph.nodes[4].parents == (1, 3)  # the skip (x) first, then the body
+    for g, x in ((cnn, np.random.default_rng(0).standard_normal((1, 6, 6))), (res, np.arange(4) / 3)):
+        p = gs.init_params(g)
+        lw = gs.lower(g, p)
+        assert np.array_equal(_u(denote(lw.graph, lw.payload, x, lw.output).value), _u(gs.spec(g)(p, x)))
+
+
+@pytest.mark.parametrize("test", ["graphspec.lowering_meaning", "graphspec.shape_errors", "graphspec.onnx_meaning"])
+def test_registered_tests_pass(test: str) -> None:
+    if test.endswith("onnx_meaning"):
+        pytest.importorskip("onnx")
+    fn = getattr(T, test.split(".")[1])
+    out = fn(_ctx(test))
+    assert out.status == "passed", (out.reason, out.counterexample)
+
+
+@pytest.mark.parametrize("bug", ["lower_swapped_operands", "lower_dropped_bias", "lower_transposed_weight",
+                                 "lower_shifted_params"])
+def test_planted_lowering_bugs_are_caught(bug: str) -> None:
+    out = T.lowering_meaning(_ctx("graphspec.lowering_meaning", lower=f"tests.planted.graphspec_bugs:{bug}"))
+    assert out.status == "violated", bug
+    assert "differs from spec" in out.reason and "replay" in out.counterexample
+
+
+def test_onnx_unsupported_op_fails_at_its_node() -> None:
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    from spec.ir.onnx import OnnxImportError, import_onnx
+
+    vi = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])]
+    out = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])]
+    for op, why in (("Erf", "unsupported operator 'Erf'"), ("Max", "propagates NaN")):
+        nodes = [helper.make_node("Relu", ["x"], ["a"], name="r"), helper.make_node(op, ["a", "x"], ["y"], name="bad")]
+        with pytest.raises(OnnxImportError, match=why) as exc:
+            import_onnx(helper.make_model(helper.make_graph(nodes, "g", vi, out)))
+        assert (exc.value.index, exc.value.name, exc.value.op_type) == (1, "bad", op)
+        assert str(exc.value).startswith(f"ONNX node 1 'bad' ({op})")
+    gemm = helper.make_node("Gemm", ["x", "W"], ["y"], alpha=2.0)
+    model = helper.make_model(helper.make_graph([gemm], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                            [1, 3])],
+                                                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
+                                                [onnx.numpy_helper.from_array(np.eye(3, dtype=np.float32), "W")]))
+    with pytest.raises(OnnxImportError, match="alpha=2.0 is not supported"):
+        import_onnx(model)
+
+
+def test_onnx_round_trip_of_the_doc_models() -> None:
+    pytest.importorskip("onnx")
+    from falsification.graphspec_onnx import export
+    from spec.ir.onnx import import_onnx
+
+    for g in (gs.Linear(4, 8) >> gs.ReLU() >> gs.Linear(8, 3) >> gs.Softmax(),
+              gs.Conv2d(2, 3, 3, padding=1, in_hw=(5, 5)) >> gs.ReLU() >> gs.AvgPool(2) >> gs.Flatten()
+              >> gs.Linear(12, 2)):
+        p = gs.init_params(g)
+        x = np.random.default_rng(1).standard_normal(g.in_shape).astype(np.float32)
+        imp = import_onnx(export(g, p))
+        assert np.array_equal(_u(denote(imp.graph, imp.payload, x, imp.output).value), _u(gs.spec(g)(p, x)))
+
+
+def test_host_executor_runs_and_agrees_per_node() -> None:
+    g = gs.Conv2d(1, 2, 3, padding=1, in_hw=(4, 4)) >> gs.Sigmoid() >> gs.MaxPool(2) >> gs.Flatten() \
+        >> gs.Linear(8, 4) >> gs.LayerNorm() >> gs.Softmax()
+    low = gs.lower(g)
+    x = np.random.default_rng(2).standard_normal((1, 4, 4)).astype(np.float32)
+    want = denote_all(low.graph, low.payload, x).value
+    ex = nir.run_graph(low.graph, low.payload, x, "host")
+    assert ex.device == "host" and ex.host(low.output).shape == g.out_shape
+    for n in low.graph.nodes[1:]:
+        parents = [want[p] for p in n.parents]
+        got = np.asarray(nir.run_node(n, parents, low.payload.get(n.id), "host"))
+        assert nir.agree(n, parents, low.payload.get(n.id), got, want[n.id]).all(), n
+
+
+def test_executor_refuses_an_unsupported_op_at_its_node() -> None:
+    from spec.ir.graph import GraphBuilder
+
+    b = GraphBuilder()
+    x = b.add("input", (), (2, 4))
+    b.add("rope", (x,), (2, 4))
+    graph, payload = b.build()
+    with pytest.raises(nir.ExecError, match=r"node 1 \(rope\)"):
+        nir.run_graph(graph, payload, np.zeros((2, 4), np.float32), "host")
+
+
+def _bad_relu(node, a, args, entry, device):  # noqa: ANN001, ANN202
+    xp = nir._xp(device)
+    return xp.maximum(args[0], xp.float32(-0.0))  # BUG: relu(-0) is -0 and relu(NaN) keeps the payload
+
+
+def _bad_tanh(node, a, args, entry, device):  # noqa: ANN001, ANN202
+    return nir._kernel("sigmoid", *args, device=device)  # BUG: the wrong kernel
+
+
+@pytest.mark.parametrize("op,bug", [("relu", _bad_relu), ("tanh", _bad_tanh)])
+def test_planted_executor_bugs_are_caught(monkeypatch: pytest.MonkeyPatch, op: str, bug: object) -> None:
+    monkeypatch.setitem(nir.EXECUTORS, op, bug)
+    out = T.executor_agreement(_ctx("graphspec.executor_agreement", seed=3))
+    assert out.status == "violated" and out.counterexample["op"] == op, out.reason
+
+
+def test_ulp_bounds_are_the_elementwise_contracts() -> None:
+    doc = YAML(typ="safe").load((CONTRACTS / "float32-elementwise-v1.yaml").read_text())
+    stated = {it["params"]["op"]: it.get("tolerance") for it in doc["falsification"]
+              if it.get("test") == "elementwise.max_ulp" and "tolerance" in it}
+    for op, ulps in nir.ULP_BOUNDS.items():
+        if op in stated:
+            assert stated[op] == ulps, op
+    assert {"exp", "tanh"} <= set(stated)
+
+
+@cuda
+@needs_cuda
+def test_cuda_executor_agrees_with_the_denotation() -> None:
+    out = T.executor_agreement(_ctx("graphspec.executor_agreement", device="cuda", seed=5))
+    assert out.status == "passed", (out.reason, out.counterexample)
+
+
+@cuda
+@needs_cuda
+def test_cuda_executor_runs_the_doc_models() -> None:
+    g = gs.Linear(4, 8) >> gs.ReLU() >> gs.Linear(8, 3)
+    low = gs.lower(g)
+    x = np.linspace(-1, 1, 4, dtype=np.float32)
+    ex = nir.run_graph(low.graph, low.payload, x, "cuda")
+    assert ex.device == "cuda"
+    want = denote(low.graph, low.payload, x, low.output).value
+    assert np.allclose(ex.host(low.output), want, rtol=1e-5, atol=1e-6)

@@ -2,7 +2,8 @@
 
 Registered names and their ``params`` (``variant`` plants a bug; the project's tests use it):
 
-* ``ir.rewrite_preserves`` {rewrite} -- Hypothesis draws graphs (:func:`falsification.ir_strategies.graph_cases`);
+* ``ir.rewrite_preserves`` {rewrite, templates} -- Hypothesis draws graphs
+  (:func:`falsification.ir_strategies.graph_cases` over ``REWRITE_TEMPLATES`` unless given);
   the rewrite's output must be well formed, shape-checked, payload-checked, and denote every mapped node
   bit for bit as the input graph does. A failure is shrunk to a minimal graph, printed in its text form.
 * ``ir.generated_graphs`` {} -- every drawn graph passes the three checks, denotes without error, round-trips
@@ -12,7 +13,8 @@ Registered names and their ``params`` (``variant`` plants a bug; the project's t
 * ``ir.checker_enum`` {max_nodes, ssa_nodes} -- bounded exhaustive checker soundness: every graph of up to
   ``max_nodes`` nodes over {input, const, add, relu, sum, reshape}, parents drawn from {-1, ..., max_nodes}
   (so forward, self and out-of-bounds parents), parent counts 0..2 and declared shapes from {[], [2], [1, 2]},
-  and every graph of exactly ``ssa_nodes`` nodes whose 0..2 parents are earlier ids:
+  every graph of exactly ``ssa_nodes`` nodes whose 0..2 parents are earlier ids, and every graph of 1..2
+  nodes with earlier parents and one node's id shifted by -1, +1 or +2:
   the checks accept it iff an independent oracle (a NumPy evaluator with its own shape rules, written here)
   finds no defect, and every accepted graph denotes without error with values of the declared shapes.
 * ``ir.planted_defects`` {max_nodes} -- into every accepted SSA graph of ``max_nodes`` nodes plant, at every
@@ -45,7 +47,7 @@ from spec.ir.jsonform import from_json, to_json
 
 __all__ = ["enumerate_graphs", "oracle_defect", "rewrite_failure", "generated_failure", "PLANTS"]
 
-_BUDGET = {"quick": 60, "full": 400}
+_BUDGET = {"quick": 100, "full": 500}
 
 
 def _settings(max_examples: int) -> settings:
@@ -63,7 +65,10 @@ def rewrite_failure(name: str, case: GraphCase) -> str | None:
     before = denote_all(case.graph, case.payload, case.inputs)
     if not isinstance(before, Ok):
         return f"the input graph does not denote: {before}"
-    out = rw.REWRITES[name](case.graph, case.payload)
+    try:
+        out = rw.REWRITES[name](case.graph, case.payload)
+    except Exception as e:  # a crashing rewrite fails the claim, with its message
+        return f"the rewrite raised {type(e).__name__}: {e}"
     errs = check_inferred_shapes(out.graph) or check_payload(out.graph, out.payload)
     if errs:
         return f"rewritten graph fails its checks: {errs[0]}\n{out.graph}"
@@ -129,15 +134,24 @@ def generated_failure(case: GraphCase, seed: int = 0) -> str | None:
     return None
 
 
-def _hypothesis(ctx: FalsifyContext, why: Callable[[GraphCase], str | None], max_nodes: int) -> tuple[Any, int]:
+# The templates the rewrite tests draw from: the structural ops the rewrites look at, plus a few others.
+REWRITE_TEMPLATES: tuple[str, ...] = ("relu", "add", "const", "reshape", "flatten", "transpose", "slice",
+                                      "broadcastTo", "sum", "linear", "reduceSum", "concat", "neg", "mul_elem",
+                                      "random", "softmax")
+
+
+def _hypothesis(ctx: FalsifyContext, why: Callable[[GraphCase], str | None], max_nodes: int,
+                templates: tuple[str, ...] | None = None) -> tuple[Any, int]:
     calls = [0]
+    strategy = graph_cases(max_nodes=max_nodes) if templates is None else graph_cases(max_nodes=max_nodes,
+                                                                                      templates=templates)
 
     def bad(case: GraphCase) -> bool:
         calls[0] += 1
         return why(case) is not None
 
     try:
-        case = find(graph_cases(max_nodes=max_nodes), bad, settings=_settings(_BUDGET[ctx.profile]),
+        case = find(strategy, bad, settings=_settings(_BUDGET[ctx.profile]),
                     random=random.Random(ctx.seed))
     except NoSuchExample:
         case = None
@@ -156,7 +170,9 @@ def rewrite_preserves(ctx: FalsifyContext) -> Outcome:
     if name not in rw.REWRITES:
         return error(f"params.rewrite must be one of {sorted(rw.REWRITES)}")
     t0 = time.perf_counter()
-    case, calls = _hypothesis(ctx, lambda c: rewrite_failure(name, c), int(ctx.params.get("max_nodes", 6)))
+    templates = tuple(ctx.params.get("templates", REWRITE_TEMPLATES))
+    case, calls = _hypothesis(ctx, lambda c: rewrite_failure(name, c), int(ctx.params.get("max_nodes", 6)),
+                              templates)
     ev = {"rewrite": name, "seed": ctx.seed, "profile": ctx.profile, "seconds": round(time.perf_counter() - t0, 3)}
     if case is None:
         return passed(cases=calls, **ev)
@@ -203,7 +219,8 @@ def _choices(parents: range) -> list[tuple[str, tuple[int, ...], tuple[int, ...]
 
 def enumerate_graphs(max_nodes: int, ssa_nodes: int = 0) -> Iterator[Graph]:
     """(a) every graph of 1..max_nodes nodes over ENUM_OPS and ENUM_SHAPES with 0-2 parents from
-    {-1..max_nodes}; (b) every graph of exactly ssa_nodes nodes with 0-2 parents among the earlier ids."""
+    {-1..max_nodes}; (b) every graph of exactly ssa_nodes nodes with 0-2 parents among the earlier ids;
+    (c) every graph of 1..2 nodes with earlier parents and one id shifted by -1, +1 or +2."""
     per_node = _choices(range(-1, max_nodes + 1))
     for n in range(1, max_nodes + 1):
         for combo in itertools.product(per_node, repeat=n):
@@ -211,6 +228,12 @@ def enumerate_graphs(max_nodes: int, ssa_nodes: int = 0) -> Iterator[Graph]:
     if ssa_nodes > max_nodes:
         for combo in itertools.product(*(_choices(range(i)) for i in range(ssa_nodes))):
             yield Graph(tuple(_node(i, op, ps, s) for i, (op, ps, s) in enumerate(combo)))
+    # (c) id/index mismatches: every SSA graph of 1..2 nodes with one node's id shifted by -1, +1 or +2
+    for n in (1, 2):
+        for combo in itertools.product(*(_choices(range(i)) for i in range(n))):
+            base = [_node(i, op, ps, s) for i, (op, ps, s) in enumerate(combo)]
+            for k, shift in itertools.product(range(n), (-1, 1, 2)):
+                yield Graph(tuple(nd.replace(id=nd.id + shift) if i == k else nd for i, nd in enumerate(base)))
 
 
 _ORACLE_ARITY = {"input": 0, "const": 0, "add": 2, "relu": 1, "sum": 1, "reshape": 1}

@@ -1,0 +1,328 @@
+"""The graph IR (spec/ir): checks, denotation, JSON form, rewrites, shape rules, and planted bugs caught."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from falsification import ir_tests as T
+from falsification.registry import FalsifyContext
+from obligations.check import check_contract
+from obligations.core.symbolic import select, smax
+from spec import rng as srng
+from spec.ir import ops, rewrites
+from spec.ir.checks import ERROR_KINDS, check_inferred_shapes, check_payload, check_shapes, check_well_formed, checklist
+from spec.ir.denote import EVALUATORS, Ok, denote, denote_all
+from spec.ir.graph import Graph, GraphBuilder, Node, Payload
+from spec.ir.jsonform import from_json, load, schema, to_json
+
+ROOT = Path(__file__).resolve().parent.parent
+CONTRACT = ROOT / "contracts" / "graph-ir-v1.yaml"
+ISSUE_OPS = ("input const reshape flatten concat permute add sub mul_elem sqrt inv maxElem minElem broadcastTo "
+             "reduceSum reduceMean sum linear conv2d relu tanh sigmoid softmax layernorm randUniform bernoulliMask "
+             "matmul bmm silu gelu neg div pow rsqrt sin cos rmsnorm pool expand slice transpose embedding "
+             "rope").split()
+
+
+def _example() -> tuple[Graph, Payload]:
+    b = GraphBuilder()
+    x = b.add("input", (), (2,))
+    c = b.add("const", (), (2,), params={"value": [0.25, 0.25]})
+    b.add("add", (x, c), (2,))
+    return b.build()
+
+
+def _ctx(name: str, profile: str = "quick", **params: object) -> FalsifyContext:
+    return FalsifyContext("host", profile, 0, {"id": "X", "test": name, "params": params})
+
+
+# -- registry ---------------------------------------------------------------------------------------------
+
+
+def test_every_issue_op_is_registered_with_rule_and_evaluator():
+    for name in ISSUE_OPS:
+        op = ops.get_op(name)
+        assert op is not None, name
+        assert callable(op.shape_rule) and op.meaning, name
+        assert name in EVALUATORS, name
+    assert set(EVALUATORS) == set(ops.OPS)
+
+
+def test_max_elem_and_reduction_max_state_their_nan_rules():
+    assert "NaN operand is dropped" in ops.OPS["maxElem"].meaning
+    assert "NaN propagates" in ops.OPS["pool"].meaning
+    b = GraphBuilder()
+    x = b.add("input", (), (2,))
+    y = b.add("input", (), (2,))
+    b.add("maxElem", (x, y), (2,))
+    g, p = b.build()
+    nan = np.float32("nan")
+    res = denote(g, p, [np.array([nan, 1], np.float32), np.array([2, nan], np.float32)])
+    assert res.value.tolist() == [2.0, 1.0]
+
+
+# -- golden examples ---------------------------------------------------------------------------------------
+
+
+def test_seed_worked_example_bits():
+    g, p = _example()
+    assert check_well_formed(g) == [] and check_shapes(g) == [] and check_inferred_shapes(g) == []
+    res = denote_all(g, p, np.array([0.6, -0.2], np.float32))
+    assert [hex(v) for v in res.value[2].view(np.uint32)] == ["0x3f59999a", "0x3d4ccccc"]
+    assert check_shapes is check_inferred_shapes
+    assert T.worked_examples(_ctx("ir.worked_examples")).status.value == "passed"
+
+
+def test_denote_is_entry_of_denote_all_and_errors_are_values():
+    g, p = _example()
+    x = np.array([1, 2], np.float32)
+    assert np.array_equal(denote(g, p, x, 1).value, denote_all(g, p, x).value[1])
+    assert denote(g, p, x, 7).kind == "output"
+    assert denote(g, p.without(1), x).kind == "missing-payload" and denote(g, p.without(1), x).node == 1
+    bad_in = denote(g, p, np.zeros(3, np.float32))
+    assert bad_in.kind == "input" and bad_in.node == 0
+    ill = Graph((g[0], g[1], g[2].replace(parents=(0, 2))))
+    err = denote_all(ill, p, x)
+    assert not isinstance(err, Ok) and err.kind == "forward-parent" and err.node == 2
+
+
+# -- checks, each error naming node, op and shapes -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("mutate, kind", [
+    (lambda n: n.replace(parents=(0, 2)), "forward-parent"),
+    (lambda n: n.replace(parents=(0, 9)), "parent-out-of-bounds"),
+    (lambda n: n.replace(parents=(0, -1)), "parent-out-of-bounds"),
+    (lambda n: n.replace(parents=(0,)), "arity"),
+    (lambda n: n.replace(id=5), "id-mismatch"),
+    (lambda n: n.replace(out_shape=(3,)), "shape-mismatch"),
+    (lambda n: n.replace(kind="frobnicate"), "unknown-op"),
+    (lambda n: n.replace(attrs={"axis": 0}), "attr"),
+])
+def test_each_defect_is_reported_at_its_node(mutate, kind):
+    g, _ = _example()
+    bad = Graph((g[0], g[1], mutate(g[2])))
+    errs = check_inferred_shapes(bad)
+    assert errs and errs[0].kind == kind and errs[0].node == 2, errs
+    assert kind in ERROR_KINDS
+    assert "node 2" in str(errs[0])
+
+
+def test_shape_errors_name_both_shapes():
+    b = GraphBuilder()
+    x = b.add("input", (), (2,))
+    y = b.add("input", (), (3,))
+    b.add("add", (x, y), (2,))
+    g, _ = b.build()
+    err = check_shapes(g)[0]
+    assert err.kind == "shape-rule" and err.op == "add" and err.parent_shapes == ((2,), (3,))
+    assert "[2]" in str(err) and "[3]" in str(err)
+    g2 = Graph((g[0], g[0].replace(id=1), g[2].replace(out_shape=(3,))))
+    mis = check_shapes(g2)[0]
+    assert (mis.declared, mis.inferred) == ((3,), (2,)) and "declared [3]" in str(mis) and "inferred [2]" in str(mis)
+
+
+def test_first_error_is_the_lowest_node():
+    g, _ = _example()
+    bad = Graph((g[0], g[1].replace(id=4), g[2].replace(parents=(0, 2))))
+    errs = check_well_formed(bad)
+    assert [e.node for e in errs] == [1, 2]
+
+
+def test_payload_checklist():
+    g, p = _example()
+    assert checklist(g, p.without(1), 2)["payload"][0].kind == "missing-payload"
+    assert checklist(g, p.with_entry(1, value=np.zeros(3)), 2)["payload"][0].kind == "payload-shape"
+    assert checklist(g, p, 9)["output"][0].kind == "output"
+    lin = GraphBuilder()
+    x = lin.add("input", (), (3,))
+    lin.add("linear", (x,), (2,), params={"weight": np.zeros((2, 4)), "bias": np.zeros(2)}, out_features=2)
+    g2, p2 = lin.build()
+    assert check_payload(g2, p2)[0].kind == "payload-shape"
+    assert check_well_formed(Graph((g2[0], g2[1].replace(parents=(0, 0)))))[0].kind == "arity"
+
+
+# -- randomness is explicit and replayable ------------------------------------------------------------------
+
+
+def test_random_nodes_are_splitmix64_and_pure():
+    b = GraphBuilder()
+    b.add("randUniform", (), (2, 3), seed=7, counter=1)
+    g, p = b.build()
+    first = denote(g, p, []).value
+    np.random.seed(123)
+    random.seed(5)
+    assert np.array_equal(first.view(np.uint32), denote(g, p, []).value.view(np.uint32))
+    want = srng.uniform_reference(srng.bits_reference(7, 1, 6)).reshape(2, 3)
+    assert np.array_equal(first.view(np.uint32), want)
+    other = Graph((g[0].replace(attrs={"seed": 8, "counter": 1}),))
+    assert not np.array_equal(first, denote(other, p, []).value)
+
+
+# -- JSON form -----------------------------------------------------------------------------------------------
+
+
+def test_json_round_trip_and_node_level_errors(tmp_path):
+    g, p = _example()
+    doc = to_json(g, p, [np.array([np.nan, 1], np.float32)], 2)
+    back = from_json(json.loads(json.dumps(doc)))
+    assert back.ok and back.graph == g and back.payload == p and back.output == 2
+    assert np.isnan(back.inputs[0][0])
+    doc["nodes"][1]["attrs"] = {"w": [[1.0, 2.0]]}  # a tensor in an attribute
+    doc["nodes"][2]["parents"] = "0"
+    errs = from_json(doc).errors
+    assert any(e.startswith("node 1") for e in errs) and any(e.startswith("node 2") for e in errs)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{\n  nope")
+    assert ":2:" in load(bad).errors[0]
+    assert schema()["properties"]["format"]["const"] == "kc-graph-ir"
+
+
+# -- rewrites ------------------------------------------------------------------------------------------------
+
+
+def _rewrite_graph() -> tuple[Graph, Payload, np.ndarray]:
+    b = GraphBuilder()
+    x = b.add("input", (), (2, 3))
+    c1 = b.add("const", (), (3,), params={"value": [1e8, 1, -1e8]})
+    s = b.add("sum", (c1,), ())
+    b.add("relu", (x,), (2, 3))  # dead
+    r = b.add("reshape", (x,), (6,), shape=(6,))
+    r2 = b.add("reshape", (r,), (3, 2), shape=(3, 2))
+    t = b.add("transpose", (r2,), (2, 3), dim0=0, dim1=1)
+    sb = b.add("broadcastTo", (s,), (2, 3), shape=(2, 3))
+    b.add("add", (t, sb), (2, 3))
+    g, p = b.build()
+    return g, p, np.arange(6, dtype=np.float32).reshape(2, 3)
+
+
+@pytest.mark.parametrize("name", sorted(rewrites.REWRITES))
+def test_rewrites_preserve_denotation(name):
+    g, p, x = _rewrite_graph()
+    out = rewrites.REWRITES[name](g, p)
+    assert check_inferred_shapes(out.graph) == [] and check_payload(out.graph, out.payload) == []
+    before, after = denote_all(g, p, x).value, denote_all(out.graph, out.payload, x).value
+    for o, n in out.mapping.items():
+        assert np.array_equal(before[o].view(np.uint32), after[n].view(np.uint32)), (name, o)
+    assert T.rewrite_failure(name, T.GraphCase(g, p, (x,))) is None
+
+
+def test_simplify_shrinks():
+    g, p, x = _rewrite_graph()
+    out = rewrites.simplify(g, p)
+    assert len(out.graph) < len(g)
+    assert [n.kind for n in out.graph] == ["input", "reshape", "transpose", "const", "add"]
+
+
+def test_planted_reshape_folding_bug_is_caught(monkeypatch):
+    monkeypatch.setattr(rewrites, "RESHAPE_LIKE", ("reshape", "flatten", "transpose"))
+    out = T.rewrite_preserves(_ctx("ir.rewrite_preserves", "full", rewrite="reshape-folding"))
+    assert out.status.value == "violated" and "node" in out.counterexample["graph"]
+
+
+def test_planted_dead_node_bug_is_caught(monkeypatch):
+    monkeypatch.setattr(rewrites, "_live", lambda g, outs: set(outs) | set(g.input_ids()))
+    g, p, x = _rewrite_graph()
+    assert T.rewrite_failure("dead-node-elimination", T.GraphCase(g, p, (x,))) is not None
+    out = T.rewrite_preserves(_ctx("ir.rewrite_preserves", rewrite="dead-node-elimination"))
+    assert out.status.value == "violated"
+
+
+def test_planted_constant_folding_bug_is_caught(monkeypatch):
+    real = rewrites._fold_value
+
+    def float64_sum(graph, payload, values, node):
+        if node.kind == "sum":  # folds in float64 instead of the binary32 left fold
+            v = values[node.parents[0]].view(np.float32).astype(np.float64).sum()
+            return np.array(v, dtype=np.float32).view(np.uint32)
+        return real(graph, payload, values, node)
+
+    monkeypatch.setattr(rewrites, "_fold_value", float64_sum)
+    g, p, x = _rewrite_graph()
+    why = T.rewrite_failure("constant-folding", T.GraphCase(g, p, (x,)))
+    assert why is not None and "changes value" in why
+
+
+# -- checker soundness: the enumeration and its planted bugs ------------------------------------------------
+
+
+def test_checker_enumeration_small():
+    counts, cex = T.checker_enum_run(1, 2)
+    assert cex is None and counts["accepted"] > 0 and counts["rejected"] > 0
+
+
+@pytest.mark.parametrize("dropped", ["forward-parent", "parent-out-of-bounds", "arity", "id-mismatch",
+                                     "shape-mismatch"])
+def test_planted_checker_bugs_are_caught(dropped):
+    def buggy(g):
+        return [e for e in check_inferred_shapes(g) if e.kind != dropped]
+
+    counts, cex = T.checker_enum_run(2, 3, accepts=lambda g: not buggy(g))
+    assert cex is not None and "oracle finds a defect" in cex["why"], dropped
+    counts, miss = T.planted_run(3, check=buggy)
+    assert miss is not None, dropped
+
+
+# -- shape rules: the contract's proofs catch planted arithmetic bugs ----------------------------------------
+
+
+def _items(ids: list[str]) -> dict[str, dict]:
+    return {it["id"]: it for it in check_contract(CONTRACT, only=ids, device="host")["items"]}
+
+
+def test_planted_conv_rule_bug_is_caught(monkeypatch):
+    real = ops.conv_plan
+
+    def off_by_one(size, kernel, stride, padding, dilation):
+        plan = real(size, kernel, stride, padding, dilation)
+        return {**plan, "out": plan["out"] + select(plan["valid"], 1, 0)}
+
+    monkeypatch.setattr(ops, "conv_plan", off_by_one)
+    items = _items(["IR-SHAPE-conv-z3", "IR-SHAPE-conv-enum"])
+    assert {v["status"] for v in items.values()} == {"violated"}
+
+
+def test_planted_slice_rule_bug_is_caught(monkeypatch):
+    def floor_len(dim, start, stop, step):
+        valid = (start >= 0) & (start <= stop) & (stop <= dim) & (step >= 1)
+        out = select(valid, smax(stop - start, 0) // smax(step, 1), 0)
+        return {"valid": valid, "out": out, "index": lambda j: start + j * step}
+
+    monkeypatch.setattr(ops, "slice_plan", floor_len)
+    assert {v["status"] for v in _items(["IR-SHAPE-slice-z3", "IR-SHAPE-slice-enum"]).values()} == {"violated"}
+
+
+def test_planted_numel_overflow_is_caught(monkeypatch):
+    monkeypatch.setattr(ops, "_mul_sat", lambda acc, d: select(acc * d <= ops.MAX_NUMEL, acc * d,
+                                                               ops.MAX_NUMEL + 1))
+    assert _items(["IR-SHAPE-reshape-z3"])["IR-SHAPE-reshape-z3"]["status"] == "violated"
+
+
+def test_planted_broadcast_rule_bug_is_caught(monkeypatch):
+    def loose(src, dst):
+        return {"ok": (src >= 0) & (dst >= 0), "out": dst, "source": lambda j: select(src == 1, 0, j)}
+
+    monkeypatch.setattr(ops, "broadcast_plan", loose)
+    assert _items(["IR-SHAPE-broadcast-z3"])["IR-SHAPE-broadcast-z3"]["status"] == "violated"
+
+
+def test_shape_rules_use_the_proved_plans():
+    b = GraphBuilder()
+    x = b.add("input", (), (1, 5, 5))
+    b.add("pool", (x,), (1, 2, 2), kernel=(2, 2), stride=(2, 2))
+    g, _ = b.build()
+    assert check_shapes(g) == []
+    assert check_shapes(Graph((g[0], g[1].replace(attrs={"kernel": (2, 2), "stride": (2, 2), "padding": (2, 2)}))))
+    assert ops.conv_plan(5, 3, 2, 1, 1)["out"] == 3 and ops.slice_plan(10, 1, 8, 3)["out"] == 3
+    assert ops.numel(1 << 30, 1 << 30, 0) == ops.MAX_NUMEL + 1  # saturates on a prefix product
+
+
+def test_nodes_hold_no_tensors_or_callables():
+    with pytest.raises(TypeError):
+        Node(0, (), "const", (2,), {"value": np.zeros((2, 2))})
+    with pytest.raises(TypeError):
+        Node(0, (), "const", (2,), {"f": len})

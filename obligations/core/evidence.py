@@ -28,6 +28,7 @@ __all__ = [
     "MeasureEvidence",
     "SweepEvidence",
     "AssumeEvidence",
+    "AuditEvidence",
 ]
 
 # Version of the result JSON: 2 adds ``kind`` to every item's evidence.
@@ -187,3 +188,18 @@ class AssumeEvidence(Evidence):
 
     kind: ClassVar[str] = "assume"
     assumption: str | None = None
+
+
+@register_evidence
+@dataclass(frozen=True)
+class AuditEvidence(Evidence):
+    """A compiled-code audit: builds compiled to PTX, rules applied per build, findings."""
+
+    kind: ClassVar[str] = "audit"
+    cases: int | None = None
+    family: str | None = None
+    nvrtc: str | None = None
+    arch: str | None = None
+    rules_applied: Mapping[str, int] | None = None
+    findings: int | None = None
+    audit_seconds: float | None = None

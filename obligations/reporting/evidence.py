@@ -225,6 +225,17 @@ def _timings(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
     return facts, keys
 
 
+def _audit(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
+    facts = [Fact("Builds compiled to PTX", f"{_num(ev['cases'])} ({ev.get('family')}, NVRTC {ev.get('nvrtc')}, "
+                                            f"{ev.get('arch')})")]
+    rules = ev.get("rules_applied") or {}
+    facts.append(Fact("Rules applied (builds each)", ", ".join(f"{k}: {_num(v)}" for k, v in sorted(rules.items()))))
+    facts.append(Fact("Findings", _num(ev.get("findings", 0))))
+    if "audit_seconds" in ev:
+        facts.append(Fact("Audit time", f"{float(ev['audit_seconds']):.3g} s"))
+    return facts, {"cases", "family", "nvrtc", "arch", "rules_applied", "findings", "audit_seconds"}
+
+
 def _traceback(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
     return [Fact("Traceback", str(ev["traceback"]).rstrip(), block=True)], {"traceback"}
 
@@ -247,6 +258,7 @@ for _r in (
         _error_bound,
     ),
     EvidenceRenderer("timings", _TESTS, lambda ev: isinstance(ev.get("timings_ms"), Mapping), _timings),
+    EvidenceRenderer("audit", ("audit",), lambda ev: "cases" in ev, _audit),
     EvidenceRenderer("traceback", (), lambda ev: isinstance(ev.get("traceback"), str), _traceback),
 ):
     register_evidence_renderer(_r)

@@ -1,0 +1,137 @@
+"""Every CUDA build the shipped entry points can launch: source, compile route and what it promises.
+
+A :class:`Build` is one (source, function, route) the runtime compiles, with the facts the compiled code
+must honour: whether the kernel is declared approximate (libdevice transcendentals), whether its source
+asks for a fused multiply-add, and the index width its launch plan proved. Each family registers an
+enumerator of its builds; :func:`all_builds` lists them for the compiled-code audit, which runs on a CPU
+(PTX from NVRTC) and reads the promises from here, never from the options we think we passed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+__all__ = ["Build", "Promise", "PROMISES", "register_builds", "all_builds", "families"]
+
+
+@dataclass(frozen=True)
+class Promise:
+    """What a compile route promises about the compiled code, stated apart from the flags that realise it.
+
+    The audit reads these, and compiles with the route's actual options: a route whose flags drift from
+    its promise (``-fmad=true`` under a route that promises no contraction) is caught in its PTX.
+    """
+
+    keeps_subnormals: bool
+    contracts: bool
+    approximates: bool
+
+
+PROMISES: dict[str, Promise] = {
+    "nvrtc-ieee": Promise(keeps_subnormals=True, contracts=False, approximates=False),
+    "nvrtc-fmad": Promise(keeps_subnormals=True, contracts=True, approximates=False),
+    "nvrtc-ftz": Promise(keeps_subnormals=False, contracts=False, approximates=False),
+    "nvrtc-fast-math": Promise(keeps_subnormals=False, contracts=True, approximates=True),
+    "cupy-stock": Promise(keeps_subnormals=False, contracts=True, approximates=False),
+}
+
+
+@dataclass(frozen=True)
+class Build:
+    """One compiled kernel: its family, a unique name, CUDA source, function, route and promises."""
+
+    family: str
+    name: str
+    source: str
+    function: str
+    route: str
+    approximate: bool = False  # declared approximate: libdevice ex2/lg2.approx and internal fma allowed
+    fused: bool = False  # the source itself asks for a fused multiply-add (fmaf, __fmaf_rn)
+    index_bits: int | None = None  # the index width the launch plan proved (None: no grid-stride index)
+
+
+_ENUMERATORS: dict[str, Callable[[], Iterator[Build]]] = {}
+
+
+def register_builds(family: str) -> Callable[[Callable[[], Iterator[Build]]], Callable[[], Iterator[Build]]]:
+    """Decorator: register the enumerator of ``family``'s builds."""
+
+    def deco(fn: Callable[[], Iterator[Build]]) -> Callable[[], Iterator[Build]]:
+        if family in _ENUMERATORS:
+            raise ValueError(f"builds of family {family!r} registered twice")
+        _ENUMERATORS[family] = fn
+        return fn
+
+    return deco
+
+
+def families() -> list[str]:
+    """Families with registered builds."""
+    return sorted(_ENUMERATORS)
+
+
+def all_builds(family: str | None = None) -> list[Build]:
+    """The builds of ``family`` (or of every family), in a stable order."""
+    names = [family] if family is not None else families()
+    return [b for f in names for b in _ENUMERATORS[f]()]
+
+
+def _asks_fused(source: str) -> bool:
+    return any(f in source for f in ("fmaf(", "__fmaf_r", "__fma_r", "fma("))
+
+
+_LIBM = re.compile(r"\b(expf|logf|tanhf|sinf|cosf|powf|exp2f|log2f|erff)\(")
+
+
+def _elementwise_approximate(kind: str, source: str) -> bool:
+    """Declared approximate: an "approx" kernel, or a tolerance-checked backward rule built on libm calls."""
+    return kind == "approx" or (kind == "backward" and bool(_LIBM.search(source)))
+
+
+# Routes an entry point offers for elementwise kernels (native.elementwise.apply's ``route``); the stock
+# CuPy route has no NVRTC options of ours to audit and is covered by its own contract item.
+ELEMENTWISE_ROUTES = ("nvrtc-ieee", "nvrtc-fmad", "nvrtc-ftz", "nvrtc-fast-math")
+
+
+@register_builds("elementwise")
+def _elementwise() -> Iterator[Build]:
+    from native import elementwise as ew
+
+    for name in sorted(ew.KERNELS):
+        k = ew.get_kernel(name)
+        src, fn = ew.kernel_source(name)
+        bits = ew.kernel_plan(name, 1)["index_bits"]
+        for route in ELEMENTWISE_ROUTES:
+            yield Build("elementwise", f"{name}@{route}", src, fn, route,
+                        approximate=_elementwise_approximate(k.kind, src),
+                        fused=_asks_fused(src), index_bits=bits)
+
+
+@register_builds("reductions")
+def _reductions() -> Iterator[Build]:
+    from native import reductions as red
+
+    for order in sorted(red.TREE_ORDERS):
+        for kind in ("tree", "atomic"):
+            src, fn = red.tree_source(kind, red.TREE_ORDERS[order])
+            yield Build("reductions", f"{kind}-{order}", src, fn, red.ROUTE, fused=_asks_fused(src))
+
+
+@register_builds("rng")
+def _rng() -> Iterator[Build]:
+    from native import rng
+
+    src, fn = rng.kernel_source()
+    yield Build("rng", "default", src, fn, rng.ROUTE, fused=_asks_fused(src))
+
+
+@register_builds("transfer")
+def _transfer() -> Iterator[Build]:
+    from native import transfer
+    from spec.transfer import TARGETS
+
+    for target in sorted(TARGETS):
+        src, fn = transfer.kernel_source(target)
+        yield Build("transfer", target, src, fn, transfer.ROUTE, fused=_asks_fused(src))

@@ -1,0 +1,121 @@
+"""The compiled-code audit: shipped builds are clean, and each rule catches a planted build on the CPU."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from native import elementwise as ew
+from native import nvrtc as routes
+from native.builds import PROMISES, Build, all_builds, families
+from obligations.contract import load_contract
+from obligations.engines import Job, get_engine
+
+ptx = pytest.importorskip("native.ptx")
+try:
+    ptx.nvrtc_version()
+except ptx.PtxUnavailable as exc:  # pragma: no cover - CI installs the audit extra
+    pytest.skip(str(exc), allow_module_level=True)
+
+from obligations.audit import RULES, audit_build, instructions  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _elementwise(name: str, variant: str | None = None, **changes) -> Build:
+    src, fn = ew.kernel_source(name, variant)
+    return dataclasses.replace(Build("elementwise", f"{name}-planted", src, fn, "nvrtc-ieee", index_bits=64),
+                               **changes)
+
+
+def _rules_broken(build: Build) -> set[str]:
+    return {f.rule for f in audit_build(build)[1]}
+
+
+def test_every_shipped_build_keeps_its_routes_promise():
+    builds = all_builds()
+    assert {b.family for b in builds} == set(families()) >= {"elementwise", "reductions", "rng", "transfer"}
+    findings = [f for b in builds for f in audit_build(b)[1]]
+    assert not findings, [f.to_json() for f in findings[:3]]
+
+
+def test_every_route_states_its_promise():
+    assert set(routes.ROUTES) <= set(PROMISES)
+
+
+def test_planted_int32_index_under_an_int64_plan_is_caught():
+    # The source's index type came from the template default, not from the plan that Z3 proved.
+    assert _rules_broken(_elementwise("add", "wrap32", index_bits=64)) == {"index-64"}
+    assert _rules_broken(_elementwise("add", "wrap32", index_bits=32)) == set()
+
+
+def test_planted_approximate_division_in_an_exact_kernel_is_caught():
+    src, fn = ew.kernel_source("div")
+    planted = _elementwise("div", source=src.replace("r = a / b;", "r = __fdividef(a, b);"))
+    assert "__fdividef" in planted.source
+    assert "no-approx" in _rules_broken(planted)
+
+
+def test_planted_route_drift_to_contraction_is_caught(monkeypatch):
+    """The nvrtc-ieee route compiled with -fmad=true: the elementwise contract's audit item fails."""
+    drifted = dataclasses.replace(routes.ROUTES["nvrtc-ieee"], flags=routes.CompileFlags(ftz=False, fmad=True))
+    monkeypatch.setitem(routes.ROUTES, "nvrtc-ieee", drifted)
+    broken = {f.build: f.rule for b in all_builds("elementwise") for f in audit_build(b)[1]}
+    # muladd is a*b+c in plain source (axpy pins its product with __fmul_rn and stays clean).
+    assert broken == {"muladd@nvrtc-ieee": "no-contraction"}, broken
+
+
+def test_planted_route_drift_to_flushing_is_caught(monkeypatch):
+    drifted = dataclasses.replace(routes.ROUTES["nvrtc-ieee"], flags=routes.CompileFlags(ftz=True, fmad=False))
+    monkeypatch.setitem(routes.ROUTES, "nvrtc-ieee", drifted)
+    assert "no-ftz" in _rules_broken(_elementwise("add"))
+
+
+def test_each_rule_is_caught_by_some_planted_build():
+    div_src = ew.kernel_source("div")[0]
+    planted = {
+        "index-64": _elementwise("add", "wrap32"),
+        "no-approx": _elementwise("div", source=div_src.replace("r = a / b;", "r = __fdividef(a, b);")),
+        # Compiled by the fmad/ftz routes (their options) but claimed as nvrtc-ieee builds (its promise).
+        "no-contraction": _elementwise("muladd", route="nvrtc-fmad"),
+        "no-ftz": _elementwise("add", route="nvrtc-ftz"),
+    }
+    assert set(planted) == set(RULES)
+    for rule, build in planted.items():
+        options = routes.get_route(build.route).flags.options()
+        insns = instructions(ptx.compile_ptx(build.source, options))
+        claimed = dataclasses.replace(build, route="nvrtc-ieee")
+        rule_obj = RULES[rule]
+        assert rule_obj.applies(claimed, routes.get_route("nvrtc-ieee")), rule
+        assert any(rule_obj.breaks(op, claimed) for _, op, _ in insns), rule
+
+
+def test_instructions_strip_predicates_and_skip_directives():
+    text = ".version 9.0\n//c\n$L__BB0_1:\n\t@%p1 bra $L__BB0_2;\n\tadd.rn.f32 \t%f3, %f2, %f1;\n}"
+    assert [op for _, op, _ in instructions(text)] == ["bra", "add.rn.f32"]
+
+
+def test_audit_engine_reports_findings_as_a_violation_with_ptx_lines(monkeypatch, tmp_path):
+    contract = load_contract(ROOT / "contracts" / "reductions-v1.yaml", check=False)
+    item = {"id": "AUDIT", "kind": "obligation", "method": "audit", "params": {"family": "elementwise"}}
+    clean = get_engine("audit").discharge(Job(contract, item))
+    assert clean.status.value == "passed" and clean.evidence.cases == len(all_builds("elementwise"))
+    assert clean.evidence.rules_applied["index-64"] > 0
+    drifted = dataclasses.replace(routes.ROUTES["nvrtc-ieee"], flags=routes.CompileFlags(ftz=False, fmad=True))
+    monkeypatch.setitem(routes.ROUTES, "nvrtc-ieee", drifted)
+    out = get_engine("audit").discharge(Job(contract, item))
+    assert out.status.value == "violated"
+    first = out.counterexample["findings"][0]
+    assert first["rule"] == "no-contraction" and any("fma.rn.f32" in line for line in first["ptx"])
+
+
+def test_audit_without_nvrtc_is_skipped_not_passed(monkeypatch):
+    monkeypatch.setattr(ptx, "nvrtc_version", lambda: (_ for _ in ()).throw(ptx.PtxUnavailable("no NVRTC")))
+    import obligations.audit as audit
+
+    monkeypatch.setattr(audit, "nvrtc_version", ptx.nvrtc_version)
+    contract = load_contract(ROOT / "contracts" / "reductions-v1.yaml", check=False)
+    out = get_engine("audit").discharge(Job(contract, {"id": "A", "method": "audit"}))
+    assert out.status.value == "skipped" and "NVRTC" in out.reason

@@ -411,6 +411,8 @@ def _replay(args: argparse.Namespace) -> int:
     return EXIT_FAILED if outcome.status.is_failure else EXIT_OK
 
 
+import obligations.graph_cli  # noqa: E402,F401  (registers `kc graph`)
+
 # -- entry point --------------------------------------------------------------------------------------
 
 

@@ -81,7 +81,7 @@ def check_file(args: argparse.Namespace) -> int:
 
 def _preview(v: np.ndarray, bits: bool) -> str:
     flat = v.reshape(-1)
-    vals = ", ".join(repr(float(x)) for x in flat[:_PREVIEW]) + (", ..." if flat.size > _PREVIEW else "")
+    vals = ", ".join(str(np.float32(x)) for x in flat[:_PREVIEW]) + (", ..." if flat.size > _PREVIEW else "")
     out = f"[{vals}]"
     if bits:
         out += "  bits [" + ", ".join(f"0x{int(u):08x}" for u in flat[:_PREVIEW].view(np.uint32)) + "]"

@@ -326,3 +326,27 @@ def test_nodes_hold_no_tensors_or_callables():
         Node(0, (), "const", (2,), {"value": np.zeros((2, 2))})
     with pytest.raises(TypeError):
         Node(0, (), "const", (2,), {"f": len})
+
+
+# -- kc graph ------------------------------------------------------------------------------------------------
+
+
+def test_kc_graph_check_and_show(tmp_path, capsys):
+    from obligations.cli import main
+    from spec.ir.jsonform import dump
+
+    g, p = _example()
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    dump(good, g, p, [np.array([0.6, -0.2], np.float32)], 2)
+    dump(bad, Graph((g[0], g[1], g[2].replace(out_shape=(3,)))), p)
+    assert main(["graph", "check", str(good)]) == 0
+    assert main(["graph", "check", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "node 2 (add): shape-mismatch" in out and "declared [3]" in out and "inferred [2]" in out
+    assert main(["graph", "show", str(good), "--trace", "--bits"]) == 0
+    out = capsys.readouterr().out
+    assert "0x3f59999a, 0x3d4ccccc" in out
+    assert main(["graph", "show", str(bad)]) == 1
+    assert "! node 2" in capsys.readouterr().out
+    (tmp_path / "broken.json").write_text("{")
+    assert main(["graph", "check", str(tmp_path / "broken.json")]) == 2

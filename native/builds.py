@@ -5,10 +5,15 @@ must honour: whether the kernel is declared approximate (libdevice transcendenta
 asks for a fused multiply-add, and the index width its launch plan proved. Each family registers an
 enumerator of its builds; :func:`all_builds` lists them for the compiled-code audit, which runs on a CPU
 (PTX from NVRTC) and reads the promises from here, never from the options we think we passed.
+
+The wave-1 families register below; a new family registers in its own ``native/<family>.py`` with
+``@register_builds("<family>")`` (every ``native`` module is imported before builds are listed).
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -67,13 +72,23 @@ def register_builds(family: str) -> Callable[[Callable[[], Iterator[Build]]], Ca
     return deco
 
 
+def _load_native_modules() -> None:
+    """Import every module of the ``native`` package: family modules register their builds on import."""
+    import native
+
+    for info in pkgutil.iter_modules(native.__path__):
+        importlib.import_module(f"native.{info.name}")
+
+
 def families() -> list[str]:
     """Families with registered builds."""
+    _load_native_modules()
     return sorted(_ENUMERATORS)
 
 
 def all_builds(family: str | None = None) -> list[Build]:
-    """The builds of ``family`` (or of every family), in a stable order."""
+    """The builds of ``family`` (or of every family), in a stable order; KeyError for an unknown family."""
+    _load_native_modules()
     names = [family] if family is not None else families()
     return [b for f in names for b in _ENUMERATORS[f]()]
 

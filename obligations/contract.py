@@ -11,6 +11,7 @@ import importlib
 import inspect
 import json
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 import jsonschema
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedOrderedMap, CommentedSeq
-from ruamel.yaml.composer import Composer, ComposerError, MaxDepthExceededError
+from ruamel.yaml.composer import Composer, ComposerError, MaxDepthExceededError, ReusedAnchorWarning
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.events import AliasEvent
 from ruamel.yaml.nodes import MappingNode, SequenceNode
@@ -65,7 +66,8 @@ class Diagnostic:
     severity: str = "error"
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}:{self.col}: {self.severity}: {self.message}"
+        message = " ".join(self.message.split("\n"))  # one problem, one line
+        return f"{self.path}:{self.line}:{self.col}: {self.severity}: {message}"
 
 
 class ContractError(Exception):
@@ -229,7 +231,9 @@ def _parse(path: Path, raw: bytes) -> tuple[Any, str]:
     yaml.max_depth = MAX_DEPTH
     yaml.Composer = _BoundedComposer
     try:
-        return yaml.load(text), text
+        with warnings.catch_warnings():  # a reused anchor is legal YAML (the later one wins): no stderr noise
+            warnings.simplefilter("ignore", ReusedAnchorWarning)
+            return yaml.load(text), text
     except MaxDepthExceededError as e:
         mark = e.problem_mark
         raise ContractError([Diagnostic(str(path), mark.line + 1, mark.column + 1,

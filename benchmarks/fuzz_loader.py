@@ -1,0 +1,85 @@
+"""Fuzz the contract loader: N structure-aware mutants of the shipped contracts through ``kc validate``.
+
+    python benchmarks/fuzz_loader.py [-n 10000] [--seed 0] [--jobs CPUS] [--keep DIR]
+
+Prints the count of files per exit code (0 valid, 2 located diagnostics; 3 would be a crash), the files
+whose output broke the ``path:line:col: error:`` form, and the time taken. File ``i`` of seed ``s`` is the
+same whatever ``--jobs`` is, so a finding replays with ``--seed s`` and its index.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime as dt
+import multiprocessing
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.loader_fuzzing import mutant, verdict  # noqa: E402
+
+
+def rng_for(seed: int, index: int) -> random.Random:
+    """The generator of file ``index`` under ``seed``."""
+    return random.Random(seed * 1_000_003 + index)
+
+
+def run_slice(args: tuple[int, int, int, int, str | None]) -> list[tuple[int, int, tuple[str, ...], tuple[str, ...]]]:
+    """Fuzz files ``start, start + step, ...`` below ``n``: (index, exit code, mutations, bad lines) each."""
+    start, step, n, seed, keep = args
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(start, n, step):
+            m = mutant(rng_for(seed, i))
+            path = Path(tmp) / f"fuzz-{seed}-{i}.yaml"
+            path.write_bytes(m.data)
+            v = verdict(path)
+            if keep and (v.exit_code not in (0, 2) or v.bad_lines):
+                Path(keep).mkdir(parents=True, exist_ok=True)
+                (Path(keep) / path.name).write_bytes(m.data)
+            out.append((i, v.exit_code, m.mutations, v.bad_lines))
+            path.unlink()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the fuzzer and print its figures; exit 1 if any file crashed or broke the diagnostic form."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("-n", type=int, default=10_000, help="number of fuzzed files (default 10,000)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--keep", metavar="DIR", help="save the files that crashed or printed a malformed line")
+    args = p.parse_args(argv)
+    t0 = time.perf_counter()
+    slices = [(j, args.jobs, args.n, args.seed, args.keep) for j in range(args.jobs)]
+    if args.jobs == 1:
+        results = [run_slice(slices[0])]
+    else:
+        with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
+            results = pool.map(run_slice, slices)
+    seconds = time.perf_counter() - t0
+    rows = sorted(r for part in results for r in part)
+    codes = collections.Counter(code for _, code, _, _ in rows)
+    bad = [r for r in rows if r[1] not in (0, 2) or r[3]]
+    by_mutation = collections.Counter(name for _, _, names, _ in rows for name in set(names))
+    print(f"fuzz_loader: {len(rows)} files, seed {args.seed}, {args.jobs} jobs, {seconds:.1f} s "
+          f"({1000 * seconds / max(len(rows), 1):.1f} ms/file wall), {platform.node()} "
+          f"({os.cpu_count()} CPUs, Python {platform.python_version()}), {dt.date.today().isoformat()}")
+    print("exit codes: " + ", ".join(f"{code}: {count}" for code, count in sorted(codes.items())))
+    print("mutations applied: " + ", ".join(f"{k} {v}" for k, v in sorted(by_mutation.items())))
+    print(f"files with a crash or a malformed line: {len(bad)}")
+    for index, code, names, lines in bad[:20]:
+        print(f"  #{index} exit {code} {'+'.join(names)}: {lines[:2]}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -29,6 +29,7 @@ __all__ = [
     "SweepEvidence",
     "AssumeEvidence",
     "AuditEvidence",
+    "RegimeEvidence",
 ]
 
 # Version of the result JSON: 2 adds ``kind`` to every item's evidence.
@@ -203,3 +204,15 @@ class AuditEvidence(Evidence):
     rules_applied: Mapping[str, int] | None = None
     findings: int | None = None
     audit_seconds: float | None = None
+
+
+@register_evidence
+@dataclass(frozen=True)
+class RegimeEvidence(Evidence):
+    """A plan's regimes: coverage proved by Z3 and the smallest witness of each regime."""
+
+    kind: ClassVar[str] = "regimes"
+    regimes: list[str] | None = None
+    plan: str | None = None
+    rlimit: int | None = None
+    witnesses: Mapping[str, Mapping[str, Any]] | None = None

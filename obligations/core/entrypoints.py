@@ -1,0 +1,122 @@
+"""Entry-point coverage: every public native entry point registers the variants it offers, and calls are
+recorded while a contract item runs, so a report can say which offered variants no item ever called.
+
+A native function declares itself with :func:`entry_point` (family, the axes it offers: order, variant,
+dtype, route ... with their values, and the devices). While :func:`recording` is active (``kc check`` runs
+each item inside it), every call records the values of those axes and the device it ran on: the mapping
+from contract items to entry points is observed at run time, never typed by the contract's author.
+Outside a recording a call costs one context-variable lookup.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import itertools
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+__all__ = ["EntryPoint", "Call", "entry_point", "entry_points", "recording", "variants", "unchecked"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """A public native function that launches kernels, and the variants (axis values x devices) it offers."""
+
+    family: str
+    name: str
+    axes: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+    devices: tuple[str, ...] = ("host", "cuda")
+
+
+@dataclass(frozen=True, order=True)
+class Call:
+    """One observed call: entry point, the device it ran on and the value of each declared axis."""
+
+    family: str
+    name: str
+    device: str
+    axes: tuple[tuple[str, str], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form: {"entry": "family.name", "device": ..., axis: value ...}."""
+        return {"entry": f"{self.family}.{self.name}", "device": self.device, **dict(self.axes)}
+
+
+_REGISTRY: dict[tuple[str, str], EntryPoint] = {}
+_LOG: contextvars.ContextVar[set[Call] | None] = contextvars.ContextVar("kc_entry_log", default=None)
+
+
+def _device_of(bound: inspect.BoundArguments) -> str:
+    dev = bound.arguments.get("device")
+    if isinstance(dev, str) and dev in ("host", "cuda"):
+        return dev
+    for value in bound.arguments.values():  # "auto" or no device argument: where the arrays live
+        if type(value).__module__.split(".")[0] == "cupy":
+            return "cuda"
+    return "host"
+
+
+def entry_point(family: str, *, axes: Mapping[str, tuple[Any, ...]] | None = None,
+                devices: tuple[str, ...] = ("host", "cuda"), name: str | None = None) -> Callable[[F], F]:
+    """Decorator: register ``fn`` as an entry point of ``family`` offering ``axes`` (parameter -> values)."""
+
+    def deco(fn: F) -> F:
+        ep = EntryPoint(family, name or fn.__name__, dict(axes or {}), devices)
+        key = (family, ep.name)
+        if key in _REGISTRY and _REGISTRY[key] != ep:
+            raise ValueError(f"entry point {family}.{ep.name} registered twice")
+        _REGISTRY[key] = ep
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            log = _LOG.get()
+            if log is not None:
+                bound = sig.bind_partial(*args, **kwargs)
+                bound.apply_defaults()
+                values = tuple((a, str(bound.arguments.get(a))) for a in ep.axes)
+                log.add(Call(family, ep.name, _device_of(bound), values))
+            return fn(*args, **kwargs)
+
+        wrapper.__kc_entry_point__ = ep  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return deco
+
+
+def entry_points(family: str | None = None) -> list[EntryPoint]:
+    """Registered entry points (of ``family``), in registration order."""
+    return [ep for (f, _), ep in _REGISTRY.items() if family is None or f == family]
+
+
+@contextmanager
+def recording() -> Iterator[set[Call]]:
+    """Record every entry-point call made inside the block (nested recordings each see their own calls)."""
+    outer = _LOG.get()
+    log: set[Call] = set()
+    token = _LOG.set(log)
+    try:
+        yield log
+    finally:
+        _LOG.reset(token)
+        if outer is not None:
+            outer |= log
+
+
+def variants(ep: EntryPoint) -> list[Call]:
+    """Every variant ``ep`` offers: each combination of its axis values, on each of its devices."""
+    names = list(ep.axes)
+    combos = itertools.product(*(ep.axes[a] for a in names)) if names else [()]
+    return [Call(ep.family, ep.name, d, tuple(zip(names, map(str, combo), strict=True)))
+            for combo in combos for d in ep.devices]
+
+
+def unchecked(family: str, called: set[Call], devices: tuple[str, ...] = ("host", "cuda")) -> list[Call]:
+    """Variants of ``family``'s entry points on ``devices`` that no recorded call reached."""
+    return sorted(v for ep in entry_points(family) for v in variants(ep) if v.device in devices and v not in called)

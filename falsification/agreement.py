@@ -1,16 +1,21 @@
 """Agreement kinds: how a native result is judged against its reference, registered by name.
 
-Each kind compares vectorised uint32 bit arrays (NumPy or CuPy) element by element and returns a
+Every family's checks use these kinds through the engine (:mod:`falsification.engine`). Each kind compares
+vectorised arrays (NumPy or CuPy) element by element against an :class:`Expected` (reference bits, an
+accepted alternative rounding, or a float64 value with a per-element bound) and returns a
 :class:`Comparison` (a disagreement mask plus per-element distances and a JSON summary), so a batch of
-millions of elements is judged in a few array operations and the runner can point at the first bad one.
+millions of elements is judged in a few array operations and the engine can point at the first bad one.
+Native outputs are bit arrays (uint8..uint64) or float arrays; ULP distances are binary32's.
 
 * ``bitwise`` — identical bits under the declared float environment; ``nan_policy="class"`` accepts any
-  NaN for a NaN (for contracts whose NaN policy is "a NaN", not "this NaN").
+  NaN for a NaN (for contracts whose NaN policy is "a NaN", not "this NaN"); ``fmt`` names the storage
+  format whose NaNs that policy recognises (binary32 by default; binary16, bfloat16, binary64).
 * ``max_ulp`` — ULP distance at most ``bound`` (an int, or a callable giving a per-element bound from
   the float64 inputs); NaN must meet NaN.
-* ``error_bound`` — ``|native - reference| <= bound(inputs, reference)`` with ``bound`` a callable over
-  float64 arrays (e.g. ``gamma_n * |A||B|``); NaN must meet NaN, infinities must match.
-* ``determinism`` — the runner evaluates the native side ``runs`` times; every run must equal the first
+* ``error_bound`` — ``|native - reference| <= bound``: the reference's own per-element ``bound`` (a float64
+  value and bound computed with it, e.g. ``gamma_n |A||B|``), else ``bound(inputs, reference)`` with
+  ``bound`` a callable over float64 arrays; NaN must meet NaN, infinities must match.
+* ``determinism`` — the engine evaluates the native side ``runs`` times; every run must equal the first
   bit for bit (NaN payloads included).
 """
 
@@ -28,6 +33,7 @@ from spec import softfloat as sf
 from spec.elementwise import bits_to_f64
 
 __all__ = [
+    "Expected",
     "Comparison",
     "Agreement",
     "AGREEMENTS",
@@ -73,6 +79,42 @@ def ulp_distance(a: Any, b: Any) -> Any:
 
 
 @dataclass(frozen=True)
+class Expected:
+    """What a reference says about one output: exact ``bits`` (and an accepted ``alt``), or a float64
+    ``value`` with an absolute per-element ``bound``. Arrays on the native output's device."""
+
+    bits: Any = None
+    alt: Any = None
+    value: Any = None
+    bound: Any = None
+
+
+def _as_expected(expected: Any) -> Any:
+    return expected if hasattr(expected, "bits") else Expected(bits=expected)
+
+
+_NAN_FORMATS: dict[str, tuple[int, int]] = {  # format -> (exponent mask, fraction mask)
+    "binary32": (0x7F800000, 0x007FFFFF),
+    "binary16": (0x7C00, 0x03FF),
+    "bfloat16": (0x7F80, 0x007F),
+    "binary64": (0x7FF0000000000000, 0x000FFFFFFFFFFFFF),
+}
+
+
+def _is_nan_fmt(u: Any, fmt: str) -> Any:
+    e, f = _NAN_FORMATS[fmt]
+    t = u.dtype.type
+    return ((u & t(e)) == t(e)) & ((u & t(f)) != 0)
+
+
+def _distance(native: Any, reference: Any) -> Any:
+    """binary32 ULP distance where both are 32-bit patterns, else None."""
+    if getattr(native, "dtype", None) == np.uint32 and getattr(reference, "dtype", None) == np.uint32:
+        return ulp_distance(native, reference)
+    return None
+
+
+@dataclass(frozen=True)
 class Comparison:
     """Per-element verdict: ``bad`` mask, optional int64 ``distance`` (ULPs), and a JSON ``summary``."""
 
@@ -87,9 +129,14 @@ class Agreement(ABC):
     name: ClassVar[str]
     runs: int = 1  # how many native evaluations the runner makes (determinism needs several)
 
+    def compare(self, native: Any, expected: Any, inputs: list | None = None) -> Comparison:
+        """Judge ``native`` against ``expected`` (an :class:`Expected`, a spec Reference or a bit array)."""
+        e = _as_expected(expected)
+        return self._compare(native, e, inputs)
+
     @abstractmethod
-    def compare(self, native: Any, reference: Any, alt: Any = None, inputs: list | None = None) -> Comparison:
-        """Judge ``native`` against ``reference`` (``alt``: a second accepted reference where not None)."""
+    def _compare(self, native: Any, e: Any, inputs: list | None) -> Comparison:
+        """Judge ``native`` against the reference ``e`` (``e.alt``: a second accepted one where not None)."""
 
     def params(self) -> dict[str, Any]:
         """JSON description of this agreement's parameters (for evidence)."""
@@ -136,19 +183,27 @@ class BitwiseAgreement(Agreement):
 
     name = "bitwise"
 
-    def __init__(self, nan_policy: str = "exact") -> None:
+    def __init__(self, nan_policy: str = "exact", fmt: str = "binary32") -> None:
         if nan_policy not in ("exact", "class"):
             raise ValueError(f"nan_policy must be 'exact' or 'class', not {nan_policy!r}")
+        if fmt not in _NAN_FORMATS:
+            raise ValueError(f"fmt must be one of {sorted(_NAN_FORMATS)}, not {fmt!r}")
         self.nan_policy = nan_policy
+        self.fmt = fmt
 
-    def compare(self, native: Any, reference: Any, alt: Any = None, inputs: list | None = None) -> Comparison:
+    def params(self) -> dict[str, Any]:
+        """The NaN policy (and the format, where not binary32)."""
+        return {"nan_policy": self.nan_policy, **({"fmt": self.fmt} if self.fmt != "binary32" else {})}
+
+    def _compare(self, native: Any, e: Any, inputs: list | None) -> Comparison:
         """Bad where bits differ from the reference (and from ``alt``), NaN classes aside if allowed."""
+        reference, alt = e.bits, getattr(e, "alt", None)
         bad = native != reference
         if alt is not None:
             bad &= native != alt
         if self.nan_policy == "class":
-            bad &= ~(_is_nan(native) & _is_nan(reference))
-        dist = ulp_distance(native, reference)
+            bad &= ~(_is_nan_fmt(native, self.fmt) & _is_nan_fmt(reference, self.fmt))
+        dist = _distance(native, reference)
         return Comparison(bad, dist, _summary(self.name, bad, dist))
 
 
@@ -168,8 +223,9 @@ class MaxUlpAgreement(Agreement):
         """The bound (int) or its name (callable)."""
         return {"bound": self.bound if isinstance(self.bound, int) else self.bound_name}
 
-    def compare(self, native: Any, reference: Any, alt: Any = None, inputs: list | None = None) -> Comparison:
+    def _compare(self, native: Any, e: Any, inputs: list | None) -> Comparison:
         """Bad where the distance to the nearest accepted reference exceeds the bound."""
+        reference, alt = e.bits, getattr(e, "alt", None)
         xp = _ns(native)
         dist = ulp_distance(native, reference)
         if alt is not None:
@@ -186,32 +242,46 @@ def _f64(u: Any) -> Any:
     return bits_to_f64(u)  # exact, subnormals too, on either device
 
 
+def _values(a: Any) -> Any:
+    """float64 values of a binary32 bit array or of a float array."""
+    xp = _ns(a)
+    if a.dtype.kind == "f":
+        return a.astype(xp.float64)
+    return _f64(a)
+
+
 @register_agreement
 class ErrorBoundAgreement(Agreement):
     """|native - reference| <= bound(*inputs_f64, reference_f64), evaluated in float64."""
 
     name = "error_bound"
 
-    def __init__(self, bound: Callable[..., Any], bound_name: str | None = None) -> None:
+    def __init__(self, bound: Callable[..., Any] | None = None, bound_name: str | None = None) -> None:
         self.bound = bound
-        self.bound_name = bound_name or getattr(bound, "__name__", "callable")
+        self.bound_name = bound_name or getattr(bound, "__name__", "the reference's per-element bound")
 
     def params(self) -> dict[str, Any]:
         """The bound's name."""
         return {"bound": self.bound_name}
 
-    def compare(self, native: Any, reference: Any, alt: Any = None, inputs: list | None = None) -> Comparison:
+    def _compare(self, native: Any, e: Any, inputs: list | None) -> Comparison:
         """Bad where the float64 difference exceeds the bound, or NaN/Inf classes differ."""
         xp = _ns(native)
-        nv, rv = _f64(native), _f64(reference)
+        nv = _values(native)
+        rv = _values(e.bits) if getattr(e, "value", None) is None else xp.asarray(e.value, dtype=xp.float64)
         with np.errstate(all="ignore"):
-            bound = xp.asarray(self.bound(*[_f64(u) for u in (inputs or [])], rv), dtype=xp.float64)
-            err = xp.abs(nv - rv)
+            if getattr(e, "bound", None) is not None:
+                bound = xp.asarray(e.bound, dtype=xp.float64).reshape(-1)
+            elif self.bound is not None:
+                bound = xp.asarray(self.bound(*[_f64(u) for u in (inputs or [])], rv), dtype=xp.float64)
+            else:
+                raise ValueError("error_bound needs a bound: the reference's own or a callable")
+            err = xp.abs(nv - rv.reshape(-1))
         nn, rn = xp.isnan(nv), xp.isnan(rv)
         same_inf = xp.isinf(nv) & (nv == rv)
         ok = xp.where(nn | rn, nn & rn, same_inf | (xp.isfinite(nv) & xp.isfinite(rv) & (err <= bound)))
         bad = ~ok
-        dist = ulp_distance(native, reference)
+        dist = _distance(native, e.bits) if e.bits is not None else None
         return Comparison(bad, dist, _summary(self.name, bad, dist))
 
 
@@ -226,8 +296,8 @@ class DeterminismAgreement(Agreement):
             raise ValueError("determinism needs at least 2 runs")
         self.runs = runs
 
-    def compare(self, native: Any, reference: Any, alt: Any = None, inputs: list | None = None) -> Comparison:
-        """Bad where a later run's bits differ from the first run's (``reference``)."""
-        bad = native != reference
-        dist = ulp_distance(native, reference)
+    def _compare(self, native: Any, e: Any, inputs: list | None) -> Comparison:
+        """Bad where a later run's bits differ from the first run's (``e.bits``)."""
+        bad = native != e.bits
+        dist = _distance(native, e.bits)
         return Comparison(bad, dist, _summary(self.name, bad, dist))

@@ -28,10 +28,12 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from falsification.agreement import make_agreement
+from falsification import engine
+from falsification.agreement import Agreement, make_agreement
+from falsification.batches import batch_check
+from falsification.engine import Check, NativeResult, replay_command
+from falsification.float32_inputs import LAYOUTS, BatchSpec
 from falsification.registry import FalsifyContext, guarded, register_test
-from falsification.runner import NativeResult, Subject, falsify, replay_command
-from falsification.strategies import LAYOUTS
 from native.elementwise import (
     RouteUnsupported,
     get_kernel,
@@ -45,7 +47,7 @@ from obligations.core.device import array_module
 from obligations.core.results import Outcome, error, passed, violated
 from spec.elementwise import GELU_C, GELU_K, Reference, bits_to_f64, f64_to_f32_bits, get_reference
 
-__all__ = ["POISON", "ULP_BOUNDS", "elementwise_subject", "gelu_ulp_bound", "sigmoid_ulp_bound"]
+__all__ = ["POISON", "ULP_BOUNDS", "elementwise_check", "gelu_ulp_bound", "sigmoid_ulp_bound"]
 
 # A signaling NaN that no arithmetic produces: output buffers start as this, one guard cell past the end.
 POISON = 0x7FBADBAD
@@ -76,17 +78,24 @@ def _scalar_f32(bits: int) -> np.float32:
     return np.array([bits], dtype=np.uint32).view(np.float32)[0]
 
 
-def elementwise_subject(
+def elementwise_check(
     op: str,
+    ctx: FalsifyContext,
+    agreement: Agreement,
     *,
-    device: str,
     route: str = "nvrtc-ieee",
     variant: str | None = None,
     env: str | None = None,
     reference: str | None = None,
     layouts: tuple[str, ...] = ("contiguous",),
-) -> Subject:
-    """A Subject running kernel ``op`` (as ``variant``) on ``device`` against its reference."""
+    mixes: tuple[str, ...] | None = None,
+    custom_reference: Callable[[list, tuple], list] | None = None,
+    prepare: Callable[[list], list] | None = None,
+    scalar_strategy: Any = None,
+    build: dict[str, Any] | None = None,
+) -> Check[BatchSpec]:
+    """The engine check of kernel ``op`` (as ``variant``) on the run's device against its reference."""
+    device = ctx.device
     k = get_kernel(op)
     xp = array_module(device)
     r = get_route(route)
@@ -134,18 +143,24 @@ def elementwise_subject(
         "host_transcendentals": "float64 evaluation rounded once to float32" if k.kind != "exact" else None,
     }
     del r
-    return Subject(
-        name=f"{op}[{v.name}]@{device}",
+    return batch_check(
+        f"{op}[{v.name}]@{device}",
         arity=len(k.inputs),
         native=native,
-        reference=ref,
+        reference=custom_reference or ref,
+        agreement=agreement,
+        budget=ctx.budget,
+        seed=ctx.seed,
         xp=xp,
         n_scalars=len(k.scalars),
         operand_names=k.inputs,
         scalar_names=k.scalars,
         output_names=k.outputs,
-        evidence=evidence,
         layouts=layouts,
+        mixes=mixes,
+        prepare=prepare,
+        scalar_strategy=scalar_strategy,
+        build={**evidence, **(build or {})},
     )
 
 
@@ -163,18 +178,14 @@ def bitwise(ctx: FalsifyContext) -> Outcome:
     p = ctx.params
     op, route = _op(ctx), p.get("route", "nvrtc-ieee")
     layouts = tuple(p.get("layouts", LAYOUTS))
-    subj = elementwise_subject(
-        op, device=ctx.device, route=route, variant=p.get("variant"), env=p.get("env"), layouts=layouts
-    )
-    agreement = make_agreement(
-        ctx.agreement or "bitwise",
-        **({"nan_policy": p.get("nan_policy", "exact")} if (ctx.agreement or "bitwise") == "bitwise" else {}),
-    )
-    out = falsify(ctx, subj, agreement)
+    agreement = engine.item_agreement(ctx, "bitwise", nan_policy=p.get("nan_policy", "exact"))
+    check = elementwise_check(op, ctx, agreement, route=route, variant=p.get("variant"), env=p.get("env"),
+                              layouts=layouts)
+    out = engine.run(ctx, check)
     refuted = []
-    for env in p.get("refute_envs", []) if "replay" not in ctx.item else []:
-        other = elementwise_subject(op, device=ctx.device, route=route, variant=p.get("variant"), env=env)
-        o = falsify(ctx, other, agreement)
+    for env in p.get("refute_envs", []) if ctx.replay is None else []:
+        other = elementwise_check(op, ctx, agreement, route=route, variant=p.get("variant"), env=env)
+        o = engine.run(ctx, other)
         refuted.append(
             {
                 "claim": f"bitwise under {env}",
@@ -185,7 +196,7 @@ def bitwise(ctx: FalsifyContext) -> Outcome:
         )
     if not refuted:
         return out
-    ev = {**out.evidence, "refuted_claims": refuted}
+    ev = {**engine.evidence_dict(out), "refuted_claims": refuted}
     if out.status.value == "violated":
         return violated(out.counterexample or {}, out.reason or "", **ev)
     held = [r["claim"] for r in refuted if not r["refuted"]]
@@ -195,7 +206,7 @@ def bitwise(ctx: FalsifyContext) -> Outcome:
             f"{op} via {route}: expected refutation of {held} but no counterexample was found",
             **ev,
         )
-    return out.__class__(out.status, out.claim, ev, out.counterexample, out.reason)
+    return engine.with_evidence(out, ev)
 
 
 @register_test("elementwise.max_ulp")
@@ -204,9 +215,6 @@ def max_ulp(ctx: FalsifyContext) -> Outcome:
     """Kernel within a max-ULP bound of the correctly rounded result (float64 evaluation, ties flagged)."""
     p = ctx.params
     op = _op(ctx)
-    subj = elementwise_subject(
-        op, device=ctx.device, route=p.get("route", "nvrtc-ieee"), variant=p.get("variant"), env=p.get("env")
-    )
     if "bound_fn" in p:
         bound: Any = ULP_BOUNDS[p["bound_fn"]]
         agreement = make_agreement("max_ulp", bound=bound, bound_name=p["bound_fn"])
@@ -215,7 +223,9 @@ def max_ulp(ctx: FalsifyContext) -> Outcome:
         if b is None:
             return error("elementwise.max_ulp needs params.bound, params.bound_fn or a tolerance")
         agreement = make_agreement("max_ulp", bound=int(b))
-    return falsify(ctx, subj, agreement)
+    check = elementwise_check(op, ctx, agreement, route=p.get("route", "nvrtc-ieee"), variant=p.get("variant"),
+                              env=p.get("env"))
+    return engine.run(ctx, check)
 
 
 _PROMISES: dict[tuple[str, str], str] = {
@@ -237,21 +247,17 @@ def fma_contraction(ctx: FalsifyContext) -> Outcome:
     p = ctx.params
     op, promise, route = _op(ctx), p.get("promise", "separate"), p.get("route", "nvrtc-ieee")
     other = {"separate": "fused", "fused": "separate"}[promise]
-    agreement = make_agreement("bitwise", nan_policy=p.get("nan_policy", "exact"))
-    subj = elementwise_subject(
-        op, device=ctx.device, route=route, variant=p.get("variant"), reference=_PROMISES[(op, promise)]
-    )
-    subj = Subject(**{**subj.__dict__, "mixes": ("correlated", "balanced")})
-    out = falsify(ctx, subj, agreement)
-    if "replay" in ctx.item:
+    agreement = engine.item_agreement(ctx, "bitwise", nan_policy=p.get("nan_policy", "exact"))
+    check = elementwise_check(op, ctx, agreement, route=route, variant=p.get("variant"),
+                              reference=_PROMISES[(op, promise)], mixes=("correlated", "balanced"))
+    out = engine.run(ctx, check)
+    if ctx.replay is not None:
         return out
-    alt = elementwise_subject(
-        op, device=ctx.device, route=route, variant=p.get("variant"), reference=_PROMISES[(op, other)]
-    )
-    alt = Subject(**{**alt.__dict__, "mixes": ("correlated",)})
-    o = falsify(ctx, alt, agreement)
+    alt = elementwise_check(op, ctx, agreement, route=route, variant=p.get("variant"),
+                            reference=_PROMISES[(op, other)], mixes=("correlated",))
+    o = engine.run(ctx, alt)
     ev = {
-        **out.evidence,
+        **engine.evidence_dict(out),
         "promise": promise,
         "other_promise": {
             "promise": other,
@@ -259,7 +265,7 @@ def fma_contraction(ctx: FalsifyContext) -> Outcome:
             "counterexample": o.counterexample,
         },
     }
-    return out.__class__(out.status, out.claim, ev, out.counterexample, out.reason)
+    return engine.with_evidence(out, ev)
 
 
 @register_test("elementwise.determinism")
@@ -267,10 +273,9 @@ def fma_contraction(ctx: FalsifyContext) -> Outcome:
 def determinism(ctx: FalsifyContext) -> Outcome:
     """Repeated runs of the kernel on the same inputs give identical bits."""
     p = ctx.params
-    subj = elementwise_subject(
-        _op(ctx), device=ctx.device, route=p.get("route", "nvrtc-ieee"), variant=p.get("variant")
-    )
-    return falsify(ctx, subj, make_agreement("determinism", runs=int(p.get("runs", 3))))
+    agreement = engine.item_agreement(ctx, "determinism", runs=int(p.get("runs", 3)))
+    check = elementwise_check(_op(ctx), ctx, agreement, route=p.get("route", "nvrtc-ieee"), variant=p.get("variant"))
+    return engine.run(ctx, check)
 
 
 # -- backward rules vs finite differences ----------------------------------------------------------
@@ -294,18 +299,16 @@ def _f64(xp: Any, u: Any) -> Any:
     return bits_to_f64(u)
 
 
-def _backward_subject(ctx: FalsifyContext) -> tuple[Subject, float]:
+def _backward_check(ctx: FalsifyContext) -> Check[BatchSpec]:
     p = ctx.params
     op = _op(ctx)
-    base = elementwise_subject(
-        op, device=ctx.device, route=p.get("route", "nvrtc-ieee"), variant=p.get("variant")
-    )
     spec = get_reference(op)
     if spec.kind != "backward":
         raise KeyError(f"{op} is not a backward rule")
-    xp = base.xp
+    xp = array_module(ctx.device)
+    n_in = len(get_kernel(op).inputs) - 1  # the last input is dy
     h_rel = float(p.get("h_rel", 1e-4))
-    n_in = base.arity - 1  # the last input is dy
+    rel = float(p.get("rel_tol", ctx.tolerance if ctx.tolerance is not None else 1e-4))
     scal = lambda s: float(_scalar_f32(s))  # noqa: E731
 
     def prepare(views: list) -> list:
@@ -348,35 +351,25 @@ def _backward_subject(ctx: FalsifyContext) -> tuple[Subject, float]:
             refs.append(Reference(_bits(xp, val)))
         return refs
 
+    def fd_bound(*args: Any) -> Any:
+        *_, dy, ref = args
+        return rel * (xp.abs(ref) + xp.abs(dy))
+
+    fd_bound.__name__ = f"{rel:g} * (|reference| + |dy|)"
+    agreement = engine.item_agreement(ctx, "error_bound", bound=fd_bound)
     scalar_strategy = st.sampled_from(
         [0xBF800000, 0x3F800000, 0x00000000, 0xC0000000, 0x40000000, 0x3F000000]
     )
-    subj = Subject(
-        **{
-            **base.__dict__,
-            "reference": reference,
-            "prepare": prepare,
-            "scalar_strategy": scalar_strategy,
-            "evidence": {**base.evidence, "h_rel": h_rel, "domain": "|x| in [2^-6, 2^7) or 0"},
-        }
-    )
-    return subj, h_rel
+    return elementwise_check(op, ctx, agreement, route=p.get("route", "nvrtc-ieee"), variant=p.get("variant"),
+                             custom_reference=reference, prepare=prepare, scalar_strategy=scalar_strategy,
+                             build={"h_rel": h_rel, "domain": "|x| in [2^-6, 2^7) or 0"})
 
 
 @register_test("elementwise.backward_fd")
 @guarded(skip=(RouteUnsupported,))
 def backward_fd(ctx: FalsifyContext) -> Outcome:
     """Backward rule agrees with central finite differences where smooth and with the convention at kinks."""
-    subj, _ = _backward_subject(ctx)
-    rel = float(ctx.params.get("rel_tol", ctx.tolerance if ctx.tolerance is not None else 1e-4))
-    xp = subj.xp
-
-    def fd_bound(*args: Any) -> Any:
-        *_, dy, ref = args
-        return rel * (xp.abs(ref) + xp.abs(dy))
-
-    fd_bound.__name__ = f"{rel:g} * (|reference| + |dy|)"
-    return falsify(ctx, subj, make_agreement("error_bound", bound=fd_bound))
+    return engine.run(ctx, _backward_check(ctx))
 
 
 # -- grid-stride coverage, executed on the build's index arithmetic --------------------------------

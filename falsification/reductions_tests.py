@@ -18,6 +18,9 @@ for planted bugs; every impl takes ``(x, device=...)``):
 * ``reductions.empty`` {} — sum +0 (every order), mean NaN, max -Inf, also along a zero-length axis.
 * ``reductions.bandwidth`` {n=2^28, reps=20} (cuda, measure) — tree sum read bandwidth vs cupy.sum;
   tolerance: the least accepted ratio.
+
+Every agreement item is an engine :class:`~falsification.engine.Check`: the item's ``agreement:`` field
+must name the kind the check applies (bitwise, error_bound, determinism), and the engine records it.
 """
 
 from __future__ import annotations
@@ -25,29 +28,24 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
-from hypothesis import seed as hseed
 from hypothesis import strategies as st
 
-from falsification.registry import FalsifyContext, register_test
-from falsification.runner import replay_command
-from falsification.strategies import MIXES, BatchSpec, generate_bits
+from falsification import engine
+from falsification.agreement import Expected
+from falsification.engine import Check, Judgement
+from falsification.float32_inputs import MIXES, BatchSpec, generate_bits
+from falsification.registry import FalsifyContext, Replay, register_test
 from native import reductions as red
 from obligations.core.device import array_module, to_host
 from obligations.core.plans import resolve
-from obligations.core.results import Outcome, passed, skipped, violated
+from obligations.core.results import Outcome, skipped
 from spec import reductions as ref
 
-__all__ = ["moderate_floats", "run_hypothesis", "PROFILE_EXAMPLES"]
-
-PROFILE_EXAMPLES: dict[str, int] = {"quick": 12, "full": 60}
-_SCALE: dict[str, int] = {"quick": 1, "full": 16}
-# Fold cases: (max_elements, max_fold) per profile. The reference costs ~0.1 ms per folded element
-# on one core whatever the width, so max_fold bounds a case's time; the full run stays within minutes.
-_FOLD_BUDGET: dict[str, tuple[int, int]] = {"quick": (1 << 14, 1 << 12), "full": (1 << 20, 1 << 13)}
+__all__ = ["moderate_floats", "MIX_NAMES"]
 
 
 def _bits(a: Any) -> np.ndarray:
@@ -66,7 +64,7 @@ def moderate_floats(seed: int, n: int, xp: Any = np) -> Any:
     return xp.asarray(v.astype(np.float32))
 
 
-_MIX_NAMES = ("moderate", *sorted(MIXES))
+MIX_NAMES: tuple[str, ...] = ("moderate", *sorted(MIXES))
 
 
 def _input_bits(seed: int, size: int, mix: str, xp: Any, arity: int = 1) -> list:
@@ -76,48 +74,12 @@ def _input_bits(seed: int, size: int, mix: str, xp: Any, arity: int = 1) -> list
     return generate_bits(BatchSpec(seed=seed, size=size, mix=mix), arity, xp)
 
 
-def run_hypothesis(ctx: FalsifyContext, strategy: Any, check: Callable[[Any], dict | None],
-                   explicit: tuple = ()) -> dict | None:
-    """Run ``check`` on ``explicit`` cases then Hypothesis draws (seeded); the shrunk failure, or None."""
-    failure: dict[str, Any] = {}
-
-    def with_examples(fn: Callable[..., Any]) -> Callable[..., Any]:
-        for case in reversed(explicit):
-            fn = example(case)(fn)
-        return fn
-
-    @settings(max_examples=int(ctx.params.get("max_examples", PROFILE_EXAMPLES.get(ctx.profile, 12))),
-              deadline=None, database=None, suppress_health_check=list(HealthCheck),
-              phases=(Phase.explicit, Phase.generate, Phase.shrink), verbosity=Verbosity.quiet,
-              report_multiple_bugs=False, print_blob=False)
-    @hseed(ctx.seed)
-    @with_examples
-    @given(strategy)
-    def prop(case: Any) -> None:
-        bad = check(case)
-        if bad is not None:
-            failure.clear()
-            failure.update(bad)
-            raise AssertionError(bad.get("detail", "disagreement"))
-
-    try:
-        prop()
-    except AssertionError:
-        return dict(failure)
-    return None
+def _mix(i: int) -> str:
+    return MIX_NAMES[i]
 
 
-def _cuda_only(ctx: FalsifyContext) -> Outcome | None:
-    return None if ctx.device == "cuda" else skipped("needs a CUDA device")
-
-
-def _first_diff(native: np.ndarray, want: np.ndarray) -> dict | None:
-    bad = np.flatnonzero(native.reshape(-1) != want.reshape(-1))
-    if bad.size == 0:
-        return None
-    i = int(bad[0])
-    return {"first_bad_output": i, "native": f"0x{int(native.reshape(-1)[i]):08X}",
-            "reference": f"0x{int(want.reshape(-1)[i]):08X}", "disagreeing_outputs": int(bad.size)}
+def _case_json(names: tuple[str, ...]) -> Callable[[tuple], dict[str, Any]]:
+    return lambda case: {k: (list(v) if isinstance(v, tuple) else v) for k, v in zip(names, case, strict=True)}
 
 
 # -- fold: whole buffer, rows, columns, N-d axes ---------------------------------------------------------
@@ -148,7 +110,26 @@ def _fold_cases(draw: Any, max_dim: int, max_elements: int, max_fold: int) -> tu
         cap = min(max_dim, budget, max_fold if d == axis else max_dim)
         shape.append(draw(st.integers(0, cap)))
         budget //= max(shape[-1], 1)
-    return draw(st.integers(0, 2**32 - 1)), tuple(shape), axis, draw(st.sampled_from(_MIX_NAMES))
+    return draw(st.integers(0, 2**32 - 1)), tuple(shape), axis, draw(st.sampled_from(MIX_NAMES))
+
+
+def _fold_encode(case: tuple) -> tuple[int, ...]:
+    seed, shape, axis, mix = case
+    return (seed, len(shape), *shape, 0 if axis is None else axis + 1, MIX_NAMES.index(mix))
+
+
+def _fold_decode(rp: Replay) -> tuple:
+    v = rp.values
+    nd = v[1]
+    axis = v[2 + nd]
+    return v[0], tuple(v[2 : 2 + nd]), None if axis == 0 else axis - 1, _mix(v[3 + nd])
+
+
+@dataclass(frozen=True)
+class _Fold:
+    bits: Any
+    axis: int | None
+    dims: tuple[int, int, int]
 
 
 @register_test("reductions.fold_bitwise")
@@ -157,43 +138,48 @@ def fold_bitwise(ctx: FalsifyContext) -> Outcome:
     op = ctx.params.get("op", "sum")
     native_fn = _FOLD_NATIVE[op]
     xp = array_module(ctx.device)
-    scale = _SCALE.get(ctx.profile, 1)
-    max_dim = int(ctx.params.get("max_dim", 24)) * scale
-    budget = _FOLD_BUDGET.get(ctx.profile, _FOLD_BUDGET["quick"])
-    max_elements = int(ctx.params.get("max_elements", budget[0]))
-    max_fold = int(ctx.params.get("max_fold", budget[1]))
-    stats = {"cases": 0, "outputs": 0, "elements": 0, "kinds": set(), "longest_fold": 0}
+    b = ctx.budget
+    max_dim = int(ctx.params.get("max_dim", 24)) * b.scale
+    max_elements = int(ctx.params.get("max_elements", b.max_size))
+    max_fold = int(ctx.params.get("max_fold", b.max_fold))
+    stats: dict[str, Any] = {"outputs": 0, "elements": 0, "kinds": set(), "longest_fold": 0}
 
-    def check(case: tuple) -> dict | None:
+    def inputs(case: tuple) -> _Fold:
         seed, shape, axis, mix = case
         size = int(np.prod(shape, dtype=np.int64))
         bits = _input_bits(seed, size, mix, xp)[0].reshape(shape)
-        got = _bits(native_fn(bits.view(xp.float32), axis=axis, device=ctx.device))
-        _, _, (outer, length, inner) = red._axis_view(bits, axis)
-        want = _fold_reference(op, to_host(bits).reshape(outer, length, inner))
-        stats["cases"] += 1
-        stats["longest_fold"] = max(stats["longest_fold"], int(length))
-        stats["outputs"] += int(want.size)
+        _, _, dims = red._axis_view(bits, axis)
+        stats["longest_fold"] = max(stats["longest_fold"], int(dims[1]))
         stats["elements"] += size
         stats["kinds"].add("whole" if axis is None else f"axis {axis} of {len(shape)}-d")
-        diff = _first_diff(got, want)
-        if diff is None:
-            return None
-        return {"shape": list(shape), "axis": axis, "mix": mix, "seed": seed, **diff,
-                "detail": f"{op} over axis {axis} of {shape}: output {diff['first_bad_output']} differs"}
+        return _Fold(bits, axis, dims)
 
-    bad = run_hypothesis(ctx, _fold_cases(max_dim, max_elements, max_fold), check)
-    ev = {"op": op, "reference": "spec.reductions fold (softfloat on the host, env cuda)", "device": ctx.device,
-          "max_elements": max_elements, "max_fold": max_fold, "longest_fold": stats["longest_fold"],
-          "route": red.ROUTE if ctx.device == "cuda" else "host float32 in fold order",
-          "outputs": stats["outputs"], "elements": stats["elements"], "layouts": sorted(stats["kinds"]),
-          "seed": ctx.seed}
-    if bad:
-        return violated({**bad, "replay": replay_command(ctx, None)}, f"fold {op}: {bad['detail']}", **ev)
-    return passed(cases=stats["cases"], **ev)
+    def observe(j: Judgement) -> None:
+        stats["outputs"] += j.n
+
+    check = Check(
+        name=f"fold {op}", inputs=inputs,
+        native=lambda f: _bits(native_fn(f.bits.view(xp.float32), axis=f.axis, device=ctx.device)),
+        reference=lambda f: Expected(bits=_fold_reference(op, to_host(f.bits).reshape(f.dims))),
+        agreement=engine.item_agreement(ctx, "bitwise"), cases=_fold_cases(max_dim, max_elements, max_fold),
+        encode=_fold_encode, decode=_fold_decode, describe=_case_json(("seed", "shape", "axis", "mix")),
+        observe=observe,
+        build={"op": op, "reference": "spec.reductions fold (softfloat on the host, env cuda)",
+               "max_elements": max_elements, "max_fold": max_fold,
+               "route": red.ROUTE if ctx.device == "cuda" else "host float32 in fold order"})
+    return engine.run(ctx, check, lambda: {"longest_fold": stats["longest_fold"], "outputs": stats["outputs"],
+                                           "elements": stats["elements"], "layouts": sorted(stats["kinds"])})
 
 
 # -- tree --------------------------------------------------------------------------------------------------
+
+
+def _seed_n_mix_decode(rp: Replay) -> tuple:
+    return rp.values[0], rp.values[1], _mix(rp.values[2])
+
+
+def _seed_n_mix_encode(case: tuple) -> tuple[int, ...]:
+    return case[0], case[1], MIX_NAMES.index(case[2])
 
 
 @register_test("reductions.tree_bitwise")
@@ -201,39 +187,29 @@ def tree_bitwise(ctx: FalsifyContext) -> Outcome:
     """Tree sum bitwise equal to the softfloat evaluation of the stated tree."""
     name, impl = _impl(ctx, "native.reductions:tree_sum")
     xp = array_module(ctx.device)
-    max_n = int(ctx.params.get("max_n", 1 << 15)) * _SCALE.get(ctx.profile, 1) ** 2
+    max_n = int(ctx.params.get("max_n", 1 << 15)) * ctx.budget.scale ** 2
     sizes = st.one_of(st.integers(0, 600), st.integers(0, max_n), st.sampled_from([1, 255, 256, 257, 65537]))
-    stats = {"cases": 0, "elements": 0, "max_passes": 0}
+    stats = {"elements": 0, "max_passes": 0}
 
-    def check(case: tuple) -> dict | None:
+    def inputs(case: tuple) -> Any:
         seed, n, mix = case
-        bits = _input_bits(seed, n, mix, xp)[0]
-        got = _bits(impl(bits.view(xp.float32), device=ctx.device))
-        grids = red.pass_grids(n)
-        want = _bits(ref.tree_sum(bits, grids, red.BLOCK).view(xp.float32))
-        stats["cases"] += 1
         stats["elements"] += n
-        stats["max_passes"] = max(stats["max_passes"], len(grids))
-        diff = _first_diff(got, want)
-        return None if diff is None else {"n": n, "mix": mix, "seed": seed, "grids": grids, **diff,
-                                          "detail": f"n={n}: tree sum differs"}
+        stats["max_passes"] = max(stats["max_passes"], len(red.pass_grids(n)))
+        return _input_bits(seed, n, mix, xp)[0]
+
+    def reference(bits: Any) -> Expected:
+        return Expected(bits=_bits(ref.tree_sum(bits, red.pass_grids(int(bits.size)), red.BLOCK).view(xp.float32)))
 
     # Sizes a pass of the tree treats differently: one thread per element, one trip more, several passes.
     explicit = tuple((ctx.seed, n, "moderate") for n in (200, 1000, 257 * 256 + 3, min(max_n, 600_000)))
-    bad = run_hypothesis(ctx, st.tuples(st.integers(0, 2**32 - 1), sizes, st.sampled_from(_MIX_NAMES)), check,
-                         explicit)
-    ev = {"impl": name, "tree": {"block": red.BLOCK, "max_grid": red.MAX_GRID, "unroll_loads": red.UNROLL,
-                                 "combine": "sh[t] = sh[t] + sh[t + s], s = block/2 .. 1, then repeated"},
-          "elements": stats["elements"], "max_passes": stats["max_passes"], "device": ctx.device, "seed": ctx.seed}
-    if bad:
-        return violated({**bad, "replay": replay_command(ctx, None)}, f"{name}: {bad['detail']}", **ev)
-    return passed(cases=stats["cases"], **ev)
-
-
-def _repeat(ctx: FalsifyContext, impl: Callable[..., Any], n: int, runs: int) -> tuple[list[str], Any]:
-    xp = array_module(ctx.device)
-    x = moderate_floats(ctx.seed, n, xp)
-    return [f"0x{int(_bits(impl(x, device=ctx.device)).reshape(-1)[0]):08X}" for _ in range(runs)], x
+    check = Check(
+        name=name, inputs=inputs, native=lambda bits: _bits(impl(bits.view(xp.float32), device=ctx.device)),
+        reference=reference, agreement=engine.item_agreement(ctx, "bitwise"),
+        cases=st.tuples(st.integers(0, 2**32 - 1), sizes, st.sampled_from(MIX_NAMES)), explicit=explicit,
+        encode=_seed_n_mix_encode, decode=_seed_n_mix_decode, describe=_case_json(("seed", "n", "mix")),
+        build={"impl": name, "tree": {"block": red.BLOCK, "max_grid": red.MAX_GRID, "unroll_loads": red.UNROLL,
+                                      "combine": "sh[t] = sh[t] + sh[t + s], s = block/2 .. 1, then repeated"}})
+    return engine.run(ctx, check, lambda: dict(stats))
 
 
 @register_test("reductions.determinism")
@@ -241,13 +217,14 @@ def determinism(ctx: FalsifyContext) -> Outcome:
     """Repeated runs on one input give identical bits."""
     name, impl = _impl(ctx, "native.reductions:tree_sum")
     runs, n = int(ctx.params.get("runs", 5)), int(ctx.params.get("n", 1 << 18))
-    results, _ = _repeat(ctx, impl, n, runs)
-    distinct = sorted(set(results))
-    ev = {"impl": name, "runs": runs, "n": n, "distinct_results": len(distinct), "device": ctx.device}
-    if len(distinct) > 1:
-        return violated({"results": results, "replay": replay_command(ctx, None)},
-                        f"{name}: {len(distinct)} distinct results in {runs} runs", **ev)
-    return passed(cases=runs, result=results[0], **ev)
+    xp = array_module(ctx.device)
+    agreement = engine.item_agreement(ctx, "determinism", runs=runs)
+    check = Check(
+        name=name, inputs=lambda case: moderate_floats(case[0], case[1], xp),
+        native=lambda x: _bits(impl(x, device=ctx.device)), reference=lambda x: None, agreement=agreement,
+        explicit=((ctx.seed, n),), count=lambda j: runs, encode=lambda c: c, decode=lambda rp: tuple(rp.values[:2]),
+        describe=_case_json(("seed", "n")), build={"impl": name, "runs": runs, "n": n})
+    return engine.run(ctx, check)
 
 
 @register_test("reductions.nonreproducible")
@@ -255,14 +232,15 @@ def nonreproducible(ctx: FalsifyContext) -> Outcome:
     """The atomic path's results vary run to run (measured and kept as evidence)."""
     name, impl = _impl(ctx, "native.reductions:atomic_sum")
     runs, n = int(ctx.params.get("runs", 20)), int(ctx.params.get("n", 1 << 18))
-    results, _ = _repeat(ctx, impl, n, runs)
+    x = moderate_floats(ctx.seed, n, array_module(ctx.device))
+    results = [f"0x{int(_bits(impl(x, device=ctx.device)).reshape(-1)[0]):08X}" for _ in range(runs)]
     distinct = sorted(set(results))
     ev = {"impl": name, "runs": runs, "n": n, "distinct_results": len(distinct), "results": results,
-          "device": ctx.device, "blocks_adding_atomically": red.pass_grids(n)[0]}
+          "blocks_adding_atomically": red.pass_grids(n)[0]}
     if len(distinct) < 2:
-        return violated({"results": results}, f"{name}: {runs} runs agreed; the documented non-reproducibility "
-                        "was not observed (is the path really atomic?)", **ev)
-    return passed(cases=runs, **ev)
+        return engine.outcome_violated(ctx, {"results": results}, f"{name}: {runs} runs agreed; the documented "
+                                       "non-reproducibility was not observed (is the path really atomic?)", **ev)
+    return engine.outcome_passed(ctx, runs, **ev)
 
 
 # -- error bounds ------------------------------------------------------------------------------------------
@@ -283,34 +261,33 @@ def error_bound(ctx: FalsifyContext) -> Outcome:
     order = ctx.params.get("order", "atomic")
     name, impl = _impl(ctx, f"native.reductions:{red.SUMS[order].__name__}")
     xp = array_module(ctx.device)
-    max_n = int(ctx.params.get("max_n", 1 << 16)) * _SCALE.get(ctx.profile, 1) ** 2
+    max_n = int(ctx.params.get("max_n", 1 << 16)) * ctx.budget.scale ** 2
     worst = {"ratio": 0.0}
 
-    def check(case: tuple) -> dict | None:
-        seed, n = case
-        x = moderate_floats(seed, n, xp)
-        got = float(to_host(impl(x, device=ctx.device)))
+    def reference(x: Any) -> Expected:
         xs = to_host(x).astype(np.float64)
+        n = int(xs.size)
         exact = math.fsum(xs)
-        abs_sum = math.fsum(np.abs(xs))
-        h = _depth(order, n)
         flush = red.pass_grids(n)[0] * 2.0**-126 if order == "atomic" else 0.0
-        bound = ref.gamma(h) * abs_sum + 2.0**-53 * abs(exact) + flush
-        err = abs(got - exact)
-        worst["ratio"] = max(worst["ratio"], err / bound if bound else 0.0)
-        if err <= bound:
-            return None
-        return {"n": n, "seed": seed, "native": got, "exact": exact, "error": err, "bound": bound, "depth": h,
-                "detail": f"n={n}: error {err:.3e} > bound {bound:.3e}"}
+        bound = ref.gamma(_depth(order, n)) * math.fsum(np.abs(xs)) + 2.0**-53 * abs(exact) + flush
+        return Expected(value=np.array([exact]), bound=np.array([bound]))
 
-    bad = run_hypothesis(ctx, st.tuples(st.integers(0, 2**32 - 1), st.integers(0, max_n)), check)
-    ev = {"impl": name, "order": order, "u": "2^-24", "bound": "gamma_h * sum|x| + 2^-53 |exact| (+ grid * 2^-126 "
-          "for atomic flushes); h = additions on the longest path of the order's tree",
-          "reference": "math.fsum (exactly rounded float64)", "worst_error_over_bound": worst["ratio"],
-          "device": ctx.device}
-    if bad:
-        return violated({**bad, "replay": replay_command(ctx, None)}, f"{name}: {bad['detail']}", **ev)
-    return passed(cases=int(ctx.params.get("max_examples", PROFILE_EXAMPLES.get(ctx.profile, 12))), **ev)
+    def observe(j: Judgement) -> None:
+        err = abs(float(j.native[0][0]) - float(j.expected[0].value[0]))
+        bound = float(j.expected[0].bound[0])
+        worst["ratio"] = max(worst["ratio"], err / bound if bound else 0.0)
+
+    agreement = engine.item_agreement(ctx, "error_bound", bound_name="gamma_h * sum|x| + 2^-53 |exact| "
+                                      "(+ grid * 2^-126 for atomic flushes); h = additions on the longest path "
+                                      "of the order's tree")
+    check = Check(
+        name=name, inputs=lambda case: moderate_floats(case[0], case[1], xp),
+        native=lambda x: np.asarray(to_host(impl(x, device=ctx.device)), dtype=np.float32).reshape(1),
+        reference=reference, agreement=agreement, cases=st.tuples(st.integers(0, 2**32 - 1), st.integers(0, max_n)),
+        encode=lambda c: c, decode=lambda rp: tuple(rp.values[:2]), describe=_case_json(("seed", "n")),
+        observe=observe, build={"impl": name, "order": order, "u": "2^-24",
+                                "reference": "math.fsum (exactly rounded float64)"})
+    return engine.run(ctx, check, lambda: {"worst_error_over_bound": worst["ratio"]})
 
 
 # -- scatter-add, empty inputs, bandwidth --------------------------------------------------------------------
@@ -321,96 +298,89 @@ def scatter_bitwise(ctx: FalsifyContext) -> Outcome:
     """Deterministic scatter-add bitwise equal to adding duplicates in increasing source order."""
     name, impl = _impl(ctx, "native.reductions:scatter_add")
     xp = array_module(ctx.device)
-    max_src = int(ctx.params.get("max_src", 400)) * _SCALE.get(ctx.profile, 1)
-    stats = {"cases": 0, "duplicates": 0}
+    max_src = int(ctx.params.get("max_src", 400)) * ctx.budget.scale
+    stats = {"duplicates": 0}
 
-    def check(case: tuple) -> dict | None:
+    def inputs(case: tuple) -> tuple:
         seed, n_out, m, mix = case
-        rng = np.random.default_rng(seed)
-        idx = xp.asarray(rng.integers(0, n_out, m))
+        idx = xp.asarray(np.random.default_rng(seed).integers(0, n_out, m))
         src, init = _input_bits(seed, m, mix, xp, 2)
         out0 = init[:n_out] if m >= n_out else xp.zeros(n_out, dtype=xp.uint32)
-        got = _bits(impl(out0.view(xp.float32), idx, src.view(xp.float32), device=ctx.device))
-        want = _bits(ref.scatter_add(out0, idx, src).view(xp.float32))
-        stats["cases"] += 1
         stats["duplicates"] += m - len(set(to_host(idx).tolist()))
-        diff = _first_diff(got, want)
-        return None if diff is None else {"n_out": n_out, "m": m, "seed": seed, "mix": mix, **diff,
-                                          "detail": f"{m} sources into {n_out} outputs differ"}
+        return out0, idx, src
 
-    strat = st.tuples(st.integers(0, 2**32 - 1), st.integers(1, 40), st.integers(0, max_src),
-                      st.sampled_from(_MIX_NAMES))
-    bad = run_hypothesis(ctx, strat, check)
-    ev = {"impl": name, "duplicates_added": stats["duplicates"], "device": ctx.device,
-          "order": "duplicates in increasing source index"}
-    if bad:
-        return violated({**bad, "replay": replay_command(ctx, None)}, f"{name}: {bad['detail']}", **ev)
-    return passed(cases=stats["cases"], **ev)
+    check = Check(
+        name=name, inputs=inputs,
+        native=lambda a: _bits(impl(a[0].view(xp.float32), a[1], a[2].view(xp.float32), device=ctx.device)),
+        reference=lambda a: Expected(bits=_bits(ref.scatter_add(*a).view(xp.float32))),
+        agreement=engine.item_agreement(ctx, "bitwise"),
+        cases=st.tuples(st.integers(0, 2**32 - 1), st.integers(1, 40), st.integers(0, max_src),
+                        st.sampled_from(MIX_NAMES)),
+        encode=lambda c: (c[0], c[1], c[2], MIX_NAMES.index(c[3])),
+        decode=lambda rp: (rp.values[0], rp.values[1], rp.values[2], _mix(rp.values[3])),
+        describe=_case_json(("seed", "n_out", "m", "mix")),
+        build={"impl": name, "order": "duplicates in increasing source index"})
+    return engine.run(ctx, check, lambda: {"duplicates_added": stats["duplicates"]})
 
 
-_EMPTY_EXPECT: dict[str, Callable[[np.ndarray], bool]] = {
-    "sum": lambda b: bool((b == 0x00000000).all()),
-    "mean": lambda b: bool((b == 0x7FFFFFFF).all()),
-    "max": lambda b: bool((b == 0xFF800000).all()),
+# label -> (kind, call on an empty float32 array, number of outputs)
+_EMPTY_CASES: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
+    "sum/fold": ("sum", lambda x, d: red.fold_sum(x, device=d)),
+    "sum/tree": ("sum", lambda x, d: red.tree_sum(x, device=d)),
+    "sum/atomic": ("sum", lambda x, d: red.atomic_sum(x, device=d)),
+    "mean/fold": ("mean", lambda x, d: red.mean(x, device=d)),
+    "mean/tree": ("mean", lambda x, d: red.mean(x, device=d, order="tree")),
+    "max/fold": ("max", lambda x, d: red.fold_max(x, device=d)),
+    "sum/axis": ("sum", lambda x, d: red.fold_sum(x.reshape(3, 0), axis=1, device=d)),
+    "max/axis": ("max", lambda x, d: red.fold_max(x.reshape(3, 0), axis=1, device=d)),
+    "mean/axis": ("mean", lambda x, d: red.mean(x.reshape(3, 0), axis=1, device=d)),
 }
+_EMPTY_BITS: dict[str, int] = {"sum": 0x00000000, "mean": 0x7FFFFFFF, "max": 0xFF800000}
+_EMPTY_LABELS = tuple(_EMPTY_CASES)
 
 
 @register_test("reductions.empty")
 def empty(ctx: FalsifyContext) -> Outcome:
     """Empty reductions: sum +0 (fold, tree, atomic), mean NaN, max -Inf, also along a zero-length axis."""
     xp = array_module(ctx.device)
-    cases = {
-        "sum/fold": ("sum", lambda x: red.fold_sum(x, device=ctx.device)),
-        "sum/tree": ("sum", lambda x: red.tree_sum(x, device=ctx.device)),
-        "sum/atomic": ("sum", lambda x: red.atomic_sum(x, device=ctx.device)),
-        "mean/fold": ("mean", lambda x: red.mean(x, device=ctx.device)),
-        "mean/tree": ("mean", lambda x: red.mean(x, device=ctx.device, order="tree")),
-        "max/fold": ("max", lambda x: red.fold_max(x, device=ctx.device)),
-        "sum/axis": ("sum", lambda x: red.fold_sum(x.reshape(3, 0), axis=1, device=ctx.device)),
-        "max/axis": ("max", lambda x: red.fold_max(x.reshape(3, 0), axis=1, device=ctx.device)),
-        "mean/axis": ("mean", lambda x: red.mean(x.reshape(3, 0), axis=1, device=ctx.device)),
-    }
-    got = {}
-    for label, (kind, fn) in cases.items():
-        b = _bits(fn(xp.zeros(0, dtype=xp.float32)))
-        got[label] = [f"0x{int(v):08X}" for v in b.reshape(-1)]
-        if not _EMPTY_EXPECT[kind](b):
-            return violated({"case": label, "bits": got[label]}, f"empty {label} gave {got[label]}", results=got)
-    return passed(cases=len(cases), results=got, documented={"sum": "+0", "mean": "NaN (0x7FFFFFFF)",
-                                                            "max": "-Inf (the identity of maximum)"})
+    got: dict[str, list[str]] = {}
 
+    def native(label: str) -> np.ndarray:
+        b = _bits(_EMPTY_CASES[label][1](xp.zeros(0, dtype=xp.float32), ctx.device)).reshape(-1)
+        got[label] = [f"0x{int(v):08X}" for v in b]
+        return b
 
-def _time_ms(fn: Callable[[], Any], reps: int) -> float:
-    import cupy
+    def reference(label: str) -> Expected:
+        n = 3 if label.endswith("/axis") else 1
+        return Expected(bits=np.full(n, _EMPTY_BITS[_EMPTY_CASES[label][0]], dtype=np.uint32))
 
-    for _ in range(3):
-        fn()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    for _ in range(reps):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return cupy.cuda.get_elapsed_time(start, stop) / reps
+    check = Check(
+        name="empty reductions", inputs=lambda label: label, native=native, reference=reference,
+        agreement=engine.item_agreement(ctx, "bitwise"), explicit=_EMPTY_LABELS,
+        encode=lambda label: (_EMPTY_LABELS.index(label),), decode=lambda rp: _EMPTY_LABELS[rp.values[0]],
+        describe=lambda label: {"case": label},
+        build={"documented": {"sum": "+0", "mean": "NaN (0x7FFFFFFF)", "max": "-Inf (the identity of maximum)"}})
+    return engine.run(ctx, check, lambda: {"results": dict(got)})
 
 
 @register_test("reductions.bandwidth", devices=("host", "cuda"))
 def bandwidth(ctx: FalsifyContext) -> Outcome:
     """Deterministic tree sum of n float32 reads at >= tolerance x the throughput of cupy.sum (same run)."""
-    if (skip := _cuda_only(ctx)) is not None:
-        return skip
+    if ctx.device != "cuda":
+        return skipped("needs a CUDA device")
     import cupy
 
     n, reps = int(ctx.params.get("n", 1 << 28)), int(ctx.params.get("reps", 20))
     x = cupy.asarray(moderate_floats(ctx.seed, 1 << 20)).repeat(max(n >> 20, 1))[:n]
     t0 = time.perf_counter()
-    ours = _time_ms(lambda: red.tree_sum(x, device="cuda"), reps)
-    peer = _time_ms(lambda: cupy.sum(x), reps)
+    ours = engine.time_ms(lambda: red.tree_sum(x, device="cuda"), reps, warmup=3)
+    peer = engine.time_ms(lambda: cupy.sum(x), reps, warmup=3)
     gbs = {"tree_sum": n * 4 / ours / 1e6, "cupy.sum": n * 4 / peer / 1e6}
     ratio = gbs["tree_sum"] / gbs["cupy.sum"]
     want = float(ctx.tolerance if ctx.tolerance is not None else 0.8)
     ev = {"timings_ms": {"tree_sum": ours, "cupy.sum": peer}, "GB_per_s": gbs, "ratio": ratio, "n": n,
           "reps": reps, "wall_s": time.perf_counter() - t0, "goal_ratio": want}
     if ratio < want:
-        return violated({"ratio": ratio}, f"tree sum reads at {ratio:.2f}x cupy.sum (< {want})", **ev)
-    return passed(cases=reps, **ev)
+        return engine.outcome_violated(ctx, {"ratio": ratio}, f"tree sum reads at {ratio:.2f}x cupy.sum (< {want})",
+                                       **ev)
+    return engine.outcome_passed(ctx, reps, **ev)

@@ -9,10 +9,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from falsification.profiles import Budget, Profile, budget_for
 from obligations.core.results import Outcome
 
-__all__ = ["FalsifyContext", "FalsificationTest", "register_test", "guarded", "get_test", "registered_tests",
-           "load_builtin_tests"]
+__all__ = ["FalsifyContext", "Replay", "FalsificationTest", "register_test", "guarded", "get_test",
+           "registered_tests", "load_builtin_tests"]
+
+
+@dataclass(frozen=True)
+class Replay:
+    """One concrete case to re-check instead of a search: its integer encoding and scalar operand bits.
+
+    Every engine check encodes its cases as integers (operand bits for an element, or a call's seed,
+    sizes and choices); ``kc replay CONTRACT ID --bits V,V,... [--scalars S,...]`` passes them back.
+    """
+
+    values: tuple[int, ...]
+    scalars: tuple[int, ...] = ()
+
+    @classmethod
+    def parse(cls, values: Any, scalars: Any = ()) -> Replay:
+        """From hex/decimal strings or ints."""
+        return cls(tuple(int(str(v), 0) for v in values), tuple(int(str(s), 0) for s in scalars))
 
 
 @dataclass(frozen=True)
@@ -24,11 +42,20 @@ class FalsifyContext:
     """
 
     device: str  # "host" or "cuda"
-    profile: str  # "quick" (CPU CI) or "full" (GPU)
+    profile: Profile  # quick (CPU CI) or full (GPU); a str is converted
     seed: int
     item: dict[str, Any]
     contract: dict[str, Any] = field(default_factory=dict)
     contract_path: str = ""
+    replay: Replay | None = None  # re-check this one case instead of searching
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "profile", Profile.of(self.profile))
+
+    @property
+    def budget(self) -> Budget:
+        """The budget of this item's test under the run's profile, with the item's overrides."""
+        return budget_for(str(self.item.get("test", "default")), self.profile, self.params)
 
     @property
     def params(self) -> dict[str, Any]:
@@ -63,6 +90,8 @@ BUILTIN_TEST_MODULES: tuple[str, ...] = (
     "falsification.elementwise_tests",
     "falsification.reductions_tests",
     "falsification.gemm_tests",
+    "falsification.rng_tests",
+    "falsification.transfer_tests",
 )
 
 

@@ -19,29 +19,25 @@ Registered names and their ``params`` (``variant`` selects a planted-bug build; 
 from __future__ import annotations
 
 import math
-import random
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, Phase, Verbosity, find, settings
 from hypothesis import strategies as st
-from hypothesis.errors import NoSuchExample
 
-from falsification.registry import FalsifyContext, guarded, register_test
+from falsification import engine
+from falsification.agreement import Expected
+from falsification.engine import Check
+from falsification.registry import FalsifyContext, Replay, guarded, register_test
 from native import rng as native
 from obligations.core.device import array_module, to_host
-from obligations.core.results import Outcome, error, passed, violated
+from obligations.core.results import Outcome, error
 from obligations.core.symbolic import Term, tracking
 from spec import rng as spec
 from spec import softfloat as sf
 
 __all__ = ["RngCase", "rng_cases", "compare_case", "chi_square_sf", "uniformity_statistics"]
 
-_QUICK = {"max_examples": 25, "max_size": 512}
-_FULL = {"max_examples": 150, "max_size": 4096}
-_BIG_QUICK, _BIG_FULL = 1 << 14, 1 << 20  # the explicit first case: one large call
 
 
 @dataclass(frozen=True)
@@ -143,21 +139,19 @@ def compare_case(output: str, case: RngCase, device: str, variant: str | None, u
     return el
 
 
-def _budget(ctx: FalsifyContext) -> dict[str, int]:
-    b = dict(_FULL if ctx.profile == "full" else _QUICK)
-    b.update({k: int(ctx.params[k]) for k in ("max_examples", "max_size") if k in ctx.params})
-    return b
+def _encode(case: RngCase) -> tuple[int, ...]:
+    return (case.seed, case.counter, case.keep_prob_bits, case.x_seed, *case.shape)
 
 
-def _find_settings(max_examples: int) -> settings:
-    return settings(max_examples=max_examples, deadline=None, database=None, derandomize=False,
-                    suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
-                    phases=(Phase.generate, Phase.shrink), report_multiple_bugs=False)
+def _decode(rp: Replay) -> RngCase:
+    v = rp.values
+    if len(v) < 5:
+        raise ValueError("an RNG case is seed, counter, keep_prob bits, x seed, then the shape")
+    return RngCase(v[0], v[1], tuple(v[4:]), v[2], v[3])
 
 
-def _evidence(ctx: FalsifyContext, **more: Any) -> dict[str, Any]:
-    ev: dict[str, Any] = {"device": ctx.device, "seed": ctx.seed, "profile": ctx.profile,
-                          "variant": ctx.params.get("variant", "default")}
+def _build(ctx: FalsifyContext, **more: Any) -> dict[str, Any]:
+    ev: dict[str, Any] = {"variant": ctx.params.get("variant", "default")}
     if ctx.device == "cuda":
         ev["compile"] = native.route_evidence()
     ev.update(more)
@@ -173,34 +167,24 @@ def agreement(ctx: FalsifyContext) -> Outcome:
         return error(f"params.output must be one of {sorted(native.MODES)}")
     bound = int(ctx.tolerance or 0) if output == "normal" else 0
     variant = ctx.params.get("variant")
-    b = _budget(ctx)
-    t0 = time.perf_counter()
-    big = RngCase(ctx.seed, 0, (_BIG_FULL if ctx.profile == "full" else _BIG_QUICK,), 0x3F800000, ctx.seed)
-    first = compare_case(output, big, ctx.device, variant, bound)
-    calls = [0]
+    b = ctx.budget
+    big = RngCase(ctx.seed, 0, (b.bulk,), 0x3F800000, ctx.seed)
+    ag = (engine.item_agreement(ctx, "max_ulp", bound=bound) if output == "normal"
+          else engine.item_agreement(ctx, "bitwise"))
 
-    def disagrees(case: RngCase) -> bool:
-        calls[0] += 1
-        return compare_case(output, case, ctx.device, variant, bound) is not None
+    def inputs(case: RngCase) -> tuple[RngCase, np.ndarray, np.ndarray | None]:
+        ref, x = _reference(output, case)
+        return case, ref, x
 
-    try:
-        shrunk = find(rng_cases(b["max_size"]), disagrees, settings=_find_settings(b["max_examples"]),
-                      random=random.Random(ctx.seed))
-    except NoSuchExample:
-        shrunk = None
-    ev = _evidence(ctx, output=output, agreement="bitwise" if output != "normal" else f"max_ulp <= {bound}",
-                   big_case_elements=big.shape[0], hypothesis_calls=calls[0], max_size=b["max_size"],
-                   seconds=round(time.perf_counter() - t0, 3))
+    build = _build(ctx, output=output, big_case_elements=b.bulk, max_size=b.max_size)
     if output == "normal":
-        ev["reference"] = "binary64 pinned u1 and t; log/sqrt/cos in numpy longdouble; rounded once to binary32"
-    if shrunk is None and first is None:
-        return passed(cases=calls[0] + 1, elements=big.shape[0], **ev)
-    case, el = (shrunk, compare_case(output, shrunk, ctx.device, variant, bound)) if shrunk else (big, first)
-    cex = {"call": case.to_json(), "element": el,
-           "replay": f"kc check {ctx.contract_path} --only {ctx.item.get('id')} --seed {ctx.seed} "
-                     f"--device {ctx.device}"}
-    return violated(cex, f"{output} on {ctx.device} disagrees with spec.rng at element {el['index']} of the call "
-                         f"{case.to_json()['shape']} (seed {case.seed}, counter {case.counter})", **ev)
+        build["reference"] = "binary64 pinned u1 and t; log/sqrt/cos in numpy longdouble; rounded once to binary32"
+    check = Check(
+        name=f"rng {output}", inputs=inputs,
+        native=lambda a: _native(output, a[0], ctx.device, variant, a[2]),
+        reference=lambda a: Expected(bits=a[1]), agreement=ag, cases=rng_cases(b.max_size), explicit=(big,),
+        encode=_encode, decode=_decode, describe=lambda case: case.to_json(), build=build)
+    return engine.run(ctx, check)
 
 
 @register_test("rng.cross_device", devices=("cuda",))
@@ -209,7 +193,7 @@ def cross_device(ctx: FalsifyContext) -> Outcome:
     """CUDA equals the host path: bitwise for bits/uniform/mask/dropout, normal within the tolerance (ULPs)."""
     p = ctx.params
     outputs = list(p.get("outputs", ["bits", "uniform", "mask", "dropout", "normal"]))
-    size = int(p.get("size", 1 << (22 if ctx.profile == "full" else 18)))
+    size = int(p.get("size", ctx.budget.bulk))
     seeds = [int(s) for s in p.get("seeds", [ctx.seed, 2**64 - 1])]
     bound = int(ctx.tolerance or 0)
     stats: dict[str, Any] = {}
@@ -230,10 +214,10 @@ def cross_device(ctx: FalsifyContext) -> Outcome:
                 i = int(np.argmax(d))
                 cex = {"output": out, "call": case.to_json(), "index": i, "cuda": f"0x{int(c[i]):08X}",
                        "host": f"0x{int(h[i]):08X}", "distance": float(d[i])}
-                return violated(cex, f"{out}: CUDA and host differ at element {i}", **_evidence(ctx))
+                return engine.outcome_violated(ctx, cex, f"{out}: CUDA and host differ at element {i}", **_build(ctx))
         stats[out] = {"max_distance": worst, "elements_differing": nonzero, "elements": size * len(seeds)}
-    return passed(cases=len(outputs) * len(seeds), elements=size * len(seeds) * len(outputs),
-                  per_output=stats, normal_ulp_bound=bound, **_evidence(ctx))
+    return engine.outcome_passed(ctx, len(outputs) * len(seeds), elements=size * len(seeds) * len(outputs),
+                                 per_output=stats, normal_ulp_bound=bound, **_build(ctx))
 
 
 @register_test("rng.uniform_map_model")
@@ -242,13 +226,14 @@ def uniform_map_model(ctx: FalsifyContext) -> Outcome:
     """The kernel's uniform map equals the integer model uniform_map_plan (all 2^24 distinct inputs on full)."""
     variant = ctx.params.get("variant")
     plan_fn = native.design_uniform_map_plan if ctx.params.get("model") == "design" else native.uniform_map_plan
-    if ctx.profile == "full":
+    exhaustive = ctx.budget.bulk >= 1 << 24
+    if exhaustive:
         u24 = np.arange(1 << 24, dtype=np.int64)
     else:
         g = np.random.default_rng(ctx.seed)
         u24 = np.unique(np.concatenate([np.arange((1 << 24) - (1 << 20), 1 << 24, dtype=np.int64),
                                         np.arange(0, 4096, dtype=np.int64),
-                                        g.integers(0, 1 << 24, 1 << 18, dtype=np.int64)]))
+                                        g.integers(0, 1 << 24, ctx.budget.bulk, dtype=np.int64)]))
     # The low 8 bits vary too: the map must ignore them (255 for the top region, random elsewhere).
     low = np.random.default_rng(ctx.seed + 1).integers(0, 256, u24.size, dtype=np.int64)
     words = (u24 << 8) | low
@@ -257,14 +242,16 @@ def uniform_map_model(ctx: FalsifyContext) -> Outcome:
     got = to_host(native.uniform_map(array_module(ctx.device).asarray(words.astype(np.uint32)), device=ctx.device,
                                      variant=variant)).astype(np.int64)
     bad = np.flatnonzero(got != model)
-    ev = _evidence(ctx, inputs=int(words.size), coverage="all 2^24 values of u >> 8" if ctx.profile == "full"
-                   else "top 2^20 values of u >> 8, 0..4095 and 2^18 random", max_bits=f"0x{int(got.max()):08X}")
+    ev = _build(ctx, inputs=int(words.size), coverage="all 2^24 values of u >> 8" if exhaustive
+                else f"top 2^20 values of u >> 8, 0..4095 and {ctx.budget.bulk} random",
+                max_bits=f"0x{int(got.max()):08X}")
     if bad.size:
         i = int(bad[0])
         cex = {"u": f"0x{int(words[i]):08X}", "kernel": f"0x{int(got[i]):08X}", "model": f"0x{int(model[i]):08X}",
                "disagreements": int(bad.size)}
-        return violated(cex, "the kernel's uniform map differs from the model the enumeration checks", **ev)
-    return passed(cases=int(words.size), **ev)
+        return engine.outcome_violated(ctx, cex, "the kernel's uniform map differs from the model the enumeration "
+                                       "checks", **ev)
+    return engine.outcome_passed(ctx, int(words.size), **ev)
 
 
 # -- statistics ----------------------------------------------------------------------------------------
@@ -367,9 +354,10 @@ def statistics(ctx: FalsifyContext) -> Outcome:
     tests = sum(len(r) for r in per_seed.values())
     threshold = alpha / tests
     worst = min((r["p"], s, name) for s, rs in per_seed.items() for name, r in rs.items())
-    ev = _evidence(ctx, alpha=alpha, statistics=tests, per_test_threshold=threshold, elements_per_stream=n,
+    ev = _build(ctx, alpha=alpha, statistics=tests, per_test_threshold=threshold, elements_per_stream=n,
                    results=per_seed, smallest_p={"p": worst[0], "seed": worst[1], "statistic": worst[2]})
     if worst[0] < threshold:
-        return violated({"seed": int(worst[1]), "statistic": worst[2], "p": worst[0], "threshold": threshold},
-                        f"{worst[2]} at seed {worst[1]}: p = {worst[0]:.3g} < alpha / {tests}", **ev)
-    return passed(cases=tests, **ev)
+        return engine.outcome_violated(
+            ctx, {"seed": int(worst[1]), "statistic": worst[2], "p": worst[0], "threshold": threshold},
+            f"{worst[2]} at seed {worst[1]}: p = {worst[0]:.3g} < alpha / {tests}", **ev)
+    return engine.outcome_passed(ctx, tests, **ev)

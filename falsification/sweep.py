@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from falsification.agreement import NAN_MISMATCH, ulp_distance
+from falsification.float32_inputs import BatchSpec, generate_bits
 from falsification.fused_reference import fused_approx_reference, has_fused_reference
-from falsification.strategies import BatchSpec, generate_bits
 from native.elementwise import get_kernel, run_flat
 from native.nvrtc import get_route
 from obligations.core.device import array_module, resolve_device

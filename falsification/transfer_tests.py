@@ -15,25 +15,24 @@ Registered names and their ``params`` (``variant`` selects a planted-bug build; 
 
 from __future__ import annotations
 
-import random
-import time
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, Phase, Verbosity, find, settings
 from hypothesis import strategies as st
-from hypothesis.errors import NoSuchExample
 
+from falsification import engine
+from falsification.agreement import Expected
+from falsification.engine import Check, Elements
 from falsification.registry import FalsifyContext, guarded, register_test
 from native import transfer as native
 from obligations.core.device import array_module
-from obligations.core.results import Outcome, passed, violated
+from obligations.core.results import Outcome
 from spec.transfer import TargetFormat, convert_reference, get_target, is_nan_bits, overflow_threshold_bits
 
 __all__ = ["edge_inputs", "bulk_inputs", "f64_bits", "h2d_disagreements", "D2H_FORMATS", "d2h_patterns"]
 
-_Q = {"bulk": 1 << 16, "max_examples": 60}
-_F = {"bulk": 1 << 22, "max_examples": 300}
+# float64 values a minimised input is tried at first: zeros, one, the smallest subnormal, Inf, NaN, 2.
+_F64_COMMON = (0, 1 << 63, 0x3FF0000000000000, 1, 0x7FF0000000000000, 0x7FF8000000000000, 0x4000000000000000)
 
 
 def _compose(sign: int, exp: int, man: int, tail: int, t: TargetFormat) -> int:
@@ -104,16 +103,8 @@ def h2d_disagreements(x_bits: np.ndarray, target: str, device: str, variant: str
             "nan_payload_equal": int((ref_nan & (got == ref)).sum())}
 
 
-def _simplest(x: np.ndarray, idx: np.ndarray) -> int:
-    """Index (into x) of the simplest failing input: fewest set bits, then smallest pattern."""
-    pop = np.array([bin(int(v)).count("1") for v in x[idx]])
-    order = np.lexsort((x[idx], pop))
-    return int(idx[order[0]])
-
-
 def _element(x: int, target: str, got: int, ref: int) -> dict[str, Any]:
-    t = get_target(target)
-    width = t.width // 4
+    width = get_target(target).width // 4
     return {"input_bits": f"0x{x:016X}", "input": repr(float(np.array([x], np.uint64).view(np.float64)[0])),
             "native": f"0x{got:0{width}X}", "reference": f"0x{ref:0{width}X}"}
 
@@ -133,56 +124,59 @@ def _stock_astype_probe(x: np.ndarray, target: str) -> dict[str, Any] | None:
     return {"route": "cupy-stock astype", "non_nan_disagreements": int(bad.size), "example": ex}
 
 
+def _case_json(case: tuple[int, ...]) -> dict[str, Any]:
+    if len(case) <= 32:
+        return {"inputs": [f"0x{v:016X}" for v in case]}
+    return {"inputs": len(case), "kind": "edge inputs and the bulk sample"}
+
+
+def _encode(case: tuple[int, ...]) -> tuple[int, ...]:
+    if len(case) > 32:
+        raise ValueError("the bulk case replays by its seed")
+    return case
+
+
 @register_test("transfer.h2d_rounding")
 @guarded()
 def h2d_rounding(ctx: FalsifyContext) -> Outcome:
     """float64 -> target on the device equals softfloat round-to-nearest-even (NaN -> a NaN)."""
     target = str(ctx.params["format"])
-    get_target(target)
+    t = get_target(target)
     variant = ctx.params.get("variant")
-    b = dict(_F if ctx.profile == "full" else _Q)
-    b.update({k: int(ctx.params[k]) for k in ("bulk", "max_examples") if k in ctx.params})
-    t0 = time.perf_counter()
+    b = ctx.budget
     edges = edge_inputs(target)
-    x = np.concatenate([edges, bulk_inputs(target, b["bulk"], ctx.seed)])
-    res = h2d_disagreements(x, target, ctx.device, variant)
-    calls = [0]
+    x = np.concatenate([edges, bulk_inputs(target, b.bulk, ctx.seed)])
+    width = t.width // 4
 
-    def fails(xs: list[int]) -> bool:
-        calls[0] += 1
-        return h2d_disagreements(np.array(xs, dtype=np.uint64), target, ctx.device, variant)["bad"].size > 0
+    def native_bits(xs: np.ndarray) -> np.ndarray:
+        return native.download(native.upload(xs.view(np.float64), target, device=ctx.device, variant=variant))
 
-    sett = settings(max_examples=b["max_examples"], deadline=None, database=None, verbosity=Verbosity.quiet,
-                    suppress_health_check=list(HealthCheck), phases=(Phase.generate, Phase.shrink))
-    try:
-        shrunk = find(st.lists(f64_bits(target), min_size=1, max_size=32), fails, settings=sett,
-                      random=random.Random(ctx.seed))
-    except NoSuchExample:
-        shrunk = None
-    ev: dict[str, Any] = {
-        "format": target, "device": ctx.device, "variant": variant or "default", "reference": "spec.softfloat.convert "
-        "(binary64 -> target, rne, env ieee)", "edge_inputs": int(edges.size), "bulk_inputs": int(x.size - edges.size),
-        "hypothesis_calls": calls[0], "nan_inputs": res["nan_inputs"], "nan_payload_equal": res["nan_payload_equal"],
-        "seconds": round(time.perf_counter() - t0, 3),
-    }
-    if ctx.device == "cuda":
-        ev["compile"] = native.route_evidence()
-        ev["stock_cupy_astype"] = _stock_astype_probe(x, target)
-    if res["bad"].size == 0 and shrunk is None:
-        return passed(cases=int(x.size) + calls[0], **ev)
-    if shrunk is not None:
-        s = np.array(shrunk, dtype=np.uint64)
-        r = h2d_disagreements(s, target, ctx.device, variant)
-        i = int(r["bad"][0])
-        el = _element(int(s[i]), target, int(r["got"][i]), int(r["ref"][i]))
-    else:
-        i = _simplest(x, res["bad"])
-        el = _element(int(x[i]), target, int(res["got"][i]), int(res["ref"][i]))
-    cex = {"element": el, "bulk_disagreements": int(res["bad"].size),
-           "replay": f"kc check {ctx.contract_path} --only {ctx.item.get('id')} --seed {ctx.seed} "
-                     f"--device {ctx.device}"}
-    return violated(cex, f"float64 {el['input']} -> {target} gave {el['native']}, round-to-nearest-even gives "
-                         f"{el['reference']}", **ev)
+    def describe_element(xs: np.ndarray, i: int) -> dict[str, Any]:
+        v = int(xs[i])
+        return {"input_bits": f"0x{v:016X}", "input": repr(float(np.array([v], np.uint64).view(np.float64)[0]))}
+
+    check = Check(
+        name=f"float64 -> {target}", inputs=lambda case: np.array(case, dtype=np.uint64), native=native_bits,
+        reference=lambda xs: Expected(bits=convert_reference(xs, target)),
+        agreement=engine.item_agreement(ctx, "bitwise", nan_policy="class", fmt=target),
+        cases=st.lists(f64_bits(target), min_size=1, max_size=b.max_size).map(tuple),
+        explicit=(tuple(int(v) for v in x),), count=lambda j: j.n, encode=_encode,
+        decode=lambda rp: tuple(rp.values), describe=_case_json,
+        elements=Elements(operands=lambda xs, i: (int(xs[i]),), batch=lambda tuples, case: tuple(v for (v,) in tuples),
+                          describe=describe_element, common=_F64_COMMON, width=64),
+        build={"format": target, "variant": variant or "default", "digits": width,
+               "reference": "spec.softfloat.convert (binary64 -> target, rne, env ieee)",
+               "edge_inputs": int(edges.size), "bulk_inputs": int(x.size - edges.size)})
+
+    def extra() -> dict[str, Any]:
+        res = h2d_disagreements(x, target, ctx.device, variant)
+        ev = {"nan_inputs": res["nan_inputs"], "nan_payload_equal": res["nan_payload_equal"]}
+        if ctx.device == "cuda":
+            ev["compile"] = native.route_evidence()
+            ev["stock_cupy_astype"] = _stock_astype_probe(x, target)
+        return ev
+
+    return engine.run(ctx, check, extra)
 
 
 # -- device -> host ------------------------------------------------------------------------------------
@@ -215,27 +209,25 @@ def d2h_patterns(fmt: str, seed: int, n_random: int) -> np.ndarray:
 @guarded()
 def d2h_bits(ctx: FalsifyContext) -> Outcome:
     """Arrays stored on the device come back to the host with every bit unchanged (NaN payloads, sNaN, -0)."""
-    formats = list(ctx.params.get("formats", list(D2H_FORMATS)))
+    formats = tuple(ctx.params.get("formats", list(D2H_FORMATS)))
     variant = ctx.params.get("variant")
     xp = array_module(ctx.device)
-    n_random = 1 << (22 if ctx.profile == "full" else 16)
-    cases = 0
+    n_random = ctx.budget.bulk
     per: dict[str, Any] = {}
-    for fmt in formats:
+
+    def native_bits(a: tuple[str, np.ndarray]) -> np.ndarray:
+        fmt, pat = a
         udt, fdt = D2H_FORMATS[fmt]
-        pat = d2h_patterns(fmt, ctx.seed, n_random)
         dev = xp.asarray(pat)  # stored by a byte copy, then read back as the float type the device holds
         dev = dev.view(getattr(xp, fdt)) if fdt else dev
-        back = native.download(dev, variant=variant)
-        got = back.view(udt)
-        bad = np.flatnonzero(got != pat)
-        cases += int(pat.size)
-        per[fmt] = {"patterns": int(pat.size), "changed": int(bad.size), "dtype_on_device": fdt or udt}
-        if bad.size:
-            i = int(bad[np.argmin([bin(int(v)).count("1") for v in pat[bad]])])
-            w = np.dtype(udt).itemsize * 2
-            cex = {"format": fmt, "stored": f"0x{int(pat[i]):0{w}X}", "downloaded": f"0x{int(got[i]):0{w}X}",
-                   "changed": int(bad.size)}
-            return violated(cex, f"{fmt}: the stored pattern {cex['stored']} came back as {cex['downloaded']}",
-                            device=ctx.device, variant=variant or "default", formats=per)
-    return passed(cases=cases, device=ctx.device, variant=variant or "default", formats=per)
+        got = native.download(dev, variant=variant).view(udt)
+        per[fmt] = {"patterns": int(pat.size), "changed": int((got != pat).sum()), "dtype_on_device": fdt or udt}
+        return got
+
+    check = Check(
+        name="device -> host bits", inputs=lambda fmt: (fmt, d2h_patterns(fmt, ctx.seed, n_random)),
+        native=native_bits, reference=lambda a: Expected(bits=a[1]),
+        agreement=engine.item_agreement(ctx, "bitwise"), explicit=formats, count=lambda j: j.n,
+        encode=lambda fmt: (list(D2H_FORMATS).index(fmt),), decode=lambda rp: list(D2H_FORMATS)[rp.values[0]],
+        describe=lambda fmt: {"format": fmt}, build={"variant": variant or "default"})
+    return engine.run(ctx, check, lambda: {"formats": dict(per)})

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from falsification import strategies as fs
+from falsification import float32_inputs as fs
 from falsification import sweep as sweep_module
-from falsification.agreement import AGREEMENTS, NAN_MISMATCH, make_agreement, ulp_distance
+from falsification.agreement import AGREEMENTS, NAN_MISMATCH, Expected, make_agreement, ulp_distance
 from falsification.registry import FalsifyContext, registered_tests
 from falsification.runner import NativeResult, Subject, falsify, find_item, replay
 from falsification.sweep import resolve_format, round_to_format, sweep
@@ -150,9 +150,9 @@ def test_every_agreement_kind_has_a_conformance_case():
 def test_agreement_conformance(kind):
     params, ref, good, bad = _CASES[kind]
     ag = make_agreement(kind, **params)
-    ok = ag.compare(good, ref, None, [ref])
+    ok = ag.compare(good, ref, [ref])
     assert not ok.bad.any(), kind
-    nok = ag.compare(bad, ref, None, [ref])
+    nok = ag.compare(bad, ref, [ref])
     assert list(np.flatnonzero(nok.bad)) == [int(np.flatnonzero(bad != good)[0])], kind
     assert nok.summary["kind"] == kind and nok.summary["disagreements"] == 1
     assert ag.describe()["kind"] == kind
@@ -172,7 +172,7 @@ def test_bitwise_nan_policy():
 
 def test_max_ulp_alt_reference_and_nan():
     ag = make_agreement("max_ulp", bound=0)
-    assert not ag.compare(_u(0x3F800001), _u(0x3F800000), _u(0x3F800001)).bad.any()
+    assert not ag.compare(_u(0x3F800001), Expected(bits=_u(0x3F800000), alt=_u(0x3F800001))).bad.any()
     c = ag.compare(_u(0x3F800000), _u(0x7FFFFFFF))
     assert c.bad.all() and int(c.distance[0]) == NAN_MISMATCH
     assert int(ulp_distance(_u(0x80000000), _u(0x00000000))[0]) == 0
@@ -202,7 +202,7 @@ def _add_subject(bug: bool) -> Subject:
 def test_runner_passes_a_correct_subject_and_records_seed():
     out = falsify(_ctx({"test": "x"}, seed=9), _add_subject(False), make_agreement("bitwise"))
     assert out.status.value == "passed", out.reason
-    assert out.evidence["seed"] == 9 and out.evidence["elements"] > 10_000
+    assert out.evidence["seed"] == 9 and out.evidence["elements"] > 10_000 and out.evidence["cases"] > 10_000
 
 
 def test_runner_shrinks_to_one_minimal_element():

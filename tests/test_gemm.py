@@ -43,7 +43,7 @@ def test_wrong_transpose_flag_is_caught_by_the_layout_item(tmp_path):
                     'params: {impl: "tests.planted.gemm_kernel_bugs:matmul_wrong_transpose", dtypes: [float32]}')
     it = _items(path, ["FALSIFY-CUBLAS-011"])["FALSIFY-CUBLAS-011"]
     assert it["status"] == "violated", it["reason"]
-    assert it["counterexample"]["trans_a"] != it["counterexample"]["trans_b"]
+    assert it["counterexample"]["case"]["trans_a"] != it["counterexample"]["case"]["trans_b"]
 
 
 def test_tf32_is_caught_on_the_host_model_too(tmp_path):

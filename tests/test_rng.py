@@ -137,10 +137,12 @@ def test_index_off_by_one_in_the_kernel_is_caught_with_the_smallest_call(tmp_pat
     it = _items(path, ["FALSIFY-RNG-001"])["FALSIFY-RNG-001"]
     assert it["status"] == "violated", it["reason"]
     cex = it["counterexample"]
-    assert cex["call"]["shape"] == [1] and cex["call"]["seed"] == 0 and cex["call"]["counter"] == 0
+    assert cex["case"]["shape"] == [1] and cex["case"]["seed"] == 0 and cex["case"]["counter"] == 0
     assert cex["element"]["index"] == 0
-    assert int(cex["element"]["reference"], 16) == spec.splitmix64(spec.key(0, 0)) & 0xFFFFFFFF
-    assert int(cex["element"]["native"], 16) == spec.splitmix64(spec.key(0, 0) + 1) & 0xFFFFFFFF
+    out = cex["element"]["outputs"]["r"]
+    assert int(out["reference"], 16) == spec.splitmix64(spec.key(0, 0)) & 0xFFFFFFFF
+    assert int(out["native"], 16) == spec.splitmix64(spec.key(0, 0) + 1) & 0xFFFFFFFF
+    assert cex["replay"].startswith(f"kc replay {path} FALSIFY-RNG-001 --bits ")
 
 
 def test_index_off_by_one_in_the_plan_is_caught_by_z3(tmp_path):

@@ -81,13 +81,15 @@ def test_truncating_conversion_is_caught_with_one_input(tmp_path, item, fmt):
     path = _variant(tmp_path, f"params: {{format: {fmt}}}", f"params: {{format: {fmt}, variant: truncate}}")
     it = _items(path, [item])[item]
     assert it["status"] == "violated", it["reason"]
+    assert it["counterexample"]["kind"] == "element"
     el = it["counterexample"]["element"]
     x = int(el["input_bits"], 16)
     t = TARGETS[fmt]
+    out = el["outputs"]["r"]
     # The one input really separates the modes: truncation is one unit below round-to-nearest in magnitude.
-    assert int(el["native"], 16) + 1 == int(el["reference"], 16)
-    assert int(el["reference"], 16) == int(convert_reference(np.array([x], np.uint64), fmt)[0])
-    assert int(el["native"], 16) == int(transfer.narrow_bits(np.array([x], np.uint64), t.exp_bits, t.man_bits,
+    assert int(out["native"], 16) + 1 == int(out["reference"], 16)
+    assert int(out["reference"], 16) == int(convert_reference(np.array([x], np.uint64), fmt)[0])
+    assert int(out["native"], 16) == int(transfer.narrow_bits(np.array([x], np.uint64), t.exp_bits, t.man_bits,
                                                              truncate=True)[0])
 
 
@@ -96,7 +98,8 @@ def test_download_through_float64_is_caught(tmp_path):
                     "params: {formats: [binary32, binary16, bfloat16, binary64], variant: via_float64}")
     it = _items(path, ["FALSIFY-XFER-004"])["FALSIFY-XFER-004"]
     assert it["status"] == "violated"
-    assert it["counterexample"]["format"] == "binary32" and it["counterexample"]["stored"] == "0x7F800001"
+    ce = it["counterexample"]
+    assert ce["case"]["format"] == "binary32" and ce["element"]["outputs"]["r"]["reference"] == "0x7F800001"
 
 
 def test_int32_byte_count_is_caught_by_z3(tmp_path):

@@ -18,7 +18,7 @@ Two layers, both public:
 Example::
 
     from hypothesis import given
-    from falsification import strategies as fs
+    from falsification import float32_inputs as fs
 
     @given(fs.float32_bits(), fs.float32_bits())
     def test_my_add(a, b): ...

@@ -1,0 +1,614 @@
+"""The falsification engine: one driver for every family's agreement checks.
+
+A family test declares a :class:`Check`: how a case becomes inputs (``inputs``), the native callable
+(``native``), the reference (``reference``), the input strategy (``cases``), the :class:`Agreement` that
+judges native against reference, and its explicit cases (regime witnesses and boundary sizes plug in
+there). :func:`run` does the rest, the same way for every family:
+
+1. Budget and seed: :attr:`FalsifyContext.budget` (typed, from :mod:`falsification.profiles`) and the item's
+   seed; Hypothesis runs with no example database, explicit cases first, then draws, shrinking a failure.
+2. Agreement: the item's ``agreement:`` field, where stated, must be the kind the check applies; the
+   engine judges every output element with it and records ``agreement`` (kind and parameters) itself.
+3. A failure is minimised: where the check has :class:`Elements`, the first disagreeing element is
+   re-checked alone and its operand bits are shrunk (bits cleared, sign dropped, common values);
+   otherwise Hypothesis' shrunk case is the counterexample. A native call that raises refutes too.
+4. Replay: a typed :class:`~falsification.registry.Replay` in the context re-checks exactly one case;
+   :func:`replay_command` is the one place the command text is built.
+5. Evidence comes from :func:`evidence` (seed, profile, device, agreement, cases, timing and the check's
+   own description), so every family writes the same keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import seed as hseed
+from hypothesis import strategies as st
+from hypothesis.errors import HypothesisException
+
+from falsification.agreement import NAN_MISMATCH, Agreement, Expected, make_agreement
+from falsification.registry import FalsifyContext, Replay, get_test
+from obligations.core.device import DeviceUnavailable
+from obligations.core.results import Outcome, error, passed, skipped, violated
+
+__all__ = [
+    "Check",
+    "Elements",
+    "Judgement",
+    "NativeResult",
+    "run",
+    "judge",
+    "evidence",
+    "outcome_passed",
+    "outcome_violated",
+    "item_agreement",
+    "check_stated_agreement",
+    "replay_command",
+    "minimise_element",
+    "find_item",
+    "replay",
+    "evidence_dict",
+    "with_evidence",
+    "BINARY32_COMMON",
+    "WARMUP",
+    "time_ms",
+]
+
+C = TypeVar("C")
+
+# Values a minimised operand is tried at first: zeros, one, the smallest subnormal and normal, Inf, NaNs, 2.
+BINARY32_COMMON: tuple[int, ...] = (0x00000000, 0x80000000, 0x3F800000, 0x00000001, 0x00800000, 0x7F800000,
+                                    0x7F800001, 0x7FC00000, 0x40000000)
+
+
+@dataclass(frozen=True)
+class NativeResult:
+    """Native outputs and whether the guard cell past the end of each output is untouched."""
+
+    outputs: list
+    guard_ok: bool = True
+
+
+@dataclass(frozen=True)
+class Elements(Generic[C]):
+    """How a check's cases split into elements whose operand bits the engine minimises one by one.
+
+    ``operands(inputs, i)``: the operand bit tuple of element ``i``; ``batch(tuples, case)``: a case of
+    exactly those elements (in order), keeping ``case``'s scalars; ``describe(inputs, i)``: JSON of the
+    element's operands; ``scalars(case)``: the case's scalar bits (replayed with ``--scalars``).
+    """
+
+    operands: Callable[[Any, int], tuple[int, ...]]
+    batch: Callable[[list[tuple[int, ...]], C], C]
+    describe: Callable[[Any, int], dict[str, Any]]
+    scalars: Callable[[C], tuple[int, ...]] = lambda case: ()
+    scalar_names: tuple[str, ...] = ()
+    common: tuple[int, ...] = BINARY32_COMMON
+    width: int = 32
+
+
+@dataclass(frozen=True)
+class Check(Generic[C]):
+    """What a family test declares; :func:`run` drives it.
+
+    ``inputs(case)`` materialises a case once (arrays on the run's device); ``native(inputs)`` returns the
+    outputs (an array, a list of arrays or a :class:`NativeResult`); ``reference(inputs)`` returns an
+    :class:`~falsification.agreement.Expected` per output (a single one for one output). ``operands``
+    gives the flat float operands a bound callable of the agreement reads. ``count(judgement)`` is what one
+    case adds to the evidence's ``cases`` (default 1; elementwise counts elements). ``encode``/``decode``
+    map a case to and from the integers of a replay; ``describe`` is a case's JSON in a counterexample.
+    ``budget_stop``: stop evaluating new draws once the budget's seconds are spent (no failure pending).
+    """
+
+    name: str
+    inputs: Callable[[C], Any]
+    native: Callable[[Any], Any]
+    reference: Callable[[Any], Any]
+    agreement: Agreement
+    cases: st.SearchStrategy[C] | None = None
+    explicit: tuple[C, ...] = ()
+    operands: Callable[[Any], list] | None = None
+    count: Callable[[Judgement], int] = lambda j: 1
+    encode: Callable[[C], tuple[int, ...]] | None = None
+    decode: Callable[[Replay], C] | None = None
+    describe: Callable[[C], dict[str, Any]] = lambda case: {"case": repr(case)}
+    elements: Elements[C] | None = None
+    output_names: tuple[str, ...] = ("r",)
+    build: dict[str, Any] = field(default_factory=dict)
+    budget_stop: bool = False
+    observe: Callable[[Judgement], None] | None = None  # sees every judged case (family statistics)
+    unit: str = "cases"  # "elements": the evidence also says elements, batches and elements_per_s
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """One case judged: output elements per output, the disagreement mask, first bad index and details."""
+
+    n: int
+    bad: Any
+    first_bad: int | None
+    bad_count: int
+    max_ulp: int | None
+    guard_ok: bool
+    native: list
+    expected: list
+    distances: list
+    inputs: Any
+    raised: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        """True when an element disagrees, the kernel wrote past the end, or the native call raised."""
+        return self.first_bad is not None or not self.guard_ok or self.raised is not None
+
+
+def _flat(a: Any) -> Any:
+    return a.reshape(-1) if hasattr(a, "reshape") else np.asarray(a).reshape(-1)
+
+
+def _native_outputs(out: Any) -> NativeResult:
+    if isinstance(out, NativeResult):
+        return NativeResult([_flat(o) for o in out.outputs], out.guard_ok)
+    if isinstance(out, list | tuple):
+        return NativeResult([_flat(o) for o in out])
+    return NativeResult([_flat(out)])
+
+
+def _flat_expected(e: Any) -> Expected:
+    if not hasattr(e, "bits"):
+        e = Expected(bits=e)
+    parts = {k: getattr(e, k, None) for k in ("bits", "alt", "value", "bound")}
+    return Expected(**{k: None if v is None else _flat(v) for k, v in parts.items()})
+
+
+def _expected(ref: Any) -> list:
+    return [_flat_expected(e) for e in (ref if isinstance(ref, list | tuple) else [ref])]
+
+
+def with_evidence(outcome: Outcome, ev: dict[str, Any]) -> Outcome:
+    """The same outcome (status, counterexample, reason) carrying the evidence ``ev``."""
+    status = outcome.status.value
+    if status == "passed":
+        return passed(**ev)
+    if status == "violated":
+        return violated(outcome.counterexample or {}, outcome.reason or "", **ev)
+    return {"skipped": skipped, "error": error}.get(status, error)(outcome.reason or status, **ev)
+
+
+def evidence_dict(outcome: Outcome) -> dict[str, Any]:
+    """An outcome's evidence as a plain dict (typed evidence serialised, a mapping copied)."""
+    ev = outcome.evidence
+    return dict(ev.to_json()) if hasattr(ev, "to_json") else dict(ev)
+
+
+def judge(check: Check, inputs: Any) -> Judgement:
+    """Run native (``runs`` times for determinism) and reference once and judge every output element."""
+    ag = check.agreement
+    try:
+        first = _native_outputs(check.native(inputs))
+        later = [_native_outputs(check.native(inputs)).outputs for _ in range(ag.runs - 1)]
+    except DeviceUnavailable:
+        raise
+    except Exception as exc:  # a call refused or failing on a valid case refutes the claim as a wrong value does
+        return Judgement(0, None, None, 0, None, True, [], [], [], inputs, f"{type(exc).__name__}: {exc}")
+    if ag.runs > 1:
+        expected, natives = [Expected(bits=b) for b in first.outputs], later
+    else:
+        expected, natives = _expected(check.reference(inputs)), [first.outputs]
+    operands = check.operands(inputs) if check.operands is not None else None
+    n = int(first.outputs[0].size) if first.outputs else 0
+    xp = _ns(first.outputs[0]) if first.outputs else np
+    bad = xp.zeros(n, dtype=bool)
+    dists, max_ulp = [], None
+    for outs in natives:
+        for nat, exp in zip(outs, expected, strict=True):
+            c = ag.compare(_flat(nat)[:n], exp, operands)
+            bad |= c.bad
+            dists.append(c.distance)
+            if c.distance is not None and n:
+                finite = c.distance[c.distance < NAN_MISMATCH]
+                if finite.size:
+                    max_ulp = max(max_ulp or 0, int(finite.max()))
+    count = int(bad.sum()) if n else 0
+    first_bad = int(xp.argmax(bad)) if count else None
+    return Judgement(n, bad, first_bad, count, max_ulp, first.guard_ok, natives[-1], expected, dists, inputs)
+
+
+def _ns(a: Any) -> Any:
+    if type(a).__module__.split(".")[0] == "cupy":
+        import cupy
+
+        return cupy
+    return np
+
+
+def _to_np(a: Any) -> np.ndarray:
+    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+
+
+def _hex(v: int, width: int) -> str:
+    return f"0x{int(v) & ((1 << width) - 1):0{width // 4}X}"
+
+
+def _value_json(a: Any, i: int) -> tuple[str, str | float]:
+    """(hex bits, value) of element ``i`` of a bit or float array."""
+    v = _to_np(a[i : i + 1])
+    if v.dtype.kind == "u":
+        width = v.dtype.itemsize * 8
+        val = repr(float(v.view(np.float32)[0])) if width == 32 else int(v[0])
+        return _hex(int(v[0]), width), val
+    if v.dtype.kind == "f":
+        return _hex(int(v.view(f"u{v.dtype.itemsize}")[0]), v.dtype.itemsize * 8), float(v[0])
+    return str(v[0]), str(v[0])
+
+
+def _element_json(check: Check, j: Judgement, i: int) -> dict[str, Any]:
+    """JSON of output element ``i``: native and reference bits/values per output, ULP distance."""
+    out: dict[str, Any] = {"index": i}
+    if check.elements is not None:
+        out.update(check.elements.describe(j.inputs, i))
+    out["outputs"] = {}
+    per = len(j.native)
+    for k, name in enumerate(check.output_names[:per]):
+        nat_hex, nat_val = _value_json(j.native[k], i)
+        exp = j.expected[k]
+        entry: dict[str, Any] = {"native": nat_hex, "native_value": nat_val}
+        if getattr(exp, "bits", None) is not None:
+            entry["reference"], entry["reference_value"] = _value_json(_flat(exp.bits), i)
+            alt = getattr(exp, "alt", None)
+            if alt is not None and _value_json(_flat(alt), i)[0] != entry["reference"]:
+                entry["reference_alt"] = _value_json(_flat(alt), i)[0]
+        if getattr(exp, "value", None) is not None:
+            entry["reference_value"] = float(_to_np(_flat(exp.value)[i : i + 1])[0])
+        if getattr(exp, "bound", None) is not None:
+            entry["bound"] = float(_to_np(_flat(exp.bound)[i : i + 1])[0])
+        d = j.distances[len(j.distances) - per + k] if j.distances else None
+        if d is not None:
+            dv = int(_to_np(d[i : i + 1])[0])
+            entry["ulp_distance"] = "nan-mismatch" if dv >= NAN_MISMATCH else dv
+        out["outputs"][name] = entry
+    return out
+
+
+# -- timing ------------------------------------------------------------------------------------------------
+
+WARMUP = 50
+
+
+def time_ms(fn: Callable[[], Any], iters: int = 100, warmup: int = WARMUP) -> float:
+    """Mean milliseconds per call over ``iters`` calls between two CUDA events, after ``warmup`` calls."""
+    import cupy
+
+    for _ in range(warmup):
+        fn()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    for _ in range(iters):
+        fn()
+    stop.record()
+    stop.synchronize()
+    return cupy.cuda.get_elapsed_time(start, stop) / iters
+
+
+# -- element minimiser ---------------------------------------------------------------------------------
+
+
+def _simplicity(bits: tuple[int, ...], width: int) -> tuple:
+    """Order for minimisation: fewer set magnitude bits, then smaller magnitudes, then positive."""
+    mask = (1 << (width - 1)) - 1
+    mags = [b & mask for b in bits]
+    return (sum(bin(m).count("1") for m in mags), tuple(mags), tuple(b >> (width - 1) for b in bits))
+
+
+def _candidates(bits: tuple[int, ...], common: tuple[int, ...], width: int) -> list[tuple[int, ...]]:
+    out = set()
+    full, mask = (1 << width) - 1, (1 << (width - 1)) - 1
+    for k, b in enumerate(bits):
+        alts = set(common) | {b & mask}
+        alts |= {b & ~(1 << j) for j in range(width) if b >> j & 1}
+        alts |= {b & ~((1 << j) - 1) for j in range(4, width - 8, 4)}
+        for a in alts:
+            cand = bits[:k] + (a & full,) + bits[k + 1 :]
+            if _simplicity(cand, width) < _simplicity(bits, width):
+                out.add(cand)
+    return sorted(out, key=lambda c: _simplicity(c, width))
+
+
+def minimise_element(check: Check[C], case: C, bits: tuple[int, ...], rounds: int = 40
+                     ) -> tuple[C, Judgement] | None:
+    """Shrink a failing operand tuple to a simpler one failing on its own; None if it passes alone."""
+    el = check.elements
+    assert el is not None
+    alone_case = el.batch([bits], case)
+    alone = judge(check, check.inputs(alone_case))
+    if not alone.failed:
+        return None
+    best, best_case, best_j = bits, alone_case, alone
+    for _ in range(rounds):
+        cands = _candidates(best, el.common, el.width)
+        if not cands:
+            break
+        j = judge(check, check.inputs(el.batch(cands, case)))
+        if j.first_bad is None:
+            break
+        bad_idx = [int(i) for i in np.flatnonzero(_to_np(j.bad))]
+        order = bad_idx[:4]
+        if len(bad_idx) == 1:  # a lone failure may be positional (e.g. the last element): try the simplest too
+            order = sorted(set(order) | set(range(min(2, len(cands)))))
+        moved = False
+        for i in order:  # candidates are sorted simplest first; confirm each on its own
+            single_case = el.batch([cands[i]], case)
+            single = judge(check, check.inputs(single_case))
+            if single.failed:
+                best, best_case, best_j, moved = cands[i], single_case, single, True
+                break
+        if not moved:
+            break
+    return best_case, best_j
+
+
+# -- evidence, outcomes, replay -----------------------------------------------------------------------------
+
+
+def item_agreement(ctx: FalsifyContext, kind: str, **params: Any) -> Agreement:
+    """The agreement kind ``kind`` a test applies, built with ``params``.
+
+    The item's ``agreement:`` field is not a choice: :func:`run` (and :func:`check_stated_agreement`)
+    refuse an item whose stated kind is not the one applied.
+    """
+    del ctx
+    return make_agreement(kind, **params)
+
+
+def check_stated_agreement(ctx: FalsifyContext, agreement: Agreement) -> Outcome | None:
+    """An error outcome when the item states an agreement kind other than ``agreement``'s, else None."""
+    stated = ctx.agreement
+    if stated and stated != agreement.name:
+        return error(f"the item states agreement {stated!r} but test {ctx.item.get('test')!r} applies "
+                     f"{agreement.name!r}")
+    return None
+
+
+def evidence(ctx: FalsifyContext, agreement: Agreement | None = None, **more: Any) -> dict[str, Any]:
+    """The evidence every falsification outcome carries: seed, profile, device, agreement, then ``more``."""
+    ev: dict[str, Any] = {"seed": ctx.seed, "profile": ctx.profile.value, "device": ctx.device}
+    if agreement is not None:
+        ev["agreement"] = agreement.describe()
+    ev.update(more)
+    return ev
+
+
+def outcome_passed(ctx: FalsifyContext, cases: int, agreement: Agreement | None = None, **more: Any) -> Outcome:
+    """A passed outcome with the engine's evidence keys."""
+    return passed(**evidence(ctx, agreement, cases=cases, **more))
+
+
+def outcome_violated(ctx: FalsifyContext, counterexample: dict[str, Any], reason: str,
+                     agreement: Agreement | None = None, replay: Replay | None = None, **more: Any) -> Outcome:
+    """A violated outcome with the engine's evidence keys and the one replay command."""
+    ce = {**counterexample, "replay": replay_command(ctx, replay)}
+    return violated(ce, reason, **evidence(ctx, agreement, **more))
+
+
+def replay_command(ctx: FalsifyContext, case: Replay | None = None) -> str:
+    """The command that re-checks this failure: one case by its integers, else the seeded run."""
+    path = ctx.contract_path or "<contract>"
+    item = ctx.item.get("id", "<item>")
+    if case is not None:
+        values = ",".join(_hex(v, 32) if 0 <= v < 1 << 32 else str(v) for v in case.values)
+        cmd = f"kc replay {path} {item} --bits {values}"
+        if case.scalars:
+            cmd += f" --scalars {','.join(_hex(s, 32) for s in case.scalars)}"
+        return cmd + f" --device {ctx.device} --seed {ctx.seed}"
+    return f"kc check {path} --only {item} --device {ctx.device} --seed {ctx.seed} --profile {ctx.profile.value}"
+
+
+class _Disagreement(AssertionError):
+    def __init__(self, case: Any, j: Judgement) -> None:
+        super().__init__(f"{j.bad_count} disagreement(s) in a case of {j.n}")
+        self.case, self.judgement = case, j
+
+
+def _encode(check: Check[C], case: C) -> Replay | None:
+    if check.encode is None:
+        return None
+    try:
+        values = tuple(int(v) for v in check.encode(case))
+    except ValueError:  # this case has no integer form (e.g. a whole batch): replay the seeded run
+        return None
+    scalars = check.elements.scalars(case) if check.elements is not None else ()
+    return Replay(values, tuple(scalars))
+
+
+def _counterexample(ctx: FalsifyContext, check: Check[C], case: C, j: Judgement) -> tuple[dict, Replay | None, str]:
+    """(counterexample, replay case, kind) of a failing case, element-minimised where the check allows."""
+    base: dict[str, Any] = {"case": check.describe(case), "seed": ctx.seed}
+    if j.raised is not None:
+        ce = {**base, "kind": "raised", "detail": f"the native call raised {j.raised}"}
+        return ce, _encode(check, case), "raised"
+    if j.first_bad is None:  # only the guard cell was written
+        detail = f"the kernel wrote element {j.n} of a {j.n}-element output"
+        return {**base, "kind": "out_of_bounds_write", "size": j.n, "detail": detail}, None, "out_of_bounds_write"
+    i = j.first_bad
+    el = check.elements
+    if el is None:
+        ce = {**base, "kind": "case", "size": j.n, "disagreements": j.bad_count, "element": _element_json(check, j, i)}
+        return ce, _encode(check, case), "case"
+    bits = el.operands(j.inputs, i)
+    shrunk = minimise_element(check, case, bits, ctx.budget.minimise_rounds)
+    if shrunk is None:
+        ce = {**base, "kind": "position_dependent", "size": j.n, "disagreements": j.bad_count,
+              "element": _element_json(check, j, i),
+              "detail": "the element agrees on its own: the failure depends on its batch (size/position)"}
+        return ce, None, "position_dependent"
+    s_case, sj = shrunk
+    names = el.scalar_names or tuple(f"s{k}" for k in range(len(el.scalars(case))))
+    ce = {**base, "kind": "element", "first_in_batch": _element_json(check, j, i), "size": 1,
+          "element": _element_json(check, sj, 0), "batch_disagreements": j.bad_count, "batch_size": j.n,
+          "scalars": {nm: _hex(s, 32) for nm, s in zip(names, el.scalars(case), strict=True)}}
+    return ce, _encode(check, s_case), "element"
+
+
+_WHAT = {"element": "an element disagrees", "case": "a case disagrees",
+         "position_dependent": "a batch disagrees (position-dependent)",
+         "out_of_bounds_write": "the kernel wrote past the end of its output", "raised": "the native call raised"}
+
+
+def _replay_case(ctx: FalsifyContext, check: Check[C], rp: Replay) -> Outcome:
+    if check.decode is None:
+        return error(f"{check.name}: this check has no case replay; re-run the item with its seed")
+    try:
+        case = check.decode(rp)
+    except (ValueError, IndexError) as exc:
+        return error(f"{check.name}: cannot replay {rp.values}: {exc}")
+    j = judge(check, check.inputs(case))
+    ev = evidence(ctx, check.agreement, replayed=True, **check.build)
+    if j.failed:
+        ce: dict[str, Any] = {"kind": "element" if check.elements else "case", "case": check.describe(case),
+                              "size": j.n}
+        if j.raised is not None:
+            ce.update(kind="raised", detail=j.raised)
+        elif j.first_bad is not None:
+            ce["element"] = _element_json(check, j, j.first_bad)
+        return violated({**ce, "replay": replay_command(ctx, rp)}, f"{check.name}: the replayed case disagrees", **ev)
+    return passed(cases=check.count(j), **ev)
+
+
+def run(ctx: FalsifyContext, check: Check[C], extra: Callable[[], Mapping[str, Any]] | None = None) -> Outcome:
+    """Drive ``check`` under the context's budget and seed (or replay one case): pass, or a minimised case."""
+    if (bad := check_stated_agreement(ctx, check.agreement)) is not None:
+        return bad
+    if ctx.replay is not None:
+        return _replay_case(ctx, check, ctx.replay)
+    budget = ctx.budget
+    stats: dict[str, Any] = {"cases": 0, "draws": 0, "skipped": 0, "max_ulp": None, "eval_s": 0.0}
+    failing: dict[str, Any] = {}
+    t0 = time.perf_counter()
+
+    def one(case: C) -> None:
+        if check.budget_stop and budget.budget_s is not None and not failing \
+                and time.perf_counter() - t0 > budget.budget_s:
+            stats["skipped"] += 1  # budget spent before any failure: stop evaluating, let Hypothesis finish
+            return
+        ts = time.perf_counter()
+        j = judge(check, check.inputs(case))
+        stats["eval_s"] += time.perf_counter() - ts
+        stats["cases"] += check.count(j)
+        stats["draws"] += 1
+        if check.observe is not None and j.raised is None:
+            check.observe(j)
+        if j.max_ulp is not None:
+            stats["max_ulp"] = max(stats["max_ulp"] or 0, j.max_ulp)
+        if j.failed:
+            failing["case"] = case
+            raise _Disagreement(case, j)
+
+    found: _Disagreement | None = None
+    explicit_failure: _Disagreement | None = None
+    try:
+        for case in check.explicit:  # explicit cases first; a failure here still lets the search shrink one
+            one(case)
+    except _Disagreement as exc:
+        explicit_failure = exc
+    try:
+        if check.cases is not None:
+            with _no_local_constants():
+                _hypothesis(ctx, check, budget.max_examples, one)()
+    except _Disagreement as exc:
+        found = exc
+    except HypothesisException as exc:  # e.g. Flaky: a failure that did not reproduce
+        return error(f"{check.name}: Hypothesis could not settle a failure ({type(exc).__name__}: {exc})",
+                     **evidence(ctx, check.agreement, **check.build))
+    found = found or explicit_failure
+    wall = time.perf_counter() - t0
+    ev = evidence(ctx, check.agreement, draws=stats["draws"], max_ulp_observed=stats["max_ulp"],
+                  wall_s=round(wall, 4),
+                  cases_per_s=round(stats["cases"] / stats["eval_s"], 1) if stats["eval_s"] else None,
+                  budget={"max_examples": budget.max_examples, "max_size": budget.max_size,
+                          "budget_s": budget.budget_s, "scale": budget.scale, "bulk": budget.bulk},
+                  **check.build, **(extra() if extra else {}))
+    if check.unit == "elements":
+        ev.update(elements=stats["cases"], batches=stats["draws"], elements_per_s=ev["cases_per_s"])
+    if found is None:
+        return passed(cases=stats["cases"], **ev)
+    ce, rp, kind = _counterexample(ctx, check, found.case, found.judgement)
+    ce["replay"] = replay_command(ctx, rp)
+    reason = f"{check.name}: {_WHAT[kind]} under {check.agreement.name}"
+    if kind == "raised":
+        reason += f" ({found.judgement.raised})"
+    return violated(ce, reason, cases=stats["cases"], **ev)
+
+
+@contextlib.contextmanager
+def _no_local_constants() -> Iterator[None]:
+    """Hypothesis without the literals it mines from every loaded project module.
+
+    Hypothesis (>= 6.131) mixes constants found in the source of loaded local modules into its draws, so a
+    seed's cases would change whenever any project file (or the set of imported modules) changes. The
+    engine's draws depend on the seed, the strategy and the Hypothesis version only; a no-op where the
+    Hypothesis in use has no such mining.
+    """
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:  # pragma: no cover
+        yield
+        return
+    getter = getattr(providers, "_get_local_constants", None)
+    cache = getattr(providers, "CONSTANTS_CACHE", None)
+    if getter is None or cache is None or not hasattr(providers, "Constants"):
+        yield
+        return
+    empty = providers.Constants()
+    providers._get_local_constants = lambda: empty
+    cache.cache.clear()
+    try:
+        yield
+    finally:
+        providers._get_local_constants = getter
+        cache.cache.clear()
+
+
+def _hypothesis(ctx: FalsifyContext, check: Check[C], max_examples: int, one: Callable[[C], None]
+                ) -> Callable[[], None]:
+    """The seeded Hypothesis test over ``check.cases`` (the explicit cases ran before it)."""
+
+    def body(case: C) -> None:
+        one(case)
+
+    fn: Callable[..., None] = hseed(ctx.seed)(given(check.cases)(body))
+    return settings(max_examples=max_examples, deadline=None, database=None, derandomize=False,
+                    suppress_health_check=list(HealthCheck), phases=(Phase.explicit, Phase.generate, Phase.shrink),
+                    verbosity=Verbosity.quiet, report_multiple_bugs=False, print_blob=False)(fn)
+
+
+def find_item(contract: dict[str, Any], item_id: str) -> dict[str, Any] | None:
+    """The falsification entry with ``id == item_id`` anywhere in a loaded contract, or None."""
+    stack: list[Any] = [contract]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("id") == item_id and "test" in node:
+                return node
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return None
+
+
+def replay(item: dict[str, Any], *, bits: Iterable[Any], scalars: Iterable[Any] = (), device: str = "host",
+           contract: dict[str, Any] | None = None, contract_path: str = "", seed: int = 0) -> Outcome:
+    """Re-check one case of a contract item on ``device`` (already resolved): ``bits`` are its integers."""
+    test = get_test(item["test"])
+    if test is None:
+        return error(f"unknown falsification test {item['test']!r}")
+    if device not in test.devices:
+        return skipped(f"test {test.name} does not support device {device!r}")
+    ctx = FalsifyContext(device=device, profile="quick", seed=seed, item=dict(item), contract=contract or {},
+                         contract_path=contract_path, replay=Replay.parse(list(bits), list(scalars)))
+    return test.run(ctx)

@@ -1,0 +1,97 @@
+"""Profiles and budgets: how hard a falsification item tries, as one typed table.
+
+A run names a :class:`Profile` (``quick`` for CPU CI, ``full`` for the GPU). The engine turns it into a
+:class:`Budget` by looking up :data:`BUDGETS` under the test's name, then under its family (the part of
+the name before the dot), then the default; an item's ``params`` may override ``max_examples``,
+``max_size``, ``budget_s`` and ``bulk``. Family tests read the budget's fields, never the profile's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Any
+
+__all__ = ["Profile", "Budget", "BUDGETS", "budget_for"]
+
+
+class Profile(StrEnum):
+    """How thorough a run is: ``quick`` (CPU CI, seconds per item) or ``full`` (GPU, minutes per contract)."""
+
+    QUICK = "quick"
+    FULL = "full"
+
+    @classmethod
+    def of(cls, value: str | Profile) -> Profile:
+        """The profile named ``value``; ValueError lists the known ones."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"unknown profile {value!r}; known: {[p.value for p in cls]}") from None
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One item's effort: Hypothesis examples, largest case, wall-clock stop, scale and bulk sizes.
+
+    ``max_size``: the largest case (elements of a batch, operands of a call); ``budget_s``: generation stops
+    evaluating after this many seconds unless a failure is being shrunk (None: no time stop); ``scale``:
+    the factor a family multiplies its per-item dimensions by; ``bulk``: the size of the one large explicit
+    case (or sample) a family checks besides its drawn cases; ``max_fold``: the longest sequential chain
+    a reference evaluates per output (its time is linear in it).
+    """
+
+    max_examples: int
+    max_size: int = 0
+    budget_s: float | None = None
+    scale: int = 1
+    bulk: int = 0
+    max_fold: int = 0
+    max_explicit: int = 6
+    minimise_rounds: int = 40
+
+    def with_params(self, params: Mapping[str, Any]) -> Budget:
+        """This budget with the item's ``max_examples``/``max_size``/``budget_s``/``bulk`` params applied."""
+        over: dict[str, Any] = {}
+        for key in ("max_examples", "max_size", "bulk"):
+            if key in params:
+                over[key] = int(params[key])
+        if "budget_s" in params:
+            over["budget_s"] = float(params["budget_s"])
+        return replace(self, **over)
+
+
+_Q, _F = Profile.QUICK, Profile.FULL
+
+# Keyed by test name, else family; the engine's lookup order is test, family, "default".
+BUDGETS: dict[str, dict[Profile, Budget]] = {
+    "default": {_Q: Budget(max_examples=12), _F: Budget(max_examples=60, scale=16)},
+    # Binary32 operand batches (falsification.batches), any family: CPU CI keeps each item well under ~5 s
+    # on the host; the GPU draws batches of up to 4M elements.
+    "batch": {_Q: Budget(max_examples=30, max_size=16384, budget_s=2.0),
+              _F: Budget(max_examples=200, max_size=1 << 22, budget_s=30.0)},
+    "elementwise": {},  # filled below: the batch budgets
+    "elementwise.sweep": {_Q: Budget(max_examples=0, bulk=1 << 18), _F: Budget(max_examples=0, bulk=1 << 22)},
+    # Fold cases: the softfloat reference costs ~0.1 ms per folded element on one core, so max_fold bounds
+    # a case's time; max_size bounds a case's elements.
+    "reductions": {_Q: Budget(max_examples=12, max_size=1 << 14, max_fold=1 << 12, scale=1),
+                   _F: Budget(max_examples=60, max_size=1 << 20, max_fold=1 << 13, scale=16)},
+    "gemm": {_Q: Budget(max_examples=12, scale=1), _F: Budget(max_examples=60, scale=4)},
+    "rng": {_Q: Budget(max_examples=25, max_size=512, bulk=1 << 14),
+            _F: Budget(max_examples=150, max_size=4096, bulk=1 << 20)},
+    "rng.cross_device": {_Q: Budget(max_examples=0, bulk=1 << 18), _F: Budget(max_examples=0, bulk=1 << 22)},
+    "rng.uniform_map_model": {_Q: Budget(max_examples=0, bulk=1 << 18), _F: Budget(max_examples=0, bulk=1 << 24)},
+    "transfer": {_Q: Budget(max_examples=60, max_size=32, bulk=1 << 16),
+                 _F: Budget(max_examples=300, max_size=32, bulk=1 << 22)},
+}
+
+BUDGETS["elementwise"] = BUDGETS["batch"]
+
+
+def budget_for(test: str, profile: str | Profile, params: Mapping[str, Any] | None = None) -> Budget:
+    """The budget of test ``test`` (e.g. ``reductions.fold_bitwise``) under ``profile``, params applied."""
+    p = Profile.of(profile)
+    family = test.split(".", 1)[0]
+    table = BUDGETS.get(test) or BUDGETS.get(family) or BUDGETS["default"]
+    return table[p].with_params(params or {})

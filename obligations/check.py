@@ -21,6 +21,8 @@ import numpy as np
 
 from obligations import __version__
 from obligations.contract import Contract, ContractError, load_contract, load_contracts
+from obligations.core import entrypoints
+from obligations.core.evidence import FORMAT as EVIDENCE_FORMAT
 from obligations.core.results import Outcome, Status, error, skipped
 from obligations.engines import Job, get_engine
 
@@ -83,6 +85,7 @@ def check_contract(path: str | Path | Contract, *, device: str = "host", only: I
     }
     if progress:
         progress("contract", entry)
+    called: set[entrypoints.Call] = set()
     for item in contract.items:
         if wanted is not None and not selected(item["id"], wanted):
             continue
@@ -90,7 +93,8 @@ def check_contract(path: str | Path | Contract, *, device: str = "host", only: I
             progress("start", item)
         t0 = time.perf_counter()
         try:
-            outcome = run_item(contract, item, device=device, profile=profile, seed=seed)
+            with entrypoints.recording() as calls:
+                outcome = run_item(contract, item, device=device, profile=profile, seed=seed)
         except KeyboardInterrupt:  # stop here; the caller writes what was checked so far
             entry["interrupted"] = item["id"]
             break
@@ -105,17 +109,24 @@ def check_contract(path: str | Path | Contract, *, device: str = "host", only: I
             "equation": item.get("equation"),
             "method": item_method(item),
             "statement": statement,
-            "agreement": item.get("agreement"),
+            # What the engine applied and recorded, never the contract's own word for it.
+            "agreement": outcome.evidence.get("agreement"),
             "tolerance": item.get("tolerance"),
             "test": item.get("test"),
             **outcome.to_json(),
             "replay": replay_command(contract, item["id"], device, seed),
             "location": item["location"],
             "seconds": seconds,
+            # Which native entry points (and variants) the item's check called: observed, not declared.
+            "entry_points": [c.to_json() for c in sorted(calls)],
         }
+        called |= calls
         entry["items"].append(record)
         if progress:
             progress("done", record)
+    if wanted is None and "interrupted" not in entry:  # a partial run cannot say what no item calls
+        entry["unchecked_entry_points"] = [
+            c.to_json() for c in entrypoints.unchecked(contract.data["family"], called, devices=(device,))]
     gate = contract.data["qa_gate"]
     statuses = {it["id"]: it["status"] for it in entry["items"]}
     required = [statuses.get(i) for i in gate["requires"]]
@@ -132,14 +143,15 @@ def summarize(contracts: list[dict[str, Any]]) -> dict[str, int]:
     for c in contracts:
         for it in c["items"]:
             counts[it["status"]] += 1
+    counts["unchecked_entry_points"] = sum(len(c.get("unchecked_entry_points") or []) for c in contracts)
     return counts
 
 
 def exit_code(summary: dict[str, int], strict: bool = False) -> int:
-    """0 when nothing is violated or errored (with ``strict``, also nothing unknown or skipped), else 1."""
+    """0 when nothing is violated or errored (with ``strict``, also nothing unknown, skipped or unchecked)."""
     bad = summary["violated"] + summary["error"]
     if strict:
-        bad += summary["unknown"] + summary["skipped"]
+        bad += summary["unknown"] + summary["skipped"] + summary.get("unchecked_entry_points", 0)
     return 1 if bad else 0
 
 
@@ -223,6 +235,7 @@ def check_paths(paths: Iterable[str | Path | Contract], *, device: str = "host",
         interrupted = True
     summary = summarize(contracts)
     result = {
+        "format": EVIDENCE_FORMAT,
         "tool": {"name": "kernel-contracts", "version": __version__},
         "provenance": provenance(device_info or {"kind": device}, started, argv),
         "contracts": contracts,

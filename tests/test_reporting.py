@@ -347,3 +347,27 @@ def test_committed_repository_reports_match_their_contracts():
 
     root = Path(__file__).resolve().parent.parent
     assert check_reports(root / "reports", root / "contracts") == []
+
+
+def test_contract_page_has_a_coverage_table_from_recorded_evidence() -> None:
+    from obligations.reporting.markdown import render_contract_markdown
+
+    contract = {
+        "id": "cov-v1", "version": "1.0.0", "family": "probe", "path": "contracts/cov-v1.yaml", "sha256": "0" * 64,
+        "qa_gate": {"id": "G", "requires": []},
+        "items": [
+            {"id": "R", "kind": "obligation", "method": "regimes", "status": "proved", "claim": "proved",
+             "evidence": {"kind": "regimes", "regimes": ["one_trip", "grid_stride"],
+                          "witnesses": {"one_trip": {"n": 1}}}},
+            {"id": "A", "kind": "obligation", "method": "audit", "status": "passed", "claim": "tested",
+             "evidence": {"kind": "audit", "cases": 4, "findings": 0},
+             "entry_points": [{"entry": "probe.sum", "device": "host", "order": "fold"}]},
+        ],
+        "unchecked_entry_points": [{"entry": "probe.divide", "device": "host"}],
+    }
+    md = render_contract_markdown({"provenance": {}}, contract)
+    assert "## Coverage" in md
+    assert "grid_stride: no witness" in md and 'one_trip: {"n": 1}' in md
+    assert "4 builds, 0 finding(s)" in md
+    assert "probe.sum on host (order=fold)" in md
+    assert "| Entry points no item called (unchecked) | probe.divide on host |" in md

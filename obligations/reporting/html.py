@@ -11,7 +11,14 @@ from obligations.reporting.evidence import Fact
 from obligations.reporting.model import STATUSES, contract_summary, status_style
 from obligations.reporting.plots import MISSING_MATPLOTLIB, plots_available
 from obligations.reporting.provenance import stamp_line
-from obligations.reporting.views import ItemView, item_view, provenance_facts, qa_gate_facts, report_stamp
+from obligations.reporting.views import (
+    ItemView,
+    coverage_facts,
+    item_view,
+    provenance_facts,
+    qa_gate_facts,
+    report_stamp,
+)
 
 __all__ = ["render_contract_html"]
 
@@ -164,6 +171,9 @@ def render_contract_html(
     gate = qa_gate_facts(contract)
     if gate:
         out += ["<h2>QA gate</h2>", *_facts_table(gate, "qa-gate", ("QA gate", "Value"))]
+    coverage = coverage_facts(contract)
+    if coverage:
+        out += ["<h2>Coverage</h2>", *_facts_table(coverage, "coverage", ("Coverage", "Evidence"))]
     out.append("<h2>Items</h2>")
     for v in views:
         out += _item(v, plot_images)

@@ -9,7 +9,14 @@ from obligations.reporting.evidence import Fact
 from obligations.reporting.model import STATUSES, contract_summary
 from obligations.reporting.plots import MISSING_MATPLOTLIB, plots_available
 from obligations.reporting.provenance import stamp_line
-from obligations.reporting.views import ItemView, item_view, provenance_facts, qa_gate_facts, report_stamp
+from obligations.reporting.views import (
+    ItemView,
+    coverage_facts,
+    item_view,
+    provenance_facts,
+    qa_gate_facts,
+    report_stamp,
+)
 
 __all__ = ["render_contract_markdown", "render_index_markdown"]
 
@@ -142,6 +149,9 @@ def render_contract_markdown(
     gate = qa_gate_facts(contract)
     if gate:
         lines += ["## QA gate", ""] + _facts_table(gate, ("QA gate", "Value")) + [""]
+    coverage = coverage_facts(contract)
+    if coverage:
+        lines += ["## Coverage", ""] + _facts_table(coverage, ("Coverage", "Evidence")) + [""]
     lines += ["## Items", ""]
     for v in views:
         lines += _item_section(v, plot_files)

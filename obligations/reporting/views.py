@@ -13,7 +13,8 @@ from obligations.reporting.plots import PlotKind, plots_for
 from obligations.reporting.provenance import ContractRef, ReportStamp, current_tool_version
 from obligations.reporting.statement import RenderedStatement, render_statement
 
-__all__ = ["qa_gate_facts", "ItemView", "item_view", "provenance_facts", "report_stamp", "RUNS_ON_DEVICE"]
+__all__ = ["coverage_facts", "qa_gate_facts", "ItemView", "item_view", "provenance_facts", "report_stamp",
+           "RUNS_ON_DEVICE"]
 
 # Methods whose evidence depends on where they ran (proofs do not).
 RUNS_ON_DEVICE: frozenset[str] = frozenset({"falsify", "measure"})
@@ -151,3 +152,39 @@ def qa_gate_facts(contract: Mapping[str, Any]) -> list[Fact]:
     rows.append(Fact("Requires", ", ".join(required) or "nothing"))
     rows.append(Fact("Status", str(contract.get("qa_gate_status") or "not evaluated")))
     return rows
+
+
+def _entry(call: Mapping[str, Any]) -> str:
+    axes = ", ".join(f"{k}={v}" for k, v in call.items() if k not in ("entry", "device"))
+    return f"{call.get('entry')} on {call.get('device')}" + (f" ({axes})" if axes else "")
+
+
+def coverage_facts(contract: Mapping[str, Any]) -> list[Fact]:
+    """The coverage table of a contract: regimes and their witnesses, entry points checked and unchecked,
+    compiled-code audit findings and sanitizer verdicts, each from what the engines recorded."""
+    items = list(contract.get("items") or [])
+    facts: list[Fact] = []
+    for it in items:
+        ev = it.get("evidence") or {}
+        if ev.get("kind") == "regimes":
+            wit = ev.get("witnesses") or {}
+            names = ev.get("regimes") or []
+            reached = ", ".join(f"{n}: {json.dumps(wit[n], sort_keys=True)}" if n in wit else f"{n}: no witness"
+                                for n in names)
+            facts.append(Fact(f"Regimes ({it['id']}, {it['status']})", reached or "none"))
+        regimes_run = ev.get("regimes_reached")
+        if isinstance(regimes_run, Mapping):
+            text = ", ".join(f"{k}: {v}" for k, v in sorted(regimes_run.items()))
+            facts.append(Fact(f"Cases per regime ({it['id']})", text or "none"))
+        if ev.get("kind") == "audit":
+            text = f"{ev.get('cases')} builds, {ev.get('findings', 0)} finding(s) ({it['status']})"
+            facts.append(Fact(f"Compiled-code audit ({it['id']})", text))
+        if ev.get("kind") == "sanitize":
+            facts.append(Fact(f"Sanitizer ({it['id']})", f"{it['status']}: {ev.get('verdicts')}"))
+    called = sorted({_entry(c) for it in items for c in it.get("entry_points") or []})
+    if called:
+        facts.append(Fact("Entry points checked", "; ".join(called)))
+    if "unchecked_entry_points" in contract:
+        unchecked = [_entry(c) for c in contract["unchecked_entry_points"]]
+        facts.append(Fact("Entry points no item called (unchecked)", "; ".join(unchecked) if unchecked else "none"))
+    return facts

@@ -1,5 +1,11 @@
 """Exhaustive sweeps: unary binary32 kernels on all 2^32 inputs (GPU); all pairs of small formats (CPU).
 
+Three parts, composed by :func:`sweep`: a reference provider (:func:`reference_provider`: softfloat, float64
+for sqrt/inv, or the spec's approx reference, in one CUDA kernel where it has one), a chunk scheduler
+(:func:`chunk_inputs`: a bit-pattern range or a seeded sample, a chunk at a time) and a comparison
+(:class:`SweepComparison`: one fused CUDA kernel per chunk, array ops on the host). The CUDA sources live in
+``native/`` (``native.sweep_compare``, ``native.fused_reference``).
+
 ``sweep("sqrt", device="cuda")`` runs the kernel over every binary32 bit pattern in chunks on the GPU and
 compares each chunk with the reference computed on the GPU as well (softfloat for correctly rounded ops,
 float64 evaluation for transcendentals), so no 16 GiB array ever crosses the bus. On the host a 2^32
@@ -12,24 +18,26 @@ exact or innocuously double-rounded for p <= 11, rounded once to the format by :
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from falsification.agreement import NAN_MISMATCH, ulp_distance
 from falsification.float32_inputs import BatchSpec, generate_bits
-from falsification.fused_reference import fused_approx_reference, has_fused_reference
 from native.elementwise import get_kernel, run_flat
+from native.fused_reference import fused_approx_reference, has_fused_reference
 from native.nvrtc import get_route
+from native.sweep_compare import compare_chunk_fused
 from obligations.core.device import array_module, resolve_device
 from spec import softfloat as sf
 from spec.elementwise import array_namespace, bits_to_f64, canonical_nan, get_reference, round_f64_to_f32
 
 __all__ = ["sweep", "compare_chunk", "compare_chunk_fused", "round_to_format", "resolve_format",
-           "DEFAULT_ULP_BOUNDS", "HOST_DEFAULT_SAMPLE"]
+           "DEFAULT_ULP_BOUNDS", "HOST_DEFAULT_SAMPLE", "ReferenceProvider", "reference_provider", "chunk_inputs",
+           "SweepComparison"]
 
 # CUDA C++ Programming Guide maxima for the transcendental kernels, and the project's derived ones.
 DEFAULT_ULP_BOUNDS: dict[str, int] = {"exp": 2, "log": 1, "tanh": 2, "sigmoid": 6}
@@ -165,84 +173,6 @@ def compare_chunk(nat: Any, ref: Any, alt: Any, bound: int, *, exact: bool) -> t
     return np.array(h + [m - sum(h)], dtype=np.int64), max_ulp, int(bad.sum())
 
 
-_FUSED_COMPARE = r"""
-typedef unsigned long long u64;
-__device__ __forceinline__ bool kc_is_nan(unsigned x) { return (x & 0x7FFFFFFFu) > 0x7F800000u; }
-__device__ __forceinline__ long long kc_key(unsigned x) {
-    long long mag = (long long)(x & 0x7FFFFFFFu);
-    return (x & 0x80000000u) ? -mag : mag;  // +0 and -0 are one point
-}
-__device__ __forceinline__ u64 kc_dist(unsigned a, unsigned b) {
-    bool na = kc_is_nan(a), nb = kc_is_nan(b);
-    if (na && nb) return 0ull;
-    if (na || nb) return 1ull << 32;  // NAN_MISMATCH
-    long long d = kc_key(a) - kc_key(b);
-    return (u64)(d < 0 ? -d : d);
-}
-__device__ __forceinline__ u64 kc_warp_sum(u64 v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xFFFFFFFFu, v, o);
-    return v;
-}
-__device__ __forceinline__ u64 kc_warp_max(u64 v) {
-    for (int o = 16; o > 0; o >>= 1) { u64 w = __shfl_down_sync(0xFFFFFFFFu, v, o); v = w > v ? w : v; }
-    return v;
-}
-// out: [hist0, hist1, hist2, hist3, hist_rest, disagreements, max_finite_ulp]
-extern "C" __global__ void kc_sweep_compare(const unsigned* nat, const unsigned* ref, const unsigned* alt,
-                                            long long n, u64 bound, int exact, u64* out) {
-    u64 h[5] = {0, 0, 0, 0, 0}, bad = 0, mx = 0;
-    long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        unsigned g = nat[i], r = ref[i];
-        u64 d = kc_dist(g, r);
-        if (alt) { u64 da = kc_dist(g, alt[i]); d = da < d ? da : d; }
-        bool b = exact ? (g != r) : (d > bound);
-        if (alt && bound == 0) b = b && (g != alt[i]);
-        bad += b;
-        bool finite = d < (1ull << 32);
-        h[finite && d < 4 ? d : 4] += 1;
-        if (finite && d > mx) mx = d;
-    }
-    for (int j = 0; j < 5; ++j) h[j] = kc_warp_sum(h[j]);
-    bad = kc_warp_sum(bad);
-    mx = kc_warp_max(mx);
-    if ((threadIdx.x & 31) == 0) {
-        for (int j = 0; j < 5; ++j) if (h[j]) atomicAdd(&out[j], h[j]);
-        if (bad) atomicAdd(&out[5], bad);
-        if (mx) atomicMax(&out[6], mx);
-    }
-}
-"""
-
-
-def compare_chunk_fused(nat: Any, ref: Any, alt: Any, bound: int, *, exact: bool) -> tuple[np.ndarray, int, int]:
-    """:func:`compare_chunk` in one CUDA kernel (one pass over the chunk instead of ~30 array ops).
-
-    Same semantics; the test suite checks the two against each other on edge and random bit patterns.
-    """
-    import cupy
-
-    kernel = _fused_kernel()
-    nat, ref = (cupy.ascontiguousarray(v).astype(cupy.uint32, copy=False) for v in (nat, ref))
-    if alt is not None:
-        alt = cupy.ascontiguousarray(alt).astype(cupy.uint32, copy=False)
-    n = int(nat.size)
-    out = cupy.zeros(7, dtype=cupy.uint64)
-    if n:
-        blocks = min(max((n + 255) // 256, 1), 4096)  # grid-stride: whole warps, no partial-warp shuffles
-        kernel((blocks,), (256,), (nat, ref, alt if alt is not None else 0, np.int64(n),
-                                   np.uint64(bound), np.int32(exact), out))
-    got = out.get().astype(np.int64)
-    return got[:5], int(got[6]), int(got[5])
-
-
-@functools.cache
-def _fused_kernel() -> Any:
-    import cupy
-
-    return cupy.RawKernel(_FUSED_COMPARE, "kc_sweep_compare")
-
-
 # The chunk comparison per device: one fused kernel on CUDA, array ops on the host.
 _COMPARE: dict[str, Callable[..., tuple[np.ndarray, int, int]]] = {"host": compare_chunk, "cuda": compare_chunk_fused}
 
@@ -254,6 +184,129 @@ def _counterexamples(x: Any, nat: Any, ref: Any, alt: Any, bound: int, exact: bo
     return [{"input": f"0x{int(x[i]):08X}", "native": f"0x{int(nat[i]):08X}", "reference": f"0x{int(ref[i]):08X}",
              "ulp": "nan-mismatch" if int(d[i]) >= NAN_MISMATCH else int(d[i])}
             for i in xp.flatnonzero(bad)[:limit].tolist()]
+
+
+# -- reference provider -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReferenceProvider:
+    """The reference of one sweep: ``evaluate(x)`` gives (reference bits, accepted alternative or None)."""
+
+    description: str
+    evaluate: Callable[[Any], tuple[Any, Any]]
+    approx: bool  # float64-defined: compared within the bound, never bit-exact
+
+
+def _float64_exact(op: str, env: str) -> Callable[[Any], tuple[Any, Any]]:
+    """sqrt and 1/x evaluated in float64 and rounded once: exact for binary32 (Roux 2014)."""
+    if env.endswith("-ftz"):
+        raise ValueError("reference='float64' implements non-flushing environments only")
+    fn = {"sqrt": lambda v: array_namespace(v).sqrt(v), "inv": lambda v: 1.0 / v}[op]
+
+    def evaluate(x: Any) -> tuple[Any, Any]:
+        xp = array_namespace(x)
+        with np.errstate(all="ignore"):
+            ref_bits, _ = round_f64_to_f32(fn(bits_to_f64(x)))
+        nan = ((ref_bits & 0x7F800000) == 0x7F800000) & ((ref_bits & 0x7FFFFF) != 0)
+        return xp.where(nan, xp.uint32(canonical_nan(env)), ref_bits).astype(xp.uint32), None
+
+    return evaluate
+
+
+def _spec_reference(name: str, env: str) -> Callable[[Any], tuple[Any, Any]]:
+    ref_op = get_reference(name)
+
+    def evaluate(x: Any) -> tuple[Any, Any]:
+        r = ref_op.evaluate(x, env=env)
+        return r.bits, r.alt
+
+    return evaluate
+
+
+def _fused_reference(name: str, env: str) -> Callable[[Any], tuple[Any, Any]]:
+    def evaluate(x: Any) -> tuple[Any, Any]:
+        r = fused_approx_reference(name, x, env)
+        return r.bits, r.alt
+
+    return evaluate
+
+
+_F64_TEXT = "float64 rounded once (ambiguous roundings accept both neighbours)"
+
+
+def reference_provider(op: str, env: str, device: str, reference: str = "softfloat") -> ReferenceProvider:
+    """The reference a sweep of ``op`` compares with: softfloat, float64 (sqrt/inv), or the spec's approx form.
+
+    On the GPU an approx reference (float64-defined whatever ``reference`` says) uses its one-kernel CUDA
+    form where it has one (``native.fused_reference``, cross-checked against the array form).
+    """
+    name = get_kernel(op).reference
+    kind = get_reference(name).kind
+    if kind == "approx":
+        if device == "cuda" and has_fused_reference(name):
+            return ReferenceProvider(_F64_TEXT + "; one-kernel CUDA form of spec.elementwise",
+                                     _fused_reference(name, env), True)
+        return ReferenceProvider(_F64_TEXT, _spec_reference(name, env), True)
+    if reference == "float64":
+        return ReferenceProvider(_F64_TEXT, _float64_exact(op, env), True)
+    return ReferenceProvider("softfloat (on the same device)", _spec_reference(name, env), False)
+
+
+# -- chunk scheduler -------------------------------------------------------------------------------------------
+
+
+def chunk_inputs(xp: Any, *, lo: int, total: int, chunk: int, sample: int | None, seed: int) -> Iterator[Any]:
+    """The sweep's inputs, ``chunk`` at a time: the range [lo, lo + total), or ``total`` seeded samples."""
+    done = 0
+    while done < total:
+        m = min(chunk, total - done)
+        if sample is not None:
+            yield generate_bits(BatchSpec(seed=seed + done, size=m, mix="uniform"), 1, xp)[0]
+        else:
+            yield (xp.arange(lo + done, lo + done + m, dtype=xp.uint64)).astype(xp.uint32)
+        done += m
+
+
+# -- comparison ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SweepComparison:
+    """Accumulates per-chunk comparisons: the 0/1/2/3/>3 ULP histogram, max ULP, disagreements, counterexamples."""
+
+    device: str
+    bound: int
+    exact: bool
+    max_counterexamples: int = 8
+    hist: np.ndarray = field(default_factory=lambda: np.zeros(5, dtype=np.int64))
+    max_ulp: int = 0
+    disagreements: int = 0
+    counterexamples: list[dict] = field(default_factory=list)
+
+    def add(self, x: Any, nat: Any, ref: Any, alt: Any) -> None:
+        """Compare one chunk (``x`` its inputs) and fold it in."""
+        h, chunk_max, nb = _COMPARE[self.device](nat, ref, alt, self.bound, exact=self.exact)
+        self.hist += h
+        self.max_ulp = max(self.max_ulp, chunk_max)
+        self.disagreements += nb
+        room = self.max_counterexamples - len(self.counterexamples)
+        if nb and room > 0:
+            self.counterexamples += _counterexamples(x, nat, ref, alt, self.bound, self.exact, room)
+
+    def histogram(self) -> dict[str, int]:
+        """The histogram as JSON."""
+        keys = ("0", "1", "2", "3", ">3_or_nan")
+        return {k: int(v) for k, v in zip(keys, self.hist, strict=True)}
+
+
+def _unary_kernel(op: str) -> Any:
+    k = get_kernel(op)
+    if len(k.inputs) != 1 or k.scalars:
+        raise ValueError(
+            f"sweep covers unary kernels without scalars; {op} has inputs {k.inputs} scalars {k.scalars}"
+        )
+    return k
 
 
 def sweep(
@@ -287,66 +340,31 @@ def sweep(
         raise ValueError(f"kernel sweeps are binary32 only, not {f.name}")
     dev = resolve_device(device)
     xp = array_module(dev)
-    k = get_kernel(op)
-    if len(k.inputs) != 1 or k.scalars:
-        raise ValueError(
-            f"sweep covers unary kernels without scalars; {op} has inputs {k.inputs} scalars {k.scalars}"
-        )
+    _unary_kernel(op)
     env = env or get_route(route).env
-    ref_op = get_reference(k.reference)
-    approx = ref_op.kind == "approx" or reference == "float64"
-    # On the GPU an approx reference (float64-defined whatever ``reference`` says) with a one-kernel form
-    # uses it; the form is cross-checked against the array form.
-    fused_ref = dev == "cuda" and ref_op.kind == "approx" and has_fused_reference(k.reference)
-    bound = bound if bound is not None else (DEFAULT_ULP_BOUNDS.get(op, 0) if ref_op.kind == "approx" else 0)
+    provider = reference_provider(op, env, dev, reference)
+    is_approx_op = get_reference(get_kernel(op).reference).kind == "approx"
+    bound = bound if bound is not None else (DEFAULT_ULP_BOUNDS.get(op, 0) if is_approx_op else 0)
     if hi is None and sample is None and dev == "host":
         sample = HOST_DEFAULT_SAMPLE  # 2^32 on one CPU core would take hours
     hi = _ALL if hi is None else hi
     total = sample if sample is not None else hi - lo
-    chunk = chunk or (1 << 27 if dev == "cuda" else 1 << 20)
-    hist = np.zeros(5, dtype=np.int64)  # 0, 1, 2, 3, >3 ulps (NaN mismatches in the last)
-    max_ulp, bad_total, ces = 0, 0, []
+    cmp = SweepComparison(dev, bound, bound == 0 and not provider.approx, max_counterexamples)
     sync = (lambda: xp.cuda.Device().synchronize()) if dev == "cuda" else (lambda: None)
     sync()
     t0 = time.perf_counter()
     t_native = t_ref = t_cmp = 0.0
-    done = 0
-    while done < total:
-        m = min(chunk, total - done)
-        if sample is not None:
-            x = generate_bits(BatchSpec(seed=seed + done, size=m, mix="uniform"), 1, xp)[0]
-        else:
-            x = (xp.arange(lo + done, lo + done + m, dtype=xp.uint64)).astype(xp.uint32)
+    for x in chunk_inputs(xp, lo=lo, total=total, chunk=chunk or (1 << 27 if dev == "cuda" else 1 << 20),
+                          sample=sample, seed=seed):
         ta = time.perf_counter()
         (out,), _ = run_flat(op, [x.view(xp.float32)], (), device=dev, route=route, variant=variant)
-        nat = out.view(xp.uint32)
         sync()
         tb = time.perf_counter()
-        if approx and ref_op.kind != "approx":
-            with np.errstate(all="ignore"):
-                r64 = {"sqrt": xp.sqrt, "inv": lambda v: 1.0 / v}[op](bits_to_f64(x))
-            ref_bits, _ = round_f64_to_f32(r64)  # exact for sqrt and 1/x (Roux 2014)
-            nan = ((ref_bits & 0x7F800000) == 0x7F800000) & ((ref_bits & 0x7FFFFF) != 0)
-            ref_bits = xp.where(nan, xp.uint32(canonical_nan(env)), ref_bits).astype(xp.uint32)
-            if env.endswith("-ftz"):
-                raise ValueError("reference='float64' implements non-flushing environments only")
-            alt = None
-        else:
-            r = (fused_approx_reference(k.reference, x, env) if fused_ref else ref_op.evaluate(x, env=env))
-            ref_bits, alt = r.bits, r.alt
+        ref_bits, alt = provider.evaluate(x)
         sync()
         tc = time.perf_counter()
-        h, chunk_max, nb = _COMPARE[dev](nat, ref_bits, alt, bound, exact=bound == 0 and not approx)
-        hist += h
-        max_ulp = max(max_ulp, chunk_max)
-        bad_total += nb
-        if nb and len(ces) < max_counterexamples:
-            ces += _counterexamples(x, nat, ref_bits, alt, bound, bound == 0 and not approx,
-                                    max_counterexamples - len(ces))
-        t_native += tb - ta
-        t_ref += tc - tb
-        t_cmp += time.perf_counter() - tc
-        done += m
+        cmp.add(x, out.view(xp.uint32), ref_bits, alt)
+        t_native, t_ref, t_cmp = t_native + tb - ta, t_ref + tc - tb, t_cmp + time.perf_counter() - tc
     sync()
     secs = time.perf_counter() - t0
     return {
@@ -356,9 +374,7 @@ def sweep(
         "device": dev,
         "route": route,
         "variant": variant or "default",
-        "reference": ("float64 rounded once (ambiguous roundings accept both neighbours)"
-                      + ("; one-kernel CUDA form of spec.elementwise" if fused_ref else "")) if approx
-        else "softfloat (on the same device)",
+        "reference": provider.description,
         "range": None if sample is not None else [lo, hi],
         "sample": sample,
         "seed": seed if sample else None,
@@ -371,14 +387,8 @@ def sweep(
         "comparison": "one fused CUDA kernel per chunk" if dev == "cuda" else "array ops",
         "elements_per_s": round(total / secs, 1) if secs else None,
         "bound": bound,
-        "max_ulp": max_ulp,
-        "disagreements": bad_total,
-        "histogram": {
-            "0": int(hist[0]),
-            "1": int(hist[1]),
-            "2": int(hist[2]),
-            "3": int(hist[3]),
-            ">3_or_nan": int(hist[4]),
-        },
-        "first_counterexamples": ces,
+        "max_ulp": cmp.max_ulp,
+        "disagreements": cmp.disagreements,
+        "histogram": cmp.histogram(),
+        "first_counterexamples": cmp.counterexamples,
     }

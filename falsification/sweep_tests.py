@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from falsification import engine
 from falsification.registry import FalsifyContext, register_test
 from falsification.sweep import sweep
-from obligations.core.results import Outcome, passed, violated
+from obligations.core.results import Outcome
 
-__all__ = ["exhaustive_sweep", "HOST_SAMPLE"]
-
-# The host cannot visit 2^32 inputs inside CI's budget: it checks a seeded sample and says so.
-HOST_SAMPLE = {"quick": 1 << 18, "full": 1 << 22}
+__all__ = ["exhaustive_sweep"]
 
 
 @register_test("elementwise.sweep")
@@ -19,32 +17,29 @@ def exhaustive_sweep(ctx: FalsifyContext) -> Outcome:
     """A unary kernel against its reference on all 2^32 inputs (cuda) or a seeded sample (host), max-ULP bounded."""
     p = ctx.params
     bound = p.get("bound", ctx.tolerance)
+    agreement = (engine.item_agreement(ctx, "bitwise") if not bound
+                 else engine.item_agreement(ctx, "max_ulp", bound=int(bound)))
+    if (bad := engine.check_stated_agreement(ctx, agreement)) is not None:
+        return bad
     kwargs: dict[str, Any] = {"route": p.get("route", "nvrtc-ieee"), "bound": bound, "seed": ctx.seed,
                               "reference": p.get("reference", "softfloat" if bound in (None, 0) else "float64")}
     if p.get("variant"):
         kwargs["variant"] = p["variant"]
     if ctx.device != "cuda":
-        kwargs["sample"] = HOST_SAMPLE[ctx.profile]
+        kwargs["sample"] = ctx.budget.bulk  # the host cannot visit 2^32 inputs inside CI's budget
     r = sweep(p["op"], p.get("env"), device=ctx.device, **kwargs)
-    hist = r.get("histogram") or {}
-    evidence = {
-        "cases": r["elements"],
+    ev = {
         "exhaustive": r["exhaustive"],
         "domain": "all 2^32 binary32 bit patterns" if r["exhaustive"] else f"{r['elements']} sampled patterns",
-        "agreement": "bitwise" if not bound else f"max_ulp <= {bound}",
         "reference": r.get("reference"),
         "max_ulp": r.get("max_ulp"),
-        "ulp_histogram": hist,
-        "seconds": r["seconds"],
-        "native_seconds": r.get("native_seconds"),
-        "reference_seconds": r.get("reference_seconds"),
-        "compare_seconds": r.get("compare_seconds"),
-        "comparison": r.get("comparison"),
-        "elements_per_s": r.get("elements_per_s"),
-        "seed": r.get("seed"),
-        "route": r.get("route"),
+        "ulp_histogram": r.get("histogram") or {},
+        **{k: r.get(k) for k in ("seconds", "native_seconds", "reference_seconds", "compare_seconds", "comparison",
+                                 "elements_per_s", "route")},
+        "sample_seed": r.get("seed"),
     }
     if r["disagreements"]:
         first = (r.get("first_counterexamples") or [{}])[0]
-        return violated(first, f"{r['disagreements']} of {r['elements']} inputs disagree", **evidence)
-    return passed(**evidence)
+        return engine.outcome_violated(ctx, first, f"{r['disagreements']} of {r['elements']} inputs disagree",
+                                       agreement, cases=r["elements"], **ev)
+    return engine.outcome_passed(ctx, r["elements"], agreement, **ev)

@@ -340,7 +340,7 @@ def _approx_patterns():
 def _fused_mismatches(name, bits, env):
     import cupy
 
-    from falsification.fused_reference import fused_approx_reference
+    from native.fused_reference import fused_approx_reference
     from spec.elementwise import get_reference
 
     x = cupy.asarray(bits)
@@ -355,7 +355,7 @@ def test_fused_approx_references_equal_the_array_form_bit_for_bit(env):
     ok, why = cuda_available()
     if not ok:
         pytest.skip(why)
-    from falsification.fused_reference import APPROX_FORMULAS
+    from native.fused_reference import APPROX_FORMULAS
 
     bits = _approx_patterns()
     for name in APPROX_FORMULAS:
@@ -367,7 +367,7 @@ def test_a_fused_reference_with_a_planted_formula_change_is_caught(monkeypatch):
     ok, why = cuda_available()
     if not ok:
         pytest.skip(why)
-    from falsification import fused_reference
+    from native import fused_reference
 
     monkeypatch.setitem(fused_reference.APPROX_FORMULAS, "exp", "exp(x) * (1.0 + 1e-12)")  # a few ulp of double
     fused_reference._kernel.cache_clear()

@@ -79,7 +79,12 @@ def _evidence(evidence: Evidence | None, legacy: dict[str, Any]) -> Evidence:
 
 
 def with_evidence_kind(outcome: Outcome, cls: type[Evidence]) -> Outcome:
-    """``outcome`` with generic test evidence re-typed as ``cls`` (the engine that ran it knows its kind)."""
+    """``outcome`` with generic test evidence re-typed as ``cls`` (the engine that ran it knows its kind).
+
+    Anything that is not an Outcome is returned unchanged: the caller reports it as the test's error.
+    """
+    if not isinstance(outcome, Outcome):
+        return outcome
     ev = outcome.evidence
     if type(ev) not in (FalsifyEvidence, NoEvidence) or cls is type(ev):
         return outcome

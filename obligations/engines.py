@@ -436,3 +436,4 @@ class AssumeEngine(Engine):
 
 from obligations import audit as _audit  # noqa: E402,F401 - registers the compiled-code audit engine
 from obligations import regimes as _regimes  # noqa: E402,F401 - registers the plan-regimes engine
+from obligations import sanitize as _sanitize  # noqa: E402,F401 - registers the sanitizer engine

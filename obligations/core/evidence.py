@@ -30,6 +30,7 @@ __all__ = [
     "AssumeEvidence",
     "AuditEvidence",
     "RegimeEvidence",
+    "SanitizeEvidence",
 ]
 
 # Version of the result JSON: 2 adds ``kind`` to every item's evidence.
@@ -216,3 +217,14 @@ class RegimeEvidence(Evidence):
     plan: str | None = None
     rlimit: int | None = None
     witnesses: Mapping[str, Mapping[str, Any]] | None = None
+
+
+@register_evidence
+@dataclass(frozen=True)
+class SanitizeEvidence(Evidence):
+    """compute-sanitizer verdicts per tool over a family's workload."""
+
+    kind: ClassVar[str] = "sanitize"
+    cases: int | None = None
+    workload: str | None = None
+    verdicts: Mapping[str, Mapping[str, Any]] | None = None

@@ -1,0 +1,97 @@
+"""Sanitizer evidence (method ``sanitize``): the family's workload under ``compute-sanitizer`` on the device.
+
+For each tool the item names (default memcheck, racecheck, initcheck, synccheck) the engine runs
+``compute-sanitizer --tool TOOL python -m obligations.sanitize --run WORKLOAD`` in a fresh process and
+records the tool's verdict: its error count from the ``ERROR SUMMARY`` line and the exit status. Any
+error is a violation. Off the device the item is ``skipped (no CUDA device)``; where the tool is absent,
+``skipped`` saying so — never passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+from obligations.core.evidence import SanitizeEvidence
+from obligations.core.results import Outcome, error, passed, skipped, violated
+from obligations.engines import Engine, Job, register_engine
+
+__all__ = ["SanitizeEngine", "TOOLS", "run_tool", "main"]
+
+TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
+_SUMMARY = re.compile(r"ERROR SUMMARY:\s+(\d+)\s+error")
+_ERROR_EXIT = 86
+
+
+def run_tool(tool: str, workload: str, modules: tuple[str, ...] = (), timeout_s: float = 600.0) -> dict:
+    """Run one sanitizer tool over a workload in a fresh process: errors, exit status, seconds, output tail."""
+    exe = shutil.which("compute-sanitizer")
+    cmd = [exe or "compute-sanitizer", "--tool", tool, "--error-exitcode", str(_ERROR_EXIT), "--print-limit", "20",
+           sys.executable, "-m", "obligations.sanitize", "--run", workload]
+    cmd += [arg for m in modules for arg in ("--module", m)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=os.environ.copy())
+    out = proc.stdout + proc.stderr
+    m = _SUMMARY.search(out)
+    return {"errors": int(m.group(1)) if m else None, "exit": proc.returncode,
+            "seconds": round(time.perf_counter() - t0, 2), "tail": out.strip().splitlines()[-12:]}
+
+
+@register_engine
+class SanitizeEngine(Engine):
+    """Run the item's workload under each sanitizer tool; any reported error refutes the item."""
+
+    name = "sanitize"
+
+    def discharge(self, job: Job) -> Outcome:
+        """Skipped off the device or without the tool; violated on any sanitizer error."""
+        params = job.item.get("params") or {}
+        workload = params.get("workload") or job.contract.data["family"]
+        tools = tuple(params.get("tools") or TOOLS)
+        if job.device != "cuda":
+            return skipped(f"runs on cuda (compute-sanitizer); this run is on {job.device}")
+        if shutil.which("compute-sanitizer") is None:
+            return skipped("compute-sanitizer is not on PATH on this machine")
+        verdicts = {}
+        for tool in tools:
+            try:
+                verdicts[tool] = run_tool(tool, workload, tuple(params.get("modules") or ()))
+            except subprocess.TimeoutExpired:
+                verdicts[tool] = {"errors": None, "exit": "timeout"}
+        evidence = SanitizeEvidence(cases=len(tools), workload=workload,
+                                    verdicts={t: {k: v for k, v in r.items() if k != "tail"}
+                                              for t, r in verdicts.items()})
+        bad = {t: r for t, r in verdicts.items() if r["errors"] != 0 or r["exit"] != 0}
+        if not bad:
+            return passed(evidence)
+        if all(r["errors"] is None for r in bad.values()):
+            return error(f"the sanitizer did not report a verdict for {sorted(bad)}", evidence,
+                         output={t: r.get("tail") for t, r in bad.items()})
+        return violated({t: {"errors": r["errors"], "exit": r["exit"], "output": r.get("tail")}
+                         for t, r in bad.items()}, f"sanitizer errors: {sorted(bad)}", evidence)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m obligations.sanitize --run NAME``: run one registered workload (the sanitizer's child)."""
+    from native import workloads as wl
+    from native.builds import _load_native_modules
+
+    p = argparse.ArgumentParser(prog="python -m obligations.sanitize")
+    p.add_argument("--run", required=True, help="registered workload name (native.workloads)")
+    p.add_argument("--module", action="append", default=[], help="extra module registering workloads")
+    args = p.parse_args(argv)
+    _load_native_modules()
+    for mod in args.module:
+        __import__(mod)
+    launches = wl.get_workload(args.run)()
+    print(f"workload {args.run}: {launches} launches")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -42,6 +42,9 @@ __all__ = [
     "pass_grids",
     "AxisPlan",
     "axis_plan",
+    "ScatterPlan",
+    "scatter_plan",
+    "MAX_SCATTER_KEYS",
     "TreeOrder",
     "TREE_ORDERS",
     "register_tree_order",
@@ -142,6 +145,31 @@ def axis_plan(outer: Any, length: Any, inner: Any) -> AxisPlan:
                         inner <= per_outer // smax(as_type(length, "int64"), 1))
     outputs = as_type(outer, "int64") * inner
     return AxisPlan(outer, length, inner, outputs, outputs * length, admissible)
+
+
+# Sort keys of scatter-add are (target, source position) packed as target * m + j in int64; the guard admits
+# calls whose keys stay below 2^62.
+MAX_SCATTER_KEYS = 1 << 62
+
+
+@dataclass(frozen=True)
+class ScatterPlan:
+    """Deterministic scatter-add of ``m`` sources into ``n_out`` outputs: the int64 sort key of each source."""
+
+    m: Any
+    n_out: Any
+    keys: Any
+    admissible: Any
+
+    def key(self, i: Any, j: Any) -> Any:
+        """Sort key of source ``j`` targeting output ``i``: unique, ordered by (i, j) (int64)."""
+        return as_type(i, "int64") * self.m + j
+
+
+def scatter_plan(m: Any, n_out: Any) -> ScatterPlan:
+    """Key space of a scatter-add; ``admissible``: n_out * m <= MAX_SCATTER_KEYS (checked by division)."""
+    admissible = all_of(m >= 0, n_out >= 0, n_out <= MAX_SCATTER_KEYS // smax(as_type(m, "int64"), 1))
+    return ScatterPlan(m, n_out, as_type(n_out, "int64") * m, admissible)
 
 
 # -- tree combine orders (a registry: planted bugs register another order) ------------------------------
@@ -438,8 +466,12 @@ def scatter_add(out: Any, idx: Any, src: Any, device: str = "auto") -> Any:
         return res
     if int(idx.min()) < 0 or int(idx.max()) >= res.size:
         raise IndexError(f"scatter_add: index out of range [0, {res.size})")
+    plan = scatter_plan(int(idx.size), int(res.size))
+    if not plan.admissible:
+        raise ValueError(f"scatter_add: {idx.size} sources into {res.size} outputs exceed the int64 key space "
+                         f"(n_out * m <= 2^62)")
     # Unique keys (index, source position): any sort gives the same order, so the order is the source's.
-    keys = idx * idx.size + xp.arange(idx.size, dtype=xp.int64)
+    keys = plan.key(idx, xp.arange(idx.size, dtype=xp.int64))
     perm = xp.argsort(keys)
     sidx, ssrc = idx[perm], src[perm]
     targets = xp.arange(res.size, dtype=xp.int64)
@@ -451,8 +483,8 @@ def scatter_add(out: Any, idx: Any, src: Any, device: str = "auto") -> Any:
                 live = starts + r < ends
                 res[live] = res[live] + ssrc[(starts + r)[live]]
         return _canon(res)
-    plan = launch_plan(int(res.size))
-    _fn(_SCATTER, "kc_scatter_segments")((int(plan["grid"]),), (int(plan["block"]),),
+    launch = launch_plan(int(res.size))
+    _fn(_SCATTER, "kc_scatter_segments")((int(launch["grid"]),), (int(launch["block"]),),
                                          (xp.ascontiguousarray(ssrc), starts, ends, res, np.int64(res.size)))
     return res
 

@@ -128,3 +128,16 @@ def test_cuda_planted_bugs_are_caught(tmp_path):
                     'params: {impl: "tests.planted.reduction_bugs:tree_sum_interleaved"}\n'
                     '  - id: RED-TREE-determinism', 1)
     assert _items(path, ["RED-TREE-bitwise"], "cuda")["RED-TREE-bitwise"]["status"] == "violated"
+
+
+@pytest.mark.parametrize("plan", ["scatter_plan_int32_keys", "scatter_plan_unguarded"])
+def test_scatter_key_overflow_is_caught_by_z3(tmp_path, plan):
+    path = _variant(tmp_path, "plan: native.reductions:scatter_plan", f"plan: tests.planted.reduction_bugs:{plan}")
+    it = _items(path, ["RED-SCATTER-keys-z3"])["RED-SCATTER-keys-z3"]
+    assert it["status"] == "violated", (it["status"], it["reason"])
+
+
+def test_scatter_refuses_a_call_beyond_the_key_space():
+    plan = red.scatter_plan(1 << 40, 1 << 40)
+    assert not plan.admissible and red.scatter_plan(1 << 31, 1 << 31).admissible
+    assert int(red.scatter_plan(5, 3).key(2, 4)) == 14

@@ -7,8 +7,9 @@ from typing import Any
 import numpy as np
 
 from native import reductions as red
+from obligations.core.symbolic import all_of, as_type
 
-__all__ = ["INTERLEAVED", "tree_sum_interleaved"]
+__all__ = ["INTERLEAVED", "tree_sum_interleaved", "scatter_plan_int32_keys", "scatter_plan_unguarded"]
 
 
 def _host_interleaved(sh: np.ndarray) -> np.ndarray:
@@ -30,3 +31,21 @@ INTERLEAVED = red.register_tree_order(red.TreeOrder(
 def tree_sum_interleaved(x: Any, device: str = "auto") -> Any:
     """The tree sum built with the interleaved combine order."""
     return red.tree_sum(x, device=device, order=INTERLEAVED)
+
+
+class _Int32Keys(red.ScatterPlan):
+    def key(self, i: Any, j: Any) -> Any:
+        # BUG: the target index is multiplied in int32 (a C `int` key): wraps once target * m >= 2^31.
+        return as_type(as_type(i, "int32") * as_type(self.m, "int32"), "int64") + j
+
+
+def scatter_plan_int32_keys(m: Any, n_out: Any) -> red.ScatterPlan:
+    """scatter_plan whose keys are computed in int32."""
+    p = red.scatter_plan(m, n_out)
+    return _Int32Keys(p.m, p.n_out, p.keys, p.admissible)
+
+
+def scatter_plan_unguarded(m: Any, n_out: Any) -> red.ScatterPlan:
+    """scatter_plan without the key-space guard (BUG: target * m can exceed int64 for 2^40 x 2^40)."""
+    p = red.scatter_plan(m, n_out)
+    return red.ScatterPlan(p.m, p.n_out, as_type(n_out, "int64") * m, all_of(m >= 0, n_out >= 0))

@@ -189,8 +189,8 @@ def _user_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -
 
 
 @pytest.mark.parametrize(("body", "reason"), [
-    ("return None", "returned NoneType, not an Outcome"),
-    ("return {'status': 'passed'}", "returned dict, not an Outcome"),
+    ("return None", "NoneType"),  # the engine or run_item names what came back instead of an Outcome
+    ("return {'status': 'passed'}", "dict"),
     ("raise SystemExit(0)", "called sys.exit(0)"),
 ])
 def test_a_test_that_returns_no_outcome_or_exits_is_an_error_item(tmp_path, monkeypatch, body, reason):
@@ -200,6 +200,26 @@ def test_a_test_that_returns_no_outcome_or_exits_is_an_error_item(tmp_path, monk
     items = json.loads(out.read_text())["contracts"][0]["items"]
     (ft,) = [it for it in items if it["kind"] == "falsification"]
     assert ft["status"] == "error" and reason in ft["reason"], ft
+
+
+@pytest.mark.parametrize(("result", "reason"), [
+    (None, "returned NoneType, not an Outcome"),
+    ("passed", "returned str, not an Outcome"),
+    (SystemExit(2), "called sys.exit(2)"),
+])
+def test_run_item_turns_any_non_outcome_into_an_error(monkeypatch, result, reason):
+    from obligations import check
+
+    class Engine:
+        def discharge(self, job):
+            if isinstance(result, BaseException):
+                raise result
+            return result
+
+    monkeypatch.setattr(check, "get_engine", lambda method: Engine())
+    contract = load_contract(GEMM, check=False)
+    outcome = check.run_item(contract, contract.item("PO-GEMM-02-A-z3"))
+    assert outcome.status == "error" and reason in outcome.reason
 
 
 def test_keyboard_interrupt_stops_the_run_and_writes_the_partial_result(tmp_path, monkeypatch, capsys):

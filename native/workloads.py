@@ -2,16 +2,19 @@
 
 A workload launches the family's kernels on CUDA at the regime witnesses of its plans (empty, one trip,
 grid-stride with a shrunken grid, several passes, the tail), so ``compute-sanitizer`` sees every path
-with few elements. Workloads register by name; ``python -m obligations.sanitize --run NAME`` runs one.
+with few elements. Workloads register by name; ``python -m native.workloads --run NAME`` runs one (the
+process the sanitizer watches).
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
 from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["register_workload", "get_workload", "workloads"]
+__all__ = ["register_workload", "get_workload", "workloads", "main"]
 
 _WORKLOADS: dict[str, Callable[[], int]] = {}
 
@@ -80,3 +83,25 @@ def _reductions() -> int:
         launches += 3
     cupy.cuda.runtime.deviceSynchronize()
     return launches
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m native.workloads --run NAME [--module M]``: run one registered workload."""
+    from native.builds import _load_native_modules
+
+    p = argparse.ArgumentParser(prog="python -m native.workloads")
+    p.add_argument("--run", required=True, help="registered workload name")
+    p.add_argument("--module", action="append", default=[], help="extra module that registers workloads")
+    args = p.parse_args(argv)
+    _load_native_modules()
+    for mod in args.module:
+        importlib.import_module(mod)
+    # Run as __main__ this file is a second module object: the registry is the imported native.workloads.
+    registry = importlib.import_module("native.workloads")
+    launches = registry.get_workload(args.run)()
+    print(f"workload {args.run}: {launches} launches")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

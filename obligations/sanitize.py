@@ -1,7 +1,7 @@
 """Sanitizer evidence (method ``sanitize``): the family's workload under ``compute-sanitizer`` on the device.
 
 For each tool the item names (default memcheck, racecheck, initcheck, synccheck) the engine runs
-``compute-sanitizer --tool TOOL python -m obligations.sanitize --run WORKLOAD`` in a fresh process and
+``compute-sanitizer --tool TOOL python -m native.workloads --run WORKLOAD`` in a fresh process and
 records the tool's verdict: its error count from the ``ERROR SUMMARY`` line and the exit status. Any
 error is a violation. Off the device the item is ``skipped (no CUDA device)``; where the tool is absent,
 ``skipped`` saying so — never passed.
@@ -9,7 +9,6 @@ error is a violation. Off the device the item is ``skipped (no CUDA device)``; w
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -21,7 +20,7 @@ from obligations.core.evidence import SanitizeEvidence
 from obligations.core.results import Outcome, error, passed, skipped, violated
 from obligations.engines import Engine, Job, register_engine
 
-__all__ = ["SanitizeEngine", "TOOLS", "run_tool", "main"]
+__all__ = ["SanitizeEngine", "TOOLS", "run_tool"]
 
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 _SUMMARY = re.compile(r"ERROR SUMMARY:\s+(\d+)\s+error")
@@ -32,7 +31,7 @@ def run_tool(tool: str, workload: str, modules: tuple[str, ...] = (), timeout_s:
     """Run one sanitizer tool over a workload in a fresh process: errors, exit status, seconds, output tail."""
     exe = shutil.which("compute-sanitizer")
     cmd = [exe or "compute-sanitizer", "--tool", tool, "--error-exitcode", str(_ERROR_EXIT), "--print-limit", "20",
-           sys.executable, "-m", "obligations.sanitize", "--run", workload]
+           sys.executable, "-m", "native.workloads", "--run", workload]
     cmd += [arg for m in modules for arg in ("--module", m)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=os.environ.copy())
@@ -74,24 +73,3 @@ class SanitizeEngine(Engine):
                          output={t: r.get("tail") for t, r in bad.items()})
         return violated({t: {"errors": r["errors"], "exit": r["exit"], "output": r.get("tail")}
                          for t, r in bad.items()}, f"sanitizer errors: {sorted(bad)}", evidence)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m obligations.sanitize --run NAME``: run one registered workload (the sanitizer's child)."""
-    from native import workloads as wl
-    from native.builds import _load_native_modules
-
-    p = argparse.ArgumentParser(prog="python -m obligations.sanitize")
-    p.add_argument("--run", required=True, help="registered workload name (native.workloads)")
-    p.add_argument("--module", action="append", default=[], help="extra module registering workloads")
-    args = p.parse_args(argv)
-    _load_native_modules()
-    for mod in args.module:
-        __import__(mod)
-    launches = wl.get_workload(args.run)()
-    print(f"workload {args.run}: {launches} launches")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

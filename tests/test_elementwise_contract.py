@@ -53,10 +53,10 @@ def test_an_unbounded_grid_cap_overflows_the_int32_stride(tmp_path):
     [
         ("FALSIFY-EW-DIV-bitwise", "{op: div, route: nvrtc-ieee, env: cuda}",
          "{op: div, route: nvrtc-ieee, env: cuda, variant: fast_math}"),
-        ("FALSIFY-EW-ADD-bitwise", "{op: add, route: nvrtc-ieee, env: cuda}",
-         "{op: add, route: nvrtc-ieee, env: cuda, variant: tail_short}"),
-        ("FALSIFY-EW-MUL-bitwise", "{op: mul, route: nvrtc-ieee, env: cuda}",
-         "{op: mul, route: nvrtc-ieee, env: cuda, variant: tail_over}"),
+        ("FALSIFY-EW-ADD-bitwise", "{op: add, route: nvrtc-ieee, env: cuda, refute_envs: [ieee]}",
+         "{op: add, route: nvrtc-ieee, env: cuda, refute_envs: [ieee], variant: tail_short}"),
+        ("FALSIFY-EW-MUL-bitwise", "{op: mul, route: nvrtc-ieee, env: cuda, refute_envs: [ieee]}",
+         "{op: mul, route: nvrtc-ieee, env: cuda, refute_envs: [ieee], variant: tail_over}"),
         ("FALSIFY-EW-RELU-bitwise", "{op: relu, route: nvrtc-ieee, env: cuda}",
          "{op: relu, route: nvrtc-ieee, env: cuda, variant: nan_as_number}"),
         ("FALSIFY-EW-AXPY-separate", "{op: axpy, route: nvrtc-ieee, promise: separate}",
@@ -68,3 +68,12 @@ def test_planted_kernel_bugs_are_violated_by_their_item(tmp_path, item, params_o
     it = _run(tmp_path, [item], params_old, params_new)[item]
     assert it["status"] == "violated", (item, it["status"], it["reason"])
     assert it["counterexample"]
+
+
+def test_the_literal_ieee_claim_is_refuted_by_a_nan_payload(tmp_path):
+    """Bits equal the reference only under env cuda: IEEE 754's NaN payload propagation is refuted, with a NaN."""
+    it = _run(tmp_path, ["FALSIFY-EW-ADD-bitwise"])["FALSIFY-EW-ADD-bitwise"]
+    (claim,) = it["evidence"]["refuted_claims"]
+    assert it["status"] == "passed" and claim["claim"] == "bitwise under ieee" and claim["refuted"]
+    out = claim["counterexample"]["element"]["outputs"]["r"]
+    assert out["native"] == "0x7FFFFFFF" and out["reference"] != out["native"] and out["reference_value"] == "nan"

@@ -215,3 +215,14 @@ def test_every_blas_backend_conforms(backend):
             np.testing.assert_allclose(to_host(c).reshape(5, 4), want, rtol=1e-5, atol=1e-6)
     finally:
         api.destroy(handle)
+
+
+def test_mfu_formula_and_the_split_of_po_gemm_05():
+    from falsification.gemm_tests import PEAK_FLOPS, mfu
+
+    assert mfu(370_000_000, 4096, 1.0) == 6 * 370_000_000 * 4096 / PEAK_FLOPS
+    items = _items(CONTRACT, ["PO-GEMM-05", "PO-GEMM-05-floor", "FALSIFY-CUBLAS-002"])
+    assert items["PO-GEMM-05"]["status"] == "skipped" and "not applicable" in items["PO-GEMM-05"]["reason"]
+    assert items["PO-GEMM-05-floor"]["status"] == "skipped" and "cuda" in items["PO-GEMM-05-floor"]["reason"]
+    assert items["FALSIFY-CUBLAS-002"]["status"] == "passed"
+    assert "float64" in items["FALSIFY-CUBLAS-002"]["evidence"]["baseline"]

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from falsification.gemm_tests import host_us, time_ms
+from falsification.engine import time_ms
+from falsification.gemm_tests import host_us
 from native import gemm as ng
 from obligations.core.device import cuda_available
 

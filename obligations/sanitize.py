@@ -23,7 +23,9 @@ from obligations.engines import Engine, Job, register_engine
 __all__ = ["SanitizeEngine", "TOOLS", "run_tool"]
 
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
-_SUMMARY = re.compile(r"ERROR SUMMARY:\s+(\d+)\s+error")
+# memcheck/initcheck/synccheck: "ERROR SUMMARY: 0 errors"; racecheck: "RACECHECK SUMMARY: 0 hazards displayed
+# (0 errors, 0 warnings)".
+_SUMMARY = re.compile(r"ERROR SUMMARY:\s+(\d+)\s+error|RACECHECK SUMMARY:[^(]*\((\d+)\s+error")
 _ERROR_EXIT = 86
 
 
@@ -37,7 +39,7 @@ def run_tool(tool: str, workload: str, modules: tuple[str, ...] = (), timeout_s:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=os.environ.copy())
     out = proc.stdout + proc.stderr
     m = _SUMMARY.search(out)
-    return {"errors": int(m.group(1)) if m else None, "exit": proc.returncode,
+    return {"errors": int(m.group(1) or m.group(2)) if m else None, "exit": proc.returncode,
             "seconds": round(time.perf_counter() - t0, 2), "tail": out.strip().splitlines()[-12:]}
 
 

@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import HypothesisException
 
 from falsification.agreement import NAN_MISMATCH, Agreement, Expected, make_agreement
+from falsification.profiles import Budget
 from falsification.registry import FalsifyContext, Replay, get_test
 from obligations.core.device import DeviceUnavailable
 from obligations.core.results import Outcome, error, passed, skipped, violated
@@ -480,69 +481,93 @@ def _replay_case(ctx: FalsifyContext, check: Check[C], rp: Replay) -> Outcome:
     return passed(cases=check.count(j), **ev)
 
 
+@dataclass
+class _Search(Generic[C]):
+    """One search's state: the cases judged, timing, the budget stop and the first failure."""
+
+    check: Check[C]
+    budget: Budget
+    t0: float = field(default_factory=time.perf_counter)
+    cases: int = 0
+    draws: int = 0
+    skipped: int = 0
+    max_ulp: int | None = None
+    eval_s: float = 0.0
+    failing: bool = False
+
+    def one(self, case: C) -> None:
+        """Judge one case; raise _Disagreement on a failure (Hypothesis then shrinks it)."""
+        check, b = self.check, self.budget
+        if check.budget_stop and b.budget_s is not None and not self.failing \
+                and time.perf_counter() - self.t0 > b.budget_s:
+            self.skipped += 1  # budget spent before any failure: stop evaluating, let Hypothesis finish
+            return
+        ts = time.perf_counter()
+        j = judge(check, check.inputs(case))
+        self.eval_s += time.perf_counter() - ts
+        self.cases += check.count(j)
+        self.draws += 1
+        if check.observe is not None and j.raised is None:
+            check.observe(j)
+        if j.max_ulp is not None:
+            self.max_ulp = max(self.max_ulp or 0, j.max_ulp)
+        if j.failed:
+            self.failing = True
+            raise _Disagreement(case, j)
+
+    def evidence(self, ctx: FalsifyContext, extra: Mapping[str, Any]) -> dict[str, Any]:
+        """The run's evidence: the engine's keys, the check's build description, then ``extra``."""
+        b, rate = self.budget, round(self.cases / self.eval_s, 1) if self.eval_s else None
+        ev = evidence(ctx, self.check.agreement, draws=self.draws, max_ulp_observed=self.max_ulp,
+                      wall_s=round(time.perf_counter() - self.t0, 4), cases_per_s=rate,
+                      budget={"max_examples": b.max_examples, "max_size": b.max_size, "budget_s": b.budget_s,
+                              "scale": b.scale, "bulk": b.bulk},
+                      **self.check.build, **extra)
+        if self.check.unit == "elements":
+            ev.update(elements=self.cases, batches=self.draws, elements_per_s=rate)
+        return ev
+
+
+def _explore(ctx: FalsifyContext, search: _Search[C]) -> _Disagreement | None:
+    """Explicit cases, then the seeded Hypothesis search; its shrunk failure, else an explicit one, else None."""
+    check = search.check
+    explicit_failure: _Disagreement | None = None
+    try:
+        for case in check.explicit:  # explicit cases first; a failure here still lets the search shrink one
+            search.one(case)
+    except _Disagreement as exc:
+        explicit_failure = exc
+    if check.cases is None:
+        return explicit_failure
+    try:
+        with _no_local_constants():
+            _hypothesis(ctx, check, search.budget.max_examples, search.one)()
+    except _Disagreement as exc:
+        return exc
+    return explicit_failure
+
+
 def run(ctx: FalsifyContext, check: Check[C], extra: Callable[[], Mapping[str, Any]] | None = None) -> Outcome:
     """Drive ``check`` under the context's budget and seed (or replay one case): pass, or a minimised case."""
     if (bad := check_stated_agreement(ctx, check.agreement)) is not None:
         return bad
     if ctx.replay is not None:
         return _replay_case(ctx, check, ctx.replay)
-    budget = ctx.budget
-    stats: dict[str, Any] = {"cases": 0, "draws": 0, "skipped": 0, "max_ulp": None, "eval_s": 0.0}
-    failing: dict[str, Any] = {}
-    t0 = time.perf_counter()
-
-    def one(case: C) -> None:
-        if check.budget_stop and budget.budget_s is not None and not failing \
-                and time.perf_counter() - t0 > budget.budget_s:
-            stats["skipped"] += 1  # budget spent before any failure: stop evaluating, let Hypothesis finish
-            return
-        ts = time.perf_counter()
-        j = judge(check, check.inputs(case))
-        stats["eval_s"] += time.perf_counter() - ts
-        stats["cases"] += check.count(j)
-        stats["draws"] += 1
-        if check.observe is not None and j.raised is None:
-            check.observe(j)
-        if j.max_ulp is not None:
-            stats["max_ulp"] = max(stats["max_ulp"] or 0, j.max_ulp)
-        if j.failed:
-            failing["case"] = case
-            raise _Disagreement(case, j)
-
-    found: _Disagreement | None = None
-    explicit_failure: _Disagreement | None = None
+    search = _Search(check, ctx.budget)
     try:
-        for case in check.explicit:  # explicit cases first; a failure here still lets the search shrink one
-            one(case)
-    except _Disagreement as exc:
-        explicit_failure = exc
-    try:
-        if check.cases is not None:
-            with _no_local_constants():
-                _hypothesis(ctx, check, budget.max_examples, one)()
-    except _Disagreement as exc:
-        found = exc
+        found = _explore(ctx, search)
     except HypothesisException as exc:  # e.g. Flaky: a failure that did not reproduce
         return error(f"{check.name}: Hypothesis could not settle a failure ({type(exc).__name__}: {exc})",
                      **evidence(ctx, check.agreement, **check.build))
-    found = found or explicit_failure
-    wall = time.perf_counter() - t0
-    ev = evidence(ctx, check.agreement, draws=stats["draws"], max_ulp_observed=stats["max_ulp"],
-                  wall_s=round(wall, 4),
-                  cases_per_s=round(stats["cases"] / stats["eval_s"], 1) if stats["eval_s"] else None,
-                  budget={"max_examples": budget.max_examples, "max_size": budget.max_size,
-                          "budget_s": budget.budget_s, "scale": budget.scale, "bulk": budget.bulk},
-                  **check.build, **(extra() if extra else {}))
-    if check.unit == "elements":
-        ev.update(elements=stats["cases"], batches=stats["draws"], elements_per_s=ev["cases_per_s"])
+    ev = search.evidence(ctx, extra() if extra else {})
     if found is None:
-        return passed(cases=stats["cases"], **ev)
+        return passed(cases=search.cases, **ev)
     ce, rp, kind = _counterexample(ctx, check, found.case, found.judgement)
     ce["replay"] = replay_command(ctx, rp)
     reason = f"{check.name}: {_WHAT[kind]} under {check.agreement.name}"
     if kind == "raised":
         reason += f" ({found.judgement.raised})"
-    return violated(ce, reason, cases=stats["cases"], **ev)
+    return violated(ce, reason, cases=search.cases, **ev)
 
 
 @contextlib.contextmanager

@@ -123,7 +123,8 @@ def rfft_dft(ctx: FalsifyContext) -> Outcome:
     v = _variant(ctx)
     return _bound_check(
         ctx, "rfft", lambda c: _ri(nf.rfft(_on(ctx, c["x"]), device=ctx.device, variant=v)),
-        lambda c: Expected(value=_ri(sf.rfft_dense(c["x"])), bound=np.concatenate([sf.rfft_bound(c["x"]).reshape(-1)] * 2)),
+        lambda c: Expected(value=_ri(sf.rfft_dense(c["x"])),
+                           bound=np.concatenate([sf.rfft_bound(c["x"]).reshape(-1)] * 2)),
         "beta(n) sqrt(n) ||x_col||_2, beta = L eta / (1 - L eta), eta = mu + gamma_4 (sqrt2 + mu)")
 
 
@@ -218,7 +219,8 @@ def omitted_modes(ctx: FalsifyContext) -> Outcome:
 
     check = Check(name=f"omitted[{_variant(ctx)}]@{ctx.device}", inputs=lambda c: draw_case(*c), native=native,
                   reference=reference, agreement=engine.item_agreement(ctx, "bitwise"),
-                  build={"variant": _variant(ctx), "sentinel": "a trailing 1.0 so a case with no omitted bin judges one element"},
+                  build={"variant": _variant(ctx),
+                         "sentinel": "a trailing 1.0 so a case with no omitted bin judges one element"},
                   **_common(ctx))
     return engine.run(ctx, check)
 

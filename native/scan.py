@@ -292,8 +292,8 @@ def _builds() -> Iterator[Build]:
     """Every kernel of the shipped float and double builds (discretize is declared approximate: libdevice)."""
     for ftype in ("float", "double"):
         for k in KERNELS:
-            yield Build("scan", f"{k}<{ftype}>", kernel_source(ScanBuild(ftype), k), k, ROUTE, approximate=k == "scan_discretize",
-                        index_bits=INDEX_BITS_AUDITED)
+            yield Build("scan", f"{k}<{ftype}>", kernel_source(ScanBuild(ftype), k), k, ROUTE,
+                        approximate=k == "scan_discretize", index_bits=INDEX_BITS_AUDITED)
 
 
 def _fn(build: ScanBuild, name: str) -> Any:

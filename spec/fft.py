@@ -109,8 +109,7 @@ def parseval_energy(X: np.ndarray, n: int) -> np.ndarray:
 
 
 def multiply_f32(X: np.ndarray, w_re: np.ndarray, w_im: np.ndarray, modes: int) -> np.ndarray:
-    """The fused multiply's float32 meaning, bin by bin: for c in order re = fl(re + fl(xr wr)), re = fl(re - fl(xi wi)),
-    im = fl(im + fl(xr wi)), im = fl(im + fl(xi wr)) from +0; bins k >= modes are +0."""
+    """The fused multiply in float32 per bin from +0, c in order: re += xr wr, re -= xi wi, im += xr wi, im += xi wr."""
     f = np.float32
     X = np.asarray(X, np.complex64)
     batch, bins, win = X.shape

@@ -1,0 +1,400 @@
+"""Falsification, proof and measurement tests of the attention family (contracts/attention-v1.yaml).
+
+Registered names and their ``params``:
+
+* ``attention.merge_identity`` {update="native.attention:online_update", max_tile=3} — sympy proves, over
+  symbolic tiles of 0..max_tile scores and values, that folding two tiles with the update rule gives the
+  state of their union and finalises to softmax(s) . v; fully masked tiles (-oo scores), empty tiles and
+  the fully masked row (output 0) are cases; the unguarded rule's NaN at n = 0 is recorded. ``proved``
+  with sympy evidence, or ``violated`` with the tile sizes, the difference and a refuting rational point.
+* ``attention.forward_bound`` {impl="native.attention:attention", storage=float32|float16, tile} — out
+  within spec.attention.forward_bound of the float64 SDPA (masks, GQA/MQA, fully masked rows).
+* ``attention.vjp_bound`` {impl="native.attention:attention_vjp"} — dQ, dK, dV within spec.attention.vjp_bound.
+* ``attention.untiled_equal`` {} (host) — the tiled host path at tile = Lk is bitwise the untiled float32 spec.
+* ``attention.masked_rows`` {impl, impl_vjp} — fully masked rows: out +0.0, lse +inf, gradients +0.0, bitwise.
+* ``attention.perf`` {which: forward_f32|forward_f16|vjp_f32, batch, heads, seq, head_dim} (cuda, measure) —
+  ours over torch.nn.functional.scaled_dot_product_attention, CUDA events after warm-up; the item's
+  tolerance is the least ratio torch_ms / ours_ms.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from falsification import engine
+from falsification.agreement import Expected
+from falsification.engine import WARMUP, Check, time_ms
+from falsification.registry import FalsifyContext, Replay, guarded, register_test
+from obligations.core.evidence import SympyEvidence
+from obligations.core.plans import resolve
+from obligations.core.results import Outcome, error, proved, violated
+from spec import attention as sa
+
+__all__ = ["SYMPY_OPS", "case_inputs", "CASE_KEYS"]
+
+CASE_KEYS = ("seed", "batch", "heads_kv", "group", "seq_q", "seq_k", "head_dim", "causal", "lens", "mag", "tile")
+_LENS = ("full", "random", "empty")  # key padding: none, random lengths, some batch with kv_len = 0
+_MAGS = (0.5, 2.0, 6.0)
+
+
+@st.composite
+def _cases(draw: Any, max_seq: int) -> dict:
+    return {"seed": draw(st.integers(0, 2**32 - 1)), "batch": draw(st.integers(1, 2)),
+            "heads_kv": draw(st.integers(1, 2)), "group": draw(st.sampled_from([1, 2, 3])),
+            "seq_q": draw(st.integers(1, max_seq)), "seq_k": draw(st.integers(1, max_seq)),
+            "head_dim": draw(st.sampled_from([1, 4, 7, 16, 64])), "causal": draw(st.booleans()),
+            "lens": draw(st.sampled_from(range(len(_LENS)))), "mag": draw(st.sampled_from(range(len(_MAGS)))),
+            "tile": draw(st.sampled_from([1, 5, 32]))}
+
+
+_EXPLICIT = (
+    {"seed": 1, "batch": 2, "heads_kv": 1, "group": 2, "seq_q": 33, "seq_k": 70, "head_dim": 16, "causal": True,
+     "lens": 2, "mag": 2, "tile": 32},
+    {"seed": 2, "batch": 1, "heads_kv": 2, "group": 1, "seq_q": 9, "seq_k": 130, "head_dim": 64, "causal": False,
+     "lens": 1, "mag": 1, "tile": 32},
+)
+
+
+def _encode(c: dict) -> tuple[int, ...]:
+    return tuple(int(c[k]) for k in CASE_KEYS)
+
+
+def _decode(rp: Replay) -> dict:
+    c = dict(zip(CASE_KEYS, rp.values, strict=True))
+    c["causal"] = bool(c["causal"])
+    return c
+
+
+def case_inputs(c: dict, dtype: Any = np.float32) -> dict[str, Any]:
+    """q, k, v, dout, kv_lens of a case (seeded; fully masked rows where lens is "empty")."""
+    rng = np.random.default_rng(c["seed"])
+    b, hkv, hq = c["batch"], c["heads_kv"], c["heads_kv"] * c["group"]
+    lq, lk, d, mag = c["seq_q"], c["seq_k"], c["head_dim"], _MAGS[c["mag"]]
+    q = (rng.uniform(-1, 1, (b, hq, lq, d)) * mag).astype(dtype)
+    k = (rng.uniform(-1, 1, (b, hkv, lk, d)) * mag).astype(dtype)
+    v = rng.uniform(-1, 1, (b, hkv, lk, d)).astype(dtype)
+    dout = rng.uniform(-1, 1, (b, hq, lq, d)).astype(np.float32)
+    lens = {"full": np.full(b, lk), "random": rng.integers(0, lk + 1, b),
+            "empty": np.array([0] + [lk] * (b - 1))}[_LENS[c["lens"]]]
+    return {"q": q, "k": k, "v": v, "dout": dout, "kv_lens": lens.astype(np.int64), "case": c}
+
+
+def _host(a: Any) -> np.ndarray:
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def _dev(x: np.ndarray, device: str) -> Any:
+    if device == "cuda":
+        import cupy
+
+        return cupy.asarray(x)
+    return x
+
+
+def _tiles(c: dict, device: str) -> int:
+    from native.attention import BC
+
+    return -(-c["seq_k"] // (c["tile"] if device == "host" else BC))
+
+
+def _worst(seen: dict) -> Callable[[engine.Judgement], None]:
+    def observe(j: engine.Judgement) -> None:
+        for nat, e in zip(j.native, j.expected, strict=True):
+            with np.errstate(all="ignore"):
+                r = np.abs(np.asarray(nat, np.float64) - e.value) / e.bound
+            if r.size:
+                seen["worst"] = max(seen["worst"], float(np.nanmax(r)))
+
+    return observe
+
+
+def _check(ctx: FalsifyContext, name: str, native: Callable, reference: Callable, outputs: tuple[str, ...],
+           bound_name: str, dtype: Any = np.float32) -> Outcome:
+    seen = {"worst": 0.0}
+    ag = engine.item_agreement(ctx, "error_bound", bound_name=bound_name)
+    max_seq = int(ctx.params.get("max_seq", 48)) * ctx.budget.scale
+    check = Check(name=name, inputs=lambda c: case_inputs(c, dtype), native=native, reference=reference,
+                  agreement=ag, cases=_cases(max_seq), explicit=_EXPLICIT, encode=_encode, decode=_decode,
+                  describe=lambda c: dict(c), observe=_worst(seen), output_names=outputs,
+                  build={"impl": name, "reference": "spec.attention (float64 SDPA)"})
+    return engine.run(ctx, check, lambda: {"worst_error_over_bound": seen["worst"]})
+
+
+@register_test("attention.forward_bound")
+@guarded()
+def forward_bound(ctx: FalsifyContext) -> Outcome:
+    """out within the derived bound of the float64 SDPA (masks, GQA/MQA, fully masked rows, tiles)."""
+    name = ctx.params.get("impl", "native.attention:attention")
+    impl = resolve(name)
+    storage = ctx.params.get("storage", "float32")
+    dtype = {"float32": np.float32, "float16": np.float16}[storage]
+    u_out = {"float32": sa.U32, "float16": sa.U16}[storage]
+
+    def native(x: dict) -> list:
+        c = x["case"]
+        out, _ = impl(*(_dev(x[n], ctx.device) for n in "qkv"), causal=c["causal"], kv_lens=x["kv_lens"],
+                      device=ctx.device, tile=c["tile"])
+        return [_host(out).astype(np.float64)]
+
+    def reference(x: dict) -> Expected:
+        c = x["case"]
+        ref, bound = sa.forward_bound(x["q"], x["k"], x["v"], causal=c["causal"], kv_lens=x["kv_lens"],
+                                      tiles=_tiles(c, ctx.device), u_out=u_out)
+        return Expected(value=ref.reshape(-1), bound=bound.reshape(-1))
+
+    return _check(ctx, f"{name}[{storage}]", native, reference, ("out",),
+                  "online-softmax forward bound (spec.attention.forward_bound)", dtype)
+
+
+@register_test("attention.vjp_bound")
+@guarded()
+def vjp_bound(ctx: FalsifyContext) -> Outcome:
+    """dQ, dK, dV within the derived bound of the float64 SDPA VJP (from the float32 forward's out and lse)."""
+    name = ctx.params.get("impl_vjp", "native.attention:attention_vjp")
+    impl = resolve(name)
+    fwd = resolve(ctx.params.get("impl", "native.attention:attention"))
+
+    def native(x: dict) -> list:
+        c = x["case"]
+        kw = {"causal": c["causal"], "kv_lens": x["kv_lens"], "device": ctx.device, "tile": c["tile"]}
+        q, k, v = (_dev(x[n], ctx.device) for n in "qkv")
+        out, lse = fwd(q, k, v, **kw)
+        grads = impl(q, k, v, out, lse, _dev(x["dout"], ctx.device), **kw)
+        return [np.concatenate([_host(g).astype(np.float64).reshape(-1) for g in grads])]
+
+    def reference(x: dict) -> list:
+        c = x["case"]
+        refs, bounds = sa.vjp_bound(x["q"], x["k"], x["v"], x["dout"], causal=c["causal"], kv_lens=x["kv_lens"],
+                                    tiles=_tiles(c, ctx.device))
+        return Expected(value=np.concatenate([r.reshape(-1) for r in refs]),
+                        bound=np.concatenate([b.reshape(-1) for b in bounds]))
+
+    return _check(ctx, name, native, reference, ("dq|dk|dv",),
+                  "tiled VJP bound (spec.attention.vjp_bound)")
+
+
+def _bits(a: Any) -> np.ndarray:
+    return np.ascontiguousarray(_host(a), dtype=np.float32).reshape(-1).view(np.uint32)
+
+
+@register_test("attention.untiled_equal", devices=("host",))
+@guarded()
+def untiled_equal(ctx: FalsifyContext) -> Outcome:
+    """At tile = Lk the host path's out and lse are bitwise the untiled float32 spec (spec.attention.untiled_f32)."""
+    impl = resolve(ctx.params.get("impl", "native.attention:attention"))
+
+    def native(x: dict) -> list:
+        c = x["case"]
+        out, lse = impl(x["q"], x["k"], x["v"], causal=c["causal"], kv_lens=x["kv_lens"], device="host",
+                        tile=c["seq_k"])
+        return [np.concatenate([_bits(out), _bits(lse)])]
+
+    def reference(x: dict) -> list:
+        c = x["case"]
+        out, lse = sa.untiled_f32(x["q"], x["k"], x["v"], causal=c["causal"], kv_lens=x["kv_lens"])
+        return Expected(bits=np.concatenate([_bits(out), _bits(lse)]))
+
+    ag = engine.item_agreement(ctx, "bitwise", nan_policy="exact")
+    check = Check(name="host tile=Lk vs untiled_f32", inputs=case_inputs, native=native, reference=reference,
+                  agreement=ag, cases=_cases(int(ctx.params.get("max_seq", 48))), explicit=_EXPLICIT,
+                  encode=_encode, decode=_decode, describe=lambda c: dict(c), output_names=("out|lse",),
+                  build={"reference": "spec.attention.untiled_f32"})
+    return engine.run(ctx, check)
+
+
+@register_test("attention.masked_rows")
+@guarded()
+def masked_rows(ctx: FalsifyContext) -> Outcome:
+    """Fully masked rows (kv_len = 0): out is +0.0, lse +inf, and dQ (and dK, dV of the batch) +0.0, bitwise."""
+    fwd = resolve(ctx.params.get("impl", "native.attention:attention"))
+    vjp = resolve(ctx.params.get("impl_vjp", "native.attention:attention_vjp"))
+
+    def native(x: dict) -> list:
+        c = x["case"]
+        kw = {"causal": c["causal"], "kv_lens": x["kv_lens"], "device": ctx.device, "tile": c["tile"]}
+        q, k, v = (_dev(x[n], ctx.device) for n in "qkv")
+        out, lse = fwd(q, k, v, **kw)
+        dq, dk, dv = vjp(q, k, v, out, lse, _dev(x["dout"], ctx.device), **kw)
+        return [np.concatenate([_bits(_host(a)[0]) for a in (out, lse, dq, dk, dv)])]
+
+    def reference(x: dict) -> list:
+        q, k = x["q"], x["k"]
+        inf = np.array([np.inf], np.float32).view(np.uint32)[0]
+        z = np.zeros
+        return Expected(bits=np.concatenate([z(q[0].size, np.uint32), np.full(q[0, :, :, 0].size, inf),
+                                             z(q[0].size, np.uint32), z(2 * k[0].size, np.uint32)]))
+
+    ag = engine.item_agreement(ctx, "bitwise", nan_policy="exact")
+    cases = _cases(32).map(lambda c: {**c, "lens": 2})
+    check = Check(name="fully masked rows", inputs=case_inputs, native=native, reference=reference,
+                  agreement=ag, cases=cases, explicit=(_EXPLICIT[0],), encode=_encode, decode=_decode,
+                  describe=lambda c: dict(c), output_names=("out|lse|dq|dk|dv",),
+                  build={"documented_value": "out +0.0, lse +inf, gradients +0.0 (batch 0 has kv_len = 0)"})
+    return engine.run(ctx, check)
+
+
+# -- the online-softmax identity, proved with sympy -------------------------------------------------------
+
+
+def _sympy_ops() -> Any:
+    import sympy
+
+    from native.attention import Ops
+
+    def where(c: Any, a: Any, b: Any) -> Any:
+        if isinstance(c, tuple):
+            return tuple(where(ci, a, bi if isinstance(b, tuple) else b) for ci, bi in
+                         zip(c, b if isinstance(b, tuple) else (b,) * len(c), strict=True))
+        return sympy.Piecewise((a, c), (b, True))
+
+    def elementwise(f: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        return lambda x: tuple(f(e) for e in x) if isinstance(x, tuple) else f(x)
+
+    return Ops(name="sympy", exp=elementwise(sympy.exp), maximum=sympy.Max, rowmax=lambda s: sympy.Max(*s),
+               rowsum=lambda p: sympy.Add(*p), matmul=lambda p, v: sympy.Add(*[a * b for a, b in zip(p, v, strict=True)]),
+               where=where, is_neginf=elementwise(lambda x: sympy.Eq(x, -sympy.oo)),
+               positive=lambda x: sympy.StrictGreaterThan(x, 0), col=lambda x: x,
+               sub=lambda a, b: tuple(e - b for e in a) if isinstance(a, tuple) else a - b,
+               div=lambda a, b: a / b)
+
+
+SYMPY_OPS = _sympy_ops
+
+
+def _is_zero(e: Any) -> tuple[bool, Any]:
+    """(e == 0 proved, simplified form): Max terms become free reals (the identity must hold for any)."""
+    import sympy
+
+    e = sympy.piecewise_fold(e)
+    if e.has(sympy.Piecewise):
+        return False, e
+    maxes = sorted(e.atoms(sympy.Max), key=sympy.default_sort_key)
+    e = e.xreplace({mx: sympy.Symbol(f"M{i}", real=True) for i, mx in enumerate(maxes)})
+    num, den = sympy.fraction(sympy.together(e))
+    num = sympy.expand(sympy.powsimp(sympy.expand(num), combine="exp"))
+    num = sympy.expand(sympy.powsimp(num, combine="exp"))
+    return num == 0, num
+
+
+def _tile(prefix: str, n: int, masked: bool) -> tuple[tuple, tuple]:
+    import sympy
+
+    s = tuple(-sympy.oo if masked else sympy.Symbol(f"{prefix}s{j}", real=True) for j in range(n))
+    v = tuple(sympy.Symbol(f"{prefix}v{j}", real=True) for j in range(n))
+    return s, v
+
+
+@register_test("attention.merge_identity")
+@guarded()
+def merge_identity(ctx: FalsifyContext) -> Outcome:
+    """sympy: update(update(empty, T1), T2) finalises to softmax . v of T1 u T2 (and to 0 with no allowed key)."""
+    import sympy
+
+    name = ctx.params.get("update", "native.attention:online_update")
+    update = resolve(name)
+    from native.attention import finalize
+
+    ops = _sympy_ops()
+    t0 = time.perf_counter()
+    empty = (-sympy.oo, sympy.Integer(0), sympy.Integer(0))
+    max_tile = int(ctx.params.get("max_tile", 3))
+    lemmas: list[str] = []
+    cases = 0
+    for n1, n2, m1, m2 in itertools.product(range(max_tile + 1), range(max_tile + 1), (False, True), (False, True)):
+        if (m1 and n1 == 0) or (m2 and n2 == 0):
+            continue
+        s1, v1 = _tile("a", n1, m1)
+        s2, v2 = _tile("b", n2, m2)
+        state = update(update(empty, s1, v1, ops), s2, v2, ops)
+        got = finalize(state, ops)
+        live = [(s, v) for s, v in zip(s1 + s2, v1 + v2, strict=True) if s != -sympy.oo]
+        if live:
+            want = sympy.Add(*[sympy.exp(s) * v for s, v in live]) / sympy.Add(*[sympy.exp(s) for s, _ in live])
+            lw = sympy.Add(*[sympy.exp(s) for s, _ in live])
+            l_claim = state[1] * sympy.exp(state[0]) - lw  # l = sum exp(s_j - m) for the final m
+        else:
+            want, l_claim = sympy.Integer(0), state[1]
+        cases += 1
+        for what, diff in (("out", got - want), ("l", l_claim)):
+            ok, simplified = _is_zero(diff)
+            if not ok:
+                rng = np.random.default_rng(ctx.seed)
+                point = {sym: sympy.Rational(int(rng.integers(-20, 20)), int(rng.integers(1, 5)))
+                         for sym in sympy.piecewise_fold(diff).free_symbols}
+                val = sympy.N(diff.subs(point))
+                ce = {"tiles": [n1, n2], "fully_masked": [m1, m2], "claim": what, "difference": str(simplified)[:400],
+                      "point": {str(k): str(v) for k, v in point.items()}, "value_at_point": str(val),
+                      "replay": engine.replay_command(ctx)}
+                return violated(ce, f"{name}: the merge identity fails for tiles of {n1} and {n2} ({what})",
+                                SympyEvidence(sympy_version=sympy.__version__, simplified_difference=str(simplified)[:400],
+                                              details={"update": name, "cases": cases}))
+        lemmas.append(f"{n1}{'m' if m1 else ''}+{n2}{'m' if m2 else ''}")
+    naive = sympy.exp(-sympy.oo - (-sympy.oo))
+    ev = SympyEvidence(sympy_version=sympy.__version__, simplified_difference="0",
+                       details={"update": name, "cases": cases, "tile_pairs": lemmas, "max_tile": max_tile,
+                                "edge_cases": "empty tiles (n = 0), fully masked tiles (scores -oo), fully masked row "
+                                              "(finalises to 0)",
+                                "unguarded_alpha_at_n0": str(naive), "seconds": round(time.perf_counter() - t0, 3),
+                                "method": "Max terms replaced by free reals; numerator expanded with exponentials "
+                                          "combined (powsimp) to 0"})
+    return proved(ev)
+
+
+# -- performance on the device ---------------------------------------------------------------------------
+
+
+def _perf_inputs(p: dict, dtype: str) -> tuple:
+    import cupy
+
+    b, h, lq, d = int(p.get("batch", 1)), int(p.get("heads", 32)), int(p.get("seq", 2048)), int(p.get("head_dim", 64))
+    rng = cupy.random.RandomState(0)
+    return tuple(rng.standard_normal((b, h, lq, d), dtype=cupy.float32).astype(dtype) for _ in range(4))
+
+
+_WHICH = ("forward_f32", "forward_f16", "vjp_f32")
+
+
+@register_test("attention.perf", devices=("cuda",))
+@guarded()
+def perf(ctx: FalsifyContext) -> Outcome:
+    """Our kernel's time against torch's scaled_dot_product_attention (CUDA events, after warm-up)."""
+    import torch
+    import torch.nn.functional as F
+
+    from native.attention import attention, attention_vjp
+
+    which = ctx.params["which"]
+    if which not in _WHICH:
+        return error(f"params.which must be one of {_WHICH}")
+    want = ctx.tolerance
+    if want is None:
+        return error("attention.perf needs the item's tolerance (least ratio torch_ms / ours_ms)")
+    dtype = "float16" if which == "forward_f16" else "float32"
+    q, k, v, do = _perf_inputs(ctx.params, dtype)
+    tq, tk, tv, tdo = (torch.as_tensor(x, device="cuda") for x in (q, k, v, do))
+    iters = int(ctx.params.get("iters", 20))
+    if which.startswith("forward"):
+        ours = time_ms(lambda: attention(q, k, v, device="cuda"), iters=iters, warmup=5)
+        theirs = time_ms(lambda: F.scaled_dot_product_attention(tq, tk, tv), iters=iters, warmup=5)
+    else:
+        out, lse = attention(q, k, v, device="cuda")
+        ours = time_ms(lambda: attention_vjp(q, k, v, out, lse, do, device="cuda"), iters=iters, warmup=5)
+        rq, rk, rv = (t.clone().requires_grad_(True) for t in (tq, tk, tv))
+        tout = F.scaled_dot_product_attention(rq, rk, rv)
+        theirs = time_ms(lambda: torch.autograd.grad(tout, (rq, rk, rv), tdo, retain_graph=True), iters=iters,
+                         warmup=5)
+    torch.cuda.synchronize()
+    ratio = theirs / ours
+    ev = {"which": which, "ours_ms": ours, "torch_ms": theirs, "ratio": ratio, "required_ratio": float(want),
+          "shape": [int(x) for x in q.shape], "dtype": dtype, "timed_iters": iters, "warmup": 5,
+          "torch": torch.__version__, "timer": "CUDA events (falsification.engine.time_ms)",
+          "engine_warmup_default": WARMUP}
+    if ratio < float(want):
+        return engine.outcome_violated(ctx, {"ratio": ratio}, f"{which}: {ratio:.3f}x torch < {want}x", **ev)
+    return engine.outcome_passed(ctx, iters, **ev)

@@ -207,7 +207,8 @@ def rfft(x: Any, *, device: str = "host", variant: str = "stated") -> Any:
     """Unnormalised real FFT along axis 1 of (batch, n, width) float32: (batch, n // 2 + 1, width) complex64."""
     xp = _xp(device)
     x = xp.ascontiguousarray(x, dtype=xp.float32)
-    return xp.fft.rfft(x, axis=1).astype(xp.complex64)
+    # cupy.fft transforms along a swapped axis and returns a strided view: the kernels need C order.
+    return xp.ascontiguousarray(xp.fft.rfft(x, axis=1), dtype=xp.complex64)
 
 
 def irfft(Z: Any, n: int, *, device: str = "host", variant: str = "stated") -> Any:
@@ -218,7 +219,7 @@ def irfft(Z: Any, n: int, *, device: str = "host", variant: str = "stated") -> A
     if v.drop_nyquist and n % 2 == 0:
         Z = Z.copy()
         Z[:, n // 2] = 0
-    y = xp.fft.irfft(Z, n=n, axis=1).astype(xp.float32)
+    y = xp.ascontiguousarray(xp.fft.irfft(Z, n=n, axis=1), dtype=xp.float32)
     return (y * xp.float32(1.0 / n)).astype(xp.float32) if v.extra_scale else y
 
 
@@ -296,7 +297,7 @@ def spectral_conv_vjp(x: Any, w_re: Any, w_im: Any, modes: int, dy: Any, *, devi
     batch, bins, win = (int(s) for s in X.shape)
     wout = int(G.shape[2])
     ck = bin_weights(n, bins, xp)
-    dZ = (G * (ck / n).astype(xp.float32)[None, :, None]).astype(xp.complex64)
+    dZ = xp.ascontiguousarray(G * (ck / n).astype(xp.float32)[None, :, None], dtype=xp.complex64)
     w_re, w_im = (xp.ascontiguousarray(w, dtype=xp.float32) for w in (w_re, w_im))
     _guard(X, w_re, modes, n)
     if device != "host":

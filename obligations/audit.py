@@ -89,8 +89,10 @@ register_rule(PtxRule(
     "index-64",
     "the grid-stride index is 64-bit where the launch plan proved int64 (no 32-bit index arithmetic)",
     lambda b, r: b.index_bits == 64,
-    # A signed 32-bit index enters 64-bit addressing by sign extension and is stepped with 32-bit mad/mul.
-    lambda op, b: op in ("cvt.s64.s32", "mad.lo.s32", "mul.lo.s32"),
+    # A signed 32-bit index enters 64-bit addressing by sign extension (cvt.s64.s32) and is formed with a 32-bit
+    # mad (blockIdx.x * blockDim.x + threadIdx.x). mul.lo.s32 alone is not a sign: NVRTC's fast path for a
+    # 64-bit / or % whose operands fit 32 bits computes the remainder with it.
+    lambda op, b: op in ("cvt.s64.s32", "mad.lo.s32"),
 ))
 
 _SKIP = re.compile(r"^(//|\.|\{|\}|\)|\(|$|[$\w]+:)")
@@ -148,7 +150,10 @@ class AuditEngine(Engine):
         per_rule: dict[str, int] = {}
         findings: list[Finding] = []
         for b in builds:
-            applied, found = audit_build(b)
+            try:
+                applied, found = audit_build(b)
+            except RuntimeError as exc:  # the build does not compile: nothing about its code can be said
+                return error(f"build {b.name} does not compile: {exc}")
             for r in applied:
                 per_rule[r] = per_rule.get(r, 0) + 1
             findings += found

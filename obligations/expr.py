@@ -156,7 +156,7 @@ def _split_implies(source: str) -> list[tuple[int, int]]:
             depth += 1
         elif tok.type == tokenize.OP and tok.string in ")]}":
             depth -= 1
-        elif tok.type == tokenize.NAME and tok.string == "implies" and depth == 0:
+        elif tok.type == tokenize.NAME and tok.string == "implies" and depth == 0 and not _called(toks, tok):
             col = tok.start[1]
             spans.append((start, col))
             start = tok.end[1]
@@ -165,6 +165,12 @@ def _split_implies(source: str) -> list[tuple[int, int]]:
         if not source[s:e].strip():
             raise ExprError("'implies' needs an expression on each side", s)
     return spans
+
+
+def _called(toks: list[tokenize.TokenInfo], tok: tokenize.TokenInfo) -> bool:
+    """True when ``tok`` is followed by '(' (``implies(a, b)``, the function form), not the infix keyword."""
+    i = toks.index(tok)
+    return i + 1 < len(toks) and toks[i + 1].type == tokenize.OP and toks[i + 1].string == "("
 
 
 def _parse_part(source: str, start: int, end: int) -> ast.expr:

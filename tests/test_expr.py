@@ -122,3 +122,10 @@ def test_symbolic_condition_in_python_control_flow_raises():
         with pytest.raises(TypeError, match="select"):
             if m > 3:
                 pass
+
+
+def test_implies_has_a_function_form_beside_the_infix_keyword():
+    import ast
+
+    assert ast.unparse(parse("implies(m > 0, m >= 0)").tree) == "implies(m > 0, m >= 0)"
+    assert ast.unparse(parse("m > 0 implies implies(m > 1, m > 0)").tree) == "implies(m > 0, implies(m > 1, m > 0))"

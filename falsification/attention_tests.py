@@ -257,7 +257,8 @@ def _sympy_ops() -> Any:
         return lambda x: tuple(f(e) for e in x) if isinstance(x, tuple) else f(x)
 
     return Ops(name="sympy", exp=elementwise(sympy.exp), maximum=sympy.Max, rowmax=lambda s: sympy.Max(*s),
-               rowsum=lambda p: sympy.Add(*p), matmul=lambda p, v: sympy.Add(*[a * b for a, b in zip(p, v, strict=True)]),
+               rowsum=lambda p: sympy.Add(*p),
+               matmul=lambda p, v: sympy.Add(*[a * b for a, b in zip(p, v, strict=True)]),
                where=where, is_neginf=elementwise(lambda x: sympy.Eq(x, -sympy.oo)),
                positive=lambda x: sympy.StrictGreaterThan(x, 0), col=lambda x: x,
                sub=lambda a, b: tuple(e - b for e in a) if isinstance(a, tuple) else a - b,
@@ -332,7 +333,8 @@ def merge_identity(ctx: FalsifyContext) -> Outcome:
                       "point": {str(k): str(v) for k, v in point.items()}, "value_at_point": str(val),
                       "replay": engine.replay_command(ctx)}
                 return violated(ce, f"{name}: the merge identity fails for tiles of {n1} and {n2} ({what})",
-                                SympyEvidence(sympy_version=sympy.__version__, simplified_difference=str(simplified)[:400],
+                                SympyEvidence(sympy_version=sympy.__version__,
+                                              simplified_difference=str(simplified)[:400],
                                               details={"update": name, "cases": cases}))
         lemmas.append(f"{n1}{'m' if m1 else ''}+{n2}{'m' if m2 else ''}")
     naive = sympy.exp(-sympy.oo - (-sympy.oo))
@@ -352,7 +354,8 @@ def merge_identity(ctx: FalsifyContext) -> Outcome:
 def _perf_inputs(p: dict, dtype: str) -> tuple:
     import cupy
 
-    b, h, lq, d = int(p.get("batch", 1)), int(p.get("heads", 32)), int(p.get("seq", 2048)), int(p.get("head_dim", 64))
+    b, h = int(p.get("batch", 1)), int(p.get("heads", 32))
+    lq, d = int(p.get("seq", 2048)), int(p.get("head_dim", 64))
     rng = cupy.random.RandomState(0)
     return tuple(rng.standard_normal((b, h, lq, d), dtype=cupy.float32).astype(dtype) for _ in range(4))
 

@@ -203,24 +203,24 @@ NUMPY_OPS = Ops(
 
 
 def online_update(state: tuple[Any, Any, Any], s: Any, v: Any, ops: Ops = NUMPY_OPS) -> tuple[Any, Any, Any]:
-    """One key tile into the running (m, l, o): blocked scores are -inf and contribute exactly 0.
+    """One key tile into the running (m, lsum, o): blocked scores are -inf and contribute exactly 0.
 
     m' = max(m, max_j s_j); alpha = 1 if m' = -inf else exp(m - m'); p_j = 0 if s_j = -inf else exp(s_j - m');
     l' = alpha l + sum_j p_j; o' = alpha o + sum_j p_j v_j. The guard on alpha is the n = 0 case: with both
     m and m' = -inf (no allowed key yet) the unguarded exp(-inf - (-inf)) is NaN.
     """
-    m, l, o = state
+    m, lsum, o = state
     m_new = ops.maximum(m, ops.rowmax(s))
     alpha = ops.where(ops.is_neginf(m_new), 1, ops.exp(ops.sub(m, m_new)))
     p = ops.where(ops.is_neginf(s), 0, ops.exp(ops.sub(s, ops.col(m_new))))
-    return m_new, alpha * l + ops.rowsum(p), ops.col(alpha) * o + ops.matmul(p, v)
+    return m_new, alpha * lsum + ops.rowsum(p), ops.col(alpha) * o + ops.matmul(p, v)
 
 
 def finalize(state: tuple[Any, Any, Any], ops: Ops = NUMPY_OPS) -> Any:
-    """o / l, and 0 where no key was allowed (l = 0): the documented value of a fully masked row."""
-    _, l, o = state
-    pos = ops.positive(l)
-    return ops.where(ops.col(pos), ops.div(o, ops.col(ops.where(pos, l, 1))), 0)
+    """o / lsum, and 0 where no key was allowed (lsum = 0): the documented value of a fully masked row."""
+    _, lsum, o = state
+    pos = ops.positive(lsum)
+    return ops.where(ops.col(pos), ops.div(o, ops.col(ops.where(pos, lsum, 1))), 0)
 
 
 # -- host path (NumPy float32, the same key tiling) ----------------------------------------------------
@@ -268,9 +268,9 @@ def host_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = 
         s = (np.matmul(q, ke[:, :, sl].swapaxes(-1, -2)) * sc).astype(np.float32)
         s = np.where(ok[..., sl], s, np.float32(-np.inf)).astype(np.float32)
         state = update(state, s, ve[:, :, sl])
-    m, l, _ = state
+    m, lsum, _ = state
     with np.errstate(all="ignore"):
-        lse = np.where(l > 0, m + np.log(np.where(l > 0, l, 1)), np.inf).astype(np.float32)
+        lse = np.where(lsum > 0, m + np.log(np.where(lsum > 0, lsum, 1)), np.inf).astype(np.float32)
     return finalize(state), lse
 
 
@@ -384,8 +384,11 @@ extern "C" __global__ void __launch_bounds__(BR) attn_fwd(
     const long long kbase = (b * Hkv + hk) * Lk;
     float qr[HDP], acc[HDP];
     #pragma unroll
-    for (int d = 0; d < HDP; ++d) { qr[d] = (active && d < HD) ? ld(q, (bh * Lq + row) * HD + d) : 0.0f; acc[d] = 0.0f; }
-    float m = -INFINITY, l = 0.0f;
+    for (int d = 0; d < HDP; ++d) {
+        qr[d] = (active && d < HD) ? ld(q, (bh * Lq + row) * HD + d) : 0.0f;
+        acc[d] = 0.0f;
+    }
+    float m = -INFINITY, lsum = 0.0f;
     for (long long t0 = 0; t0 < kend; t0 += BC) {
         __syncthreads();
         load_tiles(ks, vs, k, v, kbase, t0, kend);
@@ -402,13 +405,13 @@ extern "C" __global__ void __launch_bounds__(BR) attn_fwd(
         }
         const float mnew = fmaxf(m, tmax);
         const float alpha = (mnew == -INFINITY) ? 1.0f : expf(m - mnew);
-        l = l * alpha;
+        lsum = lsum * alpha;
         #pragma unroll
         for (int d = 0; d < HDP; ++d) acc[d] = acc[d] * alpha;
         #pragma unroll
         for (int c = 0; c < BC; ++c) {
             const float p = (s[c] == -INFINITY) ? 0.0f : expf(s[c] - mnew);
-            l = l + p;
+            lsum = lsum + p;
             axpyrow(acc, p, vs + c * HDP);
         }
         m = mnew;
@@ -416,8 +419,8 @@ extern "C" __global__ void __launch_bounds__(BR) attn_fwd(
     if (active) {
         const long long ob = (bh * Lq + row) * HD;
         #pragma unroll
-        for (int d = 0; d < HD; ++d) st(o, ob + d, l > 0.0f ? acc[d] / l : 0.0f);
-        lse[bh * Lq + row] = l > 0.0f ? m + logf(l) : INFINITY;
+        for (int d = 0; d < HD; ++d) st(o, ob + d, lsum > 0.0f ? acc[d] / lsum : 0.0f);
+        lse[bh * Lq + row] = lsum > 0.0f ? m + logf(lsum) : INFINITY;
     }
 }
 """

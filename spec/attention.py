@@ -19,11 +19,12 @@ from typing import Any
 import numpy as np
 
 __all__ = ["U32", "U16", "gamma", "scale_of", "mask", "probs", "sdpa", "sdpa_vjp", "forward_bound", "vjp_bound",
-           "untiled_f32", "UNDERFLOW"]
+           "untiled_f32", "UNDERFLOW", "OUT_TINY"]
 
 U32 = 2.0**-24
 U16 = 2.0**-11
 EXP_ULP = 4 * U32  # expf: 2 ulp (CUDA Programming Guide, Table 13): relative error <= 2 * 2^-23
+OUT_TINY = {U32: 2.0**-150, U16: 2.0**-25}  # half the subnormal spacing of float32 / float16 outputs
 UNDERFLOW = 2.0**-147  # absolute allowance per term for weights and products in the subnormal range
 
 
@@ -64,8 +65,8 @@ def probs(q: Any, k: Any, *, causal: bool = False, kv_lens: Any = None, scale: f
     m = np.where(ok, s, -np.inf).max(axis=-1, keepdims=True)
     with np.errstate(all="ignore"):
         w = np.where(ok, np.exp(s - np.where(np.isfinite(m), m, 0)), 0.0)
-    l = w.sum(axis=-1, keepdims=True)
-    return np.where(l > 0, w / np.where(l > 0, l, 1), 0.0)
+    lsum = w.sum(axis=-1, keepdims=True)
+    return np.where(lsum > 0, w / np.where(lsum > 0, lsum, 1), 0.0)
 
 
 def sdpa(q: Any, k: Any, v: Any, *, causal: bool = False, kv_lens: Any = None, scale: float | None = None
@@ -115,7 +116,7 @@ def forward_bound(q: Any, k: Any, v: Any, *, causal: bool = False, kv_lens: Any 
                   tiles: int = 1, u_out: float = U32) -> tuple[np.ndarray, np.ndarray]:
     """(float64 reference, per-element bound) of the tiled online-softmax forward with ``tiles`` key tiles.
 
-    |out~ - out| <= (expm1(2A) + e^(2A) (g_o + g_l) / (1 - g_l)) (1 + u_out) S + u_out |out| + Lk 2^-147 max|v|,
+    |out~ - out| <= (expm1(2A) + e^(2A) (g_o + g_l) / (1 - g_l)) (1 + u_out) S + u_out |out| + tiny + Lk 2^-147 max|v|,
     S = sum_j A_ij |v_j|, g_o = gamma_(Lk + T + 1), g_l = gamma_(Lk + T); ``u_out`` is the output format's
     unit roundoff (2^-11 for float16 storage).
     """
@@ -131,7 +132,8 @@ def forward_bound(q: Any, k: Any, v: Any, *, causal: bool = False, kv_lens: Any 
     e2a = np.exp(2 * big_a)[..., None]
     rel = np.expm1(2 * big_a)[..., None] + e2a * (go + gl) / (1 - gl)
     vmax = float(np.abs(v).max()) if v.size else 0.0
-    bound = rel * (1 + u_out) * s1 + u_out * np.abs(out) + lk * UNDERFLOW * vmax + 2.0**-45 * s1
+    tiny = OUT_TINY[u_out]  # half the output format's subnormal spacing: rounding there is absolute, not relative
+    bound = rel * (1 + u_out) * s1 + u_out * np.abs(out) + tiny + lk * UNDERFLOW * vmax + 2.0**-45 * s1
     return out, bound
 
 
@@ -191,7 +193,7 @@ def untiled_f32(q: Any, k: Any, v: Any, *, causal: bool = False, kv_lens: Any = 
     """The untiled float32 softmax attention with the host path's primitives: (out, lse) in float32.
 
     s = fl(Q K^T) * fl(scale), blocked -inf; m = row max; p = exp(s - m) rounded once (0 where blocked);
-    l = row sum; o = p V; out = o / l (0 where l = 0); lse = m + log l (+inf where l = 0).
+    lsum = row sum; o = p V; out = o / l (0 where lsum = 0); lse = m + log l (+inf where lsum = 0).
     """
     q, k, v = (np.asarray(x, np.float32) for x in (q, k, v))
     b, hq, lq, d = q.shape
@@ -204,8 +206,8 @@ def untiled_f32(q: Any, k: Any, v: Any, *, causal: bool = False, kv_lens: Any = 
     with np.errstate(all="ignore"):
         p = np.where(np.isneginf(s), 0, np.exp((s - m[..., None]).astype(np.float64)).astype(np.float32))
         p = p.astype(np.float32)
-        l = p.sum(axis=-1, dtype=np.float32)
+        lsum = p.sum(axis=-1, dtype=np.float32)
         o = np.matmul(p, ve).astype(np.float32)
-        out = np.where((l > 0)[..., None], (o / np.where(l > 0, l, 1)[..., None]).astype(np.float32), 0)
-        lse = np.where(l > 0, m + np.log(np.where(l > 0, l, 1)), np.inf).astype(np.float32)
+        out = np.where((lsum > 0)[..., None], (o / np.where(lsum > 0, lsum, 1)[..., None]).astype(np.float32), 0)
+        lse = np.where(lsum > 0, m + np.log(np.where(lsum > 0, lsum, 1)), np.inf).astype(np.float32)
     return out.astype(np.float32), lse

@@ -13,11 +13,11 @@ __all__ = ["update_no_rescale", "attention_no_rescale", "attention_mask_after_so
 
 def update_no_rescale(state: tuple, s: Any, v: Any, ops: na.Ops = na.NUMPY_OPS) -> tuple:
     """BUG: the running output is not rescaled by alpha = exp(m - m') when the max grows."""
-    m, l, o = state
+    m, lsum, o = state
     m_new = ops.maximum(m, ops.rowmax(s))
     alpha = ops.where(ops.is_neginf(m_new), 1, ops.exp(ops.sub(m, m_new)))
     p = ops.where(ops.is_neginf(s), 0, ops.exp(ops.sub(s, ops.col(m_new))))
-    return m_new, alpha * l + ops.rowsum(p), o + ops.matmul(p, v)
+    return m_new, alpha * lsum + ops.rowsum(p), o + ops.matmul(p, v)
 
 
 def attention_no_rescale(q: Any, k: Any, v: Any, *, device: str = "host", **kw: Any) -> tuple:

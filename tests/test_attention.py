@@ -1,0 +1,144 @@
+"""Attention: the shipped contract on the host, planted bugs caught by their items, edge cases, graph IR."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from falsification.registry import FalsifyContext, get_test
+from native import attention as na
+from obligations.check import check_contract
+from spec import attention as sa
+
+ROOT = Path(__file__).resolve().parent.parent
+CONTRACT = ROOT / "contracts" / "attention-v1.yaml"
+
+
+def _run(test: str, **params: object) -> object:
+    return get_test(test).run(FalsifyContext("host", "quick", 0, {"id": "X", "test": test, "params": params}))
+
+
+def _items(path: Path, ids: list[str]) -> dict[str, dict]:
+    return {it["id"]: it for it in check_contract(path, only=ids, device="host")["items"]}
+
+
+def test_shipped_contract_holds_on_host():
+    by = {it["id"]: it for it in check_contract(CONTRACT, device="host")["items"]}
+    bad = {k: (v["status"], v["reason"]) for k, v in by.items() if v["status"] in ("violated", "error", "unknown")}
+    assert not bad, bad
+    for iid in ("ATT-PLAN-launch", "ATT-PLAN-q-inbounds", "ATT-PLAN-kv-inbounds", "ATT-PLAN-gqa", "ATT-PLAN-keys",
+                "ATT-PLAN-smem", "ATT-MERGE-identity"):
+        assert by[iid]["status"] == "proved", iid
+    assert by["ATT-PLAN-enum"]["status"] == "exhausted"
+    assert by["ATT-MERGE-identity"]["evidence"]["kind"] == "sympy"
+    assert by["ATT-MERGE-identity"]["evidence"]["unguarded_alpha_at_n0"] == "nan"
+    for iid in ("ATT-FWD-bound", "ATT-VJP-bound", "ATT-UNTILED", "ATT-MASKED-ROW", "ATT-AUDIT"):
+        assert by[iid]["status"] == "passed", iid
+    for iid in ("ATT-PERF-fwd32", "ATT-PERF-fwd16", "ATT-PERF-vjp32"):
+        assert by[iid]["status"] == "skipped" and "cuda" in by[iid]["reason"]
+
+
+def test_planted_missing_rescale_is_caught_by_the_merge_identity_and_the_forward_bound():
+    o = _run("attention.merge_identity", update="tests.planted.attention_bugs:update_no_rescale")
+    assert o.status.value == "violated" and "merge identity fails" in o.reason
+    o = _run("attention.forward_bound", impl="tests.planted.attention_bugs:attention_no_rescale")
+    assert o.status.value == "violated" and o.evidence["worst_error_over_bound"] > 1
+
+
+def test_planted_mask_after_softmax_is_caught_by_the_forward_bound():
+    o = _run("attention.forward_bound", impl="tests.planted.attention_bugs:attention_mask_after_softmax")
+    assert o.status.value == "violated"
+
+
+def test_planted_vjp_without_jacobian_diagonal_is_caught_by_the_vjp_bound():
+    o = _run("attention.vjp_bound", impl_vjp="tests.planted.attention_bugs:vjp_no_diagonal")
+    assert o.status.value == "violated"
+
+
+def test_planted_bug_through_the_contract_item(tmp_path):
+    old = 'params: {update: "native.attention:online_update", max_tile: 3}'
+    text = CONTRACT.read_text().replace(old, old.replace("native.attention:online_update",
+                                                         "tests.planted.attention_bugs:update_no_rescale"))
+    path = tmp_path / "attention-v1.yaml"
+    path.write_text(text)
+    assert _items(path, ["ATT-MERGE-identity"])["ATT-MERGE-identity"]["status"] == "violated"
+
+
+def test_int32_offsets_would_be_a_violation(tmp_path, monkeypatch):
+    real = na.AttentionPlan.q_offset
+
+    def narrow(self: na.AttentionPlan, bh: object, i: object, d: object) -> object:
+        from obligations.core.symbolic import as_type
+
+        return (as_type(bh, "int32") * self.seq_q + i) * self.head_dim + d
+
+    monkeypatch.setattr(na.AttentionPlan, "q_offset", narrow)
+    it = _items(CONTRACT, ["ATT-PLAN-q-inbounds"])["ATT-PLAN-q-inbounds"]
+    monkeypatch.setattr(na.AttentionPlan, "q_offset", real)
+    assert it["status"] == "violated", it["reason"]
+
+
+def test_unguarded_merge_is_nan_at_n0_and_guarded_is_zero():
+    state = (np.full(1, -np.inf, np.float32), np.zeros(1, np.float32), np.zeros((1, 2), np.float32))
+    s = np.full((1, 3), -np.inf, np.float32)
+    m, lsum, o = na.online_update(state, s, np.ones((1, 3, 2), np.float32)[0])
+    assert lsum[0] == 0 and not np.isnan(o).any()
+    out = na.finalize((m, lsum, o))
+    assert (out.view(np.uint32) == 0).all()
+    with np.errstate(all="ignore"):
+        assert np.isnan(np.exp(np.float32(-np.inf) - np.float32(-np.inf)))
+
+
+def test_guard_rejects_bad_shapes_and_lengths():
+    q = np.zeros((1, 3, 4, 8), np.float32)
+    k = np.zeros((1, 2, 5, 8), np.float32)
+    with pytest.raises(na.AttentionShapeError):
+        na.attention(q, k, k)  # 3 query heads over 2 KV heads
+    with pytest.raises(na.AttentionShapeError):
+        na.attention(q[:, :2], k, k, kv_lens=[6])
+    assert na.attention_plan(1, 4, 2, 10, 10, 64).accepts(10**6, 10**6, 10**6, 10**6)
+    assert not na.attention_plan(1, 4, 2, 10, 10, 64).accepts(10, 10**6, 10**6, 10**6)
+
+
+def test_spec_gradients_match_finite_differences():
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal(s) for s in ((1, 2, 3, 4), (1, 1, 5, 4), (1, 1, 5, 4)))
+    do = rng.standard_normal((1, 2, 3, 4))
+    kw = {"causal": True, "kv_lens": [4]}
+    dq, dk, dv = sa.sdpa_vjp(q, k, v, do, **kw)
+    h = 1e-6
+    for x, g in ((q, dq), (k, dk), (v, dv)):
+        e = np.zeros_like(x)
+        e.flat[1] = h
+        args = {"q": q, "k": k, "v": v}
+        name = next(n for n, a in args.items() if a is x)
+        plus = sa.sdpa(**{**args, name: x + e}, **kw)
+        minus = sa.sdpa(**{**args, name: x - e}, **kw)
+        assert abs(((plus - minus) * do).sum() / (2 * h) - g.flat[1]) < 1e-6
+
+
+def test_ir_composition_denotes_the_spec_within_the_bound():
+    """spec/ir has no attention op: its transpose/matmul/mul_elem/softmax composition agrees with spec.attention."""
+    from spec.ir.denote import Ok, denote
+    from spec.ir.graph import GraphBuilder
+
+    rng = np.random.default_rng(5)
+    lq, lk, d = 5, 7, 8
+    q = rng.uniform(-1, 1, (lq, d)).astype(np.float32)
+    k = rng.uniform(-1, 1, (lk, d)).astype(np.float32)
+    v = rng.uniform(-1, 1, (lk, d)).astype(np.float32)
+    g = GraphBuilder()
+    nq, nk, nv = g.add("input", (), (lq, d)), g.add("input", (), (lk, d)), g.add("input", (), (lk, d))
+    kt = g.add("transpose", (nk,), (d, lk), dim0=0, dim1=1)
+    s = g.add("matmul", (nq, kt), (lq, lk))
+    c = g.add("const", (), (lq, lk), params={"value": np.full((lq, lk), 1 / np.sqrt(d), np.float32)})
+    a = g.add("softmax", (g.add("mul_elem", (s, c), (lq, lk)),), (lq, lk), axis=-1)
+    g.add("matmul", (a, nv), (lq, d))
+    graph, payload = g.build()
+    res = denote(graph, payload, [q, k, v])
+    assert isinstance(res, Ok), res
+    got = np.asarray(res.value).view(np.float32) if np.asarray(res.value).dtype == np.uint32 else res.value
+    ref, bound = sa.forward_bound(q[None, None], k[None, None], v[None, None], tiles=1)
+    assert (np.abs(got.astype(np.float64) - ref[0, 0]) <= bound[0, 0]).all()

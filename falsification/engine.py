@@ -494,17 +494,20 @@ class _Search(Generic[C]):
     max_ulp: int | None = None
     eval_s: float = 0.0
     failing: bool = False
+    clock: float | None = None
 
     def one(self, case: C) -> None:
         """Judge one case; raise _Disagreement on a failure (Hypothesis then shrinks it)."""
         check, b = self.check, self.budget
-        if check.budget_stop and b.budget_s is not None and not self.failing \
-                and time.perf_counter() - self.t0 > b.budget_s:
+        if check.budget_stop and b.budget_s is not None and not self.failing and self.clock is not None \
+                and time.perf_counter() - self.clock > b.budget_s:
             self.skipped += 1  # budget spent before any failure: stop evaluating, let Hypothesis finish
             return
         ts = time.perf_counter()
         j = judge(check, check.inputs(case))
         self.eval_s += time.perf_counter() - ts
+        if self.clock is None:  # the budget's clock starts after the first case (compiles and warm-up excluded)
+            self.clock = time.perf_counter()
         self.cases += check.count(j)
         self.draws += 1
         if check.observe is not None and j.raised is None:

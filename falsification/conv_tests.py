@@ -149,7 +149,16 @@ def _host_bits(a: Any) -> np.ndarray:
 
 
 def _conv_native(op: str, impl: Callable[..., Any], device: str) -> Callable[[_Operands], Any]:
+    shape_of = {"fwd": "dy", "tconv": "dy", "wgrad": "w", "bgrad": "b"}
+
     def run(o: _Operands) -> Any:
+        out = _call(o)
+        want = o.bits[shape_of[op]].shape
+        if tuple(out.shape) != tuple(want):  # a wrong output shape refutes the claim (the engine judges same sizes)
+            raise ValueError(f"output shape {tuple(out.shape)}, the spec's is {tuple(want)}")
+        return out
+
+    def _call(o: _Operands) -> Any:
         c, d, win = o.case, o.dev, o.case.window()
         b = d["b"] if c.bias else None
         if op == "fwd":

@@ -1,0 +1,68 @@
+"""Deliberately wrong convolution and pooling: each must be caught by the contract item meant to catch it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from native import conv as nc
+from obligations.core.symbolic import select, smax
+
+__all__ = ["conv_axis_plan_off_by_one", "conv_pad_off_by_one", "conv_stride_wrong_axis", "max_pool2d_last_tie",
+           "avg_pool2d_exclude_pad"]
+
+
+def conv_axis_plan_off_by_one(size: Any, kernel: Any, stride: Any, padding: Any, dilation: Any) -> nc.ConvAxis:
+    """BUG: the output size counts the padding once too often (size + 2p + 1)."""
+    a = nc.conv_axis_plan(size, kernel, stride, padding, dilation)
+    out = select(a.valid, smax(a.padded + 1 - a.span, 0) // smax(a.stride, 1) + 1, 0)
+    return nc.ConvAxis(a.size, a.kernel, a.stride, a.padding, a.dilation, a.valid, a.span, a.padded, out)
+
+
+def conv_pad_off_by_one(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
+                        groups: int = 1, device: str = "auto") -> Any:
+    """BUG: every tap reads one cell earlier (o*s - p - 1 + k*d) on every spatial axis."""
+    x = np.asarray(x, dtype=np.float32)
+    shifted = np.zeros_like(x)
+    shifted[(slice(None), slice(None)) + (slice(1, None),) * (x.ndim - 2)] = x[(slice(None), slice(None))
+                                                                             + (slice(None, -1),) * (x.ndim - 2)]
+    return nc.conv(shifted, w, b, stride, padding, dilation, groups, device=device)
+
+
+def conv_stride_wrong_axis(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
+                           groups: int = 1, device: str = "auto") -> Any:
+    """BUG: the strides are applied to the axes in reverse order."""
+    st = tuple(stride) if not isinstance(stride, int) else (stride,) * (np.ndim(x) - 2)
+    return nc.conv(x, w, b, st[::-1], padding, dilation, groups, device=device)
+
+
+def max_pool2d_last_tie(x: Any, kernel: Any, stride: Any = None, padding: Any = 0, device: str = "auto"
+                        ) -> tuple[Any, Any]:
+    """BUG: ties go to the last row-major argmax."""
+    y, arg = nc.max_pool2d(x, kernel, stride, padding, device="host")
+    x = np.asarray(x, dtype=np.float32).reshape(-1, x.shape[-2], x.shape[-1])
+    plan = nc._pool_guard(x.shape, kernel, stride, padding, int(x.size))
+    yb = y.reshape(x.shape[0], -1).view(np.uint32)
+    flat = x.reshape(x.shape[0], -1)
+    a, b = plan.axes
+    out = arg.reshape(x.shape[0], -1).copy()
+    for oh in range(int(a.out)):
+        for ow in range(int(b.out)):
+            for kh in range(int(a.kernel)):
+                for kw in range(int(b.kernel)):
+                    ih, iw = oh * int(a.stride) - int(a.padding) + kh, ow * int(b.stride) - int(b.padding) + kw
+                    if 0 <= ih < int(a.size) and 0 <= iw < int(b.size):
+                        v = flat[:, ih * int(b.size) + iw]
+                        q = oh * int(b.out) + ow
+                        same = (v.view(np.uint32) == yb[:, q]) | (np.isnan(v) & np.isnan(yb[:, q].view(np.float32)))
+                        out[:, q] = np.where(same, ih * int(b.size) + iw, out[:, q])
+    return y, out.reshape(arg.shape)
+
+
+def avg_pool2d_exclude_pad(x: Any, kernel: Any, stride: Any = None, padding: Any = 0, device: str = "auto") -> Any:
+    """BUG: divides by the real cells only (count_include_pad=False) where the contract counts padding."""
+    y = nc.avg_pool2d(x, kernel, stride, padding, device="host")
+    ones = nc.avg_pool2d(np.ones(np.shape(x), np.float32), kernel, stride, padding, device="host")
+    with np.errstate(all="ignore"):
+        return (y / ones).astype(np.float32)

@@ -1,0 +1,89 @@
+"""conv-pool-v1: the contract holds on the host, planted bugs are caught by their items, the IR's ops mean the spec."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from native import conv as nc
+from obligations.check import check_contract
+from spec import conv as sc
+from tests.contract_helpers import CONTRACTS, check_items, contract_variant, needs_cuda
+
+CONTRACT = CONTRACTS / "conv-pool-v1.yaml"
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def test_contract_holds_on_host():
+    res = check_contract(CONTRACT, device="host")
+    bad = {it["id"]: it["status"] for it in res["items"] if it["status"] in ("violated", "error", "unknown")}
+    assert not bad, bad
+    skipped = {it["id"] for it in res["items"] if it["status"] == "skipped"}
+    assert skipped == {"POOL-SMOOTH", "CONV-IM2COL"}
+
+
+@pytest.mark.parametrize(("item", "old", "new"), [
+    ("CONV-FWD-bitwise", 'impl: "native.conv:conv"}', 'impl: "tests.planted.conv_bugs:conv_pad_off_by_one"}'),
+    ("CONV-FWD-bitwise", 'impl: "native.conv:conv"}', 'impl: "tests.planted.conv_bugs:conv_stride_wrong_axis"}'),
+    ("POOL-MAX-bitwise", 'impl: "native.conv:max_pool2d"}', 'impl: "tests.planted.conv_bugs:max_pool2d_last_tie"}'),
+    ("POOL-AVG-bitwise", 'impl: "native.conv:avg_pool2d"}', 'impl: "tests.planted.conv_bugs:avg_pool2d_exclude_pad"}'),
+])
+def test_planted_kernel_bug_is_caught(tmp_path, item, old, new):
+    path = contract_variant(CONTRACT, tmp_path, old, new)
+    assert check_items(path, [item])[item]["status"] == "violated"
+
+
+def test_planted_plan_off_by_one_is_caught(tmp_path):
+    path = contract_variant(CONTRACT, tmp_path, "plan: native.conv:conv_axis_plan",
+                            "plan: tests.planted.conv_bugs:conv_axis_plan_off_by_one")
+    got = check_items(path, ["CONV-AXIS-size-z3", "CONV-AXIS-enum"])
+    assert {k: v["status"] for k, v in got.items()} == {"CONV-AXIS-size-z3": "violated", "CONV-AXIS-enum": "violated"}
+
+
+def test_guard_refuses_undersized_and_invalid_calls():
+    x = np.zeros((1, 2, 5, 5), np.float32)
+    with pytest.raises(ValueError):
+        nc.conv(x, np.zeros((2, 2, 7, 1), np.float32), device="host")  # window larger than the input
+    with pytest.raises(ValueError):
+        nc.conv(x, np.zeros((3, 1, 3, 3), np.float32), groups=2, device="host")  # 3 channels for 2 groups
+    with pytest.raises(ValueError):
+        nc.conv(x, np.zeros((2, 2, 3, 3), np.float32), np.zeros(1, np.float32), device="host")  # short bias
+    with pytest.raises(ValueError):
+        nc.max_pool2d(x, 2, 1, 2, device="host")  # padding over half the window
+    plan = nc.conv2d_plan(1, 2, 5, 5, 2, 1, 3, 3, 1, 1, 0, 0, 1, 1)
+    assert plan.accepts(int(plan.x_elems), int(plan.w_elems), 0, int(plan.y_elems))
+    assert not plan.accepts(int(plan.x_elems) - 1, int(plan.w_elems), 0, int(plan.y_elems))
+
+
+def test_ir_conv2d_and_pool_denote_the_spec():
+    from spec.ir.denote import denote
+    from spec.ir.graph import GraphBuilder
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 6, 7)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 2)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    gb = GraphBuilder()
+    i = gb.add("input", (), x.shape)
+    c = gb.add("conv2d", (i,), (2, 4, 3, 7), out_channels=4, kernel=(3, 2), stride=(2, 1), padding=(1, 1),
+               dilation=(1, 2), params={"weight": w, "bias": b})
+    m = gb.add("pool", (i,), (2, 3, 3, 4), mode="max", kernel=(3, 2), stride=(2, 2), padding=(1, 1))
+    a = gb.add("pool", (i,), (2, 3, 3, 4), mode="avg", kernel=(3, 2), stride=(2, 2), padding=(1, 1))
+    g, payload = gb.build()
+    conv_ir = denote(g, payload, x, c).value
+    assert np.array_equal(_bits(conv_ir), sc.conv(_bits(x), _bits(w), _bits(b), (2, 1), (1, 1), (1, 2)))
+    assert np.array_equal(_bits(denote(g, payload, x, m).value), sc.max_pool2d(_bits(x), (3, 2), (2, 2), (1, 1))[0])
+    assert np.array_equal(_bits(denote(g, payload, x, a).value), sc.avg_pool2d(_bits(x), (3, 2), (2, 2), (1, 1)))
+    assert np.array_equal(_bits(nc.conv2d(x, w, b, (2, 1), (1, 1), (1, 2), device="host")), _bits(conv_ir))
+
+
+@needs_cuda
+@pytest.mark.cuda
+def test_contract_holds_on_cuda():
+    res = check_contract(CONTRACT, device="cuda")
+    bad = {it["id"]: (it["status"], it.get("reason")) for it in res["items"]
+           if it["status"] in ("violated", "error", "unknown")}
+    assert not bad, bad

@@ -1,0 +1,73 @@
+"""norm-softmax-v1: the contract holds on the host, planted bugs are caught, the IR's ops mean the spec."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from native import norm as nn
+from obligations.check import check_contract
+from spec import norm as sn
+from tests.contract_helpers import CONTRACTS, check_items, contract_variant, needs_cuda
+
+CONTRACT = CONTRACTS / "norm-softmax-v1.yaml"
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def test_contract_holds_on_host():
+    res = check_contract(CONTRACT, device="host")
+    bad = {it["id"]: it["status"] for it in res["items"] if it["status"] not in ("proved", "exhausted", "passed")}
+    assert not bad, bad
+
+
+@pytest.mark.parametrize(("items", "old", "new"), [
+    (["SOFTMAX-sum", "FALSIFY-NORM-001"], 'impl: "native.norm:softmax"}',
+     'impl: "tests.planted.norm_bugs:softmax_mask_after"}'),
+    (["SOFTMAX-BWD-bitwise"], 'impl: "native.norm:softmax_backward"}',
+     'impl: "tests.planted.norm_bugs:softmax_backward_no_diagonal"}'),
+    (["RMSNORM-bitwise"], 'impl: "native.norm:rmsnorm"}', 'impl: "tests.planted.norm_bugs:rmsnorm_no_eps"}'),
+])
+def test_planted_bug_is_caught(tmp_path, items, old, new):
+    path = contract_variant(CONTRACT, tmp_path, old, new, count=-1)
+    got = check_items(path, items)
+    assert {k: v["status"] for k, v in got.items()} == dict.fromkeys(items, "violated")
+
+
+def test_fully_masked_row_is_documented_value():
+    x = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], np.float32)
+    mask = np.array([[True, False, True], [False, False, False]])
+    y = nn.softmax(x, mask, device="host")
+    assert np.array_equal(y[1], np.zeros(3, np.float32)) and not np.signbit(y[1]).any()
+    assert y[0, 1] == 0 and abs(float(y[0].sum()) - 1) < 1e-6
+    assert np.isneginf(nn.log_softmax(x, mask, device="host")[1]).all()
+
+
+def test_ir_softmax_layernorm_rmsnorm_denote_the_spec():
+    from spec.ir.denote import denote
+    from spec.ir.graph import GraphBuilder
+
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((3, 9)) * 3).astype(np.float32)
+    w, b = rng.standard_normal(9).astype(np.float32), rng.standard_normal(9).astype(np.float32)
+    gb = GraphBuilder()
+    i = gb.add("input", (), x.shape)
+    s = gb.add("softmax", (i,), x.shape, axis=-1)
+    ln = gb.add("layernorm", (i,), x.shape, eps=1e-5, params={"weight": w, "bias": b})
+    rms = gb.add("rmsnorm", (i,), x.shape, eps=1e-6, params={"weight": w})
+    g, payload = gb.build()
+    assert np.array_equal(_bits(denote(g, payload, x, s).value), sn.softmax(_bits(x)))
+    assert np.array_equal(_bits(denote(g, payload, x, ln).value), sn.layernorm(_bits(x), _bits(w), _bits(b), 1e-5))
+    assert np.array_equal(_bits(denote(g, payload, x, rms).value), sn.rmsnorm(_bits(x), _bits(w), 1e-6))
+    assert np.array_equal(_bits(nn.layernorm(x, w, b, device="host")), sn.layernorm(_bits(x), _bits(w), _bits(b)))
+
+
+@needs_cuda
+@pytest.mark.cuda
+def test_contract_holds_on_cuda():
+    res = check_contract(CONTRACT, device="cuda")
+    bad = {it["id"]: (it["status"], it.get("reason")) for it in res["items"]
+           if it["status"] in ("violated", "error", "unknown")}
+    assert not bad, bad

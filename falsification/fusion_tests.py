@@ -1,0 +1,456 @@
+"""Falsification tests of the fusion backend (contracts/fusion-v1.yaml), on the engine.
+
+Registered names and their ``params`` (``compile``, ``variant``, ``planner``, ``key`` plant bugs; the tests use
+them):
+
+* ``fusion.partition_rules`` {compile, planner, templates} -- on Hypothesis graphs of
+  :func:`falsification.ir_strategies.graph_cases`: every node bound or in exactly one step, steps in
+  topological order, every value read across steps materialised, the chain rules (primary edge, single
+  consumer, one shape, maximal), planner safety, and the step semantics of :mod:`spec.fusion` equal the
+  denotation on every output. The native side is the number of rule violations; the reference is 0.
+* ``fusion.small_graphs`` {compile, planner, variant} -- the same rules and fused == denotation bitwise on every
+  graph of one input [2] and up to 3 more nodes over {neg, relu, reshape, softmax, add} (exhaustive).
+* ``fusion.equals_denotation`` {compile, planner, variant, templates} -- the program's outputs on the run's
+  device equal the IR denotation bit for bit on graphs of exact elementwise, data-movement and fold ops.
+* ``fusion.equals_unfused`` {templates} -- outputs equal the unfused reference executor's
+  (``native.ir.run_graph``) bit for bit, on graphs with transcendentals, GEMMs, softmax, layer norm, conv/pool.
+* ``fusion.cache_key`` {key} -- a kernel cache (recording compiler) returns, for every request, the artefact
+  compiled from exactly that source, name, options and architecture, compiling each distinct key once.
+* ``fusion.cache_shared`` {} (cuda) -- two executors of the example programs share one cache: NVRTC runs once
+  per distinct kernel.
+* ``fusion.golden`` {} -- the seed's MLP is exactly [cublas, cublas, fused(silu, mul), cublas] and runs
+  bitwise as its unfused (one kernel per op) program; a 4-op chain is one kernel (N -> M counts in evidence).
+* ``fusion.perf`` {which} (cuda, measure) -- timings after warm-up with CUDA events, ratios in one run.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from falsification import engine
+from falsification.agreement import Expected
+from falsification.engine import Check, time_ms
+from falsification.ir_strategies import DEFAULT_TEMPLATES, GraphCase, graph_cases
+from falsification.registry import FalsifyContext, guarded, register_test
+from native import fusion as nf
+from native import fusion_codegen as cg
+from obligations.core.plans import resolve
+from obligations.core.results import Outcome, error
+from spec import fusion as sf
+from spec.ir.denote import bits, denote_all
+from spec.ir.graph import Graph, GraphBuilder, Payload
+
+__all__ = ["EXACT_TEMPLATES", "UNFUSED_TEMPLATES", "rule_violations", "small_graphs", "planted_cases"]
+
+EXACT_TEMPLATES: tuple[str, ...] = ("relu", "add", "const", "reshape", "neg", "sub", "mul_elem", "div", "maxElem",
+                                    "minElem", "sqrt", "inv", "abs", "flatten", "reduceSum", "reduceMean", "sum",
+                                    "transpose", "concat", "slice", "broadcastTo")
+UNFUSED_TEMPLATES: tuple[str, ...] = EXACT_TEMPLATES + ("tanh", "sigmoid", "exp", "gelu", "softmax", "linear",
+                                                        "matmul", "layernorm", "conv_pool")
+
+
+def _compile_fn(ctx: FalsifyContext) -> Callable[[Graph], nf.CUDAProgram]:
+    fn = resolve(str(ctx.params.get("compile", "native.fusion:compile_subgraph")))
+    kw = {"variant": str(ctx.params.get("variant", "default")), "planner": str(ctx.params.get("planner", "liveness"))}
+    return lambda g: fn(g, **kw)
+
+
+def _inputs_of(case: GraphCase) -> dict[int, np.ndarray]:
+    return dict(zip(case.graph.input_ids(), case.inputs, strict=True))
+
+
+def rule_violations(prog: nf.CUDAProgram, payload: Payload, inputs: dict[int, np.ndarray]) -> list[str]:
+    """Every partition, chain, planner and step-semantics rule the program breaks (empty: none)."""
+    part = prog.partition.part_of()
+    out = sf.program_violations(prog.spec(), cg.fusable, lambda a, b: part[a] == part[b])
+    out += nf.planner_violations(prog.requests, prog.buffers)
+    if out:
+        return out
+    want = denote_all(prog.graph, payload, inputs)
+    got = sf.denote_steps(prog.graph, payload, inputs, prog.steps, prog.bound)
+    for o in prog.outputs:
+        if not sf.same_bits(got[o], want.value[o]):
+            out.append(f"the step semantics of output {o} differ from its denotation")
+    return out
+
+
+def _flat_bits(arrays: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate([bits(np.ascontiguousarray(a, np.float32)).reshape(-1) for a in arrays] or
+                          [np.zeros(0, np.uint32)])
+
+
+def _templates(ctx: FalsifyContext, default: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(ctx.params.get("templates", default))
+
+
+def _graph_strategy(ctx: FalsifyContext, default: tuple[str, ...], rank1: bool = False
+                    ) -> st.SearchStrategy[GraphCase]:
+    s = graph_cases(max_nodes=int(ctx.params.get("max_nodes", 6)), templates=_templates(ctx, default))
+    # rank1: no rank-0 values (native.ir.run_graph's elementwise ops return shape (1,) for a scalar)
+    return s.filter(lambda c: all(n.out_shape for n in c.graph.nodes)) if rank1 else s
+
+
+def _describe(compile_fn: Callable[[Graph], nf.CUDAProgram]) -> Callable[[GraphCase], dict[str, Any]]:
+    def describe(case: GraphCase) -> dict[str, Any]:
+        try:
+            prog = compile_fn(case.graph)
+            return {"graph": str(case), "program": str(prog),
+                    "violations": rule_violations(prog, case.payload, _inputs_of(case))[:5]}
+        except Exception as exc:  # the description of a failing case must not raise
+            return {"graph": str(case), "compile_error": f"{type(exc).__name__}: {exc}"}
+    return describe
+
+
+# -- explicit cases: the planted bugs' witnesses ------------------------------------------------------------
+
+
+def _case(build: Callable[[GraphBuilder], None], *inputs: list[float]) -> GraphCase:
+    b = GraphBuilder()
+    build(b)
+    g, p = b.build()
+    return GraphCase(g, p, tuple(np.array(v, np.float32) for v in inputs))
+
+
+def _reorder(b: GraphBuilder) -> None:  # neg(relu(x)): relu and neg do not commute
+    x = b.add("input", (), (2,))
+    b.add("neg", (b.add("relu", (x,), (2,)),), (2,))
+
+
+def _rounding(b: GraphBuilder) -> None:  # (x + 1e8) - 1e8 is 0 in binary32, 1 with the rounding dropped
+    x = b.add("input", (), (2,))
+    c = b.add("const", (), (2,), params={"value": [1e8, 1e8]})
+    b.add("sub", (b.add("add", (x, c), (2,)), c), (2,))
+
+
+def _live(b: GraphBuilder) -> None:  # a = neg(x) is read at steps 1 and 4; chain relu(s) is written at step 2
+    x = b.add("input", (), (4,))
+    a = b.add("neg", (x,), (4,))
+    s = b.add("softmax", (a,), (4,), axis=-1)
+    t = b.add("softmax", (b.add("relu", (s,), (4,)),), (4,), axis=-1)
+    b.add("add", (t, a), (4,))
+
+
+def _multi(b: GraphBuilder) -> None:  # e = exp(x) feeds relu (primary) and the final add: a barrier
+    x = b.add("input", (), (2,))
+    e = b.add("exp", (x,), (2,))
+    b.add("add", (b.add("relu", (e,), (2,)), e), (2,))
+
+
+def planted_cases() -> tuple[GraphCase, ...]:
+    """Witness graphs for the planted reorder, dropped rounding, live-buffer reuse and multi-consumer bugs."""
+    return (_case(_reorder, [-1.0, 2.0]), _case(_rounding, [1.0, 3.0]),
+            _case(_live, [0.5, -1.0, 2.0, 0.25]), _case(_multi, [0.5, -1.0]))
+
+
+# -- rules on generated graphs -----------------------------------------------------------------------------
+
+
+def _rules_check(ctx: FalsifyContext, name: str, cases: Any, explicit: tuple[GraphCase, ...],
+                 with_values: bool) -> Check:
+    compile_fn = _compile_fn(ctx)
+
+    def native(case: GraphCase) -> list:
+        prog = compile_fn(case.graph)
+        ins = _inputs_of(case)
+        n_bad = np.array([len(rule_violations(prog, case.payload, ins))], np.uint32)
+        if not with_values:
+            return [n_bad]
+        res = nf.CUDAExecutor(prog, case.payload, ctx.device).run(ins)
+        return [np.concatenate([n_bad, _flat_bits([_host(res[o]) for o in prog.outputs])])]
+
+    def reference(case: GraphCase) -> Expected:
+        zero = np.zeros(1, np.uint32)
+        if not with_values:
+            return Expected(bits=zero)
+        vals = denote_all(case.graph, case.payload, _inputs_of(case)).value
+        return Expected(bits=np.concatenate([zero, _flat_bits([vals[o] for o in nf.program_outputs(case.graph)])]))
+
+    return Check(name=name, inputs=lambda c: c, native=native, reference=reference,
+                 agreement=engine.item_agreement(ctx, "bitwise", nan_policy="exact"), cases=cases, explicit=explicit,
+                 describe=_describe(compile_fn), output_names=("violations|outputs",),
+                 build={"compile": str(ctx.params.get("compile", "native.fusion:compile_subgraph")),
+                        "variant": str(ctx.params.get("variant", "default")),
+                        "planner": str(ctx.params.get("planner", "liveness"))})
+
+
+def _host(a: Any) -> np.ndarray:
+    from obligations.core.device import to_host
+
+    return np.ascontiguousarray(to_host(a), np.float32)
+
+
+@register_test("fusion.partition_rules")
+@guarded()
+def partition_rules(ctx: FalsifyContext) -> Outcome:
+    """Exact cover, topological order, chain rules, planner safety and step semantics on generated graphs."""
+    check = _rules_check(ctx, "partition rules", _graph_strategy(ctx, DEFAULT_TEMPLATES), planted_cases(), False)
+    return engine.run(ctx, check)
+
+
+_SMALL_OPS: tuple[tuple[str, int, dict[str, Any]], ...] = (
+    ("neg", 1, {}), ("relu", 1, {}), ("reshape", 1, {"shape": (2,)}), ("softmax", 1, {"axis": -1}), ("add", 2, {}))
+
+
+def small_graphs(extra: int = 3) -> Iterator[GraphCase]:
+    """Every graph of one input [2] followed by 1..extra nodes over _SMALL_OPS with earlier parents."""
+    x = np.array([1.5, -0.75], np.float32)
+    for k in range(1, extra + 1):
+        per_node = [[(op, ps, a) for op, arity, a in _SMALL_OPS for ps in itertools.product(range(i + 1), repeat=arity)]
+                    for i in range(k)]
+        for combo in itertools.product(*per_node):
+            b = GraphBuilder()
+            b.add("input", (), (2,))
+            for op, ps, a in combo:
+                b.add(op, ps, (2,), **a)
+            g, p = b.build()
+            yield GraphCase(g, p, (x,))
+
+
+@register_test("fusion.small_graphs")
+@guarded()
+def small_graphs_exhaustive(ctx: FalsifyContext) -> Outcome:
+    """Exhaustive over small graphs: every rule holds and the fused program equals the denotation bitwise."""
+    cases = tuple(small_graphs(int(ctx.params.get("extra_nodes", 3))))
+    check = _rules_check(ctx, "small graphs (exhaustive)", None, cases, True)
+    return engine.run(ctx, check, lambda: {"graphs": len(cases), "ops": [o for o, _, _ in _SMALL_OPS]})
+
+
+# -- agreement of values -----------------------------------------------------------------------------------
+
+
+def _values_check(ctx: FalsifyContext, name: str, reference_of: Callable[[GraphCase, tuple[int, ...]], list],
+                  templates: tuple[str, ...], explicit: tuple[GraphCase, ...], what: str, rank1: bool = False
+                  ) -> Check:
+    compile_fn = _compile_fn(ctx)
+
+    def native(case: GraphCase) -> list:
+        prog = compile_fn(case.graph)
+        res = nf.CUDAExecutor(prog, case.payload, ctx.device).run(_inputs_of(case))
+        return [_flat_bits([_host(res[o]) for o in prog.outputs])]
+
+    def reference(case: GraphCase) -> Expected:
+        return Expected(bits=_flat_bits(reference_of(case, nf.program_outputs(case.graph))))
+
+    return Check(name=name, inputs=lambda c: c, native=native, reference=reference,
+                 agreement=engine.item_agreement(ctx, "bitwise", nan_policy="exact"),
+                 cases=_graph_strategy(ctx, templates, rank1), explicit=explicit, describe=_describe(compile_fn),
+                 output_names=("outputs",), build={"reference": what, "templates": list(templates),
+                                                   "variant": str(ctx.params.get("variant", "default")),
+                                                   "planner": str(ctx.params.get("planner", "liveness"))})
+
+
+@register_test("fusion.equals_denotation")
+@guarded()
+def equals_denotation(ctx: FalsifyContext) -> Outcome:
+    """Fused program outputs == IR denotation, bit for bit, on exact elementwise / data-movement / fold graphs."""
+    def ref(case: GraphCase, outs: tuple[int, ...]) -> list:
+        vals = denote_all(case.graph, case.payload, _inputs_of(case)).value
+        return [vals[o] for o in outs]
+
+    check = _values_check(ctx, "fused vs denotation", ref, _templates(ctx, EXACT_TEMPLATES),
+                          planted_cases()[:3], "spec.ir.denote.denote_all")
+    return engine.run(ctx, check)
+
+
+@register_test("fusion.equals_unfused")
+@guarded()
+def equals_unfused(ctx: FalsifyContext) -> Outcome:
+    """Fused program outputs == the unfused reference executor's (native.ir.run_graph), bit for bit."""
+    from native.ir import run_graph
+
+    def ref(case: GraphCase, outs: tuple[int, ...]) -> list:
+        ex = run_graph(case.graph, case.payload, list(case.inputs), ctx.device)
+        return [ex.host(o) for o in outs]
+
+    check = _values_check(ctx, "fused vs unfused executor", ref, _templates(ctx, UNFUSED_TEMPLATES),
+                          (planted_cases()[3],), "native.ir.run_graph (one kernel per op)", rank1=True)
+    return engine.run(ctx, check)
+
+
+# -- kernel cache --------------------------------------------------------------------------------------------
+
+_SOURCES = ("extern \"C\" __global__ void k(float* o) { o[0] = 1.0f; }",
+            "extern \"C\" __global__ void k(float* o) { o[0] = 2.0f; }",
+            "extern \"C\" __global__ void j(float* o) { o[0] = 1.0f / 3.0f; }")
+_ROUTES = ("nvrtc-ieee", "nvrtc-fmad", "nvrtc-ftz", "nvrtc-fast-math")
+_ARCHS = ("80", "90")
+_NAMES = ("k", "j")
+_cache_requests = st.lists(st.tuples(st.integers(0, len(_SOURCES) - 1), st.sampled_from(_NAMES),
+                                     st.sampled_from(_ROUTES), st.sampled_from(_ARCHS)), min_size=1, max_size=12)
+
+
+@register_test("fusion.cache_key")
+@guarded()
+def cache_key(ctx: FalsifyContext) -> Outcome:
+    """Every cache hit is the artefact of exactly its (source, name, options, arch); one compile per key."""
+    key = str(ctx.params.get("key", "full"))
+
+    def native(reqs: list) -> list:
+        cache = nf.KernelCache(compiler=lambda s, n, r, a: (s, n, nf.full_key(s, n, r, a).options, a), key=key)
+        bad = []
+        for si, name, route, arch in reqs:
+            got = cache.get(_SOURCES[si], name, route, arch)
+            bad.append(int(got != (_SOURCES[si], name, nf.full_key("", "", route, "").options, arch)))
+        distinct = {(si, name, nf.full_key("", "", r, "").options, a) for si, name, r, a in reqs}
+        bad.append(int(cache.compiles != len(distinct)))
+        return [np.array(bad, np.uint32)]
+
+    def reference(reqs: list) -> Expected:
+        return Expected(bits=np.zeros(len(reqs) + 1, np.uint32))
+
+    explicit = ([(0, "k", "nvrtc-ieee", "90"), (0, "k", "nvrtc-ftz", "90")],
+                [(0, "k", "nvrtc-ieee", "80"), (0, "k", "nvrtc-ieee", "90")],
+                [(0, "k", "nvrtc-ieee", "90"), (0, "k", "nvrtc-ieee", "90"), (1, "k", "nvrtc-ieee", "90")])
+    check = Check(name="kernel cache key", inputs=lambda c: c, native=native, reference=reference,
+                  agreement=engine.item_agreement(ctx, "bitwise", nan_policy="exact"), cases=_cache_requests,
+                  explicit=explicit, describe=lambda c: {"requests": [list(r) for r in c]},
+                  output_names=("mismatch per request|compile count",), build={"key": key})
+    return engine.run(ctx, check)
+
+
+@register_test("fusion.cache_shared", devices=("cuda",))
+@guarded()
+def cache_shared(ctx: FalsifyContext) -> Outcome:
+    """Two executors of every example program share one cache: NVRTC compiles once per distinct kernel."""
+    cache = nf.KernelCache()
+    progs = {name: (nf.compile_subgraph(g), p) for name, (g, p) in nf.example_graphs().items()}
+    distinct = {(k.source, k.name) for prog, _ in progs.values() for k in prog.kernels()}
+    for _ in range(2):
+        for prog, p in progs.values():
+            nf.CUDAExecutor(prog, p, "cuda", cache=cache)
+    ev = {"programs": len(progs), "distinct_kernels": len(distinct), "compiles": cache.compiles, "executors": 2}
+    if cache.compiles != len(distinct):
+        return engine.outcome_violated(ctx, ev, f"{cache.compiles} compiles for {len(distinct)} kernels", **ev)
+    return engine.outcome_passed(ctx, 2 * len(progs), **ev)
+
+
+# -- the seed's golden programs ------------------------------------------------------------------------------
+
+
+def golden_failures(device: str) -> tuple[list[str], dict[str, Any]]:
+    """The golden step lists and counts of the example graphs; the MLP fused vs unfused, bitwise."""
+    bad: list[str] = []
+    counts: dict[str, Any] = {}
+    ex = nf.example_graphs()
+    for name, (g, _p) in ex.items():
+        counts[name] = nf.compile_subgraph(g).counts()
+    for name in ("mlp", "mlp_matmul"):
+        g, p = ex[name]
+        prog = nf.compile_subgraph(g)
+        kinds = [s.kind for s in prog.steps]
+        if kinds != ["cublas", "cublas", "fused", "cublas"] or prog.steps[2].kernel.ops != ("silu", "mul_elem"):
+            bad.append(f"{name}: steps {kinds}, not [cublas, cublas, fused(silu, mul_elem), cublas]")
+        x = np.linspace(-3, 3, int(np.prod(g[0].out_shape)), dtype=np.float32).reshape(g[0].out_shape)
+        fused = nf.run_program(g, p, [x], device)
+        unfused = nf.run_program(g, p, [x], device, fuse=False)
+        if any(not sf.same_bits(fused[o], unfused[o]) for o in fused):
+            bad.append(f"{name}: fused output differs from the one-kernel-per-op program")
+    if counts["chain4"] != {"ops": 4, "steps": 1, "fused_kernels": 1}:
+        bad.append(f"chain4: {counts['chain4']}, not 4 ops -> 1 kernel")
+    return bad, counts
+
+
+@register_test("fusion.golden")
+@guarded()
+def golden(ctx: FalsifyContext) -> Outcome:
+    """The seed's MLP is [cublas, cublas, fused(silu, mul), cublas], bitwise its unfused run; 4-op chain -> 1."""
+    bad, counts = golden_failures(ctx.device)
+    if bad:
+        return engine.outcome_violated(ctx, {"failures": bad}, bad[0], counts=counts)
+    return engine.outcome_passed(ctx, len(counts), counts=counts)
+
+
+# -- performance (device) -------------------------------------------------------------------------------------
+
+
+def _perf_chain(n: int) -> dict[str, float]:
+    import cupy
+
+    from native.ir import run_graph
+
+    g, p = _resize_chain(n)
+    x = cupy.random.RandomState(0).standard_normal(n, dtype=cupy.float32)
+    ex = nf.CUDAExecutor(nf.compile_subgraph(g), p, "cuda")
+    fused_fn = cupy.fuse(lambda v: -cupy.maximum(v * v + v, 0))
+    ours = time_ms(lambda: ex.run([x]), iters=20, warmup=5)
+    fuse = time_ms(lambda: fused_fn(x), iters=20, warmup=5)
+    unfused = time_ms(lambda: run_graph(g, p, [x], "cuda"), iters=10, warmup=3)
+    same = bool(cupy.array_equal(ex.run([x])[4].view(cupy.uint32), run_graph(g, p, [x], "cuda").values[4].view(
+        cupy.uint32)))
+    return {"ours_ms": ours, "cupy_fuse_ms": fuse, "unfused_ms": unfused, "vs_cupy_fuse": fuse / ours,
+            "vs_unfused": unfused / ours, "bitwise_vs_unfused": same, "elements": n}
+
+
+def _resize_chain(n: int) -> tuple[Graph, Payload]:
+    b = GraphBuilder()
+    x = b.add("input", (), (n,))
+    v = b.add("mul_elem", (x, x), (n,))
+    v = b.add("add", (v, x), (n,))
+    v = b.add("relu", (v,), (n,))
+    b.add("neg", (v,), (n,))
+    return b.build()
+
+
+def _perf_mlp(t: int, d: int, f: int) -> dict[str, float]:
+    import cupy
+    import torch
+
+    from native import gemm
+
+    b = GraphBuilder()
+    x = b.add("input", (), (t, d))
+    rng = np.random.default_rng(0)
+    w = {k: (rng.standard_normal(s) / s[0] ** 0.5).astype(np.float32) for k, s in
+         (("g", (d, f)), ("u", (d, f)), ("d", (f, d)))}
+    wg, wu, wd = (b.add("const", (), w[k].shape, params={"value": w[k]}) for k in "gud")
+    gate, up = b.add("matmul", (x, wg), (t, f)), b.add("matmul", (x, wu), (t, f))
+    h = b.add("mul_elem", (b.add("silu", (gate,), (t, f)), up), (t, f))
+    b.add("matmul", (h, wd), (t, d))
+    g, p = b.build()
+    prog = nf.compile_subgraph(g)
+    ex = nf.CUDAExecutor(prog, p, "cuda")
+    xs = cupy.random.RandomState(0).standard_normal((t, d), dtype=cupy.float32)
+    dg, du, dd = (cupy.asarray(w[k]) for k in "gud")
+    hh = cupy.empty((t, f), cupy.float32)
+    ours = time_ms(lambda: ex.run([xs]), iters=20, warmup=5)
+    gemms = time_ms(lambda: (gemm.matmul(xs, dg, device="cuda"), gemm.matmul(xs, du, device="cuda"),
+                             gemm.matmul(hh, dd, device="cuda")), iters=20, warmup=5)
+    tx, tg, tu, td = (torch.as_tensor(a, device="cuda") for a in (xs, dg, du, dd))
+    torch.backends.cuda.matmul.allow_tf32 = False
+    tmlp = time_ms(lambda: (torch.nn.functional.silu(tx @ tg) * (tx @ tu)) @ td, iters=20, warmup=5)
+    return {"steps": len(prog.steps), "ours_ms": ours, "three_gemms_ms": gemms, "torch_ms": tmlp,
+            "time_over_gemms": ours / gemms, "vs_torch": tmlp / ours, "shape": [t, d, f]}
+
+
+_PERF: dict[str, tuple[Callable[[dict], dict], str, str]] = {
+    "chain_vs_fuse": (lambda p: _perf_chain(int(p.get("n", 1 << 26))), "vs_cupy_fuse", ">="),
+    "chain_vs_unfused": (lambda p: _perf_chain(int(p.get("n", 1 << 26))), "vs_unfused", ">="),
+    "mlp_vs_gemms": (lambda p: _perf_mlp(int(p.get("t", 4096)), int(p.get("d", 2048)), int(p.get("f", 8192))),
+                     "time_over_gemms", "<="),
+    "mlp_vs_torch": (lambda p: _perf_mlp(int(p.get("t", 4096)), int(p.get("d", 2048)), int(p.get("f", 8192))),
+                     "vs_torch", ">="),
+}
+
+
+@register_test("fusion.perf", devices=("cuda",))
+@guarded()
+def perf(ctx: FalsifyContext) -> Outcome:
+    """Fused programs against peers in one run (CUDA events after warm-up); the figure must meet the tolerance."""
+    which = str(ctx.params["which"])
+    if which not in _PERF:
+        return error(f"params.which must be one of {sorted(_PERF)}")
+    if ctx.tolerance is None:
+        return error("fusion.perf needs the item's tolerance")
+    fn, figure, rel = _PERF[which]
+    ev = {"which": which, **fn(ctx.params), "timer": "CUDA events (falsification.engine.time_ms)",
+          "required": f"{figure} {rel} {ctx.tolerance}"}
+    ok = ev[figure] >= float(ctx.tolerance) if rel == ">=" else ev[figure] <= float(ctx.tolerance)
+    if not ok:
+        return engine.outcome_violated(ctx, {figure: ev[figure]}, f"{which}: {figure} {ev[figure]:.3f} not "
+                                       f"{rel} {ctx.tolerance}", **ev)
+    return engine.outcome_passed(ctx, 1, **ev)

@@ -433,7 +433,7 @@ def _counterexample(ctx: FalsifyContext, check: Check[C], case: C, j: Judgement)
     if j.raised is not None:
         ce = {**base, "kind": "raised", "detail": f"the native call raised {j.raised}"}
         return ce, _encode(check, case), "raised"
-    if j.first_bad is None:  # only the guard cell was written
+    if j.first_bad is None or not j.guard_ok:  # the guard cell was written: no further launches of this kernel
         detail = f"the kernel wrote element {j.n} of a {j.n}-element output"
         return {**base, "kind": "out_of_bounds_write", "size": j.n, "detail": detail}, None, "out_of_bounds_write"
     i = j.first_bad
@@ -495,10 +495,13 @@ class _Search(Generic[C]):
     eval_s: float = 0.0
     failing: bool = False
     clock: float | None = None
+    unsafe: _Disagreement | None = None  # a case whose kernel wrote past its output
 
     def one(self, case: C) -> None:
         """Judge one case; raise _Disagreement on a failure (Hypothesis then shrinks it)."""
         check, b = self.check, self.budget
+        if self.unsafe is not None:  # never launch again after a write past the end: report that case
+            raise self.unsafe
         if check.budget_stop and b.budget_s is not None and not self.failing and self.clock is not None \
                 and time.perf_counter() - self.clock > b.budget_s:
             self.skipped += 1  # budget spent before any failure: stop evaluating, let Hypothesis finish
@@ -516,7 +519,10 @@ class _Search(Generic[C]):
             self.max_ulp = max(self.max_ulp or 0, j.max_ulp)
         if j.failed:
             self.failing = True
-            raise _Disagreement(case, j)
+            exc = _Disagreement(case, j)
+            if not j.guard_ok:
+                self.unsafe = exc
+            raise exc
 
     def evidence(self, ctx: FalsifyContext, extra: Mapping[str, Any]) -> dict[str, Any]:
         """The run's evidence: the engine's keys, the check's build description, then ``extra``."""
@@ -540,13 +546,13 @@ def _explore(ctx: FalsifyContext, search: _Search[C]) -> _Disagreement | None:
             search.one(case)
     except _Disagreement as exc:
         explicit_failure = exc
-    if check.cases is None:
-        return explicit_failure
+    if check.cases is None or search.unsafe is not None:
+        return explicit_failure  # a write past the end is reported as found: no further launches
     try:
         with _no_local_constants():
             _hypothesis(ctx, check, search.budget.max_examples, search.one)()
     except _Disagreement as exc:
-        return exc
+        return search.unsafe or exc
     return explicit_failure
 
 

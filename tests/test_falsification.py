@@ -437,3 +437,18 @@ def test_guarded_maps_expected_non_findings_to_outcomes():
     assert out.status.value == "error" and "bad params for demo.test" in out.reason
     with pytest.raises(ZeroDivisionError):  # a bug stays a bug
         raising(ZeroDivisionError())(ctx)
+
+
+def test_a_write_past_the_end_stops_every_further_launch():
+    """Memory safety first: after a kernel writes its guard cell, the engine launches it no more (GPU faults)."""
+    calls = []
+
+    def native(views, scalars):
+        a = np.ascontiguousarray(views[0]).reshape(-1)
+        calls.append(a.size)
+        return NativeResult([a.copy()], guard_ok=a.size < 2)
+
+    subject = Subject("oob", 1, native, lambda flat, scalars: [Reference(flat[0].copy())])
+    out = falsify(_ctx({"test": "x"}), subject, make_agreement("bitwise"))
+    assert out.status.value == "violated" and out.counterexample["kind"] == "out_of_bounds_write"
+    assert len(calls) == 1, calls

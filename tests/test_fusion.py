@@ -1,0 +1,138 @@
+"""The fusion backend and contracts/fusion-v1.yaml: host evidence, golden programs, and each planted bug caught."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from falsification.fusion_tests import planted_cases
+from native import fusion as nf
+from native import fusion_codegen as cg
+from native.builds import Build
+from obligations.check import check_contract
+from spec import fusion as sf
+from spec.ir.denote import denote_all
+from spec.ir.graph import GraphBuilder
+from tests.contract_helpers import CONTRACTS, check_items, contract_variant, needs_cuda
+
+CONTRACT = CONTRACTS / "fusion-v1.yaml"
+
+
+def test_host_run_evidences_every_host_item_and_says_why_for_the_rest():
+    items = {it["id"]: it for it in check_contract(CONTRACT)["items"]}
+    assert not [k for k, it in items.items() if it["status"] in ("violated", "error", "unknown")]
+    proved = {k for k, it in items.items() if it["status"] == "proved"}
+    assert {"FUSION-PLAN-coverage-z3", "FUSION-PLAN-step-z3", "FUSION-PLAN-no-overflow-z3"} <= proved
+    assert items["FUSION-PLAN-coverage-enum"]["status"] == "exhausted"
+    for k in ("FUSION-RULES-generated", "FUSION-RULES-small", "FUSION-EQ-denotation", "FUSION-EQ-unfused",
+              "FUSION-GOLDEN", "FUSION-CACHE-key"):
+        assert items[k]["status"] == "passed", (k, items[k].get("reason"))
+    assert items["FUSION-RULES-small"]["evidence"]["cases"] == 1325
+    for it in items.values():
+        if it["status"] == "skipped":
+            assert "runs on cuda" in it["reason"] or "no check wired" in it["reason"], it
+
+
+@pytest.mark.parametrize(("item", "old", "new"), [
+    ("FUSION-PLAN-step-z3", "plan: native.fusion_codegen:fused_plan",
+     "plan: tests.planted.fusion_bugs:fused_plan_int32"),
+    ("FUSION-EQ-denotation", "params: {max_examples: 200}", "params: {max_examples: 200, variant: reorder}"),
+    ("FUSION-EQ-denotation", "params: {max_examples: 200}", "params: {max_examples: 5, variant: no_rounding}"),
+    ("FUSION-EQ-denotation", "params: {max_examples: 200}", "params: {max_examples: 200, planner: first_read}"),
+    ("FUSION-RULES-generated", "params: {max_examples: 150}",
+     "params: {max_examples: 5, compile: 'tests.planted.fusion_bugs:compile_multi_consumer'}"),
+    ("FUSION-RULES-small", "params: {extra_nodes: 3}", "params: {extra_nodes: 3, planner: first_read}"),
+    ("FUSION-RULES-small", "params: {extra_nodes: 3}", "params: {extra_nodes: 3, variant: reorder}"),
+    ("FUSION-CACHE-key", "params: {max_examples: 100}", "params: {max_examples: 100, key: source_name}"),
+])
+def test_planted_bug_is_violated_by_its_item(tmp_path, item, old, new):
+    it = check_items(contract_variant(CONTRACT, tmp_path, old, new), [item])[item]
+    assert it["status"] == "violated", (item, new, it["status"], it.get("reason"))
+    assert it["counterexample"]
+
+
+def test_the_audit_catches_a_32_bit_index_in_a_generated_kernel():
+    from native.ptx import PtxUnavailable
+    from obligations.audit import audit_build
+
+    g, _ = nf.example_graphs()["chain4"]
+    k = cg.generate_fused_kernel(g, (1, 2, 3, 4), "fused_ew_0", "int32_index")
+    build = Build("fusion", "planted", k.source, k.name, cg.ROUTE, index_bits=64)  # claims the proved plan
+    try:
+        _, findings = audit_build(build)
+    except PtxUnavailable as exc:
+        pytest.skip(str(exc))
+    assert any(f.rule == "index-64" for f in findings)
+
+
+def test_mlp_program_is_the_seeds_four_steps_and_prints():
+    g, p = nf.example_graphs()["mlp"]
+    prog = nf.compile_subgraph(g)
+    text = str(prog)
+    assert [s.kind for s in prog.steps] == ["cublas", "cublas", "fused", "cublas"]
+    assert "fused_ew_0 [silu 3, mul_elem 4] (in0=n1, in1=n2) -> out0=n4" in text
+    assert prog.counts() == {"ops": 5, "steps": 4, "fused_kernels": 1}
+    src = prog.steps[2].kernel.source
+    assert "for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;" in src
+    assert "expf(-x)" in src and "out0[i] = (float)v1;" in src
+
+
+def test_fused_chain_equals_denotation_and_unfused_on_the_host():
+    for case in planted_cases()[:3]:
+        prog = nf.compile_subgraph(case.graph)
+        ins = dict(zip(case.graph.input_ids(), case.inputs, strict=True))
+        got = nf.CUDAExecutor(prog, case.payload, "host").run(ins)
+        want = denote_all(case.graph, case.payload, ins).value
+        assert all(sf.same_bits(got[o], want[o]) for o in prog.outputs), str(prog)
+
+
+def test_unsupported_ops_fall_back_to_the_host_never_dropped():
+    b = GraphBuilder()
+    x = b.add("input", (), (1, 2, 4))
+    r = b.add("rope", (x,), (1, 2, 4))
+    b.add("relu", (b.add("neg", (r,), (1, 2, 4)),), (1, 2, 4))
+    g, p = b.build()
+    prog = nf.compile_subgraph(g)
+    assert [pt.device for pt in prog.partition.parts] == [True, False, True]
+    assert [s.kind for s in prog.steps] == ["host", "fused"]
+    assert sf.program_violations(prog.spec(), cg.fusable) == []
+    xin = np.linspace(-1, 1, 8, dtype=np.float32).reshape(1, 2, 4)
+    out = nf.run_program(g, p, [xin], "host")
+    assert sf.same_bits(out[3], denote_all(g, p, [xin]).value[3])
+
+
+def test_cache_compiles_once_per_key_and_keeps_flags_apart():
+    calls = []
+    cache = nf.KernelCache(compiler=lambda s, n, r, a: calls.append((n, r, a)) or (n, r, a))
+    src = "extern \"C\" __global__ void k() {}"
+    assert cache.get(src, "k", "nvrtc-ieee", "90") == ("k", "nvrtc-ieee", "90")
+    assert cache.get(src, "k", "nvrtc-ieee", "90") == ("k", "nvrtc-ieee", "90")
+    assert cache.get(src, "k", "nvrtc-ftz", "90") == ("k", "nvrtc-ftz", "90")
+    assert cache.compiles == 2 == len(calls)
+    seed = nf.KernelCache(compiler=lambda s, n, r, a: (n, r, a), key="source_name")
+    seed.get(src, "k", "nvrtc-ieee", "90")
+    assert seed.get(src, "k", "nvrtc-ftz", "90") == ("k", "nvrtc-ieee", "90")  # the seed's collision
+
+
+def test_planner_reuses_dead_buffers_only():
+    case = planted_cases()[2]
+    prog = nf.compile_subgraph(case.graph)
+    assert nf.planner_violations(prog.requests, prog.buffers) == []
+    bad = nf.compile_subgraph(case.graph, planner="first_read")
+    assert any("overlap" in v for v in nf.planner_violations(bad.requests, bad.buffers))
+
+
+def test_every_op_has_one_category_and_every_fusable_op_is_elementwise():
+    from spec.ir.ops import OPS
+
+    assert set(OPS) == set(sf.CATEGORY)
+    assert all(sf.classify_op(op) == sf.ELEMENTWISE for op in cg.FUSED_OPS)
+
+
+@needs_cuda
+@pytest.mark.cuda
+def test_contract_holds_on_cuda():
+    res = check_contract(CONTRACT, device="cuda")
+    bad = {it["id"]: (it["status"], it.get("reason")) for it in res["items"]
+           if it["status"] in ("violated", "error", "unknown")}
+    assert not bad, bad

@@ -11,9 +11,12 @@ import os
 import platform
 import subprocess
 import sys
+import sysconfig
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,7 @@ from obligations.core import entrypoints
 from obligations.core.evidence import FORMAT as EVIDENCE_FORMAT
 from obligations.core.results import Outcome, Status, error, skipped
 from obligations.engines import Job, get_engine
+from obligations.isolation import Executor, item_timeout, make_executor
 
 __all__ = ["check_contract", "check_paths", "selected", "run_item", "exit_code", "provenance", "summarize",
            "replay_command", "result_json", "EXIT_INTERRUPTED"]
@@ -51,11 +55,37 @@ def run_item(contract: Contract, item: dict[str, Any], *, device: str = "host", 
         return error(f"the check called sys.exit({e.code!r}) instead of returning an outcome",
                      traceback=traceback.format_exc(limit=6))
     except Exception as e:  # engines are fallible code; the run goes on and the item says why
-        return error(f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=6))
+        where = raised_at(e)
+        return error(f"{type(e).__name__}: {e}" + (f" (raised at {where})" if where else ""),
+                     traceback=traceback.format_exc(limit=6))
     if not isinstance(outcome, Outcome):
         return error(f"the check returned {type(outcome).__name__}, not an Outcome (a registered test must "
                      "return passed/violated/skipped/... from obligations.core.results)")
     return outcome
+
+
+def raised_at(exc: BaseException) -> str | None:
+    """``file:line`` of the innermost frame of ``exc``'s traceback in project code (not stdlib/site-packages)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    library = (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])
+    for frame in reversed(frames):
+        if not frame.filename.startswith(library) and not frame.filename.startswith("<"):
+            return f"{frame.filename}:{frame.lineno}"
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
+
+
+def item_fields(contract: Contract, item: dict[str, Any], *, device: str = "host", profile: str = "quick",
+                seed: int = 0) -> dict[str, Any]:
+    """The outcome fields of one item's record and the entry points its check called (JSON, for workers too)."""
+    with entrypoints.recording() as calls:
+        outcome = run_item(contract, item, device=device, profile=profile, seed=seed)
+    return {**outcome.to_json(), "entry_points": [c.to_json() for c in sorted(calls)]}
+
+
+def _call_of(data: dict[str, Any]) -> entrypoints.Call:
+    family, _, name = data["entry"].partition(".")
+    axes = tuple((k, str(v)) for k, v in data.items() if k not in ("entry", "device"))
+    return entrypoints.Call(family, name, data["device"], axes)
 
 
 def replay_command(contract: Contract, item_id: str, device: str, seed: int) -> str:
@@ -68,10 +98,56 @@ def selected(item_id: str, patterns: Iterable[str]) -> bool:
     return any(item_id == p or fnmatch.fnmatchcase(item_id, p) for p in patterns)
 
 
+def _record(contract: Contract, item: dict[str, Any], fields: dict[str, Any], device: str, seed: int,
+            seconds: float) -> dict[str, Any]:
+    statement = {k: item[k] for k in ("given", "prove") if item.get(k)} or None
+    fields = dict(fields)
+    calls = fields.pop("entry_points", [])
+    return {
+        "id": item["id"],
+        "kind": item["kind"],
+        "type": item.get("type", "falsification"),
+        "property": item.get("property") or item.get("rule"),
+        "prediction": item.get("prediction"),
+        "equation": item.get("equation"),
+        "method": item_method(item),
+        "statement": statement,
+        # What the engine applied and recorded, never the contract's own word for it.
+        "agreement": (fields.get("evidence") or {}).get("agreement"),
+        "tolerance": item.get("tolerance"),
+        "test": item.get("test"),
+        **fields,
+        "replay": replay_command(contract, item["id"], device, seed),
+        "location": item["location"],
+        "seconds": seconds,
+        # Which native entry points (and variants) the item's check called: observed, not declared.
+        "entry_points": calls,
+    }
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How items run: time limits, the executor, records already finished (resume) and the results log."""
+
+    item_timeout: float | None = None
+    isolate: str = "none"
+    done: Mapping[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+    log: Callable[[Contract, dict[str, Any]], None] | None = None
+    maxfail: int | None = None
+
+
 def check_contract(path: str | Path | Contract, *, device: str = "host", only: Iterable[str] | None = None,
-                   profile: str = "quick", seed: int = 0, progress: ProgressFn | None = None) -> dict[str, Any]:
+                   profile: str = "quick", seed: int = 0, progress: ProgressFn | None = None,
+                   options: RunOptions | None = None, executor: Executor | None = None,
+                   failures: list[int] | None = None) -> dict[str, Any]:
     """Check one contract and return its entry of the JSON result."""
     contract = path if isinstance(path, Contract) else load_contract(path)
+    options = options or RunOptions()
+    own = executor is None
+    if executor is None:
+        executor = make_executor(options.isolate, partial(item_fields, device=device, profile=profile, seed=seed),
+                                 {"device": device, "profile": profile, "seed": seed})
+    failures = failures if failures is not None else [0]
     wanted = list(only) if only else None
     entry: dict[str, Any] = {
         "id": contract.id,
@@ -86,45 +162,37 @@ def check_contract(path: str | Path | Contract, *, device: str = "host", only: I
     if progress:
         progress("contract", entry)
     called: set[entrypoints.Call] = set()
-    for item in contract.items:
-        if wanted is not None and not selected(item["id"], wanted):
-            continue
-        if progress:
-            progress("start", item)
-        t0 = time.perf_counter()
-        try:
-            with entrypoints.recording() as calls:
-                outcome = run_item(contract, item, device=device, profile=profile, seed=seed)
-        except KeyboardInterrupt:  # stop here; the caller writes what was checked so far
-            entry["interrupted"] = item["id"]
-            break
-        seconds = round(time.perf_counter() - t0, 4)
-        statement = {k: item[k] for k in ("given", "prove") if item.get(k)} or None
-        record = {
-            "id": item["id"],
-            "kind": item["kind"],
-            "type": item.get("type", "falsification"),
-            "property": item.get("property") or item.get("rule"),
-            "prediction": item.get("prediction"),
-            "equation": item.get("equation"),
-            "method": item_method(item),
-            "statement": statement,
-            # What the engine applied and recorded, never the contract's own word for it.
-            "agreement": outcome.evidence.get("agreement"),
-            "tolerance": item.get("tolerance"),
-            "test": item.get("test"),
-            **outcome.to_json(),
-            "replay": replay_command(contract, item["id"], device, seed),
-            "location": item["location"],
-            "seconds": seconds,
-            # Which native entry points (and variants) the item's check called: observed, not declared.
-            "entry_points": [c.to_json() for c in sorted(calls)],
-        }
-        called |= calls
-        entry["items"].append(record)
-        if progress:
-            progress("done", record)
-    if wanted is None and "interrupted" not in entry:  # a partial run cannot say what no item calls
+    try:
+        for item in contract.items:
+            if wanted is not None and not selected(item["id"], wanted):
+                continue
+            if options.maxfail is not None and failures[0] >= options.maxfail:
+                entry["stopped"] = f"stopped after {failures[0]} failing item(s) (--maxfail {options.maxfail})"
+                break
+            record = options.done.get((contract.id, contract.sha256, item["id"]))
+            if record is None:
+                if progress:
+                    progress("start", item)
+                t0 = time.perf_counter()
+                try:
+                    fields = executor.run(contract, item, item_timeout(item, profile, options.item_timeout))
+                except KeyboardInterrupt:  # stop here; the caller writes what was checked so far
+                    entry["interrupted"] = item["id"]
+                    break
+                record = _record(contract, item, fields, device, seed, round(time.perf_counter() - t0, 4))
+                if options.log:
+                    options.log(contract, record)
+            called |= {_call_of(c) for c in record.get("entry_points") or []}
+            entry["items"].append(record)
+            if record["status"] in ("violated", "error"):
+                failures[0] += 1
+            if progress:
+                progress("done", record)
+    finally:
+        if own:
+            executor.close()
+    if wanted is None and "interrupted" not in entry and "stopped" not in entry:
+        # a partial run cannot say what no item calls
         entry["unchecked_entry_points"] = [
             c.to_json() for c in entrypoints.unchecked(contract.data["family"], called, devices=(device,))]
     gate = contract.data["qa_gate"]

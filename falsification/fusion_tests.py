@@ -20,11 +20,13 @@ them):
   per distinct kernel.
 * ``fusion.golden`` {} -- the seed's MLP is exactly [cublas, cublas, fused(silu, mul), cublas] and runs
   bitwise as its unfused (one kernel per op) program; a 4-op chain is one kernel (N -> M counts in evidence).
+* ``fusion.rmsnorm_bitwise`` {max_d} -- the pre-written RMSNorm step equals the denotation bit for bit.
 * ``fusion.perf`` {which} (cuda, measure) -- timings after warm-up with CUDA events, ratios in one run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -35,7 +37,7 @@ from hypothesis import strategies as st
 from falsification import engine
 from falsification.agreement import Expected
 from falsification.engine import Check, time_ms
-from falsification.ir_strategies import DEFAULT_TEMPLATES, GraphCase, graph_cases
+from falsification.ir_strategies import DEFAULT_TEMPLATES, GraphCase, f32_arrays, graph_cases
 from falsification.registry import FalsifyContext, guarded, register_test
 from native import fusion as nf
 from native import fusion_codegen as cg
@@ -272,6 +274,36 @@ def equals_unfused(ctx: FalsifyContext) -> Outcome:
     return engine.run(ctx, check)
 
 
+# -- pre-written RMSNorm ------------------------------------------------------------------------------------
+
+
+@st.composite
+def _rmsnorm_cases(draw: Any, max_d: int) -> GraphCase:
+    rows, d = draw(st.integers(1, 3)), draw(st.integers(1, max_d))
+    scale = np.float32(draw(st.sampled_from((1.0, 1e-20, 1e18, 3e-39))))
+    with np.errstate(all="ignore"):
+        x = draw(f32_arrays((rows, d), specials=draw(st.booleans()))) * scale
+    w = draw(f32_arrays((d,), specials=False))
+    eps = draw(st.sampled_from((1e-6, 1e-5, 0.0, 1e-30)))
+    b = GraphBuilder()
+    b.add("rmsnorm", (b.add("input", (), (rows, d)),), (rows, d), params={"weight": w}, eps=eps)
+    g, p = b.build()
+    return GraphCase(g, p, (x.astype(np.float32),))
+
+
+@register_test("fusion.rmsnorm_bitwise")
+@guarded()
+def rmsnorm_bitwise(ctx: FalsifyContext) -> Outcome:
+    """The pre-written RMSNorm step equals the IR denotation of rmsnorm bit for bit (rows of 1..max_d)."""
+    def ref(case: GraphCase, outs: tuple[int, ...]) -> list:
+        vals = denote_all(case.graph, case.payload, _inputs_of(case)).value
+        return [vals[o] for o in outs]
+
+    check = _values_check(ctx, "fused rmsnorm vs denotation", ref, (), (), "spec.ir.denote rmsnorm")
+    check = dataclasses.replace(check, cases=_rmsnorm_cases(int(ctx.params.get("max_d", 600))))
+    return engine.run(ctx, check)
+
+
 # -- kernel cache --------------------------------------------------------------------------------------------
 
 _SOURCES = ("extern \"C\" __global__ void k(float* o) { o[0] = 1.0f; }",
@@ -427,7 +459,30 @@ def _perf_mlp(t: int, d: int, f: int) -> dict[str, float]:
             "time_over_gemms": ours / gemms, "vs_torch": tmlp / ours, "shape": [t, d, f]}
 
 
+def _perf_rmsnorm(t: int, d: int) -> dict[str, float]:
+    import cupy
+    import torch
+
+    b = GraphBuilder()
+    w = np.random.default_rng(0).standard_normal(d).astype(np.float32)
+    b.add("rmsnorm", (b.add("input", (), (t, d)),), (t, d), params={"weight": w}, eps=1e-6)
+    g, p = b.build()
+    ex = nf.CUDAExecutor(nf.compile_subgraph(g), p, "cuda")
+    x = cupy.random.RandomState(0).standard_normal((t, d), dtype=cupy.float32)
+    y = cupy.empty_like(x)
+    ours = time_ms(lambda: ex.run([x]), iters=20, warmup=5)
+    copy = time_ms(lambda: cupy.copyto(y, x), iters=20, warmup=5)
+    tx, tw = torch.as_tensor(x, device="cuda"), torch.as_tensor(w, device="cuda")
+    eager = time_ms(lambda: tx * torch.rsqrt(tx.pow(2).mean(-1, keepdim=True) + 1e-6) * tw, iters=20, warmup=5)
+    gbps = 2 * x.nbytes / (ours * 1e6)
+    return {"ours_ms": ours, "copy_ms": copy, "torch_eager_ms": eager, "vs_copy_bandwidth": copy / ours,
+            "vs_torch": eager / ours, "ours_GBps": gbps, "copy_GBps": 2 * x.nbytes / (copy * 1e6), "shape": [t, d]}
+
+
 _PERF: dict[str, tuple[Callable[[dict], dict], str, str]] = {
+    "rmsnorm_vs_copy": (lambda p: _perf_rmsnorm(int(p.get("t", 8192)), int(p.get("d", 4096))), "vs_copy_bandwidth",
+                        ">="),
+    "rmsnorm_vs_torch": (lambda p: _perf_rmsnorm(int(p.get("t", 8192)), int(p.get("d", 4096))), "vs_torch", ">="),
     "chain_vs_fuse": (lambda p: _perf_chain(int(p.get("n", 1 << 26))), "vs_cupy_fuse", ">="),
     "chain_vs_unfused": (lambda p: _perf_chain(int(p.get("n", 1 << 26))), "vs_unfused", ">="),
     "mlp_vs_gemms": (lambda p: _perf_mlp(int(p.get("t", 4096)), int(p.get("d", 2048)), int(p.get("f", 8192))),

@@ -23,26 +23,33 @@ from typing import Any
 import numpy as np
 
 from native import fusion_codegen as cg
+from native import fusion_kernels as fk
 from native.builds import Build, register_builds
 from native.ir import EXECUTORS, run_node
 from native.nvrtc import compile_function, get_route
 from obligations.core.device import array_module, resolve_device, to_host
 from spec import fusion as sf
+from spec.ir.checks import node_attrs
 from spec.ir.denote import bits, eval_node, floats, normalise_inputs
 from spec.ir.graph import Graph, GraphBuilder, Payload
+from spec.ir.ops import get_op
 
 __all__ = ["Part", "PartitionPlan", "default_supported", "partition", "analyze_subgraph", "Buffer", "BufferPlan",
            "buffer_requests", "plan_buffers", "PLANNERS", "planner_violations", "CUDAProgram", "compile_subgraph",
-           "CacheKey", "full_key", "KEYS", "KernelCache", "KERNEL_CACHE", "device_arch", "CUDAExecutor",
+           "PREWRITTEN", "CacheKey", "full_key", "KEYS", "KernelCache", "KERNEL_CACHE", "device_arch", "CUDAExecutor",
            "run_program", "example_graphs", "program_outputs"]
 
 _STEP_OF_CATEGORY = {sf.ANCHOR_BLAS: "cublas", sf.REDUCTION: "reduction", sf.SHAPE_ALIAS: "alias",
                      sf.SPECIAL: "special"}
 
 
+PREWRITTEN: dict[str, tuple[str, str]] = {"rmsnorm": fk.rmsnorm_source()}  # op -> (source, function)
+
+
 def default_supported(kind: str) -> bool:
     """Device-supported ops: bound sources, fusable elementwise ops and ops the unfused executor runs."""
-    return kind in sf.BOUND_OPS or cg.fusable(kind) or (kind in EXECUTORS and kind not in ("const",))
+    return (kind in sf.BOUND_OPS or cg.fusable(kind) or kind in PREWRITTEN
+            or (kind in EXECUTORS and kind not in ("const",)))
 
 
 @dataclass(frozen=True)
@@ -387,6 +394,11 @@ class CUDAExecutor:
                        for b in program.bound if g[b].kind == "const"}
         self.arena = self.xp.empty(max(program.buffers.arena_bytes // 4, 1), dtype=self.xp.float32)
         self.slots = {b.node: self.arena[b.offset // 4: b.offset // 4 + b.nbytes // 4] for b in program.buffers.buffers}
+        self.weights = {n.id: self.xp.asarray(np.asarray(self.payload.get(n.id)["weight"], np.float32))
+                        for n in g.nodes if n.kind in PREWRITTEN and self.payload.get(n.id) is not None}
+        self.prewritten = ({} if self.device == "host" else
+                           {k: cache.get(src, name, fk.ROUTE, device_arch()) for k, (src, name) in PREWRITTEN.items()
+                            if any(g[s.nodes[0]].kind == k for s in program.steps)})
         self.table = [(_DISPATCH[s.kind], s) for s in program.steps]
         self.launchers = {s.writes[0]: self._launcher(s) for s in program.steps if s.kind == "fused"}
 
@@ -437,6 +449,17 @@ def _reference_node(ex: CUDAExecutor, step: sf.Step, values: dict[int, Any]) -> 
     values[node.id] = run_node(node, [values[p] for p in node.parents], ex.payload.get(node.id), ex.device)
 
 
+def _reduction(ex: CUDAExecutor, step: sf.Step, values: dict[int, Any]) -> None:
+    node = ex.program.graph[step.nodes[0]]
+    if node.kind not in PREWRITTEN:
+        _reference_node(ex, step, values)
+        return
+    eps = float(node_attrs(node, get_op(node.kind))["eps"])
+    x, w = values[node.parents[0]], ex.weights[node.id]
+    values[node.id] = (fk.rmsnorm_host(to_host(x), w, eps) if ex.device == "host"
+                       else fk.rmsnorm_cuda(ex.prewritten[node.kind], x, w, eps))
+
+
 def _alias(ex: CUDAExecutor, step: sf.Step, values: dict[int, Any]) -> None:
     node = ex.program.graph[step.nodes[0]]
     values[node.id] = _VIEWS[node.kind](ex.xp, node, [values[p] for p in node.parents])
@@ -473,7 +496,7 @@ _VIEWS: dict[str, Callable[[Any, Any, list], Any]] = {
     "concat": lambda xp, n, a: xp.concatenate(a, axis=n.attrs["axis"]),
 }
 _DISPATCH: dict[str, Callable[[CUDAExecutor, sf.Step, dict[int, Any]], None]] = {
-    "fused": _fused, "cublas": _reference_node, "reduction": _reference_node, "special": _host_node,
+    "fused": _fused, "cublas": _reference_node, "reduction": _reduction, "special": _host_node,
     "alias": _alias, "host": _host_node,
 }
 
@@ -552,3 +575,5 @@ def _builds() -> Iterator[Build]:
         for k in compile_subgraph(graph).kernels():
             yield Build("fusion", f"{gname}:{k.name}", k.source, k.name, cg.ROUTE, approximate=k.approximate,
                         fused=_uses_fma(k.source), index_bits=k.index_bits)
+    for op, (src, name) in sorted(PREWRITTEN.items()):
+        yield Build("fusion", f"prewritten:{op}", src, name, fk.ROUTE, fused=_uses_fma(src), index_bits=64)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -420,15 +420,29 @@ class CUDAExecutor:
         _ = cupy
         return launch
 
+    def _bind(self, inputs: Any) -> dict[int, Any]:
+        """Inputs by input node id as float32 arrays of the device (host arrays are uploaded; shapes checked)."""
+        g = self.program.graph
+        if self.device == "host":
+            ins = normalise_inputs(g, inputs)
+            if not isinstance(ins, dict):
+                raise ValueError(str(ins))
+            return ins
+        ids = g.input_ids()
+        given = dict(inputs) if isinstance(inputs, Mapping) else dict(zip(ids, inputs, strict=True))
+        out = {}
+        for i in ids:
+            a = self.xp.asarray(given[i])
+            a = a.view(self.xp.float32) if a.dtype == self.xp.uint32 else a.astype(self.xp.float32, copy=False)
+            if tuple(a.shape) != g[i].out_shape:
+                raise ValueError(f"input {i} has shape {tuple(a.shape)}, declared {g[i].out_shape}")
+            out[i] = a
+        return out
+
     def run(self, inputs: Any) -> dict[int, Any]:
         """Every output's value (arrays of the device, by node id)."""
-        g = self.program.graph
-        ins = normalise_inputs(g, inputs)
-        if not isinstance(ins, dict):
-            raise ValueError(str(ins))
         values: dict[int, Any] = dict(self.params)
-        for i, a in ins.items():
-            values[i] = self.xp.asarray(a)
+        values.update(self._bind(inputs))
         for fn, step in self.table:
             fn(self, step, values)
         return {o: values[o] for o in self.program.outputs}

@@ -4,7 +4,7 @@ Synthetic data generated here (no downloads): random smooth initial conditions u
 Burgers-like target u(T) of the linearised equation u_t = nu u_xx - c u_x, solved exactly in Fourier space.
 Every kernel call is a contracted one: spectral convolutions and their backward are native.fft
 (contracts/fft-fno-v1.yaml), lifting, pointwise and projection products are native.gemm.matmul (guarded
-cuBLAS GEMM, contracts/cublas-gemm-v1.yaml); the rest is elementwise array arithmetic of the host/CuPy module.
+cuBLAS GEMM, contracts/gemm-cublas-v1.yaml); the rest is elementwise array arithmetic of the host/CuPy module.
 Backpropagation is written out by hand (no autograd). Prints the loss per step; exits 1 if it does not fall.
 
     python examples/fno_burgers.py --device cuda --steps 20

@@ -1,4 +1,4 @@
-"""Falsification and measurement tests of the GEMM/BMM family (contracts/cublas-gemm-v1.yaml).
+"""Falsification and measurement tests of the GEMM/BMM family (contracts/gemm-cublas-v1.yaml).
 
 Registered names and ``params`` (``impl``: dotted ``module:function`` with native.gemm.matmul's signature;
 the project's tests swap it for planted bugs):

@@ -1,4 +1,4 @@
-"""Falsification tests of host<->device float transfer (contracts/float32-transfer-v1.yaml).
+"""Falsification tests of host<->device float transfer (contracts/transfer-float32-v1.yaml).
 
 Registered names and their ``params`` (``variant`` selects a planted-bug build; the project's tests only):
 

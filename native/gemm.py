@@ -1,7 +1,7 @@
 """GEMM on row-major buffers through column-major cuBLAS: the launch/buffer plan, its guard, and the call.
 
 The plan is the arithmetic that runs: :func:`gemm_plan` is called with ints before every cuBLAS call and
-with checker terms by ``kc check`` (contracts/cublas-gemm-v1.yaml), so the proof is about this code.
+with checker terms by ``kc check`` (contracts/gemm-cublas-v1.yaml), so the proof is about this code.
 
 Layout. ``op(A)`` is m x k, ``op(B)`` is k x n, C is m x n, all row-major. A stored matrix is read as
 ``op(X) = X`` (``trans_x`` false, stored rows x cols = logical) or ``op(X) = X^T`` (``trans_x`` true, the

@@ -98,7 +98,7 @@ def test_explain_shows_statement_evidence_and_replay() -> None:
     assert "contract_sample.yaml:84:5" in text
     assert "status: violated" in text and '"expected": "0x3f800001"' in text
     assert "ULP histogram: 0 ULP: 36,963, 1 ULP: 37" in text
-    assert text.rstrip().endswith("kc check contracts/cublas-gemm-v1.yaml --only FT-GEMM-004 --device cuda --seed 0")
+    assert text.rstrip().endswith("kc check contracts/gemm-cublas-v1.yaml --only FT-GEMM-004 --device cuda --seed 0")
     proved = explain("PO-GEMM-002a", [FIXTURES / "contract_sample.yaml"], result)
     assert "prove: cdiv(m, tile) * tile >= m" in proved
     assert "⎡ m  ⎤" in proved, "the parsed statement should be pretty-printed"
@@ -116,7 +116,7 @@ def test_explain_without_result_and_for_unknown_ids() -> None:
 
 def test_explain_flags_stale_evidence(tmp_path: Path) -> None:
     result = json.loads((FIXTURES / "result_sample.json").read_text())
-    changed = tmp_path / "cublas-gemm-v1.yaml"
+    changed = tmp_path / "gemm-cublas-v1.yaml"
     changed.write_text((FIXTURES / "contract_sample.yaml").read_text().replace("tolerance: 2", "tolerance: 3"))
     assert "STALE" in explain("FT-GEMM-002", [changed], result)
 

@@ -86,7 +86,7 @@ def test_junit_one_testcase_per_item_with_skips_and_failures(result: dict) -> No
     failure = cases[(gemm, "FT-GEMM-004")].find("failure")
     assert failure is not None and failure.get("type") == "violated"
     assert '"expected": "0x3f800001"' in (failure.text or "")
-    replay = "replay: kc check contracts/cublas-gemm-v1.yaml --only FT-GEMM-004 --device cuda --seed 0"
+    replay = "replay: kc check contracts/gemm-cublas-v1.yaml --only FT-GEMM-004 --device cuda --seed 0"
     assert replay in (failure.text or "")
     assert cases[(gemm, "PO-GEMM-005")].find("error") is not None
     suite = root.find("testsuite")
@@ -162,7 +162,7 @@ def test_sarif_one_rule_per_item_located_at_its_yaml_line(result: dict) -> None:
 def test_annotations_point_at_the_item_and_escape_newlines(result: dict) -> None:
     lines = github_annotations(result)
     violated = next(line for line in lines if "FT-GEMM-004" in line)
-    assert violated.startswith("::error file=contracts/cublas-gemm-v1.yaml,line=84,col=5,title=FT-GEMM-004 violated::")
+    assert violated.startswith("::error file=contracts/gemm-cublas-v1.yaml,line=84,col=5,title=FT-GEMM-004 violated::")
     assert "\n" not in violated and "%0Areplay: kc check" in violated
     assert any(line.startswith("::warning ") and "PO-GEMM-004" in line for line in lines)
     assert not any("PO-GEMM-001" in line for line in lines)
@@ -180,7 +180,7 @@ def test_emit_github_only_under_actions(result: dict, tmp_path: Path) -> None:
     text = summary.read_text()
     assert text.startswith("previous step\n"), "the summary must be appended, not overwritten"
     assert "| 3 | 1 | 5 | 1 | 1 | 2 | 1 |" in text
-    assert "`kc check contracts/cublas-gemm-v1.yaml --only FT-GEMM-004 --device cuda --seed 0`" in text
+    assert "`kc check contracts/gemm-cublas-v1.yaml --only FT-GEMM-004 --device cuda --seed 0`" in text
 
 
 def test_step_summary_with_nothing_to_report(result: dict) -> None:

@@ -12,7 +12,7 @@ import pytest
 from obligations.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
-GEMM = ROOT / "contracts" / "cublas-gemm-v1.yaml"
+GEMM = ROOT / "contracts" / "gemm-cublas-v1.yaml"
 SHAPE = ["PO-GEMM-02-A-z3", "KANI-CUBLAS-001-A", "PO-GEMM-04"]
 
 
@@ -97,7 +97,7 @@ def test_kc_sweep_of_a_planted_bug_exits_1(capsys):
 
 
 def test_kc_replay_rechecks_one_element(capsys):
-    ew = ROOT / "contracts" / "float32-elementwise-v1.yaml"
+    ew = ROOT / "contracts" / "elementwise-float32-v1.yaml"
     assert main(["replay", str(ew), "FALSIFY-EW-ADD-bitwise", "--bits", "0x00000001,0x00000000",
                  "--device", "host"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -10,7 +10,7 @@ from obligations.cli import main
 from obligations.contract import ContractError, load_contract, validate_paths
 
 ROOT = Path(__file__).resolve().parent.parent
-GEMM = ROOT / "contracts" / "cublas-gemm-v1.yaml"
+GEMM = ROOT / "contracts" / "gemm-cublas-v1.yaml"
 
 
 def _broken(tmp_path: Path, old: str, new: str) -> Path:

@@ -1,4 +1,4 @@
-"""contracts/float32-elementwise-v1.yaml through `kc check`: each planted bug caught by the item meant for it."""
+"""contracts/elementwise-float32-v1.yaml through `kc check`: each planted bug caught by the item meant for it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from obligations.check import check_contract
 
 ROOT = Path(__file__).resolve().parent.parent
-EW = ROOT / "contracts" / "float32-elementwise-v1.yaml"
+EW = ROOT / "contracts" / "elementwise-float32-v1.yaml"
 
 
 def _run(tmp_path: Path, ids: list[str], old: str = "", new: str = "") -> dict[str, dict]:
@@ -17,7 +17,7 @@ def _run(tmp_path: Path, ids: list[str], old: str = "", new: str = "") -> dict[s
     if old:
         assert old in text, old
         text = text.replace(old, new, 1)
-    path = tmp_path / "float32-elementwise-v1.yaml"
+    path = tmp_path / "elementwise-float32-v1.yaml"
     path.write_text(text)
     return {it["id"]: it for it in check_contract(path, only=ids)["items"]}
 

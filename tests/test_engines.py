@@ -10,13 +10,13 @@ from obligations.check import check_contract, run_item
 from obligations.contract import load_contract
 
 ROOT = Path(__file__).resolve().parent.parent
-GEMM = ROOT / "contracts" / "cublas-gemm-v1.yaml"
+GEMM = ROOT / "contracts" / "gemm-cublas-v1.yaml"
 
 
 def _variant(tmp_path: Path, old: str, new: str, count: int = -1) -> Path:
     text = GEMM.read_text()
     assert old in text, old
-    out = tmp_path / "cublas-gemm-v1.yaml"
+    out = tmp_path / "gemm-cublas-v1.yaml"
     out.write_text(text.replace(old, new, count))
     return out
 

@@ -11,7 +11,7 @@ from native import gemm as ng
 from tests.contract_helpers import check_items, contract_variant, needs_cuda
 
 ROOT = Path(__file__).resolve().parent.parent
-CONTRACT = ROOT / "contracts" / "cublas-gemm-v1.yaml"
+CONTRACT = ROOT / "contracts" / "gemm-cublas-v1.yaml"
 ALL_IDS = [f"PO-GEMM-0{i}" for i in (1, 3, 4, 5, 6, 7, 8)] + [f"FALSIFY-CUBLAS-{i:03d}" for i in range(1, 12)]
 
 

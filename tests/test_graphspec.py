@@ -188,7 +188,7 @@ def test_planted_executor_bugs_are_caught(monkeypatch: pytest.MonkeyPatch, op: s
 
 def test_ulp_bounds_are_the_elementwise_contracts() -> None:
     yaml = pytest.importorskip("ruamel.yaml")
-    doc = yaml.YAML(typ="safe").load((CONTRACTS / "float32-elementwise-v1.yaml").read_text())
+    doc = yaml.YAML(typ="safe").load((CONTRACTS / "elementwise-float32-v1.yaml").read_text())
     stated = {it["params"]["op"]: it.get("tolerance") for it in doc["falsification"]
               if it.get("test") == "elementwise.max_ulp" and "tolerance" in it}
     for op, ulps in nir.ULP_BOUNDS.items():

@@ -16,7 +16,7 @@ from obligations.contract import ContractError, load_contract, load_contracts, v
 from obligations.scaffold import scaffold_contract
 
 ROOT = Path(__file__).resolve().parent.parent
-GEMM = ROOT / "contracts" / "cublas-gemm-v1.yaml"
+GEMM = ROOT / "contracts" / "gemm-cublas-v1.yaml"
 GEMM_BYTES = GEMM.read_bytes()
 
 

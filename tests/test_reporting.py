@@ -104,7 +104,7 @@ def test_markdown_shows_each_item_with_claim_evidence_and_provenance(result: dic
     # the violated item: counterexample and replay command
     section = md.split("### FT-GEMM-004", 1)[1].split("### ", 1)[0]
     assert '"expected": "0x3f800001"' in section
-    assert "kc check contracts/cublas-gemm-v1.yaml --only FT-GEMM-004 --device cuda --seed 0" in section
+    assert "kc check contracts/gemm-cublas-v1.yaml --only FT-GEMM-004 --device cuda --seed 0" in section
     # provenance
     for needle in ("3f9c2a1d5be0", _gemm(result)["sha256"], "| numpy | 2.4.6 |", "| cupy | 14.0.1 |",
                    "| z3-solver | 4.15.4 |", "| hypothesis | 6.155.2 |", "| Driver | 580.95.05 |",
@@ -216,7 +216,7 @@ def test_check_reports_passes_on_fresh_reports(tmp_path: Path, result: dict, con
 
 def test_check_reports_catches_a_changed_contract(tmp_path: Path, result: dict, contracts_dir: Path) -> None:
     write_reports(result, tmp_path / "reports", plots=False)
-    contract = contracts_dir / "cublas-gemm-v1.yaml"
+    contract = contracts_dir / "gemm-cublas-v1.yaml"
     contract.write_text(contract.read_text().replace("tolerance: 2", "tolerance: 4"))
     problems = check_reports(tmp_path / "reports", contracts_dir)
     assert problems, "a stale report must be reported"

@@ -14,7 +14,7 @@ from spec.transfer import TARGETS, convert_reference, overflow_threshold_bits
 from tests.contract_helpers import check_items, contract_variant, needs_cuda
 
 ROOT = Path(__file__).resolve().parent.parent
-CONTRACT = ROOT / "contracts" / "float32-transfer-v1.yaml"
+CONTRACT = ROOT / "contracts" / "transfer-float32-v1.yaml"
 
 
 def _variant(tmp_path: Path, old: str, new: str) -> Path:

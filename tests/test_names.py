@@ -1,0 +1,33 @@
+"""One family name per family in every layer: contract files start with it, and spec/native use it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ruamel.yaml import YAML
+
+ROOT = Path(__file__).resolve().parent.parent
+# A contract path an issue fixed by name before the naming rule existed (issue 12: contracts/graph-ir-v1.yaml).
+FIXED_PATHS = {"graph-ir-v1.yaml": "ir"}
+
+
+def _family(path: Path) -> str:
+    return YAML(typ="safe").load(path.read_text())["family"]
+
+
+CONTRACTS = sorted((ROOT / "contracts").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONTRACTS, ids=[p.name for p in CONTRACTS])
+def test_contract_file_names_start_with_their_family(path):
+    family = _family(path)
+    assert path.name.startswith(f"{family}-") or FIXED_PATHS.get(path.name) == family, (path.name, family)
+
+
+@pytest.mark.parametrize("path", CONTRACTS, ids=[p.name for p in CONTRACTS])
+def test_each_family_has_its_spec_and_native_module_by_the_same_name(path):
+    family = _family(path)
+    for layer in ("spec", "native"):
+        assert (ROOT / layer / f"{family}.py").exists() or (ROOT / layer / family).is_dir(), (layer, family)
+    assert (ROOT / "tests" / f"test_{family}.py").exists(), family

@@ -21,6 +21,9 @@ them):
 * ``fusion.golden`` {} -- the seed's MLP is exactly [cublas, cublas, fused(silu, mul), cublas] and runs
   bitwise as its unfused (one kernel per op) program; a 4-op chain is one kernel (N -> M counts in evidence).
 * ``fusion.rmsnorm_bitwise`` {max_d} -- the pre-written RMSNorm step equals the denotation bit for bit.
+* ``fusion.gqa_rewrite`` {grouping} -- GQA graphs (QK^T and scores x V, KV 1..3, G 1..3): the rewrite matches
+  exactly (near misses with a second consumer are left alone), removes the expand, batches the GEMM per KV head,
+  keeps the denotation bit for bit, and the program's device value is within the GEMM contract's bound.
 * ``fusion.perf`` {which} (cuda, measure) -- timings after warm-up with CUDA events, ratios in one run.
 """
 
@@ -48,7 +51,7 @@ from spec.ir.denote import bits, denote_all
 from spec.ir.graph import Graph, GraphBuilder, Payload
 
 __all__ = ["EXACT_TEMPLATES", "UNFUSED_TEMPLATES", "rule_violations", "small_graphs", "planted_cases", "perf_chain",
-           "perf_mlp", "perf_rmsnorm", "golden_failures"]
+           "perf_mlp", "perf_rmsnorm", "golden_failures", "gqa_graph", "gqa_flags"]
 
 EXACT_TEMPLATES: tuple[str, ...] = ("relu", "add", "const", "reshape", "neg", "sub", "mul_elem", "div", "maxElem",
                                     "minElem", "sqrt", "inv", "abs", "flatten", "reduceSum", "reduceMean", "sum",
@@ -302,6 +305,88 @@ def rmsnorm_bitwise(ctx: FalsifyContext) -> Outcome:
 
     check = _values_check(ctx, "fused rmsnorm vs denotation", ref, (), (), "spec.ir.denote rmsnorm")
     check = dataclasses.replace(check, cases=_rmsnorm_cases(int(ctx.params.get("max_d", 600))))
+    return engine.run(ctx, check)
+
+
+# -- GQA rewrite ------------------------------------------------------------------------------------------
+
+
+def gqa_graph(variant: str, kv: int, g: int, tq: int, s: int, d: int, near_miss: bool = False) -> tuple[Graph, Payload]:
+    """Q/scores and K/V inputs, K/V expanded to H = kv g heads, then the matmul (QK^T or scores x V).
+
+    ``near_miss``: the expanded K/V is also a graph output (a second consumer), so nothing may be rewritten."""
+    b = GraphBuilder()
+    h = kv * g
+    q = b.add("input", (), (1, h, tq, d if variant == "qk" else s))
+    k = b.add("input", (), (1, kv, s, d))
+    u = b.add("reshape", (k,), (1, kv, 1, s, d), shape=(1, kv, 1, s, d))
+    e = b.add("expand", (u,), (1, kv, g, s, d), shape=(1, kv, g, s, d))
+    r = b.add("reshape", (e,), (1, h, s, d), shape=(1, h, s, d))
+    if variant == "qk":
+        r = b.add("transpose", (r,), (1, h, d, s), dim0=-2, dim1=-1)
+    out = b.add("matmul", (q, r), (1, h, tq, s if variant == "qk" else d))
+    if near_miss:
+        b.add("add", (b.add("neg", (e,), (1, kv, g, s, d)),) * 2, (1, kv, g, s, d))
+        b.add("relu", (out,), (1, h, tq, s if variant == "qk" else d))
+    return b.build()
+
+
+@st.composite
+def _gqa_cases(draw: Any) -> tuple:
+    shape = (draw(st.sampled_from(("qk", "sv"))), draw(st.integers(1, 3)), draw(st.integers(1, 3)),
+             draw(st.integers(1, 2)), draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    g, _ = gqa_graph(*shape)
+    ins = tuple(np.array(draw(st.lists(st.floats(-8, 8, width=32), min_size=int(np.prod(g[i].out_shape)),
+                                       max_size=int(np.prod(g[i].out_shape)))), np.float32).reshape(g[i].out_shape)
+                for i in g.input_ids())  # bounded: the GEMM bound is stated for finite products
+    return shape, draw(st.booleans()) and shape[1] * shape[2] > 1, ins
+
+
+def gqa_flags(case: tuple, device: str, grouping: str = "div") -> np.ndarray:
+    """[rewritten as expected, expand gone, GEMM batch == KV heads, denotation bitwise, device within GEMM bound]."""
+    from native.fusion_gqa import rewrite_gqa
+    from native.ir import agree
+
+    shape, near, ins = case
+    g, p = gqa_graph(*shape, near_miss=near)
+    outs = program_outputs_of(g)
+    rw, matches = rewrite_gqa(g, p, outs, grouping)
+    want_matches = 0 if near else 1
+    mm = [n for n in rw.graph.nodes if n.kind == "matmul"]
+    expand_gone = near or not any(n.kind == "expand" for n in rw.graph.nodes)
+    batch_ok = near or (len(mm) == 1 and mm[0].out_shape[:-2] == (shape[1],))
+    den = denote_all(g, p, list(ins)).value
+    den2 = denote_all(rw.graph, rw.payload, list(ins)).value
+    bitwise = all(sf.same_bits(den[o], den2[rw.mapping[o]]) for o in outs)
+    m = next(n for n in g.nodes if n.kind == "matmul")
+    res = nf.run_program(rw.graph, rw.payload, list(ins), device, dict.fromkeys([rw.mapping[m.id]] +
+                                                                                  [rw.mapping[o] for o in outs]))
+    within = bool(np.all(agree(m, [den[q] for q in m.parents], None, res[rw.mapping[m.id]], den[m.id])))
+    return np.array([len(matches) == want_matches, expand_gone, batch_ok, bitwise, within], np.uint32)
+
+
+def program_outputs_of(g: Graph) -> tuple[int, ...]:
+    """The graph's sinks (what the rewrite must keep)."""
+    return nf.program_outputs(g)
+
+
+@register_test("fusion.gqa_rewrite")
+@guarded()
+def gqa_rewrite(ctx: FalsifyContext) -> Outcome:
+    """The GQA rewrite: matched exactly (near misses untouched), no expand, batch KV, denotation kept bitwise."""
+    grouping = str(ctx.params.get("grouping", "div"))
+    explicit = ((("qk", 2, 3, 1, 4, 5), False, None), (("sv", 2, 2, 2, 3, 2), False, None),
+                (("qk", 2, 2, 1, 3, 2), True, None))
+    rng = np.random.default_rng(0)
+    explicit = tuple((sh, near, tuple(rng.standard_normal(gqa_graph(*sh)[0][i].out_shape).astype(np.float32)
+                                      for i in (0, 1))) for sh, near, _ in explicit)
+    check = Check(name="GQA rewrite", inputs=lambda c: c, native=lambda c: [gqa_flags(c, ctx.device, grouping)],
+                  reference=lambda c: Expected(bits=np.ones(5, np.uint32)),
+                  agreement=engine.item_agreement(ctx, "bitwise", nan_policy="exact"), cases=_gqa_cases(),
+                  explicit=explicit, describe=lambda c: {"shape (variant, kv, g, tq, s, d)": list(c[0]),
+                                                         "near_miss": c[1]},
+                  output_names=("matched|no expand|batch kv|denotation bitwise|device within gemm bound",),
+                  build={"grouping": grouping, "device_agreement": "native.ir.AGREEMENT['matmul'] (gemm-bound)"})
     return engine.run(ctx, check)
 
 

@@ -25,7 +25,7 @@ def test_host_run_evidences_every_host_item_and_says_why_for_the_rest():
     assert {"FUSION-PLAN-coverage-z3", "FUSION-PLAN-step-z3", "FUSION-PLAN-no-overflow-z3"} <= proved
     assert items["FUSION-PLAN-coverage-enum"]["status"] == "exhausted"
     for k in ("FUSION-RULES-generated", "FUSION-RULES-small", "FUSION-EQ-denotation", "FUSION-EQ-unfused",
-              "FUSION-GOLDEN", "FUSION-CACHE-key"):
+              "FUSION-GOLDEN", "FUSION-CACHE-key", "FUSION-RMSNORM-bitwise", "FUSION-GQA"):
         assert items[k]["status"] == "passed", (k, items[k].get("reason"))
     assert items["FUSION-RULES-small"]["evidence"]["cases"] == 1325
     for it in items.values():
@@ -44,6 +44,7 @@ def test_host_run_evidences_every_host_item_and_says_why_for_the_rest():
     ("FUSION-RULES-small", "params: {extra_nodes: 3}", "params: {extra_nodes: 3, planner: first_read}"),
     ("FUSION-RULES-small", "params: {extra_nodes: 3}", "params: {extra_nodes: 3, variant: reorder}"),
     ("FUSION-CACHE-key", "params: {max_examples: 100}", "params: {max_examples: 100, key: source_name}"),
+    ("FUSION-GQA", "params: {max_examples: 60}", "params: {max_examples: 5, grouping: mod}"),
 ])
 def test_planted_bug_is_violated_by_its_item(tmp_path, item, old, new):
     it = check_items(contract_variant(CONTRACT, tmp_path, old, new), [item])[item]

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import sysconfig
@@ -31,7 +32,7 @@ from obligations.engines import Job, get_engine
 from obligations.isolation import Executor, item_timeout, make_executor
 
 __all__ = ["check_contract", "check_paths", "selected", "run_item", "exit_code", "provenance", "summarize",
-           "replay_command", "result_json", "EXIT_INTERRUPTED"]
+           "replay_command", "result_json", "EXIT_INTERRUPTED", "RunOptions", "item_fields", "raised_at"]
 
 EXIT_INTERRUPTED = 130  # the shell's code for a run stopped by Ctrl-C (SIGINT)
 
@@ -70,8 +71,15 @@ def raised_at(exc: BaseException) -> str | None:
     library = (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])
     for frame in reversed(frames):
         if not frame.filename.startswith(library) and not frame.filename.startswith("<"):
-            return f"{frame.filename}:{frame.lineno}"
+            return f"{_relative(frame.filename)}:{frame.lineno}"
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
+
+
+def _relative(filename: str) -> str:
+    try:
+        return Path(filename).relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return filename
 
 
 def item_fields(contract: Contract, item: dict[str, Any], *, device: str = "host", profile: str = "quick",
@@ -86,6 +94,11 @@ def _call_of(data: dict[str, Any]) -> entrypoints.Call:
     family, _, name = data["entry"].partition(".")
     axes = tuple((k, str(v)) for k, v in data.items() if k not in ("entry", "device"))
     return entrypoints.Call(family, name, data["device"], axes)
+
+
+def _agreement_kind(applied: Any) -> str | None:
+    """The agreement kind from what the engine recorded (a kind name, or a dict with its parameters)."""
+    return applied.get("kind") if isinstance(applied, dict) else applied
 
 
 def replay_command(contract: Contract, item_id: str, device: str, seed: int) -> str:
@@ -113,7 +126,8 @@ def _record(contract: Contract, item: dict[str, Any], fields: dict[str, Any], de
         "method": item_method(item),
         "statement": statement,
         # What the engine applied and recorded, never the contract's own word for it.
-        "agreement": (fields.get("evidence") or {}).get("agreement"),
+        # The kind of agreement the engine applied and recorded (its parameters stay in the evidence).
+        "agreement": _agreement_kind((fields.get("evidence") or {}).get("agreement")),
         "tolerance": item.get("tolerance"),
         "test": item.get("test"),
         **fields,
@@ -170,6 +184,7 @@ def check_contract(path: str | Path | Contract, *, device: str = "host", only: I
                 entry["stopped"] = f"stopped after {failures[0]} failing item(s) (--maxfail {options.maxfail})"
                 break
             record = options.done.get((contract.id, contract.sha256, item["id"]))
+            resumed = record is not None
             if record is None:
                 if progress:
                     progress("start", item)
@@ -187,7 +202,7 @@ def check_contract(path: str | Path | Contract, *, device: str = "host", only: I
             if record["status"] in ("violated", "error"):
                 failures[0] += 1
             if progress:
-                progress("done", record)
+                progress("done", {**record, "resumed": True} if resumed else record)
     finally:
         if own:
             executor.close()
@@ -212,22 +227,33 @@ def summarize(contracts: list[dict[str, Any]]) -> dict[str, int]:
         for it in c["items"]:
             counts[it["status"]] += 1
     counts["unchecked_entry_points"] = sum(len(c.get("unchecked_entry_points") or []) for c in contracts)
+    items = [it for c in contracts for it in c["items"]]
+    # Skipped only because the item's test or engine runs on cuda and this run is on the host (README: --strict).
+    counts["skipped_cuda_only"] = sum(it["status"] == "skipped" and bool(_CUDA_ONLY.search(it.get("reason") or ""))
+                                      for it in items)
+    counts["unreached_regimes"] = sum(len((it.get("evidence") or {}).get("regimes_unreached") or []) for it in items)
+    counts["order_insensitive"] = sum(bool((it.get("evidence") or {}).get("order_insensitive")) for it in items)
     return counts
 
 
+_CUDA_ONLY = re.compile(r"\bruns on cuda\b[^;]*; this run is on host")
+
+
 def exit_code(summary: dict[str, int], strict: bool = False) -> int:
-    """0 when nothing is violated or errored (with ``strict``, also nothing unknown, skipped or unchecked)."""
+    """0 unless violated/errored; ``strict`` also fails unknown, non-cuda-only skips, gaps in coverage or order."""
     bad = summary["violated"] + summary["error"]
     if strict:
-        bad += summary["unknown"] + summary["skipped"] + summary.get("unchecked_entry_points", 0)
+        bad += summary["unknown"] + summary["skipped"] - summary.get("skipped_cuda_only", 0)
+        bad += sum(summary.get(k, 0) for k in ("unchecked_entry_points", "unreached_regimes", "order_insensitive"))
     return 1 if bad else 0
 
 
-def _git_commit() -> tuple[str | None, bool]:
+def _git_commit(project: Path | None = None) -> tuple[str | None, bool]:
+    """The commit (and dirtiness) of the checked project: the git repository holding ``project``."""
     # KC_COMMIT, when set, names the commit of a copied tree (a GPU machine's copy may carry a stale .git).
     if os.environ.get("KC_COMMIT"):
         return os.environ["KC_COMMIT"], False
-    root = Path(__file__).resolve().parent.parent
+    root = project if project is not None and project.is_dir() else Path.cwd()
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                                 timeout=10).stdout.strip() or None
@@ -245,9 +271,10 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def provenance(device: dict[str, Any], started: float, argv: list[str] | None = None) -> dict[str, Any]:
-    """Where and with what a result was produced."""
-    commit, dirty = _git_commit()
+def provenance(device: dict[str, Any], started: float, argv: list[str] | None = None,
+               project: Path | None = None) -> dict[str, Any]:
+    """Where and with what a result was produced; ``commit`` is the checked project's (``project``'s repo)."""
+    commit, dirty = _git_commit(project)
     cupy = next((v for v in (_version(d) for d in ("cupy-cuda13x", "cupy-cuda12x", "cupy")) if v), None)
     return {
         "commit": commit,
@@ -270,14 +297,16 @@ def provenance(device: dict[str, Any], started: float, argv: list[str] | None = 
 def check_paths(paths: Iterable[str | Path | Contract], *, device: str = "host",
                 device_info: dict[str, Any] | None = None, only: Iterable[str] | None = None,
                 profile: str = "quick", seed: int = 0, strict: bool = False, progress: ProgressFn | None = None,
-                argv: list[str] | None = None) -> dict[str, Any]:
+                argv: list[str] | None = None, options: RunOptions | None = None) -> dict[str, Any]:
     """Check every contract in ``paths`` and return the whole JSON result (see README: JSON result).
 
     Loaded contracts are checked as given (``kc check`` loads and validates each once); paths are loaded and
     validated here, raising ContractError. A KeyboardInterrupt stops the run: the result holds what was
-    checked, ``"interrupted": true`` and exit code 130.
+    checked, ``"interrupted": true`` and exit code 130. ``options`` sets time limits, the executor (a worker
+    process replaced after a fault), records to reuse (``--resume``), the results log and ``--maxfail``.
     """
     started = time.time()
+    options = options or RunOptions()
     only = list(only) if only else None
     paths = list(paths)
     todo = [p for p in paths if isinstance(p, Contract)]
@@ -288,30 +317,44 @@ def check_paths(paths: Iterable[str | Path | Contract], *, device: str = "host",
             raise ContractError(list(loaded.diagnostics))
         todo.extend(loaded.contracts)
     contracts: list[dict[str, Any]] = []
-    interrupted = False
+    interrupted = stopped = False
+    failures = [0]
+    executor = make_executor(options.isolate, partial(item_fields, device=device, profile=profile, seed=seed),
+                             {"device": device, "profile": profile, "seed": seed})
     try:
         for contract in todo:
             if only and not any(selected(it["id"], only) for it in contract.items):
                 continue
             entry = check_contract(contract, device=device, only=only, profile=profile, seed=seed,
-                                   progress=progress)
+                                   progress=progress, options=options, executor=executor, failures=failures)
             contracts.append(entry)
             if "interrupted" in entry:
                 interrupted = True
                 break
+            if "stopped" in entry:
+                stopped = True
+                break
     except KeyboardInterrupt:
         interrupted = True
+    finally:
+        executor.close()
     summary = summarize(contracts)
+    project = Path(todo[0].path).resolve().parent if todo else Path.cwd()
     result = {
         "format": EVIDENCE_FORMAT,
         "tool": {"name": "kernel-contracts", "version": __version__},
-        "provenance": provenance(device_info or {"kind": device}, started, argv),
+        "provenance": {**provenance(device_info or {"kind": device}, started, argv, project=project),
+                       "profile": profile, "seed": seed},
         "contracts": contracts,
         "summary": summary,
         "exit_code": EXIT_INTERRUPTED if interrupted else exit_code(summary, strict),
     }
     if interrupted:
         result["interrupted"] = True
+    if stopped:
+        result["stopped"] = f"--maxfail {options.maxfail} reached"
+    if getattr(executor, "started", 0):
+        result["provenance"]["workers_started"] = executor.started
     return result
 
 

@@ -182,11 +182,10 @@ def junit_xml(result: Mapping[str, Any], *, strict: bool = False, hostname: str 
 
 
 def write_junit(result: Mapping[str, Any], path: str | Path, *, strict: bool = False) -> Path:
-    """Write ``junit_xml(result)`` to ``path`` (parents created); returns the path."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(junit_xml(result, strict=strict), encoding="utf-8")
-    return out
+    """Write ``junit_xml(result)`` to ``path`` atomically (parents created); returns the path."""
+    from obligations.atomic import write_text_atomic
+
+    return write_text_atomic(path, junit_xml(result, strict=strict))
 
 
 # --- SARIF ------------------------------------------------------------------------------------------
@@ -294,13 +293,12 @@ def sarif_log(result: Mapping[str, Any], *, strict: bool = False) -> dict[str, A
 
 
 def write_sarif(result: Mapping[str, Any], path: str | Path, *, strict: bool = False) -> Path:
-    """Write ``sarif_log(result)`` as JSON to ``path`` (parents created); returns the path."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(sarif_log(result, strict=strict), indent=2, default=str) + "\n", encoding="utf-8"
-    )
-    return out
+    """Write ``sarif_log(result)`` as strict JSON to ``path`` atomically (parents created); returns the path."""
+    from obligations.atomic import write_text_atomic
+    from obligations.check import _finite
+
+    text = json.dumps(_finite(sarif_log(result, strict=strict)), indent=2, allow_nan=False, default=str) + "\n"
+    return write_text_atomic(path, text)
 
 
 # --- GitHub Actions ---------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ unknown or skipped); 2 invalid contract or usage (including --device cuda withou
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -21,6 +22,7 @@ from obligations import __version__
 __all__ = ["main", "COMMANDS"]
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_NO_CONTRACTS = 5  # nothing collected (as pytest's 5): checking nothing is not a pass
 DEFAULT_CONTRACTS = "contracts"
 
 COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
@@ -43,53 +45,6 @@ def _configure(fn: Callable[[argparse.ArgumentParser], None]) -> Callable:
         return run
 
     return attach
-
-
-_STATUS_COLOURS = {"proved": "32", "exhausted": "32", "passed": "32", "violated": "31", "error": "31",
-                   "unknown": "33", "skipped": "90"}
-
-
-def _paint(text: str, status: str, enabled: bool) -> str:
-    return f"\x1b[{_STATUS_COLOURS.get(status, '0')}m{text}\x1b[0m" if enabled else text
-
-
-class _Progress:
-    """Per-contract and per-item lines; a live 'running' line on a terminal."""
-
-    def __init__(self, stream: Any = None):
-        self.stream = stream if stream is not None else sys.stdout
-        self.tty = self.stream.isatty() and os.environ.get("NO_COLOR") is None
-
-    def __call__(self, event: str, data: dict[str, Any] | None) -> None:
-        if event == "contract":
-            print(f"{data['id']} {data['version']}  ({data['path']})", file=self.stream, flush=True)
-        elif event == "start" and self.tty:
-            print(f"  running    {data['id']} ...", end="\r", file=self.stream, flush=True)
-        elif event == "done":
-            status = data["status"]
-            line = f"  {status:<10} {data['id']:<24} {data['method']:<9} {data['seconds']:>7.2f}s"
-            detail = data.get("reason") or _evidence_line(data)
-            if detail:
-                line += f"  {detail}"
-            if self.tty:
-                line = "\x1b[2K" + _paint(line, status, True)
-            print(line, file=self.stream, flush=True)
-            if status == "violated" and data.get("counterexample"):
-                cex = data["counterexample"]
-                shown = cex.get("symbols") or cex
-                print(f"             counterexample: {json.dumps(shown, default=str)[:400]}", file=self.stream)
-                print(f"             replay: {data['replay']}", file=self.stream)
-
-
-def _evidence_line(item: dict[str, Any]) -> str:
-    ev = item.get("evidence") or {}
-    if item["status"] == "proved" and "rlimit_used" in ev:
-        return f"z3 unsat, rlimit {ev['rlimit_used']}/{ev['rlimit']}"
-    if item["status"] == "exhausted":
-        return f"{ev.get('points_in_given', ev.get('points'))} points in the given of {ev.get('points')} enumerated"
-    if item["status"] == "passed":
-        return f"{ev.get('cases')} cases" + (f", seed {ev['seed']}" if "seed" in ev else "")
-    return ""
 
 
 def _resolve_device(requested: str) -> str | None:
@@ -116,24 +71,46 @@ def _search_path_option(p: argparse.ArgumentParser) -> None:
                    help="contracts here (not checked themselves) may satisfy depends_on; repeatable")
 
 
+def _paths_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="*", default=None, metavar="PATH",
+                   help="contract files or directories (scanned recursively; default: [tool.kc] contracts, "
+                        "else ./contracts)")
+
+
 def _validate_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("paths", nargs="*", default=[DEFAULT_CONTRACTS])
+    _paths_argument(p)
     _search_path_option(p)
+    p.add_argument("--import", dest="imports", action="store_true",
+                   help="also import the modules the contracts name, resolve kernels and registered tests and "
+                        "run plans on symbols (runs the contract's code: only for code you trust)")
+    _verbosity_options(p)
 
 
-@command("validate", "check contracts against the schema and resolve every reference")
+def _verbosity_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-q", "--quiet", action="count", default=0, help="less output: only failures and the summary")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="more output: full reasons and the traceback of errored items")
+
+
+@command("validate", "check contracts against the schema and their semantics (imports nothing unless --import)")
 @_configure(_validate_options)
 def _validate(args: argparse.Namespace) -> int:
     from obligations.contract import load_contracts
 
-    loaded = load_contracts(args.paths, search_path=args.search_path)
+    loaded = load_contracts(args.paths, search_path=args.search_path, imports=args.imports)
     diags = loaded.diagnostics
     _print_diagnostics(diags)
     n = len(loaded.files)
     if diags:
         print(f"{len(diags)} problem(s) in {n} contract file(s)", file=sys.stderr)
         return EXIT_INVALID
-    print(f"{n} contract file(s) valid")
+    if n == 0:
+        print(f"kc: no contract found in {', '.join(map(str, args.paths))}", file=sys.stderr)
+        return EXIT_NO_CONTRACTS
+    if args.quiet < 1:
+        print(f"{n} contract file(s) valid")
+        if args.verbose and not args.imports:
+            print("(schema and semantics; nothing imported: --import also resolves modules, plans and tests)")
     return EXIT_OK
 
 
@@ -141,28 +118,124 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _check_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("paths", nargs="*", default=[DEFAULT_CONTRACTS])
+    _paths_argument(p)
     p.add_argument("--device", choices=["auto", "host", "cuda"], default="auto",
                    help="auto: cuda when a working GPU is present, else host; cuda without one exits 2")
-    p.add_argument("--json", metavar="FILE", help="write the JSON result here")
+    p.add_argument("--json", metavar="FILE", help="write the JSON result here (atomically; '-' for stdout)")
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML (one testcase per item)")
     p.add_argument("--sarif", metavar="FILE", help="write SARIF 2.1.0")
-    p.add_argument("--strict", action="store_true", help="also fail on unknown or skipped items")
+    p.add_argument("--strict", action="store_true", default=False,
+                   help="also fail on unknown or skipped items")
     p.add_argument("--only", nargs="+", action="extend", metavar="ID",
-                   help="check only these item ids or shell globs (RED-FOLD-*); repeatable")
+                   help="check only these item ids or shell globs (RED-FOLD-*); repeatable; an id that matches "
+                        "no item is an error")
     p.add_argument("--profile", choices=["quick", "full"], default=None,
-                   help="falsification budget (default: quick on host, full on cuda)")
-    p.add_argument("--seed", type=int, default=0)
+                   help="falsification budget and item time limit (default: quick on host, full on cuda)")
+    p.add_argument("--seed", type=int, default=None, help="seed of every randomised check (default 0)")
+    p.add_argument("--log", metavar="FILE", default=None,
+                   help="results log: one JSON line per finished item, flushed as it completes")
+    p.add_argument("--resume", metavar="LOG", default=None,
+                   help="continue the run of this results log: its finished items are not run again")
+    p.add_argument("--item-timeout", metavar="SECONDS", type=float, default=None,
+                   help="time limit of every item (overrides the item's timeout_s and the profile's; 0: none)")
+    p.add_argument("--isolate", choices=["auto", "process", "none"], default="auto",
+                   help="run items in a worker process replaced after a timeout or a fault (auto: on cuda)")
+    p.add_argument("-x", "--exitfirst", dest="maxfail", action="store_const", const=1,
+                   help="stop after the first violated or errored item")
+    p.add_argument("--maxfail", type=int, metavar="N", dest="maxfail", default=None,
+                   help="stop after N violated or errored items")
+    p.add_argument("--durations", type=int, metavar="N", default=None,
+                   help="print the N slowest items (0: all)")
+    _verbosity_options(p)
     _search_path_option(p)
+
+
+def _split_only(args: argparse.Namespace) -> None:
+    """``--only ID path``: values that name existing files or directories are paths, not ids."""
+    if not args.only:
+        return
+    ids = []
+    moved = []
+    for value in args.only:
+        if Path(value).exists() or value.endswith((".yaml", ".yml")):
+            moved.append(value)
+        else:
+            ids.append(value)
+    if moved:
+        args.paths = (args.paths if args.paths_given else []) + moved
+        args.paths_given = True
+    args.only = ids
+
+
+def _unknown_only(only: list[str], contracts: Any) -> list[str]:
+    """One message per ``--only`` pattern that selects no item, with the closest id."""
+    from obligations.check import selected
+    from obligations.contract import did_you_mean
+
+    ids = [it["id"] for c in contracts for it in c.items]
+    return [f"--only {p}: no item with this id{did_you_mean(p, ids)}" for p in only
+            if not any(selected(i, [p]) for i in ids)]
+
+
+def _check_outputs(args: argparse.Namespace) -> list[str]:
+    from obligations.atomic import OutputPathError, check_writable
+
+    problems = []
+    for flag in ("json", "junit", "sarif", "log"):
+        path = getattr(args, flag, None)
+        if path:
+            try:
+                check_writable(path)
+            except OutputPathError as e:
+                problems.append(f"--{flag} {e}")
+    return problems
+
+
+def _resume_settings(args: argparse.Namespace) -> tuple[Any, list[str]]:
+    """The log to resume and any flag that contradicts its settings."""
+    from obligations.runlog import RESUMED_SETTINGS, read_log
+
+    resumed = read_log(args.resume)
+    problems = []
+    for key in RESUMED_SETTINGS:
+        logged = resumed.settings.get(key)
+        given = getattr(args, key, None)
+        if key == "device" and given == "auto":
+            given = None
+        if key == "strict" and not given:
+            given = None
+        if given is not None and given != logged:
+            problems.append(f"--resume {args.resume}: the log ran with {key} {logged!r}, not {given!r}")
+        setattr(args, key, logged)
+    if not args.paths_given and resumed.settings.get("paths"):
+        args.paths = resumed.settings["paths"]
+    return resumed, problems
 
 
 @command("check", "check contracts: proofs, enumeration, falsification; exit 1 if anything is refuted")
 @_configure(_check_options)
 def _check(args: argparse.Namespace) -> int:
-    from obligations.check import check_paths
+    from obligations.check import RunOptions, check_paths
+    from obligations.console import Reporter
     from obligations.contract import load_contracts
     from obligations.core.device import device_info
+    from obligations.runlog import LogError, RunLog
 
+    _split_only(args)
+    resumed = None
+    problems = _check_outputs(args)
+    if args.resume:
+        try:
+            resumed, more = _resume_settings(args)
+        except LogError as e:
+            problems.append(str(e))
+        else:
+            problems.extend(more)
+    if problems:
+        for msg in problems:
+            print(f"kc: error: {msg}", file=sys.stderr)
+        return EXIT_INVALID
+    seed = args.seed if args.seed is not None else 0
     device = _resolve_device(args.device)
     if device is None:
         return EXIT_INVALID
@@ -170,33 +243,86 @@ def _check(args: argparse.Namespace) -> int:
     if loaded.diagnostics:
         _print_diagnostics(loaded.diagnostics)
         return EXIT_INVALID
+    if not loaded.contracts:
+        print(f"kc: no contract collected from {', '.join(map(str, args.paths))} (exit {EXIT_NO_CONTRACTS})",
+              file=sys.stderr)
+        return EXIT_NO_CONTRACTS
+    unknown = _unknown_only(args.only or [], loaded.contracts)
+    if unknown:
+        for msg in unknown:
+            print(f"kc: error: {msg}", file=sys.stderr)
+        return EXIT_INVALID
     profile = args.profile or ("full" if device == "cuda" else "quick")
-    print(f"kc {__version__}: device {device}, profile {profile}, seed {args.seed}")
-    result = check_paths(loaded.contracts, device=device, device_info=device_info(device), only=args.only,
-                         profile=profile, seed=args.seed, strict=args.strict, progress=_Progress(),
-                         argv=["kc", *sys.argv[1:]])
+    out = sys.stderr if args.json == "-" else sys.stdout
+    verbosity = args.verbose - args.quiet
+    if verbosity >= 0:
+        print(f"kc {__version__}: device {device}, profile {profile}, seed {seed}", file=out)
+    settings = {"device": device, "profile": profile, "seed": seed, "only": args.only or None,
+                "strict": bool(args.strict), "paths": [str(p) for p in args.paths]}
+    log_path = args.resume or args.log
+    log = RunLog(Path(log_path), settings, append=bool(args.resume)) if log_path else None
+    options = RunOptions(item_timeout=args.item_timeout, isolate=args.isolate, maxfail=args.maxfail,
+                         done=resumed.done if resumed else {}, log=log.record if log else None)
+    total = sum(1 for c in loaded.contracts for it in c.items if not args.only or _selected(it["id"], args.only))
+    reporter = Reporter(out, verbosity, total)
+    try:
+        result = check_paths(loaded.contracts, device=device, device_info=device_info(device), only=args.only,
+                             profile=profile, seed=seed, strict=args.strict, progress=reporter,
+                             argv=["kc", *sys.argv[1:]], options=options)
+    finally:
+        reporter.close()
+        if log:
+            log.close()
     if result.get("interrupted"):
         _write_outputs(args, result)
         print("kc: interrupted; the result holds the items checked so far" +
-              (f" ({args.json})" if args.json else ""), file=sys.stderr)
+              (f" ({args.json})" if args.json else "") + (f"; resume with kc check --resume {log_path}"
+                                                          if log_path else ""), file=sys.stderr)
         return result["exit_code"]
-    if args.only and not result["contracts"]:
-        print(f"kc: error: no item with id {', '.join(args.only)}", file=sys.stderr)
-        return EXIT_INVALID
+    if log:
+        log_end(log_path, result["exit_code"])
     _write_outputs(args, result)
+    if args.durations is not None:
+        _print_durations(result, args.durations, out)
     s = result["summary"]
-    total = sum(s.values())
-    parts = ", ".join(f"{v} {k}" for k, v in s.items() if v)
-    print(f"{total} items: {parts}")
+    total = sum(v for k, v in s.items() if k != "unchecked_entry_points")
+    parts = ", ".join(f"{v} {k}" for k, v in s.items() if v and k != "unchecked_entry_points")
+    tail = f" ({result['stopped']})" if result.get("stopped") else ""
+    print(f"{total} items: {parts}{tail}", file=out)
     return result["exit_code"]
 
 
+def _selected(item_id: str, only: list[str]) -> bool:
+    from obligations.check import selected
+
+    return selected(item_id, only)
+
+
+def log_end(path: str, exit_code: int) -> None:
+    """Append the end line to a results log."""
+    from obligations.runlog import RunLog
+
+    RunLog(Path(path), {}, append=True).close(exit_code)
+
+
+def _print_durations(result: dict[str, Any], n: int, out: Any) -> None:
+    items = sorted(((it["seconds"], c["id"], it["id"]) for c in result["contracts"] for it in c["items"]),
+                   reverse=True)
+    shown = items if n == 0 else items[:n]
+    print(f"slowest {len(shown)} item(s):", file=out)
+    for seconds, cid, iid in shown:
+        print(f"  {seconds:8.2f}s  {cid}::{iid}", file=out)
+
+
 def _write_outputs(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    from obligations.atomic import write_text_atomic
     from obligations.check import result_json
 
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(result_json(result), encoding="utf-8")
+    if args.json == "-":
+        sys.stdout.write(result_json(result))
+        sys.stdout.flush()
+    elif args.json:
+        write_text_atomic(args.json, result_json(result))
     from obligations import ci_outputs
 
     if args.junit:
@@ -416,30 +542,51 @@ import obligations.graph_cli  # noqa: E402,F401  (registers `kc graph`)
 # -- entry point --------------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every registered subcommand."""
-    parser = argparse.ArgumentParser(prog="kc", description="kernel-contracts: checkable claims about GPU kernels")
+def build_parser(config: Any = None) -> argparse.ArgumentParser:
+    """The argument parser with every registered subcommand (defaults from ``[tool.kc]`` when given)."""
+    from obligations.config import defaults_for
+
+    parser = argparse.ArgumentParser(prog="kc", description="kernel-contracts: checkable claims about GPU kernels",
+                                     epilog="exit codes: 0 ok, 1 violated/errored, 2 invalid contract or usage, "
+                                            "3 internal error, 5 no contract collected, 130 interrupted")
     parser.add_argument("--version", action="version", version=f"kc {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (configure, run) in COMMANDS.items():
-        p = sub.add_parser(name, help=getattr(run, "help_text", ""))
+        p = sub.add_parser(name, help=getattr(run, "help_text", ""), description=getattr(run, "help_text", ""))
         configure(p)
         p.set_defaults(run=run)
+        if config is not None:
+            p.set_defaults(**{k: v for k, v in defaults_for(name, config).items() if k != "paths"})
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``kc``; returns the exit code (see module docstring)."""
-    parser = build_parser()
+    from obligations.config import ConfigError, find_config
+
+    try:
+        config = find_config()
+    except ConfigError as e:
+        print(f"kc: error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    parser = build_parser(config)
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on usage errors, 0 on --help
         return int(e.code or 0)
+    if hasattr(args, "paths") and isinstance(getattr(args, "paths", None), list | type(None)):
+        args.paths_given = bool(args.paths)
+        if not args.paths:
+            args.paths = list(config.values.get("contracts") or [DEFAULT_CONTRACTS])
     try:
         return args.run(args)
     except KeyboardInterrupt:  # outside `kc check`'s items (which write a partial result): stop, not a bug
         print("kc: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `kc check | head`: the reader went away; a user's choice, not a kc bug
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_INVALID
     except Exception:
         traceback.print_exc()
         print("kc: internal error (a bug in kernel-contracts; please report it with the traceback)",

@@ -6,10 +6,13 @@ Every problem is a :class:`Diagnostic` with file, line and column, printed by ``
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import inspect
 import json
+import os
+import re
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -46,6 +49,8 @@ __all__ = [
     "CODE_ROLES",
     "resolve_code",
     "semantic_check",
+    "did_you_mean",
+    "add_project_root",
 ]
 
 # Quantities every plan offers the checker besides its own: the conjunction of its side-conditions.
@@ -297,11 +302,12 @@ def _yaml_kind(node: Any) -> str:
     return f"value tagged {tag}" if isinstance(tag, str) else _YAML_KINDS.get(type(node).__name__, type(node).__name__)
 
 
-def load_contract(path: str | Path, *, check: bool = True, known_ids: set[str] | None = None) -> Contract:
+def load_contract(path: str | Path, *, check: bool = True, known_ids: set[str] | None = None,
+                  imports: bool = True) -> Contract:
     """Load one contract; with ``check`` raise ContractError listing every problem found."""
     contract = parse_contract(path)
     if check:
-        problems = list(_diagnose(contract, known_ids))
+        problems = list(_diagnose(contract, known_ids, imports))
         if problems:
             raise ContractError(problems)
     return contract
@@ -330,12 +336,37 @@ def parse_contract(path: str | Path) -> Contract:
     )
 
 
+# A YAML file found by a directory scan is a contract when it has one of these top-level keys.
+_CONTRACT_KEY = re.compile(rb"^(qa_gate|kernels)[ \t]*:", re.M)
+_SKIPPED_DIRS = frozenset({"node_modules", "__pycache__", "site-packages", "build", "dist"})
+
+
+def _scan(directory: Path) -> list[Path]:
+    """Contracts under ``directory``, recursively (hidden and build directories and virtualenvs skipped)."""
+    found = []
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIPPED_DIRS
+                         and not (Path(root) / d / "pyvenv.cfg").exists())
+        for name in sorted(files):
+            q = Path(root) / name
+            if q.suffix in (".yaml", ".yml") and not name.startswith("."):
+                try:
+                    with open(q, "rb") as fh:
+                        head = fh.read(MAX_FILE_BYTES)
+                except OSError:
+                    head = b"kernels:"  # unreadable: let parse_contract report it at its path
+                if _CONTRACT_KEY.search(head):
+                    found.append(q)
+    return sorted(found)
+
+
 def contract_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Expand directories to their ``*.yaml``/``*.yml`` contracts (sorted); keep files as given; no repeats."""
+    """Expand directories recursively to their contracts (YAML with a top-level ``qa_gate:`` or ``kernels:``,
+    sorted); keep files as given; no repeats."""
     out: list[Path] = []
     seen: set[Path] = set()
     for p in map(Path, paths):
-        found = sorted(q for q in p.iterdir() if q.suffix in (".yaml", ".yml") and q.is_file()) if p.is_dir() else [p]
+        found = _scan(p) if p.is_dir() else [p]
         for q in found:
             if q.resolve() not in seen:
                 seen.add(q.resolve())
@@ -352,7 +383,8 @@ class Loaded:
     files: tuple[Path, ...]
 
 
-def load_contracts(paths: Iterable[str | Path], *, search_path: Iterable[str | Path] = ()) -> Loaded:
+def load_contracts(paths: Iterable[str | Path], *, search_path: Iterable[str | Path] = (),
+                   imports: bool = True) -> Loaded:
     """Parse and validate every named contract once (directories expanded).
 
     ``depends_on`` resolves among the named contracts and those in ``search_path`` (directories or files,
@@ -379,7 +411,7 @@ def load_contracts(paths: Iterable[str | Path], *, search_path: Iterable[str | P
     known = {c.data["id"] for c in (*parsed, *others) if isinstance(c.data.get("id"), str)}
     valid = []
     for c in parsed:
-        found = list(_diagnose(c, known))
+        found = list(_diagnose(c, known, imports))
         problems.extend(found)
         if not found:
             valid.append(c)
@@ -387,9 +419,10 @@ def load_contracts(paths: Iterable[str | Path], *, search_path: Iterable[str | P
     return Loaded(tuple(parsed), tuple(problems), tuple(files))
 
 
-def validate_paths(paths: Iterable[str | Path], *, search_path: Iterable[str | Path] = ()) -> list[Diagnostic]:
+def validate_paths(paths: Iterable[str | Path], *, search_path: Iterable[str | Path] = (),
+                   imports: bool = True) -> list[Diagnostic]:
     """Every problem in the named contracts (see :func:`load_contracts`)."""
-    return list(load_contracts(paths, search_path=search_path).diagnostics)
+    return list(load_contracts(paths, search_path=search_path, imports=imports).diagnostics)
 
 
 def _duplicate_contract_ids(contracts: list[Contract]) -> Iterator[Diagnostic]:
@@ -439,12 +472,20 @@ def _path_to(graph: dict[str, list[str]], start: str, goal: str) -> list[str] | 
 
 _SCHEMA: dict[str, Any] | None = None
 _CHECKS: list[Callable[[Contract, set[str] | None], Iterator[Diagnostic]]] = []
+_IMPORTING: set[str] = set()  # names of checks that import or call project code (skipped without imports)
 
 
-def semantic_check(fn: Callable[[Contract, set[str] | None], Iterator[Diagnostic]]) -> Callable:
-    """Register a semantic check run on every schema-valid contract."""
-    _CHECKS.append(fn)
-    return fn
+def semantic_check(fn: Callable[[Contract, set[str] | None], Iterator[Diagnostic]] | None = None, *,
+                   imports: bool = False) -> Callable:
+    """Register a semantic check run on every schema-valid contract (``imports``: it imports project code)."""
+
+    def register(f: Callable[[Contract, set[str] | None], Iterator[Diagnostic]]) -> Callable:
+        _CHECKS.append(f)
+        if imports:
+            _IMPORTING.add(f.__name__)
+        return f
+
+    return register(fn) if fn is not None else register
 
 
 def _schema() -> dict[str, Any]:
@@ -462,15 +503,22 @@ _Validator = jsonschema.validators.extend(
 )
 
 
-def _diagnose(c: Contract, known_ids: set[str] | None) -> Iterator[Diagnostic]:
+def _diagnose(c: Contract, known_ids: set[str] | None, imports: bool = True) -> Iterator[Diagnostic]:
     validator = _Validator(_schema())
     schema_errors = sorted(validator.iter_errors(c.data), key=lambda e: list(map(str, e.absolute_path)))
     for err in schema_errors:
         yield _schema_diagnostic(c, err)
     if schema_errors:
         return
+    if imports:
+        add_project_root(c.path)
     for check in _CHECKS:
-        yield from check(c, known_ids)
+        if imports and check.__name__ == "_code_names":
+            continue  # _dotted_paths and _test_modules say the same after resolving
+        if imports or check.__name__ not in _IMPORTING:
+            yield from check(c, known_ids)
+        elif check.__name__ == "_expressions":
+            yield from _expressions_syntax(c)
 
 
 def _schema_diagnostic(c: Contract, err: jsonschema.ValidationError) -> Diagnostic:
@@ -478,13 +526,36 @@ def _schema_diagnostic(c: Contract, err: jsonschema.ValidationError) -> Diagnost
     if err.validator == "additionalProperties":
         extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
         where = c.position(path + [extra[0]]) if extra else c.position(path)
-        return Diagnostic(c.path, *where, f"unknown key {extra[0]!r}" if extra else err.message)
+        hint = did_you_mean(extra[0], err.schema.get("properties", {})) if extra else ""
+        return Diagnostic(c.path, *where, f"unknown key {extra[0]!r}{hint}" if extra else err.message)
     if err.validator == "oneOf":
         msg = f"{'.'.join(map(str, path))}: {_short(err.instance)} matches none of the allowed forms"
         return Diagnostic(c.path, *c.position(path, value=True), msg)
     label = ".".join(map(str, path)) or "contract"
     message = err.message if len(err.message) <= 200 else err.message[:197] + "..."
     return Diagnostic(c.path, *c.position(path, value=bool(path)), f"{label}: {message}")
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest of ``choices`` to ``word``, or ``""``."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def add_project_root(contract_path: str | Path) -> Path | None:
+    """Put the checked project's root on ``sys.path`` (as pytest's rootdir), so its test modules import.
+
+    The root is the nearest directory above the contract holding ``pyproject.toml``, ``setup.cfg`` or
+    ``.git``; without one, the contract's parent directory when it is a ``contracts`` folder, else its own.
+    """
+    here = Path(contract_path).resolve().parent
+    root = next((d for d in (here, *here.parents)
+                 if any((d / m).exists() for m in ("pyproject.toml", "setup.cfg", ".git"))), None)
+    if root is None:
+        root = here.parent if here.name == "contracts" else here
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return root
 
 
 def _short(v: Any) -> str:
@@ -583,7 +654,7 @@ def resolve_code(dotted: str, role: str = "plan") -> Any:
     return obj
 
 
-@semantic_check
+@semantic_check(imports=True)
 def _dotted_paths(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
     for name, k in c.data["kernels"].items():
         for role in CODE_ROLES:
@@ -592,6 +663,21 @@ def _dotted_paths(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
                     resolve_code(k[role], role)
                 except plans.ResolveError as e:
                     yield _d(c, ("kernels", name, role), str(e), True)
+
+
+@semantic_check
+def _code_names(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
+    """Without imports: standard-library modules are refused by name (with imports, _dotted_paths says so)."""
+    for name, k in c.data["kernels"].items():
+        for role in CODE_ROLES:
+            module = str(k.get(role, "")).partition(":")[0]
+            if role in k and _standard_library(module):
+                yield _d(c, ("kernels", name, role), f"{k[role]}: module {module!r} is Python's standard library; "
+                         f"a kernel's {role} must be project code", True)
+    for idx, name in enumerate(c.data.get("test_modules") or []):
+        if _standard_library(name):
+            yield _d(c, ("test_modules", idx), f"test module {name!r} is Python's standard library, not a test "
+                     "module", True)
 
 
 def import_test_modules(c: Contract) -> list[tuple[int, str]]:
@@ -612,7 +698,7 @@ def import_test_modules(c: Contract) -> list[tuple[int, str]]:
     return failures
 
 
-@semantic_check
+@semantic_check(imports=True)
 def _test_modules(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
     # Registered before _methods: the tests an item names exist once these modules are imported.
     for idx, msg in import_test_modules(c):
@@ -636,7 +722,7 @@ def _symbols(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
             yield _d(c, ("symbols", name), "min is greater than max")
 
 
-@semantic_check
+@semantic_check(imports=True)
 def _methods(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
     from falsification.registry import get_test
 
@@ -657,7 +743,7 @@ def _methods(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
             yield _d(c, (key, idx), "this contract has several kernels: name the item's 'kernel'")
 
 
-@semantic_check
+@semantic_check(imports=True)
 def _expressions(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
     for key, idx, item in _sections(c):
         names = set(c.symbols)
@@ -711,6 +797,18 @@ def _expressions(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
                         exprlang.parse(part)
                     except exprlang.ExprError as err:
                         yield Diagnostic(c.path, *c.expression_position(path, err.col, part), err.message)
+
+
+def _expressions_syntax(c: Contract) -> Iterator[Diagnostic]:
+    """Without imports: every statement parses (names are checked against the plan only with imports)."""
+    for key, idx, item in _sections(c):
+        for field_name in ("given", "prove"):
+            if field_name in item:
+                try:
+                    exprlang.parse(item[field_name])
+                except exprlang.ExprError as err:
+                    yield Diagnostic(c.path, *c.expression_position((key, idx, field_name), err.col,
+                                                                    item[field_name]), err.message)
 
 
 def _find_name(source: str, name: str) -> int:

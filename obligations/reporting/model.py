@@ -155,9 +155,8 @@ def _proved(item: Mapping[str, Any]) -> str:
     solver = str(ev.get("solver") or ev.get("prover") or item.get("method") or "a solver")
     assumptions = ev.get("assumptions") or []
     if assumptions:
-        return f"Proved by {solver} under {len(assumptions)} assumption(s): " + "; ".join(
-            map(str, assumptions)
-        )
+        # The assumptions themselves are listed once, in the evidence table.
+        return f"Proved by {solver} under {len(assumptions)} assumption(s) (listed under Assumptions)"
     return f"Proved by {solver} with no assumptions beyond the contract's domain"
 
 

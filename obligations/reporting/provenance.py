@@ -25,7 +25,44 @@ __all__ = [
     "read_stamp",
     "current_tool_version",
     "check_reports",
+    "evidence_level",
+    "poorer",
+    "report_evidence",
 ]
+
+# How rich a result's evidence is, per dimension: a GPU run beats a host run, the full profile the quick one.
+EVIDENCE_RANKS: dict[str, dict[str, int]] = {"device": {"host": 0, "cuda": 1}, "profile": {"quick": 0, "full": 1}}
+
+
+def evidence_level(result: Mapping[str, Any]) -> dict[str, str | None]:
+    """The evidence level of a check result: the device kind it ran on and its profile."""
+    prov = result.get("provenance") or {}
+    device = (prov.get("device") or {}).get("kind")
+    profile = prov.get("profile") or ({"cuda": "full", "host": "quick"}.get(device) if device else None)
+    return {"device": device, "profile": profile}
+
+
+def poorer(new: Mapping[str, Any] | None, old: Mapping[str, Any] | None) -> list[str]:
+    """The dimensions in which evidence ``new`` is poorer than ``old`` (e.g. ``["device host < cuda"]``)."""
+    out = []
+    for dim, ranks in EVIDENCE_RANKS.items():
+        a, b = (new or {}).get(dim), (old or {}).get(dim)
+        if a in ranks and b in ranks and ranks[a] < ranks[b]:
+            out.append(f"{dim} {a} < {b}")
+    return out
+
+
+def report_evidence(reports_dir: str | Path) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """Contract id -> (report, evidence level) of every stamped report in ``reports_dir``."""
+    found: dict[str, tuple[Path, dict[str, Any]]] = {}
+    d = Path(reports_dir)
+    if not d.is_dir():
+        return found
+    for report in sorted(p for p in d.iterdir() if p.suffix in (".md", ".html") and p.is_file()):
+        stamp = read_stamp(report.read_text(encoding="utf-8", errors="replace"))
+        if stamp is not None and stamp.evidence and len(stamp.contracts) == 1:
+            found.setdefault(stamp.contracts[0].contract, (report, dict(stamp.evidence)))
+    return found
 
 STAMP_FORMAT = 1
 _STAMP_RE = re.compile(r"<!--\s*kc-report\s+(\{.*?\})\s*-->")
@@ -49,10 +86,11 @@ class ReportStamp:
     contracts: tuple[ContractRef, ...]
     commit: str | None = None
     format: int = STAMP_FORMAT
+    evidence: Mapping[str, Any] | None = None  # {"device": "cuda", "profile": "full"}: what the report rests on
 
     def to_json(self) -> dict[str, Any]:
         """The stamp as a JSON object (the payload of the comment line)."""
-        return {
+        out = {
             "format": self.format,
             "tool_version": self.tool_version,
             "commit": self.commit,
@@ -60,6 +98,9 @@ class ReportStamp:
                 {"contract": c.contract, "path": c.path, "sha256": c.sha256} for c in self.contracts
             ],
         }
+        if self.evidence is not None:
+            out["evidence"] = dict(self.evidence)
+        return out
 
 
 def stamp_line(stamp: ReportStamp) -> str:
@@ -77,7 +118,8 @@ def read_stamp(text: str) -> ReportStamp | None:
         refs = tuple(
             ContractRef(str(c["contract"]), str(c["path"]), str(c["sha256"])) for c in data["contracts"]
         )
-        return ReportStamp(str(data["tool_version"]), refs, data.get("commit"), int(data.get("format", 0)))
+        evidence = data.get("evidence") if isinstance(data.get("evidence"), dict) else None
+        return ReportStamp(str(data["tool_version"]), refs, data.get("commit"), int(data.get("format", 0)), evidence)
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -142,6 +184,27 @@ def _locate(ref: ContractRef, contracts_dir: Path, ids: Mapping[str, Path]) -> P
     return ids.get(ref.contract)
 
 
+def _evidence_problems(reports: Path) -> list[str]:
+    """Reports resting on poorer evidence than the result kept beside them (reports/result.json)."""
+    source = reports / "result.json"
+    if not source.is_file():
+        return []
+    try:
+        level = evidence_level(json.loads(source.read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return [f"{source}: not a readable check result"]
+    problems = []
+    for report, ev in report_evidence(reports).values():
+        if ev != level:
+            problems.append(f"{report}: rests on evidence {_level_text(ev)}, but {source} holds "
+                            f"{_level_text(level)}; regenerate with `kc report --from {source}`")
+    return problems
+
+
+def _level_text(ev: Mapping[str, Any]) -> str:
+    return f"device {ev.get('device')}, profile {ev.get('profile')}"
+
+
 def check_reports(
     reports_dir: str | Path,
     contracts_dir: str | Path,
@@ -163,6 +226,7 @@ def check_reports(
         return [f"{contracts}: no contracts directory"]
     ids = _contract_ids(contracts)
     problems: list[str] = []
+    problems.extend(_evidence_problems(reports))
     described: set[str] = set()
     for report in sorted(p for p in reports.iterdir() if p.suffix in (".md", ".html") and p.is_file()):
         text = report.read_text(encoding="utf-8", errors="replace")

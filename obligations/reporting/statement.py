@@ -55,6 +55,31 @@ def _keep_underscores(expr: Any) -> Any:
     return expr.xreplace(swap) if swap else expr
 
 
+# The parser's helper functions, printed as readers know them (C's truncating division and remainder).
+_READABLE: dict[str, Any] = {
+    "tdiv": lambda sympy, a, b: sympy.Function("trunc")(sympy.Mul(a, sympy.Pow(b, -1, evaluate=False),
+                                                                  evaluate=False)),
+    "trem": lambda sympy, a, b: sympy.Function("rem")(a, b),
+    "tmod": lambda sympy, a, b: sympy.Function("rem")(a, b),
+}
+# Printer output that would show sympy's internals rather than mathematics: such a form is dropped.
+_INTERNALS = ("piecewise", "tdiv", "trem", "tmod")
+
+
+def _readable(expr: Any) -> Any:
+    import sympy
+
+    def swap(e: Any) -> Any:
+        name = getattr(getattr(e, "func", None), "__name__", "")
+        return _READABLE[name](sympy, *e.args) if name in _READABLE and len(e.args) == 2 else e
+
+    return expr.replace(lambda e: getattr(getattr(e, "func", None), "__name__", "") in _READABLE, swap)
+
+
+def _clean(form: str | None) -> str | None:
+    return None if form is None or any(w in form.lower() for w in _INTERNALS) else form
+
+
 def render_statement(text: str) -> RenderedStatement:
     """Parse ``text`` with ``obligations.expr.parse`` and print it; never raises, never evaluates text."""
     try:
@@ -65,11 +90,12 @@ def render_statement(text: str) -> RenderedStatement:
         import sympy
         from sympy.printing.mathml import mathml
 
+        expr = _readable(expr)
         return RenderedStatement(
             text=text,
             latex=sympy.latex(expr, mul_symbol="dot", symbol_names=_long_names(expr)),
-            unicode=sympy.pretty(expr, use_unicode=True),
-            mathml=mathml(_keep_underscores(expr), printer="presentation", mul_symbol="dot"),
+            unicode=_clean(sympy.pretty(expr, use_unicode=True)),
+            mathml=_clean(mathml(_keep_underscores(expr), printer="presentation", mul_symbol="dot")),
         )
     except Exception as exc:  # a printer failure is a reporting problem, not the contract's
         return RenderedStatement(text=text, error=f"{type(exc).__name__}: {exc}")

@@ -10,7 +10,7 @@ from typing import Any
 from obligations.reporting.evidence import Fact, evidence_facts
 from obligations.reporting.model import StatusStyle, claim_label, describe_claim, status_style
 from obligations.reporting.plots import PlotKind, plots_for
-from obligations.reporting.provenance import ContractRef, ReportStamp, current_tool_version
+from obligations.reporting.provenance import ContractRef, ReportStamp, current_tool_version, evidence_level
 from obligations.reporting.statement import RenderedStatement, render_statement
 
 __all__ = ["coverage_facts", "qa_gate_facts", "ItemView", "item_view", "provenance_facts", "report_stamp",
@@ -136,7 +136,8 @@ def provenance_facts(result: Mapping[str, Any], contract: Mapping[str, Any] | No
 def report_stamp(result: Mapping[str, Any], contracts: list[Mapping[str, Any]]) -> ReportStamp:
     """The provenance stamp of a report describing ``contracts`` of ``result``."""
     refs = tuple(ContractRef(str(c["id"]), str(c["path"]), str(c["sha256"])) for c in contracts)
-    return ReportStamp(current_tool_version(), refs, (result.get("provenance") or {}).get("commit"))
+    return ReportStamp(current_tool_version(), refs, (result.get("provenance") or {}).get("commit"),
+                       evidence=evidence_level(result))
 
 
 def qa_gate_facts(contract: Mapping[str, Any]) -> list[Fact]:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from obligations.atomic import write_bytes_atomic, write_text_atomic
 from obligations.reporting.html import render_contract_html
 from obligations.reporting.markdown import render_contract_markdown, render_index_markdown
 from obligations.reporting.model import validate_result
@@ -53,17 +54,17 @@ def write_reports(
                         continue
                     rel = Path("plots") / _safe(cid) / f"{_safe(str(item['id']))}-{kind.name}.png"
                     (out / rel).parent.mkdir(parents=True, exist_ok=True)
-                    (out / rel).write_bytes(png)
+                    write_bytes_atomic(out / rel, png)
                     written.append(out / rel)
                     images[(str(item["id"]), kind.name)] = png
                     files[(str(item["id"]), kind.name)] = rel.as_posix()
         md_path, html_path = report_paths(out, cid)
-        md_path.write_text(render_contract_markdown(result, contract, plot_files=files), encoding="utf-8")
+        write_text_atomic(md_path, render_contract_markdown(result, contract, plot_files=files))
         written.append(md_path)
         if html:
-            html_path.write_text(render_contract_html(result, contract, plot_images=images), encoding="utf-8")
+            write_text_atomic(html_path, render_contract_html(result, contract, plot_images=images))
             written.append(html_path)
     index = out / "index.md"
-    index.write_text(render_index_markdown(result, html=html), encoding="utf-8")
+    write_text_atomic(index, render_index_markdown(result, html=html))
     written.append(index)
     return written

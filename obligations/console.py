@@ -1,0 +1,136 @@
+"""Terminal output of ``kc``: colour only on a TTY (``NO_COLOR`` honoured), verbosity, progress bars.
+
+On a terminal, long work shows a ``rich`` progress bar (when rich is installed); otherwise plain lines,
+one per finished item, so logs and pipes stay readable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, TextIO
+
+__all__ = ["colour_enabled", "paint", "Reporter", "readable_counterexample", "progress_bar"]
+
+_STATUS_COLOURS = {"proved": "32", "exhausted": "32", "passed": "32", "violated": "31", "error": "31",
+                   "unknown": "33", "skipped": "90"}
+
+
+def colour_enabled(stream: TextIO) -> bool:
+    """True when ``stream`` is a terminal and ``NO_COLOR`` is unset (https://no-color.org)."""
+    return bool(getattr(stream, "isatty", lambda: False)()) and not os.environ.get("NO_COLOR")
+
+
+def paint(text: str, status: str, enabled: bool) -> str:
+    """``text`` in the colour of ``status`` when ``enabled``."""
+    return f"\x1b[{_STATUS_COLOURS.get(status, '0')}m{text}\x1b[0m" if enabled else text
+
+
+def _scalar(v: Any) -> str:
+    if isinstance(v, list) and len(v) > 8:
+        return "[" + ", ".join(map(_scalar, v[:8])) + f", ... ({len(v)} values)]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_scalar(x)}" for k, x in v.items()) + "}"
+    return json.dumps(v, default=str) if not isinstance(v, str) else v
+
+
+def readable_counterexample(cex: dict[str, Any], width: int = 100) -> list[str]:
+    """A counterexample as ``name = value`` lines (symbols first), long values shortened, never cut JSON."""
+    symbols = cex.get("symbols") if isinstance(cex.get("symbols"), dict) else None
+    lines = []
+    if symbols:
+        lines.append(", ".join(f"{k} = {_scalar(v)}" for k, v in symbols.items()))
+    for k, v in cex.items():
+        if k == "symbols" and symbols:
+            continue
+        text = _scalar(v)
+        lines.append(f"{k}: {text if len(text) <= width else text[: width - 3] + '...'}")
+    return lines
+
+
+def progress_bar(total: int, description: str, stream: TextIO | None = None) -> Any:
+    """A rich progress bar on a terminal, else None (the caller prints plain lines)."""
+    stream = stream if stream is not None else sys.stdout
+    if not getattr(stream, "isatty", lambda: False)():
+        return None
+    try:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    except ImportError:
+        return None
+    console = Console(file=stream, no_color=bool(os.environ.get("NO_COLOR")), highlight=False)
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.fields[current]}"), console=console, transient=True)
+    bar.add_task(description, total=total, current="")
+    return bar
+
+
+class Reporter:
+    """Progress of ``kc check``: per-contract and per-item lines (``-q`` fewer, ``-v`` more), a bar on a TTY."""
+
+    def __init__(self, stream: TextIO | None = None, verbosity: int = 0, total: int = 0):
+        self.stream = stream if stream is not None else sys.stdout
+        self.colour = colour_enabled(self.stream)
+        self.verbosity = verbosity
+        self.bar = progress_bar(total, "checking", self.stream) if total and verbosity >= 0 else None
+        if self.bar is not None:
+            self.bar.start()
+
+    def print(self, line: str = "") -> None:
+        """One line of output, above the bar when there is one."""
+        if self.bar is not None:
+            self.bar.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        """Remove the bar."""
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+    def __call__(self, event: str, data: dict[str, Any] | None) -> None:
+        assert data is not None
+        if event == "contract":
+            if self.verbosity >= 0:
+                self.print(f"{data['id']} {data['version']}  ({data['path']})")
+        elif event == "start":
+            if self.bar is not None:
+                self.bar.update(self.bar.task_ids[0], current=data["id"])
+        elif event == "done":
+            if self.bar is not None:
+                self.bar.advance(self.bar.task_ids[0])
+            self._done(data)
+
+    def _done(self, data: dict[str, Any]) -> None:
+        status = data["status"]
+        failing = status in ("violated", "error")
+        if self.verbosity < 0 and not failing:
+            return
+        line = f"  {status:<10} {data['id']:<24} {data['method']:<9} {data['seconds']:>7.2f}s"
+        detail = data.get("reason") or _evidence_line(data)
+        if detail:
+            line += f"  {detail if self.verbosity > 0 or len(detail) <= 300 else detail[:297] + '...'}"
+        if data.get("resumed"):
+            line += "  (from the results log)"
+        self.print(paint(line, status, self.colour))
+        if status == "violated" and data.get("counterexample"):
+            self.print("             counterexample (minimal, as found):")
+            for text in readable_counterexample(data["counterexample"]):
+                self.print(f"               {text}")
+            self.print(f"             replay: {data['replay']}")
+        if self.verbosity > 0 and status == "error" and (data.get("evidence") or {}).get("traceback"):
+            for text in str(data["evidence"]["traceback"]).rstrip().splitlines():
+                self.print(f"             {text}")
+
+
+def _evidence_line(item: dict[str, Any]) -> str:
+    ev = item.get("evidence") or {}
+    if item["status"] == "proved" and "rlimit_used" in ev:
+        return f"z3 unsat, rlimit {ev['rlimit_used']}/{ev['rlimit']}"
+    if item["status"] == "exhausted":
+        return f"{ev.get('points_in_given', ev.get('points'))} points in the given of {ev.get('points')} enumerated"
+    if item["status"] == "passed":
+        return f"{ev.get('cases')} cases" + (f", seed {ev['seed']}" if "seed" in ev else "")
+    return ""

@@ -59,6 +59,8 @@ __all__ = [
     "BINARY32_COMMON",
     "WARMUP",
     "time_ms",
+    "witness_cases",
+    "regime_counts",
 ]
 
 C = TypeVar("C")
@@ -105,6 +107,10 @@ class Check(Generic[C]):
     case adds to the evidence's ``cases`` (default 1; elementwise counts elements). ``encode``/``decode``
     map a case to and from the integers of a replay; ``describe`` is a case's JSON in a counterexample.
     ``budget_stop``: stop evaluating new draws once the budget's seconds are spent (no failure pending).
+    ``from_witness(values)``: the case a plan regime's witness (plan values) launches, run before the explicit
+    cases; ``regime_of(case)``: the regimes a case selects (counted in ``regimes_reached``).
+    ``alternative(inputs)``: the reference under another evaluation order; the engine counts the cases whose
+    bits it changes (``order_sensitive_cases``), and flags ``order_insensitive`` where none did.
     """
 
     name: str
@@ -125,6 +131,10 @@ class Check(Generic[C]):
     budget_stop: bool = False
     observe: Callable[[Judgement], None] | None = None  # sees every judged case (family statistics)
     unit: str = "cases"  # "elements": the evidence also says elements, batches and elements_per_s
+    from_witness: Callable[[Mapping[str, int]], C] | None = None  # a plan regime's witness values -> a case
+    regime_of: Callable[[C], list[str]] | None = None  # the plan regimes a case selects
+    alternative: Callable[[Any], Any] | None = None  # the reference under another order (order-sensitive inputs)
+    alternative_name: str = ""  # what that other order is, for the evidence
 
 
 @dataclass(frozen=True)
@@ -496,6 +506,8 @@ class _Search(Generic[C]):
     failing: bool = False
     clock: float | None = None
     unsafe: _Disagreement | None = None  # a case whose kernel wrote past its output
+    regimes: dict[str, int] = field(default_factory=dict)  # plan regime -> cases judged in it
+    order_sensitive: int = 0  # cases whose bits the check's alternative order changes
 
     def one(self, case: C) -> None:
         """Judge one case; raise _Disagreement on a failure (Hypothesis then shrinks it)."""
@@ -513,6 +525,11 @@ class _Search(Generic[C]):
             self.clock = time.perf_counter()
         self.cases += check.count(j)
         self.draws += 1
+        if check.regime_of is not None:
+            for name in check.regime_of(case):
+                self.regimes[name] = self.regimes.get(name, 0) + 1
+        if check.alternative is not None and j.raised is None and _order_sensitive(check, j):
+            self.order_sensitive += 1
         if check.observe is not None and j.raised is None:
             check.observe(j)
         if j.max_ulp is not None:
@@ -534,7 +551,40 @@ class _Search(Generic[C]):
                       **self.check.build, **extra)
         if self.check.unit == "elements":
             ev.update(elements=self.cases, batches=self.draws, elements_per_s=rate)
+        if ctx.witnesses or self.check.regime_of is not None:
+            names = list(dict.fromkeys([*ctx.witnesses, *self.regimes]))
+            ev["regimes_reached"] = {r: self.regimes.get(r, 0) for r in names}
+            ev["regimes_unreached"] = [r for r in names if not self.regimes.get(r)]
+        if self.check.alternative is not None:
+            ev.update(order_alternative=self.check.alternative_name, order_sensitive_cases=self.order_sensitive,
+                      order_insensitive=self.order_sensitive == 0)
         return ev
+
+
+def _host_bits(a: Any) -> np.ndarray:
+    a = a.get() if hasattr(a, "get") else np.asarray(a)
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+def _order_sensitive(check: Check, j: Judgement) -> bool:
+    """True when the check's alternative evaluation order gives other bits than the reference on this case."""
+    alt = _expected(check.alternative(j.inputs))
+    for a, e in zip(alt, j.expected, strict=True):
+        if a.bits is None or e.bits is None:
+            continue
+        x, y = _host_bits(a.bits), _host_bits(e.bits)
+        if x.shape != y.shape or not np.array_equal(x, y):
+            return True
+    return False
+
+
+def witness_cases(ctx: FalsifyContext, check: Check[C]) -> tuple[C, ...]:
+    """The check's cases for the context's regime witnesses (plan values per regime), in regime order."""
+    if not ctx.witnesses:
+        return ()
+    if check.from_witness is None:
+        raise ValueError(f"{check.name}: the item names regime witnesses but the check has no from_witness")
+    return tuple(check.from_witness(values) for values in ctx.witnesses.values())
 
 
 def _explore(ctx: FalsifyContext, search: _Search[C]) -> _Disagreement | None:
@@ -542,7 +592,8 @@ def _explore(ctx: FalsifyContext, search: _Search[C]) -> _Disagreement | None:
     check = search.check
     explicit_failure: _Disagreement | None = None
     try:
-        for case in check.explicit:  # explicit cases first; a failure here still lets the search shrink one
+        # regime witnesses, then the explicit cases; a failure here still lets the search shrink one
+        for case in (*witness_cases(ctx, check), *check.explicit):
             search.one(case)
     except _Disagreement as exc:
         explicit_failure = exc
@@ -563,6 +614,10 @@ def run(ctx: FalsifyContext, check: Check[C], extra: Callable[[], Mapping[str, A
     if ctx.replay is not None:
         return _replay_case(ctx, check, ctx.replay)
     search = _Search(check, ctx.budget)
+    try:
+        witness_cases(ctx, check)
+    except ValueError as exc:
+        return error(str(exc), **evidence(ctx, check.agreement, **check.build))
     try:
         found = _explore(ctx, search)
     except HypothesisException as exc:  # e.g. Flaky: a failure that did not reproduce
@@ -646,3 +701,12 @@ def replay(item: dict[str, Any], *, bits: Iterable[Any], scalars: Iterable[Any] 
     ctx = FalsifyContext(device=device, profile="quick", seed=seed, item=dict(item), contract=contract or {},
                          contract_path=contract_path, replay=Replay.parse(list(bits), list(scalars)))
     return test.run(ctx)
+
+
+def regime_counts(ctx: FalsifyContext, selected: Iterable[Iterable[str]]) -> dict[str, Any]:
+    """``regimes_reached``/``regimes_unreached`` evidence of a test that runs its cases itself (one list per case)."""
+    counts: dict[str, int] = {r: 0 for r in ctx.witnesses}
+    for names in selected:
+        for r in names:
+            counts[r] = counts.get(r, 0) + 1
+    return {"regimes_reached": counts, "regimes_unreached": [r for r, n in counts.items() if not n]}

@@ -42,7 +42,8 @@ from falsification.registry import FalsifyContext, Replay, register_test
 from native import reductions as red
 from obligations.core.device import array_module, to_host
 from obligations.core.plans import resolve
-from obligations.core.results import Outcome, skipped
+from obligations.core.results import Outcome
+from obligations.regimes import regime_of
 from spec import reductions as ref
 
 __all__ = ["moderate_floats", "MIX_NAMES"]
@@ -125,6 +126,14 @@ def _fold_decode(rp: Replay) -> tuple:
     return v[0], tuple(v[2 : 2 + nd]), None if axis == 0 else axis - 1, _mix(v[3 + nd])
 
 
+def _fold_alternative(op: str) -> dict[str, Any]:
+    """The fold's other order (the axis reversed) for sum and mean; max claims no order."""
+    if op == "max":
+        return {}
+    return {"alternative": lambda f: Expected(bits=_fold_reference(op, to_host(f.bits).reshape(f.dims)[:, ::-1, :])),
+            "alternative_name": "the same fold over the reversed axis"}
+
+
 @dataclass(frozen=True)
 class _Fold:
     bits: Any
@@ -163,7 +172,7 @@ def fold_bitwise(ctx: FalsifyContext) -> Outcome:
         reference=lambda f: Expected(bits=_fold_reference(op, to_host(f.bits).reshape(f.dims))),
         agreement=engine.item_agreement(ctx, "bitwise"), cases=_fold_cases(max_dim, max_elements, max_fold),
         encode=_fold_encode, decode=_fold_decode, describe=_case_json(("seed", "shape", "axis", "mix")),
-        observe=observe,
+        observe=observe, **_fold_alternative(op),
         build={"op": op, "reference": "spec.reductions fold (softfloat on the host, env cuda)",
                "max_elements": max_elements, "max_fold": max_fold,
                "route": red.ROUTE if ctx.device == "cuda" else "host float32 in fold order"})
@@ -174,41 +183,75 @@ def fold_bitwise(ctx: FalsifyContext) -> Outcome:
 # -- tree --------------------------------------------------------------------------------------------------
 
 
-def _seed_n_mix_decode(rp: Replay) -> tuple:
-    return rp.values[0], rp.values[1], _mix(rp.values[2])
+_TREE_CASE = ("seed", "n", "mix", "block", "max_grid")
 
 
-def _seed_n_mix_encode(case: tuple) -> tuple[int, ...]:
-    return case[0], case[1], MIX_NAMES.index(case[2])
+def _tree_decode(rp: Replay) -> tuple:
+    v = rp.values
+    knobs = tuple(v[3:5]) if len(v) >= 5 else (red.BLOCK, red.MAX_GRID)
+    return (v[0], v[1], _mix(v[2]), *knobs)
+
+
+def _tree_encode(case: tuple) -> tuple[int, ...]:
+    return case[0], case[1], MIX_NAMES.index(case[2]), case[3], case[4]
+
+
+def _tree_values(case: tuple) -> dict[str, int]:
+    return {"n": case[1], "block": case[3], "max_grid": case[4]}
+
+
+def _tree_bits(bits: Any, block: int, max_grid: int, op: str) -> np.ndarray:
+    """The softfloat evaluation of the stated tree (then the one division of the mean) over input bits."""
+    n = int(bits.size)
+    total = ref.tree_sum(to_host(bits), red.pass_grids(n, block, max_grid), block)
+    return np.asarray(ref.mean_of(total, n) if op == "mean" else total, dtype=np.uint32).reshape(-1)
+
+
+def _other_tree_bits(bits: Any, block: int, max_grid: int, op: str) -> np.ndarray:
+    """The same sum reassociated: the stated tree evaluated with half the block (the order the kernel is not)."""
+    return _tree_bits(bits, max(block // 2, 1), max_grid, op)
 
 
 @register_test("reductions.tree_bitwise")
 def tree_bitwise(ctx: FalsifyContext) -> Outcome:
-    """Tree sum bitwise equal to the softfloat evaluation of the stated tree."""
-    name, impl = _impl(ctx, "native.reductions:tree_sum")
+    """Tree sum (or tree mean: op mean) bitwise equal to the softfloat evaluation of the stated tree."""
+    op = ctx.params.get("op", "sum")
+    name, impl = _impl(ctx, "native.reductions:tree_sum" if op == "sum" else "native.reductions:mean")
+    call = (lambda x, **kw: impl(x, order="tree", **kw)) if op == "mean" else impl
     xp = array_module(ctx.device)
     max_n = int(ctx.params.get("max_n", 1 << 15)) * ctx.budget.scale ** 2
     sizes = st.one_of(st.integers(0, 600), st.integers(0, max_n), st.sampled_from([1, 255, 256, 257, 65537]))
     stats = {"elements": 0, "max_passes": 0}
+    knobs = st.just((red.BLOCK, red.MAX_GRID))
 
     def inputs(case: tuple) -> Any:
-        seed, n, mix = case
+        seed, n, mix, block, max_grid = case
         stats["elements"] += n
-        stats["max_passes"] = max(stats["max_passes"], len(red.pass_grids(n)))
-        return _input_bits(seed, n, mix, xp)[0]
+        stats["max_passes"] = max(stats["max_passes"], len(red.pass_grids(n, block, max_grid)))
+        return case, _input_bits(seed, n, mix, xp)[0]
 
-    def reference(bits: Any) -> Expected:
-        return Expected(bits=_bits(ref.tree_sum(bits, red.pass_grids(int(bits.size)), red.BLOCK).view(xp.float32)))
+    def native(a: tuple) -> np.ndarray:
+        (_, _, _, block, max_grid), bits = a
+        return _bits(call(bits.view(xp.float32), device=ctx.device, block=block, max_grid=max_grid))
 
     # Sizes a pass of the tree treats differently: one thread per element, one trip more, several passes.
-    explicit = tuple((ctx.seed, n, "moderate") for n in (200, 1000, 257 * 256 + 3, min(max_n, 600_000)))
+    explicit = tuple((ctx.seed, n, "moderate", red.BLOCK, red.MAX_GRID)
+                     for n in (200, 1000, 257 * 256 + 3, min(max_n, 600_000)))
     check = Check(
-        name=name, inputs=inputs, native=lambda bits: _bits(impl(bits.view(xp.float32), device=ctx.device)),
-        reference=reference, agreement=engine.item_agreement(ctx, "bitwise"),
-        cases=st.tuples(st.integers(0, 2**32 - 1), sizes, st.sampled_from(MIX_NAMES)), explicit=explicit,
-        encode=_seed_n_mix_encode, decode=_seed_n_mix_decode, describe=_case_json(("seed", "n", "mix")),
-        build={"impl": name, "tree": {"block": red.BLOCK, "max_grid": red.MAX_GRID, "unroll_loads": red.UNROLL,
-                                      "combine": "sh[t] = sh[t] + sh[t + s], s = block/2 .. 1, then repeated"}})
+        name=name, inputs=inputs, native=native,
+        reference=lambda a: Expected(bits=_tree_bits(a[1], a[0][3], a[0][4], op)),
+        agreement=engine.item_agreement(ctx, "bitwise"),
+        cases=st.builds(lambda c, k: (*c, *k), st.tuples(st.integers(0, 2**32 - 1), sizes, st.sampled_from(MIX_NAMES)),
+                        knobs),
+        explicit=explicit, encode=_tree_encode, decode=_tree_decode, describe=_case_json(_TREE_CASE),
+        from_witness=lambda w: (ctx.seed, int(w["n"]), "moderate", int(w["block"]), int(w["max_grid"])),
+        regime_of=lambda case: regime_of(red.tree_plan, _tree_values(case)),
+        alternative=lambda a: Expected(bits=_other_tree_bits(a[1], a[0][3], a[0][4], op)),
+        alternative_name="the tree with half the block (another reassociation)",
+        build={"impl": name, "op": op, "tree": {"block": red.BLOCK, "max_grid": red.MAX_GRID,
+                                                "unroll_loads": red.UNROLL,
+                                                "combine": "sh[t] = sh[t] + sh[t + s], s = block/2 .. 1, then "
+                                                           "repeated"}})
     return engine.run(ctx, check, lambda: dict(stats))
 
 
@@ -319,6 +362,8 @@ def scatter_bitwise(ctx: FalsifyContext) -> Outcome:
         encode=lambda c: (c[0], c[1], c[2], MIX_NAMES.index(c[3])),
         decode=lambda rp: (rp.values[0], rp.values[1], rp.values[2], _mix(rp.values[3])),
         describe=_case_json(("seed", "n_out", "m", "mix")),
+        alternative=lambda a: Expected(bits=_bits(ref.scatter_add(a[0], a[1][::-1], a[2][::-1]).view(xp.float32))),
+        alternative_name="duplicates in decreasing source index",
         build={"impl": name, "order": "duplicates in increasing source index"})
     return engine.run(ctx, check, lambda: {"duplicates_added": stats["duplicates"]})
 
@@ -363,11 +408,9 @@ def empty(ctx: FalsifyContext) -> Outcome:
     return engine.run(ctx, check, lambda: {"results": dict(got)})
 
 
-@register_test("reductions.bandwidth", devices=("host", "cuda"))
+@register_test("reductions.bandwidth", devices=("cuda",))
 def bandwidth(ctx: FalsifyContext) -> Outcome:
     """Deterministic tree sum of n float32 reads at >= tolerance x the throughput of cupy.sum (same run)."""
-    if ctx.device != "cuda":
-        return skipped("needs a CUDA device")
     import cupy
 
     n, reps = int(ctx.params.get("n", 1 << 28)), int(ctx.params.get("reps", 20))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,8 @@ class FalsifyContext:
     contract: dict[str, Any] = field(default_factory=dict)
     contract_path: str = ""
     replay: Replay | None = None  # re-check this one case instead of searching
+    # regime -> the smallest plan values reaching it (the item's ``witnesses:`` regimes item), run as explicit cases
+    witnesses: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "profile", Profile.of(self.profile))

@@ -57,6 +57,10 @@ __all__ = [
     "scatter_add",
     "SUMS",
     "tree_source",
+    "MainLoop",
+    "MAIN_LOOPS",
+    "IN_ORDER",
+    "register_main_loop",
 ]
 
 BLOCK = 256
@@ -84,6 +88,7 @@ class TreePlan:
     stride: Any
     trips: Any
     unroll: Any
+    max_grid: Any = MAX_GRID
 
     def index(self, t: Any, k: Any) -> Any:
         """Element read by thread ``t`` on trip ``k`` (int64)."""
@@ -101,12 +106,18 @@ class TreePlan:
         """The furthest index the unrolled loop computes from position ``i`` (its guard and step)."""
         return as_type(i, "int64") + self.unroll * self.stride
 
+    def regimes(self) -> dict[str, Any]:
+        """Code paths of one pass: empty, tail loop only, the unrolled main loop, several passes, grid at its cap."""
+        main = self.n > (self.unroll - 1) * self.stride  # thread 0 runs the unrolled loop at least once
+        return {"empty": self.n == 0, "tail_only": (self.n > 0) & (self.n <= (self.unroll - 1) * self.stride),
+                "main_loop": main, "multi_pass": self.grid > 1, "grid_capped": cdiv(self.n, self.block) > self.max_grid}
+
 
 def tree_plan(n: Any, block: Any = BLOCK, max_grid: Any = MAX_GRID, unroll: Any = UNROLL) -> TreePlan:
     """Grid of one tree pass over ``n`` elements: grid = min(max(cdiv(n, block), 1), max_grid)."""
     grid = smin(smax(cdiv(n, block), 1), max_grid)
     stride = as_type(grid, "int64") * block
-    return TreePlan(n, block, grid, stride, cdiv(n, stride), unroll)
+    return TreePlan(n, block, grid, stride, cdiv(n, stride), unroll, max_grid)
 
 
 def pass_grids(n: int, block: int = BLOCK, max_grid: int = MAX_GRID) -> list[int]:
@@ -212,6 +223,32 @@ STANDARD = register_tree_order(TreeOrder(
     _host_halving, "the stated tree: sh[t] += sh[t + s], s = block/2 .. 1"))
 
 
+@dataclass(frozen=True)
+class MainLoop:
+    """The adds of the unrolled main loop: CUDA statement over ``v[0..unroll)`` and the order of ``u`` it adds."""
+
+    name: str
+    cuda: str
+    host: Callable[[int], list[int]]
+    doc: str = ""
+
+
+MAIN_LOOPS: dict[str, MainLoop] = {}
+
+
+def register_main_loop(loop: MainLoop) -> MainLoop:
+    """Add a main-loop body by name (names are unique)."""
+    if loop.name in MAIN_LOOPS and MAIN_LOOPS[loop.name] != loop:
+        raise ValueError(f"main loop {loop.name!r} is registered twice")
+    MAIN_LOOPS[loop.name] = loop
+    return loop
+
+
+IN_ORDER = register_main_loop(MainLoop(
+    "in_order", "for (int u = 0; u < {unroll}; ++u) acc = acc + v[u];", lambda unroll: list(range(unroll)),
+    "the loads of a group are added in trip order (no reassociation)"))
+
+
 # -- CUDA sources ---------------------------------------------------------------------------------------
 
 _MAXIMUM = """\
@@ -256,7 +293,7 @@ extern "C" __global__ void kc_tree_{name}(const float* __restrict__ x, float* __
         #pragma unroll
         for (int u = 0; u < {unroll}; ++u) v[u] = x[i + u * S];
         #pragma unroll
-        for (int u = 0; u < {unroll}; ++u) acc = acc + v[u];
+        {main}
     }}
     for (; i < n; i += S) acc = acc + x[i];
     sh[t] = acc;
@@ -286,11 +323,18 @@ extern "C" __global__ void kc_div_count(float* v, long long count) { v[0] = v[0]
 """
 
 
-def tree_source(kind: str, order: TreeOrder = STANDARD) -> tuple[str, str]:
-    """(CUDA source, function name) of a tree pass ("tree") or the atomic pass ("atomic")."""
-    name = f"{kind}_{order.name}"
-    src = _TREE.format(name=name, block=BLOCK, unroll=UNROLL, combine=order.cuda.format(block=BLOCK),
-                       store=_STORES[kind])
+def tree_source(kind: str, order: TreeOrder = STANDARD, plan: TreePlan | None = None,
+                loop: MainLoop = IN_ORDER) -> tuple[str, str]:
+    """(CUDA source, function name) of a tree pass ("tree") or the atomic pass ("atomic").
+
+    Block size and unroll factor are the plan's (default: the shipped plan), never written a second time.
+    """
+    plan = plan or tree_plan(0)
+    block, unroll = int(plan.block), int(plan.unroll)
+    suffix = "" if (block, unroll) == (BLOCK, UNROLL) else f"_b{block}_u{unroll}"
+    name = f"{kind}_{order.name}" + ("" if loop is IN_ORDER else f"_{loop.name}") + suffix
+    src = _TREE.format(name=name, block=block, unroll=unroll, combine=order.cuda.format(block=block),
+                       main=loop.cuda.format(unroll=unroll), store=_STORES[kind])
     return src, f"kc_tree_{name}"
 
 
@@ -332,14 +376,23 @@ def _host_axis(op: str, x3: np.ndarray) -> np.ndarray:
     return _canon(acc)
 
 
-def _host_pass_partials(x: np.ndarray, grid: int, order: TreeOrder) -> np.ndarray:
-    n, stride = x.shape[0], grid * BLOCK
+def _host_pass_partials(x: np.ndarray, plan: TreePlan, order: TreeOrder, loop: MainLoop = IN_ORDER) -> np.ndarray:
+    """One pass as the kernel runs it: thread t's unrolled groups (in ``loop``'s order), its tail, the block tree."""
+    n, stride, unroll, grid = x.shape[0], int(plan.stride), int(plan.unroll), int(plan.grid)
     acc = np.zeros(stride, dtype=F32)
+    trips = -(-n // stride)
+    # Thread t runs group q of the main loop iff t + (q * unroll + unroll - 1) * stride < n: a prefix of threads.
+    main = [max(0, min(stride, n - (q * unroll + unroll - 1) * stride)) for q in range(trips // unroll + 1)]
     with np.errstate(all="ignore"):
-        for k in range(-(-n // stride)):
-            chunk = x[k * stride:(k + 1) * stride]
-            acc[: chunk.shape[0]] = acc[: chunk.shape[0]] + chunk
-        return order.host(acc.reshape(grid, BLOCK)).astype(F32)
+        for q, live in enumerate(main):
+            for u in loop.host(unroll) if live else ():
+                k = q * unroll + u
+                acc[:live] = acc[:live] + x[k * stride:k * stride + live]
+        for k in range(trips):  # the tail: trips after a thread's last full group, in trip order
+            lo, hi = main[k // unroll], max(0, min(stride, n - k * stride))
+            if hi > lo:
+                acc[lo:hi] = acc[lo:hi] + x[k * stride + lo:k * stride + hi]
+        return order.host(acc.reshape(grid, int(plan.block))).astype(F32)
 
 
 def _flush(a: np.ndarray) -> np.ndarray:
@@ -390,15 +443,16 @@ def fold_max(x: Any, axis: int | None = None, device: str = "auto") -> Any:
     return _axis_reduce("max", x, axis, device)
 
 
-def mean(x: Any, axis: int | None = None, device: str = "auto", order: str = "fold") -> Any:
-    """Fold (or whole-buffer tree) sum divided once by float32(length); empty: NaN."""
+def mean(x: Any, axis: int | None = None, device: str = "auto", order: str = "fold", block: int = BLOCK,
+         max_grid: int = MAX_GRID, unroll: int = UNROLL) -> Any:
+    """Fold (or whole-buffer tree, launched with the given knobs) sum divided once by float32(length); empty: NaN."""
     if order == "fold":
         return _axis_reduce("mean", x, axis, device)
     if axis is not None:
         raise ValueError("the tree order reduces the whole buffer only")
     dev = resolve_device(device)
     xp = array_module(dev)
-    total = tree_sum(x, device=dev)
+    total = _run_tree(x, dev, "tree", STANDARD, block, max_grid, unroll)
     n = int(xp.asarray(x).size)
     if dev == "host":
         with np.errstate(all="ignore"):
@@ -408,16 +462,17 @@ def mean(x: Any, axis: int | None = None, device: str = "auto", order: str = "fo
     return buf.reshape(())
 
 
-def _run_tree(x: Any, device: str, kind: str, order: TreeOrder) -> Any:
+def _run_tree(x: Any, device: str, kind: str, order: TreeOrder, block: int = BLOCK, max_grid: int = MAX_GRID,
+              unroll: int = UNROLL, loop: MainLoop = IN_ORDER) -> Any:
     dev = resolve_device(device)
     xp = array_module(dev)
     flat = xp.ascontiguousarray(xp.asarray(x, dtype=xp.float32)).reshape(-1)
     n = int(flat.size)
     if n > MAX_ELEMENTS:
         raise ValueError(f"reduction over {n} elements exceeds {MAX_ELEMENTS}")
-    grids = pass_grids(n)
+    grids = pass_grids(n, block, max_grid)
     if dev == "host":
-        part = _host_pass_partials(flat, grids[0], order)
+        part = _host_pass_partials(flat, tree_plan(n, block, max_grid, unroll), order, loop)
         if kind == "atomic":
             acc = F32(0)
             with np.errstate(all="ignore"):
@@ -425,27 +480,30 @@ def _run_tree(x: Any, device: str, kind: str, order: TreeOrder) -> Any:
                 for p in part[np.random.default_rng().permutation(part.shape[0])]:
                     acc = _flush(np.asarray(acc + p, dtype=F32))[()]
             return _canon(np.asarray(acc, dtype=F32))
-        for g in grids[1:]:
-            part = _host_pass_partials(part, g, order)
+        for _ in grids[1:]:
+            part = _host_pass_partials(part, tree_plan(part.shape[0], block, max_grid, unroll), order, loop)
         return _canon(part[0])
+    plan = tree_plan(n, block, max_grid, unroll)
     if kind == "atomic":
         out = xp.zeros(1, dtype=xp.float32)
-        src, name = tree_source("atomic", order)
-        _fn(src, name)((grids[0],), (BLOCK,), (flat, out, np.int64(n)))
+        src, name = tree_source("atomic", order, plan, loop)
+        _fn(src, name)((int(plan.grid),), (int(plan.block),), (flat, out, np.int64(n)))
         return out.reshape(())
-    src, name = tree_source("tree", order)
+    src, name = tree_source("tree", order, plan, loop)
     fn = _fn(src, name)
     cur, m = flat, n
     for g in grids:
-        nxt = xp.empty(g, dtype=xp.float32)
-        fn((g,), (BLOCK,), (cur, nxt, np.int64(m)))
+        p = tree_plan(m, block, max_grid, unroll)  # the launch geometry of each pass is its plan's
+        nxt = xp.empty(int(p.grid), dtype=xp.float32)
+        fn((int(p.grid),), (int(p.block),), (cur, nxt, np.int64(m)))
         cur, m = nxt, g
     return cur.reshape(())
 
 
-def tree_sum(x: Any, device: str = "auto", order: TreeOrder = STANDARD) -> Any:
-    """Deterministic fixed-tree sum of the whole buffer (empty: +0)."""
-    return _run_tree(x, device, "tree", order)
+def tree_sum(x: Any, device: str = "auto", order: TreeOrder = STANDARD, block: int = BLOCK,
+             max_grid: int = MAX_GRID, unroll: int = UNROLL, loop: MainLoop = IN_ORDER) -> Any:
+    """Deterministic fixed-tree sum of the whole buffer (empty: +0), launched with the plan's knobs."""
+    return _run_tree(x, device, "tree", order, block, max_grid, unroll, loop)
 
 
 def atomic_sum(x: Any, device: str = "auto") -> Any:

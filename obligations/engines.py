@@ -407,9 +407,32 @@ class _RegisteredTestEngine(Engine):
             return error(f"no registered test named {item['test']!r}")
         if job.device not in test.devices:
             return skipped(f"test {test.name!r} runs on {', '.join(test.devices)}; this run is on {job.device}")
+        witnesses: Mapping[str, Mapping[str, int]] = {}
+        if item.get("witnesses"):
+            found = _regime_witnesses(job.contract, str(item["witnesses"]))
+            if isinstance(found, str):
+                return error(found)
+            witnesses = found
         ctx = FalsifyContext(device=job.device, profile=job.profile, seed=job.seed, item=dict(item),
-                             contract=job.contract.data, contract_path=job.contract.path)
+                             contract=job.contract.data, contract_path=job.contract.path, witnesses=witnesses)
         return with_evidence_kind(test.run(ctx), self.evidence_class)
+
+
+_WITNESSES: dict[tuple[str, str, str], Mapping[str, Mapping[str, int]] | str] = {}
+
+
+def _regime_witnesses(contract: Contract, regimes_id: str) -> Mapping[str, Mapping[str, int]] | str:
+    """The witnesses the regimes item ``regimes_id`` of ``contract`` finds (cached), or why there are none."""
+    key = (contract.path, contract.sha256, regimes_id)
+    if key not in _WITNESSES:
+        target = next((it for it in contract.items if it["id"] == regimes_id), None)
+        if target is None or target.get("method") != "regimes":
+            _WITNESSES[key] = f"witnesses: {regimes_id!r} is not a regimes item of this contract"
+        else:
+            out = get_engine("regimes").discharge(Job(contract, target))
+            w = out.evidence.get("witnesses")
+            _WITNESSES[key] = dict(w) if w else f"regimes item {regimes_id} found no witnesses ({out.reason})"
+    return _WITNESSES[key]
 
 
 @register_engine

@@ -375,6 +375,13 @@ class _State:
     values: dict[int, Any] = field(default_factory=dict)
 
 
+def _upload(xp: Any, a: np.ndarray) -> Any:
+    """A host float32 array on the device through a 1-D copy (CuPy may fill a 0-d array from a zero by memset,
+    turning -0.0 into +0.0; seen on the H100 run)."""
+    a = np.ascontiguousarray(a, np.float32)
+    return xp.asarray(a.reshape(-1)).reshape(a.shape)
+
+
 def _contig_flat(xp: Any, a: Any) -> Any:
     return xp.ascontiguousarray(a).reshape(-1)
 
@@ -390,7 +397,7 @@ class CUDAExecutor:
         self.xp = array_module(self.device)
         self.cache = cache
         g = program.graph
-        self.params = {b: self.xp.asarray(np.asarray(self.payload.get(b)["value"], np.float32).reshape(g[b].out_shape))
+        self.params = {b: _upload(self.xp, np.asarray(self.payload.get(b)["value"], np.float32).reshape(g[b].out_shape))
                        for b in program.bound if g[b].kind == "const"}
         self.arena = self.xp.empty(max(program.buffers.arena_bytes // 4, 1), dtype=self.xp.float32)
         self.slots = {b.node: self.arena[b.offset // 4: b.offset // 4 + b.nbytes // 4] for b in program.buffers.buffers}
@@ -432,8 +439,12 @@ class CUDAExecutor:
         given = dict(inputs) if isinstance(inputs, Mapping) else dict(zip(ids, inputs, strict=True))
         out = {}
         for i in ids:
-            a = self.xp.asarray(given[i])
-            a = a.view(self.xp.float32) if a.dtype == self.xp.uint32 else a.astype(self.xp.float32, copy=False)
+            a = given[i]
+            if isinstance(a, self.xp.ndarray):
+                a = a.view(self.xp.float32) if a.dtype == self.xp.uint32 else a.astype(self.xp.float32, copy=False)
+            else:
+                h = np.asarray(a)
+                a = _upload(self.xp, h.view(np.float32) if h.dtype == np.uint32 else h.astype(np.float32))
             if tuple(a.shape) != g[i].out_shape:
                 raise ValueError(f"input {i} has shape {tuple(a.shape)}, declared {g[i].out_shape}")
             out[i] = a
@@ -486,7 +497,7 @@ def _host_node(ex: CUDAExecutor, step: sf.Step, values: dict[int, Any]) -> None:
     v = eval_node(g, ex.payload, env, node, {})
     if not isinstance(v, np.ndarray):
         raise ValueError(str(v))
-    values[node.id] = ex.xp.asarray(floats(v))
+    values[node.id] = _upload(ex.xp, floats(v))
 
 
 def _slice_view(xp: Any, node: Any, args: list) -> Any:

@@ -10,8 +10,8 @@ test of a kernel over binary32 operand arrays.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -36,6 +36,7 @@ class Batch:
     spec: BatchSpec
     views: list
     flat: list
+    launch: Mapping[str, int] = field(default_factory=dict)  # launch knobs of a regime witness (block, max_grid)
 
 
 def _hex(v: Any) -> str:
@@ -65,13 +66,19 @@ def batch_check(
     prepare: Callable[[list], list] | None = None,
     scalar_strategy: st.SearchStrategy[int] | None = None,
     build: dict[str, Any] | None = None,
+    plan: Callable[..., Any] | None = None,
+    knobs: tuple[str, ...] = (),
 ) -> Check[BatchSpec]:
     """The engine check of a binary32 kernel: ``native(views, scalars)`` against ``reference(flat, scalars)``.
 
     The first cases are full-size batches, balanced then one per mix (scalars 1.0); Hypothesis then draws
     batch specs.
     ``prepare`` maps operand views before both sides see them (e.g. into a function's domain).
+    ``plan`` (the kernel's launch plan, taking ``n`` and ``knobs``): a regime witness becomes a batch of its
+    ``n`` elements launched with its knobs (``native(views, scalars, **knobs)``), and each batch's regimes are
+    counted.
     """
+    launches: dict[BatchSpec, dict[str, int]] = {}
     names = operand_names or tuple(f"x{k}" for k in range(arity))
     for m in mixes or ():
         if m not in MIXES:
@@ -82,7 +89,18 @@ def batch_check(
         if prepare is not None:
             views = prepare(views)
         flat = [xp.ascontiguousarray(v).reshape(-1) for v in xp.broadcast_arrays(*views)] if views else []
-        return Batch(spec, views, flat)
+        return Batch(spec, views, flat, launches.get(spec, {}))
+
+    def from_witness(values: Mapping[str, int]) -> BatchSpec:
+        spec = BatchSpec(seed=seed, size=int(values["n"]), mix="balanced",
+                         scalars=tuple(0x3F800000 for _ in range(n_scalars)))
+        launches[spec] = {k: int(values[k]) for k in knobs if k in values}
+        return spec
+
+    def regimes(spec: BatchSpec) -> list[str]:
+        from obligations.regimes import regime_of
+
+        return regime_of(plan, {"n": spec.size, **launches.get(spec, {})})
 
     def one_batch(tuples: list[tuple[int, ...]], spec: BatchSpec) -> BatchSpec:
         return BatchSpec(seed=0, size=len(tuples), explicit=tuple(enumerate(tuples)), scalars=spec.scalars)
@@ -111,7 +129,7 @@ def batch_check(
     return Check(
         name=name,
         inputs=inputs,
-        native=lambda b: native(b.views, b.spec.scalars),
+        native=lambda b: native(b.views, b.spec.scalars, **b.launch),
         reference=lambda b: reference(b.flat, b.spec.scalars),
         agreement=agreement,
         cases=strategy,
@@ -128,4 +146,6 @@ def batch_check(
         build=dict(build or {}),
         budget_stop=True,
         unit="elements",
+        from_witness=from_witness if plan is not None else None,
+        regime_of=regimes if plan is not None else None,
     )

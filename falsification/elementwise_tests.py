@@ -35,16 +35,20 @@ from falsification.engine import Check, NativeResult, replay_command
 from falsification.float32_inputs import LAYOUTS, BatchSpec
 from falsification.registry import FalsifyContext, guarded, register_test
 from native.elementwise import (
+    DEFAULT_BLOCK,
+    DEFAULT_MAX_GRID,
     RouteUnsupported,
     get_kernel,
     host_supports,
     kernel_plan,
+    launch_plan,
     prepare_operands,
     run_flat,
 )
 from native.nvrtc import get_route
 from obligations.core.device import array_module
 from obligations.core.results import Outcome, error, passed, violated
+from obligations.regimes import regime_of
 from spec.elementwise import GELU_C, GELU_K, Reference, bits_to_f64, f64_to_f32_bits, get_reference
 
 __all__ = ["POISON", "ULP_BOUNDS", "elementwise_check", "gelu_ulp_bound", "sigmoid_ulp_bound"]
@@ -105,11 +109,12 @@ def elementwise_check(
     ref_op = get_reference(reference or k.reference)
     if device == "host" and v.host is None and not host_supports(route):
         raise RouteUnsupported(
-            f"route {route!r} is a CUDA compile route; the host backend realises only "
-            f"routes without contraction or approximation"
+            f"route {route!r} runs on cuda; this run is on host (the host backend realises only "
+            f"routes without contraction or approximation)"
         )
 
-    def native(views: list, scalars: tuple) -> NativeResult:
+    def native(views: list, scalars: tuple, block: int = DEFAULT_BLOCK,
+               max_grid: int = DEFAULT_MAX_GRID) -> NativeResult:
         flat, _ = prepare_operands(xp, [u.view(xp.float32) for u in views])
         n = int(flat[0].size)
         bufs = [xp.full(n + 1, POISON, dtype=xp.uint32) for _ in k.outputs]
@@ -122,6 +127,8 @@ def elementwise_check(
             variant=variant,
             outs=[b.view(xp.float32) for b in bufs],
             n=n,
+            block=block,
+            max_grid=max_grid,
         )
         guard_ok = all(int(b[n]) == POISON for b in bufs)
         return NativeResult([b[:n] for b in bufs], guard_ok)
@@ -161,6 +168,8 @@ def elementwise_check(
         prepare=prepare,
         scalar_strategy=scalar_strategy,
         build={**evidence, **(build or {})},
+        plan=launch_plan,
+        knobs=("block", "max_grid"),
     )
 
 
@@ -400,9 +409,14 @@ def grid_coverage(ctx: FalsifyContext) -> Outcome:
     v = k.variant(p.get("variant"))
     guard = _GUARDS[v.guard or "i < n"]
     sizes = [int(s) for s in p.get("sizes", DEFAULT_SIZES)]
+    knobs = (int(p.get("block", 256)), int(p.get("max_grid", 65536)))
+    # Regime witnesses first (n with the launch knobs that reach each path), then the item's sizes.
+    runs = [(int(w["n"]), int(w["block"]), int(w["max_grid"])) for w in ctx.witnesses.values()]
+    runs += [(n, *knobs) for n in sizes]
+    selected = [regime_of(launch_plan, {"n": n, "block": b, "max_grid": g}) for n, b, g in runs]
     threads_checked = 0
-    for n in sizes:
-        plan = kernel_plan(op, n, p.get("variant"), int(p.get("block", 256)), int(p.get("max_grid", 65536)))
+    for n, block, max_grid in runs:
+        plan = kernel_plan(op, n, p.get("variant"), block, max_grid)
         stride, bits = int(plan["stride"]), int(plan["index_bits"])
         # Threads whose trips are extreme: the first and last 1024 of the grid and the 1024 around the one
         # whose last in-range index is n-1 (its next step is the largest index the loop computes).
@@ -450,7 +464,7 @@ def grid_coverage(ctx: FalsifyContext) -> Outcome:
                 "n": n,
                 "thread": problem[0],
                 "index": problem[1],
-                "plan": {a: int(b) for a, b in plan.items() if not callable(b)},
+                "plan": {a: int(b) for a, b in plan.items() if not callable(b) and a != "regimes"},
                 "index_type": v.index_type or "long long",
                 "guard": v.guard or "i < n",
                 "replay": replay_command(ctx, None),
@@ -464,6 +478,7 @@ def grid_coverage(ctx: FalsifyContext) -> Outcome:
     return passed(
         cases=threads_checked,
         sizes=sizes,
+        **engine.regime_counts(ctx, selected),
         threads_checked=threads_checked,
         kernel=op,
         variant=v.name,

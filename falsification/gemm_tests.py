@@ -45,6 +45,7 @@ from native import reductions as red
 from obligations.core.device import array_module, to_host
 from obligations.core.plans import resolve
 from obligations.core.results import Outcome, skipped
+from obligations.regimes import regime_of
 from spec import gemm as sg
 
 __all__ = ["SmallModel", "time_ms", "host_us", "WARMUP", "mfu"]
@@ -67,18 +68,56 @@ def _cases(draw: Any, max_dim: int, dtypes: list[str]) -> dict:
             "trans_a": draw(st.booleans()), "trans_b": draw(st.booleans()), "dtype": dtype,
             "out": draw(st.sampled_from(["float16", "float32"])) if dtype == "float16" else "float32",
             "alpha": draw(st.sampled_from(_ALPHAS)), "beta": draw(st.sampled_from(_BETAS)),
-            "batch": draw(st.sampled_from(_BATCHES))}
+            "batch": draw(st.sampled_from(_BATCHES)), "pads": (0, 0, 0)}
 
 
 def _encode(c: dict) -> tuple[int, ...]:
     return (c["seed"], c["m"], c["n"], c["k"], int(c["trans_a"]), int(c["trans_b"]), _DTYPES.index(c["dtype"]),
-            _DTYPES.index(c["out"]), _ALPHAS.index(c["alpha"]), _BETAS.index(c["beta"]), c["batch"])
+            _DTYPES.index(c["out"]), _ALPHAS.index(c["alpha"]), _BETAS.index(c["beta"]), c["batch"], *c["pads"])
 
 
 def _decode(rp: Replay) -> dict:
     v = rp.values
     return {"seed": v[0], "m": v[1], "n": v[2], "k": v[3], "trans_a": bool(v[4]), "trans_b": bool(v[5]),
-            "dtype": _DTYPES[v[6]], "out": _DTYPES[v[7]], "alpha": _ALPHAS[v[8]], "beta": _BETAS[v[9]], "batch": v[10]}
+            "dtype": _DTYPES[v[6]], "out": _DTYPES[v[7]], "alpha": _ALPHAS[v[8]], "beta": _BETAS[v[9]], "batch": v[10],
+            "pads": tuple(v[11:14]) if len(v) >= 14 else (0, 0, 0)}
+
+
+def _plan_values(c: dict) -> dict[str, Any]:
+    """The gemm_plan values of a case: its dims, transposes and leading dimensions (stored cols + pad)."""
+    a_cols = c["m"] if c["trans_a"] else c["k"]
+    b_cols = c["k"] if c["trans_b"] else c["n"]
+    pa, pb, pc = c["pads"]
+    return {"m": c["m"], "n": c["n"], "k": c["k"], "lda": a_cols + pa, "ldb": b_cols + pb, "ldc": c["n"] + pc,
+            "trans_a": c["trans_a"], "trans_b": c["trans_b"], "elem_size": ng.ELEMENT_SIZES[c["dtype"]]}
+
+
+def _from_witness(seed: int, dtype: str, w: Any) -> dict:
+    """A case at a gemm_plan regime witness: its dims and transposes, leading dimensions padded as it says."""
+    ta, tb = bool(w["trans_a"]), bool(w["trans_b"])
+    m, n, k = int(w["m"]), int(w["n"]), int(w["k"])
+    pads = (int(w["lda"]) - (m if ta else k), int(w["ldb"]) - (k if tb else n), int(w["ldc"]) - n)
+    return {"seed": seed, "m": m, "n": n, "k": k, "trans_a": ta, "trans_b": tb, "dtype": dtype, "out": "float32",
+            "alpha": 1.0, "beta": _BETAS[1], "batch": 0, "pads": pads}
+
+
+def _padded(x: np.ndarray, pad: int) -> np.ndarray:
+    """``x`` (rows x cols) stored with leading dimension cols + pad (the padding poisoned with NaN)."""
+    buf = np.full((x.shape[0], x.shape[1] + pad), np.nan, dtype=x.dtype)
+    buf[:, : x.shape[1]] = x
+    return buf
+
+
+def _gemm_padded(c: dict, a: Any, b: Any, c0: Any, device: str) -> Any:
+    """The case through gemm_raw on buffers whose leading dimensions carry the case's pads."""
+    xp = array_module(device)
+    v = _plan_values(c)
+    pa, pb, pc = c["pads"]
+    abuf, bbuf = xp.asarray(_padded(a, pa)), xp.asarray(_padded(b, pb))
+    cbuf = xp.asarray(_padded(c0, pc))
+    ng.gemm_raw(ng.get_context(device), abuf, bbuf, cbuf, c["m"], c["n"], c["k"], v["lda"], v["ldb"], v["ldc"],
+                c["trans_a"], c["trans_b"], c["alpha"], c["beta"])
+    return cbuf[:, : c["n"]]
 
 
 @register_test("gemm.agreement")
@@ -103,6 +142,8 @@ def agreement(ctx: FalsifyContext) -> Outcome:
 
     def native(x: tuple) -> Any:
         c, a, b, c0 = x
+        if any(c["pads"]):
+            return to_host(_gemm_padded(c, a, b, c0, ctx.device)).astype(np.float64)
         return to_host(impl(xp.asarray(a), xp.asarray(b), trans_a=c["trans_a"], trans_b=c["trans_b"],
                             alpha=c["alpha"], beta=c["beta"], c=xp.array(c0, copy=True), out_dtype=c["out"],
                             device=ctx.device)).astype(np.float64)
@@ -124,6 +165,8 @@ def agreement(ctx: FalsifyContext) -> Outcome:
                                "u_out|C_ref| + underflow allowance")
     check = Check(name=name, inputs=inputs, native=native, reference=reference, agreement=ag,
                   cases=_cases(max_dim, dtypes), encode=_encode, decode=_decode, describe=lambda c: dict(c),
+                  from_witness=lambda w: _from_witness(ctx.seed, dtypes[0], w),
+                  regime_of=lambda c: regime_of(ng.gemm_plan, _plan_values(c)),
                   observe=observe, build={"impl": name, "reference": "float64 (exact products) with gamma_k(2^-53) "
                                           "margin", "backend": ng.get_context(ctx.device).api.name,
                                           "CUPY_TF32": os.environ.get("CUPY_TF32")})
@@ -376,7 +419,7 @@ def _operands(m: int, n: int, k: int, dtype: str) -> tuple[Any, Any, Any]:
 def throughput(ctx: FalsifyContext) -> Outcome:
     """Isolated GEMM TFLOP/s through the wrapper (cupy.matmul in the same run for comparison)."""
     if ctx.device != "cuda":
-        return skipped("needs a CUDA device", **engine.evidence(ctx))
+        return skipped(f"runs on cuda; this run is on {ctx.device}", **engine.evidence(ctx))
     import cupy
 
     p = ctx.params
@@ -402,7 +445,7 @@ def overhead(ctx: FalsifyContext) -> Outcome:
     per-call ``native.gemm.matmul`` is measured alongside for the evidence, not claimed.
     """
     if ctx.device != "cuda":
-        return skipped("needs a CUDA device", **engine.evidence(ctx))
+        return skipped(f"runs on cuda; this run is on {ctx.device}", **engine.evidence(ctx))
     from cupy.cuda import cublas
 
     name = ctx.params.get("impl", "native.gemm:bind_matmul")

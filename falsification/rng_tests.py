@@ -33,6 +33,7 @@ from native import rng as native
 from obligations.core.device import array_module, to_host
 from obligations.core.results import Outcome, error
 from obligations.core.symbolic import Term, tracking
+from obligations.regimes import regime_of
 from spec import rng as spec
 from spec import softfloat as sf
 
@@ -49,6 +50,8 @@ class RngCase:
     shape: tuple[int, ...]
     keep_prob_bits: int = spec.ONE_BITS
     x_seed: int = 0
+    block: int = native.DEFAULT_BLOCK  # launch knobs: a regime witness shrinks the grid
+    max_grid: int = native.DEFAULT_MAX_GRID
 
     def to_json(self) -> dict[str, Any]:
         """JSON form with the keep_prob as hex bits and value."""
@@ -113,7 +116,7 @@ def _native(output: str, case: RngCase, device: str, variant: str | None, x: np.
     xp = array_module(device)
     xs = None if x is None else xp.asarray(x.view(np.float32).reshape(case.shape))
     out = native.generate(output, case.shape, case.seed, case.counter, device=device, keep_prob=kp, x=xs,
-                          variant=variant)
+                          variant=variant, block=case.block, max_grid=case.max_grid)
     return np.ascontiguousarray(to_host(out)).reshape(-1).astype(np.uint32)
 
 
@@ -140,14 +143,28 @@ def compare_case(output: str, case: RngCase, device: str, variant: str | None, u
 
 
 def _encode(case: RngCase) -> tuple[int, ...]:
-    return (case.seed, case.counter, case.keep_prob_bits, case.x_seed, *case.shape)
+    return (case.seed, case.counter, case.keep_prob_bits, case.x_seed, case.block, case.max_grid, *case.shape)
 
 
 def _decode(rp: Replay) -> RngCase:
     v = rp.values
-    if len(v) < 5:
-        raise ValueError("an RNG case is seed, counter, keep_prob bits, x seed, then the shape")
-    return RngCase(v[0], v[1], tuple(v[4:]), v[2], v[3])
+    if len(v) < 7:
+        raise ValueError("an RNG case is seed, counter, keep_prob bits, x seed, block, max grid, then the shape")
+    return RngCase(v[0], v[1], tuple(v[6:]), v[2], v[3], v[4], v[5])
+
+
+def _draws(output: str) -> int:
+    return native.MODES[output][1]
+
+
+def _from_witness(ctx: FalsifyContext, w: Any) -> RngCase:
+    """The call at a rng_plan regime witness: its element count, launched with its knobs (keep_prob 0.5)."""
+    return RngCase(ctx.seed, 0, (int(w["n_elems"]),), 0x3F000000, ctx.seed, int(w["block"]), int(w["max_grid"]))
+
+
+def _regimes(output: str, case: RngCase) -> list[str]:
+    return regime_of(native.rng_plan, {"n_elems": math.prod(case.shape), "draws": _draws(output),
+                                       "block": case.block, "max_grid": case.max_grid})
 
 
 def _build(ctx: FalsifyContext, **more: Any) -> dict[str, Any]:
@@ -183,7 +200,8 @@ def agreement(ctx: FalsifyContext) -> Outcome:
         name=f"rng {output}", inputs=inputs,
         native=lambda a: _native(output, a[0], ctx.device, variant, a[2]),
         reference=lambda a: Expected(bits=a[1]), agreement=ag, cases=rng_cases(b.max_size), explicit=(big,),
-        encode=_encode, decode=_decode, describe=lambda case: case.to_json(), build=build)
+        encode=_encode, decode=_decode, describe=lambda case: case.to_json(), build=build,
+        from_witness=lambda w: _from_witness(ctx, w), regime_of=lambda case: _regimes(output, case))
     return engine.run(ctx, check)
 
 

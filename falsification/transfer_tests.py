@@ -27,6 +27,7 @@ from falsification.registry import FalsifyContext, guarded, register_test
 from native import transfer as native
 from obligations.core.device import array_module
 from obligations.core.results import Outcome
+from obligations.regimes import regime_of
 from spec.transfer import TargetFormat, convert_reference, get_target, is_nan_bits, overflow_threshold_bits
 
 __all__ = ["edge_inputs", "bulk_inputs", "f64_bits", "h2d_disagreements", "D2H_FORMATS", "d2h_patterns"]
@@ -148,8 +149,23 @@ def h2d_rounding(ctx: FalsifyContext) -> Outcome:
     x = np.concatenate([edges, bulk_inputs(target, b.bulk, ctx.seed)])
     width = t.width // 4
 
+    launches: dict[tuple, tuple[int, int]] = {}  # a regime witness's inputs -> its launch knobs
+
     def native_bits(xs: np.ndarray) -> np.ndarray:
-        return native.download(native.upload(xs.view(np.float64), target, device=ctx.device, variant=variant))
+        block, max_grid = launches.get(tuple(int(v) for v in xs), (native.DEFAULT_BLOCK, native.DEFAULT_MAX_GRID))
+        return native.download(native.upload(xs.view(np.float64), target, device=ctx.device, variant=variant,
+                                             block=block, max_grid=max_grid))
+
+    def from_witness(w: Any) -> tuple:
+        n = int(w["n_elems"])
+        case = tuple(int(v) for v in np.resize(x, n)) if n else ()
+        launches[case] = (int(w["block"]), int(w["max_grid"]))
+        return case
+
+    def regimes(case: tuple) -> list[str]:
+        block, max_grid = launches.get(case, (native.DEFAULT_BLOCK, native.DEFAULT_MAX_GRID))
+        return regime_of(native.transfer_plan, {"n_elems": len(case), "src_bytes": 8, "dst_bytes": t.width // 8,
+                                                "block": block, "max_grid": max_grid})
 
     def describe_element(xs: np.ndarray, i: int) -> dict[str, Any]:
         v = int(xs[i])
@@ -161,6 +177,7 @@ def h2d_rounding(ctx: FalsifyContext) -> Outcome:
         agreement=engine.item_agreement(ctx, "bitwise", nan_policy="class", fmt=target),
         cases=st.lists(f64_bits(target), min_size=1, max_size=b.max_size).map(tuple),
         explicit=(tuple(int(v) for v in x),), count=lambda j: j.n, encode=_encode,
+        from_witness=from_witness, regime_of=regimes,
         decode=lambda rp: tuple(rp.values), describe=_case_json,
         elements=Elements(operands=lambda xs, i: (int(xs[i]),), batch=lambda tuples, case: tuple(v for (v,) in tuples),
                           describe=describe_element, common=_F64_COMMON, width=64),

@@ -24,6 +24,7 @@ import numpy as np
 
 from native.nvrtc import compile_function, get_route
 from obligations.core.device import array_module, resolve_device
+from obligations.core.entrypoints import entry_point
 from obligations.core.symbolic import as_type, cdiv, smax, smin
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "get_kernel",
     "kernel_source",
     "kernel_plan",
+    "INDEX_TYPES",
     "RouteUnsupported",
     "host_supports",
     "HOST_ENVS",
@@ -81,6 +83,9 @@ def launch_plan(
         "iterations": cdiv(n, stride),
         "max_grid": max_grid,
         "index_bits": index_bits,
+        # The loop's paths: no element, every thread at most one trip, a grid-stride loop, the grid at its cap.
+        "regimes": {"empty": n == 0, "one_trip": (n > 0) & (cdiv(n, stride) <= 1), "grid_stride": cdiv(n, stride) > 1,
+                    "grid_capped": (n > 0) & (cdiv(n, block) >= max_grid)},
     }
 
 
@@ -170,10 +175,15 @@ extern "C" __global__ void {fname}({params}long long n) {{
 """
 
 
-def kernel_source(name: str, variant: str | None = None) -> tuple[str, str]:
-    """(CUDA source, function name) of kernel ``name`` built as ``variant``."""
+# The C index type of each index width a launch plan proves (the source reads it from the plan).
+INDEX_TYPES: dict[int, str] = {64: "long long", 32: "int"}
+
+
+def kernel_source(name: str, variant: str | None = None, plan: dict | None = None) -> tuple[str, str]:
+    """(CUDA source, function name) of kernel ``name`` built as ``variant``; its index type is ``plan``'s."""
     k = get_kernel(name)
     v = k.variant(variant)
+    plan = plan if plan is not None else kernel_plan(name, 1, variant)
     fname = f"kc_{k.name}" + (f"_{v.name}" if v.name != "default" else "")
     params = "".join(f"const float* __restrict__ in_{a}, " for a in k.inputs)
     params += "".join(f"float* __restrict__ out_{o}, " for o in k.outputs)
@@ -183,7 +193,7 @@ def kernel_source(name: str, variant: str | None = None) -> tuple[str, str]:
     src = _TEMPLATE.format(
         fname=fname,
         params=params,
-        idx=v.index_type or "long long",
+        idx=INDEX_TYPES[int(plan["index_bits"])],
         guard=v.guard or "i < n",
         loads=loads,
         body=v.body or k.body,
@@ -590,9 +600,9 @@ def _run_cuda(
     import cupy
 
     r = get_route(v.route or route)
-    src, fname = kernel_source(k.name, variant)
-    fn = compile_function(src, fname, r.name)
     plan = kernel_plan(k.name, n, variant, block, max_grid)
+    src, fname = kernel_source(k.name, variant, plan)
+    fn = compile_function(src, fname, r.name)
     args = [cupy.ascontiguousarray(a, dtype=cupy.float32) for a in ins]
     fn(
         (int(plan["grid"]),),
@@ -602,6 +612,8 @@ def _run_cuda(
     return r.env
 
 
+# Every registered kernel, shipped (variant None) through the default route; planted variants are not offered.
+@entry_point("elementwise", axes={"name": tuple(sorted(KERNELS)), "route": ("nvrtc-ieee",), "variant": (None,)})
 def run_flat(
     name: str,
     inputs: list,

@@ -22,7 +22,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from obligations.core.symbolic import all_of, as_type, select
+from obligations.core.entrypoints import entry_point
+from obligations.core.symbolic import all_of, as_type, negate, select
 
 __all__ = [
     "GemmPlan",
@@ -112,6 +113,19 @@ class GemmPlan:
     def c_offset(self, i: Any, j: Any) -> Any:
         """Element offset of C[i, j] in C's buffer."""
         return as_type(i, "int64") * self.ldc + j
+
+    def regimes(self) -> dict[str, Any]:
+        """Layouts cuBLAS is called with: each transpose pair, with packed or padded leading dimensions."""
+        packed = all_of(self.lda == self.a_cols, self.ldb == self.b_cols, self.ldc == self.n)
+        out = {}
+        for ta in (False, True):
+            for tb in (False, True):
+                layout = all_of(self.trans_a if ta else negate(self.trans_a),
+                                self.trans_b if tb else negate(self.trans_b))
+                name = f"{'T' if ta else 'N'}{'T' if tb else 'N'}"
+                out[f"{name}_packed"] = all_of(layout, packed)
+                out[f"{name}_padded"] = all_of(layout, negate(packed))
+        return out
 
 
 def gemm_plan(m: Any, n: Any, k: Any, lda: Any, ldb: Any, ldc: Any, trans_a: Any, trans_b: Any,
@@ -615,6 +629,7 @@ def bind_gemm(ctx: GemmContext, a: Any, b: Any, c: Any, m: int, n: int, k: int, 
     return ctx.bound_call(ctx.api.bind(*cargs, first, second, c), c)
 
 
+@entry_point("gemm")
 def gemm_raw(ctx: GemmContext, a: Any, b: Any, c: Any, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
              trans_a: bool, trans_b: bool, alpha: float = 1.0, beta: float = 0.0, batch: int = 1,
              strides: tuple[int, int, int] = (0, 0, 0), compute: int = COMPUTE_32F,
@@ -660,6 +675,7 @@ def _device_id() -> int:
     return _device_id()
 
 
+@entry_point("gemm", axes={"trans_a": (False, True), "trans_b": (False, True)})
 def matmul(a: Any, b: Any, *, trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0,
            c: Any = None, out_dtype: str | None = None, device: str = "auto", compute: int = COMPUTE_32F,
            args: Callable[..., CublasCall] = cublas_args) -> Any:

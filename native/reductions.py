@@ -29,6 +29,7 @@ import numpy as np
 from native.elementwise import launch_plan
 from native.nvrtc import compile_function, get_route
 from obligations.core.device import array_module, resolve_device
+from obligations.core.entrypoints import entry_point
 from obligations.core.symbolic import all_of, as_type, cdiv, smax, smin
 
 __all__ = [
@@ -433,16 +434,19 @@ def _axis_reduce(op: str, x: Any, axis: int | None, device: str) -> Any:
     return out.reshape(out_shape)
 
 
+@entry_point("reductions")
 def fold_sum(x: Any, axis: int | None = None, device: str = "auto") -> Any:
     """Sum by left fold from +0 along ``axis`` (None: the whole buffer; empty: +0)."""
     return _axis_reduce("sum", x, axis, device)
 
 
+@entry_point("reductions")
 def fold_max(x: Any, axis: int | None = None, device: str = "auto") -> Any:
     """IEEE maximum (NaN if any NaN, -0 < +0) along ``axis``; an empty reduction gives -Inf."""
     return _axis_reduce("max", x, axis, device)
 
 
+@entry_point("reductions", axes={"order": ("fold", "tree")})
 def mean(x: Any, axis: int | None = None, device: str = "auto", order: str = "fold", block: int = BLOCK,
          max_grid: int = MAX_GRID, unroll: int = UNROLL) -> Any:
     """Fold (or whole-buffer tree, launched with the given knobs) sum divided once by float32(length); empty: NaN."""
@@ -500,17 +504,20 @@ def _run_tree(x: Any, device: str, kind: str, order: TreeOrder, block: int = BLO
     return cur.reshape(())
 
 
+@entry_point("reductions")
 def tree_sum(x: Any, device: str = "auto", order: TreeOrder = STANDARD, block: int = BLOCK,
              max_grid: int = MAX_GRID, unroll: int = UNROLL, loop: MainLoop = IN_ORDER) -> Any:
     """Deterministic fixed-tree sum of the whole buffer (empty: +0), launched with the plan's knobs."""
     return _run_tree(x, device, "tree", order, block, max_grid, unroll, loop)
 
 
+@entry_point("reductions")
 def atomic_sum(x: Any, device: str = "auto") -> Any:
     """Fast sum: block trees then one atomicAdd per block (no fixed order; subnormal results flushed)."""
     return _run_tree(x, device, "atomic", STANDARD)
 
 
+@entry_point("reductions")
 def scatter_add(out: Any, idx: Any, src: Any, device: str = "auto") -> Any:
     """out[idx[j]] += src[j], duplicates in increasing j; returns a new array (``out`` is not modified)."""
     dev = resolve_device(device)

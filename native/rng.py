@@ -27,6 +27,7 @@ import numpy as np
 
 from native.nvrtc import compile_function, get_route
 from obligations.core.device import array_module, resolve_device, to_host
+from obligations.core.entrypoints import entry_point
 from obligations.core.symbolic import as_type, cdiv, select, smax, smin
 
 __all__ = [
@@ -89,6 +90,11 @@ class RngPlan:
     def next_index(self, i: Any) -> Any:
         """The grid-stride loop's next index after ``i``."""
         return i + self.stride
+
+    def regimes(self) -> dict[str, Any]:
+        """The kernel's paths: no element, one trip per thread, a grid-stride loop (the mode picks the words)."""
+        n, trips = self.n_elems, self.iterations
+        return {"empty": n == 0, "one_trip": (n > 0) & (trips <= 1), "grid_stride": trips > 1}
 
 
 def rng_plan(n_elems: Any, draws: Any, block: Any = DEFAULT_BLOCK, max_grid: Any = DEFAULT_MAX_GRID) -> RngPlan:
@@ -291,19 +297,20 @@ def kernel_source(variant: str | None = None) -> tuple[str, str]:
     return src, fname
 
 
-def _launch(n: int) -> tuple[int, int]:
-    plan = rng_plan(n, 1)
+def _launch(n: int, block: int = DEFAULT_BLOCK, max_grid: int = DEFAULT_MAX_GRID) -> tuple[int, int]:
+    plan = rng_plan(n, 1, block, max_grid)
     return int(plan.grid), int(plan.block)
 
 
-def _cuda(mode: str, key: int, n: int, variant: str | None, keep_prob: np.float32, x: Any) -> Any:
+def _cuda(mode: str, key: int, n: int, variant: str | None, keep_prob: np.float32, x: Any, block: int = DEFAULT_BLOCK,
+          max_grid: int = DEFAULT_MAX_GRID) -> Any:
     import cupy
 
     src, fname = kernel_source(variant)
     fn = compile_function(src, fname, ROUTE)
     out = cupy.empty(n, dtype=cupy.uint32)
     xs = cupy.ascontiguousarray(x, dtype=cupy.float32).reshape(-1) if x is not None else cupy.empty(1, cupy.float32)
-    grid, block = _launch(n)
+    grid, block = _launch(n, block, max_grid)
     fn((grid,), (block,), (np.uint64(key), np.int64(n), np.int32(MODES[mode][0]), keep_prob, xs, out))
     return out
 
@@ -318,9 +325,11 @@ def _check_keep_prob(keep_prob: float) -> np.float32:
     return p
 
 
+@entry_point("rng", axes={"mode": tuple(MODES), "variant": (None,)})
 def generate(mode: str, shape: tuple[int, ...] | int, seed: int, counter: int, *, device: str = "host",
-             keep_prob: float = 1.0, x: Any = None, variant: str | None = None) -> Any:
-    """Run the RNG kernel in ``mode`` and return uint32 bits of the output in ``shape`` on the device."""
+             keep_prob: float = 1.0, x: Any = None, variant: str | None = None, block: int = DEFAULT_BLOCK,
+             max_grid: int = DEFAULT_MAX_GRID) -> Any:
+    """Run the RNG kernel in ``mode`` (launched with the plan's knobs) and return uint32 bits in ``shape``."""
     if mode not in MODES:
         raise KeyError(f"unknown RNG mode {mode!r}; known: {sorted(MODES)}")
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
@@ -337,10 +346,11 @@ def generate(mode: str, shape: tuple[int, ...] | int, seed: int, counter: int, *
         xs = None if x is None else np.ascontiguousarray(to_host(x), dtype=np.float32).reshape(-1)
         out = _host(mode, key, n, get_variant(variant), p, xs)
     else:
-        out = _cuda(mode, key, n, variant, p, x)
+        out = _cuda(mode, key, n, variant, p, x, block, max_grid)
     return out.reshape(shape)
 
 
+@entry_point("rng", axes={"variant": (None,)})
 def uniform_map(words: Any, *, device: str = "host", variant: str | None = None) -> Any:
     """uint32 bits of the kernel's uniform map applied to raw words (the device code the RNG kernel uses)."""
     dev = resolve_device(device)

@@ -23,8 +23,9 @@ import numpy as np
 
 from native.nvrtc import compile_function, get_route
 from obligations.core.device import array_module, resolve_device
+from obligations.core.entrypoints import entry_point
 from obligations.core.symbolic import cdiv, smax, smin
-from spec.transfer import TargetFormat, get_target
+from spec.transfer import TARGETS, TargetFormat, get_target
 
 __all__ = [
     "DEFAULT_BLOCK",
@@ -73,6 +74,11 @@ class TransferPlan:
     def dst_end(self, i: Any) -> Any:
         """One past the last destination byte element ``i`` writes."""
         return i * self.dst_bytes + self.dst_bytes
+
+    def regimes(self) -> dict[str, Any]:
+        """The conversion loop's paths: no element, one trip per thread, a grid-stride loop."""
+        n, trips = self.n_elems, self.iterations
+        return {"empty": n == 0, "one_trip": (n > 0) & (trips <= 1), "grid_stride": trips > 1}
 
 
 def transfer_plan(n_elems: Any, src_bytes: Any, dst_bytes: Any, block: Any = DEFAULT_BLOCK,
@@ -225,7 +231,9 @@ def kernel_source(target: str, variant: str | None = None) -> tuple[str, str]:
     return _NARROW_C + _KERNEL_C.format(fname=fname, out_t=out_t, expr=_cuda_expr(t, v)), fname
 
 
-def upload(x: Any, target: str, *, device: str = "host", variant: str | None = None) -> Any:
+@entry_point("transfer", axes={"target": tuple(sorted(TARGETS)), "variant": (None,)})
+def upload(x: Any, target: str, *, device: str = "host", variant: str | None = None, block: int = DEFAULT_BLOCK,
+           max_grid: int = DEFAULT_MAX_GRID) -> Any:
     """float64 host values -> ``target`` bits (uint32/uint16) on ``device``, same shape, round to nearest even."""
     t, v = get_target(target), get_variant(variant)
     host = np.ascontiguousarray(np.asarray(x, dtype=np.float64))
@@ -235,7 +243,7 @@ def upload(x: Any, target: str, *, device: str = "host", variant: str | None = N
 
     src = cupy.asarray(host).reshape(-1)  # a byte copy: the float64 bits arrive unchanged
     out = cupy.empty(src.size, dtype=t.dtype)
-    plan = transfer_plan(int(src.size), 8, t.width // 8)
+    plan = transfer_plan(int(src.size), 8, t.width // 8, block, max_grid)
     code, fname = kernel_source(target, variant)
     fn = compile_function(code, fname, ROUTE)
     fn((int(plan.grid),), (int(plan.block),), (src, out, np.int64(src.size)))

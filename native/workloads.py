@@ -80,7 +80,43 @@ def _reductions() -> int:
         red.tree_sum(x, device="cuda")
         red.atomic_sum(x, device="cuda")
         red.fold_sum(x, device="cuda")
-        launches += 3
+        red.tree_sum(x, device="cuda", block=32, max_grid=1)  # the unrolled main loop with few elements
+        red.mean(x, device="cuda", order="tree", block=32, max_grid=2)
+        launches += 5
+    cupy.cuda.runtime.deviceSynchronize()
+    return launches
+
+
+@register_workload("rng")
+def _rng() -> int:
+    import cupy
+
+    from native import rng
+
+    launches = 0
+    x = cupy.ones(1000, dtype=cupy.float32)
+    for n, block, max_grid in _GEOMETRIES:  # every mode at each loop regime's geometry
+        for mode in rng.MODES:
+            xs = x[:n] if mode == "dropout" else None
+            rng.generate(mode, (n,), 7, 0, device="cuda", keep_prob=0.5, x=xs, block=block, max_grid=max_grid)
+            launches += 1
+    cupy.cuda.runtime.deviceSynchronize()
+    return launches
+
+
+@register_workload("transfer")
+def _transfer() -> int:
+    import cupy
+
+    from native import transfer
+    from spec.transfer import TARGETS
+
+    launches = 0
+    for n, block, max_grid in _GEOMETRIES:
+        values = np.random.default_rng(n).standard_normal(n)
+        for target in sorted(TARGETS):
+            transfer.upload(values, target, device="cuda", block=block, max_grid=max_grid)
+            launches += 1
     cupy.cuda.runtime.deviceSynchronize()
     return launches
 

@@ -437,10 +437,11 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _new_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", help="contract id, e.g. softmax-v1 (written to CONTRACTS_DIR/NAME.yaml)")
-    p.add_argument("--family", required=True)
-    p.add_argument("--contracts-dir", default=DEFAULT_CONTRACTS)
-    p.add_argument("--tests-dir", default="falsification",
-                   help="where the test module goes (falsification/*_tests.py are registered automatically)")
+    p.add_argument("--family", required=True, help="kernel family, e.g. gemm or softmax")
+    p.add_argument("--contracts-dir", default=DEFAULT_CONTRACTS, help="where the contract goes (default: contracts)")
+    p.add_argument("--tests-dir", default=None,
+                   help="where the test module goes (default: falsification/ in kc's checkout, where it is "
+                        "registered automatically; contract_tests/ elsewhere, a package kc imports)")
 
 
 @command("new", "scaffold a contract and a test module whose items start skipped: not implemented")

@@ -192,8 +192,7 @@ def _cuda_healthy(device: str) -> tuple[bool, str]:
     try:
         import cupy
 
-        cupy.cuda.runtime.deviceSynchronize()
-        cupy.cuda.runtime.getLastError()
+        cupy.cuda.runtime.deviceSynchronize()  # a sticky error (illegal address) raises here, every time
         return True, ""
     except Exception as e:  # any failure to synchronise: the context is gone for this process
         return False, f"{type(e).__name__}: {e}"

@@ -18,6 +18,8 @@ import pytest
 __all__ = [
     "pytest_addoption",
     "pytest_collection_modifyitems",
+    "pytest_collect_file",
+    "pytest_sessionstart",
     "KcContract",
     "KcItem",
     "KcInvalidContract",
@@ -170,18 +172,55 @@ class KcItem(pytest.Item):
         return self.path, (self.line - 1 if self.line else None), f"{self.path.name}::{self.item_id}"
 
 
+def _kc_roots(config: pytest.Config) -> list[Path]:
+    return [Path(p).resolve() for p in config.getoption("kc", default=[]) or []]
+
+
+def _named_on_command_line(config: pytest.Config, file_path: Path) -> bool:
+    for arg in config.invocation_params.args:
+        head = str(arg).split("::", 1)[0]
+        if head and (config.invocation_params.dir / head).resolve() == file_path.resolve():
+            return True
+    return False
+
+
+def _is_contract(file_path: Path) -> bool:
+    from obligations.contract import _CONTRACT_KEY
+
+    if file_path.suffix not in (".yaml", ".yml"):
+        return False
+    try:
+        with open(file_path, "rb") as fh:
+            return bool(_CONTRACT_KEY.search(fh.read(1 << 22)))
+    except OSError:
+        return False
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> KcContract | None:
+    """A contract under a ``--kc`` path (or named on the command line, ``FILE.yaml::ITEM``) is a test file.
+
+    Collected by pytest itself, so ``collected N items`` counts its items and node ids
+    (``contracts/x.yaml::ITEM-ID``) can be passed back to pytest.
+    """
+    config = parent.config
+    roots = _kc_roots(config)
+    path = file_path.resolve()
+    under = any(path == r or r in path.parents for r in roots)
+    if (under or _named_on_command_line(config, path)) and _is_contract(path):
+        return KcContract.from_parent(parent, path=file_path)
+    return None
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
-    """With --kc, add every contract item (before -k/-m deselection runs)."""
-    paths = config.getoption("kc", default=[])
-    if not paths:
-        return
-    seen = {item.nodeid for item in items}
-    for path in _contract_files(paths):
-        contract = KcContract.from_parent(session, path=path.resolve())
-        for item in contract.collect():
-            if item.nodeid not in seen:
-                items.append(item)
-                seen.add(item.nodeid)
+    """Nothing to add: contract items are collected by pytest_collect_file (kept for API compatibility)."""
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """With --kc, collect those paths besides the given ones (so the contracts' items are collected, not added)."""
+    config = session.config
+    for path in config.getoption("kc", default=[]) or []:
+        if str(path) not in config.args:
+            config.args.append(str(path))

@@ -87,6 +87,8 @@ def read_log(path: str | Path) -> Resumed:
         try:
             events.append(json.loads(line))
         except json.JSONDecodeError:
+            if n == 1:
+                raise LogError(f"{path}:1:1: not a kc results log (its first line must name {LOG_FORMAT!r})") from None
             if n == len(lines):
                 break  # torn last line: the run died while writing it
             raise LogError(f"{path}:{n}:1: not a JSON line of a results log") from None

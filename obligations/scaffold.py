@@ -10,9 +10,10 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["scaffold_contract", "ScaffoldError", "module_name_for"]
+__all__ = ["scaffold_contract", "ScaffoldError", "module_name_for", "default_tests_dir", "in_kc_checkout",
+           "KC_PACKAGES"]
 
-_IDENT = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
+_IDENT = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*(\.[A-Za-z0-9_\-]+)*$")  # the schema's ident: a safe file name
 
 CONTRACT_TEMPLATE = """\
 # yaml-language-server: $schema={schema}
@@ -112,8 +113,34 @@ def _schema_ref(contracts_dir: Path) -> str:
         return SCHEMA_PATH.as_uri()
 
 
-def scaffold_contract(name: str, family: str, contracts_dir: str | Path, tests_dir: str | Path) -> list[Path]:
-    """Write ``contracts_dir/NAME.yaml`` and ``tests_dir/<name>_tests.py``; return both; never overwrite."""
+# kc's own top-level packages: a user's test package must not share a name with one (it would shadow it).
+KC_PACKAGES = frozenset({"obligations", "falsification", "spec", "native"})
+USER_TESTS_DIR = "contract_tests"  # outside kc's checkout: a package of the user's project, importable from its root
+
+
+def in_kc_checkout(where: str | Path = ".") -> bool:
+    """True when ``where`` is the root of kc's own source checkout (where falsification/ is kc's package)."""
+    here = Path(where).resolve()
+    return (here / "obligations" / "cli.py").resolve() == (Path(__file__).resolve().parent / "cli.py")
+
+
+def default_tests_dir() -> str:
+    """``falsification`` inside kc's checkout (registered automatically), else ``contract_tests``."""
+    return "falsification" if in_kc_checkout() else USER_TESTS_DIR
+
+
+def scaffold_contract(name: str, family: str, contracts_dir: str | Path, tests_dir: str | Path | None = None
+                      ) -> list[Path]:
+    """Write ``contracts_dir/NAME.yaml`` and ``tests_dir/<name>_tests.py``; return both; never overwrite.
+
+    Outside kc's checkout the test module goes into a package (``contract_tests/`` by default, with an
+    ``__init__.py``) that kc imports from the project root it puts on ``sys.path``, as pytest's rootdir.
+    """
+    tests_dir = Path(tests_dir if tests_dir is not None else default_tests_dir())
+    user_project = not in_kc_checkout()
+    if user_project and tests_dir.resolve().name in KC_PACKAGES:
+        raise ScaffoldError(f"--tests-dir {tests_dir}: a package named {tests_dir.resolve().name!r} would shadow "
+                            f"kc's own; use another name (default: {USER_TESTS_DIR})")
     if not _IDENT.match(name):
         raise ScaffoldError(f"contract name {name!r} must match {_IDENT.pattern} (letters, digits, _ . -)")
     if not family.strip() or "\n" in family or ":" in family:
@@ -127,6 +154,10 @@ def scaffold_contract(name: str, family: str, contracts_dir: str | Path, tests_d
             raise ScaffoldError(f"{path} already exists; kc new never overwrites")
     module_path.parent.mkdir(parents=True, exist_ok=True)
     contract_path.parent.mkdir(parents=True, exist_ok=True)
+    init = module_path.parent / "__init__.py"
+    if user_project and not init.exists():
+        init.write_text('"""Falsification tests of this project\'s kernel contracts (kc imports them)."""\n',
+                        encoding="utf-8")
     module = module_name_for(module_path)
     fields = {
         "name": name,

@@ -193,3 +193,16 @@ def test_plugin_reports_an_invalid_contract(
     res = pytester.runpytest_subprocess(*_plugin_args(request), "--kc", str(bad), "-p", "no:cacheprovider")
     res.assert_outcomes(failed=1, passed=1)  # test_plain passes; the broken contract fails, visibly
     assert "invalid contract" in res.stdout.str() and "not_a_field" in res.stdout.str()
+
+
+def test_plugin_collection_counts_contract_items_and_node_ids_go_back_to_pytest(
+    pytester: pytest.Pytester, kc_project: Path, request: pytest.FixtureRequest
+) -> None:
+    res = pytester.runpytest_subprocess(*_plugin_args(request), "--kc", str(kc_project), "--collect-only", "-q",
+                                        "-p", "no:cacheprovider")
+    out = res.stdout.str()
+    node_ids = [line for line in out.splitlines() if "::" in line]
+    assert len(node_ids) == 5 and "5 tests collected" in out, out  # 4 contract items + test_plain, counted
+    node = next(n for n in node_ids if n.endswith("::PO-DEMO-TRUE"))
+    again = pytester.runpytest_subprocess(*_plugin_args(request), node, "-p", "no:cacheprovider")
+    again.assert_outcomes(passed=1)

@@ -1,0 +1,81 @@
+"""Run isolation (#17.2): per-item time limits and a worker process replaced after a fault; one fault costs one item."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from obligations.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+FAULTS = ROOT / "tests" / "fixtures" / "faults" / "faults-v1.yaml"
+OK = ["FT-OK-1", "FT-OK-2", "FT-OK-3", "FT-OK-4"]
+
+
+def _items(path: Path) -> dict[str, dict]:
+    return {it["id"]: it for c in json.loads(path.read_text())["contracts"] for it in c["items"]}
+
+
+def test_a_hanging_item_is_error_timeout_and_the_run_goes_on(tmp_path):
+    out = tmp_path / "r.json"
+    code = main(["check", str(FAULTS), "--device", "host", "--item-timeout", "1", "--isolate", "none",
+                 "--json", str(out), "-q"])
+    assert code == 1
+    items = _items(out)
+    assert items["FT-HANG"]["status"] == "error" and items["FT-HANG"]["reason"].startswith("timeout")
+    assert 0.9 < items["FT-HANG"]["seconds"] < 10
+    assert all(items[i]["status"] == "passed" for i in OK)  # before and after the hang
+
+
+def test_the_contract_sets_an_item_limit_and_the_flag_overrides_it(tmp_path):
+    path = tmp_path / "faults-v1.yaml"
+    path.write_text(FAULTS.read_text().replace("test: faults.hang", "test: faults.hang\n    timeout_s: 0.5"))
+    out = tmp_path / "r.json"
+    assert main(["check", str(path), "--device", "host", "--only", "FT-HANG", "--json", str(out), "-q"]) == 1
+    assert "limit of 0.5 s" in _items(out)["FT-HANG"]["reason"]
+    assert main(["check", str(path), "--device", "host", "--only", "FT-HANG", "--item-timeout", "1.5",
+                 "--json", str(out), "-q"]) == 1
+    assert "limit of 1.5 s" in _items(out)["FT-HANG"]["reason"]
+
+
+def test_worker_process_is_replaced_after_a_hang_and_a_dying_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("KC_FAULTS_ALLOW_EXIT", "1")  # FT-EXIT ends its process: only in a worker
+    out = tmp_path / "r.json"
+    code = main(["check", str(FAULTS), "--device", "host", "--item-timeout", "2", "--isolate", "process",
+                 "--json", str(out), "-q"])
+    assert code == 1
+    items = _items(out)
+    assert items["FT-HANG"]["reason"].startswith("timeout") and "replaced" in items["FT-HANG"]["reason"]
+    assert items["FT-EXIT"]["status"] == "error" and "exit code 7" in items["FT-EXIT"]["reason"]
+    assert all(items[i]["status"] == "passed" for i in OK)
+    assert json.loads(out.read_text())["provenance"]["workers_started"] == 3
+
+
+def test_an_exception_inside_a_test_names_its_file_and_line(tmp_path, capsys):
+    assert main(["check", str(FAULTS), "--device", "host", "--only", "FT-RAISES"]) == 1
+    assert "KeyError: 'b' (raised at tests/planted/fault_tests.py:" in capsys.readouterr().out
+
+
+@pytest.mark.cuda
+def test_on_the_device_an_oob_write_and_a_never_returning_kernel_cost_one_item_each(tmp_path):
+    from obligations.core.device import cuda_available
+
+    if not cuda_available()[0]:
+        pytest.skip("no CUDA device")
+    out, log = tmp_path / "r.json", tmp_path / "log.jsonl"
+    env_before = os.environ.pop("KC_FAULTS_ALLOW_EXIT", None)
+    try:
+        code = main(["check", str(FAULTS), "--device", "cuda", "--item-timeout", "20", "--json", str(out),
+                     "--log", str(log)])
+    finally:
+        if env_before is not None:
+            os.environ["KC_FAULTS_ALLOW_EXIT"] = env_before
+    assert code == 1
+    items = _items(out)
+    assert items["FT-CUDA-OOB"]["status"] == "error", items["FT-CUDA-OOB"]
+    assert items["FT-CUDA-HANG"]["status"] == "error" and items["FT-CUDA-HANG"]["reason"].startswith("timeout")
+    assert all(items[i]["status"] == "passed" for i in OK), {i: items[i]["reason"] for i in OK}
+    assert len(log.read_text().splitlines()) == 1 + len(items) + 1  # header, one line per item, end

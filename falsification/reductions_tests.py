@@ -46,7 +46,7 @@ from obligations.core.results import Outcome
 from obligations.regimes import regime_of
 from spec import reductions as ref
 
-__all__ = ["moderate_floats", "MIX_NAMES"]
+__all__ = ["moderate_floats", "absorbing_floats", "MIX_NAMES"]
 
 
 def _bits(a: Any) -> np.ndarray:
@@ -65,13 +65,23 @@ def moderate_floats(seed: int, n: int, xp: Any = np) -> Any:
     return xp.asarray(v.astype(np.float32))
 
 
-MIX_NAMES: tuple[str, ...] = ("moderate", *sorted(MIXES))
+MIX_NAMES: tuple[str, ...] = ("moderate", *sorted(MIXES), "absorb")
+
+
+def absorbing_floats(n: int, xp: Any = np) -> Any:
+    """2^24 then ones: adding a one to 2^24 is absorbed (ties to even), so every reordering of the adds that puts
+    ones before the large value gives other bits: the inputs of a regime witness, which must tell orders apart."""
+    v = np.ones(n, dtype=np.float32)
+    v[:1] = np.float32(2.0**24)
+    return xp.asarray(v)
 
 
 def _input_bits(seed: int, size: int, mix: str, xp: Any, arity: int = 1) -> list:
     """Input bit arrays: the project's TestFloat-style mixes, or "moderate" values whose sums round often."""
     if mix == "moderate":
         return [moderate_floats(seed + j, size, xp).view(xp.uint32) for j in range(arity)]
+    if mix == "absorb":
+        return [absorbing_floats(size, xp).view(xp.uint32) for _ in range(arity)]
     return generate_bits(BatchSpec(seed=seed, size=size, mix=mix), arity, xp)
 
 
@@ -244,7 +254,7 @@ def tree_bitwise(ctx: FalsifyContext) -> Outcome:
         cases=st.builds(lambda c, k: (*c, *k), st.tuples(st.integers(0, 2**32 - 1), sizes, st.sampled_from(MIX_NAMES)),
                         knobs),
         explicit=explicit, encode=_tree_encode, decode=_tree_decode, describe=_case_json(_TREE_CASE),
-        from_witness=lambda w: (ctx.seed, int(w["n"]), "moderate", int(w["block"]), int(w["max_grid"])),
+        from_witness=lambda w: (ctx.seed, int(w["n"]), "absorb", int(w["block"]), int(w["max_grid"])),
         regime_of=lambda case: regime_of(red.tree_plan, _tree_values(case)),
         alternative=lambda a: Expected(bits=_other_tree_bits(a[1], a[0][3], a[0][4], op)),
         alternative_name="the tree with half the block (another reassociation)",

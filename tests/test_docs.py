@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = ["docs/gemm.md", "docs/reductions.md", "docs/graphs.md", "docs/scan.md", "docs/fft.md", "docs/fusion.md"]
+PAGES = ["docs/gemm.md", "docs/reductions.md", "docs/graphs.md", "docs/scan.md", "docs/fft.md", "docs/fusion.md", "docs/coverage.md"]
 
 
 def _python_blocks(page: str) -> list[str]:

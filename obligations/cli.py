@@ -337,22 +337,47 @@ def _write_outputs(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
 
 def _report_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("paths", nargs="*", default=[DEFAULT_CONTRACTS], help="contracts (when no --from is given)")
+    p.add_argument("paths", nargs="*", default=None, metavar="PATH",
+                   help="contracts to check when no --from is given (default: [tool.kc] contracts, else ./contracts)")
     p.add_argument("--from", dest="source", metavar="RESULT.json", action="append",
                    help="report this result instead of checking; repeat to merge runs (e.g. per-contract runs)")
-    p.add_argument("--out", default="reports", help="output directory (default: reports)")
+    p.add_argument("--out", default="reports", help="output directory (default: [tool.kc] report_dir, else reports)")
     p.add_argument("--check", action="store_true",
-                   help="exit 1 if committed reports no longer match their contracts or this tool version")
-    p.add_argument("--device", choices=["auto", "host", "cuda"], default="auto")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-html", action="store_true")
-    p.add_argument("--no-plots", action="store_true")
+                   help="exit 1 if committed reports no longer match their contracts, this tool version or the "
+                        "evidence (device, profile) of the result kept beside them")
+    p.add_argument("--force", action="store_true",
+                   help="replace reports that rest on richer evidence (a GPU or full-profile run) with poorer")
+    p.add_argument("--device", choices=["auto", "host", "cuda"], default="auto", help="device of the check run")
+    p.add_argument("--seed", type=int, default=0, help="seed of the check run")
+    p.add_argument("--no-html", action="store_true", help="write Markdown only")
+    p.add_argument("--no-plots", action="store_true", help="draw no plots")
+
+
+def _poorer_than_existing(out: str, result: dict[str, Any]) -> list[str]:
+    """Reports in ``out`` that ``result`` (a poorer run) would replace."""
+    from obligations.reporting.provenance import evidence_level, poorer, report_evidence
+
+    level = evidence_level(result)
+    existing = report_evidence(out)
+    problems = []
+    for c in result["contracts"]:
+        if c["id"] in existing:
+            report, old = existing[c["id"]]
+            worse = poorer(level, old)
+            if worse:
+                problems.append(f"{report} rests on richer evidence than this run ({', '.join(worse)}); "
+                                "kept (--force replaces it)")
+    return problems
 
 
 @command("report", "write Markdown/HTML compliance reports from a check result (or check first)")
 @_configure(_report_options)
 def _report(args: argparse.Namespace) -> int:
+    import tempfile
+
     from obligations import reporting
+    from obligations.atomic import write_text_atomic
+    from obligations.check import result_json
 
     if args.check:
         contracts_dir = args.paths[0] if args.paths else DEFAULT_CONTRACTS
@@ -360,7 +385,7 @@ def _report(args: argparse.Namespace) -> int:
         for msg in problems:
             print(f"kc report --check: {msg}", file=sys.stderr)
         if not problems:
-            print(f"reports in {args.out} match their contracts and this tool version")
+            print(f"reports in {args.out} match their contracts, their evidence and this tool version")
         return EXIT_FAILED if problems else EXIT_OK
     if args.source:
         try:
@@ -369,17 +394,20 @@ def _report(args: argparse.Namespace) -> int:
             print(f"kc: error: {e}", file=sys.stderr)
             return EXIT_INVALID
     else:
-        out_json = Path(args.out) / "result.json"
-        code = main(["check", *args.paths, "--device", args.device, "--seed", str(args.seed), "--json",
-                     str(out_json)])
-        if code not in (EXIT_OK, EXIT_FAILED):
-            return code
-        result = reporting.load_result(out_json)
-    if args.source:  # keep the evidence beside the reports: `kc explain` reads reports/result.json
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        from obligations.check import result_json
-
-        (Path(args.out) / "result.json").write_text(result_json(result), encoding="utf-8")
+        with tempfile.TemporaryDirectory() as tmp:  # reports/result.json is replaced only once the run is kept
+            out_json = Path(tmp) / "result.json"
+            code = main(["check", *args.paths, "--device", args.device, "--seed", str(args.seed), "--json",
+                         str(out_json)])
+            if code not in (EXIT_OK, EXIT_FAILED):
+                return code
+            result = reporting.load_result(out_json)
+    refused = [] if args.force else _poorer_than_existing(args.out, result)
+    if refused:
+        for msg in refused:
+            print(f"kc: error: {msg}", file=sys.stderr)
+        return EXIT_INVALID
+    # keep the evidence beside the reports: `kc explain` and `kc report --check` read reports/result.json
+    write_text_atomic(Path(args.out) / "result.json", result_json(result))
     written = reporting.write_reports(result, args.out, html=not args.no_html, plots=not args.no_plots)
     for path in written:
         print(f"wrote {path}")
@@ -412,8 +440,9 @@ def merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _explain_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("item_id", metavar="ID")
-    p.add_argument("paths", nargs="*", default=[DEFAULT_CONTRACTS])
+    p.add_argument("item_id", metavar="ID", help="the item to explain")
+    p.add_argument("paths", nargs="*", default=None, metavar="PATH",
+                   help="contracts to look in (default: [tool.kc] contracts, else ./contracts)")
     p.add_argument("--from", dest="source", metavar="RESULT.json", default=None,
                    help="evidence from this result (default: reports/result.json when present)")
 
@@ -426,7 +455,11 @@ def _explain(args: argparse.Namespace) -> int:
     from obligations.reporting import load_result
 
     source = args.source or ("reports/result.json" if Path("reports/result.json").exists() else None)
-    result = load_result(source) if source else None
+    try:
+        result = load_result(source) if source else None
+    except (OSError, ValueError) as e:
+        print(f"kc: error: --from {source}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+        return EXIT_INVALID
     try:
         print(explain(args.item_id, contract_files(args.paths), result))
     except ItemNotFound as e:
@@ -465,16 +498,18 @@ def _new(args: argparse.Namespace) -> int:
 def _sweep_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("op", help="a registered unary elementwise kernel (sqrt, inv, neg, relu, exp, log, tanh, ...)")
     p.add_argument("--env", default=None, help="float environment of the reference (default: the route's)")
-    p.add_argument("--device", choices=["auto", "host", "cuda"], default="auto")
+    p.add_argument("--device", choices=["auto", "host", "cuda"], default="auto",
+                   help="auto: cuda when a working GPU is present, else host")
     p.add_argument("--fmt", default="binary32", help="binary32 (kernel vs reference) or a small format (e.g. "
                    "binary16, e4m3): every operand pair of softfloat against an exact oracle, on the CPU")
-    p.add_argument("--lo", type=lambda v: int(v, 0), default=0)
-    p.add_argument("--hi", type=lambda v: int(v, 0), default=None)
+    p.add_argument("--lo", type=lambda v: int(v, 0), default=0, help="first input bit pattern (0x... or int)")
+    p.add_argument("--hi", type=lambda v: int(v, 0), default=None, help="last input bit pattern (default: all)")
     p.add_argument("--sample", type=int, default=None, help="check this many seeded random inputs instead")
-    p.add_argument("--route", default="nvrtc-ieee")
+    p.add_argument("--route", default="nvrtc-ieee", help="compilation route of the kernel (default nvrtc-ieee)")
     p.add_argument("--bound", type=int, default=None, help="max ULP allowed (default: bitwise)")
-    p.add_argument("--reference", choices=["softfloat", "float64"], default=None)
-    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--reference", choices=["softfloat", "float64"], default=None,
+                   help="reference the kernel is compared with (default: the route's)")
+    p.add_argument("--json", metavar="FILE", help="also write the sweep report here (atomically)")
 
 
 @command("sweep", "check a unary op on every binary32 input (GPU) or every operand pair of a small format (CPU)")
@@ -499,18 +534,21 @@ def _sweep(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     text = json.dumps(report, indent=2, default=str)
     if args.json:
-        Path(args.json).write_text(text + "\n", encoding="utf-8")
+        from obligations.atomic import write_text_atomic
+
+        write_text_atomic(args.json, text + "\n")
     print(text)
     return EXIT_FAILED if report.get("disagreements") else EXIT_OK
 
 
 def _replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="the contract")
-    p.add_argument("item_id", metavar="ID")
+    p.add_argument("item_id", metavar="ID", help="the falsification item whose case is replayed")
     p.add_argument("--bits", required=True, help="operand bit patterns, comma separated (0x... or ints)")
     p.add_argument("--scalars", default="", help="scalar operand bit patterns, comma separated")
-    p.add_argument("--device", choices=["auto", "host", "cuda"], default="auto")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=["auto", "host", "cuda"], default="auto",
+                   help="auto: cuda when a working GPU is present, else host")
+    p.add_argument("--seed", type=int, default=0, help="seed of the replayed check")
 
 
 @command("replay", "re-check exactly one counterexample of a falsification item")

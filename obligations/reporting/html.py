@@ -20,7 +20,10 @@ from obligations.reporting.views import (
     report_stamp,
 )
 
-__all__ = ["render_contract_html"]
+__all__ = ["render_contract_html", "render_index_html", "gate_verdict_html"]
+
+# The QA gate verdict's colour: green passed, red not passed, grey not evaluated.
+_GATE_COLOURS = {"passed": "#1a7f37", "not passed": "#cf222e", "not evaluated": "#57606a"}
 
 PlotImages = Mapping[tuple[str, str], bytes]
 
@@ -34,8 +37,18 @@ table{border-collapse:collapse;margin:.6rem 0 1rem} th,td{border:1px solid #d0d7
 .badges span{display:inline-block;margin-right:.8rem} code,pre{background:#f6f8fa;border-radius:4px}
 code{padding:0 .25rem} pre{padding:.6rem;overflow-x:auto} figure{margin:.6rem 0}
 figcaption{color:#57606a;font-size:.9rem} img.plot{max-width:100%;height:auto;border:1px solid #d0d7de}
-math{font-size:1.1rem} .clause{margin:.3rem 0} .note{color:#57606a;font-style:italic}
+math{font-size:1.1rem} .clause{margin:.3rem 0;overflow-wrap:anywhere} .note{color:#57606a;font-style:italic}
+.clause math{display:inline-block;max-width:100%;overflow-x:auto;vertical-align:middle}
+code{overflow-wrap:anywhere;word-break:break-word} pre{white-space:pre-wrap;overflow-wrap:anywhere}
+td,th{overflow-wrap:anywhere} .gate{font-weight:700;padding:.1rem .5rem;border-radius:4px;color:#fff}
 """.strip()
+
+
+def gate_verdict_html(status: str | None) -> str:
+    """The QA gate verdict as a coloured badge."""
+    text = status or "not evaluated"
+    colour = _GATE_COLOURS.get(text, _GATE_COLOURS["not evaluated"])
+    return f'<span class="gate" data-gate="{escape(text)}" style="background:{colour}">{escape(text)}</span>'
 
 
 def _status(status: str) -> str:
@@ -170,7 +183,8 @@ def render_contract_html(
     out.append("</tbody></table>")
     gate = qa_gate_facts(contract)
     if gate:
-        out += ["<h2>QA gate</h2>", *_facts_table(gate, "qa-gate", ("QA gate", "Value"))]
+        out += ["<h2>QA gate</h2>", f"<p>Verdict: {gate_verdict_html(contract.get('qa_gate_status'))}</p>",
+                *_facts_table(gate, "qa-gate", ("QA gate", "Value"))]
     coverage = coverage_facts(contract)
     if coverage:
         out += ["<h2>Coverage</h2>", *_facts_table(coverage, "coverage", ("Coverage", "Evidence"))]
@@ -181,3 +195,41 @@ def render_contract_html(
     out += _facts_table(provenance_facts(result, contract), "provenance", ("Provenance", "Value"))
     out += ["</body></html>"]
     return "\n".join(out) + "\n"
+
+
+def render_index_html(result: Mapping[str, Any], *, html_pages: bool = True) -> str:
+    """index.html: every contract of ``result`` with its counts, its coloured QA gate verdict and a link."""
+    prov = result.get("provenance") or {}
+    device = prov.get("device") or {}
+    contracts = list(result.get("contracts", []))
+    out = [
+        "<!DOCTYPE html>",
+        stamp_line(report_stamp(result, contracts)),
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; style-src \'unsafe-inline\'">',
+        f"<title>Kernel contract reports</title><style>{_CSS}</style></head><body>",
+        "<h1>Kernel contract reports</h1>",
+        f'<p class="meta">checked {escape(str(prov.get("started", "?")))} on '
+        f"{escape(str(device.get('name') or device.get('kind') or '?'))}"
+        f" · profile {escape(str(prov.get('profile') or '?'))}</p>",
+        '<table class="contracts"><thead><tr><th>Contract</th><th>Family</th><th>Version</th>'
+        + "".join(f"<th>{escape(k)}</th>" for k in STATUSES) + "<th>QA gate</th></tr></thead><tbody>",
+    ]
+    for c in contracts:
+        counts = contract_summary(c)
+        cid = escape(str(c["id"]))
+        name = f'<a href="{escape(report_file(str(c["id"])))}.html">{cid}</a>' if html_pages else cid
+        out.append(f"<tr><td>{name}</td><td>{escape(str(c.get('family', '')))}</td>"
+                   f"<td>{escape(str(c.get('version', '')))}</td>"
+                   + "".join(f"<td>{counts.get(k, 0)}</td>" for k in STATUSES)
+                   + f"<td>{gate_verdict_html(c.get('qa_gate_status'))}</td></tr>")
+    out += ["</tbody></table>", "</body></html>"]
+    return "\n".join(out) + "\n"
+
+
+def report_file(contract_id: str) -> str:
+    """The file stem of a contract's report (the same rule as the writer's)."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", contract_id).strip("._") or "item"

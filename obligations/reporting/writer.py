@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from obligations.atomic import write_bytes_atomic, write_text_atomic
-from obligations.reporting.html import render_contract_html
+from obligations.reporting.html import render_contract_html, render_index_html
 from obligations.reporting.markdown import render_contract_markdown, render_index_markdown
 from obligations.reporting.model import validate_result
 from obligations.reporting.plots import plots_for, render_plot
@@ -33,7 +33,7 @@ def write_reports(
     html: bool = True,
     plots: bool = True,
 ) -> list[Path]:
-    """Write <id>.md (+ <id>.html) per contract, index.md and plot PNGs under ``out_dir``; return the paths.
+    """Write <id>.md (+ <id>.html) per contract, index.md (+ index.html) and plot PNGs; return the paths.
 
     Plots are drawn only when ``plots`` is true and matplotlib is importable; otherwise reports say why a
     plot is missing.
@@ -67,4 +67,8 @@ def write_reports(
     index = out / "index.md"
     write_text_atomic(index, render_index_markdown(result, html=html))
     written.append(index)
+    if html:
+        index_html = out / "index.html"
+        write_text_atomic(index_html, render_index_html(result))
+        written.append(index_html)
     return written

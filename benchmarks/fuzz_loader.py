@@ -1,10 +1,12 @@
 """Fuzz the contract loader: N structure-aware mutants of the shipped contracts through ``kc validate``.
 
-    python benchmarks/fuzz_loader.py [-n 10000] [--seed 0] [--jobs CPUS] [--keep DIR]
+    python benchmarks/fuzz_loader.py [-n 10000] [--expressions 10000] [--seed 0] [--jobs CPUS] [--keep DIR]
 
 Prints the count of files per exit code (0 valid, 2 located diagnostics; 3 would be a crash), the files
 whose output broke the ``path:line:col: error:`` form, and the time taken. File ``i`` of seed ``s`` is the
-same whatever ``--jobs`` is, so a finding replays with ``--seed s`` and its index.
+same whatever ``--jobs`` is, so a finding replays with ``--seed s`` and its index. ``--expressions N`` also
+parses N fuzzed expressions (hostile forms and spliced shipped statements) and runs every hostile expression
+as a contract statement through ``kc validate --import``: counts by verdict, slowest input, peak memory.
 """
 
 from __future__ import annotations
@@ -24,7 +26,58 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.loader_fuzzing import mutant, verdict  # noqa: E402
+from tests.loader_fuzzing import (  # noqa: E402
+    HOSTILE_EXPRESSIONS,
+    SHIPPED,
+    dump_yaml,
+    expression_mutant,
+    expression_verdict,
+    mutant,
+    shipped_data,
+    verdict,
+)
+
+
+def fuzz_expressions(n: int, seed: int) -> int:
+    """Parse ``n`` fuzzed expressions and validate every hostile one in a contract; print figures; count bad."""
+    import copy
+    import warnings
+
+    warnings.simplefilter("ignore", SyntaxWarning)
+    rng = random.Random(seed)
+    t0 = time.perf_counter()
+    bad, slowest, peak = [], 0.0, 0
+    for i in range(n):
+        text = expression_mutant(rng)
+        v = expression_verdict(text, measure_memory=i % 10 == 0)
+        slowest, peak = max(slowest, v.seconds), max(peak, v.peak_bytes)
+        if not v.ok:
+            bad.append((i, text[:80], v.problem))
+    parse_s = time.perf_counter() - t0
+    source = next(p for p in SHIPPED if "gemm" in p.name)
+    data = shipped_data(source)
+    first = next(i for i, o in enumerate(data["obligations"]) if "prove" in o)
+    codes: collections.Counter[int] = collections.Counter()
+    worst = 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        for k, text in enumerate(HOSTILE_EXPRESSIONS):
+            mutated = copy.deepcopy(data)
+            mutated["obligations"][first]["prove"] = text
+            path = Path(tmp) / f"expr-{k}.yaml"
+            path.write_bytes(dump_yaml(mutated))
+            t1 = time.perf_counter()
+            v = verdict(path)
+            worst = max(worst, time.perf_counter() - t1)
+            codes[v.exit_code] += 1
+            if v.exit_code not in (0, 2) or v.bad_lines:
+                bad.append((k, text[:80], f"exit {v.exit_code}: {v.bad_lines[:2]}"))
+    print(f"fuzz_expressions: {n} fuzzed expressions parsed in {parse_s:.1f} s (slowest {1000 * slowest:.1f} ms, "
+          f"peak {peak / 2**20:.1f} MiB traced), {len(bad)} without a located verdict")
+    print(f"hostile expressions as contract statements (kc validate --import): {len(HOSTILE_EXPRESSIONS)}; exit codes "
+          + ", ".join(f"{c}: {k}" for c, k in sorted(codes.items())) + f"; slowest {worst:.2f} s")
+    for item in bad[:20]:
+        print(f"  {item}")
+    return len(bad)
 
 
 def rng_for(seed: int, index: int) -> random.Random:
@@ -57,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--keep", metavar="DIR", help="save the files that crashed or printed a malformed line")
+    p.add_argument("--expressions", type=int, default=0, metavar="N",
+                   help="also fuzz N expressions and every hostile expression as a statement (default 0)")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     slices = [(j, args.jobs, args.n, args.seed, args.keep) for j in range(args.jobs)]
@@ -78,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"files with a crash or a malformed line: {len(bad)}")
     for index, code, names, lines in bad[:20]:
         print(f"  #{index} exit {code} {'+'.join(names)}: {lines[:2]}")
-    return 1 if bad else 0
+    bad_expressions = fuzz_expressions(args.expressions, args.seed) if args.expressions else 0
+    return 1 if bad or bad_expressions else 0
 
 
 if __name__ == "__main__":

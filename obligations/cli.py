@@ -2,7 +2,8 @@
 
 Exit codes: 0 nothing violated or errored; 1 something violated or errored (with --strict also anything
 unknown or skipped); 2 invalid contract or usage (including --device cuda without a working GPU);
-3 internal error; 130 interrupted (Ctrl-C; `kc check --json` still writes the partial result).
+3 internal error; 5 no contract collected; 130 interrupted (Ctrl-C; `kc check --json` still writes the partial
+result and the results log says where to --resume).
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ from typing import Any
 from ruamel.yaml import YAML
 
 __all__ = ["SHIPPED", "Mutant", "Verdict", "mutant", "verdict", "dump_yaml", "shipped_data", "DATA_MUTATIONS",
-           "TEXT_MUTATIONS"]
+           "TEXT_MUTATIONS", "HOSTILE_EXPRESSIONS", "expression_mutant", "expression_verdict", "ExprVerdict",
+           "shipped_statements"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "contracts").glob("*.yaml"))
@@ -119,6 +120,39 @@ DATA_MUTATIONS: dict[str, Callable[[random.Random, Data], None]] = {
 }
 
 
+# The expression language under attack: escapes to Python objects, code forms, and inputs that would take
+# unbounded time or memory if evaluated. Each must be a located diagnostic (or a valid statement), quickly.
+HOSTILE_EXPRESSIONS: tuple[str, ...] = (
+    "().__class__.__bases__[0].__subclasses__()", "m.__class__ == 0", "m.__dict__", "(lambda: 1)() > 0",
+    "(lambda m: m)(m) > 0", "[x for x in range(10)] == 0", "{x for x in m}", "sum(x for x in m) > 0",
+    "(y := 3) > 0", "f'{m}' == 'x'", "f'{m.__class__}'", "1" * 10000 + " > m", "1" * 1990 + " > m",
+    "9**9**9 > m", "9**9**9**9", "2 ** 200 > m", "m << 10**9 > 0", "1 << 99999999999 > 0", "m >> -1 > 0",
+    "(" * 10000 + "m" + ")" * 10000 + " > 0", "(" * 900 + "m" + ")" * 900 + " > 0", "-" * 1990 + "m > 0",
+    "not " * 490 + "True", "__import__('os').system('echo pwned') == 0", "getattr(m, '__class__') == 0",
+    "eval('1') == 1", "exec('x=1')", "open('/etc/passwd')", "m[0] > 0", "m.real > 0", "{m: 1} == 0", "*m",
+    "m if m else", "'a' * 10**9 == m", "m @ m", "yield m", "await m", "m; m", "import os", "m\x00 > 0",
+    "0x" + "f" * 1990, "1e999 > m", "m >= 1 # c", "\\\n m", "m == 1 and " * 180 + "m == 1",
+    "max(" * 300 + "m" + ", 1)" * 300 + " > 0", "int64(" * 500 + "m" + ")" * 500 + " > 0",
+    "__builtins__", "globals()", "m.__class__.__mro__[1].__subclasses__()", "type(m)(1)", "breakpoint()",
+    "m // 0 == 0", "m % 0 == 0", "10**38 * 10**38 > m", "-(2**127) - 1 < m", "\u202e m > 0", "m ＞ 0",
+)
+
+
+def _hostile_expression(rng: random.Random, data: Data) -> None:
+    """A statement replaced by a hostile expression, or a hostile fragment spliced into it."""
+    stmts = [p for p in _nodes(data) if p and p[-1] in ("given", "prove") and isinstance(_get(data, p), str)]
+    path = rng.choice(stmts) if stmts else _pick(rng, data, lambda v: isinstance(v, str))
+    if path is None:
+        return
+    hostile = rng.choice(HOSTILE_EXPRESSIONS)
+    old = _get(data, path)
+    if rng.random() < 0.5 or not isinstance(old, str):
+        _set(data, path, hostile)
+    else:
+        k = rng.randrange(len(old) + 1)
+        _set(data, path, old[:k] + rng.choice((" and ", " + ", " ", "(", "")) + hostile + old[k:])
+
+
 def _lines(text: bytes) -> list[bytes]:
     return text.splitlines(keepends=True) or [b""]
 
@@ -198,6 +232,8 @@ def _yaml_oddity(rng: random.Random, text: bytes) -> bytes:
     return b"".join(lines)
 
 
+DATA_MUTATIONS["hostile-expression"] = _hostile_expression
+
 TEXT_MUTATIONS: dict[str, Callable[[random.Random, bytes], bytes]] = {
     "duplicate-line": _duplicate_line,
     "tab": _tab,
@@ -273,13 +309,17 @@ class Verdict:
     bad_lines: tuple[str, ...]
 
 
-def verdict(path: Path) -> Verdict:
-    """Run ``kc validate PATH`` in this process; check its exit code and the form of every line it printed."""
+def verdict(path: Path, imports: bool = True) -> Verdict:
+    """Run ``kc validate [--import] PATH`` in this process; check its exit code and the form of every line printed.
+
+    With ``imports`` (the default) the plans run on symbols and every statement is evaluated, as ``kc check``
+    does, so hostile statements meet the whole pipeline, not only the parser.
+    """
     from obligations.cli import main
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        code = main(["validate", str(path)])
+        code = main(["validate", *(["--import"] if imports else []), str(path)])
     located = re.compile(rf"^{re.escape(str(path))}:\d+:\d+: error: \S")
     lines = err.getvalue().splitlines()
     bad = [ln for ln in lines if not located.match(ln) and not re.match(r"^\d+ problem\(s\) in \d+ contract", ln)]
@@ -288,3 +328,68 @@ def verdict(path: Path) -> Verdict:
     if code == 2 and not any(located.match(ln) for ln in lines):
         bad.append("exit 2 without a located diagnostic")
     return Verdict(code, tuple(bad))
+
+
+# -- the expression language alone ---------------------------------------------------------------------------
+
+_STATEMENTS: list[str] = []
+
+
+def shipped_statements() -> list[str]:
+    """Every given/prove statement of the shipped contracts."""
+    if not _STATEMENTS:
+        for path in SHIPPED:
+            data = shipped_data(path)
+            for p in _nodes(data):
+                if p and p[-1] in ("given", "prove") and isinstance(_get(data, p), str):
+                    _STATEMENTS.append(_get(data, p))
+    return _STATEMENTS
+
+
+def expression_mutant(rng: random.Random) -> str:
+    """A hostile expression, or a shipped statement with a hostile fragment or random characters spliced in."""
+    roll = rng.random()
+    if roll < 0.3:
+        return rng.choice(HOSTILE_EXPRESSIONS)
+    base = rng.choice(shipped_statements())
+    k = rng.randrange(len(base) + 1)
+    if roll < 0.7:
+        return base[:k] + rng.choice((" and ", " + ", " ", "(", ")", "")) + rng.choice(HOSTILE_EXPRESSIONS) + base[k:]
+    junk = "".join(rng.choice("()[]{}.:=*/%<>!~^|&@'\"#\\_ ax019") for _ in range(rng.randint(1, 8)))
+    return base[:k] + junk + base[k + rng.randint(0, 3):]
+
+
+@dataclass(frozen=True)
+class ExprVerdict:
+    """What the parser did with one expression: accepted, or a located ExprError; its time and peak memory."""
+
+    ok: bool
+    problem: str | None
+    seconds: float
+    peak_bytes: int
+
+
+def expression_verdict(text: str, measure_memory: bool = False) -> ExprVerdict:
+    """Parse ``text``: good when it parses or raises ExprError with a column inside the text, nothing else."""
+    import time
+    import tracemalloc
+
+    from obligations import expr
+
+    if measure_memory:
+        tracemalloc.start()
+    t0 = time.perf_counter()
+    problem = None
+    try:
+        expr.parse(text)
+    except expr.ExprError as e:
+        if not isinstance(e.col, int) or not 0 <= e.col <= max(len(text), 1) or not e.message:
+            problem = f"ExprError without a usable column: col={e.col!r} {e.message!r}"
+    except BaseException as e:  # noqa: BLE001 (any other exception is the finding)
+        problem = f"{type(e).__name__}: {str(e)[:200]}"
+    seconds = time.perf_counter() - t0
+    peak = 0
+    if measure_memory:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return ExprVerdict(problem is None, problem, seconds, peak)

@@ -276,6 +276,7 @@ def _check(args: argparse.Namespace) -> int:
             log.close()
     if result.get("interrupted"):
         _write_outputs(args, result)
+        _print_summary(result, out, " (interrupted)")
         print("kc: interrupted; the result holds the items checked so far" +
               (f" ({args.json})" if args.json else "") + (f"; resume with kc check --resume {log_path}"
                                                           if log_path else ""), file=sys.stderr)
@@ -285,12 +286,17 @@ def _check(args: argparse.Namespace) -> int:
     _write_outputs(args, result)
     if args.durations is not None:
         _print_durations(result, args.durations, out)
-    s = result["summary"]
-    total = sum(v for k, v in s.items() if k != "unchecked_entry_points")
-    parts = ", ".join(f"{v} {k}" for k, v in s.items() if v and k != "unchecked_entry_points")
-    tail = f" ({result['stopped']})" if result.get("stopped") else ""
-    print(f"{total} items: {parts}{tail}", file=out)
+    _print_summary(result, out, f" ({result['stopped']})" if result.get("stopped") else "")
     return result["exit_code"]
+
+
+def _print_summary(result: dict[str, Any], out: Any, tail: str = "") -> None:
+    s = result["summary"]
+    from obligations.core.results import Status
+
+    total = sum(s.get(k.value, 0) for k in Status)  # items by status; the other counts are coverage flags
+    parts = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in s.items() if v)
+    print(f"{total} items: {parts}{tail}", file=out)
 
 
 def _selected(item_id: str, only: list[str]) -> bool:

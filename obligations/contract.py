@@ -307,7 +307,9 @@ def load_contract(path: str | Path, *, check: bool = True, known_ids: set[str] |
     """Load one contract; with ``check`` raise ContractError listing every problem found."""
     contract = parse_contract(path)
     if check:
-        problems = list(_diagnose(contract, known_ids, imports))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)
+            problems = list(_diagnose(contract, known_ids, imports))
         if problems:
             raise ContractError(problems)
     return contract
@@ -411,7 +413,9 @@ def load_contracts(paths: Iterable[str | Path], *, search_path: Iterable[str | P
     known = {c.data["id"] for c in (*parsed, *others) if isinstance(c.data.get("id"), str)}
     valid = []
     for c in parsed:
-        found = list(_diagnose(c, known, imports))
+        with warnings.catch_warnings():  # ast's SyntaxWarnings on bad statements: the diagnostic says it
+            warnings.simplefilter("ignore", SyntaxWarning)
+            found = list(_diagnose(c, known, imports))
         problems.extend(found)
         if not found:
             valid.append(c)

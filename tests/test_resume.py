@@ -50,7 +50,7 @@ def test_the_results_log_has_one_flushed_line_per_finished_item(tmp_path, monkey
     assert [e["record"]["id"] for e in events[1:-1]] == QUICK and events[-1] == {"event": "end", "exit_code": 0}
 
 
-def test_ctrl_c_writes_the_partial_result_and_resume_finishes_it_without_redoing(tmp_path, monkeypatch):
+def test_ctrl_c_writes_the_partial_result_and_resume_finishes_it_without_redoing(tmp_path, monkeypatch, capsys):
     log, partial, resumed, full = (tmp_path / n for n in ("log.jsonl", "partial.json", "resumed.json", "full.json"))
     argv = ["check", str(GEMM), "--device", "host", "--only", *QUICK, "-q"]
     assert main([*argv, "--json", str(full)]) == 0
@@ -67,6 +67,9 @@ def test_ctrl_c_writes_the_partial_result_and_resume_finishes_it_without_redoing
     assert main([*argv, "--json", str(partial), "--log", str(log)]) == 130
     part = json.loads(partial.read_text())
     assert part["interrupted"] is True and len(part["contracts"][0]["items"]) == 2
+    captured = capsys.readouterr()
+    assert "2 items:" in captured.out and "(interrupted)" in captured.out  # the partial summary
+    assert f"resume with kc check --resume {log}" in captured.err
     assert len(_lines(log)) == 3  # header + the two finished items
     calls.clear()
     monkeypatch.setattr(check, "item_fields", lambda contract, item, **kw: (calls.append(item["id"]),

@@ -535,7 +535,8 @@ def _sweep(args: argparse.Namespace) -> int:
         print("kc sweep: all 2^32 inputs on the host would take hours; checking a 2^22 sample "
               "(use --device cuda for the exhaustive sweep, or --lo/--hi/--sample)", file=sys.stderr)
     try:
-        report = sweep(args.op, args.env, device=device, fmt=args.fmt, **kwargs)
+        with _working(f"kc sweep {args.op} ({args.fmt}, {device})"):
+            report = sweep(args.op, args.env, device=device, fmt=args.fmt, **kwargs)
     except (KeyError, ValueError) as e:
         print(f"kc: error: {e}", file=sys.stderr)
         return EXIT_INVALID
@@ -546,6 +547,24 @@ def _sweep(args: argparse.Namespace) -> int:
         write_text_atomic(args.json, text + "\n")
     print(text)
     return EXIT_FAILED if report.get("disagreements") else EXIT_OK
+
+
+@contextlib.contextmanager
+def _working(what: str) -> Any:
+    """A live status line (rich) on a terminal for work without item counts; one plain line otherwise."""
+    from obligations.console import colour_enabled
+
+    if sys.stderr.isatty():
+        try:
+            from rich.console import Console
+
+            with Console(stderr=True, no_color=not colour_enabled(sys.stderr)).status(what):
+                yield
+            return
+        except ImportError:
+            pass
+    print(f"{what} ...", file=sys.stderr, flush=True)
+    yield
 
 
 def _replay_options(p: argparse.ArgumentParser) -> None:

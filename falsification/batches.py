@@ -98,7 +98,7 @@ def batch_check(
         return spec
 
     def regimes(spec: BatchSpec) -> list[str]:
-        from obligations.regimes import regime_of
+        from obligations.core.plans import regime_of
 
         return regime_of(plan, {"n": spec.size, **launches.get(spec, {})})
 

@@ -47,8 +47,8 @@ from native.elementwise import (
 )
 from native.nvrtc import get_route
 from obligations.core.device import array_module
+from obligations.core.plans import regime_of
 from obligations.core.results import Outcome, error, passed, violated
-from obligations.regimes import regime_of
 from spec.elementwise import GELU_C, GELU_K, Reference, bits_to_f64, f64_to_f32_bits, get_reference
 
 __all__ = ["POISON", "ULP_BOUNDS", "elementwise_check", "gelu_ulp_bound", "sigmoid_ulp_bound"]

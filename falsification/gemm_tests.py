@@ -43,9 +43,8 @@ from falsification.registry import FalsifyContext, Replay, register_test
 from native import gemm as ng
 from native import reductions as red
 from obligations.core.device import array_module, to_host
-from obligations.core.plans import resolve
+from obligations.core.plans import regime_of, resolve
 from obligations.core.results import Outcome, skipped
-from obligations.regimes import regime_of
 from spec import gemm as sg
 
 __all__ = ["SmallModel", "time_ms", "host_us", "WARMUP", "mfu"]

@@ -41,9 +41,8 @@ from falsification.float32_inputs import MIXES, BatchSpec, generate_bits
 from falsification.registry import FalsifyContext, Replay, register_test
 from native import reductions as red
 from obligations.core.device import array_module, to_host
-from obligations.core.plans import resolve
+from obligations.core.plans import regime_of, resolve
 from obligations.core.results import Outcome
-from obligations.regimes import regime_of
 from spec import reductions as ref
 
 __all__ = ["moderate_floats", "absorbing_floats", "MIX_NAMES"]

@@ -31,9 +31,9 @@ from falsification.engine import Check
 from falsification.registry import FalsifyContext, Replay, guarded, register_test
 from native import rng as native
 from obligations.core.device import array_module, to_host
+from obligations.core.plans import regime_of
 from obligations.core.results import Outcome, error
 from obligations.core.symbolic import Term, tracking
-from obligations.regimes import regime_of
 from spec import rng as spec
 from spec import softfloat as sf
 

@@ -26,8 +26,8 @@ from falsification.engine import Check, Elements
 from falsification.registry import FalsifyContext, guarded, register_test
 from native import transfer as native
 from obligations.core.device import array_module
+from obligations.core.plans import regime_of
 from obligations.core.results import Outcome
-from obligations.regimes import regime_of
 from spec.transfer import TargetFormat, convert_reference, get_target, is_nan_bits, overflow_threshold_bits
 
 __all__ = ["edge_inputs", "bulk_inputs", "f64_bits", "h2d_disagreements", "D2H_FORMATS", "d2h_patterns"]

@@ -26,25 +26,12 @@ import z3
 from obligations.core import plans
 from obligations.core import symbolic as sym
 from obligations.core.evidence import RegimeEvidence
+from obligations.core.plans import plan_regimes, regime_of
 from obligations.core.results import Outcome, error, proved, unknown, violated
 from obligations.engines import DEFAULT_RLIMIT, Engine, Job, _domain, _z3bool, register_engine
 from obligations.statements import kernel_of
 
 __all__ = ["RegimesEngine", "plan_regimes", "regime_of"]
-
-
-def plan_regimes(quantities: Mapping[str, Any]) -> dict[str, Any]:
-    """The plan's regimes (name -> condition) from its quantities; {} if it names none."""
-    regimes = quantities.get("regimes")
-    if callable(regimes):
-        regimes = regimes()
-    return dict(regimes or {})
-
-
-def regime_of(plan_fn: Any, values: Mapping[str, int]) -> list[str]:
-    """Names of the regimes the plan selects for concrete ``values`` (launch-time ints)."""
-    qs = plans.quantities(plans.call_plan(plan_fn, values))
-    return [name for name, cond in plan_regimes(qs).items() if bool(cond)]
 
 
 def _bounds(contract: Any, item: Mapping[str, Any], env: Mapping[str, Any]) -> list[Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from obligations.check import check_contract
-from obligations.regimes import regime_of
+from obligations.core.plans import regime_of
 from tests.planted import regime_plans
 
 CONTRACT = """\

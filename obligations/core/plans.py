@@ -10,7 +10,8 @@ from typing import Any
 
 from obligations.core import symbolic as sym
 
-__all__ = ["resolve", "ResolveError", "plan_parameters", "call_plan", "quantities", "symbolic_env"]
+__all__ = ["resolve", "ResolveError", "plan_parameters", "call_plan", "quantities", "symbolic_env",
+           "plan_regimes", "regime_of"]
 
 
 class ResolveError(LookupError):
@@ -71,3 +72,17 @@ def symbolic_env(symbols: Mapping[str, Mapping[str, Any]], names: set[str] | Non
         else:
             env[name] = sym.Term.symbol(name, decl["type"])
     return env
+
+
+def plan_regimes(plan_quantities: Mapping[str, Any]) -> dict[str, Any]:
+    """The plan's regimes (name -> condition) from its quantities; {} if it names none."""
+    regimes = plan_quantities.get("regimes")
+    if callable(regimes):
+        regimes = regimes()
+    return dict(regimes or {})
+
+
+def regime_of(plan_fn: Callable[..., Any], values: Mapping[str, Any]) -> list[str]:
+    """Names of the regimes the plan selects for concrete ``values`` (launch-time ints)."""
+    qs = quantities(call_plan(plan_fn, values))
+    return [name for name, cond in plan_regimes(qs).items() if bool(cond)]

@@ -96,6 +96,12 @@ def _call_of(data: dict[str, Any]) -> entrypoints.Call:
     return entrypoints.Call(family, name, data["device"], axes)
 
 
+def _kernel_modules(contract: Contract) -> set[str]:
+    """Modules the contract's kernels name (entry, plan, spec): the code whose entry points it answers for."""
+    return {str(path).partition(":")[0] for k in contract.data["kernels"].values()
+            for role, path in k.items() if role in ("entry", "plan", "spec") and isinstance(path, str)}
+
+
 def _agreement_kind(applied: Any) -> str | None:
     """The agreement kind from what the engine recorded (a kind name, or a dict with its parameters)."""
     return applied.get("kind") if isinstance(applied, dict) else applied
@@ -209,7 +215,8 @@ def check_contract(path: str | Path | Contract, *, device: str = "host", only: I
     if wanted is None and "interrupted" not in entry and "stopped" not in entry:
         # a partial run cannot say what no item calls
         entry["unchecked_entry_points"] = [
-            c.to_json() for c in entrypoints.unchecked(contract.data["family"], called, devices=(device,))]
+            c.to_json() for c in entrypoints.unchecked(contract.data["family"], called, devices=(device,),
+                                                       modules=_kernel_modules(contract))]
     gate = contract.data["qa_gate"]
     statuses = {it["id"]: it["status"] for it in entry["items"]}
     required = [statuses.get(i) for i in gate["requires"]]

@@ -69,7 +69,8 @@ def figure(name: str, **vals) -> None:
 @pytest.mark.parametrize("n", [0, 1, 255, 256, 257, 10**6, (1 << 31) - 1, (1 << 32) + 5])
 def test_launch_plan_covers_n_within_limits(n):
     p = ew.launch_plan(n)
-    assert all(isinstance(v, int) for v in p.values() if not callable(v))
+    assert all(isinstance(v, int) for k, v in p.items() if not callable(v) and k != "regimes")
+    assert sum(map(bool, p["regimes"].values())) >= 1  # every n selects a regime (one_trip and capped may overlap)
     assert p["step"](n) == n + p["stride"] and p["thread_index"](1, 2) == p["block"] + 2
     assert p["grid"] >= 1 and p["grid"] <= ew.DEFAULT_MAX_GRID and p["stride"] == p["grid"] * p["block"]
     assert p["stride"] * p["iterations"] >= n and (p["iterations"] - 1) * p["stride"] < max(n, 1)

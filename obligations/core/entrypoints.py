@@ -32,6 +32,7 @@ class EntryPoint:
     name: str
     axes: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     devices: tuple[str, ...] = ("host", "cuda")
+    module: str = ""  # where the function is defined: a contract answers for the modules its kernels name
 
 
 @dataclass(frozen=True, order=True)
@@ -67,7 +68,7 @@ def entry_point(family: str, *, axes: Mapping[str, tuple[Any, ...]] | None = Non
     """Decorator: register ``fn`` as an entry point of ``family`` offering ``axes`` (parameter -> values)."""
 
     def deco(fn: F) -> F:
-        ep = EntryPoint(family, name or fn.__name__, dict(axes or {}), devices)
+        ep = EntryPoint(family, name or fn.__name__, dict(axes or {}), devices, fn.__module__)
         key = (family, ep.name)
         if key in _REGISTRY and _REGISTRY[key] != ep:
             raise ValueError(f"entry point {family}.{ep.name} registered twice")
@@ -117,6 +118,12 @@ def variants(ep: EntryPoint) -> list[Call]:
             for combo in combos for d in ep.devices]
 
 
-def unchecked(family: str, called: set[Call], devices: tuple[str, ...] = ("host", "cuda")) -> list[Call]:
-    """Variants of ``family``'s entry points on ``devices`` that no recorded call reached."""
-    return sorted(v for ep in entry_points(family) for v in variants(ep) if v.device in devices and v not in called)
+def unchecked(family: str, called: set[Call], devices: tuple[str, ...] = ("host", "cuda"),
+              modules: set[str] | None = None) -> list[Call]:
+    """Variants of ``family``'s entry points on ``devices`` that no recorded call reached.
+
+    With ``modules``, only entry points defined in those modules count: a contract answers for the code its
+    kernels name (a user's own elementwise kernel does not make the shipped elementwise module unchecked).
+    """
+    eps = [ep for ep in entry_points(family) if modules is None or ep.module in modules]
+    return sorted(v for ep in eps for v in variants(ep) if v.device in devices and v not in called)

@@ -34,4 +34,6 @@ MEAN_RECIPROCAL = ("reductions", "mean_reciprocal")
 
 def mean_reciprocal() -> Any:
     """Register the planted entry point (a reductions entry point that no contract item calls) and return it."""
+    # Planted in the shipped module (as if native/reductions.py had gained it): the contract answers for it.
+    _mean_reciprocal.__module__ = "native.reductions"
     return entry_point("reductions", name="mean_reciprocal")(_mean_reciprocal)

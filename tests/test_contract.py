@@ -43,8 +43,9 @@ def test_shipped_contracts_are_valid():
          'given: "accepts(a_bytes, b_bytes, c_bytes) and q < m and p < k"', "and q < m", "unknown name 'q'"),
         ("depends_on: []", "depends_on: [training-gpu-kernel-v1]", "depends_on:", "no contract with id"),
         ("FALSIFY-CUBLAS-011]", "FALSIFY-CUBLAS-012]", "FALSIFY-CUBLAS-012]", "unknown item 'FALSIFY-CUBLAS-012'"),
-        ("    test: gemm.agreement\n    params: {impl: \"native.gemm:matmul\", dtypes: [float32]}\nqa_gate",
-         "    test: no.such.test\nqa_gate", "no.such.test", "no registered falsification test"),
+        ("    test: gemm.agreement\n    witnesses: PO-GEMM-regimes\n    params: {impl: \"native.gemm:matmul\", "
+         "dtypes: [float32]}\nqa_gate", "    test: no.such.test\nqa_gate", "no.such.test",
+         "no registered falsification test"),
     ],
 )
 def test_each_problem_is_reported_at_its_line(tmp_path, old, new, needle, message):

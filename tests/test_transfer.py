@@ -71,7 +71,10 @@ def test_download_keeps_nan_payloads_and_negative_zero_and_the_float64_route_doe
 def test_shipped_contract_on_the_host():
     entry = check_contract(CONTRACT, device="host")
     for it in entry["items"]:
-        want = "proved" if it["method"] == "z3" else "passed"
+        if it["method"] == "sanitize":  # compute-sanitizer runs on the device only
+            assert it["status"] == "skipped" and "cuda" in it["reason"], (it["id"], it["reason"])
+            continue
+        want = "proved" if it["method"] in ("z3", "regimes") else "passed"
         assert it["status"] == want, (it["id"], it["reason"])
 
 

@@ -38,8 +38,10 @@ def main() -> None:
         ours = time_ms(lambda: attention(q, k, v, causal=a.causal, device="cuda"), a.iters, 5)
         theirs = time_ms(lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=a.causal), a.iters, 5)
         flops = 4 * a.batch * a.heads * a.seq * a.seq * a.head_dim / (2 if a.causal else 1)
-        print(f"forward {dtype}: ours {ours:.3f} ms ({flops / ours / 1e9:.1f} TFLOP/s)  torch {theirs:.3f} ms  "
-              f"ratio torch/ours {theirs / ours:.3f}")
+        print(
+            f"forward {dtype}: ours {ours:.3f} ms ({flops / ours / 1e9:.1f} TFLOP/s)  torch {theirs:.3f} ms  "
+            f"ratio torch/ours {theirs / ours:.3f}"
+        )
         if dtype == "float32":
             out, lse = attention(q, k, v, causal=a.causal, device="cuda")
             ours = time_ms(lambda: attention_vjp(q, k, v, out, lse, do, causal=a.causal, device="cuda"), a.iters, 5)

@@ -39,17 +39,23 @@ def main() -> None:
         return
     print(f"device: {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}")
     ch = perf_chain(a.n)
-    print(f"chain4 n={a.n}: ours {ch['ours_ms']:.4f} ms  cupy.fuse {ch['cupy_fuse_ms']:.4f} ms  unfused "
-          f"{ch['unfused_ms']:.4f} ms  -> {ch['vs_cupy_fuse']:.3f}x fuse, {ch['vs_unfused']:.3f}x unfused, "
-          f"bitwise vs unfused {ch['bitwise_vs_unfused']}")
+    print(
+        f"chain4 n={a.n}: ours {ch['ours_ms']:.4f} ms  cupy.fuse {ch['cupy_fuse_ms']:.4f} ms  unfused "
+        f"{ch['unfused_ms']:.4f} ms  -> {ch['vs_cupy_fuse']:.3f}x fuse, {ch['vs_unfused']:.3f}x unfused, "
+        f"bitwise vs unfused {ch['bitwise_vs_unfused']}"
+    )
     ml = perf_mlp(a.t, a.d, a.f)
-    print(f"mlp T={a.t} D={a.d} F={a.f} ({ml['steps']} steps): ours {ml['ours_ms']:.4f} ms  3 GEMMs "
-          f"{ml['three_gemms_ms']:.4f} ms  torch {ml['torch_ms']:.4f} ms  -> {ml['time_over_gemms']:.3f}x the GEMMs' "
-          f"time, {ml['vs_torch']:.3f}x torch")
+    print(
+        f"mlp T={a.t} D={a.d} F={a.f} ({ml['steps']} steps): ours {ml['ours_ms']:.4f} ms  3 GEMMs "
+        f"{ml['three_gemms_ms']:.4f} ms  torch {ml['torch_ms']:.4f} ms  -> {ml['time_over_gemms']:.3f}x the GEMMs' "
+        f"time, {ml['vs_torch']:.3f}x torch"
+    )
     rn = perf_rmsnorm(a.rows, a.width)
-    print(f"rmsnorm {a.rows}x{a.width}: ours {rn['ours_ms']:.4f} ms ({rn['ours_GBps']:.0f} GB/s)  copy "
-          f"{rn['copy_ms']:.4f} ms ({rn['copy_GBps']:.0f} GB/s)  torch eager {rn['torch_eager_ms']:.4f} ms  -> "
-          f"{rn['vs_copy_bandwidth']:.3f}x copy bandwidth, {rn['vs_torch']:.3f}x torch")
+    print(
+        f"rmsnorm {a.rows}x{a.width}: ours {rn['ours_ms']:.4f} ms ({rn['ours_GBps']:.0f} GB/s)  copy "
+        f"{rn['copy_ms']:.4f} ms ({rn['copy_GBps']:.0f} GB/s)  torch eager {rn['torch_eager_ms']:.4f} ms  -> "
+        f"{rn['vs_copy_bandwidth']:.3f}x copy bandwidth, {rn['vs_torch']:.3f}x torch"
+    )
 
 
 if __name__ == "__main__":

@@ -22,8 +22,9 @@ def main() -> int:
         return 0
     out = {}
     for m, k, n, dtype in SHAPES:
-        o = throughput(FalsifyContext("cuda", "full", 0, {"id": "bench", "params": {"m": m, "k": k, "n": n,
-                                                                                      "dtype": dtype}}))
+        o = throughput(
+            FalsifyContext("cuda", "full", 0, {"id": "bench", "params": {"m": m, "k": k, "n": n, "dtype": dtype}})
+        )
         out[f"{m}x{k}x{n}:{dtype}"] = {key: o.evidence[key] for key in ("tflops", "tflops_cupy_matmul", "timings_ms")}
     o = overhead(FalsifyContext("cuda", "full", 0, {"id": "bench", "params": {"shapes": SHAPES}}))
     out["overhead"] = {"status": o.status.value, **o.evidence}

@@ -44,8 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     a = cupy.ones((m, k), args.dtype)
     b = cupy.ones((k, n), args.dtype)
     c = cupy.zeros((m, n), args.dtype)
-    prepared = ng.matmul(a, b, c=c, device="cuda") is c and ng._PREPARED[
-        (ng._cupy_signature(a, b, c), False, False, 1.0, 0.0, None, "cuda", ng.COMPUTE_32F, ng.cublas_args)]
+    prepared = (
+        ng.matmul(a, b, c=c, device="cuda") is c
+        and ng._PREPARED[
+            (ng._cupy_signature(a, b, c), False, False, 1.0, 0.0, None, "cuda", ng.COMPUTE_32F, ng.cublas_args)
+        ]
+    )
     counted = _cells(prepared)["run"]
     backend = _cells(counted)["inner"]
     gc = ng.get_context("cuda")
@@ -61,20 +65,28 @@ def main(argv: list[str] | None = None) -> int:
         cublas.gemmEx(handle, 0, 0, n, m, k, pa, ptb, t, n, pta, t, k, pb, ptc, t, n, 68, -1)
 
     bound = ng.bind_matmul(a, b, c, device="cuda")
-    variants = {"raw cupy.cuda.cublas.gemmEx": raw, "raw, pointers resolved once": raw_resolved,
-                "bound call (bind_matmul)": bound, "backend closure": lambda: backend(b, a, c),
-                "counted closure": lambda: counted(b, a, c), "prepared call": lambda: prepared(a, b, c),
-                "native.gemm.matmul": lambda: ng.matmul(a, b, c=c, device="cuda"),
-                "cupy.matmul": lambda: cupy.matmul(a, b, out=c)}
+    variants = {
+        "raw cupy.cuda.cublas.gemmEx": raw,
+        "raw, pointers resolved once": raw_resolved,
+        "bound call (bind_matmul)": bound,
+        "backend closure": lambda: backend(b, a, c),
+        "counted closure": lambda: counted(b, a, c),
+        "prepared call": lambda: prepared(a, b, c),
+        "native.gemm.matmul": lambda: ng.matmul(a, b, c=c, device="cuda"),
+        "cupy.matmul": lambda: cupy.matmul(a, b, out=c),
+    }
     rounds: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(7):
         for name, fn in variants.items():
             rounds[name].append(host_us(fn, 800))
-    out = {"shape": [m, k, n], "dtype": args.dtype,
-           "host_us_per_call": {name: {"median": statistics.median(v), "min": min(v)} for name, v in rounds.items()},
-           "gpu_us_per_call_raw": time_ms(raw, iters=400) * 1e3,
-           "gpu_us_per_call_bound": time_ms(bound, iters=400) * 1e3,
-           "gpu_us_per_call_matmul": time_ms(variants["native.gemm.matmul"], iters=400) * 1e3}
+    out = {
+        "shape": [m, k, n],
+        "dtype": args.dtype,
+        "host_us_per_call": {name: {"median": statistics.median(v), "min": min(v)} for name, v in rounds.items()},
+        "gpu_us_per_call_raw": time_ms(raw, iters=400) * 1e3,
+        "gpu_us_per_call_bound": time_ms(bound, iters=400) * 1e3,
+        "gpu_us_per_call_matmul": time_ms(variants["native.gemm.matmul"], iters=400) * 1e3,
+    }
     print(json.dumps(out, indent=1))
     return 0
 

@@ -22,8 +22,11 @@ def main(n: int = 1 << 28, reps: int = 20) -> int:
     import cupy
 
     x = cupy.asarray(moderate_floats(0, 1 << 20)).repeat(n >> 20)[:n]
-    rows = {"tree_sum": lambda: red.tree_sum(x, device="cuda"), "atomic_sum": lambda: red.atomic_sum(x, device="cuda"),
-            "cupy.sum": lambda: cupy.sum(x)}
+    rows = {
+        "tree_sum": lambda: red.tree_sum(x, device="cuda"),
+        "atomic_sum": lambda: red.atomic_sum(x, device="cuda"),
+        "cupy.sum": lambda: cupy.sum(x),
+    }
     ms = {k: time_ms(f, reps, warmup=3) for k, f in rows.items()}
     gbs = {k: n * 4 / v / 1e6 for k, v in ms.items()}
     ratio = gbs["tree_sum"] / gbs["cupy.sum"]

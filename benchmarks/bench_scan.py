@@ -15,8 +15,10 @@ def main() -> None:
     print(f"{'L':>7} {'chunked ms':>11} {'sequential ms':>14} {'cupy loop ms':>13} {'vs seq':>7} {'vs loop':>8}")
     for p in range(10, 17, 2):
         r = time_scan(1 << p)
-        print(f"{1 << p:>7} {r['chunked']:>11.3f} {r['sequential']:>14.3f} {r['cupy_loop']:>13.2f} "
-              f"{r['sequential'] / r['chunked']:>7.1f} {r['cupy_loop'] / r['chunked']:>8.1f}")
+        print(
+            f"{1 << p:>7} {r['chunked']:>11.3f} {r['sequential']:>14.3f} {r['cupy_loop']:>13.2f} "
+            f"{r['sequential'] / r['chunked']:>7.1f} {r['cupy_loop'] / r['chunked']:>8.1f}"
+        )
 
 
 if __name__ == "__main__":

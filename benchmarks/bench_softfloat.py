@@ -179,9 +179,7 @@ def main(argv=None) -> int:
         dev = "cpu, one core (NumPy)"
         goals = GOALS_CPU
     print(f"spec.softfloat binary32 throughput  device={dev}  n={n}  chunk={core.CHUNK}")
-    print(
-        f"numpy {np.__version__}  bitwise_count={'yes' if hasattr(xp, 'bitwise_count') else 'no (fallback)'}"
-    )
+    print(f"numpy {np.__version__}  bitwise_count={'yes' if hasattr(xp, 'bitwise_count') else 'no (fallback)'}")
     ops = make_operands(xp, n, 1234)
     rows = []
     notes = set()
@@ -202,9 +200,7 @@ def main(argv=None) -> int:
         r["mpfr_per_call_ops_per_s"] = mp
         notes.add(note)
         r["goal_ops_per_s"] = goals.get(op)
-        r["goal_met"] = (
-            None if r["goal_ops_per_s"] is None else r["softfloat_ops_per_s"] >= r["goal_ops_per_s"]
-        )
+        r["goal_met"] = None if r["goal_ops_per_s"] is None else r["softfloat_ops_per_s"] >= r["goal_ops_per_s"]
         if a.device == "cuda" and not a.no_check:
             r["gpu_vs_cpu_mismatches"] = check_gpu(op, ops, 1 << 20)
         rows.append(r)
@@ -214,9 +210,7 @@ def main(argv=None) -> int:
 
     print(f"{'op':6} {'softfloat':>12} {'SoftFloat/call':>15} {'MPFR/call':>12} {'goal':>12}  met")
     for r in rows:
-        extra = (
-            f"  gpu-vs-cpu mismatches={r['gpu_vs_cpu_mismatches']}" if "gpu_vs_cpu_mismatches" in r else ""
-        )
+        extra = f"  gpu-vs-cpu mismatches={r['gpu_vs_cpu_mismatches']}" if "gpu_vs_cpu_mismatches" in r else ""
         sfp = fmt(r["berkeley_softfloat_per_call_ops_per_s"])
         print(
             f"{r['op']:6} {fmt(r['softfloat_ops_per_s']):>12} {sfp:>15}"

@@ -71,10 +71,15 @@ def fuzz_expressions(n: int, seed: int) -> int:
             codes[v.exit_code] += 1
             if v.exit_code not in (0, 2) or v.bad_lines:
                 bad.append((k, text[:80], f"exit {v.exit_code}: {v.bad_lines[:2]}"))
-    print(f"fuzz_expressions: {n} fuzzed expressions parsed in {parse_s:.1f} s (slowest {1000 * slowest:.1f} ms, "
-          f"peak {peak / 2**20:.1f} MiB traced), {len(bad)} without a located verdict")
-    print(f"hostile expressions as contract statements (kc validate --import): {len(HOSTILE_EXPRESSIONS)}; exit codes "
-          + ", ".join(f"{c}: {k}" for c, k in sorted(codes.items())) + f"; slowest {worst:.2f} s")
+    print(
+        f"fuzz_expressions: {n} fuzzed expressions parsed in {parse_s:.1f} s (slowest {1000 * slowest:.1f} ms, "
+        f"peak {peak / 2**20:.1f} MiB traced), {len(bad)} without a located verdict"
+    )
+    print(
+        f"hostile expressions as contract statements (kc validate --import): {len(HOSTILE_EXPRESSIONS)}; exit codes "
+        + ", ".join(f"{c}: {k}" for c, k in sorted(codes.items()))
+        + f"; slowest {worst:.2f} s"
+    )
     for item in bad[:20]:
         print(f"  {item}")
     return len(bad)
@@ -110,8 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--keep", metavar="DIR", help="save the files that crashed or printed a malformed line")
-    p.add_argument("--expressions", type=int, default=0, metavar="N",
-                   help="also fuzz N expressions and every hostile expression as a statement (default 0)")
+    p.add_argument(
+        "--expressions",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also fuzz N expressions and every hostile expression as a statement (default 0)",
+    )
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     slices = [(j, args.jobs, args.n, args.seed, args.keep) for j in range(args.jobs)]
@@ -125,9 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     codes = collections.Counter(code for _, code, _, _ in rows)
     bad = [r for r in rows if r[1] not in (0, 2) or r[3]]
     by_mutation = collections.Counter(name for _, _, names, _ in rows for name in set(names))
-    print(f"fuzz_loader: {len(rows)} files, seed {args.seed}, {args.jobs} jobs, {seconds:.1f} s "
-          f"({1000 * seconds / max(len(rows), 1):.1f} ms/file wall), {platform.node()} "
-          f"({os.cpu_count()} CPUs, Python {platform.python_version()}), {dt.date.today().isoformat()}")
+    print(
+        f"fuzz_loader: {len(rows)} files, seed {args.seed}, {args.jobs} jobs, {seconds:.1f} s "
+        f"({1000 * seconds / max(len(rows), 1):.1f} ms/file wall), {platform.node()} "
+        f"({os.cpu_count()} CPUs, Python {platform.python_version()}), {dt.date.today().isoformat()}"
+    )
     print("exit codes: " + ", ".join(f"{code}: {count}" for code, count in sorted(codes.items())))
     print("mutations applied: " + ", ".join(f"{k} {v}" for k, v in sorted(by_mutation.items())))
     print(f"files with a crash or a malformed line: {len(bad)}")

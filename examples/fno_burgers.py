@@ -40,14 +40,19 @@ def make_data(n_samples: int, grid: int, seed: int = 0) -> tuple[np.ndarray, np.
 class FNO:
     """lift (1 -> width) -> [spectral conv + pointwise W + bias, relu] x layers -> project (width -> 1)."""
 
-    def __init__(self, xp: Any, device: str, grid: int = 32, width: int = 16, modes: int = 12, layers: int = 4,
-                 seed: int = 0) -> None:
+    def __init__(
+        self, xp: Any, device: str, grid: int = 32, width: int = 16, modes: int = 12, layers: int = 4, seed: int = 0
+    ) -> None:
         rng = np.random.default_rng(seed)
         f = np.float32
         self.xp, self.device, self.grid, self.width, self.modes, self.layers = xp, device, grid, width, modes, layers
         scale = 1.0 / width
-        self.params: dict[str, Any] = {"P": rng.standard_normal((1, width)), "p": np.zeros(width),
-                                       "Q": rng.standard_normal((width, 1)) * scale, "q": np.zeros(1)}
+        self.params: dict[str, Any] = {
+            "P": rng.standard_normal((1, width)),
+            "p": np.zeros(width),
+            "Q": rng.standard_normal((width, 1)) * scale,
+            "q": np.zeros(1),
+        }
         for i in range(layers):
             self.params[f"wr{i}"] = rng.uniform(0, scale, (modes, width, width))
             self.params[f"wi{i}"] = rng.uniform(0, scale, (modes, width, width))
@@ -118,8 +123,10 @@ def main(argv: list[str] | None = None) -> int:
             model.params[k] = (model.params[k] - args.lr * mh / (xp.sqrt(vh) + 1e-8)).astype(xp.float32)
         print(f"step {step:3d}  loss {loss:.6f}")
     to_host(model.params["P"])  # synchronise before timing
-    print(f"device {args.device}: {args.steps} steps in {time.perf_counter() - t0:.3f} s; "
-          f"loss {losses[0]:.6f} -> {losses[-1]:.6f}")
+    print(
+        f"device {args.device}: {args.steps} steps in {time.perf_counter() - t0:.3f} s; "
+        f"loss {losses[0]:.6f} -> {losses[-1]:.6f}"
+    )
     return 0 if losses[-1] < losses[0] else 1
 
 

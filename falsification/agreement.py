@@ -215,9 +215,7 @@ class MaxUlpAgreement(Agreement):
 
     def __init__(self, bound: int | Callable[..., Any] = 0, bound_name: str | None = None) -> None:
         self.bound = bound
-        self.bound_name = bound_name or (
-            None if isinstance(bound, int) else getattr(bound, "__name__", "callable")
-        )
+        self.bound_name = bound_name or (None if isinstance(bound, int) else getattr(bound, "__name__", "callable"))
 
     def params(self) -> dict[str, Any]:
         """The bound (int) or its name (callable)."""

@@ -45,19 +45,48 @@ _MAGS = (0.5, 2.0, 6.0)
 
 @st.composite
 def _cases(draw: Any, max_seq: int) -> dict:
-    return {"seed": draw(st.integers(0, 2**32 - 1)), "batch": draw(st.integers(1, 2)),
-            "heads_kv": draw(st.integers(1, 2)), "group": draw(st.sampled_from([1, 2, 3])),
-            "seq_q": draw(st.integers(1, max_seq)), "seq_k": draw(st.integers(1, max_seq)),
-            "head_dim": draw(st.sampled_from([1, 4, 7, 16, 64])), "causal": draw(st.booleans()),
-            "lens": draw(st.sampled_from(range(len(_LENS)))), "mag": draw(st.sampled_from(range(len(_MAGS)))),
-            "tile": draw(st.sampled_from([1, 5, 32]))}
+    return {
+        "seed": draw(st.integers(0, 2**32 - 1)),
+        "batch": draw(st.integers(1, 2)),
+        "heads_kv": draw(st.integers(1, 2)),
+        "group": draw(st.sampled_from([1, 2, 3])),
+        "seq_q": draw(st.integers(1, max_seq)),
+        "seq_k": draw(st.integers(1, max_seq)),
+        "head_dim": draw(st.sampled_from([1, 4, 7, 16, 64])),
+        "causal": draw(st.booleans()),
+        "lens": draw(st.sampled_from(range(len(_LENS)))),
+        "mag": draw(st.sampled_from(range(len(_MAGS)))),
+        "tile": draw(st.sampled_from([1, 5, 32])),
+    }
 
 
 _EXPLICIT = (
-    {"seed": 1, "batch": 2, "heads_kv": 1, "group": 2, "seq_q": 33, "seq_k": 70, "head_dim": 16, "causal": True,
-     "lens": 2, "mag": 2, "tile": 32},
-    {"seed": 2, "batch": 1, "heads_kv": 2, "group": 1, "seq_q": 9, "seq_k": 130, "head_dim": 64, "causal": False,
-     "lens": 1, "mag": 1, "tile": 32},
+    {
+        "seed": 1,
+        "batch": 2,
+        "heads_kv": 1,
+        "group": 2,
+        "seq_q": 33,
+        "seq_k": 70,
+        "head_dim": 16,
+        "causal": True,
+        "lens": 2,
+        "mag": 2,
+        "tile": 32,
+    },
+    {
+        "seed": 2,
+        "batch": 1,
+        "heads_kv": 2,
+        "group": 1,
+        "seq_q": 9,
+        "seq_k": 130,
+        "head_dim": 64,
+        "causal": False,
+        "lens": 1,
+        "mag": 1,
+        "tile": 32,
+    },
 )
 
 
@@ -80,8 +109,9 @@ def case_inputs(c: dict, dtype: Any = np.float32) -> dict[str, Any]:
     k = (rng.uniform(-1, 1, (b, hkv, lk, d)) * mag).astype(dtype)
     v = rng.uniform(-1, 1, (b, hkv, lk, d)).astype(dtype)
     dout = rng.uniform(-1, 1, (b, hq, lq, d)).astype(np.float32)
-    lens = {"full": np.full(b, lk), "random": rng.integers(0, lk + 1, b),
-            "empty": np.array([0] + [lk] * (b - 1))}[_LENS[c["lens"]]]
+    lens = {"full": np.full(b, lk), "random": rng.integers(0, lk + 1, b), "empty": np.array([0] + [lk] * (b - 1))}[
+        _LENS[c["lens"]]
+    ]
     return {"q": q, "k": k, "v": v, "dout": dout, "kv_lens": lens.astype(np.int64), "case": c}
 
 
@@ -114,15 +144,33 @@ def _worst(seen: dict) -> Callable[[engine.Judgement], None]:
     return observe
 
 
-def _check(ctx: FalsifyContext, name: str, native: Callable, reference: Callable, outputs: tuple[str, ...],
-           bound_name: str, dtype: Any = np.float32) -> Outcome:
+def _check(
+    ctx: FalsifyContext,
+    name: str,
+    native: Callable,
+    reference: Callable,
+    outputs: tuple[str, ...],
+    bound_name: str,
+    dtype: Any = np.float32,
+) -> Outcome:
     seen = {"worst": 0.0}
     ag = engine.item_agreement(ctx, "error_bound", bound_name=bound_name)
     max_seq = int(ctx.params.get("max_seq", 48)) * ctx.budget.scale
-    check = Check(name=name, inputs=lambda c: case_inputs(c, dtype), native=native, reference=reference,
-                  agreement=ag, cases=_cases(max_seq), explicit=_EXPLICIT, encode=_encode, decode=_decode,
-                  describe=lambda c: dict(c), observe=_worst(seen), output_names=outputs,
-                  build={"impl": name, "reference": "spec.attention (float64 SDPA)"})
+    check = Check(
+        name=name,
+        inputs=lambda c: case_inputs(c, dtype),
+        native=native,
+        reference=reference,
+        agreement=ag,
+        cases=_cases(max_seq),
+        explicit=_EXPLICIT,
+        encode=_encode,
+        decode=_decode,
+        describe=lambda c: dict(c),
+        observe=_worst(seen),
+        output_names=outputs,
+        build={"impl": name, "reference": "spec.attention (float64 SDPA)"},
+    )
     return engine.run(ctx, check, lambda: {"worst_error_over_bound": seen["worst"]})
 
 
@@ -138,18 +186,31 @@ def forward_bound(ctx: FalsifyContext) -> Outcome:
 
     def native(x: dict) -> list:
         c = x["case"]
-        out, _ = impl(*(_dev(x[n], ctx.device) for n in "qkv"), causal=c["causal"], kv_lens=x["kv_lens"],
-                      device=ctx.device, tile=c["tile"])
+        out, _ = impl(
+            *(_dev(x[n], ctx.device) for n in "qkv"),
+            causal=c["causal"],
+            kv_lens=x["kv_lens"],
+            device=ctx.device,
+            tile=c["tile"],
+        )
         return [_host(out).astype(np.float64)]
 
     def reference(x: dict) -> Expected:
         c = x["case"]
-        ref, bound = sa.forward_bound(x["q"], x["k"], x["v"], causal=c["causal"], kv_lens=x["kv_lens"],
-                                      tiles=_tiles(c, ctx.device), u_out=u_out)
+        ref, bound = sa.forward_bound(
+            x["q"], x["k"], x["v"], causal=c["causal"], kv_lens=x["kv_lens"], tiles=_tiles(c, ctx.device), u_out=u_out
+        )
         return Expected(value=ref.reshape(-1), bound=bound.reshape(-1))
 
-    return _check(ctx, f"{name}[{storage}]", native, reference, ("out",),
-                  "online-softmax forward bound (spec.attention.forward_bound)", dtype)
+    return _check(
+        ctx,
+        f"{name}[{storage}]",
+        native,
+        reference,
+        ("out",),
+        "online-softmax forward bound (spec.attention.forward_bound)",
+        dtype,
+    )
 
 
 @register_test("attention.vjp_bound")
@@ -170,13 +231,14 @@ def vjp_bound(ctx: FalsifyContext) -> Outcome:
 
     def reference(x: dict) -> list:
         c = x["case"]
-        refs, bounds = sa.vjp_bound(x["q"], x["k"], x["v"], x["dout"], causal=c["causal"], kv_lens=x["kv_lens"],
-                                    tiles=_tiles(c, ctx.device))
-        return Expected(value=np.concatenate([r.reshape(-1) for r in refs]),
-                        bound=np.concatenate([b.reshape(-1) for b in bounds]))
+        refs, bounds = sa.vjp_bound(
+            x["q"], x["k"], x["v"], x["dout"], causal=c["causal"], kv_lens=x["kv_lens"], tiles=_tiles(c, ctx.device)
+        )
+        return Expected(
+            value=np.concatenate([r.reshape(-1) for r in refs]), bound=np.concatenate([b.reshape(-1) for b in bounds])
+        )
 
-    return _check(ctx, name, native, reference, ("dq|dk|dv",),
-                  "tiled VJP bound (spec.attention.vjp_bound)")
+    return _check(ctx, name, native, reference, ("dq|dk|dv",), "tiled VJP bound (spec.attention.vjp_bound)")
 
 
 def _bits(a: Any) -> np.ndarray:
@@ -191,8 +253,9 @@ def untiled_equal(ctx: FalsifyContext) -> Outcome:
 
     def native(x: dict) -> list:
         c = x["case"]
-        out, lse = impl(x["q"], x["k"], x["v"], causal=c["causal"], kv_lens=x["kv_lens"], device="host",
-                        tile=c["seq_k"])
+        out, lse = impl(
+            x["q"], x["k"], x["v"], causal=c["causal"], kv_lens=x["kv_lens"], device="host", tile=c["seq_k"]
+        )
         return [np.concatenate([_bits(out), _bits(lse)])]
 
     def reference(x: dict) -> list:
@@ -201,10 +264,20 @@ def untiled_equal(ctx: FalsifyContext) -> Outcome:
         return Expected(bits=np.concatenate([_bits(out), _bits(lse)]))
 
     ag = engine.item_agreement(ctx, "bitwise", nan_policy="exact")
-    check = Check(name="host tile=Lk vs untiled_f32", inputs=case_inputs, native=native, reference=reference,
-                  agreement=ag, cases=_cases(int(ctx.params.get("max_seq", 48))), explicit=_EXPLICIT,
-                  encode=_encode, decode=_decode, describe=lambda c: dict(c), output_names=("out|lse",),
-                  build={"reference": "spec.attention.untiled_f32"})
+    check = Check(
+        name="host tile=Lk vs untiled_f32",
+        inputs=case_inputs,
+        native=native,
+        reference=reference,
+        agreement=ag,
+        cases=_cases(int(ctx.params.get("max_seq", 48))),
+        explicit=_EXPLICIT,
+        encode=_encode,
+        decode=_decode,
+        describe=lambda c: dict(c),
+        output_names=("out|lse",),
+        build={"reference": "spec.attention.untiled_f32"},
+    )
     return engine.run(ctx, check)
 
 
@@ -227,15 +300,33 @@ def masked_rows(ctx: FalsifyContext) -> Outcome:
         q, k = x["q"], x["k"]
         inf = np.array([np.inf], np.float32).view(np.uint32)[0]
         z = np.zeros
-        return Expected(bits=np.concatenate([z(q[0].size, np.uint32), np.full(q[0, :, :, 0].size, inf),
-                                             z(q[0].size, np.uint32), z(2 * k[0].size, np.uint32)]))
+        return Expected(
+            bits=np.concatenate(
+                [
+                    z(q[0].size, np.uint32),
+                    np.full(q[0, :, :, 0].size, inf),
+                    z(q[0].size, np.uint32),
+                    z(2 * k[0].size, np.uint32),
+                ]
+            )
+        )
 
     ag = engine.item_agreement(ctx, "bitwise", nan_policy="exact")
     cases = _cases(32).map(lambda c: {**c, "lens": 2})
-    check = Check(name="fully masked rows", inputs=case_inputs, native=native, reference=reference,
-                  agreement=ag, cases=cases, explicit=(_EXPLICIT[0],), encode=_encode, decode=_decode,
-                  describe=lambda c: dict(c), output_names=("out|lse|dq|dk|dv",),
-                  build={"documented_value": "out +0.0, lse +inf, gradients +0.0 (batch 0 has kv_len = 0)"})
+    check = Check(
+        name="fully masked rows",
+        inputs=case_inputs,
+        native=native,
+        reference=reference,
+        agreement=ag,
+        cases=cases,
+        explicit=(_EXPLICIT[0],),
+        encode=_encode,
+        decode=_decode,
+        describe=lambda c: dict(c),
+        output_names=("out|lse|dq|dk|dv",),
+        build={"documented_value": "out +0.0, lse +inf, gradients +0.0 (batch 0 has kv_len = 0)"},
+    )
     return engine.run(ctx, check)
 
 
@@ -249,20 +340,29 @@ def _sympy_ops() -> Any:
 
     def where(c: Any, a: Any, b: Any) -> Any:
         if isinstance(c, tuple):
-            return tuple(where(ci, a, bi if isinstance(b, tuple) else b) for ci, bi in
-                         zip(c, b if isinstance(b, tuple) else (b,) * len(c), strict=True))
+            return tuple(
+                where(ci, a, bi if isinstance(b, tuple) else b)
+                for ci, bi in zip(c, b if isinstance(b, tuple) else (b,) * len(c), strict=True)
+            )
         return sympy.Piecewise((a, c), (b, True))
 
     def elementwise(f: Callable[[Any], Any]) -> Callable[[Any], Any]:
         return lambda x: tuple(f(e) for e in x) if isinstance(x, tuple) else f(x)
 
-    return Ops(name="sympy", exp=elementwise(sympy.exp), maximum=sympy.Max, rowmax=lambda s: sympy.Max(*s),
-               rowsum=lambda p: sympy.Add(*p),
-               matmul=lambda p, v: sympy.Add(*[a * b for a, b in zip(p, v, strict=True)]),
-               where=where, is_neginf=elementwise(lambda x: sympy.Eq(x, -sympy.oo)),
-               positive=lambda x: sympy.StrictGreaterThan(x, 0), col=lambda x: x,
-               sub=lambda a, b: tuple(e - b for e in a) if isinstance(a, tuple) else a - b,
-               div=lambda a, b: a / b)
+    return Ops(
+        name="sympy",
+        exp=elementwise(sympy.exp),
+        maximum=sympy.Max,
+        rowmax=lambda s: sympy.Max(*s),
+        rowsum=lambda p: sympy.Add(*p),
+        matmul=lambda p, v: sympy.Add(*[a * b for a, b in zip(p, v, strict=True)]),
+        where=where,
+        is_neginf=elementwise(lambda x: sympy.Eq(x, -sympy.oo)),
+        positive=lambda x: sympy.StrictGreaterThan(x, 0),
+        col=lambda x: x,
+        sub=lambda a, b: tuple(e - b for e in a) if isinstance(a, tuple) else a - b,
+        div=lambda a, b: a / b,
+    )
 
 
 SYMPY_OPS = _sympy_ops
@@ -326,25 +426,45 @@ def merge_identity(ctx: FalsifyContext) -> Outcome:
             ok, simplified = _is_zero(diff)
             if not ok:
                 rng = np.random.default_rng(ctx.seed)
-                point = {sym: sympy.Rational(int(rng.integers(-20, 20)), int(rng.integers(1, 5)))
-                         for sym in sympy.piecewise_fold(diff).free_symbols}
+                point = {
+                    sym: sympy.Rational(int(rng.integers(-20, 20)), int(rng.integers(1, 5)))
+                    for sym in sympy.piecewise_fold(diff).free_symbols
+                }
                 val = sympy.N(diff.subs(point))
-                ce = {"tiles": [n1, n2], "fully_masked": [m1, m2], "claim": what, "difference": str(simplified)[:400],
-                      "point": {str(k): str(v) for k, v in point.items()}, "value_at_point": str(val),
-                      "replay": engine.replay_command(ctx)}
-                return violated(ce, f"{name}: the merge identity fails for tiles of {n1} and {n2} ({what})",
-                                SympyEvidence(sympy_version=sympy.__version__,
-                                              simplified_difference=str(simplified)[:400],
-                                              details={"update": name, "cases": cases}))
+                ce = {
+                    "tiles": [n1, n2],
+                    "fully_masked": [m1, m2],
+                    "claim": what,
+                    "difference": str(simplified)[:400],
+                    "point": {str(k): str(v) for k, v in point.items()},
+                    "value_at_point": str(val),
+                    "replay": engine.replay_command(ctx),
+                }
+                return violated(
+                    ce,
+                    f"{name}: the merge identity fails for tiles of {n1} and {n2} ({what})",
+                    SympyEvidence(
+                        sympy_version=sympy.__version__,
+                        simplified_difference=str(simplified)[:400],
+                        details={"update": name, "cases": cases},
+                    ),
+                )
         lemmas.append(f"{n1}{'m' if m1 else ''}+{n2}{'m' if m2 else ''}")
     naive = sympy.exp(-sympy.oo - (-sympy.oo))
-    ev = SympyEvidence(sympy_version=sympy.__version__, simplified_difference="0",
-                       details={"update": name, "cases": cases, "tile_pairs": lemmas, "max_tile": max_tile,
-                                "edge_cases": "empty tiles (n = 0), fully masked tiles (scores -oo), fully masked row "
-                                              "(finalises to 0)",
-                                "unguarded_alpha_at_n0": str(naive), "seconds": round(time.perf_counter() - t0, 3),
-                                "method": "Max terms replaced by free reals; numerator expanded with exponentials "
-                                          "combined (powsimp) to 0"})
+    ev = SympyEvidence(
+        sympy_version=sympy.__version__,
+        simplified_difference="0",
+        details={
+            "update": name,
+            "cases": cases,
+            "tile_pairs": lemmas,
+            "max_tile": max_tile,
+            "edge_cases": "empty tiles (n = 0), fully masked tiles (scores -oo), fully masked row (finalises to 0)",
+            "unguarded_alpha_at_n0": str(naive),
+            "seconds": round(time.perf_counter() - t0, 3),
+            "method": "Max terms replaced by free reals; numerator expanded with exponentials combined (powsimp) to 0",
+        },
+    )
     return proved(ev)
 
 
@@ -390,14 +510,23 @@ def perf(ctx: FalsifyContext) -> Outcome:
         ours = time_ms(lambda: attention_vjp(q, k, v, out, lse, do, device="cuda"), iters=iters, warmup=5)
         rq, rk, rv = (t.clone().requires_grad_(True) for t in (tq, tk, tv))
         tout = F.scaled_dot_product_attention(rq, rk, rv)
-        theirs = time_ms(lambda: torch.autograd.grad(tout, (rq, rk, rv), tdo, retain_graph=True), iters=iters,
-                         warmup=5)
+        theirs = time_ms(lambda: torch.autograd.grad(tout, (rq, rk, rv), tdo, retain_graph=True), iters=iters, warmup=5)
     torch.cuda.synchronize()
     ratio = theirs / ours
-    ev = {"which": which, "ours_ms": ours, "torch_ms": theirs, "ratio": ratio, "required_ratio": float(want),
-          "shape": [int(x) for x in q.shape], "dtype": dtype, "timed_iters": iters, "warmup": 5,
-          "torch": torch.__version__, "timer": "CUDA events (falsification.engine.time_ms)",
-          "engine_warmup_default": WARMUP}
+    ev = {
+        "which": which,
+        "ours_ms": ours,
+        "torch_ms": theirs,
+        "ratio": ratio,
+        "required_ratio": float(want),
+        "shape": [int(x) for x in q.shape],
+        "dtype": dtype,
+        "timed_iters": iters,
+        "warmup": 5,
+        "torch": torch.__version__,
+        "timer": "CUDA events (falsification.engine.time_ms)",
+        "engine_warmup_default": WARMUP,
+    }
     if ratio < float(want):
         return engine.outcome_violated(ctx, {"ratio": ratio}, f"{which}: {ratio:.3f}x torch < {want}x", **ev)
     return engine.outcome_passed(ctx, iters, **ev)

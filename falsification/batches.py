@@ -92,8 +92,9 @@ def batch_check(
         return Batch(spec, views, flat, launches.get(spec, {}))
 
     def from_witness(values: Mapping[str, int]) -> BatchSpec:
-        spec = BatchSpec(seed=seed, size=int(values["n"]), mix="balanced",
-                         scalars=tuple(0x3F800000 for _ in range(n_scalars)))
+        spec = BatchSpec(
+            seed=seed, size=int(values["n"]), mix="balanced", scalars=tuple(0x3F800000 for _ in range(n_scalars))
+        )
         launches[spec] = {k: int(values[k]) for k in knobs if k in values}
         return spec
 
@@ -107,8 +108,10 @@ def batch_check(
 
     def describe_element(b: Batch, i: int) -> dict[str, Any]:
         ops = [int(f[i]) for f in b.flat]
-        return {"operands": {nm: _hex(v) for nm, v in zip(names, ops, strict=True)},
-                "operand_values": {nm: _f32(v) for nm, v in zip(names, ops, strict=True)}}
+        return {
+            "operands": {nm: _hex(v) for nm, v in zip(names, ops, strict=True)},
+            "operand_values": {nm: _f32(v) for nm, v in zip(names, ops, strict=True)},
+        }
 
     def encode(spec: BatchSpec) -> tuple[int, ...]:
         if spec.size != 1 or not spec.explicit:
@@ -120,12 +123,21 @@ def batch_check(
             raise ValueError(f"replay needs {arity} operand bits and {n_scalars} scalars")
         return BatchSpec(seed=0, size=1, explicit=((0, rp.values),), scalars=rp.scalars)
 
-    strategy = batch_specs(arity, n_scalars, budget.max_size, budget.max_explicit, mixes=mixes or DEFAULT_MIXES,
-                           layouts=layouts, scalar_bits=scalar_strategy)
+    strategy = batch_specs(
+        arity,
+        n_scalars,
+        budget.max_size,
+        budget.max_explicit,
+        mixes=mixes or DEFAULT_MIXES,
+        layouts=layouts,
+        scalar_bits=scalar_strategy,
+    )
     # Explicit first cases: one full-size batch per mix (scalars 1.0), whatever Hypothesis draws after them.
     ones = tuple(0x3F800000 for _ in range(n_scalars))
-    firsts = tuple(BatchSpec(seed=seed + k, size=budget.max_size, mix=m, scalars=ones)
-                   for k, m in enumerate(dict.fromkeys(("balanced", *(mixes or DEFAULT_MIXES)))))
+    firsts = tuple(
+        BatchSpec(seed=seed + k, size=budget.max_size, mix=m, scalars=ones)
+        for k, m in enumerate(dict.fromkeys(("balanced", *(mixes or DEFAULT_MIXES))))
+    )
     return Check(
         name=name,
         inputs=inputs,
@@ -139,9 +151,13 @@ def batch_check(
         encode=encode,
         decode=decode,
         describe=lambda spec: {"batch": spec.to_json()},
-        elements=Elements(operands=lambda b, i: tuple(int(f[i]) for f in b.flat), batch=one_batch,
-                          describe=describe_element, scalars=lambda spec: tuple(spec.scalars),
-                          scalar_names=scalar_names or tuple(f"s{k}" for k in range(n_scalars))),
+        elements=Elements(
+            operands=lambda b, i: tuple(int(f[i]) for f in b.flat),
+            batch=one_batch,
+            describe=describe_element,
+            scalars=lambda spec: tuple(spec.scalars),
+            scalar_names=scalar_names or tuple(f"s{k}" for k in range(n_scalars)),
+        ),
         output_names=output_names,
         build=dict(build or {}),
         budget_stop=True,

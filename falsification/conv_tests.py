@@ -38,10 +38,16 @@ __all__ = ["ConvCase", "conv_cases", "MIX_NAMES", "U32"]
 
 U32 = 2.0**-24
 MIX_NAMES: tuple[str, ...] = ("moderate", *sorted(MIXES))
-_DEFAULT_IMPL = {"fwd": "native.conv:conv", "tconv": "native.conv:conv_transpose",
-                 "wgrad": "native.conv:conv_weight_grad", "bgrad": "native.conv:bias_grad",
-                 "max": "native.conv:max_pool2d", "max_bwd": "native.conv:max_pool2d_backward",
-                 "avg": "native.conv:avg_pool2d", "avg_bwd": "native.conv:avg_pool2d_backward"}
+_DEFAULT_IMPL = {
+    "fwd": "native.conv:conv",
+    "tconv": "native.conv:conv_transpose",
+    "wgrad": "native.conv:conv_weight_grad",
+    "bgrad": "native.conv:bias_grad",
+    "max": "native.conv:max_pool2d",
+    "max_bwd": "native.conv:max_pool2d_backward",
+    "avg": "native.conv:avg_pool2d",
+    "avg_bwd": "native.conv:avg_pool2d_backward",
+}
 
 
 def _gamma(k: int) -> float:
@@ -64,27 +70,39 @@ class ConvCase:
     def ints(self) -> tuple[int, ...]:
         """The case as integers (its replay encoding)."""
         flat = [v for a in self.axes for v in a]
-        return (self.seed, self.mix, self.batch, self.groups, self.cin_g, self.cout_g, self.bias, len(self.axes),
-                *flat)
+        return (self.seed, self.mix, self.batch, self.groups, self.cin_g, self.cout_g, self.bias, len(self.axes), *flat)
 
     @classmethod
     def of(cls, v: tuple[int, ...]) -> ConvCase:
         """Decode :meth:`ints`."""
         r = v[7]
-        axes = tuple(tuple(v[8 + 6 * i: 14 + 6 * i]) for i in range(r))
+        axes = tuple(tuple(v[8 + 6 * i : 14 + 6 * i]) for i in range(r))
         return cls(v[0], v[1], v[2], v[3], v[4], v[5], v[6], axes)  # type: ignore[arg-type]
 
     def window(self) -> dict[str, Any]:
         """stride, padding, dilation tuples."""
-        return {"stride": tuple(a[2] for a in self.axes), "padding": tuple(a[3] for a in self.axes),
-                "dilation": tuple(a[4] for a in self.axes), "groups": self.groups}
+        return {
+            "stride": tuple(a[2] for a in self.axes),
+            "padding": tuple(a[3] for a in self.axes),
+            "dilation": tuple(a[4] for a in self.axes),
+            "groups": self.groups,
+        }
 
     def describe(self) -> dict[str, Any]:
         """JSON of the case."""
-        return {"seed": self.seed, "mix": MIX_NAMES[self.mix], "batch": self.batch, "groups": self.groups,
-                "cin_g": self.cin_g, "cout_g": self.cout_g, "bias": bool(self.bias),
-                "axes": [dict(zip(("size", "kernel", "stride", "padding", "dilation", "out_pad"), a, strict=True))
-                         for a in self.axes]}
+        return {
+            "seed": self.seed,
+            "mix": MIX_NAMES[self.mix],
+            "batch": self.batch,
+            "groups": self.groups,
+            "cin_g": self.cin_g,
+            "cout_g": self.cout_g,
+            "bias": bool(self.bias),
+            "axes": [
+                dict(zip(("size", "kernel", "stride", "padding", "dilation", "out_pad"), a, strict=True))
+                for a in self.axes
+            ],
+        }
 
 
 @st.composite
@@ -102,9 +120,16 @@ def _axis(draw: Any, transposed: bool) -> tuple[int, int, int, int, int, int]:
 def conv_cases(draw: Any, max_rank: int = 3, transposed: bool = False, mixes: int = len(MIX_NAMES)) -> ConvCase:
     """Random convolution calls small enough for the softfloat spec."""
     rank = draw(st.integers(1, max_rank))
-    return ConvCase(draw(st.integers(0, 2**32 - 1)), draw(st.integers(0, mixes - 1)), draw(st.integers(1, 2)),
-                    draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(1, 3)),
-                    draw(st.integers(0, 1)), tuple(draw(_axis(transposed)) for _ in range(rank)))
+    return ConvCase(
+        draw(st.integers(0, 2**32 - 1)),
+        draw(st.integers(0, mixes - 1)),
+        draw(st.integers(1, 2)),
+        draw(st.integers(1, 2)),
+        draw(st.integers(1, 3)),
+        draw(st.integers(1, 3)),
+        draw(st.integers(0, 1)),
+        tuple(draw(_axis(transposed)) for _ in range(rank)),
+    )
 
 
 def _bits(seed: int, n: int, mix: str) -> np.ndarray:
@@ -164,8 +189,7 @@ def _conv_native(op: str, impl: Callable[..., Any], device: str) -> Callable[[_O
         if op == "fwd":
             return _host_bits(impl(d["x"], d["w"], b, device=device, **win))
         if op == "tconv":
-            return _host_bits(impl(d["x"], d["w"], b, output_padding=tuple(a[5] for a in c.axes), device=device,
-                                   **win))
+            return _host_bits(impl(d["x"], d["w"], b, output_padding=tuple(a[5] for a in c.axes), device=device, **win))
         if op == "wgrad":
             return _host_bits(impl(d["x"], d["dy"], tuple(a[1] for a in c.axes), device=device, **win))
         return _host_bits(impl(d["dy"], device=device))
@@ -180,8 +204,9 @@ def _conv_reference(op: str) -> Callable[[_Operands], Expected]:
         if op == "fwd":
             return Expected(bits=ref.conv(b["x"], b["w"], bias, **win))
         if op == "tconv":
-            return Expected(bits=ref.conv_transpose(b["x"], b["w"], bias, output_padding=tuple(a[5] for a in c.axes),
-                                                    **win))
+            return Expected(
+                bits=ref.conv_transpose(b["x"], b["w"], bias, output_padding=tuple(a[5] for a in c.axes), **win)
+            )
         if op == "wgrad":
             return Expected(bits=ref.conv_weight_grad(b["x"], b["dy"], tuple(a[1] for a in c.axes), **win))
         return Expected(bits=ref.bias_grad(b["dy"]))
@@ -192,9 +217,11 @@ def _conv_reference(op: str) -> Callable[[_Operands], Expected]:
 def _explicit(ctx: FalsifyContext, transposed: bool) -> tuple[ConvCase, ...]:
     """Boundary windows: the padding is the whole margin, stride on one axis only, dilation past the input."""
     s = ctx.seed
-    return (ConvCase(s, 0, 1, 1, 2, 2, 1, ((5, 3, 2, 1, 1, 1 if transposed else 0), (4, 2, 1, 0, 2, 0))),
-            ConvCase(s + 1, 0, 2, 2, 1, 2, 1, ((3, 3, 1, 2, 1, 0), (6, 1, 3, 0, 1, 2 if transposed else 0))),
-            ConvCase(s + 2, 4, 1, 1, 1, 1, 0, ((7, 2, 3, 1, 2, 0),)))
+    return (
+        ConvCase(s, 0, 1, 1, 2, 2, 1, ((5, 3, 2, 1, 1, 1 if transposed else 0), (4, 2, 1, 0, 2, 0))),
+        ConvCase(s + 1, 0, 2, 2, 1, 2, 1, ((3, 3, 1, 2, 1, 0), (6, 1, 3, 0, 1, 2 if transposed else 0))),
+        ConvCase(s + 2, 4, 1, 1, 1, 1, 0, ((7, 2, 3, 1, 2, 0),)),
+    )
 
 
 @register_test("conv.bitwise")
@@ -206,13 +233,25 @@ def conv_bitwise(ctx: FalsifyContext) -> Outcome:
     xp = array_module(ctx.device)
     transposed = op == "tconv"
     check = Check(
-        name=f"conv {op}", inputs=lambda c: _operands(c, xp, op), native=_conv_native(op, impl, ctx.device),
-        reference=_conv_reference(op), agreement=engine.item_agreement(ctx, "bitwise"),
-        cases=conv_cases(int(ctx.params.get("max_rank", 3)), transposed), explicit=_explicit(ctx, transposed),
-        encode=lambda c: c.ints(), decode=lambda rp: ConvCase.of(rp.values), describe=lambda c: c.describe(),
-        build={"impl": name, "op": op, "reference": "spec.conv (softfloat, env cuda)",
-               "order": "fold over (ci, k) row-major from +0, then + b" if op in ("fwd", "tconv")
-               else "fold over (n, o) row-major from +0"})
+        name=f"conv {op}",
+        inputs=lambda c: _operands(c, xp, op),
+        native=_conv_native(op, impl, ctx.device),
+        reference=_conv_reference(op),
+        agreement=engine.item_agreement(ctx, "bitwise"),
+        cases=conv_cases(int(ctx.params.get("max_rank", 3)), transposed),
+        explicit=_explicit(ctx, transposed),
+        encode=lambda c: c.ints(),
+        decode=lambda rp: ConvCase.of(rp.values),
+        describe=lambda c: c.describe(),
+        build={
+            "impl": name,
+            "op": op,
+            "reference": "spec.conv (softfloat, env cuda)",
+            "order": "fold over (ci, k) row-major from +0, then + b"
+            if op in ("fwd", "tconv")
+            else "fold over (n, o) row-major from +0",
+        },
+    )
     return engine.run(ctx, check)
 
 
@@ -246,8 +285,19 @@ def _pool_cases(draw: Any) -> PoolCase:
     ph, pw = draw(st.integers(0, kh // 2)), draw(st.integers(0, kw // 2))
     h = draw(st.integers(max(1, kh - 2 * ph), kh + 6))
     w = draw(st.integers(max(1, kw - 2 * pw), kw + 6))
-    return PoolCase(draw(st.integers(0, 2**32 - 1)), draw(st.integers(0, len(MIX_NAMES))), draw(st.integers(1, 3)),
-                    h, w, kh, kw, draw(st.integers(1, 3)), draw(st.integers(1, 3)), ph, pw)
+    return PoolCase(
+        draw(st.integers(0, 2**32 - 1)),
+        draw(st.integers(0, len(MIX_NAMES))),
+        draw(st.integers(1, 3)),
+        h,
+        w,
+        kh,
+        kw,
+        draw(st.integers(1, 3)),
+        draw(st.integers(1, 3)),
+        ph,
+        pw,
+    )
 
 
 _TIE_VALUES = np.array([0.0, -0.0, 1.0, 1.0, 2.0, -1.0, 2.0, 0.5], dtype=np.float32)
@@ -301,17 +351,31 @@ def pool_bitwise(ctx: FalsifyContext) -> Outcome:
         return Expected(bits=ref.avg_pool2d_backward(d["dy"], (c.planes, c.h, c.w), **win))
 
     s = ctx.seed
-    explicit = (PoolCase(s, 0, 2, 5, 5, 3, 3, 1, 1, 1, 1), PoolCase(s + 1, 0, 1, 4, 7, 2, 3, 2, 1, 1, 0),
-                PoolCase(s + 2, 3, 2, 6, 6, 4, 2, 3, 2, 2, 1))
+    explicit = (
+        PoolCase(s, 0, 2, 5, 5, 3, 3, 1, 1, 1, 1),
+        PoolCase(s + 1, 0, 1, 4, 7, 2, 3, 2, 1, 1, 0),
+        PoolCase(s + 2, 3, 2, 6, 6, 4, 2, 3, 2, 2, 1),
+    )
     fields = tuple(PoolCase.__dataclass_fields__)
     check = Check(
-        name=f"pool {op}", inputs=inputs, native=native, reference=reference,
-        agreement=engine.item_agreement(ctx, "bitwise"), cases=_pool_cases(), explicit=explicit,
-        encode=lambda c: tuple(getattr(c, f) for f in fields), decode=lambda rp: PoolCase(*rp.values[:len(fields)]),
+        name=f"pool {op}",
+        inputs=inputs,
+        native=native,
+        reference=reference,
+        agreement=engine.item_agreement(ctx, "bitwise"),
+        cases=_pool_cases(),
+        explicit=explicit,
+        encode=lambda c: tuple(getattr(c, f) for f in fields),
+        decode=lambda rp: PoolCase(*rp.values[: len(fields)]),
         describe=lambda c: {f: getattr(c, f) for f in fields},
         output_names=("y", "argmax") if op == "max" else ("r",),
-        build={"impl": name, "op": op, "reference": "spec.conv (softfloat, env cuda)",
-               "ties": "first real tap in row-major order (NaN above all, +0 above -0)"})
+        build={
+            "impl": name,
+            "op": op,
+            "reference": "spec.conv (softfloat, env cuda)",
+            "ties": "first real tap in row-major order (NaN above all, +0 above -0)",
+        },
+    )
     return engine.run(ctx, check)
 
 
@@ -333,8 +397,9 @@ def error_bound(ctx: FalsifyContext) -> Outcome:
 
     def reference(o: _Operands) -> Expected:
         c, b = o.case, o.bits
-        val, mag = ref.conv_f64(b["x"].view(np.float32), b["w"].view(np.float32),
-                                b["b"].view(np.float32) if c.bias else None, **c.window())
+        val, mag = ref.conv_f64(
+            b["x"].view(np.float32), b["w"].view(np.float32), b["b"].view(np.float32) if c.bias else None, **c.window()
+        )
         k = c.cin_g * math.prod(a[1] for a in c.axes) + 1
         return Expected(value=val, bound=tol * (_gamma(k) * mag + k * 2.0**-149))
 
@@ -343,14 +408,27 @@ def error_bound(ctx: FalsifyContext) -> Outcome:
         err = np.abs(np.asarray(j.native[0]).view(np.float32).astype(np.float64) - e.value)
         worst["ratio"] = max(worst["ratio"], float(np.max(err / np.maximum(e.bound, 1e-300), initial=0.0)))
 
-    agreement = engine.item_agreement(ctx, "error_bound", bound_name="tol * (gamma_{K+1} (sum|w x| + |b|) + "
-                                      "(K+1) 2^-149), K = cin_g * taps")
+    agreement = engine.item_agreement(
+        ctx, "error_bound", bound_name="tol * (gamma_{K+1} (sum|w x| + |b|) + (K+1) 2^-149), K = cin_g * taps"
+    )
     check = Check(
-        name=name, inputs=lambda c: _operands(_finite_case(c), xp, "fwd"), native=_conv_native("fwd", impl, ctx.device),
-        reference=reference, agreement=agreement, cases=conv_cases(3), encode=lambda c: c.ints(),
-        decode=lambda rp: ConvCase.of(rp.values), describe=lambda c: c.describe(), observe=observe,
-        build={"impl": name, "tolerance": tol, "u": "2^-24",
-               "reference": "spec.conv.conv_f64 (float64, exact products)"})
+        name=name,
+        inputs=lambda c: _operands(_finite_case(c), xp, "fwd"),
+        native=_conv_native("fwd", impl, ctx.device),
+        reference=reference,
+        agreement=agreement,
+        cases=conv_cases(3),
+        encode=lambda c: c.ints(),
+        decode=lambda rp: ConvCase.of(rp.values),
+        describe=lambda c: c.describe(),
+        observe=observe,
+        build={
+            "impl": name,
+            "tolerance": tol,
+            "u": "2^-24",
+            "reference": "spec.conv.conv_f64 (float64, exact products)",
+        },
+    )
     return engine.run(ctx, check, lambda: {"worst_error_over_bound": worst["ratio"]})
 
 
@@ -367,14 +445,18 @@ def adjoint(ctx: FalsifyContext) -> Outcome:
         return _operands(_finite_case(c), xp, "fwd")
 
     def op_pad(c: ConvCase) -> tuple[int, ...]:
-        return tuple(a[0] - ((o - 1) * a[2] - 2 * a[3] + a[4] * (a[1] - 1) + 1)
-                     for a, o in zip(c.axes, (ref.out_size(*a[:5]) for a in c.axes), strict=True))
+        return tuple(
+            a[0] - ((o - 1) * a[2] - 2 * a[3] + a[4] * (a[1] - 1) + 1)
+            for a, o in zip(c.axes, (ref.out_size(*a[:5]) for a in c.axes), strict=True)
+        )
 
     def native(o: _Operands) -> np.ndarray:
         c, d, win = o.case, o.dev, o.case.window()
         fx = np.asarray(to_host(nc.conv(d["x"], d["w"], None, device=ctx.device, **win)), np.float64)
-        ty = np.asarray(to_host(nc.conv_transpose(d["dy"], d["w"], None, output_padding=op_pad(c), device=ctx.device,
-                                                  **win)), np.float64)
+        ty = np.asarray(
+            to_host(nc.conv_transpose(d["dy"], d["w"], None, output_padding=op_pad(c), device=ctx.device, **win)),
+            np.float64,
+        )
         x64, y64 = o.bits["x"].view(np.float32).astype(np.float64), o.bits["dy"].view(np.float32).astype(np.float64)
         return np.array([math.fsum((fx * y64).ravel()) - math.fsum((x64 * ty).ravel())])
 
@@ -388,21 +470,37 @@ def adjoint(ctx: FalsifyContext) -> Outcome:
         ya, xa = np.abs(y.astype(np.float64)), np.abs(x.astype(np.float64))
         lhs, rhs = float(np.sum(ya * mag_f)), float(np.sum(xa * mag_t))
         n = ya.size + xa.size
-        bound = _gamma(k) * lhs + _gamma(kt) * rhs + (k + kt) * 2.0**-149 * float(ya.sum() + xa.sum()) \
+        bound = (
+            _gamma(k) * lhs
+            + _gamma(kt) * rhs
+            + (k + kt) * 2.0**-149 * float(ya.sum() + xa.sum())
             + 2.0**-49 * n * (lhs + rhs)
+        )
         return Expected(value=np.array([0.0]), bound=np.array([tol * bound]))
 
     def observe(j: engine.Judgement) -> None:
         b = float(j.expected[0].bound[0])
         worst["ratio"] = max(worst["ratio"], abs(float(j.native[0][0])) / b if b else 0.0)
 
-    agreement = engine.item_agreement(ctx, "error_bound", bound_name="tol * (gamma_K sum|y|(|w|*|x|) + gamma_K' "
-                                      "sum|x|(|w|^T*|y|) + underflow + float64 dot terms)")
+    agreement = engine.item_agreement(
+        ctx,
+        "error_bound",
+        bound_name="tol * (gamma_K sum|y|(|w|*|x|) + gamma_K' sum|x|(|w|^T*|y|) + underflow + float64 dot terms)",
+    )
     check = Check(
-        name="conv adjoint", inputs=inputs, native=native, reference=reference, agreement=agreement,
-        cases=conv_cases(3), encode=lambda c: c.ints(), decode=lambda rp: ConvCase.of(rp.values),
-        describe=lambda c: c.describe(), observe=observe,
-        build={"identity": "<conv(x), y> - <x, conv_T(y)> = 0", "kernels": ["native.conv:conv",
-                                                                            "native.conv:conv_transpose"]})
+        name="conv adjoint",
+        inputs=inputs,
+        native=native,
+        reference=reference,
+        agreement=agreement,
+        cases=conv_cases(3),
+        encode=lambda c: c.ints(),
+        decode=lambda rp: ConvCase.of(rp.values),
+        describe=lambda c: c.describe(),
+        observe=observe,
+        build={
+            "identity": "<conv(x), y> - <x, conv_T(y)> = 0",
+            "kernels": ["native.conv:conv", "native.conv:conv_transpose"],
+        },
+    )
     return engine.run(ctx, check, lambda: {"worst_gap_over_bound": worst["ratio"]})
-

@@ -113,8 +113,9 @@ def elementwise_check(
             f"routes without contraction or approximation)"
         )
 
-    def native(views: list, scalars: tuple, block: int = DEFAULT_BLOCK,
-               max_grid: int = DEFAULT_MAX_GRID) -> NativeResult:
+    def native(
+        views: list, scalars: tuple, block: int = DEFAULT_BLOCK, max_grid: int = DEFAULT_MAX_GRID
+    ) -> NativeResult:
         flat, _ = prepare_operands(xp, [u.view(xp.float32) for u in views])
         n = int(flat[0].size)
         bufs = [xp.full(n + 1, POISON, dtype=xp.uint32) for _ in k.outputs]
@@ -188,8 +189,9 @@ def bitwise(ctx: FalsifyContext) -> Outcome:
     op, route = _op(ctx), p.get("route", "nvrtc-ieee")
     layouts = tuple(p.get("layouts", LAYOUTS))
     agreement = engine.item_agreement(ctx, "bitwise", nan_policy=p.get("nan_policy", "exact"))
-    check = elementwise_check(op, ctx, agreement, route=route, variant=p.get("variant"), env=p.get("env"),
-                              layouts=layouts)
+    check = elementwise_check(
+        op, ctx, agreement, route=route, variant=p.get("variant"), env=p.get("env"), layouts=layouts
+    )
     out = engine.run(ctx, check)
     refuted = []
     for env in p.get("refute_envs", []) if ctx.replay is None else []:
@@ -232,8 +234,9 @@ def max_ulp(ctx: FalsifyContext) -> Outcome:
         if b is None:
             return error("elementwise.max_ulp needs params.bound, params.bound_fn or a tolerance")
         agreement = make_agreement("max_ulp", bound=int(b))
-    check = elementwise_check(op, ctx, agreement, route=p.get("route", "nvrtc-ieee"), variant=p.get("variant"),
-                              env=p.get("env"))
+    check = elementwise_check(
+        op, ctx, agreement, route=p.get("route", "nvrtc-ieee"), variant=p.get("variant"), env=p.get("env")
+    )
     return engine.run(ctx, check)
 
 
@@ -257,13 +260,27 @@ def fma_contraction(ctx: FalsifyContext) -> Outcome:
     op, promise, route = _op(ctx), p.get("promise", "separate"), p.get("route", "nvrtc-ieee")
     other = {"separate": "fused", "fused": "separate"}[promise]
     agreement = engine.item_agreement(ctx, "bitwise", nan_policy=p.get("nan_policy", "exact"))
-    check = elementwise_check(op, ctx, agreement, route=route, variant=p.get("variant"),
-                              reference=_PROMISES[(op, promise)], mixes=("correlated", "balanced"))
+    check = elementwise_check(
+        op,
+        ctx,
+        agreement,
+        route=route,
+        variant=p.get("variant"),
+        reference=_PROMISES[(op, promise)],
+        mixes=("correlated", "balanced"),
+    )
     out = engine.run(ctx, check)
     if ctx.replay is not None:
         return out
-    alt = elementwise_check(op, ctx, agreement, route=route, variant=p.get("variant"),
-                            reference=_PROMISES[(op, other)], mixes=("correlated",))
+    alt = elementwise_check(
+        op,
+        ctx,
+        agreement,
+        route=route,
+        variant=p.get("variant"),
+        reference=_PROMISES[(op, other)],
+        mixes=("correlated",),
+    )
     o = engine.run(ctx, alt)
     ev = {
         **engine.evidence_dict(out),
@@ -366,12 +383,18 @@ def _backward_check(ctx: FalsifyContext) -> Check[BatchSpec]:
 
     fd_bound.__name__ = f"{rel:g} * (|reference| + |dy|)"
     agreement = engine.item_agreement(ctx, "error_bound", bound=fd_bound)
-    scalar_strategy = st.sampled_from(
-        [0xBF800000, 0x3F800000, 0x00000000, 0xC0000000, 0x40000000, 0x3F000000]
+    scalar_strategy = st.sampled_from([0xBF800000, 0x3F800000, 0x00000000, 0xC0000000, 0x40000000, 0x3F000000])
+    return elementwise_check(
+        op,
+        ctx,
+        agreement,
+        route=p.get("route", "nvrtc-ieee"),
+        variant=p.get("variant"),
+        custom_reference=reference,
+        prepare=prepare,
+        scalar_strategy=scalar_strategy,
+        build={"h_rel": h_rel, "domain": "|x| in [2^-6, 2^7) or 0"},
     )
-    return elementwise_check(op, ctx, agreement, route=p.get("route", "nvrtc-ieee"), variant=p.get("variant"),
-                             custom_reference=reference, prepare=prepare, scalar_strategy=scalar_strategy,
-                             build={"h_rel": h_rel, "domain": "|x| in [2^-6, 2^7) or 0"})
 
 
 @register_test("elementwise.backward_fd")

@@ -66,8 +66,17 @@ __all__ = [
 C = TypeVar("C")
 
 # Values a minimised operand is tried at first: zeros, one, the smallest subnormal and normal, Inf, NaNs, 2.
-BINARY32_COMMON: tuple[int, ...] = (0x00000000, 0x80000000, 0x3F800000, 0x00000001, 0x00800000, 0x7F800000,
-                                    0x7F800001, 0x7FC00000, 0x40000000)
+BINARY32_COMMON: tuple[int, ...] = (
+    0x00000000,
+    0x80000000,
+    0x3F800000,
+    0x00000001,
+    0x00800000,
+    0x7F800000,
+    0x7F800001,
+    0x7FC00000,
+    0x40000000,
+)
 
 
 @dataclass(frozen=True)
@@ -331,8 +340,7 @@ def _candidates(bits: tuple[int, ...], common: tuple[int, ...], width: int) -> l
     return sorted(out, key=lambda c: _simplicity(c, width))
 
 
-def minimise_element(check: Check[C], case: C, bits: tuple[int, ...], rounds: int = 40
-                     ) -> tuple[C, Judgement] | None:
+def minimise_element(check: Check[C], case: C, bits: tuple[int, ...], rounds: int = 40) -> tuple[C, Judgement] | None:
     """Shrink a failing operand tuple to a simpler one failing on its own; None if it passes alone."""
     el = check.elements
     assert el is not None
@@ -381,8 +389,9 @@ def check_stated_agreement(ctx: FalsifyContext, agreement: Agreement) -> Outcome
     """An error outcome when the item states an agreement kind other than ``agreement``'s, else None."""
     stated = ctx.agreement
     if stated and stated != agreement.name:
-        return error(f"the item states agreement {stated!r} but test {ctx.item.get('test')!r} applies "
-                     f"{agreement.name!r}")
+        return error(
+            f"the item states agreement {stated!r} but test {ctx.item.get('test')!r} applies {agreement.name!r}"
+        )
     return None
 
 
@@ -400,8 +409,14 @@ def outcome_passed(ctx: FalsifyContext, cases: int, agreement: Agreement | None 
     return passed(**evidence(ctx, agreement, cases=cases, **more))
 
 
-def outcome_violated(ctx: FalsifyContext, counterexample: dict[str, Any], reason: str,
-                     agreement: Agreement | None = None, replay: Replay | None = None, **more: Any) -> Outcome:
+def outcome_violated(
+    ctx: FalsifyContext,
+    counterexample: dict[str, Any],
+    reason: str,
+    agreement: Agreement | None = None,
+    replay: Replay | None = None,
+    **more: Any,
+) -> Outcome:
     """A violated outcome with the engine's evidence keys and the one replay command."""
     ce = {**counterexample, "replay": replay_command(ctx, replay)}
     return violated(ce, reason, **evidence(ctx, agreement, **more))
@@ -454,21 +469,37 @@ def _counterexample(ctx: FalsifyContext, check: Check[C], case: C, j: Judgement)
     bits = el.operands(j.inputs, i)
     shrunk = minimise_element(check, case, bits, ctx.budget.minimise_rounds)
     if shrunk is None:
-        ce = {**base, "kind": "position_dependent", "size": j.n, "disagreements": j.bad_count,
-              "element": _element_json(check, j, i),
-              "detail": "the element agrees on its own: the failure depends on its batch (size/position)"}
+        ce = {
+            **base,
+            "kind": "position_dependent",
+            "size": j.n,
+            "disagreements": j.bad_count,
+            "element": _element_json(check, j, i),
+            "detail": "the element agrees on its own: the failure depends on its batch (size/position)",
+        }
         return ce, None, "position_dependent"
     s_case, sj = shrunk
     names = el.scalar_names or tuple(f"s{k}" for k in range(len(el.scalars(case))))
-    ce = {**base, "kind": "element", "first_in_batch": _element_json(check, j, i), "size": 1,
-          "element": _element_json(check, sj, 0), "batch_disagreements": j.bad_count, "batch_size": j.n,
-          "scalars": {nm: _hex(s, 32) for nm, s in zip(names, el.scalars(case), strict=True)}}
+    ce = {
+        **base,
+        "kind": "element",
+        "first_in_batch": _element_json(check, j, i),
+        "size": 1,
+        "element": _element_json(check, sj, 0),
+        "batch_disagreements": j.bad_count,
+        "batch_size": j.n,
+        "scalars": {nm: _hex(s, 32) for nm, s in zip(names, el.scalars(case), strict=True)},
+    }
     return ce, _encode(check, s_case), "element"
 
 
-_WHAT = {"element": "an element disagrees", "case": "a case disagrees",
-         "position_dependent": "a batch disagrees (position-dependent)",
-         "out_of_bounds_write": "the kernel wrote past the end of its output", "raised": "the native call raised"}
+_WHAT = {
+    "element": "an element disagrees",
+    "case": "a case disagrees",
+    "position_dependent": "a batch disagrees (position-dependent)",
+    "out_of_bounds_write": "the kernel wrote past the end of its output",
+    "raised": "the native call raised",
+}
 
 
 def _replay_case(ctx: FalsifyContext, check: Check[C], rp: Replay) -> Outcome:
@@ -481,8 +512,11 @@ def _replay_case(ctx: FalsifyContext, check: Check[C], rp: Replay) -> Outcome:
     j = judge(check, check.inputs(case))
     ev = evidence(ctx, check.agreement, replayed=True, **check.build)
     if j.failed:
-        ce: dict[str, Any] = {"kind": "element" if check.elements else "case", "case": check.describe(case),
-                              "size": j.n}
+        ce: dict[str, Any] = {
+            "kind": "element" if check.elements else "case",
+            "case": check.describe(case),
+            "size": j.n,
+        }
         if j.raised is not None:
             ce.update(kind="raised", detail=j.raised)
         elif j.first_bad is not None:
@@ -514,8 +548,13 @@ class _Search(Generic[C]):
         check, b = self.check, self.budget
         if self.unsafe is not None:  # never launch again after a write past the end: report that case
             raise self.unsafe
-        if check.budget_stop and b.budget_s is not None and not self.failing and self.clock is not None \
-                and time.perf_counter() - self.clock > b.budget_s:
+        if (
+            check.budget_stop
+            and b.budget_s is not None
+            and not self.failing
+            and self.clock is not None
+            and time.perf_counter() - self.clock > b.budget_s
+        ):
             self.skipped += 1  # budget spent before any failure: stop evaluating, let Hypothesis finish
             return
         ts = time.perf_counter()
@@ -544,11 +583,23 @@ class _Search(Generic[C]):
     def evidence(self, ctx: FalsifyContext, extra: Mapping[str, Any]) -> dict[str, Any]:
         """The run's evidence: the engine's keys, the check's build description, then ``extra``."""
         b, rate = self.budget, round(self.cases / self.eval_s, 1) if self.eval_s else None
-        ev = evidence(ctx, self.check.agreement, draws=self.draws, max_ulp_observed=self.max_ulp,
-                      wall_s=round(time.perf_counter() - self.t0, 4), cases_per_s=rate,
-                      budget={"max_examples": b.max_examples, "max_size": b.max_size, "budget_s": b.budget_s,
-                              "scale": b.scale, "bulk": b.bulk},
-                      **self.check.build, **extra)
+        ev = evidence(
+            ctx,
+            self.check.agreement,
+            draws=self.draws,
+            max_ulp_observed=self.max_ulp,
+            wall_s=round(time.perf_counter() - self.t0, 4),
+            cases_per_s=rate,
+            budget={
+                "max_examples": b.max_examples,
+                "max_size": b.max_size,
+                "budget_s": b.budget_s,
+                "scale": b.scale,
+                "bulk": b.bulk,
+            },
+            **self.check.build,
+            **extra,
+        )
         if self.check.unit == "elements":
             ev.update(elements=self.cases, batches=self.draws, elements_per_s=rate)
         if ctx.witnesses or self.check.regime_of is not None:
@@ -556,8 +607,11 @@ class _Search(Generic[C]):
             ev["regimes_reached"] = {r: self.regimes.get(r, 0) for r in names}
             ev["regimes_unreached"] = [r for r in names if not self.regimes.get(r)]
         if self.check.alternative is not None:
-            ev.update(order_alternative=self.check.alternative_name, order_sensitive_cases=self.order_sensitive,
-                      order_insensitive=self.order_sensitive == 0)
+            ev.update(
+                order_alternative=self.check.alternative_name,
+                order_sensitive_cases=self.order_sensitive,
+                order_insensitive=self.order_sensitive == 0,
+            )
         return ev
 
 
@@ -621,8 +675,10 @@ def run(ctx: FalsifyContext, check: Check[C], extra: Callable[[], Mapping[str, A
     try:
         found = _explore(ctx, search)
     except HypothesisException as exc:  # e.g. Flaky: a failure that did not reproduce
-        return error(f"{check.name}: Hypothesis could not settle a failure ({type(exc).__name__}: {exc})",
-                     **evidence(ctx, check.agreement, **check.build))
+        return error(
+            f"{check.name}: Hypothesis could not settle a failure ({type(exc).__name__}: {exc})",
+            **evidence(ctx, check.agreement, **check.build),
+        )
     ev = search.evidence(ctx, extra() if extra else {})
     if found is None:
         return passed(cases=search.cases, **ev)
@@ -663,17 +719,26 @@ def _no_local_constants() -> Iterator[None]:
         cache.cache.clear()
 
 
-def _hypothesis(ctx: FalsifyContext, check: Check[C], max_examples: int, one: Callable[[C], None]
-                ) -> Callable[[], None]:
+def _hypothesis(
+    ctx: FalsifyContext, check: Check[C], max_examples: int, one: Callable[[C], None]
+) -> Callable[[], None]:
     """The seeded Hypothesis test over ``check.cases`` (the explicit cases ran before it)."""
 
     def body(case: C) -> None:
         one(case)
 
     fn: Callable[..., None] = hseed(ctx.seed)(given(check.cases)(body))
-    return settings(max_examples=max_examples, deadline=None, database=None, derandomize=False,
-                    suppress_health_check=list(HealthCheck), phases=(Phase.explicit, Phase.generate, Phase.shrink),
-                    verbosity=Verbosity.quiet, report_multiple_bugs=False, print_blob=False)(fn)
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        database=None,
+        derandomize=False,
+        suppress_health_check=list(HealthCheck),
+        phases=(Phase.explicit, Phase.generate, Phase.shrink),
+        verbosity=Verbosity.quiet,
+        report_multiple_bugs=False,
+        print_blob=False,
+    )(fn)
 
 
 def find_item(contract: dict[str, Any], item_id: str) -> dict[str, Any] | None:
@@ -690,16 +755,31 @@ def find_item(contract: dict[str, Any], item_id: str) -> dict[str, Any] | None:
     return None
 
 
-def replay(item: dict[str, Any], *, bits: Iterable[Any], scalars: Iterable[Any] = (), device: str = "host",
-           contract: dict[str, Any] | None = None, contract_path: str = "", seed: int = 0) -> Outcome:
+def replay(
+    item: dict[str, Any],
+    *,
+    bits: Iterable[Any],
+    scalars: Iterable[Any] = (),
+    device: str = "host",
+    contract: dict[str, Any] | None = None,
+    contract_path: str = "",
+    seed: int = 0,
+) -> Outcome:
     """Re-check one case of a contract item on ``device`` (already resolved): ``bits`` are its integers."""
     test = get_test(item["test"])
     if test is None:
         return error(f"unknown falsification test {item['test']!r}")
     if device not in test.devices:
         return skipped(f"test {test.name} does not support device {device!r}")
-    ctx = FalsifyContext(device=device, profile="quick", seed=seed, item=dict(item), contract=contract or {},
-                         contract_path=contract_path, replay=Replay.parse(list(bits), list(scalars)))
+    ctx = FalsifyContext(
+        device=device,
+        profile="quick",
+        seed=seed,
+        item=dict(item),
+        contract=contract or {},
+        contract_path=contract_path,
+        replay=Replay.parse(list(bits), list(scalars)),
+    )
     return test.run(ctx)
 
 

@@ -40,20 +40,31 @@ def draw_case(seed: int, log2n: int, batch: int, win: int, wout: int, modes_pick
     bins = n // 2 + 1
     modes = 1 + modes_pick % bins
     f = np.float32
-    return {"n": n, "modes": modes, "x": rng.standard_normal((batch, n, win)).astype(f),
-            "w_re": (rng.standard_normal((modes, win, wout)) / win).astype(f),
-            "w_im": (rng.standard_normal((modes, win, wout)) / win).astype(f),
-            "dy": rng.standard_normal((batch, n, wout)).astype(f),
-            "v": rng.standard_normal((batch, n, win)).astype(f),
-            "v_re": rng.standard_normal((modes, win, wout)).astype(f),
-            "v_im": rng.standard_normal((modes, win, wout)).astype(f),
-            "Z": (rng.standard_normal((batch, bins, wout)) + 1j * rng.standard_normal((batch, bins, wout)))
-            .astype(np.complex64)}
+    return {
+        "n": n,
+        "modes": modes,
+        "x": rng.standard_normal((batch, n, win)).astype(f),
+        "w_re": (rng.standard_normal((modes, win, wout)) / win).astype(f),
+        "w_im": (rng.standard_normal((modes, win, wout)) / win).astype(f),
+        "dy": rng.standard_normal((batch, n, wout)).astype(f),
+        "v": rng.standard_normal((batch, n, win)).astype(f),
+        "v_re": rng.standard_normal((modes, win, wout)).astype(f),
+        "v_im": rng.standard_normal((modes, win, wout)).astype(f),
+        "Z": (rng.standard_normal((batch, bins, wout)) + 1j * rng.standard_normal((batch, bins, wout))).astype(
+            np.complex64
+        ),
+    }
 
 
 def _cases(max_log2: int) -> st.SearchStrategy:
-    return st.tuples(st.integers(0, 2**32 - 1), st.integers(1, max_log2), st.integers(1, 3), st.integers(1, 4),
-                     st.integers(1, 4), st.integers(0, 1 << 16))
+    return st.tuples(
+        st.integers(0, 2**32 - 1),
+        st.integers(1, max_log2),
+        st.integers(1, 3),
+        st.integers(1, 4),
+        st.integers(1, 4),
+        st.integers(0, 1 << 16),
+    )
 
 
 _NAMES = ("seed", "log2n", "batch", "win", "wout", "modes_pick")
@@ -61,9 +72,13 @@ _NAMES = ("seed", "log2n", "batch", "win", "wout", "modes_pick")
 
 def _common(ctx: FalsifyContext, max_default: int = 8) -> dict[str, Any]:
     m = int(ctx.params.get("max_log2", max_default)) + (2 if ctx.budget.scale > 1 else 0)
-    return {"cases": _cases(m), "explicit": ((0, 5, 2, 3, 4, 8), (1, 1, 1, 1, 1, 0), (2, m, 1, 2, 2, 1 << 16)),
-            "encode": lambda c: c, "decode": lambda rp: tuple(rp.values[:6]),
-            "describe": lambda c: dict(zip(_NAMES, c, strict=True))}
+    return {
+        "cases": _cases(m),
+        "explicit": ((0, 5, 2, 3, 4, 8), (1, 1, 1, 1, 1, 0), (2, m, 1, 2, 2, 1 << 16)),
+        "encode": lambda c: c,
+        "decode": lambda rp: tuple(rp.values[:6]),
+        "describe": lambda c: dict(zip(_NAMES, c, strict=True)),
+    }
 
 
 def _on(ctx: FalsifyContext, a: Any) -> Any:
@@ -84,11 +99,20 @@ def _variant(ctx: FalsifyContext) -> str:
 
 
 def _bound_check(ctx: FalsifyContext, name: str, native: Any, reference: Any, bound_name: str) -> Outcome:
-    check = Check(name=f"{name}[{_variant(ctx)}]@{ctx.device}", inputs=lambda c: draw_case(*c), native=native,
-                  reference=reference, agreement=engine.item_agreement(ctx, "error_bound", bound_name=bound_name),
-                  build={"variant": _variant(ctx), "transforms": "cupy.fft (cuFFT)" if ctx.device == "cuda"
-                         else "numpy.fft (pocketfft)", "u": "2^-24", "mu": "4u (assumed twiddle accuracy)"},
-                  **_common(ctx))
+    check = Check(
+        name=f"{name}[{_variant(ctx)}]@{ctx.device}",
+        inputs=lambda c: draw_case(*c),
+        native=native,
+        reference=reference,
+        agreement=engine.item_agreement(ctx, "error_bound", bound_name=bound_name),
+        build={
+            "variant": _variant(ctx),
+            "transforms": "cupy.fft (cuFFT)" if ctx.device == "cuda" else "numpy.fft (pocketfft)",
+            "u": "2^-24",
+            "mu": "4u (assumed twiddle accuracy)",
+        },
+        **_common(ctx),
+    )
     return engine.run(ctx, check)
 
 
@@ -111,9 +135,15 @@ def layout(ctx: FalsifyContext) -> Outcome:
         exp = np.concatenate([[n // 2 + 1], np.full(width, n), np.zeros(width), np.ones(n * width)])
         return Expected(bits=exp.astype(np.float32).view(np.uint32))
 
-    check = Check(name=f"layout[{v}]@{ctx.device}", inputs=lambda c: draw_case(*c), native=native,
-                  reference=reference, agreement=engine.item_agreement(ctx, "bitwise"),
-                  build={"variant": v, "facts": "bins, DC of rfft(ones), irfft(n e_0)"}, **_common(ctx, 12))
+    check = Check(
+        name=f"layout[{v}]@{ctx.device}",
+        inputs=lambda c: draw_case(*c),
+        native=native,
+        reference=reference,
+        agreement=engine.item_agreement(ctx, "bitwise"),
+        build={"variant": v, "facts": "bins, DC of rfft(ones), irfft(n e_0)"},
+        **_common(ctx, 12),
+    )
     return engine.run(ctx, check)
 
 
@@ -122,10 +152,14 @@ def rfft_dft(ctx: FalsifyContext) -> Outcome:
     """rfft within beta(n) sqrt(n) ||x||_2 (per column) of the dense float64 DFT."""
     v = _variant(ctx)
     return _bound_check(
-        ctx, "rfft", lambda c: _ri(nf.rfft(_on(ctx, c["x"]), device=ctx.device, variant=v)),
-        lambda c: Expected(value=_ri(sf.rfft_dense(c["x"])),
-                           bound=np.concatenate([sf.rfft_bound(c["x"]).reshape(-1)] * 2)),
-        "beta(n) sqrt(n) ||x_col||_2, beta = L eta / (1 - L eta), eta = mu + gamma_4 (sqrt2 + mu)")
+        ctx,
+        "rfft",
+        lambda c: _ri(nf.rfft(_on(ctx, c["x"]), device=ctx.device, variant=v)),
+        lambda c: Expected(
+            value=_ri(sf.rfft_dense(c["x"])), bound=np.concatenate([sf.rfft_bound(c["x"]).reshape(-1)] * 2)
+        ),
+        "beta(n) sqrt(n) ||x_col||_2, beta = L eta / (1 - L eta), eta = mu + gamma_4 (sqrt2 + mu)",
+    )
 
 
 def _hermitian(Z: np.ndarray, n: int) -> np.ndarray:
@@ -173,8 +207,10 @@ def nyquist(ctx: FalsifyContext) -> Outcome:
         y = sign[None, :, None] * zr[:, None, :] / n
         bx = sf.rfft_bound(x)[:, -1]
         by = (sf.fft_beta(n) + 2 * sf.U) * np.abs(zr)[:, None, :] / n * np.sqrt(2.0) * np.ones((1, n, 1))
-        return Expected(value=np.concatenate([X.reshape(-1), np.zeros(X.size), y.reshape(-1)]),
-                        bound=np.concatenate([bx.reshape(-1), bx.reshape(-1), by.reshape(-1)]))
+        return Expected(
+            value=np.concatenate([X.reshape(-1), np.zeros(X.size), y.reshape(-1)]),
+            bound=np.concatenate([bx.reshape(-1), bx.reshape(-1), by.reshape(-1)]),
+        )
 
     return _bound_check(ctx, "nyquist", native, reference, "rfft: beta sqrt(n)||x||; irfft: sqrt2 (beta + 2u)|Z|/n")
 
@@ -198,8 +234,15 @@ def parseval(ctx: FalsifyContext) -> Outcome:
 
 def _multiply(ctx: FalsifyContext, c: dict) -> np.ndarray:
     X = sf.rfft_dense(c["x"]).astype(np.complex64)
-    Z = nf.spectral_multiply(_on(ctx, X), _on(ctx, c["w_re"]), _on(ctx, c["w_im"]), c["modes"], c["n"],
-                             device=ctx.device, variant=_variant(ctx))
+    Z = nf.spectral_multiply(
+        _on(ctx, X),
+        _on(ctx, c["w_re"]),
+        _on(ctx, c["w_im"]),
+        c["modes"],
+        c["n"],
+        device=ctx.device,
+        variant=_variant(ctx),
+    )
     return np.asarray(to_host(Z))
 
 
@@ -208,20 +251,25 @@ def omitted_modes(ctx: FalsifyContext) -> Outcome:
     """Every bin k >= modes of the fused multiply's output is exactly +0 + 0i."""
 
     def native(c: dict) -> np.ndarray:
-        Z = _multiply(ctx, c)[:, c["modes"]:]
-        return np.concatenate([Z.real.reshape(-1), Z.imag.reshape(-1), [np.float32(1)]]).astype(np.float32) \
-            .view(np.uint32)
+        Z = _multiply(ctx, c)[:, c["modes"] :]
+        return (
+            np.concatenate([Z.real.reshape(-1), Z.imag.reshape(-1), [np.float32(1)]]).astype(np.float32).view(np.uint32)
+        )
 
     def reference(c: dict) -> Expected:
         bins = c["n"] // 2 + 1
         k = 2 * c["x"].shape[0] * (bins - c["modes"]) * c["w_re"].shape[2]
         return Expected(bits=np.concatenate([np.zeros(k), [1]]).astype(np.float32).view(np.uint32))
 
-    check = Check(name=f"omitted[{_variant(ctx)}]@{ctx.device}", inputs=lambda c: draw_case(*c), native=native,
-                  reference=reference, agreement=engine.item_agreement(ctx, "bitwise"),
-                  build={"variant": _variant(ctx),
-                         "sentinel": "a trailing 1.0 so a case with no omitted bin judges one element"},
-                  **_common(ctx))
+    check = Check(
+        name=f"omitted[{_variant(ctx)}]@{ctx.device}",
+        inputs=lambda c: draw_case(*c),
+        native=native,
+        reference=reference,
+        agreement=engine.item_agreement(ctx, "bitwise"),
+        build={"variant": _variant(ctx), "sentinel": "a trailing 1.0 so a case with no omitted bin judges one element"},
+        **_common(ctx),
+    )
     return engine.run(ctx, check)
 
 
@@ -236,13 +284,23 @@ def multiply_bitwise(ctx: FalsifyContext) -> Outcome:
     def reference(c: dict) -> Expected:
         X = sf.rfft_dense(c["x"]).astype(np.complex64)
         Z = sf.multiply_f32(X, c["w_re"], c["w_im"], c["modes"])
-        return Expected(bits=np.concatenate([Z.real.reshape(-1), Z.imag.reshape(-1)]).astype(np.float32)
-                        .view(np.uint32))
+        return Expected(
+            bits=np.concatenate([Z.real.reshape(-1), Z.imag.reshape(-1)]).astype(np.float32).view(np.uint32)
+        )
 
-    check = Check(name=f"multiply[{_variant(ctx)}]@{ctx.device}", inputs=lambda c: draw_case(*c), native=native,
-                  reference=reference, agreement=engine.item_agreement(ctx, "bitwise"),
-                  build={"variant": _variant(ctx), "order": list(nf.MULTIPLY_ORDER),
-                         "route": nf.ROUTE if ctx.device == "cuda" else "host float32, same order"}, **_common(ctx))
+    check = Check(
+        name=f"multiply[{_variant(ctx)}]@{ctx.device}",
+        inputs=lambda c: draw_case(*c),
+        native=native,
+        reference=reference,
+        agreement=engine.item_agreement(ctx, "bitwise"),
+        build={
+            "variant": _variant(ctx),
+            "order": list(nf.MULTIPLY_ORDER),
+            "route": nf.ROUTE if ctx.device == "cuda" else "host float32, same order",
+        },
+        **_common(ctx),
+    )
     return engine.run(ctx, check)
 
 
@@ -252,14 +310,16 @@ def conv_dft(ctx: FalsifyContext) -> Outcome:
     v = _variant(ctx)
 
     def native(c: dict) -> np.ndarray:
-        y = nf.spectral_conv(_on(ctx, c["x"]), _on(ctx, c["w_re"]), _on(ctx, c["w_im"]), c["modes"],
-                             device=ctx.device, variant=v)
+        y = nf.spectral_conv(
+            _on(ctx, c["x"]), _on(ctx, c["w_re"]), _on(ctx, c["w_im"]), c["modes"], device=ctx.device, variant=v
+        )
         return to_host(y).astype(np.float64).reshape(-1)
 
     def reference(c: dict) -> Expected:
         y, _ = sf.spectral_conv_dense(c["x"], c["w_re"], c["w_im"], c["modes"])
-        return Expected(value=y.reshape(-1), bound=sf.spectral_conv_bound(c["x"], c["w_re"], c["w_im"],
-                                                                          c["modes"]).reshape(-1))
+        return Expected(
+            value=y.reshape(-1), bound=sf.spectral_conv_bound(c["x"], c["w_re"], c["w_im"], c["modes"]).reshape(-1)
+        )
 
     return _bound_check(ctx, "conv", native, reference, "spec.fft.spectral_conv_bound (rfft, multiply, irfft)")
 
@@ -281,14 +341,17 @@ def adjoint(ctx: FalsifyContext) -> Outcome:
     def native(c: dict) -> np.ndarray:
         on = lambda a: _on(ctx, a)  # noqa: E731
         m = c["modes"]
-        dx, dwr, dwi = nf.spectral_conv_vjp(on(c["x"]), on(c["w_re"]), on(c["w_im"]), m, on(c["dy"]),
-                                            device=ctx.device, variant=v)
+        dx, dwr, dwi = nf.spectral_conv_vjp(
+            on(c["x"]), on(c["w_re"]), on(c["w_im"]), m, on(c["dy"]), device=ctx.device, variant=v
+        )
         jv = nf.spectral_conv(on(c["v"]), on(c["w_re"]), on(c["w_im"]), m, device=ctx.device, variant=v)
         jw = nf.spectral_conv(on(c["x"]), on(c["v_re"]), on(c["v_im"]), m, device=ctx.device, variant=v)
         c["_rhs"] = (_dot(c["v"], dx), _dot(c["v_re"], dwr) + _dot(c["v_im"], dwi))
-        c["_scale"] = (_norm(jv) * _norm(c["dy"]) + _norm(c["v"]) * _norm(dx),
-                       _norm(jw) * _norm(c["dy"]) + _norm(np.concatenate([c["v_re"], c["v_im"]]))
-                       * _norm(np.concatenate([to_host(dwr), to_host(dwi)])))
+        c["_scale"] = (
+            _norm(jv) * _norm(c["dy"]) + _norm(c["v"]) * _norm(dx),
+            _norm(jw) * _norm(c["dy"])
+            + _norm(np.concatenate([c["v_re"], c["v_im"]])) * _norm(np.concatenate([to_host(dwr), to_host(dwi)])),
+        )
         return np.array([_dot(jv, c["dy"]), _dot(jw, c["dy"])])
 
     def reference(c: dict) -> Expected:
@@ -305,8 +368,15 @@ def vjp_fd(ctx: FalsifyContext) -> Outcome:
     h = 1e-3
 
     def native(c: dict) -> np.ndarray:
-        dx, dwr, dwi = nf.spectral_conv_vjp(_on(ctx, c["x"]), _on(ctx, c["w_re"]), _on(ctx, c["w_im"]), c["modes"],
-                                            _on(ctx, c["dy"]), device=ctx.device, variant=v)
+        dx, dwr, dwi = nf.spectral_conv_vjp(
+            _on(ctx, c["x"]),
+            _on(ctx, c["w_re"]),
+            _on(ctx, c["w_im"]),
+            c["modes"],
+            _on(ctx, c["dy"]),
+            device=ctx.device,
+            variant=v,
+        )
         return np.array([_dot(c["v"], dx), _dot(c["v_re"], dwr) + _dot(c["v_im"], dwi)])
 
     def reference(c: dict) -> Expected:
@@ -319,5 +389,6 @@ def vjp_fd(ctx: FalsifyContext) -> Outcome:
         sw = _norm(g(x, c["v_re"], c["v_im"], m)[0]) * _norm(c["dy"]) + 1e-30
         return Expected(value=np.array([fx, fw]), bound=tol * np.array([sx, sw]))
 
-    return _bound_check(ctx, "vjp-fd", native, reference, f"{tol:g} ||J v|| ||dy|| (central differences, h = 1e-3, "
-                        "float64 dense DFT)")
+    return _bound_check(
+        ctx, "vjp-fd", native, reference, f"{tol:g} ||J v|| ||dy|| (central differences, h = 1e-3, float64 dense DFT)"
+    )

@@ -162,9 +162,7 @@ def nan_bits(signaling: bool | None = None) -> st.SearchStrategy[int]:
 
 def subnormal_bits() -> st.SearchStrategy[int]:
     """A subnormal of either sign, biased to both ends of the range."""
-    sig = st.one_of(
-        st.integers(1, 255), st.integers((1 << 23) - 256, (1 << 23) - 1), st.integers(1, (1 << 23) - 1)
-    )
+    sig = st.one_of(st.integers(1, 255), st.integers((1 << 23) - 256, (1 << 23) - 1), st.integers(1, (1 << 23) - 1))
     return st.builds(lambda s, m: (s << 31) | m, st.integers(0, 1), sig)
 
 
@@ -270,9 +268,7 @@ def batch_specs(
         size=sizes(max_size),
         mix=st.sampled_from(mixes),
         explicit=st.lists(st.tuples(st.integers(0, max_size), element), max_size=max_explicit).map(tuple),
-        scalars=st.tuples(
-            *[float32_bits() if scalar_bits is None else scalar_bits for _ in range(n_scalars)]
-        ),
+        scalars=st.tuples(*[float32_bits() if scalar_bits is None else scalar_bits for _ in range(n_scalars)]),
         layout=st.sampled_from(layouts),
     )
 
@@ -360,9 +356,7 @@ def _correlate(xp: ModuleType, ops: list, row: Any, weights: tuple[int, ...]) ->
     tie_b = s1 | ((e0 - xp.uint32(24)) << xp.uint32(23))
     # mul tie: (1 + 2^-j)(1 + 2^-(24-j)) = 1 + 2^-j + 2^-(24-j) + 2^-24, the last term half an ulp
     mt_a = s0 | (e0 << xp.uint32(23)) | (xp.uint32(1) << (xp.uint32(23) - j))
-    mt_b = (
-        s1 | (xp.uint32(127) << xp.uint32(23)) | (xp.uint32(1) << xp.maximum(j, xp.uint32(1)) - xp.uint32(1))
-    )
+    mt_b = s1 | (xp.uint32(127) << xp.uint32(23)) | (xp.uint32(1) << xp.maximum(j, xp.uint32(1)) - xp.uint32(1))
     # near cancellation: b = -(a +- a few ulps)
     delta = ((row >> xp.uint64(48)) & xp.uint64(7)).astype(xp.uint32)
     near_b = (a ^ xp.uint32(0x80000000)) + delta

@@ -50,14 +50,54 @@ from spec import fusion as sf
 from spec.ir.denote import bits, denote_all
 from spec.ir.graph import Graph, GraphBuilder, Payload
 
-__all__ = ["EXACT_TEMPLATES", "UNFUSED_TEMPLATES", "rule_violations", "small_graphs", "planted_cases", "perf_chain",
-           "perf_mlp", "perf_rmsnorm", "golden_failures", "gqa_graph", "gqa_flags"]
+__all__ = [
+    "EXACT_TEMPLATES",
+    "UNFUSED_TEMPLATES",
+    "rule_violations",
+    "small_graphs",
+    "planted_cases",
+    "perf_chain",
+    "perf_mlp",
+    "perf_rmsnorm",
+    "golden_failures",
+    "gqa_graph",
+    "gqa_flags",
+]
 
-EXACT_TEMPLATES: tuple[str, ...] = ("relu", "add", "const", "reshape", "neg", "sub", "mul_elem", "div", "maxElem",
-                                    "minElem", "sqrt", "inv", "abs", "flatten", "reduceSum", "reduceMean", "sum",
-                                    "transpose", "concat", "slice", "broadcastTo")
-UNFUSED_TEMPLATES: tuple[str, ...] = EXACT_TEMPLATES + ("tanh", "sigmoid", "exp", "gelu", "softmax", "linear",
-                                                        "matmul", "layernorm", "conv_pool")
+EXACT_TEMPLATES: tuple[str, ...] = (
+    "relu",
+    "add",
+    "const",
+    "reshape",
+    "neg",
+    "sub",
+    "mul_elem",
+    "div",
+    "maxElem",
+    "minElem",
+    "sqrt",
+    "inv",
+    "abs",
+    "flatten",
+    "reduceSum",
+    "reduceMean",
+    "sum",
+    "transpose",
+    "concat",
+    "slice",
+    "broadcastTo",
+)
+UNFUSED_TEMPLATES: tuple[str, ...] = EXACT_TEMPLATES + (
+    "tanh",
+    "sigmoid",
+    "exp",
+    "gelu",
+    "softmax",
+    "linear",
+    "matmul",
+    "layernorm",
+    "conv_pool",
+)
 
 
 def _compile_fn(ctx: FalsifyContext) -> Callable[[Graph], nf.CUDAProgram]:
@@ -86,16 +126,16 @@ def rule_violations(prog: nf.CUDAProgram, payload: Payload, inputs: dict[int, np
 
 
 def _flat_bits(arrays: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate([bits(np.ascontiguousarray(a, np.float32)).reshape(-1) for a in arrays] or
-                          [np.zeros(0, np.uint32)])
+    return np.concatenate(
+        [bits(np.ascontiguousarray(a, np.float32)).reshape(-1) for a in arrays] or [np.zeros(0, np.uint32)]
+    )
 
 
 def _templates(ctx: FalsifyContext, default: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(ctx.params.get("templates", default))
 
 
-def _graph_strategy(ctx: FalsifyContext, default: tuple[str, ...], rank1: bool = False
-                    ) -> st.SearchStrategy[GraphCase]:
+def _graph_strategy(ctx: FalsifyContext, default: tuple[str, ...], rank1: bool = False) -> st.SearchStrategy[GraphCase]:
     s = graph_cases(max_nodes=int(ctx.params.get("max_nodes", 6)), templates=_templates(ctx, default))
     # rank1: no rank-0 values (native.ir.run_graph's elementwise ops return shape (1,) for a scalar)
     return s.filter(lambda c: all(n.out_shape for n in c.graph.nodes)) if rank1 else s
@@ -105,10 +145,14 @@ def _describe(compile_fn: Callable[[Graph], nf.CUDAProgram]) -> Callable[[GraphC
     def describe(case: GraphCase) -> dict[str, Any]:
         try:
             prog = compile_fn(case.graph)
-            return {"graph": str(case), "program": str(prog),
-                    "violations": rule_violations(prog, case.payload, _inputs_of(case))[:5]}
+            return {
+                "graph": str(case),
+                "program": str(prog),
+                "violations": rule_violations(prog, case.payload, _inputs_of(case))[:5],
+            }
         except Exception as exc:  # the description of a failing case must not raise
             return {"graph": str(case), "compile_error": f"{type(exc).__name__}: {exc}"}
+
     return describe
 
 
@@ -152,15 +196,20 @@ def _multi(b: GraphBuilder) -> None:  # e = exp(x) feeds relu (primary) and the 
 
 def planted_cases() -> tuple[GraphCase, ...]:
     """Witness graphs for the planted reorder, dropped rounding, live-buffer reuse and multi-consumer bugs."""
-    return (_case(_reorder, [-1.0, 2.0]), _case(_rounding, [1.0, 3.0]),
-            _case(_live, [0.5, -1.0, 2.0, 0.25]), _case(_multi, [0.5, -1.0]))
+    return (
+        _case(_reorder, [-1.0, 2.0]),
+        _case(_rounding, [1.0, 3.0]),
+        _case(_live, [0.5, -1.0, 2.0, 0.25]),
+        _case(_multi, [0.5, -1.0]),
+    )
 
 
 # -- rules on generated graphs -----------------------------------------------------------------------------
 
 
-def _rules_check(ctx: FalsifyContext, name: str, cases: Any, explicit: tuple[GraphCase, ...],
-                 with_values: bool) -> Check:
+def _rules_check(
+    ctx: FalsifyContext, name: str, cases: Any, explicit: tuple[GraphCase, ...], with_values: bool
+) -> Check:
     compile_fn = _compile_fn(ctx)
 
     def native(case: GraphCase) -> list:
@@ -179,12 +228,22 @@ def _rules_check(ctx: FalsifyContext, name: str, cases: Any, explicit: tuple[Gra
         vals = denote_all(case.graph, case.payload, _inputs_of(case)).value
         return Expected(bits=np.concatenate([zero, _flat_bits([vals[o] for o in nf.program_outputs(case.graph)])]))
 
-    return Check(name=name, inputs=lambda c: c, native=native, reference=reference,
-                 agreement=engine.item_agreement(ctx, "bitwise", nan_policy="exact"), cases=cases, explicit=explicit,
-                 describe=_describe(compile_fn), output_names=("violations|outputs",),
-                 build={"compile": str(ctx.params.get("compile", "native.fusion:compile_subgraph")),
-                        "variant": str(ctx.params.get("variant", "default")),
-                        "planner": str(ctx.params.get("planner", "liveness"))})
+    return Check(
+        name=name,
+        inputs=lambda c: c,
+        native=native,
+        reference=reference,
+        agreement=engine.item_agreement(ctx, "bitwise", nan_policy="exact"),
+        cases=cases,
+        explicit=explicit,
+        describe=_describe(compile_fn),
+        output_names=("violations|outputs",),
+        build={
+            "compile": str(ctx.params.get("compile", "native.fusion:compile_subgraph")),
+            "variant": str(ctx.params.get("variant", "default")),
+            "planner": str(ctx.params.get("planner", "liveness")),
+        },
+    )
 
 
 def _host(a: Any) -> np.ndarray:
@@ -202,16 +261,22 @@ def partition_rules(ctx: FalsifyContext) -> Outcome:
 
 
 _SMALL_OPS: tuple[tuple[str, int, dict[str, Any]], ...] = (
-    ("neg", 1, {}), ("relu", 1, {}), ("reshape", 1, {"shape": (2,)}),
-    ("slice", 1, {"axis": -1, "start": 0, "stop": 2, "step": 1}), ("add", 2, {}))
+    ("neg", 1, {}),
+    ("relu", 1, {}),
+    ("reshape", 1, {"shape": (2,)}),
+    ("slice", 1, {"axis": -1, "start": 0, "stop": 2, "step": 1}),
+    ("add", 2, {}),
+)
 
 
 def small_graphs(extra: int = 3) -> Iterator[GraphCase]:
     """Every graph of one input [2] followed by 1..extra nodes over _SMALL_OPS with earlier parents."""
     x = np.array([1.5, -0.75], np.float32)
     for k in range(1, extra + 1):
-        per_node = [[(op, ps, a) for op, arity, a in _SMALL_OPS for ps in itertools.product(range(i + 1), repeat=arity)]
-                    for i in range(k)]
+        per_node = [
+            [(op, ps, a) for op, arity, a in _SMALL_OPS for ps in itertools.product(range(i + 1), repeat=arity)]
+            for i in range(k)
+        ]
         for combo in itertools.product(*per_node):
             b = GraphBuilder()
             b.add("input", (), (2,))
@@ -233,9 +298,15 @@ def small_graphs_exhaustive(ctx: FalsifyContext) -> Outcome:
 # -- agreement of values -----------------------------------------------------------------------------------
 
 
-def _values_check(ctx: FalsifyContext, name: str, reference_of: Callable[[GraphCase, tuple[int, ...]], list],
-                  templates: tuple[str, ...], explicit: tuple[GraphCase, ...], what: str, rank1: bool = False
-                  ) -> Check:
+def _values_check(
+    ctx: FalsifyContext,
+    name: str,
+    reference_of: Callable[[GraphCase, tuple[int, ...]], list],
+    templates: tuple[str, ...],
+    explicit: tuple[GraphCase, ...],
+    what: str,
+    rank1: bool = False,
+) -> Check:
     compile_fn = _compile_fn(ctx)
 
     def native(case: GraphCase) -> list:
@@ -246,24 +317,42 @@ def _values_check(ctx: FalsifyContext, name: str, reference_of: Callable[[GraphC
     def reference(case: GraphCase) -> Expected:
         return Expected(bits=_flat_bits(reference_of(case, nf.program_outputs(case.graph))))
 
-    return Check(name=name, inputs=lambda c: c, native=native, reference=reference,
-                 agreement=engine.item_agreement(ctx, "bitwise", nan_policy="exact"),
-                 cases=_graph_strategy(ctx, templates, rank1), explicit=explicit, describe=_describe(compile_fn),
-                 output_names=("outputs",), build={"reference": what, "templates": list(templates),
-                                                   "variant": str(ctx.params.get("variant", "default")),
-                                                   "planner": str(ctx.params.get("planner", "liveness"))})
+    return Check(
+        name=name,
+        inputs=lambda c: c,
+        native=native,
+        reference=reference,
+        agreement=engine.item_agreement(ctx, "bitwise", nan_policy="exact"),
+        cases=_graph_strategy(ctx, templates, rank1),
+        explicit=explicit,
+        describe=_describe(compile_fn),
+        output_names=("outputs",),
+        build={
+            "reference": what,
+            "templates": list(templates),
+            "variant": str(ctx.params.get("variant", "default")),
+            "planner": str(ctx.params.get("planner", "liveness")),
+        },
+    )
 
 
 @register_test("fusion.equals_denotation")
 @guarded()
 def equals_denotation(ctx: FalsifyContext) -> Outcome:
     """Fused program outputs == IR denotation, bit for bit, on exact elementwise / data-movement / fold graphs."""
+
     def ref(case: GraphCase, outs: tuple[int, ...]) -> list:
         vals = denote_all(case.graph, case.payload, _inputs_of(case)).value
         return [vals[o] for o in outs]
 
-    check = _values_check(ctx, "fused vs denotation", ref, _templates(ctx, EXACT_TEMPLATES),
-                          planted_cases()[:3], "spec.ir.denote.denote_all")
+    check = _values_check(
+        ctx,
+        "fused vs denotation",
+        ref,
+        _templates(ctx, EXACT_TEMPLATES),
+        planted_cases()[:3],
+        "spec.ir.denote.denote_all",
+    )
     return engine.run(ctx, check)
 
 
@@ -277,8 +366,15 @@ def equals_unfused(ctx: FalsifyContext) -> Outcome:
         ex = run_graph(case.graph, case.payload, list(case.inputs), ctx.device)
         return [ex.host(o) for o in outs]
 
-    check = _values_check(ctx, "fused vs unfused executor", ref, _templates(ctx, UNFUSED_TEMPLATES),
-                          (planted_cases()[3],), "native.ir.run_graph (one kernel per op)", rank1=True)
+    check = _values_check(
+        ctx,
+        "fused vs unfused executor",
+        ref,
+        _templates(ctx, UNFUSED_TEMPLATES),
+        (planted_cases()[3],),
+        "native.ir.run_graph (one kernel per op)",
+        rank1=True,
+    )
     return engine.run(ctx, check)
 
 
@@ -303,6 +399,7 @@ def _rmsnorm_cases(draw: Any, max_d: int) -> GraphCase:
 @guarded()
 def rmsnorm_bitwise(ctx: FalsifyContext) -> Outcome:
     """The pre-written RMSNorm step equals the IR denotation of rmsnorm bit for bit (rows of 1..max_d)."""
+
     def ref(case: GraphCase, outs: tuple[int, ...]) -> list:
         vals = denote_all(case.graph, case.payload, _inputs_of(case)).value
         return [vals[o] for o in outs]
@@ -337,12 +434,28 @@ def gqa_graph(variant: str, kv: int, g: int, tq: int, s: int, d: int, near_miss:
 
 @st.composite
 def _gqa_cases(draw: Any) -> tuple:
-    shape = (draw(st.sampled_from(("qk", "sv"))), draw(st.integers(1, 3)), draw(st.integers(1, 3)),
-             draw(st.integers(1, 2)), draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    shape = (
+        draw(st.sampled_from(("qk", "sv"))),
+        draw(st.integers(1, 3)),
+        draw(st.integers(1, 3)),
+        draw(st.integers(1, 2)),
+        draw(st.integers(1, 4)),
+        draw(st.integers(1, 4)),
+    )
     g, _ = gqa_graph(*shape)
-    ins = tuple(np.array(draw(st.lists(st.floats(-8, 8, width=32), min_size=int(np.prod(g[i].out_shape)),
-                                       max_size=int(np.prod(g[i].out_shape)))), np.float32).reshape(g[i].out_shape)
-                for i in g.input_ids())  # bounded: the GEMM bound is stated for finite products
+    ins = tuple(
+        np.array(
+            draw(
+                st.lists(
+                    st.floats(-8, 8, width=32),
+                    min_size=int(np.prod(g[i].out_shape)),
+                    max_size=int(np.prod(g[i].out_shape)),
+                )
+            ),
+            np.float32,
+        ).reshape(g[i].out_shape)
+        for i in g.input_ids()
+    )  # bounded: the GEMM bound is stated for finite products
     return shape, draw(st.booleans()) and shape[1] * shape[2] > 1, ins
 
 
@@ -363,8 +476,9 @@ def gqa_flags(case: tuple, device: str, grouping: str = "div") -> np.ndarray:
     den2 = denote_all(rw.graph, rw.payload, list(ins)).value
     bitwise = all(sf.same_bits(den[o], den2[rw.mapping[o]]) for o in outs)
     m = next(n for n in g.nodes if n.kind == "matmul")
-    res = nf.run_program(rw.graph, rw.payload, list(ins), device, dict.fromkeys([rw.mapping[m.id]] +
-                                                                                  [rw.mapping[o] for o in outs]))
+    res = nf.run_program(
+        rw.graph, rw.payload, list(ins), device, dict.fromkeys([rw.mapping[m.id]] + [rw.mapping[o] for o in outs])
+    )
     within = bool(np.all(agree(m, [den[q] for q in m.parents], None, res[rw.mapping[m.id]], den[m.id])))
     return np.array([len(matches) == want_matches, expand_gone, batch_ok, bitwise, within], np.uint32)
 
@@ -379,31 +493,48 @@ def program_outputs_of(g: Graph) -> tuple[int, ...]:
 def gqa_rewrite(ctx: FalsifyContext) -> Outcome:
     """The GQA rewrite: matched exactly (near misses untouched), no expand, batch KV, denotation kept bitwise."""
     grouping = str(ctx.params.get("grouping", "div"))
-    explicit = ((("qk", 2, 3, 1, 4, 5), False, None), (("sv", 2, 2, 2, 3, 2), False, None),
-                (("qk", 2, 2, 1, 3, 2), True, None))
+    explicit = (
+        (("qk", 2, 3, 1, 4, 5), False, None),
+        (("sv", 2, 2, 2, 3, 2), False, None),
+        (("qk", 2, 2, 1, 3, 2), True, None),
+    )
     rng = np.random.default_rng(0)
-    explicit = tuple((sh, near, tuple(rng.standard_normal(gqa_graph(*sh)[0][i].out_shape).astype(np.float32)
-                                      for i in (0, 1))) for sh, near, _ in explicit)
-    check = Check(name="GQA rewrite", inputs=lambda c: c, native=lambda c: [gqa_flags(c, ctx.device, grouping)],
-                  reference=lambda c: Expected(bits=np.ones(5, np.uint32)),
-                  agreement=engine.item_agreement(ctx, "bitwise", nan_policy="exact"), cases=_gqa_cases(),
-                  explicit=explicit, describe=lambda c: {"shape (variant, kv, g, tq, s, d)": list(c[0]),
-                                                         "near_miss": c[1]},
-                  output_names=("matched|no expand|batch kv|denotation bitwise|device within gemm bound",),
-                  build={"grouping": grouping, "device_agreement": "native.ir.AGREEMENT['matmul'] (gemm-bound)"})
+    explicit = tuple(
+        (sh, near, tuple(rng.standard_normal(gqa_graph(*sh)[0][i].out_shape).astype(np.float32) for i in (0, 1)))
+        for sh, near, _ in explicit
+    )
+    check = Check(
+        name="GQA rewrite",
+        inputs=lambda c: c,
+        native=lambda c: [gqa_flags(c, ctx.device, grouping)],
+        reference=lambda c: Expected(bits=np.ones(5, np.uint32)),
+        agreement=engine.item_agreement(ctx, "bitwise", nan_policy="exact"),
+        cases=_gqa_cases(),
+        explicit=explicit,
+        describe=lambda c: {"shape (variant, kv, g, tq, s, d)": list(c[0]), "near_miss": c[1]},
+        output_names=("matched|no expand|batch kv|denotation bitwise|device within gemm bound",),
+        build={"grouping": grouping, "device_agreement": "native.ir.AGREEMENT['matmul'] (gemm-bound)"},
+    )
     return engine.run(ctx, check)
 
 
 # -- kernel cache --------------------------------------------------------------------------------------------
 
-_SOURCES = ("extern \"C\" __global__ void k(float* o) { o[0] = 1.0f; }",
-            "extern \"C\" __global__ void k(float* o) { o[0] = 2.0f; }",
-            "extern \"C\" __global__ void j(float* o) { o[0] = 1.0f / 3.0f; }")
+_SOURCES = (
+    'extern "C" __global__ void k(float* o) { o[0] = 1.0f; }',
+    'extern "C" __global__ void k(float* o) { o[0] = 2.0f; }',
+    'extern "C" __global__ void j(float* o) { o[0] = 1.0f / 3.0f; }',
+)
 _ROUTES = ("nvrtc-ieee", "nvrtc-fmad", "nvrtc-ftz", "nvrtc-fast-math")
 _ARCHS = ("80", "90")
 _NAMES = ("k", "j")
-_cache_requests = st.lists(st.tuples(st.integers(0, len(_SOURCES) - 1), st.sampled_from(_NAMES),
-                                     st.sampled_from(_ROUTES), st.sampled_from(_ARCHS)), min_size=1, max_size=12)
+_cache_requests = st.lists(
+    st.tuples(
+        st.integers(0, len(_SOURCES) - 1), st.sampled_from(_NAMES), st.sampled_from(_ROUTES), st.sampled_from(_ARCHS)
+    ),
+    min_size=1,
+    max_size=12,
+)
 
 
 @register_test("fusion.cache_key")
@@ -425,13 +556,23 @@ def cache_key(ctx: FalsifyContext) -> Outcome:
     def reference(reqs: list) -> Expected:
         return Expected(bits=np.zeros(len(reqs) + 1, np.uint32))
 
-    explicit = ([(0, "k", "nvrtc-ieee", "90"), (0, "k", "nvrtc-ftz", "90")],
-                [(0, "k", "nvrtc-ieee", "80"), (0, "k", "nvrtc-ieee", "90")],
-                [(0, "k", "nvrtc-ieee", "90"), (0, "k", "nvrtc-ieee", "90"), (1, "k", "nvrtc-ieee", "90")])
-    check = Check(name="kernel cache key", inputs=lambda c: c, native=native, reference=reference,
-                  agreement=engine.item_agreement(ctx, "bitwise", nan_policy="exact"), cases=_cache_requests,
-                  explicit=explicit, describe=lambda c: {"requests": [list(r) for r in c]},
-                  output_names=("mismatch per request|compile count",), build={"key": key})
+    explicit = (
+        [(0, "k", "nvrtc-ieee", "90"), (0, "k", "nvrtc-ftz", "90")],
+        [(0, "k", "nvrtc-ieee", "80"), (0, "k", "nvrtc-ieee", "90")],
+        [(0, "k", "nvrtc-ieee", "90"), (0, "k", "nvrtc-ieee", "90"), (1, "k", "nvrtc-ieee", "90")],
+    )
+    check = Check(
+        name="kernel cache key",
+        inputs=lambda c: c,
+        native=native,
+        reference=reference,
+        agreement=engine.item_agreement(ctx, "bitwise", nan_policy="exact"),
+        cases=_cache_requests,
+        explicit=explicit,
+        describe=lambda c: {"requests": [list(r) for r in c]},
+        output_names=("mismatch per request|compile count",),
+        build={"key": key},
+    )
     return engine.run(ctx, check)
 
 
@@ -514,9 +655,16 @@ def perf_chain(n: int) -> dict[str, float]:
     fuse = time_ms(lambda: fused_fn(x), iters=20, warmup=5)
     base = time_ms(unfused, iters=10, warmup=3)
     same = bool(cupy.array_equal(ex.run([x])[4].view(cupy.uint32), unfused().view(cupy.uint32)))
-    return {"ours_ms": ours, "cupy_fuse_ms": fuse, "unfused_ms": base, "vs_cupy_fuse": fuse / ours,
-            "vs_unfused": base / ours, "bitwise_vs_unfused": same, "elements": n,
-            "unfused": "native.ir.run_node per node (run_graph's loop, device inputs)"}
+    return {
+        "ours_ms": ours,
+        "cupy_fuse_ms": fuse,
+        "unfused_ms": base,
+        "vs_cupy_fuse": fuse / ours,
+        "vs_unfused": base / ours,
+        "bitwise_vs_unfused": same,
+        "elements": n,
+        "unfused": "native.ir.run_node per node (run_graph's loop, device inputs)",
+    }
 
 
 def _resize_chain(n: int) -> tuple[Graph, Payload]:
@@ -538,8 +686,10 @@ def perf_mlp(t: int, d: int, f: int) -> dict[str, float]:
     b = GraphBuilder()
     x = b.add("input", (), (t, d))
     rng = np.random.default_rng(0)
-    w = {k: (rng.standard_normal(s) / s[0] ** 0.5).astype(np.float32) for k, s in
-         (("g", (d, f)), ("u", (d, f)), ("d", (f, d)))}
+    w = {
+        k: (rng.standard_normal(s) / s[0] ** 0.5).astype(np.float32)
+        for k, s in (("g", (d, f)), ("u", (d, f)), ("d", (f, d)))
+    }
     wg, wu, wd = (b.add("const", (), w[k].shape, params={"value": w[k]}) for k in "gud")
     gate, up = b.add("matmul", (x, wg), (t, f)), b.add("matmul", (x, wu), (t, f))
     h = b.add("mul_elem", (b.add("silu", (gate,), (t, f)), up), (t, f))
@@ -551,13 +701,27 @@ def perf_mlp(t: int, d: int, f: int) -> dict[str, float]:
     dg, du, dd = (cupy.asarray(w[k]) for k in "gud")
     hh = cupy.empty((t, f), cupy.float32)
     ours = time_ms(lambda: ex.run([xs]), iters=20, warmup=5)
-    gemms = time_ms(lambda: (gemm.matmul(xs, dg, device="cuda"), gemm.matmul(xs, du, device="cuda"),
-                             gemm.matmul(hh, dd, device="cuda")), iters=20, warmup=5)
+    gemms = time_ms(
+        lambda: (
+            gemm.matmul(xs, dg, device="cuda"),
+            gemm.matmul(xs, du, device="cuda"),
+            gemm.matmul(hh, dd, device="cuda"),
+        ),
+        iters=20,
+        warmup=5,
+    )
     tx, tg, tu, td = (torch.as_tensor(a, device="cuda") for a in (xs, dg, du, dd))
     torch.backends.cuda.matmul.allow_tf32 = False
     tmlp = time_ms(lambda: (torch.nn.functional.silu(tx @ tg) * (tx @ tu)) @ td, iters=20, warmup=5)
-    return {"steps": len(prog.steps), "ours_ms": ours, "three_gemms_ms": gemms, "torch_ms": tmlp,
-            "time_over_gemms": ours / gemms, "vs_torch": tmlp / ours, "shape": [t, d, f]}
+    return {
+        "steps": len(prog.steps),
+        "ours_ms": ours,
+        "three_gemms_ms": gemms,
+        "torch_ms": tmlp,
+        "time_over_gemms": ours / gemms,
+        "vs_torch": tmlp / ours,
+        "shape": [t, d, f],
+    }
 
 
 def perf_rmsnorm(t: int, d: int) -> dict[str, float]:
@@ -576,20 +740,37 @@ def perf_rmsnorm(t: int, d: int) -> dict[str, float]:
     tx, tw = torch.as_tensor(x, device="cuda"), torch.as_tensor(w, device="cuda")
     eager = time_ms(lambda: tx * torch.rsqrt(tx.pow(2).mean(-1, keepdim=True) + 1e-6) * tw, iters=20, warmup=5)
     gbps = 2 * x.nbytes / (ours * 1e6)
-    return {"ours_ms": ours, "copy_ms": copy, "torch_eager_ms": eager, "vs_copy_bandwidth": copy / ours,
-            "vs_torch": eager / ours, "ours_GBps": gbps, "copy_GBps": 2 * x.nbytes / (copy * 1e6), "shape": [t, d]}
+    return {
+        "ours_ms": ours,
+        "copy_ms": copy,
+        "torch_eager_ms": eager,
+        "vs_copy_bandwidth": copy / ours,
+        "vs_torch": eager / ours,
+        "ours_GBps": gbps,
+        "copy_GBps": 2 * x.nbytes / (copy * 1e6),
+        "shape": [t, d],
+    }
 
 
 _PERF: dict[str, tuple[Callable[[dict], dict], str, str]] = {
-    "rmsnorm_vs_copy": (lambda p: perf_rmsnorm(int(p.get("t", 8192)), int(p.get("d", 4096))), "vs_copy_bandwidth",
-                        ">="),
+    "rmsnorm_vs_copy": (
+        lambda p: perf_rmsnorm(int(p.get("t", 8192)), int(p.get("d", 4096))),
+        "vs_copy_bandwidth",
+        ">=",
+    ),
     "rmsnorm_vs_torch": (lambda p: perf_rmsnorm(int(p.get("t", 8192)), int(p.get("d", 4096))), "vs_torch", ">="),
     "chain_vs_fuse": (lambda p: perf_chain(int(p.get("n", 1 << 26))), "vs_cupy_fuse", ">="),
     "chain_vs_unfused": (lambda p: perf_chain(int(p.get("n", 1 << 26))), "vs_unfused", ">="),
-    "mlp_vs_gemms": (lambda p: perf_mlp(int(p.get("t", 4096)), int(p.get("d", 2048)), int(p.get("f", 8192))),
-                     "time_over_gemms", "<="),
-    "mlp_vs_torch": (lambda p: perf_mlp(int(p.get("t", 4096)), int(p.get("d", 2048)), int(p.get("f", 8192))),
-                     "vs_torch", ">="),
+    "mlp_vs_gemms": (
+        lambda p: perf_mlp(int(p.get("t", 4096)), int(p.get("d", 2048)), int(p.get("f", 8192))),
+        "time_over_gemms",
+        "<=",
+    ),
+    "mlp_vs_torch": (
+        lambda p: perf_mlp(int(p.get("t", 4096)), int(p.get("d", 2048)), int(p.get("f", 8192))),
+        "vs_torch",
+        ">=",
+    ),
 }
 
 
@@ -603,10 +784,15 @@ def perf(ctx: FalsifyContext) -> Outcome:
     if ctx.tolerance is None:
         return error("fusion.perf needs the item's tolerance")
     fn, figure, rel = _PERF[which]
-    ev = {"which": which, **fn(ctx.params), "timer": "CUDA events (falsification.engine.time_ms)",
-          "required": f"{figure} {rel} {ctx.tolerance}"}
+    ev = {
+        "which": which,
+        **fn(ctx.params),
+        "timer": "CUDA events (falsification.engine.time_ms)",
+        "required": f"{figure} {rel} {ctx.tolerance}",
+    }
     ok = ev[figure] >= float(ctx.tolerance) if rel == ">=" else ev[figure] <= float(ctx.tolerance)
     if not ok:
-        return engine.outcome_violated(ctx, {figure: ev[figure]}, f"{which}: {figure} {ev[figure]:.3f} not "
-                                       f"{rel} {ctx.tolerance}", **ev)
+        return engine.outcome_violated(
+            ctx, {figure: ev[figure]}, f"{which}: {figure} {ev[figure]:.3f} not {rel} {ctx.tolerance}", **ev
+        )
     return engine.outcome_passed(ctx, 1, **ev)

@@ -62,24 +62,55 @@ _DTYPES = ("float32", "float16")
 @st.composite
 def _cases(draw: Any, max_dim: int, dtypes: list[str]) -> dict:
     dtype = draw(st.sampled_from(dtypes))
-    return {"seed": draw(st.integers(0, 2**32 - 1)), "m": draw(st.integers(1, max_dim)),
-            "n": draw(st.integers(1, max_dim)), "k": draw(st.integers(1, max_dim)),
-            "trans_a": draw(st.booleans()), "trans_b": draw(st.booleans()), "dtype": dtype,
-            "out": draw(st.sampled_from(["float16", "float32"])) if dtype == "float16" else "float32",
-            "alpha": draw(st.sampled_from(_ALPHAS)), "beta": draw(st.sampled_from(_BETAS)),
-            "batch": draw(st.sampled_from(_BATCHES)), "pads": (0, 0, 0)}
+    return {
+        "seed": draw(st.integers(0, 2**32 - 1)),
+        "m": draw(st.integers(1, max_dim)),
+        "n": draw(st.integers(1, max_dim)),
+        "k": draw(st.integers(1, max_dim)),
+        "trans_a": draw(st.booleans()),
+        "trans_b": draw(st.booleans()),
+        "dtype": dtype,
+        "out": draw(st.sampled_from(["float16", "float32"])) if dtype == "float16" else "float32",
+        "alpha": draw(st.sampled_from(_ALPHAS)),
+        "beta": draw(st.sampled_from(_BETAS)),
+        "batch": draw(st.sampled_from(_BATCHES)),
+        "pads": (0, 0, 0),
+    }
 
 
 def _encode(c: dict) -> tuple[int, ...]:
-    return (c["seed"], c["m"], c["n"], c["k"], int(c["trans_a"]), int(c["trans_b"]), _DTYPES.index(c["dtype"]),
-            _DTYPES.index(c["out"]), _ALPHAS.index(c["alpha"]), _BETAS.index(c["beta"]), c["batch"], *c["pads"])
+    return (
+        c["seed"],
+        c["m"],
+        c["n"],
+        c["k"],
+        int(c["trans_a"]),
+        int(c["trans_b"]),
+        _DTYPES.index(c["dtype"]),
+        _DTYPES.index(c["out"]),
+        _ALPHAS.index(c["alpha"]),
+        _BETAS.index(c["beta"]),
+        c["batch"],
+        *c["pads"],
+    )
 
 
 def _decode(rp: Replay) -> dict:
     v = rp.values
-    return {"seed": v[0], "m": v[1], "n": v[2], "k": v[3], "trans_a": bool(v[4]), "trans_b": bool(v[5]),
-            "dtype": _DTYPES[v[6]], "out": _DTYPES[v[7]], "alpha": _ALPHAS[v[8]], "beta": _BETAS[v[9]], "batch": v[10],
-            "pads": tuple(v[11:14]) if len(v) >= 14 else (0, 0, 0)}
+    return {
+        "seed": v[0],
+        "m": v[1],
+        "n": v[2],
+        "k": v[3],
+        "trans_a": bool(v[4]),
+        "trans_b": bool(v[5]),
+        "dtype": _DTYPES[v[6]],
+        "out": _DTYPES[v[7]],
+        "alpha": _ALPHAS[v[8]],
+        "beta": _BETAS[v[9]],
+        "batch": v[10],
+        "pads": tuple(v[11:14]) if len(v) >= 14 else (0, 0, 0),
+    }
 
 
 def _plan_values(c: dict) -> dict[str, Any]:
@@ -87,8 +118,17 @@ def _plan_values(c: dict) -> dict[str, Any]:
     a_cols = c["m"] if c["trans_a"] else c["k"]
     b_cols = c["k"] if c["trans_b"] else c["n"]
     pa, pb, pc = c["pads"]
-    return {"m": c["m"], "n": c["n"], "k": c["k"], "lda": a_cols + pa, "ldb": b_cols + pb, "ldc": c["n"] + pc,
-            "trans_a": c["trans_a"], "trans_b": c["trans_b"], "elem_size": ng.ELEMENT_SIZES[c["dtype"]]}
+    return {
+        "m": c["m"],
+        "n": c["n"],
+        "k": c["k"],
+        "lda": a_cols + pa,
+        "ldb": b_cols + pb,
+        "ldc": c["n"] + pc,
+        "trans_a": c["trans_a"],
+        "trans_b": c["trans_b"],
+        "elem_size": ng.ELEMENT_SIZES[c["dtype"]],
+    }
 
 
 def _from_witness(seed: int, dtype: str, w: Any) -> dict:
@@ -96,8 +136,20 @@ def _from_witness(seed: int, dtype: str, w: Any) -> dict:
     ta, tb = bool(w["trans_a"]), bool(w["trans_b"])
     m, n, k = int(w["m"]), int(w["n"]), int(w["k"])
     pads = (int(w["lda"]) - (m if ta else k), int(w["ldb"]) - (k if tb else n), int(w["ldc"]) - n)
-    return {"seed": seed, "m": m, "n": n, "k": k, "trans_a": ta, "trans_b": tb, "dtype": dtype, "out": "float32",
-            "alpha": 1.0, "beta": _BETAS[1], "batch": 0, "pads": pads}
+    return {
+        "seed": seed,
+        "m": m,
+        "n": n,
+        "k": k,
+        "trans_a": ta,
+        "trans_b": tb,
+        "dtype": dtype,
+        "out": "float32",
+        "alpha": 1.0,
+        "beta": _BETAS[1],
+        "batch": 0,
+        "pads": pads,
+    }
 
 
 def _padded(x: np.ndarray, pad: int) -> np.ndarray:
@@ -114,8 +166,22 @@ def _gemm_padded(c: dict, a: Any, b: Any, c0: Any, device: str) -> Any:
     pa, pb, pc = c["pads"]
     abuf, bbuf = xp.asarray(_padded(a, pa)), xp.asarray(_padded(b, pb))
     cbuf = xp.asarray(_padded(c0, pc))
-    ng.gemm_raw(ng.get_context(device), abuf, bbuf, cbuf, c["m"], c["n"], c["k"], v["lda"], v["ldb"], v["ldc"],
-                c["trans_a"], c["trans_b"], c["alpha"], c["beta"])
+    ng.gemm_raw(
+        ng.get_context(device),
+        abuf,
+        bbuf,
+        cbuf,
+        c["m"],
+        c["n"],
+        c["k"],
+        v["lda"],
+        v["ldb"],
+        v["ldc"],
+        c["trans_a"],
+        c["trans_b"],
+        c["alpha"],
+        c["beta"],
+    )
     return cbuf[:, : c["n"]]
 
 
@@ -143,9 +209,19 @@ def agreement(ctx: FalsifyContext) -> Outcome:
         c, a, b, c0 = x
         if any(c["pads"]):
             return to_host(_gemm_padded(c, a, b, c0, ctx.device)).astype(np.float64)
-        return to_host(impl(xp.asarray(a), xp.asarray(b), trans_a=c["trans_a"], trans_b=c["trans_b"],
-                            alpha=c["alpha"], beta=c["beta"], c=xp.array(c0, copy=True), out_dtype=c["out"],
-                            device=ctx.device)).astype(np.float64)
+        return to_host(
+            impl(
+                xp.asarray(a),
+                xp.asarray(b),
+                trans_a=c["trans_a"],
+                trans_b=c["trans_b"],
+                alpha=c["alpha"],
+                beta=c["beta"],
+                c=xp.array(c0, copy=True),
+                out_dtype=c["out"],
+                device=ctx.device,
+            )
+        ).astype(np.float64)
 
     def reference(x: tuple) -> Expected:
         c, a, b, c0 = x
@@ -160,15 +236,31 @@ def agreement(ctx: FalsifyContext) -> Outcome:
         if ratio.size:
             seen["worst"] = max(seen["worst"], float(np.nanmax(ratio)))
 
-    ag = engine.item_agreement(ctx, "error_bound", bound_name="gamma_(k+2)(2^-24)(|alpha||A||B| + |beta||C0|) + "
-                               "u_out|C_ref| + underflow allowance")
-    check = Check(name=name, inputs=inputs, native=native, reference=reference, agreement=ag,
-                  cases=_cases(max_dim, dtypes), encode=_encode, decode=_decode, describe=lambda c: dict(c),
-                  from_witness=lambda w: _from_witness(ctx.seed, dtypes[0], w),
-                  regime_of=lambda c: regime_of(ng.gemm_plan, _plan_values(c)),
-                  observe=observe, build={"impl": name, "reference": "float64 (exact products) with gamma_k(2^-53) "
-                                          "margin", "backend": ng.get_context(ctx.device).api.name,
-                                          "CUPY_TF32": os.environ.get("CUPY_TF32")})
+    ag = engine.item_agreement(
+        ctx,
+        "error_bound",
+        bound_name="gamma_(k+2)(2^-24)(|alpha||A||B| + |beta||C0|) + u_out|C_ref| + underflow allowance",
+    )
+    check = Check(
+        name=name,
+        inputs=inputs,
+        native=native,
+        reference=reference,
+        agreement=ag,
+        cases=_cases(max_dim, dtypes),
+        encode=_encode,
+        decode=_decode,
+        describe=lambda c: dict(c),
+        from_witness=lambda w: _from_witness(ctx.seed, dtypes[0], w),
+        regime_of=lambda c: regime_of(ng.gemm_plan, _plan_values(c)),
+        observe=observe,
+        build={
+            "impl": name,
+            "reference": "float64 (exact products) with gamma_k(2^-53) margin",
+            "backend": ng.get_context(ctx.device).api.name,
+            "CUPY_TF32": os.environ.get("CUPY_TF32"),
+        },
+    )
     return engine.run(ctx, check, lambda: {"layouts": sorted(seen["layouts"]), "worst_error_over_bound": seen["worst"]})
 
 
@@ -193,8 +285,9 @@ def handle_lifecycle(ctx: FalsifyContext) -> Outcome:
             with stream:
                 gc.bind(stream)
                 for _ in range(per_step):
-                    ng.gemm_raw(gc, a.reshape(-1), a.reshape(-1), xp.zeros(64, xp.float32), 8, 8, 4, 4, 4, 8,
-                                False, True)
+                    ng.gemm_raw(
+                        gc, a.reshape(-1), a.reshape(-1), xp.zeros(64, xp.float32), 8, 8, 4, 4, 4, 8, False, True
+                    )
                 stream.synchronize()
         else:
             gc.bind(s + 1)
@@ -210,13 +303,22 @@ def handle_lifecycle(ctx: FalsifyContext) -> Outcome:
     calls = dict(gc.api.calls)
     want = {"create": 1, "setStream": steps, "gemm": steps * per_step, "destroy": 1}
     same = ng.get_context(ctx.device) is ng.get_context(ctx.device)
-    ev = {"calls": calls, "expected": want, "one_context_per_device": same, "use_after_close": after_close,
-          "backend": gc.api.name, "note": "CuPy's binding also re-issues cublasSetStream(current stream) inside "
-          "each call; the wrapper binds once per step and runs the step on that stream, so both agree"}
+    ev = {
+        "calls": calls,
+        "expected": want,
+        "one_context_per_device": same,
+        "use_after_close": after_close,
+        "backend": gc.api.name,
+        "note": "CuPy's binding also re-issues cublasSetStream(current stream) inside "
+        "each call; the wrapper binds once per step and runs the step on that stream, so both agree",
+    }
     if calls != want or not same or after_close is None:
-        return engine.outcome_violated(ctx, {"calls": calls, "expected": want, "one_context_per_device": same,
-                         "use_after_close": after_close}, "handle lifecycle differs from create/bind-per-step/"
-                        "destroy-once", **ev)
+        return engine.outcome_violated(
+            ctx,
+            {"calls": calls, "expected": want, "one_context_per_device": same, "use_after_close": after_close},
+            "handle lifecycle differs from create/bind-per-step/destroy-once",
+            **ev,
+        )
     return engine.outcome_passed(ctx, steps * per_step, **ev)
 
 
@@ -236,14 +338,26 @@ def compute_type(ctx: FalsifyContext) -> Outcome:
     # Each fp32 product rounds to 1 + 2^-12 and 64 of them sum exactly to 64 + 2^-6; TF32 inputs give 64.
     fp32 = np.float32(dim * np.float64(np.float32(np.float64(x) * np.float64(x))))
     ok_probe = bool(np.all(probe == fp32))
-    ev = {"impl": name, "compute_types_used": {str(k): v for k, v in used.items()}, "required": ng.COMPUTE_32F,
-          "probe": {"input": "1 + 2^-13", "shape": [dim, dim, dim], "fp32_expected": float(fp32),
-                    "got": sorted({float(v) for v in probe.reshape(-1)}), "tf32_would_give": float(dim)},
-          "CUPY_TF32": os.environ.get("CUPY_TF32")}
+    ev = {
+        "impl": name,
+        "compute_types_used": {str(k): v for k, v in used.items()},
+        "required": ng.COMPUTE_32F,
+        "probe": {
+            "input": "1 + 2^-13",
+            "shape": [dim, dim, dim],
+            "fp32_expected": float(fp32),
+            "got": sorted({float(v) for v in probe.reshape(-1)}),
+            "tf32_would_give": float(dim),
+        },
+        "CUPY_TF32": os.environ.get("CUPY_TF32"),
+    }
     if set(used) != {ng.COMPUTE_32F} or not ok_probe:
-        return engine.outcome_violated(ctx, {"compute_types": {str(k): v for k, v in used.items()},
-                                             "probe_ok": ok_probe},
-                        f"{name}: GEMMs not all CUBLAS_COMPUTE_32F without TF32", **ev)
+        return engine.outcome_violated(
+            ctx,
+            {"compute_types": {str(k): v for k, v in used.items()}, "probe_ok": ok_probe},
+            f"{name}: GEMMs not all CUBLAS_COMPUTE_32F without TF32",
+            **ev,
+        )
     return engine.outcome_passed(ctx, sum(used.values()), **ev)
 
 
@@ -262,21 +376,35 @@ def guard_test(ctx: FalsifyContext) -> Outcome:
                 bufs = {key: xp.zeros(v - (key == short), xp.float32) for key, v in sizes.items()}
                 before = gc.api.calls["gemm"]
                 try:
-                    ng.gemm_raw(gc, bufs["A"], bufs["B"], bufs["C"], m, n, k, int(plan.lda), int(plan.ldb),
-                                int(plan.ldc), ta, tb)
+                    ng.gemm_raw(
+                        gc,
+                        bufs["A"],
+                        bufs["B"],
+                        bufs["C"],
+                        m,
+                        n,
+                        k,
+                        int(plan.lda),
+                        int(plan.ldb),
+                        int(plan.ldc),
+                        ta,
+                        tb,
+                    )
                     raised = None
                 except ng.BufferTooSmall as exc:
                     raised = str(exc)
                 reached = gc.api.calls["gemm"] - before
                 cases += 1
                 ok = (raised is not None and reached == 0) if short else (raised is None and reached == 1)
-                results.append({"trans": [ta, tb], "short": short, "raised": raised is not None,
-                                "cublas_calls": reached, "ok": ok})
+                results.append(
+                    {"trans": [ta, tb], "short": short, "raised": raised is not None, "cublas_calls": reached, "ok": ok}
+                )
     bad = [r for r in results if not r["ok"]]
     ev = {"cases_checked": results[:4], "backend": gc.api.name, "guard": "native.gemm.check_buffers(gemm_plan)"}
     if bad:
-        return engine.outcome_violated(ctx, bad[0], "an undersized buffer reached cuBLAS (or a correct one was "
-                                       "refused)", **ev)
+        return engine.outcome_violated(
+            ctx, bad[0], "an undersized buffer reached cuBLAS (or a correct one was refused)", **ev
+        )
     return engine.outcome_passed(ctx, cases, **ev)
 
 
@@ -286,17 +414,20 @@ def guard_test(ctx: FalsifyContext) -> Outcome:
 class SmallModel:
     """A 2-layer MLP trained by SGD: fp32 master weights, fp16 forward weights/activations, fp32 weight grads."""
 
-    def __init__(self, device: str, seed: int = 0, batch: int = 64, d_in: int = 32, hidden: int = 64,
-                 d_out: int = 8) -> None:
+    def __init__(
+        self, device: str, seed: int = 0, batch: int = 64, d_in: int = 32, hidden: int = 64, d_out: int = 8
+    ) -> None:
         self.device, self.xp = device, array_module(device)
         rng = np.random.default_rng(seed)
         xp = self.xp
         self.x = rng.standard_normal((batch, d_in)).astype(np.float32)
         self.t = np.tanh(self.x @ rng.standard_normal((d_in, d_out)) / 4).astype(np.float32)
-        self.params = {"W1": rng.standard_normal((d_in, hidden)).astype(np.float32) / np.sqrt(d_in),
-                       "b1": np.zeros(hidden, np.float32),
-                       "W2": rng.standard_normal((hidden, d_out)).astype(np.float32) / np.sqrt(hidden),
-                       "b2": np.zeros(d_out, np.float32)}
+        self.params = {
+            "W1": rng.standard_normal((d_in, hidden)).astype(np.float32) / np.sqrt(d_in),
+            "b1": np.zeros(hidden, np.float32),
+            "W2": rng.standard_normal((hidden, d_out)).astype(np.float32) / np.sqrt(hidden),
+            "b2": np.zeros(d_out, np.float32),
+        }
         self.dev = {k: xp.asarray(v) for k, v in self.params.items()}
 
     def step(self, lr: float, impl: Callable[..., Any] = ng.matmul) -> tuple[float, dict[str, Any]]:
@@ -313,8 +444,10 @@ class SmallModel:
         loss = float(to_host(red.mean(diff * diff, device=dev, order="tree")))
         dy = (2.0 / diff.size) * diff
         dyh = dy.astype(xp.float16)
-        grads = {"W2": impl(hh, dyh, trans_a=True, out_dtype="float32", device=dev),
-                 "b2": red.fold_sum(dy, axis=0, device=dev)}
+        grads = {
+            "W2": impl(hh, dyh, trans_a=True, out_dtype="float32", device=dev),
+            "b2": red.fold_sum(dy, axis=0, device=dev),
+        }
         dh = impl(dyh, w2h, trans_b=True, out_dtype="float32", device=dev) * (pre > 0)
         grads["W1"] = impl(xh, dh.astype(xp.float16), trans_a=True, out_dtype="float32", device=dev)
         grads["b1"] = red.fold_sum(dh.astype(xp.float32), axis=0, device=dev)
@@ -347,14 +480,19 @@ def single_step(ctx: FalsifyContext) -> Outcome:
     loss, grads = model.step(0.05, impl)
     maxabs = {k: float(np.max(np.abs(to_host(g)))) for k, g in grads.items()}
     check = ctx.params.get("check", "loss_finite")
-    ev = {"impl": name, "loss": loss, "max_abs_grad": maxabs, "parameters": len(grads), "device": ctx.device,
-          "model": "MLP 32-64-8, batch 64, fp16 forward weights, fp32 master weights and weight grads"}
+    ev = {
+        "impl": name,
+        "loss": loss,
+        "max_abs_grad": maxabs,
+        "parameters": len(grads),
+        "device": ctx.device,
+        "model": "MLP 32-64-8, batch 64, fp16 forward weights, fp32 master weights and weight grads",
+    }
     if check == "loss_finite" and not np.isfinite(loss):
         return engine.outcome_violated(ctx, {"loss": loss}, "loss is not finite after one step", **ev)
     if check == "grads_nonzero" and not all(v > 0 and np.isfinite(v) for v in maxabs.values()):
         zero = [k for k, v in maxabs.items() if not (v > 0 and np.isfinite(v))]
-        return engine.outcome_violated(ctx, {"zero_or_nonfinite": zero}, f"parameters without a gradient: {zero}",
-                                       **ev)
+        return engine.outcome_violated(ctx, {"zero_or_nonfinite": zero}, f"parameters without a gradient: {zero}", **ev)
     return engine.outcome_passed(ctx, 1 if check == "loss_finite" else len(grads), **ev)
 
 
@@ -367,14 +505,22 @@ def training(ctx: FalsifyContext) -> Outcome:
     losses = [model.step(lr, impl)[0] for _ in range(steps)]
     base = model.reference_losses(steps, lr)
     dev = abs(losses[-1] - base[-1]) / base[-1]
-    ev = {"impl": name, "steps": steps, "first_loss": losses[0], "final_loss": losses[-1],
-          "baseline_final_loss": base[-1], "relative_difference": dev, "baseline": "the same model in float64 "
-          "NumPy (the reference the item names; the seed's PTX backend does not exist here)"}
+    ev = {
+        "impl": name,
+        "steps": steps,
+        "first_loss": losses[0],
+        "final_loss": losses[-1],
+        "baseline_final_loss": base[-1],
+        "relative_difference": dev,
+        "baseline": "the same model in float64 "
+        "NumPy (the reference the item names; the seed's PTX backend does not exist here)",
+    }
     if not all(np.isfinite(v) for v in losses):
         return engine.outcome_violated(ctx, {"losses": losses}, "a loss is not finite", **ev)
     if dev > rel:
-        return engine.outcome_violated(ctx, {"final": losses[-1], "baseline": base[-1]},
-                                       f"final loss {dev:.3%} off the baseline", **ev)
+        return engine.outcome_violated(
+            ctx, {"final": losses[-1], "baseline": base[-1]}, f"final loss {dev:.3%} off the baseline", **ev
+        )
     return engine.outcome_passed(ctx, steps, **ev)
 
 
@@ -410,8 +556,11 @@ def _operands(m: int, n: int, k: int, dtype: str) -> tuple[Any, Any, Any]:
     import cupy
 
     rng = cupy.random.RandomState(0)
-    return (rng.standard_normal((m, k), dtype=cupy.float32).astype(dtype),
-            rng.standard_normal((k, n), dtype=cupy.float32).astype(dtype), cupy.zeros((m, n), dtype=dtype))
+    return (
+        rng.standard_normal((m, k), dtype=cupy.float32).astype(dtype),
+        rng.standard_normal((k, n), dtype=cupy.float32).astype(dtype),
+        cupy.zeros((m, n), dtype=dtype),
+    )
 
 
 @register_test("gemm.throughput")
@@ -428,9 +577,17 @@ def throughput(ctx: FalsifyContext) -> Outcome:
     peer = time_ms(lambda: cupy.matmul(a, b))
     tflops = 2.0 * m * n * k / (ours * 1e-3) / 1e12
     want = float(ctx.tolerance if ctx.tolerance is not None else p.get("min_tflops", 0))
-    ev = {"timings_ms": {"wrapper": ours, "cupy.matmul": peer}, "tflops": tflops,
-          "tflops_cupy_matmul": 2.0 * m * n * k / (peer * 1e-3) / 1e12, "ratio": peer / ours,
-          "shape": [m, k, n], "dtype": dtype, "warmup": WARMUP, "timed_iters": 100, "required_tflops": want}
+    ev = {
+        "timings_ms": {"wrapper": ours, "cupy.matmul": peer},
+        "tflops": tflops,
+        "tflops_cupy_matmul": 2.0 * m * n * k / (peer * 1e-3) / 1e12,
+        "ratio": peer / ours,
+        "shape": [m, k, n],
+        "dtype": dtype,
+        "warmup": WARMUP,
+        "timed_iters": 100,
+        "required_tflops": want,
+    }
     if tflops <= want:
         return engine.outcome_violated(ctx, {"tflops": tflops}, f"{tflops:.1f} TFLOP/s <= {want}", **ev)
     return engine.outcome_passed(ctx, 100, **ev)
@@ -455,8 +612,14 @@ def overhead(ctx: FalsifyContext) -> Outcome:
     rows, worst = {}, 0.0
     alpha, beta = np.array(1.0, np.float32), np.array(0.0, np.float32)
     # The peer is the cheapest raw call: handle, scalars, enums and device pointers resolved once.
-    handle, p_alpha, p_beta, op_n, c32, algo = (gc.handle, alpha.ctypes.data, beta.ctypes.data, ng.OP_N,
-                                                ng.COMPUTE_32F, ng.GEMM_DEFAULT)
+    handle, p_alpha, p_beta, op_n, c32, algo = (
+        gc.handle,
+        alpha.ctypes.data,
+        beta.ctypes.data,
+        ng.OP_N,
+        ng.COMPUTE_32F,
+        ng.GEMM_DEFAULT,
+    )
     gemm_ex = cublas.gemmEx
     for m, k, n, dtype in ctx.params.get("shapes", [[4096, 1024, 4096, "float16"]]):
         a, b, c = _operands(m, n, k, dtype)
@@ -478,16 +641,29 @@ def overhead(ctx: FalsifyContext) -> Outcome:
             per_call_ratios.append(time_ms(per_call) / tr[-1])
         ratio = statistics.median(ratios)
         worst = max(worst, ratio)
-        rows[f"{m}x{k}x{n}:{dtype}"] = {"wrapper_ms": statistics.median(tw), "raw_ms": statistics.median(tr),
-                                        "ratio": ratio, "matmul_per_call_ratio": statistics.median(per_call_ratios),
-                                        "host_us_wrapper": host_us(bound), "host_us_raw": host_us(raw),
-                                        "host_us_matmul_per_call": host_us(per_call)}
-    ev = {"impl": name, "timings_ms": rows, "ratio": worst, "limit": limit, "goal": 1.01, "warmup": WARMUP,
-          "method": "CUDA events over 100 back-to-back calls, median of 5 interleaved rounds; host_us_*: "
-          "enqueue cost per call while a spin kernel holds the GPU"}
+        rows[f"{m}x{k}x{n}:{dtype}"] = {
+            "wrapper_ms": statistics.median(tw),
+            "raw_ms": statistics.median(tr),
+            "ratio": ratio,
+            "matmul_per_call_ratio": statistics.median(per_call_ratios),
+            "host_us_wrapper": host_us(bound),
+            "host_us_raw": host_us(raw),
+            "host_us_matmul_per_call": host_us(per_call),
+        }
+    ev = {
+        "impl": name,
+        "timings_ms": rows,
+        "ratio": worst,
+        "limit": limit,
+        "goal": 1.01,
+        "warmup": WARMUP,
+        "method": "CUDA events over 100 back-to-back calls, median of 5 interleaved rounds; host_us_*: "
+        "enqueue cost per call while a spin kernel holds the GPU",
+    }
     if worst >= limit:
-        return engine.outcome_violated(ctx, {"ratio": worst}, f"{name}: wrapper overhead ratio {worst:.4f} >= {limit}",
-                                       **ev)
+        return engine.outcome_violated(
+            ctx, {"ratio": worst}, f"{name}: wrapper overhead ratio {worst:.4f} >= {limit}", **ev
+        )
     return engine.outcome_passed(ctx, len(rows) * 5, **ev)
 
 
@@ -515,10 +691,15 @@ def _measure_step(ctx: FalsifyContext, steps: int = 5) -> dict[str, Any]:
     step_s = (time.perf_counter() - t0) / steps
     n_params = sum(int(v.size) for v in model.dev.values())
     tokens = _MFU_MODEL["batch"]
-    return {"small_model_step_s": step_s, "parameters": n_params, "tokens_per_step": tokens, "steps_timed": steps,
-            "model": "MLP 1024-4096-1024, batch 4096, fp16 GEMMs, loss by the tree-order mean",
-            "mfu_vs_148_tflops": mfu(n_params, tokens, step_s),
-            "achieved_tflops": 6 * n_params * tokens / step_s / 1e12}
+    return {
+        "small_model_step_s": step_s,
+        "parameters": n_params,
+        "tokens_per_step": tokens,
+        "steps_timed": steps,
+        "model": "MLP 1024-4096-1024, batch 4096, fp16 GEMMs, loss by the tree-order mean",
+        "mfu_vs_148_tflops": mfu(n_params, tokens, step_s),
+        "achieved_tflops": 6 * n_params * tokens / step_s / 1e12,
+    }
 
 
 @register_test("gemm.mfu_floor", devices=("cuda",))
@@ -527,8 +708,12 @@ def mfu_floor(ctx: FalsifyContext) -> Outcome:
     floor = float(ctx.tolerance if ctx.tolerance is not None else 0.025)
     ev = {**_measure_step(ctx), "floor": floor}
     if ev["mfu_vs_148_tflops"] < floor:
-        return engine.outcome_violated(ctx, {"mfu": ev["mfu_vs_148_tflops"], "step_s": ev["small_model_step_s"]},
-                                       f"MFU {ev['mfu_vs_148_tflops']:.4f} < {floor}", **ev)
+        return engine.outcome_violated(
+            ctx,
+            {"mfu": ev["mfu_vs_148_tflops"], "step_s": ev["small_model_step_s"]},
+            f"MFU {ev['mfu_vs_148_tflops']:.4f} < {floor}",
+            **ev,
+        )
     return engine.outcome_passed(ctx, ev["steps_timed"], **ev)
 
 

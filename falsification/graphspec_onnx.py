@@ -71,8 +71,12 @@ def _pads(p: Sequence[int]) -> list[int]:
 
 def _conv_attrs(n: Node) -> dict:
     a = n.attrs
-    return {"kernel_shape": list(a["kernel"]), "strides": list(a["stride"]), "pads": _pads(a["padding"]),
-            "dilations": list(a["dilation"])}
+    return {
+        "kernel_shape": list(a["kernel"]),
+        "strides": list(a["stride"]),
+        "pads": _pads(a["padding"]),
+        "dilations": list(a["dilation"]),
+    }
 
 
 def _pool_attrs(n: Node) -> dict:
@@ -82,27 +86,38 @@ def _pool_attrs(n: Node) -> dict:
 
 
 def _simple(op: str, **fixed: Any) -> Exporter:
-    return lambda o, n, ins, entry, shapes: o.node(op, ins, **fixed, **{k: n.attrs[k] for k in ("axis",)
-                                                                          if k in n.attrs})
+    return lambda o, n, ins, entry, shapes: o.node(
+        op, ins, **fixed, **{k: n.attrs[k] for k in ("axis",) if k in n.attrs}
+    )
 
 
 EXPORTERS: dict[str, Exporter] = {
     "linear": _linear,
-    "relu": _simple("Relu"), "tanh": _simple("Tanh"), "sigmoid": _simple("Sigmoid"),
-    "add": _simple("Add"), "sub": _simple("Sub"), "mul_elem": _simple("Mul"),
-    "softmax": _simple("Softmax"), "concat": _simple("Concat"),
+    "relu": _simple("Relu"),
+    "tanh": _simple("Tanh"),
+    "sigmoid": _simple("Sigmoid"),
+    "add": _simple("Add"),
+    "sub": _simple("Sub"),
+    "mul_elem": _simple("Mul"),
+    "softmax": _simple("Softmax"),
+    "concat": _simple("Concat"),
     "flatten": lambda o, n, ins, entry, shapes: o.reshape(ins[0], n.out_shape),
     "layernorm": lambda o, n, ins, entry, shapes: o.node(
-        "LayerNormalization", [ins[0], o.init(entry["weight"], "scale"), o.init(entry["bias"], "B")], axis=-1,
-        epsilon=float(n.attrs["eps"])),
+        "LayerNormalization",
+        [ins[0], o.init(entry["weight"], "scale"), o.init(entry["bias"], "B")],
+        axis=-1,
+        epsilon=float(n.attrs["eps"]),
+    ),
     "conv2d": _batched("Conv", _conv_attrs, True),
-    "pool": lambda o, n, ins, entry, shapes: _batched("MaxPool" if n.attrs["mode"] == "max" else "AveragePool",
-                                                      _pool_attrs, False)(o, n, ins, entry, shapes),
+    "pool": lambda o, n, ins, entry, shapes: _batched(
+        "MaxPool" if n.attrs["mode"] == "max" else "AveragePool", _pool_attrs, False
+    )(o, n, ins, entry, shapes),
 }
 
 
-def export(g: gs.Graph, params: Sequence[np.ndarray], unsupported_at: int | None = None,
-           unsupported_op: str = "Erf") -> onnx.ModelProto:
+def export(
+    g: gs.Graph, params: Sequence[np.ndarray], unsupported_at: int | None = None, unsupported_op: str = "Erf"
+) -> onnx.ModelProto:
     """The model as an ONNX ModelProto (opset 17), optionally with an unsupported node at ``unsupported_at``."""
     low = gs.lower(g, params)
     o = _Out()
@@ -111,12 +126,23 @@ def export(g: gs.Graph, params: Sequence[np.ndarray], unsupported_at: int | None
         if n.kind == "input":
             names.append("x")
             continue
-        names.append(EXPORTERS[n.kind](o, n, [names[p] for p in n.parents], low.payload.get(n.id),
-                                       [low.graph.nodes[p].out_shape for p in n.parents]))
+        names.append(
+            EXPORTERS[n.kind](
+                o,
+                n,
+                [names[p] for p in n.parents],
+                low.payload.get(n.id),
+                [low.graph.nodes[p].out_shape for p in n.parents],
+            )
+        )
     if unsupported_at is not None:
         pos = min(unsupported_at, len(o.nodes))
         o.nodes.insert(pos, helper.make_node(unsupported_op, ["x"], ["planted_out"], name="planted"))
     graph = helper.make_graph(
-        o.nodes, "graphspec", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(g.in_shape))],
-        [helper.make_tensor_value_info(names[low.output], TensorProto.FLOAT, list(g.out_shape))], o.inits)
+        o.nodes,
+        "graphspec",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(g.in_shape))],
+        [helper.make_tensor_value_info(names[low.output], TensorProto.FLOAT, list(g.out_shape))],
+        o.inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

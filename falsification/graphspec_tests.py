@@ -98,8 +98,9 @@ def _cnn(draw: Any) -> gs.Graph:
     c, h, w = draw(st.integers(1, 2)), draw(st.integers(3, 6)), draw(st.integers(3, 6))
     co = draw(st.integers(1, 3))
     k = draw(st.integers(1, 3))
-    g: Any = gs.identity((c, h, w)) >> gs.Conv2d(c, co, k, stride=draw(st.integers(1, 2)),
-                                                   padding=draw(st.integers(0, 1)))
+    g: Any = gs.identity((c, h, w)) >> gs.Conv2d(
+        c, co, k, stride=draw(st.integers(1, 2)), padding=draw(st.integers(0, 1))
+    )
     if draw(st.booleans()):
         g = g >> gs.ReLU()
     ho, wo = g.out_shape[-2:]
@@ -141,7 +142,11 @@ def _dag(draw: Any) -> gs.Graph:
 
 
 _FAMILIES: dict[str, Callable[[], st.SearchStrategy[gs.Graph]]] = {
-    "mlp": _mlp, "residual": _residual, "dag": _dag, "cnn": _cnn}
+    "mlp": _mlp,
+    "residual": _residual,
+    "dag": _dag,
+    "cnn": _cnn,
+}
 
 
 @st.composite
@@ -161,9 +166,16 @@ def run_cases(ctx: FalsifyContext, strategy: Any, check: Callable[[Any], dict | 
     count = [0]
     n = int(ctx.params.get("max_examples", PROFILE_EXAMPLES.get(str(ctx.profile), 25)))
 
-    @settings(max_examples=n, deadline=None, database=None, suppress_health_check=list(HealthCheck),
-              phases=(Phase.generate, Phase.shrink), verbosity=Verbosity.quiet, report_multiple_bugs=False,
-              print_blob=False)
+    @settings(
+        max_examples=n,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        phases=(Phase.generate, Phase.shrink),
+        verbosity=Verbosity.quiet,
+        report_multiple_bugs=False,
+        print_blob=False,
+    )
     @hseed(ctx.seed)
     @given(strategy)
     def prop(case: Any) -> None:
@@ -183,8 +195,10 @@ def run_cases(ctx: FalsifyContext, strategy: Any, check: Callable[[Any], dict | 
 
 def _replay(ctx: FalsifyContext) -> str:
     item = ctx.item.get("id", "<item>")
-    return (f"kc check {ctx.contract_path or '<contract>'} --only {item} --seed {ctx.seed} "
-            f"--profile {ctx.profile} --device {ctx.device}")
+    return (
+        f"kc check {ctx.contract_path or '<contract>'} --only {item} --seed {ctx.seed} "
+        f"--profile {ctx.profile} --device {ctx.device}"
+    )
 
 
 def _first_diff(got: np.ndarray, want: np.ndarray) -> dict | None:
@@ -195,8 +209,12 @@ def _first_diff(got: np.ndarray, want: np.ndarray) -> dict | None:
     if bad.size == 0:
         return None
     i = int(bad[0])
-    return {"first_bad_output": i, "lowered": f"0x{int(g.reshape(-1)[i]):08X}",
-            "spec": f"0x{int(w.reshape(-1)[i]):08X}", "disagreeing_outputs": int(bad.size)}
+    return {
+        "first_bad_output": i,
+        "lowered": f"0x{int(g.reshape(-1)[i]):08X}",
+        "spec": f"0x{int(w.reshape(-1)[i]):08X}",
+        "disagreeing_outputs": int(bad.size),
+    }
 
 
 def _structure_errors(low: gs.Lowered, g: gs.Graph) -> list[str]:
@@ -204,8 +222,10 @@ def _structure_errors(low: gs.Lowered, g: gs.Graph) -> list[str]:
     errs += [str(e) for e in check_inferred_shapes(low.graph)] if not errs else []
     errs += [str(e) for e in check_payload(low.graph, low.payload)] if not errs else []
     if not errs and low.graph.nodes[low.output].out_shape != g.out_shape:
-        errs.append(f"output node {low.output} declares {list(low.graph.nodes[low.output].out_shape)}, the model "
-                    f"produces {list(g.out_shape)}")
+        errs.append(
+            f"output node {low.output} declares {list(low.graph.nodes[low.output].out_shape)}, the model "
+            f"produces {list(g.out_shape)}"
+        )
     return errs
 
 
@@ -237,14 +257,24 @@ def lowering_meaning(ctx: FalsifyContext) -> Outcome:
         if not hasattr(got, "value"):
             return {**_case_json(case, low), "detail": f"denotation failed: {got}"}
         diff = _first_diff(got.value, want)
-        return None if diff is None else {**_case_json(case, low), **diff,
-                                          "detail": f"denote(lower(g)) differs from spec(g): {diff}"}
+        return (
+            None
+            if diff is None
+            else {**_case_json(case, low), **diff, "detail": f"denote(lower(g)) differs from spec(g): {diff}"}
+        )
 
     t0 = time.perf_counter()
     bad, cases = run_cases(ctx, graphspec_models(), check)
-    ev = {"lower": name, "families": stats["families"], "lowered_nodes": stats["nodes"],
-          "ops": sorted(stats["ops"]), "seed": ctx.seed, "seconds": round(time.perf_counter() - t0, 3),
-          "comparison": "bitwise (uint32), every output element", "denotation": "spec.ir.denote (binary32, env cuda)"}
+    ev = {
+        "lower": name,
+        "families": stats["families"],
+        "lowered_nodes": stats["nodes"],
+        "ops": sorted(stats["ops"]),
+        "seed": ctx.seed,
+        "seconds": round(time.perf_counter() - t0, 3),
+        "comparison": "bitwise (uint32), every output element",
+        "denotation": "spec.ir.denote (binary32, env cuda)",
+    }
     if bad:
         return violated({**bad, "replay": _replay(ctx)}, f"{name}: {bad['detail']}", **ev)
     return passed(cases=cases, **ev)
@@ -273,8 +303,11 @@ def shape_errors(ctx: FalsifyContext) -> Outcome:
             msg = str(exc)
             need = [f"position {pos}", f"[..., {wrong}]", f"[{have}]"]
             missing = [s for s in need if s not in msg]
-            return None if not missing else {"message": msg, "missing": missing,
-                                             "detail": f"message lacks {missing}: {msg}"}
+            return (
+                None
+                if not missing
+                else {"message": msg, "missing": missing, "detail": f"message lacks {missing}: {msg}"}
+            )
         return {"chain": g.describe(), "wrong": wrong, "detail": "mismatched chain was accepted"}
 
     bad, cases = run_cases(ctx, _mismatches(), check)
@@ -305,8 +338,11 @@ def onnx_meaning(ctx: FalsifyContext) -> Outcome:
                 import_onnx(model)
             except OnnxImportError as exc:
                 stats["refusals"] += 1
-                return None if (exc.index, exc.op_type) == (at, bad_op) else {
-                    "detail": f"refused at node {exc.index} ({exc.op_type}), planted {bad_op} at {at}: {exc}"}
+                return (
+                    None
+                    if (exc.index, exc.op_type) == (at, bad_op)
+                    else {"detail": f"refused at node {exc.index} ({exc.op_type}), planted {bad_op} at {at}: {exc}"}
+                )
             return {**_case_json(mc), "detail": f"unsupported {bad_op} at node {at} was imported"}
         imp = import_onnx(model)
         stats["nodes"] += len(imp.graph)
@@ -326,8 +362,13 @@ def onnx_meaning(ctx: FalsifyContext) -> Outcome:
         return mc, bad_at, draw(st.sampled_from(["Erf", "Max", "HardSwish"]))
 
     bad, n = run_cases(ctx, cases(), check)
-    ev = {"seed": ctx.seed, "imported_nodes": stats["nodes"], "refusals_checked": stats["refusals"],
-          "onnx_ops": sorted(stats["ops"]), "comparison": "bitwise against spec(g)"}
+    ev = {
+        "seed": ctx.seed,
+        "imported_nodes": stats["nodes"],
+        "refusals_checked": stats["refusals"],
+        "onnx_ops": sorted(stats["ops"]),
+        "comparison": "bitwise against spec(g)",
+    }
     if bad:
         return violated({**bad, "replay": _replay(ctx)}, bad["detail"], **ev)
     return passed(cases=n, **ev)
@@ -363,17 +404,28 @@ def executor_agreement(ctx: FalsifyContext) -> Outcome:
             stats["non_bitwise"] += int((got.view(np.uint32) != want[node.id].view(np.uint32)).sum())
             if not ok.all():
                 i = int(np.flatnonzero(~ok.reshape(-1))[0])
-                return {**_case_json(case, low), "node": node.id, "op": node.kind, "rule": rule, "element": i,
-                        "executor": f"0x{int(got.reshape(-1).view(np.uint32)[i]):08X}",
-                        "denotation": f"0x{int(want[node.id].reshape(-1).view(np.uint32)[i]):08X}",
-                        "detail": f"node {node.id} ({node.kind}) element {i} breaks its {rule} rule"}
+                return {
+                    **_case_json(case, low),
+                    "node": node.id,
+                    "op": node.kind,
+                    "rule": rule,
+                    "element": i,
+                    "executor": f"0x{int(got.reshape(-1).view(np.uint32)[i]):08X}",
+                    "denotation": f"0x{int(want[node.id].reshape(-1).view(np.uint32)[i]):08X}",
+                    "detail": f"node {node.id} ({node.kind}) element {i} breaks its {rule} rule",
+                }
         nir.run_graph(low.graph, low.payload, case.x, ctx.device)
         return None
 
     bad, cases = run_cases(ctx, graphspec_models(specials=False), check)
-    ev = {"device": ctx.device, "seed": ctx.seed, "nodes_checked": stats["nodes"], "by_rule": stats["by_rule"],
-          "non_bitwise_elements": stats["non_bitwise"],
-          "rules": {k: v.statement for k, v in sorted(nir.AGREEMENT.items())}}
+    ev = {
+        "device": ctx.device,
+        "seed": ctx.seed,
+        "nodes_checked": stats["nodes"],
+        "by_rule": stats["by_rule"],
+        "non_bitwise_elements": stats["non_bitwise"],
+        "rules": {k: v.statement for k, v in sorted(nir.AGREEMENT.items())},
+    }
     if bad:
         return violated({**bad, "replay": _replay(ctx)}, bad["detail"], **ev)
     return passed(cases=cases, **ev)

@@ -22,8 +22,22 @@ from spec.ir.graph import Graph, GraphBuilder, Payload, format_graph
 
 __all__ = ["GraphCase", "graph_cases", "f32_arrays", "SPECIAL_VALUES", "TEMPLATES", "DEFAULT_TEMPLATES"]
 
-SPECIAL_VALUES: tuple[float, ...] = (0.0, -0.0, 1.0, -1.0, 0.5, 2.0, -3.25, 1e-40, -1e-45, 1e30, -7.5,
-                                     math.inf, -math.inf, math.nan)
+SPECIAL_VALUES: tuple[float, ...] = (
+    0.0,
+    -0.0,
+    1.0,
+    -1.0,
+    0.5,
+    2.0,
+    -3.25,
+    1e-40,
+    -1e-45,
+    1e30,
+    -7.5,
+    math.inf,
+    -math.inf,
+    math.nan,
+)
 Shape = tuple[int, ...]
 
 
@@ -48,9 +62,11 @@ class GraphCase:
 def f32_arrays(shape: Shape, specials: bool = True) -> st.SearchStrategy[np.ndarray]:
     """float32 arrays of ``shape``: small integers first (shrink target), then specials and any binary32."""
     n = math.prod(shape)
-    elems = st.one_of(st.sampled_from((0.0, 1.0, 2.0, -1.0)),
-                      st.sampled_from(SPECIAL_VALUES) if specials else st.sampled_from((0.5, -2.0, 3.0)),
-                      st.floats(width=32, allow_nan=specials, allow_infinity=specials))
+    elems = st.one_of(
+        st.sampled_from((0.0, 1.0, 2.0, -1.0)),
+        st.sampled_from(SPECIAL_VALUES) if specials else st.sampled_from((0.5, -2.0, 3.0)),
+        st.floats(width=32, allow_nan=specials, allow_infinity=specials),
+    )
     return st.lists(elems, min_size=n, max_size=n).map(lambda v: np.array(v, dtype=np.float32).reshape(shape))
 
 
@@ -66,8 +82,15 @@ def _pick(draw: Any, shapes: list[Shape], ok: Callable[[Shape], bool] = lambda s
     return cands[-1] if draw(st.booleans()) else draw(st.sampled_from(cands))
 
 
-def _add(b: GraphBuilder, shapes: list[Shape], kind: str, parents: tuple[int, ...], out_shape: Shape,
-         params: dict | None = None, **attrs: Any) -> None:
+def _add(
+    b: GraphBuilder,
+    shapes: list[Shape],
+    kind: str,
+    parents: tuple[int, ...],
+    out_shape: Shape,
+    params: dict | None = None,
+    **attrs: Any,
+) -> None:
     b.add(kind, parents, out_shape, params=params, **attrs)
     shapes.append(tuple(out_shape))
 
@@ -76,6 +99,7 @@ def _unary(kind: str) -> Template:
     def t(draw: Any, b: GraphBuilder, shapes: list[Shape]) -> None:
         p = _pick(draw, shapes)
         _add(b, shapes, kind, (p,), shapes[p])
+
     return t
 
 
@@ -84,6 +108,7 @@ def _binary(kind: str) -> Template:
         p = _pick(draw, shapes)
         q = _pick(draw, shapes, lambda s: s == shapes[p])
         _add(b, shapes, kind, (p, q), shapes[p])
+
     return t
 
 
@@ -113,7 +138,8 @@ def _reduce(kind: str) -> Template:
         s = shapes[p]
         ax = draw(st.integers(0, len(s) - 1))
         keep = draw(st.booleans())
-        _add(b, shapes, kind, (p,), s[:ax] + ((1,) if keep else ()) + s[ax + 1:], axis=ax, keepdim=keep)
+        _add(b, shapes, kind, (p,), s[:ax] + ((1,) if keep else ()) + s[ax + 1 :], axis=ax, keepdim=keep)
+
     return t
 
 
@@ -147,8 +173,7 @@ def _slice(draw: Any, b: GraphBuilder, shapes: list[Shape]) -> None:
     start = draw(st.integers(0, s[-1] - 1))
     stop = draw(st.integers(start, s[-1]))
     step = draw(st.integers(1, 2))
-    _add(b, shapes, "slice", (p,), s[:-1] + (-(-(stop - start) // step),), axis=-1, start=start, stop=stop,
-         step=step)
+    _add(b, shapes, "slice", (p,), s[:-1] + (-(-(stop - start) // step),), axis=-1, start=start, stop=stop, step=step)
 
 
 def _broadcast(draw: Any, b: GraphBuilder, shapes: list[Shape]) -> None:
@@ -194,6 +219,7 @@ def _norm(kind: str) -> Template:
         if kind == "layernorm":
             params["bias"] = draw(f32_arrays((d,), specials=False))
         _add(b, shapes, kind, (p,), shapes[p], params=params)
+
     return t
 
 
@@ -211,30 +237,73 @@ def _conv_pool(draw: Any, b: GraphBuilder, shapes: list[Shape]) -> None:
     k, stride, pad = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(0, 1))
     ho, wo = ((s[1] + 2 * pad - k) // stride + 1, (s[2] + 2 * pad - k) // stride + 1)
     params = {"weight": draw(f32_arrays((2, 1, k, k), specials=False)), "bias": draw(f32_arrays((2,), False))}
-    _add(b, shapes, "conv2d", (x,), (2, ho, wo), params=params, out_channels=2, kernel=(k, k),
-         stride=(stride, stride), padding=(pad, pad))
+    _add(
+        b,
+        shapes,
+        "conv2d",
+        (x,),
+        (2, ho, wo),
+        params=params,
+        out_channels=2,
+        kernel=(k, k),
+        stride=(stride, stride),
+        padding=(pad, pad),
+    )
     if ho >= 2 and wo >= 2:
         mode = draw(st.sampled_from(("max", "avg")))
         _add(b, shapes, "pool", (len(shapes) - 1,), (2, ho // 2, wo // 2), mode=mode, kernel=(2, 2), stride=(2, 2))
 
 
 TEMPLATES: dict[str, Template] = {
-    "relu": _unary("relu"), "add": _binary("add"), "const": _const, "reshape": _reshape, "neg": _unary("neg"),
-    "sub": _binary("sub"), "mul_elem": _binary("mul_elem"), "div": _binary("div"), "maxElem": _binary("maxElem"),
-    "minElem": _binary("minElem"), "sqrt": _unary("sqrt"), "inv": _unary("inv"), "abs": _unary("abs"),
-    "tanh": _unary("tanh"), "sigmoid": _unary("sigmoid"), "exp": _unary("exp"), "silu": _unary("silu"),
-    "gelu": _unary("gelu"), "sin": _unary("sin"), "cos": _unary("cos"), "rsqrt": _unary("rsqrt"),
-    "pow": _binary("pow"), "flatten": _flatten, "reduceSum": _reduce("reduceSum"),
-    "reduceMean": _reduce("reduceMean"), "sum": _sum, "transpose": _transpose, "concat": _concat,
-    "slice": _slice, "broadcastTo": _broadcast, "softmax": _softmax, "linear": _linear, "matmul": _matmul,
-    "layernorm": _norm("layernorm"), "rmsnorm": _norm("rmsnorm"), "random": _random, "conv_pool": _conv_pool,
+    "relu": _unary("relu"),
+    "add": _binary("add"),
+    "const": _const,
+    "reshape": _reshape,
+    "neg": _unary("neg"),
+    "sub": _binary("sub"),
+    "mul_elem": _binary("mul_elem"),
+    "div": _binary("div"),
+    "maxElem": _binary("maxElem"),
+    "minElem": _binary("minElem"),
+    "sqrt": _unary("sqrt"),
+    "inv": _unary("inv"),
+    "abs": _unary("abs"),
+    "tanh": _unary("tanh"),
+    "sigmoid": _unary("sigmoid"),
+    "exp": _unary("exp"),
+    "silu": _unary("silu"),
+    "gelu": _unary("gelu"),
+    "sin": _unary("sin"),
+    "cos": _unary("cos"),
+    "rsqrt": _unary("rsqrt"),
+    "pow": _binary("pow"),
+    "flatten": _flatten,
+    "reduceSum": _reduce("reduceSum"),
+    "reduceMean": _reduce("reduceMean"),
+    "sum": _sum,
+    "transpose": _transpose,
+    "concat": _concat,
+    "slice": _slice,
+    "broadcastTo": _broadcast,
+    "softmax": _softmax,
+    "linear": _linear,
+    "matmul": _matmul,
+    "layernorm": _norm("layernorm"),
+    "rmsnorm": _norm("rmsnorm"),
+    "random": _random,
+    "conv_pool": _conv_pool,
 }
 DEFAULT_TEMPLATES: tuple[str, ...] = tuple(TEMPLATES)
 
 
 @st.composite
-def graph_cases(draw: Any, max_nodes: int = 6, max_dim: int = 3, templates: tuple[str, ...] = DEFAULT_TEMPLATES,
-                specials: bool = True) -> GraphCase:
+def graph_cases(
+    draw: Any,
+    max_nodes: int = 6,
+    max_dim: int = 3,
+    templates: tuple[str, ...] = DEFAULT_TEMPLATES,
+    specials: bool = True,
+) -> GraphCase:
     """A well-formed, shape-checked graph with payload and inputs; shrinks to fewer nodes and simpler ops."""
     b = GraphBuilder()
     shapes: list[Shape] = []

@@ -51,9 +51,16 @@ _BUDGET = {"quick": 100, "full": 500}
 
 
 def _settings(max_examples: int) -> settings:
-    return settings(max_examples=max_examples, deadline=None, database=None, derandomize=False,
-                    suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
-                    phases=(Phase.generate, Phase.shrink), report_multiple_bugs=False)
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        database=None,
+        derandomize=False,
+        suppress_health_check=list(HealthCheck),
+        verbosity=Verbosity.quiet,
+        phases=(Phase.generate, Phase.shrink),
+        report_multiple_bugs=False,
+    )
 
 
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -79,8 +86,10 @@ def rewrite_failure(name: str, case: GraphCase) -> str | None:
         return "the output node is not mapped"
     for old, new in sorted(out.mapping.items()):
         if not _same_bits(before.value[old], after.value[new]):
-            return (f"node {old} (now {new}) changes value: {before.value[old].reshape(-1)[:8].tolist()} -> "
-                    f"{after.value[new].reshape(-1)[:8].tolist()}\nrewritten:\n{out.graph}")
+            return (
+                f"node {old} (now {new}) changes value: {before.value[old].reshape(-1)[:8].tolist()} -> "
+                f"{after.value[new].reshape(-1)[:8].tolist()}\nrewritten:\n{out.graph}"
+            )
     return None
 
 
@@ -106,8 +115,11 @@ def _worklist_table(case: GraphCase, rng: random.Random) -> list[np.ndarray] | N
 def generated_failure(case: GraphCase, seed: int = 0) -> str | None:
     """Why a drawn graph is not a good citizen (checks, denotation, JSON round trip, fold/prefix properties)."""
     g, p = case.graph, case.payload
-    for name, errs in (("well-formed", check_well_formed(g)), ("shapes", check_shapes(g)),
-                       ("payload", check_payload(g, p))):
+    for name, errs in (
+        ("well-formed", check_well_formed(g)),
+        ("shapes", check_shapes(g)),
+        ("payload", check_payload(g, p)),
+    ):
         if errs:
             return f"{name}: {errs[0]}"
     if check_shapes(g) != check_inferred_shapes(g):
@@ -125,7 +137,7 @@ def generated_failure(case: GraphCase, seed: int = 0) -> str | None:
     if other is None or not all(_same_bits(a, b) for a, b in zip(res.value, other, strict=True)):
         return "a worklist evaluation in another topological order differs from the id-order fold"
     for i in range(len(g.nodes)):
-        prefix = Graph(g.nodes[:i + 1])
+        prefix = Graph(g.nodes[: i + 1])
         keep = {k: v for k, v in p.entries.items() if k <= i}
         ins = tuple(a for j, a in zip(g.input_ids(), case.inputs, strict=True) if j <= i)
         pre = denote_all(prefix, Payload(keep), ins)
@@ -135,24 +147,43 @@ def generated_failure(case: GraphCase, seed: int = 0) -> str | None:
 
 
 # The templates the rewrite tests draw from: the structural ops the rewrites look at, plus a few others.
-REWRITE_TEMPLATES: tuple[str, ...] = ("relu", "add", "const", "reshape", "flatten", "transpose", "slice",
-                                      "broadcastTo", "sum", "linear", "reduceSum", "concat", "neg", "mul_elem",
-                                      "random", "softmax")
+REWRITE_TEMPLATES: tuple[str, ...] = (
+    "relu",
+    "add",
+    "const",
+    "reshape",
+    "flatten",
+    "transpose",
+    "slice",
+    "broadcastTo",
+    "sum",
+    "linear",
+    "reduceSum",
+    "concat",
+    "neg",
+    "mul_elem",
+    "random",
+    "softmax",
+)
 
 
-def _hypothesis(ctx: FalsifyContext, why: Callable[[GraphCase], str | None], max_nodes: int,
-                templates: tuple[str, ...] | None = None) -> tuple[Any, int]:
+def _hypothesis(
+    ctx: FalsifyContext,
+    why: Callable[[GraphCase], str | None],
+    max_nodes: int,
+    templates: tuple[str, ...] | None = None,
+) -> tuple[Any, int]:
     calls = [0]
-    strategy = graph_cases(max_nodes=max_nodes) if templates is None else graph_cases(max_nodes=max_nodes,
-                                                                                      templates=templates)
+    strategy = (
+        graph_cases(max_nodes=max_nodes) if templates is None else graph_cases(max_nodes=max_nodes, templates=templates)
+    )
 
     def bad(case: GraphCase) -> bool:
         calls[0] += 1
         return why(case) is not None
 
     try:
-        case = find(strategy, bad, settings=_settings(_BUDGET[ctx.profile]),
-                    random=random.Random(ctx.seed))
+        case = find(strategy, bad, settings=_settings(_BUDGET[ctx.profile]), random=random.Random(ctx.seed))
     except NoSuchExample:
         case = None
     return case, calls[0]
@@ -171,14 +202,16 @@ def rewrite_preserves(ctx: FalsifyContext) -> Outcome:
         return error(f"params.rewrite must be one of {sorted(rw.REWRITES)}")
     t0 = time.perf_counter()
     templates = tuple(ctx.params.get("templates", REWRITE_TEMPLATES))
-    case, calls = _hypothesis(ctx, lambda c: rewrite_failure(name, c), int(ctx.params.get("max_nodes", 6)),
-                              templates)
+    case, calls = _hypothesis(ctx, lambda c: rewrite_failure(name, c), int(ctx.params.get("max_nodes", 6)), templates)
     ev = {"rewrite": name, "seed": ctx.seed, "profile": ctx.profile, "seconds": round(time.perf_counter() - t0, 3)}
     if case is None:
         return passed(cases=calls, **ev)
     reason = rewrite_failure(name, case)
-    return violated({"graph": str(case), "why": reason, "replay": _replay(ctx)},
-                    f"{name} changes a graph of {len(case.graph.nodes)} nodes: {reason}", **ev)
+    return violated(
+        {"graph": str(case), "why": reason, "replay": _replay(ctx)},
+        f"{name} changes a graph of {len(case.graph.nodes)} nodes: {reason}",
+        **ev,
+    )
 
 
 @register_test("ir.generated_graphs", devices=("host", "cuda"))
@@ -299,8 +332,9 @@ def _default_accepts(g: Graph) -> bool:
     return not check_inferred_shapes(g)
 
 
-def checker_enum_run(max_nodes: int, ssa_nodes: int = 0,
-                     accepts: Callable[[Graph], bool] = _default_accepts) -> tuple[dict, Any]:
+def checker_enum_run(
+    max_nodes: int, ssa_nodes: int = 0, accepts: Callable[[Graph], bool] = _default_accepts
+) -> tuple[dict, Any]:
     """Run the enumeration; (counts, first counterexample or None)."""
     counts = {"graphs": 0, "accepted": 0, "rejected": 0, "denoted": 0}
     for g in enumerate_graphs(max_nodes, ssa_nodes):
@@ -322,10 +356,15 @@ def checker_enum(ctx: FalsifyContext) -> Outcome:
     ssa_nodes = int(ctx.params.get("ssa_nodes", 3))
     t0 = time.perf_counter()
     counts, cex = checker_enum_run(max_nodes, ssa_nodes)
-    ev = {"max_nodes": max_nodes, "ssa_nodes": ssa_nodes, "ops": list(ENUM_OPS),
-          "shapes": [list(s) for s in ENUM_SHAPES],
-          "parents": f"<= {max_nodes} nodes: 0..2 parents from -1..{max_nodes}; {ssa_nodes} nodes: 0..2 earlier ids",
-          **counts, "seconds": round(time.perf_counter() - t0, 3)}
+    ev = {
+        "max_nodes": max_nodes,
+        "ssa_nodes": ssa_nodes,
+        "ops": list(ENUM_OPS),
+        "shapes": [list(s) for s in ENUM_SHAPES],
+        "parents": f"<= {max_nodes} nodes: 0..2 parents from -1..{max_nodes}; {ssa_nodes} nodes: 0..2 earlier ids",
+        **counts,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
     if cex is not None:
         return violated({**cex, "replay": _replay(ctx)}, cex["why"], **ev)
     return passed(cases=counts["graphs"], **ev)
@@ -359,7 +398,7 @@ def _plant_id(g: Graph, i: int) -> Graph | None:
 
 
 def _with(g: Graph, i: int, n: Node) -> Graph:
-    return Graph(g.nodes[:i] + (n,) + g.nodes[i + 1:])
+    return Graph(g.nodes[:i] + (n,) + g.nodes[i + 1 :])
 
 
 # defect -> (planting function, the error kinds that report it)
@@ -400,8 +439,11 @@ def planted_defects(ctx: FalsifyContext) -> Outcome:
     counts, cex = planted_run(max_nodes)
     ev = {"max_nodes": max_nodes, "planted": counts, "seconds": round(time.perf_counter() - t0, 3)}
     if cex is not None:
-        return violated({**cex, "replay": _replay(ctx)}, f"planted {cex['defect']} at node {cex['node']} not "
-                        f"reported there: {cex['got']}", **ev)
+        return violated(
+            {**cex, "replay": _replay(ctx)},
+            f"planted {cex['defect']} at node {cex['node']} not reported there: {cex['got']}",
+            **ev,
+        )
     return passed(cases=sum(counts.values()), **ev)
 
 
@@ -419,8 +461,10 @@ def worked_examples(ctx: FalsifyContext) -> Outcome:
     res = denote_all(g, p, np.array([0.6, -0.2], dtype=np.float32))
     got = [] if not isinstance(res, Ok) else [int(v) for v in res.value[2].view(np.uint32)]
     if got != [0x3F59999A, 0x3D4CCCCC] or check_shapes(g):
-        return violated({"got": [hex(v) for v in got], "want": ["0x3f59999a", "0x3d4ccccc"]},
-                        "input + const + add does not denote to the golden bits")
+        return violated(
+            {"got": [hex(v) for v in got], "want": ["0x3f59999a", "0x3d4ccccc"]},
+            "input + const + add does not denote to the golden bits",
+        )
     rng = np.random.default_rng(ctx.seed)
     w1, b1 = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
     w2, b2 = rng.standard_normal((2, 4)).astype(np.float32), rng.standard_normal(2).astype(np.float32)

@@ -36,9 +36,19 @@ __all__ = ["NormCase", "MIX_NAMES", "HOST_ONLY"]
 U = 2.0**-24
 MIX_NAMES: tuple[str, ...] = ("moderate", *sorted(MIXES))
 HOST_ONLY = ("softmax", "log_softmax", "log_softmax_bwd")
-_IMPL = {op: f"native.norm:{op.replace('_bwd', '_backward')}" for op in
-         ("softmax", "log_softmax", "softmax_bwd", "log_softmax_bwd", "layernorm", "layernorm_bwd", "rmsnorm",
-          "rmsnorm_bwd")}
+_IMPL = {
+    op: f"native.norm:{op.replace('_bwd', '_backward')}"
+    for op in (
+        "softmax",
+        "log_softmax",
+        "softmax_bwd",
+        "log_softmax_bwd",
+        "layernorm",
+        "layernorm_bwd",
+        "rmsnorm",
+        "rmsnorm_bwd",
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -57,8 +67,14 @@ class NormCase:
 
 
 def _cases(mixes: int) -> st.SearchStrategy[NormCase]:
-    return st.builds(NormCase, st.integers(0, 2**32 - 1), st.integers(0, mixes - 1), st.integers(1, 6),
-                     st.integers(1, 40), st.integers(0, 8))
+    return st.builds(
+        NormCase,
+        st.integers(0, 2**32 - 1),
+        st.integers(0, mixes - 1),
+        st.integers(1, 6),
+        st.integers(1, 40),
+        st.integers(0, 8),
+    )
 
 
 def _bits(seed: int, n: int, mix: str, scale: int = 6) -> np.ndarray:
@@ -87,8 +103,14 @@ def _inputs(c: NormCase, mixes: tuple[str, ...] = MIX_NAMES) -> _In:
         mask = rng.random(shape) < c.density / 8
         mask[0] = mask[0] & (c.rows == 1)  # the first row of a multi-row case is fully masked
     mix = mixes[c.mix]
-    return _In(c, _bits(c.seed, n, mix).reshape(shape), _bits(c.seed + 1, n, "moderate").reshape(shape),
-               _bits(c.seed + 2, c.length, "moderate"), _bits(c.seed + 3, c.length, "moderate"), mask)
+    return _In(
+        c,
+        _bits(c.seed, n, mix).reshape(shape),
+        _bits(c.seed + 1, n, "moderate").reshape(shape),
+        _bits(c.seed + 2, c.length, "moderate"),
+        _bits(c.seed + 3, c.length, "moderate"),
+        mask,
+    )
 
 
 def _f(xp: Any, u: np.ndarray) -> Any:
@@ -114,24 +136,52 @@ def _run(op: str, impl: Any, i: _In, xp: Any, device: str) -> list[np.ndarray]:
 
 
 def _spec(op: str, i: _In) -> list[np.ndarray]:
-    fn = {"softmax": lambda: ref.softmax(i.x, i.mask), "log_softmax": lambda: ref.log_softmax(i.x, i.mask),
-          "softmax_bwd": lambda: ref.softmax_backward(i.x, i.dy, i.mask),
-          "log_softmax_bwd": lambda: ref.log_softmax_backward(i.x, i.dy, i.mask),
-          "layernorm": lambda: ref.layernorm(i.x, i.w, i.b), "rmsnorm": lambda: ref.rmsnorm(i.x, i.w),
-          "layernorm_bwd": lambda: list(ref.layernorm_backward(i.x, i.w, i.dy)),
-          "rmsnorm_bwd": lambda: list(ref.rmsnorm_backward(i.x, i.w, i.dy))}[op]()
+    fn = {
+        "softmax": lambda: ref.softmax(i.x, i.mask),
+        "log_softmax": lambda: ref.log_softmax(i.x, i.mask),
+        "softmax_bwd": lambda: ref.softmax_backward(i.x, i.dy, i.mask),
+        "log_softmax_bwd": lambda: ref.log_softmax_backward(i.x, i.dy, i.mask),
+        "layernorm": lambda: ref.layernorm(i.x, i.w, i.b),
+        "rmsnorm": lambda: ref.rmsnorm(i.x, i.w),
+        "layernorm_bwd": lambda: list(ref.layernorm_backward(i.x, i.w, i.dy)),
+        "rmsnorm_bwd": lambda: list(ref.rmsnorm_backward(i.x, i.w, i.dy)),
+    }[op]()
     return [np.concatenate([o.reshape(-1) for o in fn])] if isinstance(fn, list) else [fn]
 
 
-def _check(ctx: FalsifyContext, name: str, native: Any, reference: Any, agreement: Any, cases: Any,
-           mixes: tuple[str, ...] = MIX_NAMES, **kw: Any) -> Check:
-    return Check(name=name, inputs=lambda c: _inputs(c, mixes), native=native, reference=reference,
-                 agreement=agreement, cases=cases,
-                 explicit=(NormCase(ctx.seed, 0, 3, 17, 5), NormCase(ctx.seed + 1, 0, 1, 1, 8),
-                           NormCase(ctx.seed + 2, 0, 2, 40, 8)),
-                 encode=lambda c: c.ints(), decode=lambda rp: NormCase(*rp.values[:5]),
-                 describe=lambda c: {"seed": c.seed, "mix": mixes[c.mix], "rows": c.rows, "length": c.length,
-                                     "mask_density_eighths": c.density}, **kw)
+def _check(
+    ctx: FalsifyContext,
+    name: str,
+    native: Any,
+    reference: Any,
+    agreement: Any,
+    cases: Any,
+    mixes: tuple[str, ...] = MIX_NAMES,
+    **kw: Any,
+) -> Check:
+    return Check(
+        name=name,
+        inputs=lambda c: _inputs(c, mixes),
+        native=native,
+        reference=reference,
+        agreement=agreement,
+        cases=cases,
+        explicit=(
+            NormCase(ctx.seed, 0, 3, 17, 5),
+            NormCase(ctx.seed + 1, 0, 1, 1, 8),
+            NormCase(ctx.seed + 2, 0, 2, 40, 8),
+        ),
+        encode=lambda c: c.ints(),
+        decode=lambda rp: NormCase(*rp.values[:5]),
+        describe=lambda c: {
+            "seed": c.seed,
+            "mix": mixes[c.mix],
+            "rows": c.rows,
+            "length": c.length,
+            "mask_density_eighths": c.density,
+        },
+        **kw,
+    )
 
 
 @register_test("norm.bitwise")
@@ -140,15 +190,26 @@ def bitwise(ctx: FalsifyContext) -> Outcome:
     op = ctx.params.get("op", "softmax")
     name = ctx.params.get("impl", _IMPL[op])
     if ctx.device != "host" and op in HOST_ONLY:
-        return skipped(f"{op} on CUDA uses libdevice expf/logf: claimed within its bound (norm.error_bound), "
-                       "not bitwise", **engine.evidence(ctx))
+        return skipped(
+            f"{op} on CUDA uses libdevice expf/logf: claimed within its bound (norm.error_bound), not bitwise",
+            **engine.evidence(ctx),
+        )
     impl = resolve(name)
     xp = array_module(ctx.device)
-    check = _check(ctx, f"norm {op}", lambda i: _run(op, impl, i, xp, ctx.device),
-                   lambda i: [Expected(bits=b) for b in _spec(op, i)], engine.item_agreement(ctx, "bitwise"),
-                   _cases(len(MIX_NAMES)), output_names=("dx|dw|db" if op.endswith("norm_bwd") else "y",),
-                   build={"impl": name, "op": op, "reference": "spec.norm (softfloat, env cuda; exp/log/rsqrt "
-                                                               "float64 rounded once)"})
+    check = _check(
+        ctx,
+        f"norm {op}",
+        lambda i: _run(op, impl, i, xp, ctx.device),
+        lambda i: [Expected(bits=b) for b in _spec(op, i)],
+        engine.item_agreement(ctx, "bitwise"),
+        _cases(len(MIX_NAMES)),
+        output_names=("dx|dw|db" if op.endswith("norm_bwd") else "y",),
+        build={
+            "impl": name,
+            "op": op,
+            "reference": "spec.norm (softfloat, env cuda; exp/log/rsqrt float64 rounded once)",
+        },
+    )
     return engine.run(ctx, check)
 
 
@@ -207,11 +268,23 @@ def error_bound(ctx: FalsifyContext) -> Outcome:
             r = np.where(np.isfinite(nat) & (e.bound > 0), np.abs(nat - e.value) / e.bound, 0.0)
         worst["ratio"] = max(worst["ratio"], float(np.max(r, initial=0.0)))
 
-    agreement = engine.item_agreement(ctx, "error_bound", bound_name="tol x derived (log-)softmax bound: "
-                                      "fl(x - m), exp 2 ulp, gamma_{L-1} fold, division (log: 1 ulp logf)")
-    check = _check(ctx, name, lambda i: _run(op, impl, i, xp, ctx.device), reference, agreement, _cases(1),
-                   mixes=("moderate",), observe=observe,
-                   build={"impl": name, "op": op, "tolerance": tol, "exp_ulp": 2, "log_ulp": 1, "u": "2^-24"})
+    agreement = engine.item_agreement(
+        ctx,
+        "error_bound",
+        bound_name="tol x derived (log-)softmax bound: "
+        "fl(x - m), exp 2 ulp, gamma_{L-1} fold, division (log: 1 ulp logf)",
+    )
+    check = _check(
+        ctx,
+        name,
+        lambda i: _run(op, impl, i, xp, ctx.device),
+        reference,
+        agreement,
+        _cases(1),
+        mixes=("moderate",),
+        observe=observe,
+        build={"impl": name, "op": op, "tolerance": tol, "exp_ulp": 2, "log_ulp": 1, "u": "2^-24"},
+    )
     return engine.run(ctx, check, lambda: {"worst_error_over_bound": worst["ratio"]})
 
 
@@ -224,19 +297,29 @@ def sum_to_one(ctx: FalsifyContext) -> Outcome:
     tol = float(ctx.tolerance if ctx.tolerance is not None else 1.0)
 
     def native(i: _In) -> np.ndarray:
-        y = np.asarray(to_host(impl(_f(xp, i.x), None if i.mask is None else xp.asarray(i.mask), device=ctx.device)),
-                       np.float64)
+        y = np.asarray(
+            to_host(impl(_f(xp, i.x), None if i.mask is None else xp.asarray(i.mask), device=ctx.device)), np.float64
+        )
         return np.array([math.fsum(r) for r in y])
 
     def reference(i: _In) -> Expected:
         length = i.x.shape[-1]
         has = np.ones(i.x.shape[0], bool) if i.mask is None else i.mask.any(axis=-1)
-        return Expected(value=has.astype(np.float64),
-                        bound=np.where(has, tol * (_gamma(length) + length * 2.0**-149), 0.0))
+        return Expected(
+            value=has.astype(np.float64), bound=np.where(has, tol * (_gamma(length) + length * 2.0**-149), 0.0)
+        )
 
     agreement = engine.item_agreement(ctx, "error_bound", bound_name="tol x (gamma_L + L 2^-149)")
-    check = _check(ctx, name, native, reference, agreement, _cases(1), mixes=("moderate",),
-                   build={"impl": name, "tolerance": tol, "sum": "math.fsum of the float32 outputs"})
+    check = _check(
+        ctx,
+        name,
+        native,
+        reference,
+        agreement,
+        _cases(1),
+        mixes=("moderate",),
+        build={"impl": name, "tolerance": tol, "sum": "math.fsum of the float32 outputs"},
+    )
     return engine.run(ctx, check)
 
 
@@ -262,12 +345,19 @@ def shift_invariance(ctx: FalsifyContext) -> Outcome:
     def reference(p: tuple[np.ndarray, np.ndarray]) -> Expected:
         return Expected(bits=_hb(impl(xp.asarray(p[0]), None, device=ctx.device)))
 
-    check = Check(name=name, inputs=inputs, native=native, reference=reference,
-                  agreement=engine.item_agreement(ctx, "bitwise"),
-                  cases=st.tuples(st.integers(0, 2**32 - 1), st.integers(1, 5), st.integers(1, 40),
-                                  st.integers(-(1 << 20), 1 << 20)),
-                  explicit=((ctx.seed, 2, 16, 1 << 20), (ctx.seed + 1, 1, 1, -3)),
-                  encode=lambda c: c, decode=lambda rp: tuple(rp.values[:4]),
-                  describe=lambda c: dict(zip(("seed", "rows", "length", "shift_256ths"), c, strict=True)),
-                  build={"impl": name, "inputs": "k / 256, |k| <= 2048; shift j / 256, |j| <= 2^20 (exact)"})
+    check = Check(
+        name=name,
+        inputs=inputs,
+        native=native,
+        reference=reference,
+        agreement=engine.item_agreement(ctx, "bitwise"),
+        cases=st.tuples(
+            st.integers(0, 2**32 - 1), st.integers(1, 5), st.integers(1, 40), st.integers(-(1 << 20), 1 << 20)
+        ),
+        explicit=((ctx.seed, 2, 16, 1 << 20), (ctx.seed + 1, 1, 1, -3)),
+        encode=lambda c: c,
+        decode=lambda rp: tuple(rp.values[:4]),
+        describe=lambda c: dict(zip(("seed", "rows", "length", "shift_256ths"), c, strict=True)),
+        build={"impl": name, "inputs": "k / 256, |k| <= 2048; shift j / 256, |j| <= 2^20 (exact)"},
+    )
     return engine.run(ctx, check)

@@ -69,21 +69,29 @@ BUDGETS: dict[str, dict[Profile, Budget]] = {
     "default": {_Q: Budget(max_examples=12), _F: Budget(max_examples=60, scale=16)},
     # Binary32 operand batches (falsification.batches), any family: CPU CI keeps each item well under ~5 s
     # on the host; the GPU draws batches of up to 4M elements.
-    "batch": {_Q: Budget(max_examples=30, max_size=16384, budget_s=2.0),
-              _F: Budget(max_examples=200, max_size=1 << 22, budget_s=30.0)},
+    "batch": {
+        _Q: Budget(max_examples=30, max_size=16384, budget_s=2.0),
+        _F: Budget(max_examples=200, max_size=1 << 22, budget_s=30.0),
+    },
     "elementwise": {},  # filled below: the batch budgets
     "elementwise.sweep": {_Q: Budget(max_examples=0, bulk=1 << 18), _F: Budget(max_examples=0, bulk=1 << 22)},
     # Fold cases: the softfloat reference costs ~0.1 ms per folded element on one core, so max_fold bounds
     # a case's time; max_size bounds a case's elements.
-    "reductions": {_Q: Budget(max_examples=12, max_size=1 << 14, max_fold=1 << 12, scale=1),
-                   _F: Budget(max_examples=60, max_size=1 << 20, max_fold=1 << 13, scale=16)},
+    "reductions": {
+        _Q: Budget(max_examples=12, max_size=1 << 14, max_fold=1 << 12, scale=1),
+        _F: Budget(max_examples=60, max_size=1 << 20, max_fold=1 << 13, scale=16),
+    },
     "gemm": {_Q: Budget(max_examples=12, scale=1), _F: Budget(max_examples=60, scale=4)},
-    "rng": {_Q: Budget(max_examples=25, max_size=512, bulk=1 << 14),
-            _F: Budget(max_examples=150, max_size=4096, bulk=1 << 20)},
+    "rng": {
+        _Q: Budget(max_examples=25, max_size=512, bulk=1 << 14),
+        _F: Budget(max_examples=150, max_size=4096, bulk=1 << 20),
+    },
     "rng.cross_device": {_Q: Budget(max_examples=0, bulk=1 << 18), _F: Budget(max_examples=0, bulk=1 << 22)},
     "rng.uniform_map_model": {_Q: Budget(max_examples=0, bulk=1 << 18), _F: Budget(max_examples=0, bulk=1 << 24)},
-    "transfer": {_Q: Budget(max_examples=60, max_size=32, bulk=1 << 16),
-                 _F: Budget(max_examples=300, max_size=32, bulk=1 << 22)},
+    "transfer": {
+        _Q: Budget(max_examples=60, max_size=32, bulk=1 << 16),
+        _F: Budget(max_examples=300, max_size=32, bulk=1 << 22),
+    },
 }
 
 BUDGETS["elementwise"] = BUDGETS["batch"]

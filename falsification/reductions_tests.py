@@ -139,8 +139,10 @@ def _fold_alternative(op: str) -> dict[str, Any]:
     """The fold's other order (the axis reversed) for sum and mean; max claims no order."""
     if op == "max":
         return {}
-    return {"alternative": lambda f: Expected(bits=_fold_reference(op, to_host(f.bits).reshape(f.dims)[:, ::-1, :])),
-            "alternative_name": "the same fold over the reversed axis"}
+    return {
+        "alternative": lambda f: Expected(bits=_fold_reference(op, to_host(f.bits).reshape(f.dims)[:, ::-1, :])),
+        "alternative_name": "the same fold over the reversed axis",
+    }
 
 
 @dataclass(frozen=True)
@@ -176,17 +178,35 @@ def fold_bitwise(ctx: FalsifyContext) -> Outcome:
         stats["outputs"] += j.n
 
     check = Check(
-        name=f"fold {op}", inputs=inputs,
+        name=f"fold {op}",
+        inputs=inputs,
         native=lambda f: _bits(native_fn(f.bits.view(xp.float32), axis=f.axis, device=ctx.device)),
         reference=lambda f: Expected(bits=_fold_reference(op, to_host(f.bits).reshape(f.dims))),
-        agreement=engine.item_agreement(ctx, "bitwise"), cases=_fold_cases(max_dim, max_elements, max_fold),
-        encode=_fold_encode, decode=_fold_decode, describe=_case_json(("seed", "shape", "axis", "mix")),
-        observe=observe, **_fold_alternative(op),
-        build={"op": op, "reference": "spec.reductions fold (softfloat on the host, env cuda)",
-               "max_elements": max_elements, "max_fold": max_fold,
-               "route": red.ROUTE if ctx.device == "cuda" else "host float32 in fold order"})
-    return engine.run(ctx, check, lambda: {"longest_fold": stats["longest_fold"], "outputs": stats["outputs"],
-                                           "elements": stats["elements"], "layouts": sorted(stats["kinds"])})
+        agreement=engine.item_agreement(ctx, "bitwise"),
+        cases=_fold_cases(max_dim, max_elements, max_fold),
+        encode=_fold_encode,
+        decode=_fold_decode,
+        describe=_case_json(("seed", "shape", "axis", "mix")),
+        observe=observe,
+        **_fold_alternative(op),
+        build={
+            "op": op,
+            "reference": "spec.reductions fold (softfloat on the host, env cuda)",
+            "max_elements": max_elements,
+            "max_fold": max_fold,
+            "route": red.ROUTE if ctx.device == "cuda" else "host float32 in fold order",
+        },
+    )
+    return engine.run(
+        ctx,
+        check,
+        lambda: {
+            "longest_fold": stats["longest_fold"],
+            "outputs": stats["outputs"],
+            "elements": stats["elements"],
+            "layouts": sorted(stats["kinds"]),
+        },
+    )
 
 
 # -- tree --------------------------------------------------------------------------------------------------
@@ -228,7 +248,7 @@ def tree_bitwise(ctx: FalsifyContext) -> Outcome:
     name, impl = _impl(ctx, "native.reductions:tree_sum" if op == "sum" else "native.reductions:mean")
     call = (lambda x, **kw: impl(x, order="tree", **kw)) if op == "mean" else impl
     xp = array_module(ctx.device)
-    max_n = int(ctx.params.get("max_n", 1 << 15)) * ctx.budget.scale ** 2
+    max_n = int(ctx.params.get("max_n", 1 << 15)) * ctx.budget.scale**2
     sizes = st.one_of(st.integers(0, 600), st.integers(0, max_n), st.sampled_from([1, 255, 256, 257, 65537]))
     stats = {"elements": 0, "max_passes": 0}
     knobs = st.just((red.BLOCK, red.MAX_GRID))
@@ -244,23 +264,37 @@ def tree_bitwise(ctx: FalsifyContext) -> Outcome:
         return _bits(call(bits.view(xp.float32), device=ctx.device, block=block, max_grid=max_grid))
 
     # Sizes a pass of the tree treats differently: one thread per element, one trip more, several passes.
-    explicit = tuple((ctx.seed, n, "moderate", red.BLOCK, red.MAX_GRID)
-                     for n in (200, 1000, 257 * 256 + 3, min(max_n, 600_000)))
+    explicit = tuple(
+        (ctx.seed, n, "moderate", red.BLOCK, red.MAX_GRID) for n in (200, 1000, 257 * 256 + 3, min(max_n, 600_000))
+    )
     check = Check(
-        name=name, inputs=inputs, native=native,
+        name=name,
+        inputs=inputs,
+        native=native,
         reference=lambda a: Expected(bits=_tree_bits(a[1], a[0][3], a[0][4], op)),
         agreement=engine.item_agreement(ctx, "bitwise"),
-        cases=st.builds(lambda c, k: (*c, *k), st.tuples(st.integers(0, 2**32 - 1), sizes, st.sampled_from(MIX_NAMES)),
-                        knobs),
-        explicit=explicit, encode=_tree_encode, decode=_tree_decode, describe=_case_json(_TREE_CASE),
+        cases=st.builds(
+            lambda c, k: (*c, *k), st.tuples(st.integers(0, 2**32 - 1), sizes, st.sampled_from(MIX_NAMES)), knobs
+        ),
+        explicit=explicit,
+        encode=_tree_encode,
+        decode=_tree_decode,
+        describe=_case_json(_TREE_CASE),
         from_witness=lambda w: (ctx.seed, int(w["n"]), "absorb", int(w["block"]), int(w["max_grid"])),
         regime_of=lambda case: regime_of(red.tree_plan, _tree_values(case)),
         alternative=lambda a: Expected(bits=_other_tree_bits(a[1], a[0][3], a[0][4], op)),
         alternative_name="the tree with half the block (another reassociation)",
-        build={"impl": name, "op": op, "tree": {"block": red.BLOCK, "max_grid": red.MAX_GRID,
-                                                "unroll_loads": red.UNROLL,
-                                                "combine": "sh[t] = sh[t] + sh[t + s], s = block/2 .. 1, then "
-                                                           "repeated"}})
+        build={
+            "impl": name,
+            "op": op,
+            "tree": {
+                "block": red.BLOCK,
+                "max_grid": red.MAX_GRID,
+                "unroll_loads": red.UNROLL,
+                "combine": "sh[t] = sh[t] + sh[t + s], s = block/2 .. 1, then repeated",
+            },
+        },
+    )
     return engine.run(ctx, check, lambda: dict(stats))
 
 
@@ -272,10 +306,18 @@ def determinism(ctx: FalsifyContext) -> Outcome:
     xp = array_module(ctx.device)
     agreement = engine.item_agreement(ctx, "determinism", runs=runs)
     check = Check(
-        name=name, inputs=lambda case: moderate_floats(case[0], case[1], xp),
-        native=lambda x: _bits(impl(x, device=ctx.device)), reference=lambda x: None, agreement=agreement,
-        explicit=((ctx.seed, n),), count=lambda j: runs, encode=lambda c: c, decode=lambda rp: tuple(rp.values[:2]),
-        describe=_case_json(("seed", "n")), build={"impl": name, "runs": runs, "n": n})
+        name=name,
+        inputs=lambda case: moderate_floats(case[0], case[1], xp),
+        native=lambda x: _bits(impl(x, device=ctx.device)),
+        reference=lambda x: None,
+        agreement=agreement,
+        explicit=((ctx.seed, n),),
+        count=lambda j: runs,
+        encode=lambda c: c,
+        decode=lambda rp: tuple(rp.values[:2]),
+        describe=_case_json(("seed", "n")),
+        build={"impl": name, "runs": runs, "n": n},
+    )
     return engine.run(ctx, check)
 
 
@@ -287,11 +329,22 @@ def nonreproducible(ctx: FalsifyContext) -> Outcome:
     x = moderate_floats(ctx.seed, n, array_module(ctx.device))
     results = [f"0x{int(_bits(impl(x, device=ctx.device)).reshape(-1)[0]):08X}" for _ in range(runs)]
     distinct = sorted(set(results))
-    ev = {"impl": name, "runs": runs, "n": n, "distinct_results": len(distinct), "results": results,
-          "blocks_adding_atomically": red.pass_grids(n)[0]}
+    ev = {
+        "impl": name,
+        "runs": runs,
+        "n": n,
+        "distinct_results": len(distinct),
+        "results": results,
+        "blocks_adding_atomically": red.pass_grids(n)[0],
+    }
     if len(distinct) < 2:
-        return engine.outcome_violated(ctx, {"results": results}, f"{name}: {runs} runs agreed; the documented "
-                                       "non-reproducibility was not observed (is the path really atomic?)", **ev)
+        return engine.outcome_violated(
+            ctx,
+            {"results": results},
+            f"{name}: {runs} runs agreed; the documented "
+            "non-reproducibility was not observed (is the path really atomic?)",
+            **ev,
+        )
     return engine.outcome_passed(ctx, runs, **ev)
 
 
@@ -313,7 +366,7 @@ def error_bound(ctx: FalsifyContext) -> Outcome:
     order = ctx.params.get("order", "atomic")
     name, impl = _impl(ctx, f"native.reductions:{red.SUMS[order].__name__}")
     xp = array_module(ctx.device)
-    max_n = int(ctx.params.get("max_n", 1 << 16)) * ctx.budget.scale ** 2
+    max_n = int(ctx.params.get("max_n", 1 << 16)) * ctx.budget.scale**2
     worst = {"ratio": 0.0}
 
     def reference(x: Any) -> Expected:
@@ -329,16 +382,26 @@ def error_bound(ctx: FalsifyContext) -> Outcome:
         bound = float(j.expected[0].bound[0])
         worst["ratio"] = max(worst["ratio"], err / bound if bound else 0.0)
 
-    agreement = engine.item_agreement(ctx, "error_bound", bound_name="gamma_h * sum|x| + 2^-53 |exact| "
-                                      "(+ grid * 2^-126 for atomic flushes); h = additions on the longest path "
-                                      "of the order's tree")
+    agreement = engine.item_agreement(
+        ctx,
+        "error_bound",
+        bound_name="gamma_h * sum|x| + 2^-53 |exact| "
+        "(+ grid * 2^-126 for atomic flushes); h = additions on the longest path "
+        "of the order's tree",
+    )
     check = Check(
-        name=name, inputs=lambda case: moderate_floats(case[0], case[1], xp),
+        name=name,
+        inputs=lambda case: moderate_floats(case[0], case[1], xp),
         native=lambda x: np.asarray(to_host(impl(x, device=ctx.device)), dtype=np.float32).reshape(1),
-        reference=reference, agreement=agreement, cases=st.tuples(st.integers(0, 2**32 - 1), st.integers(0, max_n)),
-        encode=lambda c: c, decode=lambda rp: tuple(rp.values[:2]), describe=_case_json(("seed", "n")),
-        observe=observe, build={"impl": name, "order": order, "u": "2^-24",
-                                "reference": "math.fsum (exactly rounded float64)"})
+        reference=reference,
+        agreement=agreement,
+        cases=st.tuples(st.integers(0, 2**32 - 1), st.integers(0, max_n)),
+        encode=lambda c: c,
+        decode=lambda rp: tuple(rp.values[:2]),
+        describe=_case_json(("seed", "n")),
+        observe=observe,
+        build={"impl": name, "order": order, "u": "2^-24", "reference": "math.fsum (exactly rounded float64)"},
+    )
     return engine.run(ctx, check, lambda: {"worst_error_over_bound": worst["ratio"]})
 
 
@@ -362,18 +425,21 @@ def scatter_bitwise(ctx: FalsifyContext) -> Outcome:
         return out0, idx, src
 
     check = Check(
-        name=name, inputs=inputs,
+        name=name,
+        inputs=inputs,
         native=lambda a: _bits(impl(a[0].view(xp.float32), a[1], a[2].view(xp.float32), device=ctx.device)),
         reference=lambda a: Expected(bits=_bits(ref.scatter_add(*a).view(xp.float32))),
         agreement=engine.item_agreement(ctx, "bitwise"),
-        cases=st.tuples(st.integers(0, 2**32 - 1), st.integers(1, 40), st.integers(0, max_src),
-                        st.sampled_from(MIX_NAMES)),
+        cases=st.tuples(
+            st.integers(0, 2**32 - 1), st.integers(1, 40), st.integers(0, max_src), st.sampled_from(MIX_NAMES)
+        ),
         encode=lambda c: (c[0], c[1], c[2], MIX_NAMES.index(c[3])),
         decode=lambda rp: (rp.values[0], rp.values[1], rp.values[2], _mix(rp.values[3])),
         describe=_case_json(("seed", "n_out", "m", "mix")),
         alternative=lambda a: Expected(bits=_bits(ref.scatter_add(a[0], a[1][::-1], a[2][::-1]).view(xp.float32))),
         alternative_name="duplicates in decreasing source index",
-        build={"impl": name, "order": "duplicates in increasing source index"})
+        build={"impl": name, "order": "duplicates in increasing source index"},
+    )
     return engine.run(ctx, check, lambda: {"duplicates_added": stats["duplicates"]})
 
 
@@ -409,11 +475,17 @@ def empty(ctx: FalsifyContext) -> Outcome:
         return Expected(bits=np.full(n, _EMPTY_BITS[_EMPTY_CASES[label][0]], dtype=np.uint32))
 
     check = Check(
-        name="empty reductions", inputs=lambda label: label, native=native, reference=reference,
-        agreement=engine.item_agreement(ctx, "bitwise"), explicit=_EMPTY_LABELS,
-        encode=lambda label: (_EMPTY_LABELS.index(label),), decode=lambda rp: _EMPTY_LABELS[rp.values[0]],
+        name="empty reductions",
+        inputs=lambda label: label,
+        native=native,
+        reference=reference,
+        agreement=engine.item_agreement(ctx, "bitwise"),
+        explicit=_EMPTY_LABELS,
+        encode=lambda label: (_EMPTY_LABELS.index(label),),
+        decode=lambda rp: _EMPTY_LABELS[rp.values[0]],
         describe=lambda label: {"case": label},
-        build={"documented": {"sum": "+0", "mean": "NaN (0x7FFFFFFF)", "max": "-Inf (the identity of maximum)"}})
+        build={"documented": {"sum": "+0", "mean": "NaN (0x7FFFFFFF)", "max": "-Inf (the identity of maximum)"}},
+    )
     return engine.run(ctx, check, lambda: {"results": dict(got)})
 
 
@@ -430,9 +502,17 @@ def bandwidth(ctx: FalsifyContext) -> Outcome:
     gbs = {"tree_sum": n * 4 / ours / 1e6, "cupy.sum": n * 4 / peer / 1e6}
     ratio = gbs["tree_sum"] / gbs["cupy.sum"]
     want = float(ctx.tolerance if ctx.tolerance is not None else 0.8)
-    ev = {"timings_ms": {"tree_sum": ours, "cupy.sum": peer}, "GB_per_s": gbs, "ratio": ratio, "n": n,
-          "reps": reps, "wall_s": time.perf_counter() - t0, "goal_ratio": want}
+    ev = {
+        "timings_ms": {"tree_sum": ours, "cupy.sum": peer},
+        "GB_per_s": gbs,
+        "ratio": ratio,
+        "n": n,
+        "reps": reps,
+        "wall_s": time.perf_counter() - t0,
+        "goal_ratio": want,
+    }
     if ratio < want:
-        return engine.outcome_violated(ctx, {"ratio": ratio}, f"tree sum reads at {ratio:.2f}x cupy.sum (< {want})",
-                                       **ev)
+        return engine.outcome_violated(
+            ctx, {"ratio": ratio}, f"tree sum reads at {ratio:.2f}x cupy.sum (< {want})", **ev
+        )
     return engine.outcome_passed(ctx, reps, **ev)

@@ -12,8 +12,16 @@ from typing import Any
 from falsification.profiles import Budget, Profile, budget_for
 from obligations.core.results import Outcome
 
-__all__ = ["FalsifyContext", "Replay", "FalsificationTest", "register_test", "guarded", "get_test",
-           "registered_tests", "load_builtin_tests"]
+__all__ = [
+    "FalsifyContext",
+    "Replay",
+    "FalsificationTest",
+    "register_test",
+    "guarded",
+    "get_test",
+    "registered_tests",
+    "load_builtin_tests",
+]
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,6 @@ from spec import softfloat as sf
 __all__ = ["RngCase", "rng_cases", "compare_case", "chi_square_sf", "uniformity_statistics"]
 
 
-
 @dataclass(frozen=True)
 class RngCase:
     """One RNG call: its seed, counter, shape, keep_prob (binary32 bits) and the seed of the dropout input."""
@@ -79,8 +78,10 @@ def _dropout_input(case: RngCase, n: int) -> np.ndarray:
     """float32 bits for dropout: random patterns with zeros, infinities, NaNs and subnormals mixed in."""
     g = np.random.default_rng(case.x_seed)
     x = g.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
-    specials = np.array([0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00001, 0xFFBADBAD, 0x00000001, 0x3F800000,
-                         0x7F7FFFFF], dtype=np.uint32)
+    specials = np.array(
+        [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00001, 0xFFBADBAD, 0x00000001, 0x3F800000, 0x7F7FFFFF],
+        dtype=np.uint32,
+    )
     pick = g.integers(0, 4, n) == 0
     x[pick] = specials[g.integers(0, specials.size, int(pick.sum()))]
     return x
@@ -115,8 +116,18 @@ def _native(output: str, case: RngCase, device: str, variant: str | None, x: np.
     kp = float(np.array([case.keep_prob_bits], np.uint32).view(np.float32)[0])
     xp = array_module(device)
     xs = None if x is None else xp.asarray(x.view(np.float32).reshape(case.shape))
-    out = native.generate(output, case.shape, case.seed, case.counter, device=device, keep_prob=kp, x=xs,
-                          variant=variant, block=case.block, max_grid=case.max_grid)
+    out = native.generate(
+        output,
+        case.shape,
+        case.seed,
+        case.counter,
+        device=device,
+        keep_prob=kp,
+        x=xs,
+        variant=variant,
+        block=case.block,
+        max_grid=case.max_grid,
+    )
     return np.ascontiguousarray(to_host(out)).reshape(-1).astype(np.uint32)
 
 
@@ -133,8 +144,13 @@ def compare_case(output: str, case: RngCase, device: str, variant: str | None, u
     if bad.size == 0:
         return None
     i = int(bad[0])
-    el = {"index": i, "multi_index": [int(k) for k in np.unravel_index(i, case.shape)],
-          "native": f"0x{int(got[i]):08X}", "reference": f"0x{int(ref[i]):08X}", "disagreements": int(bad.size)}
+    el = {
+        "index": i,
+        "multi_index": [int(k) for k in np.unravel_index(i, case.shape)],
+        "native": f"0x{int(got[i]):08X}",
+        "reference": f"0x{int(ref[i]):08X}",
+        "disagreements": int(bad.size),
+    }
     if dist is not None:
         el["ulp_distance"] = float(dist[i])
     if x is not None:
@@ -163,8 +179,10 @@ def _from_witness(ctx: FalsifyContext, w: Any) -> RngCase:
 
 
 def _regimes(output: str, case: RngCase) -> list[str]:
-    return regime_of(native.rng_plan, {"n_elems": math.prod(case.shape), "draws": _draws(output),
-                                       "block": case.block, "max_grid": case.max_grid})
+    return regime_of(
+        native.rng_plan,
+        {"n_elems": math.prod(case.shape), "draws": _draws(output), "block": case.block, "max_grid": case.max_grid},
+    )
 
 
 def _build(ctx: FalsifyContext, **more: Any) -> dict[str, Any]:
@@ -186,8 +204,11 @@ def agreement(ctx: FalsifyContext) -> Outcome:
     variant = ctx.params.get("variant")
     b = ctx.budget
     big = RngCase(ctx.seed, 0, (b.bulk,), 0x3F800000, ctx.seed)
-    ag = (engine.item_agreement(ctx, "max_ulp", bound=bound) if output == "normal"
-          else engine.item_agreement(ctx, "bitwise"))
+    ag = (
+        engine.item_agreement(ctx, "max_ulp", bound=bound)
+        if output == "normal"
+        else engine.item_agreement(ctx, "bitwise")
+    )
 
     def inputs(case: RngCase) -> tuple[RngCase, np.ndarray, np.ndarray | None]:
         ref, x = _reference(output, case)
@@ -197,11 +218,20 @@ def agreement(ctx: FalsifyContext) -> Outcome:
     if output == "normal":
         build["reference"] = "binary64 pinned u1 and t; log/sqrt/cos in numpy longdouble; rounded once to binary32"
     check = Check(
-        name=f"rng {output}", inputs=inputs,
+        name=f"rng {output}",
+        inputs=inputs,
         native=lambda a: _native(output, a[0], ctx.device, variant, a[2]),
-        reference=lambda a: Expected(bits=a[1]), agreement=ag, cases=rng_cases(b.max_size), explicit=(big,),
-        encode=_encode, decode=_decode, describe=lambda case: case.to_json(), build=build,
-        from_witness=lambda w: _from_witness(ctx, w), regime_of=lambda case: _regimes(output, case))
+        reference=lambda a: Expected(bits=a[1]),
+        agreement=ag,
+        cases=rng_cases(b.max_size),
+        explicit=(big,),
+        encode=_encode,
+        decode=_decode,
+        describe=lambda case: case.to_json(),
+        build=build,
+        from_witness=lambda w: _from_witness(ctx, w),
+        regime_of=lambda case: _regimes(output, case),
+    )
     return engine.run(ctx, check)
 
 
@@ -230,12 +260,24 @@ def cross_device(ctx: FalsifyContext) -> Outcome:
             limit = bound if out == "normal" else 0
             if d.max() > limit:
                 i = int(np.argmax(d))
-                cex = {"output": out, "call": case.to_json(), "index": i, "cuda": f"0x{int(c[i]):08X}",
-                       "host": f"0x{int(h[i]):08X}", "distance": float(d[i])}
+                cex = {
+                    "output": out,
+                    "call": case.to_json(),
+                    "index": i,
+                    "cuda": f"0x{int(c[i]):08X}",
+                    "host": f"0x{int(h[i]):08X}",
+                    "distance": float(d[i]),
+                }
                 return engine.outcome_violated(ctx, cex, f"{out}: CUDA and host differ at element {i}", **_build(ctx))
         stats[out] = {"max_distance": worst, "elements_differing": nonzero, "elements": size * len(seeds)}
-    return engine.outcome_passed(ctx, len(outputs) * len(seeds), elements=size * len(seeds) * len(outputs),
-                                 per_output=stats, normal_ulp_bound=bound, **_build(ctx))
+    return engine.outcome_passed(
+        ctx,
+        len(outputs) * len(seeds),
+        elements=size * len(seeds) * len(outputs),
+        per_output=stats,
+        normal_ulp_bound=bound,
+        **_build(ctx),
+    )
 
 
 @register_test("rng.uniform_map_model")
@@ -249,26 +291,45 @@ def uniform_map_model(ctx: FalsifyContext) -> Outcome:
         u24 = np.arange(1 << 24, dtype=np.int64)
     else:
         g = np.random.default_rng(ctx.seed)
-        u24 = np.unique(np.concatenate([np.arange((1 << 24) - (1 << 20), 1 << 24, dtype=np.int64),
-                                        np.arange(0, 4096, dtype=np.int64),
-                                        g.integers(0, 1 << 24, ctx.budget.bulk, dtype=np.int64)]))
+        u24 = np.unique(
+            np.concatenate(
+                [
+                    np.arange((1 << 24) - (1 << 20), 1 << 24, dtype=np.int64),
+                    np.arange(0, 4096, dtype=np.int64),
+                    g.integers(0, 1 << 24, ctx.budget.bulk, dtype=np.int64),
+                ]
+            )
+        )
     # The low 8 bits vary too: the map must ignore them (255 for the top region, random elsewhere).
     low = np.random.default_rng(ctx.seed + 1).integers(0, 256, u24.size, dtype=np.int64)
     words = (u24 << 8) | low
     with tracking():
         model = np.asarray(plan_fn(Term(words, "uint32"))["uniform_bits"].expr, dtype=np.int64)
-    got = to_host(native.uniform_map(array_module(ctx.device).asarray(words.astype(np.uint32)), device=ctx.device,
-                                     variant=variant)).astype(np.int64)
+    got = to_host(
+        native.uniform_map(
+            array_module(ctx.device).asarray(words.astype(np.uint32)), device=ctx.device, variant=variant
+        )
+    ).astype(np.int64)
     bad = np.flatnonzero(got != model)
-    ev = _build(ctx, inputs=int(words.size), coverage="all 2^24 values of u >> 8" if exhaustive
-                else f"top 2^20 values of u >> 8, 0..4095 and {ctx.budget.bulk} random",
-                max_bits=f"0x{int(got.max()):08X}")
+    ev = _build(
+        ctx,
+        inputs=int(words.size),
+        coverage="all 2^24 values of u >> 8"
+        if exhaustive
+        else f"top 2^20 values of u >> 8, 0..4095 and {ctx.budget.bulk} random",
+        max_bits=f"0x{int(got.max()):08X}",
+    )
     if bad.size:
         i = int(bad[0])
-        cex = {"u": f"0x{int(words[i]):08X}", "kernel": f"0x{int(got[i]):08X}", "model": f"0x{int(model[i]):08X}",
-               "disagreements": int(bad.size)}
-        return engine.outcome_violated(ctx, cex, "the kernel's uniform map differs from the model the enumeration "
-                                       "checks", **ev)
+        cex = {
+            "u": f"0x{int(words[i]):08X}",
+            "kernel": f"0x{int(got[i]):08X}",
+            "model": f"0x{int(model[i]):08X}",
+            "disagreements": int(bad.size),
+        }
+        return engine.outcome_violated(
+            ctx, cex, "the kernel's uniform map differs from the model the enumeration checks", **ev
+        )
     return engine.outcome_passed(ctx, int(words.size), **ev)
 
 
@@ -327,8 +388,9 @@ def _normal_bins() -> tuple[np.ndarray, np.ndarray]:
     return edges, np.diff(cdf)
 
 
-def uniformity_statistics(u: np.ndarray, u_next_counter: np.ndarray, words: np.ndarray,
-                          z: np.ndarray) -> dict[str, dict[str, float]]:
+def uniformity_statistics(
+    u: np.ndarray, u_next_counter: np.ndarray, words: np.ndarray, z: np.ndarray
+) -> dict[str, dict[str, float]]:
     """Chi-square statistics and p-values of one seed: histogram, serial pairs, adjacent counters, low bits, normal."""
     out = {}
     out["uniform_256_bins"] = np.bincount((u * 256).astype(np.int64), minlength=256)
@@ -361,21 +423,34 @@ def statistics(ctx: FalsifyContext) -> Outcome:
     variant = p.get("variant")
     per_seed: dict[str, Any] = {}
     for s in seeds:
+
         def gen(mode: str, counter: int, s: int = s) -> np.ndarray:
-            return np.ascontiguousarray(to_host(native.generate(mode, n, s, counter, device=ctx.device,
-                                                                variant=variant))).reshape(-1)
+            return np.ascontiguousarray(
+                to_host(native.generate(mode, n, s, counter, device=ctx.device, variant=variant))
+            ).reshape(-1)
 
         u = gen("uniform", 0).view(np.float32)
-        res = uniformity_statistics(u, gen("uniform", 1).view(np.float32), gen("bits", 0), gen("normal", 0)
-                                    .view(np.float32))
+        res = uniformity_statistics(
+            u, gen("uniform", 1).view(np.float32), gen("bits", 0), gen("normal", 0).view(np.float32)
+        )
         per_seed[str(s)] = res
     tests = sum(len(r) for r in per_seed.values())
     threshold = alpha / tests
     worst = min((r["p"], s, name) for s, rs in per_seed.items() for name, r in rs.items())
-    ev = _build(ctx, alpha=alpha, statistics=tests, per_test_threshold=threshold, elements_per_stream=n,
-                   results=per_seed, smallest_p={"p": worst[0], "seed": worst[1], "statistic": worst[2]})
+    ev = _build(
+        ctx,
+        alpha=alpha,
+        statistics=tests,
+        per_test_threshold=threshold,
+        elements_per_stream=n,
+        results=per_seed,
+        smallest_p={"p": worst[0], "seed": worst[1], "statistic": worst[2]},
+    )
     if worst[0] < threshold:
         return engine.outcome_violated(
-            ctx, {"seed": int(worst[1]), "statistic": worst[2], "p": worst[0], "threshold": threshold},
-            f"{worst[2]} at seed {worst[1]}: p = {worst[0]:.3g} < alpha / {tests}", **ev)
+            ctx,
+            {"seed": int(worst[1]), "statistic": worst[2], "p": worst[0], "threshold": threshold},
+            f"{worst[2]} at seed {worst[1]}: p = {worst[0]:.3g} < alpha / {tests}",
+            **ev,
+        )
     return engine.outcome_passed(ctx, tests, **ev)

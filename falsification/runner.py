@@ -48,10 +48,22 @@ class Subject:
 def falsify(ctx: FalsifyContext, subject: Subject, agreement: Agreement) -> Outcome:
     """Run ``subject`` under ``agreement`` through the engine."""
     check = batch_check(
-        subject.name, arity=subject.arity, native=subject.native, reference=subject.reference,
-        agreement=agreement, budget=budget_for("batch", ctx.profile, ctx.params), seed=ctx.seed, xp=subject.xp,
+        subject.name,
+        arity=subject.arity,
+        native=subject.native,
+        reference=subject.reference,
+        agreement=agreement,
+        budget=budget_for("batch", ctx.profile, ctx.params),
+        seed=ctx.seed,
+        xp=subject.xp,
         n_scalars=subject.n_scalars,
-        operand_names=subject.operand_names, scalar_names=subject.scalar_names, output_names=subject.output_names,
-        layouts=subject.layouts, mixes=subject.mixes, prepare=subject.prepare,
-        scalar_strategy=subject.scalar_strategy, build=subject.evidence)
+        operand_names=subject.operand_names,
+        scalar_names=subject.scalar_names,
+        output_names=subject.output_names,
+        layouts=subject.layouts,
+        mixes=subject.mixes,
+        prepare=subject.prepare,
+        scalar_strategy=subject.scalar_strategy,
+        build=subject.evidence,
+    )
     return engine.run(ctx, check)

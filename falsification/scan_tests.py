@@ -60,8 +60,13 @@ def _explicit(max_len: int) -> tuple:
 
 
 def _common(max_len: int) -> dict[str, Any]:
-    return {"cases": _cases(max_len), "explicit": _explicit(max_len), "encode": lambda c: c,
-            "decode": lambda rp: tuple(rp.values[:4]), "describe": _describe}
+    return {
+        "cases": _cases(max_len),
+        "explicit": _explicit(max_len),
+        "encode": lambda c: c,
+        "decode": lambda rp: tuple(rp.values[:4]),
+        "describe": _describe,
+    }
 
 
 def _cat(parts: list) -> np.ndarray:
@@ -71,8 +76,9 @@ def _cat(parts: list) -> np.ndarray:
 
 def _cat_expected(parts: list[Expected]) -> Expected:
     """One Expected of several value/bound pairs, in the order of :func:`_cat`."""
-    return Expected(value=_cat([e.value for e in parts]), bound=_cat([np.broadcast_to(e.bound, np.shape(e.value))
-                                                                      for e in parts]))
+    return Expected(
+        value=_cat([e.value for e in parts]), bound=_cat([np.broadcast_to(e.bound, np.shape(e.value)) for e in parts])
+    )
 
 
 def _dev(ctx: FalsifyContext, arrays: tuple) -> tuple:
@@ -95,15 +101,21 @@ def combine_sympy(ctx: FalsifyContext) -> Outcome:
     assoc = [sympy.simplify(left[i] - right[i]) for i in range(2)]
     A, B = comb((a1, b1), (a2, b2))
     order = sympy.simplify((A * h + B) - (a2 * (a1 * h + b1) + b2))
-    ev = {"combine": name, "sympy_version": sympy.__version__, "associativity_difference": [str(d) for d in assoc],
-          "composition_difference": str(order),
-          "claim": "(a1,b1) o (a2,b2) = (a1 a2, a2 b1 + b2): associative, and maps h to a2 (a1 h + b1) + b2"}
+    ev = {
+        "combine": name,
+        "sympy_version": sympy.__version__,
+        "associativity_difference": [str(d) for d in assoc],
+        "composition_difference": str(order),
+        "claim": "(a1,b1) o (a2,b2) = (a1 a2, a2 b1 + b2): associative, and maps h to a2 (a1 h + b1) + b2",
+    }
     if any(d != 0 for d in assoc):
-        return engine.outcome_violated(ctx, {"associativity": [str(d) for d in assoc]},
-                                       f"combine {name!r} is not associative", **ev)
+        return engine.outcome_violated(
+            ctx, {"associativity": [str(d) for d in assoc]}, f"combine {name!r} is not associative", **ev
+        )
     if order != 0:
-        return engine.outcome_violated(ctx, {"composition_difference": str(order)},
-                                       f"combine {name!r} does not apply step 1 before step 2", **ev)
+        return engine.outcome_violated(
+            ctx, {"composition_difference": str(order)}, f"combine {name!r} does not apply step 1 before step 2", **ev
+        )
     return engine.outcome_passed(ctx, 2, **ev)
 
 
@@ -121,15 +133,28 @@ def discretize_bound(ctx: FalsifyContext) -> Outcome:
         _, _, co = ss.forward(*inp)
         d, a, b = co["delta"], co["a"], co["b"]
         da = np.abs(d[:, :, None] * inp[2].astype(np.float64)[None])
-        return _cat_expected([Expected(value=d, bound=10 * U32 * np.abs(d)),
-                              Expected(value=a, bound=(4 + 12 * da) * U32 * a),
-                              Expected(value=b, bound=13 * U32 * np.abs(b))])
+        return _cat_expected(
+            [
+                Expected(value=d, bound=10 * U32 * np.abs(d)),
+                Expected(value=a, bound=(4 + 12 * da) * U32 * a),
+                Expected(value=b, bound=13 * U32 * np.abs(b)),
+            ]
+        )
 
-    check = Check(name=f"discretize[{build.softplus}]@{ctx.device}", inputs=lambda c: draw_inputs(*c),
-                  native=native, reference=reference, output_names=("delta|a|b",),
-                  agreement=engine.item_agreement(ctx, "error_bound", bound_name="10u|delta|; (4 + 12|delta A|)u a; "
-                                                  "13u|b| (expf 2 ulp, log1pf 1 ulp, one rounding per product)"),
-                  build={"softplus": build.softplus, "u": "2^-24"}, **_common(max_len))
+    check = Check(
+        name=f"discretize[{build.softplus}]@{ctx.device}",
+        inputs=lambda c: draw_inputs(*c),
+        native=native,
+        reference=reference,
+        output_names=("delta|a|b",),
+        agreement=engine.item_agreement(
+            ctx,
+            "error_bound",
+            bound_name="10u|delta|; (4 + 12|delta A|)u a; 13u|b| (expf 2 ulp, log1pf 1 ulp, one rounding per product)",
+        ),
+        build={"softplus": build.softplus, "u": "2^-24"},
+        **_common(max_len),
+    )
     return engine.run(ctx, check)
 
 
@@ -153,10 +178,16 @@ def sequential_bitwise(ctx: FalsifyContext) -> Outcome:
         y, h = ss.recurrence_f32(*inp)
         return Expected(bits=np.concatenate([h.reshape(-1), y.reshape(-1)]).view(np.uint32))
 
-    check = Check(name=f"sequential@{ctx.device}", inputs=inputs, native=native, reference=reference,
-                  output_names=("h|y",), agreement=engine.item_agreement(ctx, "bitwise"),
-                  build={"route": ns.ROUTE if ctx.device == "cuda" else "host float32, same order"},
-                  **_common(max_len))
+    check = Check(
+        name=f"sequential@{ctx.device}",
+        inputs=inputs,
+        native=native,
+        reference=reference,
+        output_names=("h|y",),
+        agreement=engine.item_agreement(ctx, "bitwise"),
+        build={"route": ns.ROUTE if ctx.device == "cuda" else "host float32, same order"},
+        **_common(max_len),
+    )
     return engine.run(ctx, check)
 
 
@@ -191,19 +222,30 @@ def chunked_bound(ctx: FalsifyContext) -> Outcome:
         h, H = ss.states_f64(a, b), ss.state_magnitudes(a, b)
         y = np.einsum("tn,tdn->td", C, h) + Dk[None] * x
         Y = np.einsum("tn,tdn->td", np.abs(C), H) + np.abs(Dk[None] * x)
-        return _cat_expected([Expected(value=h, bound=ss.gamma(K) * H),
-                              Expected(value=y, bound=ss.gamma(K + N + 2) * Y)])
+        return _cat_expected(
+            [Expected(value=h, bound=ss.gamma(K) * H), Expected(value=y, bound=ss.gamma(K + N + 2) * Y)]
+        )
 
     def observe(j: Judgement) -> None:
         e = j.expected[0]
         r = np.abs(np.asarray(j.native[0]) - e.value) / np.maximum(e.bound, 1e-300)  # flat h|y
         worst["ratio"] = max(worst["ratio"], float(r.max()) if r.size else 0.0)
 
-    check = Check(name=f"chunked[{build.combine}, chunk {chunk}]@{ctx.device}", inputs=inputs, native=native,
-                  reference=reference, output_names=("h|y",), observe=observe,
-                  agreement=engine.item_agreement(ctx, "error_bound", bound_name="gamma_K H, K = 5 chunk + 2 "
-                                                  "cdiv(L, chunk) + 2; y: gamma_{K+N+2}(|C| H + |D x|)"),
-                  build={"combine": build.combine, "chunk": chunk}, **_common(max_len))
+    check = Check(
+        name=f"chunked[{build.combine}, chunk {chunk}]@{ctx.device}",
+        inputs=inputs,
+        native=native,
+        reference=reference,
+        output_names=("h|y",),
+        observe=observe,
+        agreement=engine.item_agreement(
+            ctx,
+            "error_bound",
+            bound_name="gamma_K H, K = 5 chunk + 2 cdiv(L, chunk) + 2; y: gamma_{K+N+2}(|C| H + |D x|)",
+        ),
+        build={"combine": build.combine, "chunk": chunk},
+        **_common(max_len),
+    )
     return engine.run(ctx, check, lambda: {"worst_error_over_bound": worst["ratio"]})
 
 
@@ -232,12 +274,22 @@ def vjp_spec(ctx: FalsifyContext) -> Outcome:
         K = int((4 + 12 * dA) * L) + 2 * (5 * 4 + 2 * L) + N + D + L + 64
         return _cat_expected([Expected(value=g[k], bound=ss.gamma(K, U64) * m[k] + 1e-300) for k in _GRADS])
 
-    check = Check(name=f"vjp[{build.softplus}]@{ctx.device}", inputs=inputs, native=native, reference=reference,
-                  output_names=("|".join(_GRADS),),
-                  agreement=engine.item_agreement(ctx, "error_bound", bound_name="gamma_K(2^-53) x the gradient "
-                                                  "evaluated on magnitudes, K = (4 + 12 max|delta A|) L + 2 (20 + "
-                                                  "2L) + N + D + L + 64"),
-                  build={"softplus": build.softplus, "ftype": "double"}, **_common(max_len))
+    check = Check(
+        name=f"vjp[{build.softplus}]@{ctx.device}",
+        inputs=inputs,
+        native=native,
+        reference=reference,
+        output_names=("|".join(_GRADS),),
+        agreement=engine.item_agreement(
+            ctx,
+            "error_bound",
+            bound_name="gamma_K(2^-53) x the gradient "
+            "evaluated on magnitudes, K = (4 + 12 max|delta A|) L + 2 (20 + "
+            "2L) + N + D + L + 64",
+        ),
+        build={"softplus": build.softplus, "ftype": "double"},
+        **_common(max_len),
+    )
     return engine.run(ctx, check)
 
 
@@ -269,11 +321,18 @@ def vjp_fd(ctx: FalsifyContext) -> Outcome:
             scale.append(float((m[k] * np.abs(v)).sum()))
         return Expected(value=np.array(fd), bound=tol * np.array(scale))
 
-    check = Check(name=f"vjp-fd@{ctx.device}", inputs=inputs, native=native, reference=reference,
-                  output_names=("dir_x_raw_A_B_C_D",),
-                  agreement=engine.item_agreement(ctx, "error_bound", bound_name=f"{tol:g} x <|grad|, |v|> "
-                                                  "(central differences, h = 1e-5, float64)"),
-                  build={"h": hstep, "ftype": "double"}, **_common(max_len))
+    check = Check(
+        name=f"vjp-fd@{ctx.device}",
+        inputs=inputs,
+        native=native,
+        reference=reference,
+        output_names=("dir_x_raw_A_B_C_D",),
+        agreement=engine.item_agreement(
+            ctx, "error_bound", bound_name=f"{tol:g} x <|grad|, |v|> (central differences, h = 1e-5, float64)"
+        ),
+        build={"h": hstep, "ftype": "double"},
+        **_common(max_len),
+    )
     return engine.run(ctx, check)
 
 
@@ -292,8 +351,11 @@ def time_scan(L: int, D: int = 16, N: int = 16, reps: int = 5) -> dict[str, floa
             out[t] = h
         return out
 
-    fns = {"chunked": lambda: ns.states(a, b, order="chunked", device="cuda"),
-           "sequential": lambda: ns.states(a, b, order="sequential", device="cuda"), "cupy_loop": loop}
+    fns = {
+        "chunked": lambda: ns.states(a, b, order="chunked", device="cuda"),
+        "sequential": lambda: ns.states(a, b, order="sequential", device="cuda"),
+        "cupy_loop": loop,
+    }
     out = {}
     for name, fn in fns.items():
         r = 1 if name == "cupy_loop" else reps

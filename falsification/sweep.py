@@ -35,9 +35,19 @@ from obligations.core.device import array_module, resolve_device
 from spec import softfloat as sf
 from spec.elementwise import array_namespace, bits_to_f64, canonical_nan, get_reference, round_f64_to_f32
 
-__all__ = ["sweep", "compare_chunk", "compare_chunk_fused", "round_to_format", "resolve_format",
-           "DEFAULT_ULP_BOUNDS", "HOST_DEFAULT_SAMPLE", "ReferenceProvider", "reference_provider", "chunk_inputs",
-           "SweepComparison"]
+__all__ = [
+    "sweep",
+    "compare_chunk",
+    "compare_chunk_fused",
+    "round_to_format",
+    "resolve_format",
+    "DEFAULT_ULP_BOUNDS",
+    "HOST_DEFAULT_SAMPLE",
+    "ReferenceProvider",
+    "reference_provider",
+    "chunk_inputs",
+    "SweepComparison",
+]
 
 # CUDA C++ Programming Guide maxima for the transcendental kernels, and the project's derived ones.
 DEFAULT_ULP_BOUNDS: dict[str, int] = {"exp": 2, "log": 1, "tanh": 2, "sigmoid": 6}
@@ -181,9 +191,15 @@ def _counterexamples(x: Any, nat: Any, ref: Any, alt: Any, bound: int, exact: bo
     """The first ``limit`` disagreeing inputs of a chunk (recomputed with array ops: chunks with any are rare)."""
     xp = array_namespace(nat)
     d, bad = _distance_and_bad(nat, ref, alt, bound, exact)
-    return [{"input": f"0x{int(x[i]):08X}", "native": f"0x{int(nat[i]):08X}", "reference": f"0x{int(ref[i]):08X}",
-             "ulp": "nan-mismatch" if int(d[i]) >= NAN_MISMATCH else int(d[i])}
-            for i in xp.flatnonzero(bad)[:limit].tolist()]
+    return [
+        {
+            "input": f"0x{int(x[i]):08X}",
+            "native": f"0x{int(nat[i]):08X}",
+            "reference": f"0x{int(ref[i]):08X}",
+            "ulp": "nan-mismatch" if int(d[i]) >= NAN_MISMATCH else int(d[i]),
+        }
+        for i in xp.flatnonzero(bad)[:limit].tolist()
+    ]
 
 
 # -- reference provider -------------------------------------------------------------------------------------
@@ -245,8 +261,9 @@ def reference_provider(op: str, env: str, device: str, reference: str = "softflo
     kind = get_reference(name).kind
     if kind == "approx":
         if device == "cuda" and has_fused_reference(name):
-            return ReferenceProvider(_F64_TEXT + "; one-kernel CUDA form of spec.elementwise",
-                                     _fused_reference(name, env), True)
+            return ReferenceProvider(
+                _F64_TEXT + "; one-kernel CUDA form of spec.elementwise", _fused_reference(name, env), True
+            )
         return ReferenceProvider(_F64_TEXT, _spec_reference(name, env), True)
     if reference == "float64":
         return ReferenceProvider(_F64_TEXT, _float64_exact(op, env), True)
@@ -303,9 +320,7 @@ class SweepComparison:
 def _unary_kernel(op: str) -> Any:
     k = get_kernel(op)
     if len(k.inputs) != 1 or k.scalars:
-        raise ValueError(
-            f"sweep covers unary kernels without scalars; {op} has inputs {k.inputs} scalars {k.scalars}"
-        )
+        raise ValueError(f"sweep covers unary kernels without scalars; {op} has inputs {k.inputs} scalars {k.scalars}")
     return k
 
 
@@ -354,8 +369,9 @@ def sweep(
     sync()
     t0 = time.perf_counter()
     t_native = t_ref = t_cmp = 0.0
-    for x in chunk_inputs(xp, lo=lo, total=total, chunk=chunk or (1 << 27 if dev == "cuda" else 1 << 20),
-                          sample=sample, seed=seed):
+    for x in chunk_inputs(
+        xp, lo=lo, total=total, chunk=chunk or (1 << 27 if dev == "cuda" else 1 << 20), sample=sample, seed=seed
+    ):
         ta = time.perf_counter()
         (out,), _ = run_flat(op, [x.view(xp.float32)], (), device=dev, route=route, variant=variant)
         sync()

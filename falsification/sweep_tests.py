@@ -17,12 +17,17 @@ def exhaustive_sweep(ctx: FalsifyContext) -> Outcome:
     """A unary kernel against its reference on all 2^32 inputs (cuda) or a seeded sample (host), max-ULP bounded."""
     p = ctx.params
     bound = p.get("bound", ctx.tolerance)
-    agreement = (engine.item_agreement(ctx, "bitwise") if not bound
-                 else engine.item_agreement(ctx, "max_ulp", bound=int(bound)))
+    agreement = (
+        engine.item_agreement(ctx, "bitwise") if not bound else engine.item_agreement(ctx, "max_ulp", bound=int(bound))
+    )
     if (bad := engine.check_stated_agreement(ctx, agreement)) is not None:
         return bad
-    kwargs: dict[str, Any] = {"route": p.get("route", "nvrtc-ieee"), "bound": bound, "seed": ctx.seed,
-                              "reference": p.get("reference", "softfloat" if bound in (None, 0) else "float64")}
+    kwargs: dict[str, Any] = {
+        "route": p.get("route", "nvrtc-ieee"),
+        "bound": bound,
+        "seed": ctx.seed,
+        "reference": p.get("reference", "softfloat" if bound in (None, 0) else "float64"),
+    }
     if p.get("variant"):
         kwargs["variant"] = p["variant"]
     if ctx.device != "cuda":
@@ -34,12 +39,23 @@ def exhaustive_sweep(ctx: FalsifyContext) -> Outcome:
         "reference": r.get("reference"),
         "max_ulp": r.get("max_ulp"),
         "ulp_histogram": r.get("histogram") or {},
-        **{k: r.get(k) for k in ("seconds", "native_seconds", "reference_seconds", "compare_seconds", "comparison",
-                                 "elements_per_s", "route")},
+        **{
+            k: r.get(k)
+            for k in (
+                "seconds",
+                "native_seconds",
+                "reference_seconds",
+                "compare_seconds",
+                "comparison",
+                "elements_per_s",
+                "route",
+            )
+        },
         "sample_seed": r.get("seed"),
     }
     if r["disagreements"]:
         first = (r.get("first_counterexamples") or [{}])[0]
-        return engine.outcome_violated(ctx, first, f"{r['disagreements']} of {r['elements']} inputs disagree",
-                                       agreement, cases=r["elements"], **ev)
+        return engine.outcome_violated(
+            ctx, first, f"{r['disagreements']} of {r['elements']} inputs disagree", agreement, cases=r["elements"], **ev
+        )
     return engine.outcome_passed(ctx, r["elements"], agreement, **ev)

@@ -52,13 +52,33 @@ def edge_inputs(target: str) -> np.ndarray:
     t = get_target(target)
     thr = overflow_threshold_bits(target)
     emin = 1 - t.bias
-    out = [0, 1 << 63, 0x7FF0000000000000, 0xFFF0000000000000, 0x7FF8000000000000, 0xFFF8000000000000,
-           0x7FF0000000000001, 0x7FF8000000012345, 0xFFF4000000000ABC, 0x0000000000000001, 0x7FEFFFFFFFFFFFFF,
-           thr, thr - 1, thr + 1, thr | (1 << 63), (t.bias + 1 + 1023) << 52, 0x3FF0000000000000]
+    out = [
+        0,
+        1 << 63,
+        0x7FF0000000000000,
+        0xFFF0000000000000,
+        0x7FF8000000000000,
+        0xFFF8000000000000,
+        0x7FF0000000000001,
+        0x7FF8000000012345,
+        0xFFF4000000000ABC,
+        0x0000000000000001,
+        0x7FEFFFFFFFFFFFFF,
+        thr,
+        thr - 1,
+        thr + 1,
+        thr | (1 << 63),
+        (t.bias + 1 + 1023) << 52,
+        0x3FF0000000000000,
+    ]
     for sign in (0, 1):
         for tail in _tails(t):
-            out += [_compose(sign, 0, 0, tail, t), _compose(sign, 0, 1, tail, t),
-                    _compose(sign, t.bias, (1 << t.man_bits) - 1, tail, t), _compose(sign, emin, 0, tail, t)]
+            out += [
+                _compose(sign, 0, 0, tail, t),
+                _compose(sign, 0, 1, tail, t),
+                _compose(sign, t.bias, (1 << t.man_bits) - 1, tail, t),
+                _compose(sign, emin, 0, tail, t),
+            ]
             # Subnormal results: 2^(emin - k) for k = 1 .. man_bits + 2 with the tails at the subnormal place.
             for k in range(1, t.man_bits + 3):
                 out.append(_compose(sign, emin - k, 0, tail, t))
@@ -74,8 +94,9 @@ def bulk_inputs(target: str, n: int, seed: int) -> np.ndarray:
     man = g.integers(0, 1 << t.man_bits, n, dtype=np.uint64)
     drop = 52 - t.man_bits
     tails = np.array(_tails(t), dtype=np.uint64)
-    tail = np.where(g.integers(0, 2, n) == 0, tails[g.integers(0, tails.size, n)],
-                    g.integers(0, 1 << drop, n, dtype=np.uint64))
+    tail = np.where(
+        g.integers(0, 2, n) == 0, tails[g.integers(0, tails.size, n)], g.integers(0, 1 << drop, n, dtype=np.uint64)
+    )
     sign = g.integers(0, 2, n).astype(np.uint64)
     x = (sign << np.uint64(63)) | ((exp + 1023).astype(np.uint64) << np.uint64(52)) | (man << np.uint64(drop)) | tail
     raw = g.integers(0, 2**64, n // 4, dtype=np.uint64)
@@ -87,9 +108,11 @@ def f64_bits(target: str) -> st.SearchStrategy[int]:
     t = get_target(target)
     composed = st.builds(
         lambda s, e, m, tl: _compose(s, e, m, tl, t),
-        st.integers(0, 1), st.integers(1 - t.bias - t.man_bits - 3, t.bias + 1),
+        st.integers(0, 1),
+        st.integers(1 - t.bias - t.man_bits - 3, t.bias + 1),
         st.integers(0, (1 << t.man_bits) - 1),
-        st.one_of(st.sampled_from(_tails(t)), st.integers(0, (1 << (52 - t.man_bits)) - 1)))
+        st.one_of(st.sampled_from(_tails(t)), st.integers(0, (1 << (52 - t.man_bits)) - 1)),
+    )
     return st.one_of(composed, st.sampled_from([int(v) for v in edge_inputs(target)]), st.integers(0, 2**64 - 1))
 
 
@@ -100,14 +123,23 @@ def h2d_disagreements(x_bits: np.ndarray, target: str, device: str, variant: str
     got = native.download(dev)
     ref_nan = is_nan_bits(ref, target)
     bad = np.where(ref_nan, ~is_nan_bits(got, target), got != ref)
-    return {"ref": ref, "got": got, "bad": np.flatnonzero(bad), "nan_inputs": int(ref_nan.sum()),
-            "nan_payload_equal": int((ref_nan & (got == ref)).sum())}
+    return {
+        "ref": ref,
+        "got": got,
+        "bad": np.flatnonzero(bad),
+        "nan_inputs": int(ref_nan.sum()),
+        "nan_payload_equal": int((ref_nan & (got == ref)).sum()),
+    }
 
 
 def _element(x: int, target: str, got: int, ref: int) -> dict[str, Any]:
     width = get_target(target).width // 4
-    return {"input_bits": f"0x{x:016X}", "input": repr(float(np.array([x], np.uint64).view(np.float64)[0])),
-            "native": f"0x{got:0{width}X}", "reference": f"0x{ref:0{width}X}"}
+    return {
+        "input_bits": f"0x{x:016X}",
+        "input": repr(float(np.array([x], np.uint64).view(np.float64)[0])),
+        "native": f"0x{got:0{width}X}",
+        "reference": f"0x{ref:0{width}X}",
+    }
 
 
 def _stock_astype_probe(x: np.ndarray, target: str) -> dict[str, Any] | None:
@@ -153,8 +185,11 @@ def h2d_rounding(ctx: FalsifyContext) -> Outcome:
 
     def native_bits(xs: np.ndarray) -> np.ndarray:
         block, max_grid = launches.get(tuple(int(v) for v in xs), (native.DEFAULT_BLOCK, native.DEFAULT_MAX_GRID))
-        return native.download(native.upload(xs.view(np.float64), target, device=ctx.device, variant=variant,
-                                             block=block, max_grid=max_grid))
+        return native.download(
+            native.upload(
+                xs.view(np.float64), target, device=ctx.device, variant=variant, block=block, max_grid=max_grid
+            )
+        )
 
     def from_witness(w: Any) -> tuple:
         n = int(w["n_elems"])
@@ -164,26 +199,45 @@ def h2d_rounding(ctx: FalsifyContext) -> Outcome:
 
     def regimes(case: tuple) -> list[str]:
         block, max_grid = launches.get(case, (native.DEFAULT_BLOCK, native.DEFAULT_MAX_GRID))
-        return regime_of(native.transfer_plan, {"n_elems": len(case), "src_bytes": 8, "dst_bytes": t.width // 8,
-                                                "block": block, "max_grid": max_grid})
+        return regime_of(
+            native.transfer_plan,
+            {"n_elems": len(case), "src_bytes": 8, "dst_bytes": t.width // 8, "block": block, "max_grid": max_grid},
+        )
 
     def describe_element(xs: np.ndarray, i: int) -> dict[str, Any]:
         v = int(xs[i])
         return {"input_bits": f"0x{v:016X}", "input": repr(float(np.array([v], np.uint64).view(np.float64)[0]))}
 
     check = Check(
-        name=f"float64 -> {target}", inputs=lambda case: np.array(case, dtype=np.uint64), native=native_bits,
+        name=f"float64 -> {target}",
+        inputs=lambda case: np.array(case, dtype=np.uint64),
+        native=native_bits,
         reference=lambda xs: Expected(bits=convert_reference(xs, target)),
         agreement=engine.item_agreement(ctx, "bitwise", nan_policy="class", fmt=target),
         cases=st.lists(f64_bits(target), min_size=1, max_size=b.max_size).map(tuple),
-        explicit=(tuple(int(v) for v in x),), count=lambda j: j.n, encode=_encode,
-        from_witness=from_witness, regime_of=regimes,
-        decode=lambda rp: tuple(rp.values), describe=_case_json,
-        elements=Elements(operands=lambda xs, i: (int(xs[i]),), batch=lambda tuples, case: tuple(v for (v,) in tuples),
-                          describe=describe_element, common=_F64_COMMON, width=64),
-        build={"format": target, "variant": variant or "default", "digits": width,
-               "reference": "spec.softfloat.convert (binary64 -> target, rne, env ieee)",
-               "edge_inputs": int(edges.size), "bulk_inputs": int(x.size - edges.size)})
+        explicit=(tuple(int(v) for v in x),),
+        count=lambda j: j.n,
+        encode=_encode,
+        from_witness=from_witness,
+        regime_of=regimes,
+        decode=lambda rp: tuple(rp.values),
+        describe=_case_json,
+        elements=Elements(
+            operands=lambda xs, i: (int(xs[i]),),
+            batch=lambda tuples, case: tuple(v for (v,) in tuples),
+            describe=describe_element,
+            common=_F64_COMMON,
+            width=64,
+        ),
+        build={
+            "format": target,
+            "variant": variant or "default",
+            "digits": width,
+            "reference": "spec.softfloat.convert (binary64 -> target, rne, env ieee)",
+            "edge_inputs": int(edges.size),
+            "bulk_inputs": int(x.size - edges.size),
+        },
+    )
 
     def extra() -> dict[str, Any]:
         res = h2d_disagreements(x, target, ctx.device, variant)
@@ -200,7 +254,9 @@ def h2d_rounding(ctx: FalsifyContext) -> Outcome:
 
 # format -> (storage uint dtype, float dtype on the device or None where the array library has none)
 D2H_FORMATS: dict[str, tuple[str, str | None]] = {
-    "binary32": ("uint32", "float32"), "binary16": ("uint16", "float16"), "bfloat16": ("uint16", None),
+    "binary32": ("uint32", "float32"),
+    "binary16": ("uint16", "float16"),
+    "bfloat16": ("uint16", None),
     "binary64": ("uint64", "float64"),
 }
 
@@ -242,9 +298,16 @@ def d2h_bits(ctx: FalsifyContext) -> Outcome:
         return got
 
     check = Check(
-        name="device -> host bits", inputs=lambda fmt: (fmt, d2h_patterns(fmt, ctx.seed, n_random)),
-        native=native_bits, reference=lambda a: Expected(bits=a[1]),
-        agreement=engine.item_agreement(ctx, "bitwise"), explicit=formats, count=lambda j: j.n,
-        encode=lambda fmt: (list(D2H_FORMATS).index(fmt),), decode=lambda rp: list(D2H_FORMATS)[rp.values[0]],
-        describe=lambda fmt: {"format": fmt}, build={"variant": variant or "default"})
+        name="device -> host bits",
+        inputs=lambda fmt: (fmt, d2h_patterns(fmt, ctx.seed, n_random)),
+        native=native_bits,
+        reference=lambda a: Expected(bits=a[1]),
+        agreement=engine.item_agreement(ctx, "bitwise"),
+        explicit=formats,
+        count=lambda j: j.n,
+        encode=lambda fmt: (list(D2H_FORMATS).index(fmt),),
+        decode=lambda rp: list(D2H_FORMATS)[rp.values[0]],
+        describe=lambda fmt: {"format": fmt},
+        build={"variant": variant or "default"},
+    )
     return engine.run(ctx, check, lambda: {"formats": dict(per)})

@@ -89,9 +89,17 @@ class AttentionPlan:
     def accepts(self, q_bytes: Any, k_bytes: Any, v_bytes: Any, o_bytes: Any) -> Any:
         """The guard: admissible shape and every buffer holds its tensor (buffers divided, never multiplied)."""
         es = self.elem_size
-        return all_of(self.admissible, q_bytes >= 0, k_bytes >= 0, v_bytes >= 0, o_bytes >= 0,
-                      self.q_elems <= q_bytes // es, self.kv_elems <= k_bytes // es,
-                      self.kv_elems <= v_bytes // es, self.q_elems <= o_bytes // es)
+        return all_of(
+            self.admissible,
+            q_bytes >= 0,
+            k_bytes >= 0,
+            v_bytes >= 0,
+            o_bytes >= 0,
+            self.q_elems <= q_bytes // es,
+            self.kv_elems <= k_bytes // es,
+            self.kv_elems <= v_bytes // es,
+            self.q_elems <= o_bytes // es,
+        )
 
     def row(self, bx: Any, t: Any) -> Any:
         """Query (or, in dK/dV, key) row of thread t of block bx, in the kernel's long long."""
@@ -138,21 +146,59 @@ class AttentionPlan:
         return select(causal, self.row(bx, 0) // self.block_cols * self.block_cols, as_type(0, "int64"))
 
 
-def attention_plan(batch: Any, heads_q: Any, heads_kv: Any, seq_q: Any, seq_k: Any, head_dim: Any,
-                   block_rows: Any = BR, block_cols: Any = BC, elem_size: Any = 4) -> AttentionPlan:
+def attention_plan(
+    batch: Any,
+    heads_q: Any,
+    heads_kv: Any,
+    seq_q: Any,
+    seq_k: Any,
+    head_dim: Any,
+    block_rows: Any = BR,
+    block_cols: Any = BC,
+    elem_size: Any = 4,
+) -> AttentionPlan:
     """The plan of one attention call; plain integer code run with ints at launch and with Z3 terms."""
     group = heads_q // heads_kv
     hd_pad = cdiv(head_dim, 4) * 4
     bh = as_type(batch, "int64") * heads_q
     bkv = as_type(batch, "int64") * heads_kv
-    admissible = all_of(batch >= 1, heads_kv >= 1, heads_q >= heads_kv, heads_q % heads_kv == 0,
-                        head_dim >= 1, head_dim <= HEAD_DIM_MAX, seq_q >= 0, seq_k >= 0, bh <= MAX_GRID_Y)
+    admissible = all_of(
+        batch >= 1,
+        heads_kv >= 1,
+        heads_q >= heads_kv,
+        heads_q % heads_kv == 0,
+        head_dim >= 1,
+        head_dim <= HEAD_DIM_MAX,
+        seq_q >= 0,
+        seq_k >= 0,
+        bh <= MAX_GRID_Y,
+    )
     smem_floats = block_cols * hd_pad
     return AttentionPlan(
-        batch, heads_q, heads_kv, seq_q, seq_k, head_dim, block_rows, block_cols, elem_size, group, hd_pad,
-        bh, bkv, cdiv(seq_q, block_rows), cdiv(seq_k, block_rows), cdiv(seq_k, block_cols),
-        cdiv(seq_q, block_cols), smem_floats, smem_floats * 8,
-        bh * seq_q * head_dim, bkv * seq_k * head_dim, bh * seq_q, admissible)
+        batch,
+        heads_q,
+        heads_kv,
+        seq_q,
+        seq_k,
+        head_dim,
+        block_rows,
+        block_cols,
+        elem_size,
+        group,
+        hd_pad,
+        bh,
+        bkv,
+        cdiv(seq_q, block_rows),
+        cdiv(seq_k, block_rows),
+        cdiv(seq_k, block_cols),
+        cdiv(seq_q, block_cols),
+        smem_floats,
+        smem_floats * 8,
+        bh * seq_q * head_dim,
+        bkv * seq_k * head_dim,
+        bh * seq_q,
+        admissible,
+    )
 
 
 # -- the online-softmax rule, written once ------------------------------------------------------------
@@ -196,10 +242,19 @@ def _np_sub(a: Any, b: Any) -> Any:
 
 
 NUMPY_OPS = Ops(
-    name="numpy-float32", exp=_np_exp, maximum=np.maximum, rowmax=lambda s: s.max(axis=-1),
-    rowsum=lambda p: p.sum(axis=-1, dtype=np.float32), matmul=lambda p, v: np.matmul(p, v).astype(np.float32),
-    where=_np_where, is_neginf=np.isneginf, positive=lambda x: x > 0, col=lambda x: x[..., None],
-    sub=_np_sub, div=_np_div)
+    name="numpy-float32",
+    exp=_np_exp,
+    maximum=np.maximum,
+    rowmax=lambda s: s.max(axis=-1),
+    rowsum=lambda p: p.sum(axis=-1, dtype=np.float32),
+    matmul=lambda p, v: np.matmul(p, v).astype(np.float32),
+    where=_np_where,
+    is_neginf=np.isneginf,
+    positive=lambda x: x > 0,
+    col=lambda x: x[..., None],
+    sub=_np_sub,
+    div=_np_div,
+)
 
 
 def online_update(state: tuple[Any, Any, Any], s: Any, v: Any, ops: Ops = NUMPY_OPS) -> tuple[Any, Any, Any]:
@@ -250,9 +305,17 @@ def _lens(kv_lens: Any, batch: int, seq_k: int) -> np.ndarray:
     return lens
 
 
-def host_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = False, kv_lens: Any = None,
-                 scale: float | None = None, tile: int = BC, update: Callable[..., Any] = online_update
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def host_forward(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    causal: bool = False,
+    kv_lens: Any = None,
+    scale: float | None = None,
+    tile: int = BC,
+    update: Callable[..., Any] = online_update,
+) -> tuple[np.ndarray, np.ndarray]:
     """(out, lse) in float32: key tiles of ``tile`` rows folded into the running state by ``update``."""
     q, k, v = (np.asarray(a, dtype=np.float32) for a in (q, k, v))
     b, hq, lq, d = q.shape
@@ -261,8 +324,11 @@ def host_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = 
     lens = _lens(kv_lens, b, lk)
     ke, ve = _expand(k, hq), _expand(v, hq)
     ok = allowed_mask(lq, lk, causal, lens)
-    state = (np.full((b, hq, lq), -np.inf, np.float32), np.zeros((b, hq, lq), np.float32),
-             np.zeros((b, hq, lq, d), np.float32))
+    state = (
+        np.full((b, hq, lq), -np.inf, np.float32),
+        np.zeros((b, hq, lq), np.float32),
+        np.zeros((b, hq, lq, d), np.float32),
+    )
     for t0 in range(0, lk, max(int(tile), 1)):
         sl = slice(t0, t0 + tile)
         s = (np.matmul(q, ke[:, :, sl].swapaxes(-1, -2)) * sc).astype(np.float32)
@@ -279,9 +345,20 @@ def softmax_jacobian_ds(p: np.ndarray, dp: np.ndarray, delta: np.ndarray) -> np.
     return (p * (dp - delta[..., None])).astype(np.float32)
 
 
-def host_vjp(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, lse: np.ndarray, dout: np.ndarray, *,
-             causal: bool = False, kv_lens: Any = None, scale: float | None = None, tile: int = BC,
-             ds_rule: Callable[..., Any] = softmax_jacobian_ds) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def host_vjp(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    out: np.ndarray,
+    lse: np.ndarray,
+    dout: np.ndarray,
+    *,
+    causal: bool = False,
+    kv_lens: Any = None,
+    scale: float | None = None,
+    tile: int = BC,
+    ds_rule: Callable[..., Any] = softmax_jacobian_ds,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dQ, dK, dV) in float32 from the saved out and lse, key tile by key tile (scores never stored whole)."""
     q, k, v, out, dout = (np.asarray(a, dtype=np.float32) for a in (q, k, v, out, dout))
     b, hq, lq, d = q.shape
@@ -560,8 +637,16 @@ def _builds() -> Iterator[Build]:
         for kind in KERNELS:
             for storage in ("float32", "float16") if kind == "fwd" else ("float32",):
                 src, fn = kernel_source(kind, hd, storage)
-                yield Build("attention", f"{kind}-hd{hd}-{storage}", src, fn, ROUTE, approximate=True,
-                            fused=True, index_bits=bits)
+                yield Build(
+                    "attention",
+                    f"{kind}-hd{hd}-{storage}",
+                    src,
+                    fn,
+                    ROUTE,
+                    approximate=True,
+                    fused=True,
+                    index_bits=bits,
+                )
 
 
 # -- entry points ----------------------------------------------------------------------------------------
@@ -569,8 +654,10 @@ def _builds() -> Iterator[Build]:
 
 def _checked_plan(q: Any, k: Any, v: Any, kv_lens: Any) -> AttentionPlan:
     if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
-        raise AttentionShapeError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: need "
-                                  "(B, Hq, Lq, D), (B, Hkv, Lk, D), (B, Hkv, Lk, D)")
+        raise AttentionShapeError(
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: need "
+            "(B, Hq, Lq, D), (B, Hkv, Lk, D), (B, Hkv, Lk, D)"
+        )
     b, hq, lq, d = (int(x) for x in q.shape)
     hkv, lk = int(k.shape[1]), int(k.shape[2])
     plan = attention_plan(b, hq, hkv, lq, lk, d, elem_size=q.dtype.itemsize)
@@ -585,12 +672,27 @@ def _launch_args(plan: AttentionPlan, kv_lens: Any, scale: float | None, causal:
     import cupy
 
     lens = cupy.asarray(_lens(None if kv_lens is None else np.asarray(kv_lens), plan.batch, plan.seq_k))
-    return lens, (np.int64(plan.heads_q), np.int64(plan.heads_kv), np.int64(plan.seq_q), np.int64(plan.seq_k),
-                  _scale(plan.head_dim, scale), np.int32(bool(causal)))
+    return lens, (
+        np.int64(plan.heads_q),
+        np.int64(plan.heads_kv),
+        np.int64(plan.seq_q),
+        np.int64(plan.seq_k),
+        _scale(plan.head_dim, scale),
+        np.int32(bool(causal)),
+    )
 
 
-def attention(q: Any, k: Any, v: Any, *, causal: bool = False, kv_lens: Any = None, scale: float | None = None,
-              device: str = "host", tile: int = BC) -> tuple[Any, Any]:
+def attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool = False,
+    kv_lens: Any = None,
+    scale: float | None = None,
+    device: str = "host",
+    tile: int = BC,
+) -> tuple[Any, Any]:
     """(out, lse) of fused attention on the host (NumPy) or the GPU (NVRTC kernel; float32 or float16 storage)."""
     if device == "host":
         _checked_plan(np.asarray(q, np.float32), np.asarray(k, np.float32), np.asarray(v, np.float32), kv_lens)
@@ -613,9 +715,20 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, kv_lens: Any = No
     return out, lse
 
 
-def attention_vjp(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, *, causal: bool = False,
-                  kv_lens: Any = None, scale: float | None = None, device: str = "host", tile: int = BC
-                  ) -> tuple[Any, Any, Any]:
+def attention_vjp(
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    dout: Any,
+    *,
+    causal: bool = False,
+    kv_lens: Any = None,
+    scale: float | None = None,
+    device: str = "host",
+    tile: int = BC,
+) -> tuple[Any, Any, Any]:
     """(dQ, dK, dV) from the forward's saved out and lse: three kernels (dQ with Delta, dV, dK), float32."""
     if device == "host":
         _checked_plan(np.asarray(q, np.float32), np.asarray(k, np.float32), np.asarray(v, np.float32), kv_lens)

@@ -119,9 +119,16 @@ def _elementwise() -> Iterator[Build]:
         src, fn = ew.kernel_source(name)
         bits = ew.kernel_plan(name, 1)["index_bits"]
         for route in ELEMENTWISE_ROUTES:
-            yield Build("elementwise", f"{name}@{route}", src, fn, route,
-                        approximate=_elementwise_approximate(k.kind, src),
-                        fused=_asks_fused(src), index_bits=bits)
+            yield Build(
+                "elementwise",
+                f"{name}@{route}",
+                src,
+                fn,
+                route,
+                approximate=_elementwise_approximate(k.kind, src),
+                fused=_asks_fused(src),
+                index_bits=bits,
+            )
 
 
 @register_builds("reductions")

@@ -152,11 +152,18 @@ def tconv_axis_plan(size: Any, kernel: Any, stride: Any, padding: Any, dilation:
 
     ``back``: the convolution output size of ``out`` with the same window, which the contract proves is ``size``.
     """
-    size64, k64, s64, p64, d64, op64 = (as_type(v, "int64") for v in (size, kernel, stride, padding, dilation,
-                                                                       out_pad))
+    size64, k64, s64, p64, d64, op64 = (as_type(v, "int64") for v in (size, kernel, stride, padding, dilation, out_pad))
     raw = (size64 - 1) * s64 - 2 * p64 + d64 * (k64 - 1) + op64 + 1
-    valid = all_of(size >= 1, kernel >= 1, stride >= 1, dilation >= 1, padding >= 0, out_pad >= 0,
-                   out_pad < smax(s64, d64), raw >= 1)
+    valid = all_of(
+        size >= 1,
+        kernel >= 1,
+        stride >= 1,
+        dilation >= 1,
+        padding >= 0,
+        out_pad >= 0,
+        out_pad < smax(s64, d64),
+        raw >= 1,
+    )
     out = select(valid, raw, 0)
     span = d64 * (k64 - 1) + 1
     back = select(valid, smax(out + 2 * p64 - span, 0) // smax(s64, 1) + 1, 0)
@@ -283,8 +290,9 @@ class ConvPlan:
 
     def accepts(self, x_len: Any, w_len: Any, b_len: Any, y_len: Any) -> Any:
         """The guard: a valid shape and every buffer at least its size (b_len 0: no bias)."""
-        return all_of(self.valid, x_len >= self.x_elems, w_len >= self.w_elems, y_len >= self.y_elems,
-                      any_bias(b_len, self.c_out))
+        return all_of(
+            self.valid, x_len >= self.x_elems, w_len >= self.w_elems, y_len >= self.y_elems, any_bias(b_len, self.c_out)
+        )
 
     def channel(self, co: Any, ci: Any) -> Any:
         """The input channel that output channel ``co`` reads as its ``ci``-th (:class:`GroupPlan`)."""
@@ -296,8 +304,17 @@ def any_bias(b_len: Any, c_out: Any) -> Any:
     return (b_len == 0) | (b_len >= c_out)
 
 
-def conv_nd_plan(batch: Any, c_in: Any, c_out: Any, groups: Any, sizes: Sequence[Any], kernel: Sequence[Any],
-                 stride: Sequence[Any], padding: Sequence[Any], dilation: Sequence[Any]) -> ConvPlan:
+def conv_nd_plan(
+    batch: Any,
+    c_in: Any,
+    c_out: Any,
+    groups: Any,
+    sizes: Sequence[Any],
+    kernel: Sequence[Any],
+    stride: Sequence[Any],
+    padding: Sequence[Any],
+    dilation: Sequence[Any],
+) -> ConvPlan:
     """The plan of a rank-len(sizes) convolution: what the guard admits, sizes and offsets, in int64."""
     axes = tuple(conv_axis_plan(*a) for a in zip(sizes, kernel, stride, padding, dilation, strict=True))
     gp = group_plan(c_in, c_out, groups)
@@ -342,12 +359,27 @@ class Conv2dPlan(ConvPlan):
         return all_of(self.axes[0].real(ih), self.axes[1].real(iw))
 
 
-def conv2d_plan(batch: Any, c_in: Any, height: Any, width: Any, c_out: Any, groups: Any, kh: Any, kw: Any,
-                sh: Any, sw: Any, ph: Any, pw: Any, dh: Any, dw: Any) -> Conv2dPlan:
+def conv2d_plan(
+    batch: Any,
+    c_in: Any,
+    height: Any,
+    width: Any,
+    c_out: Any,
+    groups: Any,
+    kh: Any,
+    kw: Any,
+    sh: Any,
+    sw: Any,
+    ph: Any,
+    pw: Any,
+    dh: Any,
+    dw: Any,
+) -> Conv2dPlan:
     """The NCHW convolution plan: :func:`conv_nd_plan` of rank 2 with named offsets."""
     p = conv_nd_plan(batch, c_in, c_out, groups, (height, width), (kh, kw), (sh, sw), (ph, pw), (dh, dw))
-    return Conv2dPlan(**{f: getattr(p, f) for f in ConvPlan.__dataclass_fields__}, out_h=p.axes[0].out,
-                      out_w=p.axes[1].out)
+    return Conv2dPlan(
+        **{f: getattr(p, f) for f in ConvPlan.__dataclass_fields__}, out_h=p.axes[0].out, out_w=p.axes[1].out
+    )
 
 
 @dataclass(frozen=True)
@@ -383,14 +415,22 @@ class Pool2dPlan:
         return self.axes[1].start(ow) + kw
 
 
-def pool2d_plan(planes: Any, height: Any, width: Any, kh: Any, kw: Any, sh: Any, sw: Any, ph: Any, pw: Any
-                ) -> Pool2dPlan:
+def pool2d_plan(
+    planes: Any, height: Any, width: Any, kh: Any, kw: Any, sh: Any, sw: Any, ph: Any, pw: Any
+) -> Pool2dPlan:
     """The plan of a 2-d pooling over ``planes`` = batch * channels planes."""
     axes = (pool_axis_plan(height, kh, sh, ph), pool_axis_plan(width, kw, sw, pw))
     x_elems, x_ok = _prod_checked([planes, axes[0].size, axes[1].size])
     y_elems, y_ok = _prod_checked([planes, axes[0].out, axes[1].out])
-    return Pool2dPlan(as_type(planes, "int64"), axes, all_of(planes >= 0, x_ok, y_ok, *(a.valid for a in axes)),
-                      x_elems, y_elems, axes[0].out, axes[1].out)
+    return Pool2dPlan(
+        as_type(planes, "int64"),
+        axes,
+        all_of(planes >= 0, x_ok, y_ok, *(a.valid for a in axes)),
+        x_elems,
+        y_elems,
+        axes[0].out,
+        axes[1].out,
+    )
 
 
 # -- CUDA sources ----------------------------------------------------------------------------------------
@@ -409,8 +449,10 @@ _META = """\
 # step the audit's index-64 rule refuses); this form keeps every index operation 64-bit.
 _REM = "__device__ __forceinline__ long long kc_rem(long long a, long long b) { return a - (a / b) * b; }\n"
 
-_LOOP = "for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < total; " \
-        "j += (long long)blockDim.x * gridDim.x)"
+_LOOP = (
+    "for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < total; "
+    "j += (long long)blockDim.x * gridDim.x)"
+)
 
 _SPLIT_TAP = """\
             long long tr = t, ks[R];
@@ -606,8 +648,10 @@ extern "C" __global__ void kc_avgpool2d(const float* __restrict__ x, float* __re
 }}
 """
 
-_POOL_TAKE = {"maxpool": ("if (arg[o] == ih * W + iw) acc = acc + dy[o];", "acc"),
-              "avgpool": ("acc = acc + dy[o];", "acc / (float)(KH * KW)")}
+_POOL_TAKE = {
+    "maxpool": ("if (arg[o] == ih * W + iw) acc = acc + dy[o];", "acc"),
+    "avgpool": ("acc = acc + dy[o];", "acc / (float)(KH * KW)"),
+}
 
 
 def kernel_source(kind: str, rank: int = 2) -> tuple[str, str]:
@@ -637,7 +681,12 @@ def _kernel_source(kind: str, rank: int) -> tuple[str, str]:
 
 KERNELS: tuple[tuple[str, int], ...] = (
     *((k, r) for k in ("fwd", "tgather", "wgrad") for r in range(1, MAX_RANK + 1)),
-    ("bgrad", 0), ("maxpool", 2), ("avgpool", 2), ("maxpool_bwd", 2), ("avgpool_bwd", 2))
+    ("bgrad", 0),
+    ("maxpool", 2),
+    ("avgpool", 2),
+    ("maxpool_bwd", 2),
+    ("avgpool_bwd", 2),
+)
 
 
 @register_builds("conv")
@@ -687,26 +736,62 @@ def _f32(xp: Any, a: Any) -> Any:
     return xp.ascontiguousarray(xp.asarray(a, dtype=xp.float32))
 
 
-def _guard(x_shape: Sequence[int], w_shape: Sequence[int], b_len: int, c_out: int, stride: Any, padding: Any,
-           dilation: Any, groups: int, x_len: int, w_len: int, y_len: int | None = None) -> ConvPlan:
+def _guard(
+    x_shape: Sequence[int],
+    w_shape: Sequence[int],
+    b_len: int,
+    c_out: int,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    groups: int,
+    x_len: int,
+    w_len: int,
+    y_len: int | None = None,
+) -> ConvPlan:
     """The plan of a convolution call, raising ValueError where the guard refuses it."""
     rank = len(x_shape) - 2
     if rank < 1 or len(w_shape) != rank + 2:
         raise ValueError(f"x {tuple(x_shape)} and w {tuple(w_shape)} are not a rank-{max(rank, 1)} convolution")
     kernel = tuple(int(k) for k in w_shape[2:])
-    plan = conv_nd_plan(x_shape[0], x_shape[1], c_out, groups, tuple(x_shape[2:]), kernel, _tuple(stride, rank),
-                        _tuple(padding, rank), _tuple(dilation, rank))
+    plan = conv_nd_plan(
+        x_shape[0],
+        x_shape[1],
+        c_out,
+        groups,
+        tuple(x_shape[2:]),
+        kernel,
+        _tuple(stride, rank),
+        _tuple(padding, rank),
+        _tuple(dilation, rank),
+    )
     y_len = int(plan.y_elems) if y_len is None else y_len
     if not plan.accepts(x_len, w_len, b_len, y_len):
-        raise ValueError(f"convolution refused by its plan: x {tuple(x_shape)}, w {tuple(w_shape)}, bias {b_len}, "
-                         f"stride {stride}, padding {padding}, dilation {dilation}, groups {groups}")
+        raise ValueError(
+            f"convolution refused by its plan: x {tuple(x_shape)}, w {tuple(w_shape)}, bias {b_len}, "
+            f"stride {stride}, padding {padding}, dilation {dilation}, groups {groups}"
+        )
     return plan
 
 
-def _meta(xp: Any, plan: ConvPlan, sizes: Sequence[int], outs: Sequence[int], kernel: Sequence[int],
-          stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], c_in: int, c_out: int) -> Any:
-    return xp.asarray(np.array([int(plan.batch), c_in, c_out, int(plan.groups), *sizes, *outs, *kernel, *stride,
-                                *padding, *dilation], dtype=np.int64))
+def _meta(
+    xp: Any,
+    plan: ConvPlan,
+    sizes: Sequence[int],
+    outs: Sequence[int],
+    kernel: Sequence[int],
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    c_in: int,
+    c_out: int,
+) -> Any:
+    return xp.asarray(
+        np.array(
+            [int(plan.batch), c_in, c_out, int(plan.groups), *sizes, *outs, *kernel, *stride, *padding, *dilation],
+            dtype=np.int64,
+        )
+    )
 
 
 def _host_taps(xs: np.ndarray, idx: Sequence[np.ndarray]) -> np.ndarray:
@@ -734,8 +819,10 @@ def _host_conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, plan: ConvPla
     with np.errstate(all="ignore"):
         for ci in range(cin_g):
             for ks in product(*(range(int(a.kernel)) for a in plan.axes)):
-                idx = [int(a.tap(0, k)) + np.arange(o, dtype=np.int64) * int(a.stride)
-                       for a, k, o in zip(plan.axes, ks, outs, strict=True)]
+                idx = [
+                    int(a.tap(0, k)) + np.arange(o, dtype=np.int64) * int(a.stride)
+                    for a, k, o in zip(plan.axes, ks, outs, strict=True)
+                ]
                 xv = _host_taps(xg[:, :, ci], idx)[:, :, None]
                 wv = wg[(slice(None), slice(None), ci) + ks].reshape((1, g, cout_g) + spatial)
                 acc = (acc + (wv * xv).astype(F32)).astype(F32)
@@ -745,8 +832,9 @@ def _host_conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, plan: ConvPla
     return _canon(acc)
 
 
-def _host_tconv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, axes: Sequence[TConvAxis], groups: int
-                ) -> np.ndarray:
+def _host_tconv(
+    x: np.ndarray, w: np.ndarray, b: np.ndarray | None, axes: Sequence[TConvAxis], groups: int
+) -> np.ndarray:
     """Transposed convolution by gather in the stated order: (ci, k) row-major over the hit taps only."""
     n, c = x.shape[:2]
     cin_g, cout_g = c // groups, w.shape[1]
@@ -786,8 +874,10 @@ def _host_wgrad(x: np.ndarray, dy: np.ndarray, plan: ConvPlan) -> np.ndarray:
     dw = np.zeros((g, cout_g, cin_g) + kernel, dtype=F32)
     with np.errstate(all="ignore"):
         for ks in product(*(range(k) for k in kernel)):
-            idx = [int(a.tap(0, k)) + np.arange(o, dtype=np.int64) * int(a.stride)
-                   for a, k, o in zip(plan.axes, ks, outs, strict=True)]
+            idx = [
+                int(a.tap(0, k)) + np.arange(o, dtype=np.int64) * int(a.stride)
+                for a, k, o in zip(plan.axes, ks, outs, strict=True)
+            ]
             xv = _host_taps(xg, idx)[:, :, None]  # (n, g, 1, cin_g, *outs)
             prods = (dyg * xv).astype(F32).reshape(n, g, cout_g, cin_g, -1)
             acc = np.zeros((g, cout_g, cin_g), dtype=F32)
@@ -812,50 +902,106 @@ def _host_bgrad(dy: np.ndarray) -> np.ndarray:
 # -- public entry points ----------------------------------------------------------------------------------------
 
 
-def conv(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1,
-         device: str = "auto") -> Any:
+def conv(
+    x: Any,
+    w: Any,
+    b: Any = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    device: str = "auto",
+) -> Any:
     """Rank-generic convolution, x (N, C, *in), w (CO, C/groups, *k), bias (CO) or None: y (N, CO, *out)."""
     dev = resolve_device(device)
     xp = array_module(dev)
     x, w = _f32(xp, x), _f32(xp, w)
     b = None if b is None else _f32(xp, b).reshape(-1)
     rank = x.ndim - 2
-    plan = _guard(x.shape, w.shape, 0 if b is None else int(b.size), int(w.shape[0]), stride, padding, dilation,
-                  groups, int(x.size), int(w.size))
+    plan = _guard(
+        x.shape,
+        w.shape,
+        0 if b is None else int(b.size),
+        int(w.shape[0]),
+        stride,
+        padding,
+        dilation,
+        groups,
+        int(x.size),
+        int(w.size),
+    )
     outs = tuple(int(a.out) for a in plan.axes)
     if dev == "host":
         return _host_conv(x, w, b, plan)
     if rank > MAX_RANK:
         raise ValueError(f"the CUDA builds take spatial rank <= {MAX_RANK}, not {rank}")
     y = xp.empty((x.shape[0], w.shape[0]) + outs, dtype=xp.float32)
-    meta = _meta(xp, plan, x.shape[2:], outs, w.shape[2:], *(_tuple(v, rank) for v in (stride, padding, dilation)),
-                 x.shape[1], w.shape[0])
+    meta = _meta(
+        xp,
+        plan,
+        x.shape[2:],
+        outs,
+        w.shape[2:],
+        *(_tuple(v, rank) for v in (stride, padding, dilation)),
+        x.shape[1],
+        w.shape[0],
+    )
     bias = b if b is not None else xp.zeros(1, dtype=xp.float32)
     _launch("fwd", rank, int(y.size), (x, w, bias, y, meta))
     return y
 
 
-def conv2d(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1,
-           device: str = "auto") -> Any:
+def conv2d(
+    x: Any,
+    w: Any,
+    b: Any = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    device: str = "auto",
+) -> Any:
     """NCHW convolution: :func:`conv` of spatial rank 2."""
     if len(x.shape) != 4:
         raise ValueError("conv2d takes x of shape (N, C, H, W)")
     return conv(x, w, b, stride, padding, dilation, groups, device)
 
 
-def _tconv_axes(x_shape: Sequence[int], kernel: Sequence[int], stride: Any, padding: Any, dilation: Any,
-                output_padding: Any) -> tuple[TConvAxis, ...]:
+def _tconv_axes(
+    x_shape: Sequence[int], kernel: Sequence[int], stride: Any, padding: Any, dilation: Any, output_padding: Any
+) -> tuple[TConvAxis, ...]:
     rank = len(x_shape) - 2
-    axes = tuple(tconv_axis_plan(*a) for a in zip(x_shape[2:], kernel, _tuple(stride, rank), _tuple(padding, rank),
-                                                  _tuple(dilation, rank), _tuple(output_padding, rank), strict=True))
+    axes = tuple(
+        tconv_axis_plan(*a)
+        for a in zip(
+            x_shape[2:],
+            kernel,
+            _tuple(stride, rank),
+            _tuple(padding, rank),
+            _tuple(dilation, rank),
+            _tuple(output_padding, rank),
+            strict=True,
+        )
+    )
     if not all(bool(a.valid) for a in axes):
-        raise ValueError(f"transposed convolution refused by its plan: input {tuple(x_shape)}, kernel {kernel}, "
-                         f"stride {stride}, padding {padding}, dilation {dilation}, output_padding {output_padding}")
+        raise ValueError(
+            f"transposed convolution refused by its plan: input {tuple(x_shape)}, kernel {kernel}, "
+            f"stride {stride}, padding {padding}, dilation {dilation}, output_padding {output_padding}"
+        )
     return axes
 
 
-def conv_transpose(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
-                   groups: int = 1, output_padding: Any = 0, device: str = "auto") -> Any:
+def conv_transpose(
+    x: Any,
+    w: Any,
+    b: Any = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    output_padding: Any = 0,
+    device: str = "auto",
+) -> Any:
     """Transposed convolution, x (N, C, *in), w (C, CO/groups, *k) (PyTorch's layout): y (N, CO, *out)."""
     dev = resolve_device(device)
     xp = array_module(dev)
@@ -869,15 +1015,34 @@ def conv_transpose(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any 
     if x.shape[1] % groups:
         raise ValueError(f"{x.shape[1]} input channels are not divisible by {groups} groups")
     # The guard of the adjoint convolution (its input is this call's output) admits exactly these buffers.
-    _guard((x.shape[0], c_out) + outs, (x.shape[1], w.shape[1]) + kernel, 0, int(x.shape[1]), stride, padding,
-           dilation, groups, x.shape[0] * c_out * int(np.prod(outs)), int(w.size), int(x.size))
+    _guard(
+        (x.shape[0], c_out) + outs,
+        (x.shape[1], w.shape[1]) + kernel,
+        0,
+        int(x.shape[1]),
+        stride,
+        padding,
+        dilation,
+        groups,
+        x.shape[0] * c_out * int(np.prod(outs)),
+        int(w.size),
+        int(x.size),
+    )
     if b is not None and int(b.size) < c_out:
         raise ValueError(f"bias of {b.size} elements for {c_out} output channels")
     if dev == "host":
         return _host_tconv(x, w, b, axes, groups)
     y = xp.empty((x.shape[0], c_out) + outs, dtype=xp.float32)
-    meta = _meta(xp, _guard_stub(x.shape[0], groups), x.shape[2:], outs, kernel,
-                 *(_tuple(v, rank) for v in (stride, padding, dilation)), x.shape[1], c_out)
+    meta = _meta(
+        xp,
+        _guard_stub(x.shape[0], groups),
+        x.shape[2:],
+        outs,
+        kernel,
+        *(_tuple(v, rank) for v in (stride, padding, dilation)),
+        x.shape[1],
+        c_out,
+    )
     bias = b if b is not None else xp.zeros(1, dtype=xp.float32)
     _launch("tgather", rank, int(y.size), (x, w, bias, y, meta))
     return y
@@ -887,8 +1052,16 @@ def _guard_stub(batch: int, groups: int) -> ConvPlan:
     return ConvPlan(batch, 0, 0, groups, 0, 0, (), 0, True, 0, 0, 0)
 
 
-def conv_weight_grad(x: Any, dy: Any, kernel: Sequence[int], stride: Any = 1, padding: Any = 0, dilation: Any = 1,
-                     groups: int = 1, device: str = "auto") -> Any:
+def conv_weight_grad(
+    x: Any,
+    dy: Any,
+    kernel: Sequence[int],
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    device: str = "auto",
+) -> Any:
     """dw (CO, C/groups, *kernel) of :func:`conv` given its input x and output gradient dy."""
     dev = resolve_device(device)
     xp = array_module(dev)
@@ -897,15 +1070,24 @@ def conv_weight_grad(x: Any, dy: Any, kernel: Sequence[int], stride: Any = 1, pa
     c_out = int(dy.shape[1])
     kernel = tuple(int(k) for k in kernel)
     w_shape = (c_out, x.shape[1] // max(groups, 1)) + kernel
-    plan = _guard(x.shape, w_shape, 0, c_out, stride, padding, dilation, groups, int(x.size), int(np.prod(w_shape)),
-                  int(dy.size))
+    plan = _guard(
+        x.shape, w_shape, 0, c_out, stride, padding, dilation, groups, int(x.size), int(np.prod(w_shape)), int(dy.size)
+    )
     if tuple(dy.shape) != (x.shape[0], c_out) + tuple(int(a.out) for a in plan.axes):
         raise ValueError(f"dy {tuple(dy.shape)} is not the output shape of x {tuple(x.shape)} under this window")
     if dev == "host":
         return _host_wgrad(x, dy, plan)
     dw = xp.empty(w_shape, dtype=xp.float32)
-    meta = _meta(xp, plan, x.shape[2:], dy.shape[2:], kernel, *(_tuple(v, rank) for v in (stride, padding, dilation)),
-                 x.shape[1], c_out)
+    meta = _meta(
+        xp,
+        plan,
+        x.shape[2:],
+        dy.shape[2:],
+        kernel,
+        *(_tuple(v, rank) for v in (stride, padding, dilation)),
+        x.shape[1],
+        c_out,
+    )
     _launch("wgrad", rank, int(dw.size), (x, dy, dw, meta))
     return dw
 
@@ -924,13 +1106,17 @@ def bias_grad(dy: Any, device: str = "auto") -> Any:
 
         fn = compile_function(*kernel_source("bgrad"), ROUTE)
         plan = launch_plan(co)
-        fn((int(plan["grid"]),), (int(plan["block"]),),
-           (dy, db, np.int64(n), np.int64(co), np.int64(int(np.prod(dy.shape[2:])))))
+        fn(
+            (int(plan["grid"]),),
+            (int(plan["block"]),),
+            (dy, db, np.int64(n), np.int64(co), np.int64(int(np.prod(dy.shape[2:])))),
+        )
     return db
 
 
-def conv_backward(x: Any, w: Any, dy: Any, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1,
-                  device: str = "auto") -> tuple[Any, Any, Any]:
+def conv_backward(
+    x: Any, w: Any, dy: Any, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1, device: str = "auto"
+) -> tuple[Any, Any, Any]:
     """(dx, dw, db) of :func:`conv`: dx = conv_transpose(dy, w) cropped to x's size, dw, db by their folds."""
     rank = len(x.shape) - 2
     sizes = tuple(int(s) for s in x.shape[2:])
@@ -938,14 +1124,17 @@ def conv_backward(x: Any, w: Any, dy: Any, stride: Any = 1, padding: Any = 0, di
     st, pd, dl = (_tuple(v, rank) for v in (stride, padding, dilation))
     outs = tuple(int(s) for s in dy.shape[2:])
     # output_padding recovers sizes the forward's floor dropped: size - ((out - 1) s - 2p + d(k - 1) + 1).
-    op = tuple(s - ((o - 1) * a - 2 * p + d * (k - 1) + 1)
-               for s, o, a, p, d, k in zip(sizes, outs, st, pd, dl, kernel, strict=True))
+    op = tuple(
+        s - ((o - 1) * a - 2 * p + d * (k - 1) + 1)
+        for s, o, a, p, d, k in zip(sizes, outs, st, pd, dl, kernel, strict=True)
+    )
     dx = conv_transpose(dy, w, None, st, pd, dl, groups, op, device=device)
     return dx, conv_weight_grad(x, dy, kernel, st, pd, dl, groups, device=device), bias_grad(dy, device=device)
 
 
-def conv_transpose_backward(x: Any, w: Any, dy: Any, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
-                            groups: int = 1, device: str = "auto") -> tuple[Any, Any, Any]:
+def conv_transpose_backward(
+    x: Any, w: Any, dy: Any, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1, device: str = "auto"
+) -> tuple[Any, Any, Any]:
     """(dx, dw, db) of :func:`conv_transpose`: dx = conv(dy, w), dw = conv_weight_grad(dy, x), db = bias_grad."""
     kernel = tuple(int(k) for k in w.shape[2:])
     dx = conv(dy, w, None, stride, padding, dilation, groups, device=device)
@@ -969,8 +1158,15 @@ def _pool_guard(shape: Sequence[int], kernel: Any, stride: Any, padding: Any, x_
 
 def _pool_meta(xp: Any, plan: Pool2dPlan) -> Any:
     a, b = plan.axes
-    return xp.asarray(np.array([int(v) for v in (a.size, b.size, a.out, b.out, a.kernel, b.kernel, a.stride,
-                                                  b.stride, a.padding, b.padding)], dtype=np.int64))
+    return xp.asarray(
+        np.array(
+            [
+                int(v)
+                for v in (a.size, b.size, a.out, b.out, a.kernel, b.kernel, a.stride, b.stride, a.padding, b.padding)
+            ],
+            dtype=np.int64,
+        )
+    )
 
 
 def _windows(plan: Pool2dPlan) -> Iterator[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]]:
@@ -1031,8 +1227,15 @@ def _host_pool_bwd(dy: np.ndarray, plan: Pool2dPlan, weight: Any) -> np.ndarray:
     return dx
 
 
-def max_pool2d_backward(dy: Any, argmax: Any, x_shape: Sequence[int], kernel: Any, stride: Any = None,
-                        padding: Any = 0, device: str = "auto") -> Any:
+def max_pool2d_backward(
+    dy: Any,
+    argmax: Any,
+    x_shape: Sequence[int],
+    kernel: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    device: str = "auto",
+) -> Any:
     """dx: each dy added into its window's argmax, each cell's contributions in row-major output order from +0."""
     dev = resolve_device(device)
     xp = array_module(dev)
@@ -1043,7 +1246,7 @@ def max_pool2d_backward(dy: Any, argmax: Any, x_shape: Sequence[int], kernel: An
         raise ValueError(f"dy {tuple(dy.shape)} / argmax {tuple(arg.shape)} do not match the pooled shape")
     if dev == "host":
         args = arg.reshape(-1, int(plan.axes[0].out), int(plan.axes[1].out))
-        ok = (args >= 0)
+        ok = args >= 0
 
         def routes(oh: int, ow: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
             yield np.where(ok[:, oh, ow], args[:, oh, ow], 0), ok[:, oh, ow]
@@ -1075,8 +1278,9 @@ def avg_pool2d(x: Any, kernel: Any, stride: Any = None, padding: Any = 0, device
     return y
 
 
-def avg_pool2d_backward(dy: Any, x_shape: Sequence[int], kernel: Any, stride: Any = None, padding: Any = 0,
-                        device: str = "auto") -> Any:
+def avg_pool2d_backward(
+    dy: Any, x_shape: Sequence[int], kernel: Any, stride: Any = None, padding: Any = 0, device: str = "auto"
+) -> Any:
     """dx[cell] = (fold of dy over the windows containing the cell, row-major output order) / float32(kh * kw)."""
     dev = resolve_device(device)
     xp = array_module(dev)
@@ -1101,4 +1305,3 @@ def avg_pool2d_backward(dy: Any, x_shape: Sequence[int], kernel: Any, stride: An
     dummy = xp.zeros(1, dtype=xp.int64)
     _launch("avgpool_bwd", 2, int(dx.size), (dy, dummy, dx, _pool_meta(xp, plan)))
     return dx
-

@@ -53,9 +53,7 @@ DEFAULT_BLOCK = 256
 DEFAULT_MAX_GRID = 65536
 
 
-def launch_plan(
-    n: Any, block: Any = DEFAULT_BLOCK, max_grid: Any = DEFAULT_MAX_GRID, index_bits: int = 64
-) -> dict:
+def launch_plan(n: Any, block: Any = DEFAULT_BLOCK, max_grid: Any = DEFAULT_MAX_GRID, index_bits: int = 64) -> dict:
     """Launch geometry for ``n`` elements: grid/block/stride and the per-thread trip count.
 
     Plain integer arithmetic plus cdiv/smin/smax only, so the checker can run it on symbolic terms.
@@ -84,8 +82,12 @@ def launch_plan(
         "max_grid": max_grid,
         "index_bits": index_bits,
         # The loop's paths: no element, every thread at most one trip, a grid-stride loop, the grid at its cap.
-        "regimes": {"empty": n == 0, "one_trip": (n > 0) & (cdiv(n, stride) <= 1), "grid_stride": cdiv(n, stride) > 1,
-                    "grid_capped": (n > 0) & (cdiv(n, block) >= max_grid)},
+        "regimes": {
+            "empty": n == 0,
+            "one_trip": (n > 0) & (cdiv(n, stride) <= 1),
+            "grid_stride": cdiv(n, stride) > 1,
+            "grid_capped": (n > 0) & (cdiv(n, block) >= max_grid),
+        },
     }
 
 
@@ -136,9 +138,7 @@ class Kernel:
         try:
             return self.variants[name]
         except KeyError:
-            raise KeyError(
-                f"kernel {self.name!r} has no variant {name!r}; has {sorted(self.variants)}"
-            ) from None
+            raise KeyError(f"kernel {self.name!r} has no variant {name!r}; has {sorted(self.variants)}") from None
 
 
 KERNELS: dict[str, Kernel] = {}
@@ -313,12 +313,8 @@ def _tup(f: Callable[..., Any]) -> Callable[..., tuple]:
 
 # -- planted-bug variants shared by several kernels ------------------------------------------------
 
-_TAIL_SHORT = Variant(
-    "tail_short", guard="i < n - 1", host_tail="short", doc="tail guard off by one (drops last)"
-)
-_TAIL_OVER = Variant(
-    "tail_over", guard="i <= n", host_tail="over", doc="tail guard off by one (writes out[n])"
-)
+_TAIL_SHORT = Variant("tail_short", guard="i < n - 1", host_tail="short", doc="tail guard off by one (drops last)")
+_TAIL_OVER = Variant("tail_over", guard="i <= n", host_tail="over", doc="tail guard off by one (writes out[n])")
 _WRAP32 = Variant("wrap32", index_type="int", doc="32-bit grid-stride index that wraps for n near 2^31")
 _COMMON = {v.name: v for v in (_TAIL_SHORT, _TAIL_OVER, _WRAP32)}
 
@@ -340,9 +336,7 @@ def _fast(host: Callable[..., tuple]) -> Variant:
 # -- the registry -----------------------------------------------------------------------------------
 
 
-def _reg(
-    name: str, inputs: tuple[str, ...], body: str, host: Callable[..., tuple], *extra: Variant, **kw: Any
-) -> None:
+def _reg(name: str, inputs: tuple[str, ...], body: str, host: Callable[..., tuple], *extra: Variant, **kw: Any) -> None:
     kw.setdefault("reference", name)
     register_kernel(Kernel(name, inputs, body, host, variants=_with(_COMMON, _fast(host), *extra), **kw))
 
@@ -377,9 +371,7 @@ _reg(
     _sign_op(0x80000000, 0xFFFFFFFF),
     bitop=True,
 )
-_reg(
-    "abs", ("a",), "r = __int_as_float(__float_as_int(a) & 0x7fffffff);", _sign_op(0, 0x7FFFFFFF), bitop=True
-)
+_reg("abs", ("a",), "r = __int_as_float(__float_as_int(a) & 0x7fffffff);", _sign_op(0, 0x7FFFFFFF), bitop=True)
 _reg("min", ("a", "b"), "r = fminf(a, b);", _tup(lambda a, b: _minmax_host(a, b, True)))
 _reg("max", ("a", "b"), "r = fmaxf(a, b);", _tup(lambda a, b: _minmax_host(a, b, False)))
 _reg(
@@ -395,9 +387,7 @@ _reg(
     ),
 )
 _reg("scale", ("x",), "r = x * c;", _tup(np.multiply), scalars=("c",))
-_reg(
-    "axpy", ("a", "b"), "r = __fadd_rn(a, __fmul_rn(c, b));", _tup(lambda a, b, c: a + c * b), scalars=("c",)
-)
+_reg("axpy", ("a", "b"), "r = __fadd_rn(a, __fmul_rn(c, b));", _tup(lambda a, b, c: a + c * b), scalars=("c",))
 _reg(
     "muladd",
     ("x", "y", "z"),
@@ -421,9 +411,7 @@ _reg(
         lambda x, lo, hi: np.where(
             np.isnan(x),
             x + x,
-            _minmax_host(
-                _minmax_host(x, np.broadcast_to(lo, x.shape), False), np.broadcast_to(hi, x.shape), True
-            ),
+            _minmax_host(_minmax_host(x, np.broadcast_to(lo, x.shape), False), np.broadcast_to(hi, x.shape), True),
         ).astype(F32)
     ),
     Variant(
@@ -487,10 +475,7 @@ _reg(
     kind="backward",
     scalars=("lo", "hi"),
 )
-_SPLIT = (
-    "r = (a {op} b) ? dy : ((a == b) ? 0.5f * dy : 0.0f);"
-    " r2 = (b {op} a) ? dy : ((a == b) ? 0.5f * dy : 0.0f);"
-)
+_SPLIT = "r = (a {op} b) ? dy : ((a == b) ? 0.5f * dy : 0.0f); r2 = (b {op} a) ? dy : ((a == b) ? 0.5f * dy : 0.0f);"
 
 
 def _split_host(op: Callable) -> Callable[..., tuple]:
@@ -574,8 +559,7 @@ def _run_host(k: Kernel, v: Variant, route: str, ins: list, scalars: tuple, outs
         nan = HOST_ENVS[env]
         if nan is not None:
             results = [
-                np.where(np.isnan(r), np.uint32(nan), r.view(np.uint32)).astype(np.uint32).view(F32)
-                for r in results
+                np.where(np.isnan(r), np.uint32(nan), r.view(np.uint32)).astype(np.uint32).view(F32) for r in results
             ]
     for out, r in zip(outs, results, strict=True):
         m = max(n - 1, 0) if v.host_tail == "short" else n

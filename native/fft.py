@@ -22,9 +22,23 @@ import numpy as np
 from native.builds import Build, register_builds
 from obligations.core.symbolic import all_of, as_type, smax
 
-__all__ = ["BLOCK", "ROUTE", "MAX_ELEMENTS", "SpectralPlan", "spectral_plan", "FftVariant", "VARIANTS",
-           "kernel_source", "rfft", "irfft", "spectral_multiply", "spectral_conv", "spectral_conv_vjp",
-           "MULTIPLY_ORDER", "bin_weights"]
+__all__ = [
+    "BLOCK",
+    "ROUTE",
+    "MAX_ELEMENTS",
+    "SpectralPlan",
+    "spectral_plan",
+    "FftVariant",
+    "VARIANTS",
+    "kernel_source",
+    "rfft",
+    "irfft",
+    "spectral_multiply",
+    "spectral_conv",
+    "spectral_conv_vjp",
+    "MULTIPLY_ORDER",
+    "bin_weights",
+]
 
 BLOCK = 256
 MAX_GRID = 65535
@@ -72,11 +86,30 @@ def spectral_plan(batch: Any, grid: Any, win: Any, wout: Any, modes: Any) -> Spe
     wide = [as_type(v, "int64") for v in (batch, bins, win, wout)]
     per_batch = MAX_ELEMENTS // smax(wide[0], 1)
     per_bin = per_batch // smax(wide[1], 1)
-    valid = all_of(batch >= 1, grid >= 1, win >= 1, wout >= 1, modes >= 1, modes <= bins, wide[2] <= per_bin,
-                   wide[3] <= per_bin // smax(wide[2], 1))
+    valid = all_of(
+        batch >= 1,
+        grid >= 1,
+        win >= 1,
+        wout >= 1,
+        modes >= 1,
+        modes <= bins,
+        wide[2] <= per_bin,
+        wide[3] <= per_bin // smax(wide[2], 1),
+    )
     threads = (wide[0] * bins) * wout
-    return SpectralPlan(batch, grid, win, wout, modes, bins, threads, (wide[0] * bins) * win,
-                        (as_type(modes, "int64") * win) * wout, threads, valid)
+    return SpectralPlan(
+        batch,
+        grid,
+        win,
+        wout,
+        modes,
+        bins,
+        threads,
+        (wide[0] * bins) * win,
+        (as_type(modes, "int64") * win) * wout,
+        threads,
+        valid,
+    )
 
 
 @dataclass(frozen=True)
@@ -91,13 +124,16 @@ class FftVariant:
     drop_nyquist: bool = False  # planted: the Nyquist bin zeroed before the inverse
 
 
-VARIANTS: dict[str, FftVariant] = {v.name: v for v in (
-    FftVariant("stated"),
-    FftVariant("double_norm", extra_scale=True),
-    FftVariant("drop_nyquist", drop_nyquist=True),
-    FftVariant("modes_plus_one", keep="k <= modes", wrow="(k < modes ? k : modes - 1)"),
-    FftVariant("swap_reim", swap_parts=True),
-)}
+VARIANTS: dict[str, FftVariant] = {
+    v.name: v
+    for v in (
+        FftVariant("stated"),
+        FftVariant("double_norm", extra_scale=True),
+        FftVariant("drop_nyquist", drop_nyquist=True),
+        FftVariant("modes_plus_one", keep="k <= modes", wrow="(k < modes ? k : modes - 1)"),
+        FftVariant("swap_reim", swap_parts=True),
+    )
+}
 
 _SOURCE = r"""
 #define WROW(k) (@WROW@)
@@ -172,8 +208,7 @@ def kernel_source(variant: str = "stated") -> str:
     """CUDA source of the spectral kernels for ``variant``."""
     v = VARIANTS[variant]
     wr, wi = ("wi", "wr") if v.swap_parts else ("wr", "wi")
-    return (_SOURCE.replace("@KEEP@", v.keep).replace("@WROW@", v.wrow).replace("@WR@", wr)
-            .replace("@WI@", wi))
+    return _SOURCE.replace("@KEEP@", v.keep).replace("@WROW@", v.wrow).replace("@WR@", wr).replace("@WI@", wi)
 
 
 @register_builds("fft")
@@ -240,13 +275,16 @@ def _guard(X: Any, w_re: Any, modes: int, grid: int) -> tuple[int, int, int, int
     wout = int(w_re.shape[2])
     plan = spectral_plan(batch, grid, win, wout, modes)
     if not plan.valid or int(plan.bins) != bins or tuple(w_re.shape) != (modes, win, wout):
-        raise ValueError(f"spectral multiply outside its proved plan: X {tuple(X.shape)}, w {tuple(w_re.shape)}, "
-                         f"modes {modes}, grid {grid}")
+        raise ValueError(
+            f"spectral multiply outside its proved plan: X {tuple(X.shape)}, w {tuple(w_re.shape)}, "
+            f"modes {modes}, grid {grid}"
+        )
     return batch, bins, win, wout
 
 
-def spectral_multiply(X: Any, w_re: Any, w_im: Any, modes: int, grid: int, *, device: str = "host",
-                      variant: str = "stated") -> Any:
+def spectral_multiply(
+    X: Any, w_re: Any, w_im: Any, modes: int, grid: int, *, device: str = "host", variant: str = "stated"
+) -> Any:
     """Z[b, k, o] = sum_c X[b, k, c] (w_re + i w_im)[k, c, o] for kept bins, 0 elsewhere (complex64)."""
     xp = _xp(device)
     v = VARIANTS[variant]
@@ -255,8 +293,11 @@ def spectral_multiply(X: Any, w_re: Any, w_im: Any, modes: int, grid: int, *, de
     batch, bins, win, wout = _guard(X, w_re, modes, grid)
     if device != "host":
         Z = xp.empty((batch, bins, wout), xp.complex64)
-        _fn(variant, "spectral_multiply")((_grid(batch * bins * wout),), (BLOCK,), (
-            X, w_re, w_im, Z, np.int64(batch), np.int64(bins), np.int64(win), np.int64(wout), np.int64(modes)))
+        _fn(variant, "spectral_multiply")(
+            (_grid(batch * bins * wout),),
+            (BLOCK,),
+            (X, w_re, w_im, Z, np.int64(batch), np.int64(bins), np.int64(win), np.int64(wout), np.int64(modes)),
+        )
         return Z
     pr, pi = (w_im, w_re) if v.swap_parts else (w_re, w_im)
     k = np.arange(bins)
@@ -278,17 +319,18 @@ def spectral_multiply(X: Any, w_re: Any, w_im: Any, modes: int, grid: int, *, de
     return Z
 
 
-def spectral_conv(x: Any, w_re: Any, w_im: Any, modes: int, *, device: str = "host", variant: str = "stated"
-                  ) -> Any:
+def spectral_conv(x: Any, w_re: Any, w_im: Any, modes: int, *, device: str = "host", variant: str = "stated") -> Any:
     """y = irfft(spectral_multiply(rfft(x))) for x (batch, grid, win): (batch, grid, wout) float32."""
     n = int(x.shape[1])
     X = rfft(x, device=device, variant=variant)
-    return irfft(spectral_multiply(X, w_re, w_im, modes, n, device=device, variant=variant), n, device=device,
-                 variant=variant)
+    return irfft(
+        spectral_multiply(X, w_re, w_im, modes, n, device=device, variant=variant), n, device=device, variant=variant
+    )
 
 
-def spectral_conv_vjp(x: Any, w_re: Any, w_im: Any, modes: int, dy: Any, *, device: str = "host",
-                      variant: str = "stated") -> tuple[Any, Any, Any]:
+def spectral_conv_vjp(
+    x: Any, w_re: Any, w_im: Any, modes: int, dy: Any, *, device: str = "host", variant: str = "stated"
+) -> tuple[Any, Any, Any]:
     """(dx, dw_re, dw_im) of <dy, spectral_conv(x)>: dZ = rfft(dy) c_k / n; dW from X, dZ; dx = n irfft(dX / c_k)."""
     xp = _xp(device)
     n = int(x.shape[1])

@@ -104,6 +104,17 @@ def fused_approx_reference(name: str, bits: Any, env: str = "cuda") -> Reference
     n = int(x.size)
     if n:
         blocks = min((n + 255) // 256, 65536)
-        _kernel(name)((blocks,), (256,), (x, ref, alt, np.int64(n), np.int32(env.endswith("-ftz")),
-                                          np.uint32(canonical_nan(env)), np.float64(AMBIGUITY_REL)))
+        _kernel(name)(
+            (blocks,),
+            (256,),
+            (
+                x,
+                ref,
+                alt,
+                np.int64(n),
+                np.int32(env.endswith("-ftz")),
+                np.uint32(canonical_nan(env)),
+                np.float64(AMBIGUITY_REL),
+            ),
+        )
     return Reference(ref, alt)

@@ -34,13 +34,39 @@ from spec.ir.denote import bits, eval_node, floats, normalise_inputs
 from spec.ir.graph import Graph, GraphBuilder, Payload
 from spec.ir.ops import get_op
 
-__all__ = ["Part", "PartitionPlan", "default_supported", "partition", "analyze_subgraph", "Buffer", "BufferPlan",
-           "buffer_requests", "plan_buffers", "PLANNERS", "planner_violations", "CUDAProgram", "compile_subgraph",
-           "PREWRITTEN", "CacheKey", "full_key", "KEYS", "KernelCache", "KERNEL_CACHE", "device_arch", "CUDAExecutor",
-           "run_program", "example_graphs", "program_outputs"]
+__all__ = [
+    "Part",
+    "PartitionPlan",
+    "default_supported",
+    "partition",
+    "analyze_subgraph",
+    "Buffer",
+    "BufferPlan",
+    "buffer_requests",
+    "plan_buffers",
+    "PLANNERS",
+    "planner_violations",
+    "CUDAProgram",
+    "compile_subgraph",
+    "PREWRITTEN",
+    "CacheKey",
+    "full_key",
+    "KEYS",
+    "KernelCache",
+    "KERNEL_CACHE",
+    "device_arch",
+    "CUDAExecutor",
+    "run_program",
+    "example_graphs",
+    "program_outputs",
+]
 
-_STEP_OF_CATEGORY = {sf.ANCHOR_BLAS: "cublas", sf.REDUCTION: "reduction", sf.SHAPE_ALIAS: "alias",
-                     sf.SPECIAL: "special"}
+_STEP_OF_CATEGORY = {
+    sf.ANCHOR_BLAS: "cublas",
+    sf.REDUCTION: "reduction",
+    sf.SHAPE_ALIAS: "alias",
+    sf.SPECIAL: "special",
+}
 
 
 PREWRITTEN: dict[str, tuple[str, str]] = {"rmsnorm": fk.rmsnorm_source()}  # op -> (source, function)
@@ -48,8 +74,9 @@ PREWRITTEN: dict[str, tuple[str, str]] = {"rmsnorm": fk.rmsnorm_source()}  # op 
 
 def default_supported(kind: str) -> bool:
     """Device-supported ops: bound sources, fusable elementwise ops and ops the unfused executor runs."""
-    return (kind in sf.BOUND_OPS or cg.fusable(kind) or kind in PREWRITTEN
-            or (kind in EXECUTORS and kind not in ("const",)))
+    return (
+        kind in sf.BOUND_OPS or cg.fusable(kind) or kind in PREWRITTEN or (kind in EXECUTORS and kind not in ("const",))
+    )
 
 
 @dataclass(frozen=True)
@@ -86,8 +113,9 @@ def partition(graph: Graph, is_supported: Callable[[str], bool] = default_suppor
 Extend = Callable[[Graph, int, int, dict[int, int], Callable[[str], bool]], bool]
 
 
-def analyze_subgraph(graph: Graph, part: Part, outputs: Iterable[int], fuse: bool = True,
-                     extend: Extend = sf.may_extend) -> list[sf.Step]:
+def analyze_subgraph(
+    graph: Graph, part: Part, outputs: Iterable[int], fuse: bool = True, extend: Extend = sf.may_extend
+) -> list[sf.Step]:
     """Steps of one part in run order (a chain runs at its last member); bound sources make no step."""
     uses = sf._uses(graph, outputs)
     members = set(part.nodes)
@@ -198,8 +226,10 @@ def plan_first_read(reqs: Sequence[Request]) -> BufferPlan:
     return _first_fit([(n, b, w, min(rs, default=w)) for n, b, w, rs in reqs])
 
 
-PLANNERS: dict[str, Callable[[Sequence[Request]], BufferPlan]] = {"liveness": plan_liveness,
-                                                                   "first_read": plan_first_read}
+PLANNERS: dict[str, Callable[[Sequence[Request]], BufferPlan]] = {
+    "liveness": plan_liveness,
+    "first_read": plan_first_read,
+}
 
 
 def plan_buffers(reqs: Sequence[Request], planner: str = "liveness") -> BufferPlan:
@@ -228,8 +258,10 @@ def planner_violations(reqs: Sequence[Request], plan: BufferPlan) -> list[str]:
                 continue
             mlast = max(mrs, default=mw)
             if w <= mlast and mw <= last and b.offset < c.offset + mbytes and c.offset < b.offset + nbytes:
-                out.append(f"nodes {n} (steps {w}..{last}) and {m} (steps {mw}..{mlast}) are live together and "
-                           f"overlap in the arena")
+                out.append(
+                    f"nodes {n} (steps {w}..{last}) and {m} (steps {mw}..{mlast}) are live together and "
+                    f"overlap in the arena"
+                )
     return out
 
 
@@ -258,20 +290,33 @@ class CUDAProgram:
 
     def counts(self) -> dict[str, int]:
         """Nodes, steps and kernels: N ops (non-bound nodes) -> M steps, of which K generated kernels."""
-        return {"ops": len(self.graph) - len(self.bound), "steps": len(self.steps),
-                "fused_kernels": len(self.kernels())}
+        return {
+            "ops": len(self.graph) - len(self.bound),
+            "steps": len(self.steps),
+            "fused_kernels": len(self.kernels()),
+        }
 
     def __str__(self) -> str:
         c = self.counts()
-        lines = [f"program: {c['ops']} ops -> {c['steps']} steps ({c['fused_kernels']} generated kernels); "
-                 f"bound {list(self.bound)}; outputs {list(self.outputs)}"]
+        lines = [
+            f"program: {c['ops']} ops -> {c['steps']} steps ({c['fused_kernels']} generated kernels); "
+            f"bound {list(self.bound)}; outputs {list(self.outputs)}"
+        ]
         for k, s in enumerate(self.steps):
-            what = s.kernel.describe() if s.kernel is not None else ", ".join(
-                f"{self.graph[n].kind} {n}" for n in s.nodes)
+            what = (
+                s.kernel.describe() if s.kernel is not None else ", ".join(f"{self.graph[n].kind} {n}" for n in s.nodes)
+            )
             lines.append(f"  step {k}: {s.kind:<9} {what}  reads {list(s.reads)}")
-        lines.append(f"  arena {self.buffers.arena_bytes} B: " + ("; ".join(
-            f"n{b.node} [{b.offset}, {b.offset + b.nbytes}) steps {b.start}..{b.end}" for b in self.buffers.buffers)
-            or "no intermediates"))
+        lines.append(
+            f"  arena {self.buffers.arena_bytes} B: "
+            + (
+                "; ".join(
+                    f"n{b.node} [{b.offset}, {b.offset + b.nbytes}) steps {b.start}..{b.end}"
+                    for b in self.buffers.buffers
+                )
+                or "no intermediates"
+            )
+        )
         return "\n".join(lines)
 
 
@@ -281,10 +326,16 @@ def program_outputs(graph: Graph) -> tuple[int, ...]:
     return tuple(n.id for n in graph.nodes if not cons[n.id] and n.kind not in sf.BOUND_OPS) or (len(graph) - 1,)
 
 
-def compile_subgraph(graph: Graph, outputs: Iterable[int] | None = None, *,
-                     is_supported: Callable[[str], bool] = default_supported, fuse: bool = True,
-                     variant: str = "default", planner: str = "liveness", extend: Extend = sf.may_extend
-                     ) -> CUDAProgram:
+def compile_subgraph(
+    graph: Graph,
+    outputs: Iterable[int] | None = None,
+    *,
+    is_supported: Callable[[str], bool] = default_supported,
+    fuse: bool = True,
+    variant: str = "default",
+    planner: str = "liveness",
+    extend: Extend = sf.may_extend,
+) -> CUDAProgram:
     """Partition, analyse every part into steps, generate one kernel per chain and plan the buffers."""
     outs = tuple(outputs) if outputs is not None else program_outputs(graph)
     plan = partition(graph, is_supported)
@@ -295,8 +346,9 @@ def compile_subgraph(graph: Graph, outputs: Iterable[int] | None = None, *,
     k = 0
     for i, s in enumerate(steps):
         if s.kind == "fused":
-            steps[i] = sf.Step(s.kind, s.nodes, s.reads, s.writes,
-                               cg.generate_fused_kernel(graph, s.nodes, f"fused_ew_{k}", variant))
+            steps[i] = sf.Step(
+                s.kind, s.nodes, s.reads, s.writes, cg.generate_fused_kernel(graph, s.nodes, f"fused_ew_{k}", variant)
+            )
             k += 1
     bound = tuple(n.id for n in graph.nodes if n.kind in sf.BOUND_OPS)
     reqs = buffer_requests(graph, steps, outs)
@@ -389,31 +441,52 @@ def _contig_flat(xp: Any, a: Any) -> Any:
 class CUDAExecutor:
     """Runs a :class:`CUDAProgram` on ``device``: parameters bound once, a dispatch table built once."""
 
-    def __init__(self, program: CUDAProgram, payload: Payload | None = None, device: str = "auto",
-                 cache: KernelCache = KERNEL_CACHE) -> None:
+    def __init__(
+        self,
+        program: CUDAProgram,
+        payload: Payload | None = None,
+        device: str = "auto",
+        cache: KernelCache = KERNEL_CACHE,
+    ) -> None:
         self.program = program
         self.payload = payload if payload is not None else Payload()
         self.device = resolve_device(device)
         self.xp = array_module(self.device)
         self.cache = cache
         g = program.graph
-        self.params = {b: _upload(self.xp, np.asarray(self.payload.get(b)["value"], np.float32).reshape(g[b].out_shape))
-                       for b in program.bound if g[b].kind == "const"}
+        self.params = {
+            b: _upload(self.xp, np.asarray(self.payload.get(b)["value"], np.float32).reshape(g[b].out_shape))
+            for b in program.bound
+            if g[b].kind == "const"
+        }
         self.arena = self.xp.empty(max(program.buffers.arena_bytes // 4, 1), dtype=self.xp.float32)
-        self.slots = {b.node: self.arena[b.offset // 4: b.offset // 4 + b.nbytes // 4] for b in program.buffers.buffers}
-        self.weights = {n.id: self.xp.asarray(np.asarray(self.payload.get(n.id)["weight"], np.float32))
-                        for n in g.nodes if n.kind in PREWRITTEN and self.payload.get(n.id) is not None}
-        self.prewritten = ({} if self.device == "host" else
-                           {k: cache.get(src, name, fk.ROUTE, device_arch()) for k, (src, name) in PREWRITTEN.items()
-                            if any(g[s.nodes[0]].kind == k for s in program.steps)})
+        self.slots = {
+            b.node: self.arena[b.offset // 4 : b.offset // 4 + b.nbytes // 4] for b in program.buffers.buffers
+        }
+        self.weights = {
+            n.id: self.xp.asarray(np.asarray(self.payload.get(n.id)["weight"], np.float32))
+            for n in g.nodes
+            if n.kind in PREWRITTEN and self.payload.get(n.id) is not None
+        }
+        self.prewritten = (
+            {}
+            if self.device == "host"
+            else {
+                k: cache.get(src, name, fk.ROUTE, device_arch())
+                for k, (src, name) in PREWRITTEN.items()
+                if any(g[s.nodes[0]].kind == k for s in program.steps)
+            }
+        )
         self.table = [(_DISPATCH[s.kind], s) for s in program.steps]
         self.launchers = {s.writes[0]: self._launcher(s) for s in program.steps if s.kind == "fused"}
 
     def _launcher(self, step: sf.Step) -> Callable[[list[Any], Any], None]:
         kernel = step.kernel
         if self.device == "host":
+
             def host(ins: list[Any], out: Any) -> None:
                 out[...] = cg.run_host(kernel, ins)
+
             return host
         import cupy
 
@@ -424,6 +497,7 @@ class CUDAExecutor:
 
         def launch(ins: list[Any], out: Any) -> None:
             fn(grid, block, (*ins, out, np.int64(n)))
+
         _ = cupy
         return launch
 
@@ -481,8 +555,11 @@ def _reduction(ex: CUDAExecutor, step: sf.Step, values: dict[int, Any]) -> None:
         return
     eps = float(node_attrs(node, get_op(node.kind))["eps"])
     x, w = values[node.parents[0]], ex.weights[node.id]
-    values[node.id] = (fk.rmsnorm_host(to_host(x), w, eps) if ex.device == "host"
-                       else fk.rmsnorm_cuda(ex.prewritten[node.kind], x, w, eps))
+    values[node.id] = (
+        fk.rmsnorm_host(to_host(x), w, eps)
+        if ex.device == "host"
+        else fk.rmsnorm_cuda(ex.prewritten[node.kind], x, w, eps)
+    )
 
 
 def _alias(ex: CUDAExecutor, step: sf.Step, values: dict[int, Any]) -> None:
@@ -512,7 +589,8 @@ def _reshape_view(xp: Any, node: Any, args: list) -> Any:
 
 
 _VIEWS: dict[str, Callable[[Any, Any, list], Any]] = {
-    "reshape": _reshape_view, "flatten": _reshape_view,
+    "reshape": _reshape_view,
+    "flatten": _reshape_view,
     "transpose": lambda xp, n, a: xp.swapaxes(a[0], n.attrs["dim0"], n.attrs["dim1"]),
     "permute": lambda xp, n, a: xp.transpose(a[0], n.attrs["perm"]),
     "slice": _slice_view,
@@ -521,13 +599,23 @@ _VIEWS: dict[str, Callable[[Any, Any, list], Any]] = {
     "concat": lambda xp, n, a: xp.concatenate(a, axis=n.attrs["axis"]),
 }
 _DISPATCH: dict[str, Callable[[CUDAExecutor, sf.Step, dict[int, Any]], None]] = {
-    "fused": _fused, "cublas": _reference_node, "reduction": _reduction, "special": _host_node,
-    "alias": _alias, "host": _host_node,
+    "fused": _fused,
+    "cublas": _reference_node,
+    "reduction": _reduction,
+    "special": _host_node,
+    "alias": _alias,
+    "host": _host_node,
 }
 
 
-def run_program(graph: Graph, payload: Payload | None, inputs: Any, device: str = "auto",
-                outputs: Iterable[int] | None = None, **compile_kw: Any) -> dict[int, np.ndarray]:
+def run_program(
+    graph: Graph,
+    payload: Payload | None,
+    inputs: Any,
+    device: str = "auto",
+    outputs: Iterable[int] | None = None,
+    **compile_kw: Any,
+) -> dict[int, np.ndarray]:
     """Compile and run once; the outputs as host float32 arrays by node id."""
     prog = compile_subgraph(graph, outputs, **compile_kw)
     res = CUDAExecutor(prog, payload, device).run(inputs)
@@ -545,9 +633,14 @@ def _mlp(t: int = 4, d: int = 8, f: int = 16, linear: bool = True) -> tuple[Grap
 
     def proj(src: int, fi: int, fo: int) -> int:
         if linear:
-            return b.add("linear", (src,), (t, fo), params={"weight": rng.standard_normal((fo, fi)) / fi ** 0.5,
-                                                             "bias": np.zeros(fo)}, out_features=fo)
-        w = b.add("const", (), (fi, fo), params={"value": rng.standard_normal((fi, fo)) / fi ** 0.5})
+            return b.add(
+                "linear",
+                (src,),
+                (t, fo),
+                params={"weight": rng.standard_normal((fo, fi)) / fi**0.5, "bias": np.zeros(fo)},
+                out_features=fo,
+            )
+        w = b.add("const", (), (fi, fo), params={"value": rng.standard_normal((fi, fo)) / fi**0.5})
         return b.add("matmul", (src, w), (t, fo))
 
     gate, up = proj(x, d, f), proj(x, d, f)
@@ -598,7 +691,15 @@ def _uses_fma(source: str) -> bool:
 def _builds() -> Iterator[Build]:
     for gname, (graph, _) in sorted(example_graphs().items()):
         for k in compile_subgraph(graph).kernels():
-            yield Build("fusion", f"{gname}:{k.name}", k.source, k.name, cg.ROUTE, approximate=k.approximate,
-                        fused=_uses_fma(k.source), index_bits=k.index_bits)
+            yield Build(
+                "fusion",
+                f"{gname}:{k.name}",
+                k.source,
+                k.name,
+                cg.ROUTE,
+                approximate=k.approximate,
+                fused=_uses_fma(k.source),
+                index_bits=k.index_bits,
+            )
     for op, (src, name) in sorted(PREWRITTEN.items()):
         yield Build("fusion", f"prewritten:{op}", src, name, fk.ROUTE, fused=_uses_fma(src), index_bits=64)

@@ -23,8 +23,21 @@ import numpy as np
 from native import elementwise as ew
 from spec.ir.graph import Graph
 
-__all__ = ["ROUTE", "FusedOp", "FUSED_OPS", "register_fused_op", "fusable", "CodegenVariant", "VARIANTS",
-           "FusedKernel", "generate_fused_kernel", "fused_plan", "kernel_plan", "run_host", "EW_NAMES"]
+__all__ = [
+    "ROUTE",
+    "FusedOp",
+    "FUSED_OPS",
+    "register_fused_op",
+    "fusable",
+    "CodegenVariant",
+    "VARIANTS",
+    "FusedKernel",
+    "generate_fused_kernel",
+    "fused_plan",
+    "kernel_plan",
+    "run_host",
+    "EW_NAMES",
+]
 
 ROUTE = "nvrtc-ieee"
 F32 = np.float32
@@ -59,15 +72,30 @@ def fusable(kind: str) -> bool:
 
 
 # IR op -> native.elementwise kernel whose body and host path the fused chain reuses.
-EW_NAMES: dict[str, str] = {"add": "add", "sub": "sub", "mul_elem": "mul", "div": "div", "maxElem": "max",
-                            "minElem": "min", "sqrt": "sqrt", "inv": "inv", "neg": "neg", "abs": "abs",
-                            "relu": "relu", "exp": "exp", "log": "log", "tanh": "tanh", "sigmoid": "sigmoid",
-                            "gelu": "gelu"}
+EW_NAMES: dict[str, str] = {
+    "add": "add",
+    "sub": "sub",
+    "mul_elem": "mul",
+    "div": "div",
+    "maxElem": "max",
+    "minElem": "min",
+    "sqrt": "sqrt",
+    "inv": "inv",
+    "neg": "neg",
+    "abs": "abs",
+    "relu": "relu",
+    "exp": "exp",
+    "log": "log",
+    "tanh": "tanh",
+    "sigmoid": "sigmoid",
+    "gelu": "gelu",
+}
 
 
 def _ew_host(kname: str) -> Callable[..., np.ndarray]:
     def host(*xs: np.ndarray) -> np.ndarray:
         return ew.run_flat(kname, [np.ascontiguousarray(x, F32) for x in xs], device="host")[0][0]
+
     return host
 
 
@@ -100,12 +128,15 @@ class CodegenVariant:
     doc: str = ""
 
 
-VARIANTS: dict[str, CodegenVariant] = {v.name: v for v in (
-    CodegenVariant("default", doc="the shipped generator"),
-    CodegenVariant("reorder", reorder=True, doc="PLANTED: the chain's first two ops applied in swapped order"),
-    CodegenVariant("no_rounding", wide=True, doc="PLANTED: add/sub/mul/div intermediates kept in double"),
-    CodegenVariant("int32_index", index_type="int", doc="PLANTED: a 32-bit grid-stride index"),
-)}
+VARIANTS: dict[str, CodegenVariant] = {
+    v.name: v
+    for v in (
+        CodegenVariant("default", doc="the shipped generator"),
+        CodegenVariant("reorder", reorder=True, doc="PLANTED: the chain's first two ops applied in swapped order"),
+        CodegenVariant("no_rounding", wide=True, doc="PLANTED: add/sub/mul/div intermediates kept in double"),
+        CodegenVariant("int32_index", index_type="int", doc="PLANTED: a 32-bit grid-stride index"),
+    )
+}
 _WIDE = {"add": "+", "sub": "-", "mul_elem": "*", "div": "/"}
 
 
@@ -172,8 +203,10 @@ def _line(k: int, op: str, refs: tuple[int, ...], node: int, v: CodegenVariant) 
         return f"        double v{k} = (double){a} {_WIDE[op]} (double){b};  // node {node}: {op}\n"
     binds = " ".join(f"const float {p} = (float){_ref(r)};" for p, r in zip(fop.params, refs, strict=True))
     decl = "double" if v.wide else "float"
-    return (f"        {decl} v{k}; {{ {binds} float r = 0.0f, r2 = 0.0f; (void)r2; {fop.body} v{k} = r; }}"
-            f"  // node {node}: {op}\n")
+    return (
+        f"        {decl} v{k}; {{ {binds} float r = 0.0f, r2 = 0.0f; (void)r2; {fop.body} v{k} = r; }}"
+        f"  // node {node}: {op}\n"
+    )
 
 
 def generate_fused_kernel(graph: Graph, members: Sequence[int], name: str, variant: str = "default") -> FusedKernel:
@@ -187,8 +220,18 @@ def generate_fused_kernel(graph: Graph, members: Sequence[int], name: str, varia
     loads = "".join(f"        const float x{j} = in{j}[i];\n" for j in range(len(inputs)))
     body = "".join(_line(k, op, wiring[k], m, v) for k, (op, m) in enumerate(zip(ops, members, strict=True)))
     src = _TEMPLATE.format(name=name, params=params, idx=v.index_type, loads=loads, body=body, last=len(ops) - 1)
-    return FusedKernel(name, src, tuple(members), tuple(ops), wiring, inputs, members[-1], v.name,
-                       32 if v.index_type == "int" else 64, any(FUSED_OPS[o].approximate for o in ops))
+    return FusedKernel(
+        name,
+        src,
+        tuple(members),
+        tuple(ops),
+        wiring,
+        inputs,
+        members[-1],
+        v.name,
+        32 if v.index_type == "int" else 64,
+        any(FUSED_OPS[o].approximate for o in ops),
+    )
 
 
 def fused_plan(n: Any, block: Any = ew.DEFAULT_BLOCK, max_grid: Any = ew.DEFAULT_MAX_GRID) -> dict:

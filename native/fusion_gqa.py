@@ -117,8 +117,9 @@ def _emit(b: GraphBuilder, mt: GqaMatch, q: int, src: int, grouping: str) -> int
     return b.add("reshape", (mp,), (1, kv * g, tq, cols), shape=(1, kv * g, tq, cols))
 
 
-def rewrite_gqa(graph: Graph, payload: Payload, outputs: Iterable[int] | None = None,
-                grouping: str = "div") -> tuple[Rewritten, list[GqaMatch]]:
+def rewrite_gqa(
+    graph: Graph, payload: Payload, outputs: Iterable[int] | None = None, grouping: str = "div"
+) -> tuple[Rewritten, list[GqaMatch]]:
     """Every matched GQA matmul rewritten to a per-KV-head batched GEMM; dead expand chains dropped."""
     if grouping not in GROUPINGS:
         raise ValueError(f"grouping must be one of {GROUPINGS}")
@@ -133,8 +134,13 @@ def rewrite_gqa(graph: Graph, payload: Payload, outputs: Iterable[int] | None = 
             new[n.id] = _emit(b, mt, new[mt.query], new[mt.kv_source], grouping)
             continue
         entry: Any = payload.get(n.id)
-        new[n.id] = b.add(n.kind, tuple(new[p] for p in n.parents), n.out_shape,
-                          params=dict(entry) if entry is not None else None, **dict(n.attrs))
+        new[n.id] = b.add(
+            n.kind,
+            tuple(new[p] for p in n.parents),
+            n.out_shape,
+            params=dict(entry) if entry is not None else None,
+            **dict(n.attrs),
+        )
     g2, p2 = b.build()
     live = eliminate_dead_nodes(g2, p2, [new[o] for o in outs])
     mapping = {o: live.mapping[new[o]] for o in range(len(graph)) if new[o] in live.mapping}

@@ -17,8 +17,7 @@ import numpy as np
 
 from obligations.core.symbolic import all_of, as_type
 
-__all__ = ["RMSNORM_NAME", "RMSNORM_BLOCK", "rmsnorm_source", "rmsnorm_plan", "rmsnorm_host", "rmsnorm_cuda",
-           "ROUTE"]
+__all__ = ["RMSNORM_NAME", "RMSNORM_BLOCK", "rmsnorm_source", "rmsnorm_plan", "rmsnorm_host", "rmsnorm_cuda", "ROUTE"]
 
 ROUTE = "nvrtc-ieee"
 RMSNORM_NAME = "kc_fused_rmsnorm"
@@ -61,8 +60,7 @@ def rmsnorm_plan(rows: Any, d: Any, block: Any = RMSNORM_BLOCK) -> dict:
         """Element (row, j)'s index, computed as the kernel does: int64(row) * d + j."""
         return as_type(row, "int64") * as_type(d, "int64") + as_type(j, "int64")
 
-    return {"grid": rows, "block": block, "shared_bytes": 4 * d, "total": total, "accepts": accepts,
-            "offset": offset}
+    return {"grid": rows, "block": block, "shared_bytes": 4 * d, "total": total, "accepts": accepts, "offset": offset}
 
 
 def _canon(r: np.ndarray) -> np.ndarray:
@@ -93,6 +91,10 @@ def rmsnorm_cuda(fn: Any, x: Any, w: Any, eps: float, out: Any = None) -> Any:
     rows = int(x.size // d) if d else 0
     y = cupy.empty_like(x) if out is None else out
     if rows:
-        fn((rows,), (RMSNORM_BLOCK,), (x, cupy.ascontiguousarray(w, dtype=cupy.float32), y, np.int64(d),
-                                       np.float32(eps)), shared_mem=4 * d)
+        fn(
+            (rows,),
+            (RMSNORM_BLOCK,),
+            (x, cupy.ascontiguousarray(w, dtype=cupy.float32), y, np.int64(d), np.float32(eps)),
+            shared_mem=4 * d,
+        )
     return y

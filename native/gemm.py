@@ -120,27 +120,45 @@ class GemmPlan:
         out = {}
         for ta in (False, True):
             for tb in (False, True):
-                layout = all_of(self.trans_a if ta else negate(self.trans_a),
-                                self.trans_b if tb else negate(self.trans_b))
+                layout = all_of(
+                    self.trans_a if ta else negate(self.trans_a), self.trans_b if tb else negate(self.trans_b)
+                )
                 name = f"{'T' if ta else 'N'}{'T' if tb else 'N'}"
                 out[f"{name}_packed"] = all_of(layout, packed)
                 out[f"{name}_padded"] = all_of(layout, negate(packed))
         return out
 
 
-def gemm_plan(m: Any, n: Any, k: Any, lda: Any, ldb: Any, ldc: Any, trans_a: Any, trans_b: Any,
-              elem_size: Any) -> GemmPlan:
+def gemm_plan(
+    m: Any, n: Any, k: Any, lda: Any, ldb: Any, ldc: Any, trans_a: Any, trans_b: Any, elem_size: Any
+) -> GemmPlan:
     """The plan of C[m,n] = op(A)[m,k] op(B)[k,n]: stored shapes, element counts and shape validity."""
     a_rows, a_cols = select(trans_a, k, m), select(trans_a, m, k)
     b_rows, b_cols = select(trans_b, n, k), select(trans_b, k, n)
-    shape_ok = all_of(m >= 1, n >= 1, k >= 1, lda >= a_cols, ldb >= b_cols, ldc >= n,
-                      elem_size >= 1)
+    shape_ok = all_of(m >= 1, n >= 1, k >= 1, lda >= a_cols, ldb >= b_cols, ldc >= n, elem_size >= 1)
     # Last touched element + 1 of a rows x cols matrix with leading dimension ld, in int64.
     a_elems = (as_type(a_rows, "int64") - 1) * lda + a_cols
     b_elems = (as_type(b_rows, "int64") - 1) * ldb + b_cols
     c_elems = (as_type(m, "int64") - 1) * ldc + n
-    return GemmPlan(m, n, k, lda, ldb, ldc, trans_a, trans_b, elem_size,
-                    a_rows, a_cols, b_rows, b_cols, a_elems, b_elems, c_elems, shape_ok)
+    return GemmPlan(
+        m,
+        n,
+        k,
+        lda,
+        ldb,
+        ldc,
+        trans_a,
+        trans_b,
+        elem_size,
+        a_rows,
+        a_cols,
+        b_rows,
+        b_cols,
+        a_elems,
+        b_elems,
+        c_elems,
+        shape_ok,
+    )
 
 
 def check_buffers(plan: GemmPlan, a_bytes: int, b_bytes: int, c_bytes: int) -> None:
@@ -190,8 +208,20 @@ def cublas_args(m: int, n: int, k: int, lda: int, ldb: int, ldc: int, trans_a: b
 
 
 @functools.lru_cache(maxsize=4096)
-def guard(m: int, n: int, k: int, lda: int, ldb: int, ldc: int, trans_a: bool, trans_b: bool, elem_size: int,
-          a_bytes: int, b_bytes: int, c_bytes: int) -> bool:
+def guard(
+    m: int,
+    n: int,
+    k: int,
+    lda: int,
+    ldb: int,
+    ldc: int,
+    trans_a: bool,
+    trans_b: bool,
+    elem_size: int,
+    a_bytes: int,
+    b_bytes: int,
+    c_bytes: int,
+) -> bool:
     """check_buffers over gemm_plan with ints; memoised because it is a pure function of its ints.
 
     Exceptions are never cached: a rejected call re-runs the guard and raises every time.
@@ -216,8 +246,9 @@ def _colmajor(buf: np.ndarray, rows: int, cols: int, ld: int, offset: int = 0) -
     if rows < 1 or cols < 1 or ld < rows or offset < 0 or last > buf.size:
         # Where cuBLAS would read or write out of bounds the model stops: it is never silent memory.
         raise RuntimeError(f"host BLAS: {rows}x{cols} ld={ld} at {offset} needs {last} elements of {buf.size}")
-    return np.lib.stride_tricks.as_strided(buf[offset:], shape=(rows, cols),
-                                           strides=(buf.itemsize, ld * buf.itemsize), writeable=False)
+    return np.lib.stride_tricks.as_strided(
+        buf[offset:], shape=(rows, cols), strides=(buf.itemsize, ld * buf.itemsize), writeable=False
+    )
 
 
 class BlasBackend(ABC):
@@ -276,21 +307,77 @@ class HostBlas(BlasBackend):
     def setStream(self, handle: int, stream: Any) -> None:  # noqa: N802 - cuBLAS's name
         """The host has no streams."""
 
-    def prepare(self, handle: int, transa: int, transb: int, m: int, n: int, k: int, alpha: float, lda: int,
-                sa: int, ldb: int, sb: int, beta: float, ldc: int, sc: int, batch: int, compute: int,
-                in_dtype: Any, out_dtype: Any) -> Callable[[Any, Any, Any], None]:
+    def prepare(
+        self,
+        handle: int,
+        transa: int,
+        transb: int,
+        m: int,
+        n: int,
+        k: int,
+        alpha: float,
+        lda: int,
+        sa: int,
+        ldb: int,
+        sb: int,
+        beta: float,
+        ldc: int,
+        sc: int,
+        batch: int,
+        compute: int,
+        in_dtype: Any,
+        out_dtype: Any,
+    ) -> Callable[[Any, Any, Any], None]:
         """The call with every int fixed: ``run(A, B, C)`` (see :class:`CupyBlas`)."""
-        return lambda A, B, C: self.gemmStridedBatchedEx(handle, transa, transb, m, n, k, alpha, A, lda, sa,  # noqa: N803
-                                                         B, ldb, sb, beta, C, ldc, sc, batch, compute)
+        return lambda A, B, C: self.gemmStridedBatchedEx(
+            handle,
+            transa,
+            transb,
+            m,
+            n,
+            k,
+            alpha,
+            A,
+            lda,
+            sa,  # noqa: N803
+            B,
+            ldb,
+            sb,
+            beta,
+            C,
+            ldc,
+            sc,
+            batch,
+            compute,
+        )
 
     def bind(self, *args: Any) -> Callable[[], None]:
         """``prepare``'s arguments followed by the three buffers: ``run()`` on them."""
         run, operands = self.prepare(*args[:18]), args[18:]
         return lambda: run(*operands)
 
-    def gemmStridedBatchedEx(self, handle: int, transa: int, transb: int, m: int, n: int, k: int,  # noqa: N802
-                             alpha: float, A: np.ndarray, lda: int, sa: int, B: np.ndarray, ldb: int, sb: int,  # noqa: N803
-                             beta: float, C: np.ndarray, ldc: int, sc: int, batch: int, compute: int) -> None:
+    def gemmStridedBatchedEx(
+        self,
+        handle: int,
+        transa: int,
+        transb: int,
+        m: int,
+        n: int,
+        k: int,  # noqa: N802
+        alpha: float,
+        A: np.ndarray,
+        lda: int,
+        sa: int,
+        B: np.ndarray,
+        ldb: int,
+        sb: int,  # noqa: N803
+        beta: float,
+        C: np.ndarray,
+        ldc: int,
+        sc: int,
+        batch: int,
+        compute: int,
+    ) -> None:
         """C_i = alpha op(A_i) op(B_i) + beta C_i for i < batch, column-major."""
         A, B, C = A.reshape(-1), B.reshape(-1), C.reshape(-1)  # noqa: N806 - cuBLAS's names; views of the buffers
         for i in range(batch):
@@ -305,7 +392,7 @@ class HostBlas(BlasBackend):
                 r = float(np.float32(alpha)) * (a.astype(np.float64) @ b.astype(np.float64))
                 if beta != 0:
                     r = r + float(np.float32(beta)) * c.astype(np.float64)
-            cols = [C[i * sc + j * ldc: i * sc + j * ldc + m] for j in range(n)]
+            cols = [C[i * sc + j * ldc : i * sc + j * ldc + m] for j in range(n)]
             for j, col in enumerate(cols):
                 col[:] = r[:, j].astype(C.dtype)
 
@@ -344,9 +431,27 @@ class CupyBlas(BlasBackend):
         """cublasSetStream_v2."""
         self._cublas.setStream(handle, stream.ptr)
 
-    def prepare(self, handle: int, transa: int, transb: int, m: int, n: int, k: int, alpha: float, lda: int,
-                sa: int, ldb: int, sb: int, beta: float, ldc: int, sc: int, batch: int, compute: int,
-                in_dtype: Any, out_dtype: Any) -> Callable[[Any, Any, Any], None]:
+    def prepare(
+        self,
+        handle: int,
+        transa: int,
+        transb: int,
+        m: int,
+        n: int,
+        k: int,
+        alpha: float,
+        lda: int,
+        sa: int,
+        ldb: int,
+        sb: int,
+        beta: float,
+        ldc: int,
+        sc: int,
+        batch: int,
+        compute: int,
+        in_dtype: Any,
+        out_dtype: Any,
+    ) -> Callable[[Any, Any, Any], None]:
         """``run(A, B, C)``: cublasGemmEx (batch 1) or cublasGemmStridedBatchedEx with every int fixed.
 
         Everything but the three device pointers is resolved here, once, so a call costs what the raw
@@ -358,32 +463,138 @@ class CupyBlas(BlasBackend):
             gemm = self._cublas.gemmEx
 
             def run(A: Any, B: Any, C: Any) -> None:  # noqa: N803
-                gemm(handle, transa, transb, m, n, k, pa, A.data.ptr, at, lda, B.data.ptr, at, ldb, pb, C.data.ptr,
-                     ct, ldc, compute, GEMM_DEFAULT)
+                gemm(
+                    handle,
+                    transa,
+                    transb,
+                    m,
+                    n,
+                    k,
+                    pa,
+                    A.data.ptr,
+                    at,
+                    lda,
+                    B.data.ptr,
+                    at,
+                    ldb,
+                    pb,
+                    C.data.ptr,
+                    ct,
+                    ldc,
+                    compute,
+                    GEMM_DEFAULT,
+                )
         else:
             gemm = self._cublas.gemmStridedBatchedEx
 
             def run(A: Any, B: Any, C: Any) -> None:  # noqa: N803
-                gemm(handle, transa, transb, m, n, k, pa, A.data.ptr, at, lda, sa, B.data.ptr, at, ldb, sb, pb,
-                     C.data.ptr, ct, ldc, sc, batch, compute, GEMM_DEFAULT)
+                gemm(
+                    handle,
+                    transa,
+                    transb,
+                    m,
+                    n,
+                    k,
+                    pa,
+                    A.data.ptr,
+                    at,
+                    lda,
+                    sa,
+                    B.data.ptr,
+                    at,
+                    ldb,
+                    sb,
+                    pb,
+                    C.data.ptr,
+                    ct,
+                    ldc,
+                    sc,
+                    batch,
+                    compute,
+                    GEMM_DEFAULT,
+                )
+
         return run
 
-    def bind(self, handle: int, transa: int, transb: int, m: int, n: int, k: int, alpha: float, lda: int, sa: int,
-             ldb: int, sb: int, beta: float, ldc: int, sc: int, batch: int, compute: int, in_dtype: Any,
-             out_dtype: Any, A: Any, B: Any, C: Any) -> Callable[[], None]:  # noqa: N803
+    def bind(
+        self,
+        handle: int,
+        transa: int,
+        transb: int,
+        m: int,
+        n: int,
+        k: int,
+        alpha: float,
+        lda: int,
+        sa: int,
+        ldb: int,
+        sb: int,
+        beta: float,
+        ldc: int,
+        sc: int,
+        batch: int,
+        compute: int,
+        in_dtype: Any,
+        out_dtype: Any,
+        A: Any,
+        B: Any,
+        C: Any,
+    ) -> Callable[[], None]:  # noqa: N803
         """``run()``: the call with its device pointers resolved too (a C-level partial, no Python frame)."""
         at, ct = DATA_TYPES[str(in_dtype)], DATA_TYPES[str(out_dtype)]
         pa, pb = self._host_ptr(alpha), self._host_ptr(beta)
         if batch == 1:
-            run = functools.partial(self._cublas.gemmEx, handle, transa, transb, m, n, k, pa, A.data.ptr, at, lda,
-                                    B.data.ptr, at, ldb, pb, C.data.ptr, ct, ldc, compute, GEMM_DEFAULT)
+            run = functools.partial(
+                self._cublas.gemmEx,
+                handle,
+                transa,
+                transb,
+                m,
+                n,
+                k,
+                pa,
+                A.data.ptr,
+                at,
+                lda,
+                B.data.ptr,
+                at,
+                ldb,
+                pb,
+                C.data.ptr,
+                ct,
+                ldc,
+                compute,
+                GEMM_DEFAULT,
+            )
         else:
-            run = functools.partial(self._cublas.gemmStridedBatchedEx, handle, transa, transb, m, n, k, pa,
-                                    A.data.ptr, at, lda, sa, B.data.ptr, at, ldb, sb, pb, C.data.ptr, ct, ldc, sc,
-                                    batch, compute, GEMM_DEFAULT)
+            run = functools.partial(
+                self._cublas.gemmStridedBatchedEx,
+                handle,
+                transa,
+                transb,
+                m,
+                n,
+                k,
+                pa,
+                A.data.ptr,
+                at,
+                lda,
+                sa,
+                B.data.ptr,
+                at,
+                ldb,
+                sb,
+                pb,
+                C.data.ptr,
+                ct,
+                ldc,
+                sc,
+                batch,
+                compute,
+                GEMM_DEFAULT,
+            )
         run.operands = (A, B, C)  # the pointers stay valid while the call holds their arrays
         return run
-
 
 
 class Instrumented:
@@ -446,6 +657,7 @@ class Instrumented:
         def run() -> None:
             cell[0] += 1
             inner()
+
         return run
 
     def prepare(self, *args: Any) -> Callable[[Any, Any, Any], None]:
@@ -455,6 +667,7 @@ class Instrumented:
         def run(A: Any, B: Any, C: Any) -> None:  # noqa: N803
             cell[0] += 1
             inner(A, B, C)
+
         return run
 
 
@@ -479,8 +692,10 @@ class GemmContext:
             try:
                 from cupy_backends.cuda.stream import get_current_stream_ptr as current_ptr
             except ImportError:  # older layouts: the same pointer through the public API
+
                 def current_ptr() -> int:
                     return cupy.cuda.get_current_stream().ptr
+
             self._current_ptr = current_ptr
 
     def bind(self, stream: Any = None) -> None:
@@ -499,8 +714,9 @@ class GemmContext:
         if self._stream is None or (self._current_ptr is not None and self._current_ptr() != self._bound_ptr):
             self.bind()  # the first call, or a new step on another stream: bind once
 
-    def step_call(self, run: Callable[[Any, Any, Any], None], swap: bool,
-                  new_c: Callable[[], Any] | None = None) -> PreparedGemm:
+    def step_call(
+        self, run: Callable[[Any, Any, Any], None], swap: bool, new_c: Callable[[], Any] | None = None
+    ) -> PreparedGemm:
         """``call(a, b, c=None) -> c``: ``run`` in cuBLAS operand order; binds the stream on the first call."""
         ctx = self
 
@@ -576,9 +792,26 @@ the guard's ints derive from (:func:`matmul` keys by shape, layout and dtype).
 # BoundGemm: ``call() -> c`` on buffers bound at preparation (made by :func:`bind_gemm`); ``context`` as above.
 
 
-def _guarded_args(ctx: GemmContext, a: Any, b: Any, c: Any, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
-                  trans_a: bool, trans_b: bool, alpha: float, beta: float, batch: int, strides: tuple[int, int, int],
-                  compute: int, args: Callable[..., CublasCall]) -> tuple[bool, tuple]:
+def _guarded_args(
+    ctx: GemmContext,
+    a: Any,
+    b: Any,
+    c: Any,
+    m: int,
+    n: int,
+    k: int,
+    lda: int,
+    ldb: int,
+    ldc: int,
+    trans_a: bool,
+    trans_b: bool,
+    alpha: float,
+    beta: float,
+    batch: int,
+    strides: tuple[int, int, int],
+    compute: int,
+    args: Callable[..., CublasCall],
+) -> tuple[bool, tuple]:
     """Run the guard and resolve the column-major call: (swap operands?, the backend's prepare arguments)."""
     es_in, es_out = int(a.dtype.itemsize), int(c.dtype.itemsize)
     if str(a.dtype) != str(b.dtype) or str(a.dtype) not in DATA_TYPES or str(c.dtype) not in DATA_TYPES:
@@ -586,8 +819,20 @@ def _guarded_args(ctx: GemmContext, a: Any, b: Any, c: Any, m: int, n: int, k: i
     sa, sb, sc = strides
     # The last batch's window must fit; earlier windows lie below it (non-negative strides).
     tail = batch - 1
-    guard(m, n, k, lda, ldb, ldc, trans_a, trans_b, es_in, _nbytes(a) - tail * sa * es_in,
-          _nbytes(b) - tail * sb * es_in, ((_nbytes(c) - tail * sc * es_out) // es_out) * es_in)
+    guard(
+        m,
+        n,
+        k,
+        lda,
+        ldb,
+        ldc,
+        trans_a,
+        trans_b,
+        es_in,
+        _nbytes(a) - tail * sa * es_in,
+        _nbytes(b) - tail * sb * es_in,
+        ((_nbytes(c) - tail * sc * es_out) // es_out) * es_in,
+    )
     if min(strides) < 0 or batch < 1:
         raise BufferTooSmall(f"batch {batch} with strides {strides}")
     if ctx.handle is None:
@@ -595,51 +840,120 @@ def _guarded_args(ctx: GemmContext, a: Any, b: Any, c: Any, m: int, n: int, k: i
     call = args(m, n, k, lda, ldb, ldc, trans_a, trans_b)
     swap = call.first == "B"
     s1, s2 = (sb, sa) if swap else (sa, sb)
-    return swap, (ctx.handle, call.transa, call.transb, call.m, call.n, call.k, alpha, call.lda, s1, call.ldb, s2,
-                  beta, call.ldc, sc, batch, compute, a.dtype, c.dtype)
+    return swap, (
+        ctx.handle,
+        call.transa,
+        call.transb,
+        call.m,
+        call.n,
+        call.k,
+        alpha,
+        call.lda,
+        s1,
+        call.ldb,
+        s2,
+        beta,
+        call.ldc,
+        sc,
+        batch,
+        compute,
+        a.dtype,
+        c.dtype,
+    )
 
 
-def prepare_gemm(ctx: GemmContext, a: Any, b: Any, c: Any, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
-                 trans_a: bool, trans_b: bool, alpha: float = 1.0, beta: float = 0.0, batch: int = 1,
-                 strides: tuple[int, int, int] = (0, 0, 0), compute: int = COMPUTE_32F,
-                 args: Callable[..., CublasCall] = cublas_args,
-                 new_c: Callable[[], Any] | None = None) -> PreparedGemm:
+def prepare_gemm(
+    ctx: GemmContext,
+    a: Any,
+    b: Any,
+    c: Any,
+    m: int,
+    n: int,
+    k: int,
+    lda: int,
+    ldb: int,
+    ldc: int,
+    trans_a: bool,
+    trans_b: bool,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    batch: int = 1,
+    strides: tuple[int, int, int] = (0, 0, 0),
+    compute: int = COMPUTE_32F,
+    args: Callable[..., CublasCall] = cublas_args,
+    new_c: Callable[[], Any] | None = None,
+) -> PreparedGemm:
     """Run the guard on C-contiguous buffers (their bytes are the buffer lengths) and resolve the cuBLAS call.
 
     Raises BufferTooSmall (nothing reaches cuBLAS) when the guard refuses, TypeError on unsupported types.
     ``new_c`` makes the output when a call passes ``c=None``.
     """
-    swap, cargs = _guarded_args(ctx, a, b, c, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, batch,
-                                strides, compute, args)
+    swap, cargs = _guarded_args(
+        ctx, a, b, c, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, batch, strides, compute, args
+    )
     return ctx.step_call(ctx.api.prepare(*cargs), swap, new_c)
 
 
-def bind_gemm(ctx: GemmContext, a: Any, b: Any, c: Any, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
-              trans_a: bool, trans_b: bool, alpha: float = 1.0, beta: float = 0.0, batch: int = 1,
-              strides: tuple[int, int, int] = (0, 0, 0), compute: int = COMPUTE_32F,
-              args: Callable[..., CublasCall] = cublas_args) -> BoundGemm:
+def bind_gemm(
+    ctx: GemmContext,
+    a: Any,
+    b: Any,
+    c: Any,
+    m: int,
+    n: int,
+    k: int,
+    lda: int,
+    ldb: int,
+    ldc: int,
+    trans_a: bool,
+    trans_b: bool,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    batch: int = 1,
+    strides: tuple[int, int, int] = (0, 0, 0),
+    compute: int = COMPUTE_32F,
+    args: Callable[..., CublasCall] = cublas_args,
+) -> BoundGemm:
     """:func:`prepare_gemm` with the three buffers bound too: ``call() -> c`` on exactly these buffers.
 
     The guard runs here, on these buffers; an allocation's size never changes and the call holds its
     buffers, so the guard's verdict covers every later call.
     """
-    swap, cargs = _guarded_args(ctx, a, b, c, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, batch,
-                                strides, compute, args)
+    swap, cargs = _guarded_args(
+        ctx, a, b, c, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, batch, strides, compute, args
+    )
     first, second = (b, a) if swap else (a, b)
     return ctx.bound_call(ctx.api.bind(*cargs, first, second, c), c)
 
 
 @entry_point("gemm")
-def gemm_raw(ctx: GemmContext, a: Any, b: Any, c: Any, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
-             trans_a: bool, trans_b: bool, alpha: float = 1.0, beta: float = 0.0, batch: int = 1,
-             strides: tuple[int, int, int] = (0, 0, 0), compute: int = COMPUTE_32F,
-             args: Callable[..., CublasCall] = cublas_args) -> Any:
+def gemm_raw(
+    ctx: GemmContext,
+    a: Any,
+    b: Any,
+    c: Any,
+    m: int,
+    n: int,
+    k: int,
+    lda: int,
+    ldb: int,
+    ldc: int,
+    trans_a: bool,
+    trans_b: bool,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    batch: int = 1,
+    strides: tuple[int, int, int] = (0, 0, 0),
+    compute: int = COMPUTE_32F,
+    args: Callable[..., CublasCall] = cublas_args,
+) -> Any:
     """Row-major C = alpha op(A) op(B) + beta C on C-contiguous buffers (their bytes are the buffer lengths).
 
     The guard runs before cuBLAS is reached.
     """
-    return prepare_gemm(ctx, a, b, c, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, batch, strides,
-                        compute, args)(a, b, c)
+    return prepare_gemm(
+        ctx, a, b, c, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, batch, strides, compute, args
+    )(a, b, c)
 
 
 # Prepared calls by operand signature. The guard is a pure function of ints that the signature fixes (a
@@ -659,8 +973,16 @@ def _cupy_signature(a: Any, b: Any, c: Any) -> tuple:
     # budgeted in hundreds of nanoseconds. A NumPy b or c has no such attribute: AttributeError, slow path.
     if c is None:
         return _device_id(), a.shape, a.dtype, b.shape, b.dtype, a._c_contiguous and b._c_contiguous
-    return (_device_id(), a.shape, a.dtype, b.shape, b.dtype, c.shape, c.dtype,
-            a._c_contiguous and b._c_contiguous and c._c_contiguous)
+    return (
+        _device_id(),
+        a.shape,
+        a.dtype,
+        b.shape,
+        b.dtype,
+        c.shape,
+        c.dtype,
+        a._c_contiguous and b._c_contiguous and c._c_contiguous,
+    )
 
 
 # Operand signature per array class of A (registered when the class's module is first used).
@@ -676,9 +998,20 @@ def _device_id() -> int:
 
 
 @entry_point("gemm", axes={"trans_a": (False, True), "trans_b": (False, True)})
-def matmul(a: Any, b: Any, *, trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0,
-           c: Any = None, out_dtype: str | None = None, device: str = "auto", compute: int = COMPUTE_32F,
-           args: Callable[..., CublasCall] = cublas_args) -> Any:
+def matmul(
+    a: Any,
+    b: Any,
+    *,
+    trans_a: bool = False,
+    trans_b: bool = False,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    c: Any = None,
+    out_dtype: str | None = None,
+    device: str = "auto",
+    compute: int = COMPUTE_32F,
+    args: Callable[..., CublasCall] = cublas_args,
+) -> Any:
     """C = alpha op(A) op(B) + beta C for C-contiguous row-major stored 2-D (or 3-D batched) arrays.
 
     The first call with an operand signature validates the shapes, runs the guard and prepares the cuBLAS
@@ -698,8 +1031,7 @@ def matmul(a: Any, b: Any, *, trans_a: bool = False, trans_b: bool = False, alph
     return _matmul_first(key, a, b, trans_a, trans_b, alpha, beta, c, out_dtype, device, compute, args)
 
 
-def _matmul_operands(a: Any, b: Any, trans_a: bool, trans_b: bool, c: Any, out_dtype: str | None,
-                     device: str) -> tuple:
+def _matmul_operands(a: Any, b: Any, trans_a: bool, trans_b: bool, c: Any, out_dtype: str | None, device: str) -> tuple:
     """Validate and resolve matmul's operands: (device, a, b, c, ints for the guard, new_c, cacheable)."""
     from obligations.core.device import array_module, resolve_device
 
@@ -707,8 +1039,13 @@ def _matmul_operands(a: Any, b: Any, trans_a: bool, trans_b: bool, c: Any, out_d
     xp = array_module(dev)
     _SIGNATURES.setdefault(xp.ndarray, _cupy_signature if dev == "cuda" else _numpy_signature)
     # Converted operands are new arrays: their signature says nothing about the next call's.
-    cacheable = (isinstance(a, xp.ndarray) and isinstance(b, xp.ndarray) and a.flags.c_contiguous
-                 and b.flags.c_contiguous and (c is None or isinstance(c, xp.ndarray)))
+    cacheable = (
+        isinstance(a, xp.ndarray)
+        and isinstance(b, xp.ndarray)
+        and a.flags.c_contiguous
+        and b.flags.c_contiguous
+        and (c is None or isinstance(c, xp.ndarray))
+    )
     a, b = xp.ascontiguousarray(xp.asarray(a)), xp.ascontiguousarray(xp.asarray(b))
     batched = a.ndim == 3
     batch = int(a.shape[0]) if batched else 1
@@ -730,17 +1067,31 @@ def _matmul_operands(a: Any, b: Any, trans_a: bool, trans_b: bool, c: Any, out_d
     return dev, a, b, c, ints, batch, (ar * ac, br * bc, m * n), new_c, cacheable
 
 
-def _matmul_first(key: tuple | None, a: Any, b: Any, trans_a: bool, trans_b: bool, alpha: float, beta: float,
-                  c: Any, out_dtype: str | None, device: str, compute: int, args: Callable[..., CublasCall]) -> Any:
+def _matmul_first(
+    key: tuple | None,
+    a: Any,
+    b: Any,
+    trans_a: bool,
+    trans_b: bool,
+    alpha: float,
+    beta: float,
+    c: Any,
+    out_dtype: str | None,
+    device: str,
+    compute: int,
+    args: Callable[..., CublasCall],
+) -> Any:
     c_given = c
-    dev, a, b, c, ints, batch, strides, new_c, cacheable = _matmul_operands(a, b, trans_a, trans_b, c, out_dtype,
-                                                                             device)
+    dev, a, b, c, ints, batch, strides, new_c, cacheable = _matmul_operands(
+        a, b, trans_a, trans_b, c, out_dtype, device
+    )
     if not cacheable:
         key = None
     elif key is None:  # the array class was registered just now
         key = (_SIGNATURES[type(a)](a, b, c_given), trans_a, trans_b, alpha, beta, out_dtype, device, compute, args)
-    prepared = prepare_gemm(get_context(dev), a, b, c, *ints, trans_a, trans_b, alpha, beta, batch, strides,
-                            compute, args, new_c)
+    prepared = prepare_gemm(
+        get_context(dev), a, b, c, *ints, trans_a, trans_b, alpha, beta, batch, strides, compute, args, new_c
+    )
     if key is not None:
         if len(_PREPARED) >= _PREPARED_MAX:
             _PREPARED.clear()
@@ -748,20 +1099,29 @@ def _matmul_first(key: tuple | None, a: Any, b: Any, trans_a: bool, trans_b: boo
     return prepared(a, b, c)
 
 
-def bind_matmul(a: Any, b: Any, c: Any = None, *, trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0,
-                beta: float = 0.0, out_dtype: str | None = None, device: str = "auto", compute: int = COMPUTE_32F,
-                args: Callable[..., CublasCall] = cublas_args) -> BoundGemm:
+def bind_matmul(
+    a: Any,
+    b: Any,
+    c: Any = None,
+    *,
+    trans_a: bool = False,
+    trans_b: bool = False,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    out_dtype: str | None = None,
+    device: str = "auto",
+    compute: int = COMPUTE_32F,
+    args: Callable[..., CublasCall] = cublas_args,
+) -> BoundGemm:
     """:func:`matmul` bound to these buffers for a step's hot loop: ``call()`` computes into ``call.c``.
 
     Operands are used as given (C-contiguous arrays of the device; nothing is converted), so later writes
     into ``a`` and ``b`` are seen by later calls. The guard runs once, here, on these buffers.
     """
-    dev, a2, b2, c, ints, batch, strides, _, cacheable = _matmul_operands(a, b, trans_a, trans_b, c, out_dtype,
-                                                                          device)
+    dev, a2, b2, c, ints, batch, strides, _, cacheable = _matmul_operands(a, b, trans_a, trans_b, c, out_dtype, device)
     if not cacheable:
         raise ValueError("bind_matmul binds C-contiguous arrays of the device as they are; convert them first")
-    call = bind_gemm(get_context(dev), a2, b2, c, *ints, trans_a, trans_b, alpha, beta, batch, strides, compute,
-                     args)
+    call = bind_gemm(get_context(dev), a2, b2, c, *ints, trans_a, trans_b, alpha, beta, batch, strides, compute, args)
     call.c = c
     return call
 

@@ -32,8 +32,20 @@ from spec.ir.denote import normalise_inputs
 from spec.ir.graph import Graph, Node, Payload
 from spec.ir.ops import get_op
 
-__all__ = ["ExecError", "Executed", "Agreement", "EXECUTORS", "AGREEMENT", "register_executor", "run_node",
-           "run_graph", "supported_ops", "agree", "ULP_BOUNDS", "U"]
+__all__ = [
+    "ExecError",
+    "Executed",
+    "Agreement",
+    "EXECUTORS",
+    "AGREEMENT",
+    "register_executor",
+    "run_node",
+    "run_graph",
+    "supported_ops",
+    "agree",
+    "ULP_BOUNDS",
+    "U",
+]
 
 U = 2.0**-24
 # Approx elementwise kernels: the ulp bounds the elementwise contract (float32-elementwise-v1) states.
@@ -116,9 +128,24 @@ def _broadcast(node: Node, a: dict, args: list, entry: Any, device: str) -> Any:
 
 # -- elementwise: native.elementwise kernels --------------------------------------------------------------
 
-_KERNEL_NAMES = {"add": "add", "sub": "sub", "mul_elem": "mul", "div": "div", "maxElem": "max", "minElem": "min",
-                 "sqrt": "sqrt", "inv": "inv", "neg": "neg", "abs": "abs", "relu": "relu", "exp": "exp",
-                 "log": "log", "tanh": "tanh", "sigmoid": "sigmoid", "gelu": "gelu"}
+_KERNEL_NAMES = {
+    "add": "add",
+    "sub": "sub",
+    "mul_elem": "mul",
+    "div": "div",
+    "maxElem": "max",
+    "minElem": "min",
+    "sqrt": "sqrt",
+    "inv": "inv",
+    "neg": "neg",
+    "abs": "abs",
+    "relu": "relu",
+    "exp": "exp",
+    "log": "log",
+    "tanh": "tanh",
+    "sigmoid": "sigmoid",
+    "gelu": "gelu",
+}
 
 
 def _kernel(name: str, *arrays: Any, device: str) -> Any:
@@ -175,19 +202,32 @@ def _pair(v: Any) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else (v[0], v[1])
 
 
-def _taps(x: Any, kernel: tuple[int, int], stride: tuple[int, int], padding: tuple[int, int],
-          dilation: tuple[int, int], pad_value: float, out_hw: tuple[int, int], device: str) -> list[Any]:
+def _taps(
+    x: Any,
+    kernel: tuple[int, int],
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    dilation: tuple[int, int],
+    pad_value: float,
+    out_hw: tuple[int, int],
+    device: str,
+) -> list[Any]:
     """Every window tap (..., Ho, Wo) of the padded input, in row-major (ki, kj) order (data movement)."""
     xp = _xp(device)
     ph, pw = padding
     padded = xp.full(x.shape[:-2] + (x.shape[-2] + 2 * ph, x.shape[-1] + 2 * pw), pad_value, dtype=xp.float32)
-    padded[..., ph:ph + x.shape[-2], pw:pw + x.shape[-1]] = x
+    padded[..., ph : ph + x.shape[-2], pw : pw + x.shape[-1]] = x
     out = []
     for ki in range(kernel[0]):
         for kj in range(kernel[1]):
             r0, c0 = ki * dilation[0], kj * dilation[1]
-            out.append(padded[..., r0:r0 + stride[0] * (out_hw[0] - 1) + 1:stride[0],
-                              c0:c0 + stride[1] * (out_hw[1] - 1) + 1:stride[1]])
+            out.append(
+                padded[
+                    ...,
+                    r0 : r0 + stride[0] * (out_hw[0] - 1) + 1 : stride[0],
+                    c0 : c0 + stride[1] * (out_hw[1] - 1) + 1 : stride[1],
+                ]
+            )
     return out
 
 
@@ -223,8 +263,16 @@ def _conv2d(node: Node, a: dict, args: list, entry: Any, device: str) -> Any:
 def _pool(node: Node, a: dict, args: list, entry: Any, device: str) -> Any:
     xp = _xp(device)
     is_max = a["mode"] == "max"
-    taps = _taps(args[0], _pair(a["kernel"]), _pair(a["stride"]), _pair(a["padding"]), (1, 1),
-                 -np.inf if is_max else 0.0, node.out_shape[-2:], device)
+    taps = _taps(
+        args[0],
+        _pair(a["kernel"]),
+        _pair(a["stride"]),
+        _pair(a["padding"]),
+        (1, 1),
+        -np.inf if is_max else 0.0,
+        node.out_shape[-2:],
+        device,
+    )
     stacked = xp.ascontiguousarray(xp.stack(taps, axis=-1))
     fn = red.fold_max if is_max else red.mean  # IEEE maximum fold / fold sum then one division by kh*kw
     return fn(stacked, axis=-1, device=device)
@@ -268,8 +316,10 @@ def run_node(node: Node, args: Sequence[Any], entry: Mapping[str, Any] | None, d
     op = get_op(node.kind)
     fn = EXECUTORS.get(node.kind)
     if op is None or fn is None:
-        raise ExecError(f"node {node.id} ({node.kind}): the reference executor does not run op {node.kind!r} "
-                        f"(supported: {', '.join(supported_ops())})")
+        raise ExecError(
+            f"node {node.id} ({node.kind}): the reference executor does not run op {node.kind!r} "
+            f"(supported: {', '.join(supported_ops())})"
+        )
     if op.payload and entry is None:
         raise ExecError(f"node {node.id} ({node.kind}): no payload entry for this {op.payload} node")
     xp = _xp(dev)
@@ -277,8 +327,9 @@ def run_node(node: Node, args: Sequence[Any], entry: Mapping[str, Any] | None, d
     with np.errstate(all="ignore"):
         out = fn(node, node_attrs(node, op), ins, entry, dev)
     if tuple(out.shape) != node.out_shape:
-        raise ExecError(f"node {node.id} ({node.kind}): result shape {tuple(out.shape)} differs from the declared "
-                        f"{node.out_shape}")
+        raise ExecError(
+            f"node {node.id} ({node.kind}): result shape {tuple(out.shape)} differs from the declared {node.out_shape}"
+        )
     return out
 
 
@@ -383,8 +434,12 @@ def _conv_agree(node: Node, a: dict, parents: list, entry: Any, got: np.ndarray,
     if cols.ndim == 2:
         bound = gemm_error_bound(w2, cols, False, False, 1.0, 1.0, c0, exact.reshape(c0.shape), "float32")
     else:
-        bound = np.stack([gemm_error_bound(w2, c, False, False, 1.0, 1.0, c0, e.reshape(c0.shape), "float32")
-                          for c, e in zip(cols, exact, strict=True)])
+        bound = np.stack(
+            [
+                gemm_error_bound(w2, c, False, False, 1.0, 1.0, c0, e.reshape(c0.shape), "float32")
+                for c, e in zip(cols, exact, strict=True)
+            ]
+        )
     return _gemm_ok(exact, bound.reshape(exact.shape), got, want)
 
 
@@ -399,8 +454,7 @@ def _softmax_agree(node: Node, a: dict, parents: list, entry: Any, got: np.ndarr
     return (np.isnan(g) & np.isnan(w)) | (np.abs(g - w) <= rel * np.abs(w) + 2.0**-146)
 
 
-def _layernorm_agree(node: Node, a: dict, parents: list, entry: Any, got: np.ndarray,
-                     want: np.ndarray) -> np.ndarray:
+def _layernorm_agree(node: Node, a: dict, parents: list, entry: Any, got: np.ndarray, want: np.ndarray) -> np.ndarray:
     x = parents[0].astype(np.float64)
     d = x - x.mean(axis=-1, keepdims=True)
     r = 1.0 / np.sqrt((d * d).mean(axis=-1, keepdims=True) + np.float32(a["eps"]))
@@ -413,20 +467,40 @@ def _layernorm_agree(node: Node, a: dict, parents: list, entry: Any, got: np.nda
 
 _BITWISE = Agreement("bitwise", "bit for bit", _bitwise)
 AGREEMENT: dict[str, Agreement] = {
-    **{k: _BITWISE for k in ("const", "reshape", "flatten", "concat", "permute", "transpose", "slice",
-                             "broadcastTo", "expand", "reduceSum", "reduceMean", "sum", "pool")},
+    **{
+        k: _BITWISE
+        for k in (
+            "const",
+            "reshape",
+            "flatten",
+            "concat",
+            "permute",
+            "transpose",
+            "slice",
+            "broadcastTo",
+            "expand",
+            "reduceSum",
+            "reduceMean",
+            "sum",
+            "pool",
+        )
+    },
     **{k: _BITWISE for k, v in _KERNEL_NAMES.items() if v not in ULP_BOUNDS and k != "gelu"},
     **{k: Agreement("ulp", f"within {ULP_BOUNDS[k]} ulp (float32-elementwise-v1)", _ulps) for k in ULP_BOUNDS},
-    "linear": Agreement("gemm-bound", "both within spec.gemm.error_bound (beta = 1, C0 = bias) of the float64 value",
-                        _linear_agree),
+    "linear": Agreement(
+        "gemm-bound", "both within spec.gemm.error_bound (beta = 1, C0 = bias) of the float64 value", _linear_agree
+    ),
     "matmul": Agreement("gemm-bound", "both within spec.gemm.error_bound of the float64 value", _matmul_agree),
     "bmm": Agreement("gemm-bound", "both within spec.gemm.error_bound of the float64 value", _matmul_agree),
-    "conv2d": Agreement("gemm-bound", "both within spec.gemm.error_bound of the float64 im2col product + bias",
-                        _conv_agree),
-    "softmax": Agreement("relative", "|got - want| <= (12 u + 2.5 gamma_(n-1)) |want| + 2^-146 (exp 2 ulp)",
-                         _softmax_agree),
-    "layernorm": Agreement("relative", "|got - want| <= 10 u |d r w| + 3 u |want| + 2^-146 (rsqrt as 1/sqrt)",
-                           _layernorm_agree),
+    "conv2d": Agreement(
+        "gemm-bound", "both within spec.gemm.error_bound of the float64 im2col product + bias", _conv_agree
+    ),
+    "softmax": Agreement(
+        "relative", "|got - want| <= (12 u + 2.5 gamma_(n-1)) |want| + 2^-146 (exp 2 ulp)", _softmax_agree
+    ),
+    "layernorm": Agreement(
+        "relative", "|got - want| <= 10 u |d r w| + 3 u |want| + 2^-146 (rsqrt as 1/sqrt)", _layernorm_agree
+    ),
 }
 
 

@@ -22,8 +22,21 @@ from native.elementwise import launch_plan
 from obligations.core.device import array_module, resolve_device
 from obligations.core.symbolic import all_of, as_type, smax
 
-__all__ = ["MAX_ELEMENTS", "ROUTE", "RowPlan", "row_plan", "softmax", "log_softmax", "softmax_backward",
-           "log_softmax_backward", "layernorm", "layernorm_backward", "rmsnorm", "rmsnorm_backward", "kernel_source"]
+__all__ = [
+    "MAX_ELEMENTS",
+    "ROUTE",
+    "RowPlan",
+    "row_plan",
+    "softmax",
+    "log_softmax",
+    "softmax_backward",
+    "log_softmax_backward",
+    "layernorm",
+    "layernorm_backward",
+    "rmsnorm",
+    "rmsnorm_backward",
+    "kernel_source",
+]
 
 MAX_ELEMENTS = 1 << 40
 ROUTE = "nvrtc-ieee"
@@ -87,7 +100,7 @@ extern "C" __global__ void kc_{name}(const float* __restrict__ x, const unsigned
 _FINISH = {
     "softmax": "for (long long k = 0; k < L; ++k) yr[k] = OK(k) ? expf(xr[k] - m) / s : 0.0f; (void)any;",
     "log_softmax": "const float ls = logf(s);\n        for (long long k = 0; k < L; ++k) "
-                   "yr[k] = OK(k) ? (xr[k] - m) - ls : __int_as_float(0xff800000); (void)any;",
+    "yr[k] = OK(k) ? (xr[k] - m) - ls : __int_as_float(0xff800000); (void)any;",
 }
 
 _SOFTMAX_BWD = """\
@@ -102,8 +115,10 @@ extern "C" __global__ void kc_{name}_bwd(const float* __restrict__ y, const floa
 }}
 """
 
-_SOFTMAX_BWD_OPS = {"softmax": ("gr[k] * yr[k]", "yr[k] * (gr[k] - t)"),
-                    "log_softmax": ("gr[k]", "gr[k] - expf(yr[k]) * t")}
+_SOFTMAX_BWD_OPS = {
+    "softmax": ("gr[k] * yr[k]", "yr[k] * (gr[k] - t)"),
+    "log_softmax": ("gr[k]", "gr[k] - expf(yr[k]) * t"),
+}
 
 _NORM_FWD = """\
 extern "C" __global__ void kc_{name}(const float* __restrict__ x, const float* __restrict__ w,
@@ -184,8 +199,17 @@ def kernel_source(kind: str) -> tuple[str, str]:
     return _COLS, "kc_norm_cols"
 
 
-KERNELS = ("softmax", "log_softmax", "softmax_bwd", "log_softmax_bwd", "layernorm", "rmsnorm", "layernorm_bwd",
-           "rmsnorm_bwd", "cols")
+KERNELS = (
+    "softmax",
+    "log_softmax",
+    "softmax_bwd",
+    "log_softmax_bwd",
+    "layernorm",
+    "rmsnorm",
+    "layernorm_bwd",
+    "rmsnorm_bwd",
+    "cols",
+)
 
 
 @register_builds("norm")
@@ -416,8 +440,7 @@ def _norm_bwd(kind: str, x: Any, weight: Any, dy: Any, eps: float, device: str) 
     return dx, dw, db
 
 
-def layernorm_backward(x: Any, weight: Any, dy: Any, eps: float = 1e-5, device: str = "auto"
-                       ) -> tuple[Any, Any, Any]:
+def layernorm_backward(x: Any, weight: Any, dy: Any, eps: float = 1e-5, device: str = "auto") -> tuple[Any, Any, Any]:
     """(dx, dw, db) of :func:`layernorm` in the spec's order."""
     return _norm_bwd("layernorm", x, weight, dy, eps, device)
 

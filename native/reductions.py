@@ -110,8 +110,13 @@ class TreePlan:
     def regimes(self) -> dict[str, Any]:
         """Code paths of one pass: empty, tail loop only, the unrolled main loop, several passes, grid at its cap."""
         main = self.n > (self.unroll - 1) * self.stride  # thread 0 runs the unrolled loop at least once
-        return {"empty": self.n == 0, "tail_only": (self.n > 0) & (self.n <= (self.unroll - 1) * self.stride),
-                "main_loop": main, "multi_pass": self.grid > 1, "grid_capped": cdiv(self.n, self.block) > self.max_grid}
+        return {
+            "empty": self.n == 0,
+            "tail_only": (self.n > 0) & (self.n <= (self.unroll - 1) * self.stride),
+            "main_loop": main,
+            "multi_pass": self.grid > 1,
+            "grid_capped": cdiv(self.n, self.block) > self.max_grid,
+        }
 
 
 def tree_plan(n: Any, block: Any = BLOCK, max_grid: Any = MAX_GRID, unroll: Any = UNROLL) -> TreePlan:
@@ -153,8 +158,13 @@ def axis_plan(outer: Any, length: Any, inner: Any) -> AxisPlan:
     """Sizes of an axis reduction; element counts are int64; ``admissible``: at most MAX_ELEMENTS elements."""
     # Checked by division (never by the product, which is what could overflow): outer*length*inner <= limit.
     per_outer = MAX_ELEMENTS // smax(as_type(outer, "int64"), 1)
-    admissible = all_of(outer >= 0, length >= 0, inner >= 0, length <= per_outer,
-                        inner <= per_outer // smax(as_type(length, "int64"), 1))
+    admissible = all_of(
+        outer >= 0,
+        length >= 0,
+        inner >= 0,
+        length <= per_outer,
+        inner <= per_outer // smax(as_type(length, "int64"), 1),
+    )
     outputs = as_type(outer, "int64") * inner
     return AxisPlan(outer, length, inner, outputs, outputs * length, admissible)
 
@@ -202,7 +212,7 @@ def _host_halving(sh: np.ndarray) -> np.ndarray:
     sh = sh.copy()
     s = sh.shape[1] // 2
     while s >= 1:
-        sh[:, :s] = sh[:, :s] + sh[:, s:2 * s]
+        sh[:, :s] = sh[:, :s] + sh[:, s : 2 * s]
         s //= 2
     return sh[:, 0]
 
@@ -218,10 +228,14 @@ def register_tree_order(order: TreeOrder) -> TreeOrder:
     return order
 
 
-STANDARD = register_tree_order(TreeOrder(
-    "halving",
-    "for (int s = {block} / 2; s > 0; s >>= 1) {{ if (t < s) sh[t] = sh[t] + sh[t + s]; __syncthreads(); }}",
-    _host_halving, "the stated tree: sh[t] += sh[t + s], s = block/2 .. 1"))
+STANDARD = register_tree_order(
+    TreeOrder(
+        "halving",
+        "for (int s = {block} / 2; s > 0; s >>= 1) {{ if (t < s) sh[t] = sh[t] + sh[t + s]; __syncthreads(); }}",
+        _host_halving,
+        "the stated tree: sh[t] += sh[t + s], s = block/2 .. 1",
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -245,9 +259,14 @@ def register_main_loop(loop: MainLoop) -> MainLoop:
     return loop
 
 
-IN_ORDER = register_main_loop(MainLoop(
-    "in_order", "for (int u = 0; u < {unroll}; ++u) acc = acc + v[u];", lambda unroll: list(range(unroll)),
-    "the loads of a group are added in trip order (no reassociation)"))
+IN_ORDER = register_main_loop(
+    MainLoop(
+        "in_order",
+        "for (int u = 0; u < {unroll}; ++u) acc = acc + v[u];",
+        lambda unroll: list(range(unroll)),
+        "the loads of a group are added in trip order (no reassociation)",
+    )
+)
 
 
 # -- CUDA sources ---------------------------------------------------------------------------------------
@@ -324,8 +343,9 @@ extern "C" __global__ void kc_div_count(float* v, long long count) { v[0] = v[0]
 """
 
 
-def tree_source(kind: str, order: TreeOrder = STANDARD, plan: TreePlan | None = None,
-                loop: MainLoop = IN_ORDER) -> tuple[str, str]:
+def tree_source(
+    kind: str, order: TreeOrder = STANDARD, plan: TreePlan | None = None, loop: MainLoop = IN_ORDER
+) -> tuple[str, str]:
     """(CUDA source, function name) of a tree pass ("tree") or the atomic pass ("atomic").
 
     Block size and unroll factor are the plan's (default: the shipped plan), never written a second time.
@@ -334,8 +354,14 @@ def tree_source(kind: str, order: TreeOrder = STANDARD, plan: TreePlan | None = 
     block, unroll = int(plan.block), int(plan.unroll)
     suffix = "" if (block, unroll) == (BLOCK, UNROLL) else f"_b{block}_u{unroll}"
     name = f"{kind}_{order.name}" + ("" if loop is IN_ORDER else f"_{loop.name}") + suffix
-    src = _TREE.format(name=name, block=block, unroll=unroll, combine=order.cuda.format(block=block),
-                       main=loop.cuda.format(unroll=unroll), store=_STORES[kind])
+    src = _TREE.format(
+        name=name,
+        block=block,
+        unroll=unroll,
+        combine=order.cuda.format(block=block),
+        main=loop.cuda.format(unroll=unroll),
+        store=_STORES[kind],
+    )
     return src, f"kc_tree_{name}"
 
 
@@ -388,11 +414,11 @@ def _host_pass_partials(x: np.ndarray, plan: TreePlan, order: TreeOrder, loop: M
         for q, live in enumerate(main):
             for u in loop.host(unroll) if live else ():
                 k = q * unroll + u
-                acc[:live] = acc[:live] + x[k * stride:k * stride + live]
+                acc[:live] = acc[:live] + x[k * stride : k * stride + live]
         for k in range(trips):  # the tail: trips after a thread's last full group, in trip order
             lo, hi = main[k // unroll], max(0, min(stride, n - k * stride))
             if hi > lo:
-                acc[lo:hi] = acc[lo:hi] + x[k * stride + lo:k * stride + hi]
+                acc[lo:hi] = acc[lo:hi] + x[k * stride + lo : k * stride + hi]
         return order.host(acc.reshape(grid, int(plan.block))).astype(F32)
 
 
@@ -410,8 +436,8 @@ def _axis_view(x: Any, axis: int | None) -> tuple[Any, tuple[int, ...], tuple[in
         return x.reshape(-1), (), (1, int(np.prod(shape, dtype=np.int64)), 1)
     ax = axis % len(shape)
     outer = int(np.prod(shape[:ax], dtype=np.int64))
-    inner = int(np.prod(shape[ax + 1:], dtype=np.int64))
-    return x.reshape(-1), shape[:ax] + shape[ax + 1:], (outer, shape[ax], inner)
+    inner = int(np.prod(shape[ax + 1 :], dtype=np.int64))
+    return x.reshape(-1), shape[:ax] + shape[ax + 1 :], (outer, shape[ax], inner)
 
 
 def _axis_reduce(op: str, x: Any, axis: int | None, device: str) -> Any:
@@ -429,8 +455,7 @@ def _axis_reduce(op: str, x: Any, axis: int | None, device: str) -> Any:
         # _MAXIMUM is prepended after formatting: its braces are C, not format fields.
         fn = _fn(_MAXIMUM + _AXIS.format(name=op, init=init, combine=combine, final=final), f"kc_axis_{op}")
         plan = launch_plan(outer * inner)
-        fn((int(plan["grid"]),), (int(plan["block"]),),
-           (flat, out, np.int64(outer), np.int64(length), np.int64(inner)))
+        fn((int(plan["grid"]),), (int(plan["block"]),), (flat, out, np.int64(outer), np.int64(length), np.int64(inner)))
     return out.reshape(out_shape)
 
 
@@ -447,8 +472,15 @@ def fold_max(x: Any, axis: int | None = None, device: str = "auto") -> Any:
 
 
 @entry_point("reductions", axes={"order": ("fold", "tree")})
-def mean(x: Any, axis: int | None = None, device: str = "auto", order: str = "fold", block: int = BLOCK,
-         max_grid: int = MAX_GRID, unroll: int = UNROLL) -> Any:
+def mean(
+    x: Any,
+    axis: int | None = None,
+    device: str = "auto",
+    order: str = "fold",
+    block: int = BLOCK,
+    max_grid: int = MAX_GRID,
+    unroll: int = UNROLL,
+) -> Any:
     """Fold (or whole-buffer tree, launched with the given knobs) sum divided once by float32(length); empty: NaN."""
     if order == "fold":
         return _axis_reduce("mean", x, axis, device)
@@ -466,8 +498,16 @@ def mean(x: Any, axis: int | None = None, device: str = "auto", order: str = "fo
     return buf.reshape(())
 
 
-def _run_tree(x: Any, device: str, kind: str, order: TreeOrder, block: int = BLOCK, max_grid: int = MAX_GRID,
-              unroll: int = UNROLL, loop: MainLoop = IN_ORDER) -> Any:
+def _run_tree(
+    x: Any,
+    device: str,
+    kind: str,
+    order: TreeOrder,
+    block: int = BLOCK,
+    max_grid: int = MAX_GRID,
+    unroll: int = UNROLL,
+    loop: MainLoop = IN_ORDER,
+) -> Any:
     dev = resolve_device(device)
     xp = array_module(dev)
     flat = xp.ascontiguousarray(xp.asarray(x, dtype=xp.float32)).reshape(-1)
@@ -505,8 +545,15 @@ def _run_tree(x: Any, device: str, kind: str, order: TreeOrder, block: int = BLO
 
 
 @entry_point("reductions")
-def tree_sum(x: Any, device: str = "auto", order: TreeOrder = STANDARD, block: int = BLOCK,
-             max_grid: int = MAX_GRID, unroll: int = UNROLL, loop: MainLoop = IN_ORDER) -> Any:
+def tree_sum(
+    x: Any,
+    device: str = "auto",
+    order: TreeOrder = STANDARD,
+    block: int = BLOCK,
+    max_grid: int = MAX_GRID,
+    unroll: int = UNROLL,
+    loop: MainLoop = IN_ORDER,
+) -> Any:
     """Deterministic fixed-tree sum of the whole buffer (empty: +0), launched with the plan's knobs."""
     return _run_tree(x, device, "tree", order, block, max_grid, unroll, loop)
 
@@ -533,8 +580,9 @@ def scatter_add(out: Any, idx: Any, src: Any, device: str = "auto") -> Any:
         raise IndexError(f"scatter_add: index out of range [0, {res.size})")
     plan = scatter_plan(int(idx.size), int(res.size))
     if not plan.admissible:
-        raise ValueError(f"scatter_add: {idx.size} sources into {res.size} outputs exceed the int64 key space "
-                         f"(n_out * m <= 2^62)")
+        raise ValueError(
+            f"scatter_add: {idx.size} sources into {res.size} outputs exceed the int64 key space (n_out * m <= 2^62)"
+        )
     # Unique keys (index, source position): any sort gives the same order, so the order is the source's.
     keys = plan.key(idx, xp.arange(idx.size, dtype=xp.int64))
     perm = xp.argsort(keys)
@@ -549,8 +597,11 @@ def scatter_add(out: Any, idx: Any, src: Any, device: str = "auto") -> Any:
                 res[live] = res[live] + ssrc[(starts + r)[live]]
         return _canon(res)
     launch = launch_plan(int(res.size))
-    _fn(_SCATTER, "kc_scatter_segments")((int(launch["grid"]),), (int(launch["block"]),),
-                                         (xp.ascontiguousarray(ssrc), starts, ends, res, np.int64(res.size)))
+    _fn(_SCATTER, "kc_scatter_segments")(
+        (int(launch["grid"]),),
+        (int(launch["block"]),),
+        (xp.ascontiguousarray(ssrc), starts, ends, res, np.int64(res.size)),
+    )
     return res
 
 

@@ -58,8 +58,13 @@ DEFAULT_BLOCK = 256
 DEFAULT_MAX_GRID = 65536
 ROUTE = "nvrtc-ieee"  # no ftz, no contraction: the pinned binary64 normal and binary32 dropout need both
 # mode -> (code passed to the kernel, words drawn per element)
-MODES: dict[str, tuple[int, int]] = {"bits": (0, 1), "uniform": (1, 1), "mask": (2, 1), "dropout": (3, 1),
-                                     "normal": (4, 2)}
+MODES: dict[str, tuple[int, int]] = {
+    "bits": (0, 1),
+    "uniform": (1, 1),
+    "mask": (2, 1),
+    "dropout": (3, 1),
+    "normal": (4, 2),
+}
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -167,11 +172,15 @@ VARIANTS: dict[str, RngVariant] = {
 # uniform map name -> (CUDA expression of `u`, NumPy implementation on a uint32 array)
 _UNIFORM_MAPS: dict[str, tuple[str, Any]] = {
     # u >> 8 < 2^24 converts exactly; the product by 2^-24 only changes the exponent: exact, < 1.
-    "u24": ("__fmul_rn(__uint2float_rn(u >> 8), 5.9604644775390625e-08f)",
-            lambda u: (u >> np.uint32(8)).astype(np.float32) * np.float32(2.0**-24)),
+    "u24": (
+        "__fmul_rn(__uint2float_rn(u >> 8), 5.9604644775390625e-08f)",
+        lambda u: (u >> np.uint32(8)).astype(np.float32) * np.float32(2.0**-24),
+    ),
     # uint32 -> binary32 rounds to nearest even (x86 cvtsi2ss, PTX cvt.rn); 2^-32 scaling is exact.
-    "design": ("__fmul_rn(__uint2float_rn(u), 2.3283064365386963e-10f)",
-               lambda u: u.astype(np.float32) * np.float32(2.0**-32)),
+    "design": (
+        "__fmul_rn(__uint2float_rn(u), 2.3283064365386963e-10f)",
+        lambda u: u.astype(np.float32) * np.float32(2.0**-32),
+    ),
 }
 
 
@@ -302,8 +311,16 @@ def _launch(n: int, block: int = DEFAULT_BLOCK, max_grid: int = DEFAULT_MAX_GRID
     return int(plan.grid), int(plan.block)
 
 
-def _cuda(mode: str, key: int, n: int, variant: str | None, keep_prob: np.float32, x: Any, block: int = DEFAULT_BLOCK,
-          max_grid: int = DEFAULT_MAX_GRID) -> Any:
+def _cuda(
+    mode: str,
+    key: int,
+    n: int,
+    variant: str | None,
+    keep_prob: np.float32,
+    x: Any,
+    block: int = DEFAULT_BLOCK,
+    max_grid: int = DEFAULT_MAX_GRID,
+) -> Any:
     import cupy
 
     src, fname = kernel_source(variant)
@@ -326,9 +343,19 @@ def _check_keep_prob(keep_prob: float) -> np.float32:
 
 
 @entry_point("rng", axes={"mode": tuple(MODES), "variant": (None,)})
-def generate(mode: str, shape: tuple[int, ...] | int, seed: int, counter: int, *, device: str = "host",
-             keep_prob: float = 1.0, x: Any = None, variant: str | None = None, block: int = DEFAULT_BLOCK,
-             max_grid: int = DEFAULT_MAX_GRID) -> Any:
+def generate(
+    mode: str,
+    shape: tuple[int, ...] | int,
+    seed: int,
+    counter: int,
+    *,
+    device: str = "host",
+    keep_prob: float = 1.0,
+    x: Any = None,
+    variant: str | None = None,
+    block: int = DEFAULT_BLOCK,
+    max_grid: int = DEFAULT_MAX_GRID,
+) -> Any:
     """Run the RNG kernel in ``mode`` (launched with the plan's knobs) and return uint32 bits in ``shape``."""
     if mode not in MODES:
         raise KeyError(f"unknown RNG mode {mode!r}; known: {sorted(MODES)}")
@@ -393,8 +420,7 @@ def normal(shape: Any, seed: int, counter: int = 0, *, device: str = "auto") -> 
 def dropout(x: Any, keep_prob: float, seed: int, counter: int = 0, *, device: str = "auto") -> Any:
     """Inverted dropout (x * mask) / keep_prob in binary32 with the mask of (seed, counter)."""
     xp = array_module(resolve_device(device))
-    return generate("dropout", tuple(x.shape), seed, counter, device=device, keep_prob=keep_prob,
-                    x=x).view(xp.float32)
+    return generate("dropout", tuple(x.shape), seed, counter, device=device, keep_prob=keep_prob, x=x).view(xp.float32)
 
 
 def route_evidence() -> dict:

@@ -26,9 +26,27 @@ import numpy as np
 from native.builds import Build, register_builds
 from obligations.core.symbolic import all_of, as_type, cdiv, smax, smin
 
-__all__ = ["BLOCK", "CHUNK", "MAX_STATES", "ROUTE", "ChunkPlan", "chunk_plan", "Softplus", "SOFTPLUS", "Combine",
-           "COMBINES", "combine", "ScanBuild", "kernel_source", "discretize", "states", "output", "selective_scan",
-           "selective_scan_vjp", "ScanGrads"]
+__all__ = [
+    "BLOCK",
+    "CHUNK",
+    "MAX_STATES",
+    "ROUTE",
+    "ChunkPlan",
+    "chunk_plan",
+    "Softplus",
+    "SOFTPLUS",
+    "Combine",
+    "COMBINES",
+    "combine",
+    "ScanBuild",
+    "kernel_source",
+    "discretize",
+    "states",
+    "output",
+    "selective_scan",
+    "selective_scan_vjp",
+    "ScanGrads",
+]
 
 BLOCK = 256
 CHUNK = 64
@@ -128,11 +146,17 @@ class Combine:
 
 COMBINES: dict[str, Combine] = {
     # (A, B) o (a, b) = (A a, a B + b): the earlier composite first, then step t.
-    "stated": Combine("stated", "{ const T nA = MUL(A, a); B = ADD(MUL(a, B), b); A = nA; }",
-                      lambda p, q: (p[0] * q[0], q[0] * p[1] + q[1])),
+    "stated": Combine(
+        "stated",
+        "{ const T nA = MUL(A, a); B = ADD(MUL(a, B), b); A = nA; }",
+        lambda p, q: (p[0] * q[0], q[0] * p[1] + q[1]),
+    ),
     # planted: step t applied first, then the earlier composite ((a, b) o (A, B)).
-    "reversed": Combine("reversed", "{ const T nA = MUL(a, A); B = ADD(MUL(A, b), B); A = nA; }",
-                        lambda p, q: (q[0] * p[0], p[0] * q[1] + p[1])),
+    "reversed": Combine(
+        "reversed",
+        "{ const T nA = MUL(a, A); B = ADD(MUL(A, b), B); A = nA; }",
+        lambda p, q: (q[0] * p[0], p[0] * q[1] + p[1]),
+    ),
 }
 
 
@@ -259,8 +283,15 @@ extern "C" __global__ void scan_backward(const T* __restrict__ a, const T* __res
 }
 """
 
-KERNELS = ("scan_discretize", "scan_sequential", "scan_chunk_fold", "scan_chunk_carry", "scan_chunk_apply",
-           "scan_output", "scan_backward")
+KERNELS = (
+    "scan_discretize",
+    "scan_sequential",
+    "scan_chunk_fold",
+    "scan_chunk_carry",
+    "scan_chunk_apply",
+    "scan_output",
+    "scan_backward",
+)
 
 
 @dataclass(frozen=True)
@@ -275,8 +306,9 @@ class ScanBuild:
 def kernel_source(build: ScanBuild = ScanBuild(), kernel: str | None = None) -> str:
     """The CUDA source of ``kernel`` (every scan kernel where None) for ``build``: the prelude plus its text."""
     t = _TYPES[build.ftype]
-    src = _SOURCE.replace("@SOFTPLUS@", SOFTPLUS[build.softplus].cuda.replace("{EXP}", t["EXP"])
-                          .replace("{LOG1P}", t["LOG1P"])).replace("@COMBINE@", COMBINES[build.combine].cuda)
+    src = _SOURCE.replace(
+        "@SOFTPLUS@", SOFTPLUS[build.softplus].cuda.replace("{EXP}", t["EXP"]).replace("{LOG1P}", t["LOG1P"])
+    ).replace("@COMBINE@", COMBINES[build.combine].cuda)
     for k, v in t.items():
         src = src.replace(f"@{k}@", v)
     prelude, *bodies = src.split('extern "C"')
@@ -292,8 +324,15 @@ def _builds() -> Iterator[Build]:
     """Every kernel of the shipped float and double builds (discretize is declared approximate: libdevice)."""
     for ftype in ("float", "double"):
         for k in KERNELS:
-            yield Build("scan", f"{k}<{ftype}>", kernel_source(ScanBuild(ftype), k), k, ROUTE,
-                        approximate=k == "scan_discretize", index_bits=INDEX_BITS_AUDITED)
+            yield Build(
+                "scan",
+                f"{k}<{ftype}>",
+                kernel_source(ScanBuild(ftype), k),
+                k,
+                ROUTE,
+                approximate=k == "scan_discretize",
+                index_bits=INDEX_BITS_AUDITED,
+            )
 
 
 def _fn(build: ScanBuild, name: str) -> Any:
@@ -315,8 +354,9 @@ def _dtype(build: ScanBuild) -> Any:
 # -- stages -------------------------------------------------------------------------------------------------
 
 
-def discretize(x: Any, raw: Any, A: Any, B: Any, *, device: str = "host", build: ScanBuild = ScanBuild()
-               ) -> tuple[Any, Any, Any]:
+def discretize(
+    x: Any, raw: Any, A: Any, B: Any, *, device: str = "host", build: ScanBuild = ScanBuild()
+) -> tuple[Any, Any, Any]:
     """(delta (L, D), a (L, D, N), b (L, D, N)) for the build's float type."""
     xp, dt = _xp(device), _dtype(build)
     x, raw, A, B = (xp.ascontiguousarray(v, dtype=dt) for v in (x, raw, A, B))
@@ -330,8 +370,9 @@ def discretize(x: Any, raw: Any, A: Any, B: Any, *, device: str = "host", build:
         b = ((delta[:, :, None] * B[:, None, :]).astype(dt) * x[:, :, None]).astype(dt)
         return delta, a, b
     delta, a, b = xp.empty((L, D), dt), xp.empty((L, D, N), dt), xp.empty((L, D, N), dt)
-    _fn(build, "scan_discretize")((_grid(L * D * N),), (BLOCK,), (x, raw, A, B, delta, a, b, np.int64(L),
-                                                                   np.int64(D), np.int64(N)))
+    _fn(build, "scan_discretize")(
+        (_grid(L * D * N),), (BLOCK,), (x, raw, A, B, delta, a, b, np.int64(L), np.int64(D), np.int64(N))
+    )
     return delta, a, b
 
 
@@ -355,8 +396,9 @@ def _host_chunked(a: np.ndarray, b: np.ndarray, plan: ChunkPlan, comb: Combine) 
     return h
 
 
-def states(a: Any, b: Any, *, order: str = "chunked", chunk: int = CHUNK, device: str = "host",
-           build: ScanBuild = ScanBuild()) -> Any:
+def states(
+    a: Any, b: Any, *, order: str = "chunked", chunk: int = CHUNK, device: str = "host", build: ScanBuild = ScanBuild()
+) -> Any:
     """h (L, D, N) by the ``sequential`` or ``chunked`` order; the chunk plan guards the launch."""
     xp = _xp(device)
     shape = a.shape
@@ -403,8 +445,19 @@ def output(C: Any, h: Any, x: Any, Dk: Any, *, device: str = "host", build: Scan
     return y
 
 
-def selective_scan(x: Any, raw: Any, A: Any, B: Any, C: Any, Dk: Any, *, order: str = "chunked",
-                   chunk: int = CHUNK, device: str = "host", build: ScanBuild = ScanBuild()) -> tuple[Any, Any]:
+def selective_scan(
+    x: Any,
+    raw: Any,
+    A: Any,
+    B: Any,
+    C: Any,
+    Dk: Any,
+    *,
+    order: str = "chunked",
+    chunk: int = CHUNK,
+    device: str = "host",
+    build: ScanBuild = ScanBuild(),
+) -> tuple[Any, Any]:
     """Forward: (y (L, D), h (L, D, N))."""
     _, a, b = discretize(x, raw, A, B, device=device, build=build)
     h = states(a, b, order=order, chunk=chunk, device=device, build=build)
@@ -423,8 +476,19 @@ class ScanGrads:
     D: Any
 
 
-def selective_scan_vjp(x: Any, raw: Any, A: Any, B: Any, C: Any, Dk: Any, dy: Any, *, device: str = "host",
-                       chunk: int = CHUNK, build: ScanBuild = ScanBuild()) -> ScanGrads:
+def selective_scan_vjp(
+    x: Any,
+    raw: Any,
+    A: Any,
+    B: Any,
+    C: Any,
+    Dk: Any,
+    dy: Any,
+    *,
+    device: str = "host",
+    chunk: int = CHUNK,
+    build: ScanBuild = ScanBuild(),
+) -> ScanGrads:
     """Backward: the reverse-time recurrence on the device, then the chain through the discretisation."""
     xp, dt = _xp(device), _dtype(build)
     x, raw, A, B, C, Dk, dy = (xp.ascontiguousarray(v, dtype=dt) for v in (x, raw, A, B, C, Dk, dy))
@@ -440,8 +504,9 @@ def selective_scan_vjp(x: Any, raw: Any, A: Any, B: Any, C: Any, Dk: Any, dy: An
             g = total * a[t]
     else:
         da, db = xp.empty_like(a), xp.empty_like(a)
-        _fn(build, "scan_backward")((_grid(D * N),), (BLOCK,), (a, h, C, dy, da, db, np.int64(L), np.int64(D),
-                                                               np.int64(N)))
+        _fn(build, "scan_backward")(
+            (_grid(D * N),), (BLOCK,), (a, h, C, dy, da, db, np.int64(L), np.int64(D), np.int64(N))
+        )
     dpre = da * a  # d/d(delta A) of a = exp(delta A)
     ddelta = (dpre * A[None]).sum(axis=2) + (db * B[:, None, :]).sum(axis=2) * x
     sp = SOFTPLUS[build.softplus]

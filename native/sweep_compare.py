@@ -78,8 +78,11 @@ def compare_chunk_fused(nat: Any, ref: Any, alt: Any, bound: int, *, exact: bool
     out = cupy.zeros(7, dtype=cupy.uint64)
     if n:
         blocks = min(max((n + 255) // 256, 1), 4096)  # grid-stride: whole warps, no partial-warp shuffles
-        kernel((blocks,), (256,), (nat, ref, alt if alt is not None else 0, np.int64(n),
-                                   np.uint64(bound), np.int32(exact), out))
+        kernel(
+            (blocks,),
+            (256,),
+            (nat, ref, alt if alt is not None else 0, np.int64(n), np.uint64(bound), np.int32(exact), out),
+        )
     got = out.get().astype(np.int64)
     return got[:5], int(got[6]), int(got[5])
 
@@ -89,5 +92,3 @@ def _fused_kernel() -> Any:
     import cupy
 
     return cupy.RawKernel(COMPARE_SOURCE, "kc_sweep_compare")
-
-

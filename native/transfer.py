@@ -81,13 +81,24 @@ class TransferPlan:
         return {"empty": n == 0, "one_trip": (n > 0) & (trips <= 1), "grid_stride": trips > 1}
 
 
-def transfer_plan(n_elems: Any, src_bytes: Any, dst_bytes: Any, block: Any = DEFAULT_BLOCK,
-                  max_grid: Any = DEFAULT_MAX_GRID) -> TransferPlan:
+def transfer_plan(
+    n_elems: Any, src_bytes: Any, dst_bytes: Any, block: Any = DEFAULT_BLOCK, max_grid: Any = DEFAULT_MAX_GRID
+) -> TransferPlan:
     """The plan of one conversion: buffer sizes in bytes and a grid-stride launch over n_elems."""
     grid = smin(smax(cdiv(n_elems, block), 1), max_grid)
     stride = grid * block
-    return TransferPlan(n_elems, src_bytes, dst_bytes, n_elems * src_bytes, n_elems * dst_bytes, block, grid,
-                        stride, cdiv(n_elems, stride), max_grid)
+    return TransferPlan(
+        n_elems,
+        src_bytes,
+        dst_bytes,
+        n_elems * src_bytes,
+        n_elems * dst_bytes,
+        block,
+        grid,
+        stride,
+        cdiv(n_elems, stride),
+        max_grid,
+    )
 
 
 # -- the integer conversion (host NumPy version; the CUDA version below is the same algorithm) ------------
@@ -179,8 +190,11 @@ VARIANTS: dict[str, TransferVariant] = {
     for v in (
         TransferVariant("default", doc="the shipped path"),
         TransferVariant("truncate", truncate=True, doc="planted: rounds toward zero instead of to nearest even"),
-        TransferVariant("via_float64", download_via_float64=True,
-                        doc="planted: downloads through a float64 conversion (quiets signaling NaNs)"),
+        TransferVariant(
+            "via_float64",
+            download_via_float64=True,
+            doc="planted: downloads through a float64 conversion (quiets signaling NaNs)",
+        ),
     )
 }
 
@@ -212,7 +226,9 @@ def _host_bfloat16(x: np.ndarray, truncate: bool) -> np.ndarray:
 
 
 _HOST: dict[str, Callable[[np.ndarray, bool], np.ndarray]] = {
-    "binary32": _host_binary32, "binary16": _host_binary16, "bfloat16": _host_bfloat16,
+    "binary32": _host_binary32,
+    "binary16": _host_binary16,
+    "bfloat16": _host_bfloat16,
 }
 
 
@@ -232,8 +248,15 @@ def kernel_source(target: str, variant: str | None = None) -> tuple[str, str]:
 
 
 @entry_point("transfer", axes={"target": tuple(sorted(TARGETS)), "variant": (None,)})
-def upload(x: Any, target: str, *, device: str = "host", variant: str | None = None, block: int = DEFAULT_BLOCK,
-           max_grid: int = DEFAULT_MAX_GRID) -> Any:
+def upload(
+    x: Any,
+    target: str,
+    *,
+    device: str = "host",
+    variant: str | None = None,
+    block: int = DEFAULT_BLOCK,
+    max_grid: int = DEFAULT_MAX_GRID,
+) -> Any:
     """float64 host values -> ``target`` bits (uint32/uint16) on ``device``, same shape, round to nearest even."""
     t, v = get_target(target), get_variant(variant)
     host = np.ascontiguousarray(np.asarray(x, dtype=np.float64))

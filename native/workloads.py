@@ -60,8 +60,7 @@ def _elementwise() -> int:
         k = ew.get_kernel(name)
         for n, block, max_grid in _GEOMETRIES:
             ins = [cupy.asarray(rng.standard_normal(n).astype(np.float32)) for _ in k.inputs]
-            ew.run_flat(name, ins, tuple(1.5 for _ in k.scalars), device="cuda", n=n, block=block,
-                        max_grid=max_grid)
+            ew.run_flat(name, ins, tuple(1.5 for _ in k.scalars), device="cuda", n=n, block=block, max_grid=max_grid)
             launches += 1
     cupy.cuda.runtime.deviceSynchronize()
     return launches

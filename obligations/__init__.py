@@ -1,4 +1,3 @@
 """kernel-contracts: checkable contracts for GPU kernels."""
 
 __version__ = "0.1.0"
-

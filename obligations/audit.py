@@ -46,8 +46,14 @@ class Finding:
 
     def to_json(self) -> dict:
         """JSON counterexample: the build, the rule and up to 8 offending PTX lines."""
-        return {"build": self.build, "route": self.route, "rule": self.rule, "promise": self.promise,
-                "offending_lines": len(self.lines), "ptx": [f"{n}: {t}" for n, t in self.lines[:8]]}
+        return {
+            "build": self.build,
+            "route": self.route,
+            "rule": self.rule,
+            "promise": self.promise,
+            "offending_lines": len(self.lines),
+            "ptx": [f"{n}: {t}" for n, t in self.lines[:8]],
+        }
 
 
 RULES: dict[str, PtxRule] = {}
@@ -65,35 +71,43 @@ def _promise(route: Route) -> Promise:
     return PROMISES[route.name]
 
 
-register_rule(PtxRule(
-    "no-ftz",
-    "f32 arithmetic keeps subnormals (no .ftz) where the route promises to keep them",
-    lambda b, r: _promise(r).keeps_subnormals,
-    # libdevice's approximate transcendentals use ex2/lg2.approx.ftz on range-reduced arguments.
-    lambda op, b: ".ftz" in op and ".f32" in op and not (b.approximate and ".approx" in op),
-))
-register_rule(PtxRule(
-    "no-contraction",
-    "no fma.*.f32 where neither the route's promise nor the source asks for a fused operation",
-    lambda b, r: not _promise(r).contracts and not b.fused and not b.approximate,
-    lambda op, b: op.startswith("fma.") and op.endswith(".f32"),
-))
-register_rule(PtxRule(
-    "no-approx",
-    "no approximate f32 division, square root, reciprocal or ex2/lg2/sin/cos unless the kernel is declared "
-    "approximate (f64 .approx seeds inside libdevice's refined sequences are not results)",
-    lambda b, r: not b.approximate and not _promise(r).approximates,
-    lambda op, b: (".approx" in op or op.startswith("div.full")) and op.endswith(".f32"),
-))
-register_rule(PtxRule(
-    "index-64",
-    "the grid-stride index is 64-bit where the launch plan proved int64 (no 32-bit index arithmetic)",
-    lambda b, r: b.index_bits == 64,
-    # A signed 32-bit index enters 64-bit addressing by sign extension (cvt.s64.s32) and is formed with a 32-bit
-    # mad (blockIdx.x * blockDim.x + threadIdx.x). mul.lo.s32 alone is not a sign: NVRTC's fast path for a
-    # 64-bit / or % whose operands fit 32 bits computes the remainder with it.
-    lambda op, b: op in ("cvt.s64.s32", "mad.lo.s32"),
-))
+register_rule(
+    PtxRule(
+        "no-ftz",
+        "f32 arithmetic keeps subnormals (no .ftz) where the route promises to keep them",
+        lambda b, r: _promise(r).keeps_subnormals,
+        # libdevice's approximate transcendentals use ex2/lg2.approx.ftz on range-reduced arguments.
+        lambda op, b: ".ftz" in op and ".f32" in op and not (b.approximate and ".approx" in op),
+    )
+)
+register_rule(
+    PtxRule(
+        "no-contraction",
+        "no fma.*.f32 where neither the route's promise nor the source asks for a fused operation",
+        lambda b, r: not _promise(r).contracts and not b.fused and not b.approximate,
+        lambda op, b: op.startswith("fma.") and op.endswith(".f32"),
+    )
+)
+register_rule(
+    PtxRule(
+        "no-approx",
+        "no approximate f32 division, square root, reciprocal or ex2/lg2/sin/cos unless the kernel is declared "
+        "approximate (f64 .approx seeds inside libdevice's refined sequences are not results)",
+        lambda b, r: not b.approximate and not _promise(r).approximates,
+        lambda op, b: (".approx" in op or op.startswith("div.full")) and op.endswith(".f32"),
+    )
+)
+register_rule(
+    PtxRule(
+        "index-64",
+        "the grid-stride index is 64-bit where the launch plan proved int64 (no 32-bit index arithmetic)",
+        lambda b, r: b.index_bits == 64,
+        # A signed 32-bit index enters 64-bit addressing by sign extension (cvt.s64.s32) and is formed with a 32-bit
+        # mad (blockIdx.x * blockDim.x + threadIdx.x). mul.lo.s32 alone is not a sign: NVRTC's fast path for a
+        # 64-bit / or % whose operands fit 32 bits computes the remainder with it.
+        lambda op, b: op in ("cvt.s64.s32", "mad.lo.s32"),
+    )
+)
 
 _SKIP = re.compile(r"^(//|\.|\{|\}|\)|\(|$|[$\w]+:)")
 
@@ -157,12 +171,20 @@ class AuditEngine(Engine):
             for r in applied:
                 per_rule[r] = per_rule.get(r, 0) + 1
             findings += found
-        evidence = AuditEvidence(cases=len(builds), family=family, nvrtc=version, arch=ARCH,
-                                 rules_applied=per_rule, findings=len(findings),
-                                 audit_seconds=round(time.perf_counter() - t0, 3))
+        evidence = AuditEvidence(
+            cases=len(builds),
+            family=family,
+            nvrtc=version,
+            arch=ARCH,
+            rules_applied=per_rule,
+            findings=len(findings),
+            audit_seconds=round(time.perf_counter() - t0, 3),
+        )
         if findings:
             first = findings[0]
-            return violated({"findings": [f.to_json() for f in findings[:10]]},
-                            f"{len(findings)} finding(s); first: {first.build} breaks {first.rule} "
-                            f"({first.lines[0][1]})", evidence)
+            return violated(
+                {"findings": [f.to_json() for f in findings[:10]]},
+                f"{len(findings)} finding(s); first: {first.build} breaks {first.rule} ({first.lines[0][1]})",
+                evidence,
+            )
         return passed(evidence)

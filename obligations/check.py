@@ -31,8 +31,21 @@ from obligations.core.results import Outcome, Status, error, skipped
 from obligations.engines import Job, get_engine
 from obligations.isolation import Executor, item_timeout, make_executor
 
-__all__ = ["check_contract", "check_paths", "selected", "run_item", "exit_code", "provenance", "summarize",
-           "replay_command", "result_json", "EXIT_INTERRUPTED", "RunOptions", "item_fields", "raised_at"]
+__all__ = [
+    "check_contract",
+    "check_paths",
+    "selected",
+    "run_item",
+    "exit_code",
+    "provenance",
+    "summarize",
+    "replay_command",
+    "result_json",
+    "EXIT_INTERRUPTED",
+    "RunOptions",
+    "item_fields",
+    "raised_at",
+]
 
 EXIT_INTERRUPTED = 130  # the shell's code for a run stopped by Ctrl-C (SIGINT)
 
@@ -44,8 +57,9 @@ def item_method(item: dict[str, Any]) -> str:
     return item.get("method") or ("falsify" if item["kind"] == "falsification" else "assume")
 
 
-def run_item(contract: Contract, item: dict[str, Any], *, device: str = "host", profile: str = "quick",
-             seed: int = 0) -> Outcome:
+def run_item(
+    contract: Contract, item: dict[str, Any], *, device: str = "host", profile: str = "quick", seed: int = 0
+) -> Outcome:
     """Discharge one item; a crash inside an engine is an ``error`` outcome carrying the traceback."""
     if "pending" in item:
         return skipped(f"no check wired yet: {item['pending']}")
@@ -53,15 +67,21 @@ def run_item(contract: Contract, item: dict[str, Any], *, device: str = "host", 
     try:
         outcome = get_engine(item_method(item)).discharge(job)
     except SystemExit as e:  # a test or plan that calls sys.exit ends its item, not the run
-        return error(f"the check called sys.exit({e.code!r}) instead of returning an outcome",
-                     traceback=traceback.format_exc(limit=6))
+        return error(
+            f"the check called sys.exit({e.code!r}) instead of returning an outcome",
+            traceback=traceback.format_exc(limit=6),
+        )
     except Exception as e:  # engines are fallible code; the run goes on and the item says why
         where = raised_at(e)
-        return error(f"{type(e).__name__}: {e}" + (f" (raised at {where})" if where else ""),
-                     traceback=traceback.format_exc(limit=6))
+        return error(
+            f"{type(e).__name__}: {e}" + (f" (raised at {where})" if where else ""),
+            traceback=traceback.format_exc(limit=6),
+        )
     if not isinstance(outcome, Outcome):
-        return error(f"the check returned {type(outcome).__name__}, not an Outcome (a registered test must "
-                     "return passed/violated/skipped/... from obligations.core.results)")
+        return error(
+            f"the check returned {type(outcome).__name__}, not an Outcome (a registered test must "
+            "return passed/violated/skipped/... from obligations.core.results)"
+        )
     return outcome
 
 
@@ -82,8 +102,9 @@ def _relative(filename: str) -> str:
         return filename
 
 
-def item_fields(contract: Contract, item: dict[str, Any], *, device: str = "host", profile: str = "quick",
-                seed: int = 0) -> dict[str, Any]:
+def item_fields(
+    contract: Contract, item: dict[str, Any], *, device: str = "host", profile: str = "quick", seed: int = 0
+) -> dict[str, Any]:
     """The outcome fields of one item's record and the entry points its check called (JSON, for workers too)."""
     with entrypoints.recording() as calls:
         outcome = run_item(contract, item, device=device, profile=profile, seed=seed)
@@ -98,8 +119,12 @@ def _call_of(data: dict[str, Any]) -> entrypoints.Call:
 
 def _kernel_modules(contract: Contract) -> set[str]:
     """Modules the contract's kernels name (entry, plan, spec): the code whose entry points it answers for."""
-    return {str(path).partition(":")[0] for k in contract.data["kernels"].values()
-            for role, path in k.items() if role in ("entry", "plan", "spec") and isinstance(path, str)}
+    return {
+        str(path).partition(":")[0]
+        for k in contract.data["kernels"].values()
+        for role, path in k.items()
+        if role in ("entry", "plan", "spec") and isinstance(path, str)
+    }
 
 
 def _agreement_kind(applied: Any) -> str | None:
@@ -117,8 +142,9 @@ def selected(item_id: str, patterns: Iterable[str]) -> bool:
     return any(item_id == p or fnmatch.fnmatchcase(item_id, p) for p in patterns)
 
 
-def _record(contract: Contract, item: dict[str, Any], fields: dict[str, Any], device: str, seed: int,
-            seconds: float) -> dict[str, Any]:
+def _record(
+    contract: Contract, item: dict[str, Any], fields: dict[str, Any], device: str, seed: int, seconds: float
+) -> dict[str, Any]:
     statement = {k: item[k] for k in ("given", "prove") if item.get(k)} or None
     fields = dict(fields)
     calls = fields.pop("entry_points", [])
@@ -156,17 +182,28 @@ class RunOptions:
     maxfail: int | None = None
 
 
-def check_contract(path: str | Path | Contract, *, device: str = "host", only: Iterable[str] | None = None,
-                   profile: str = "quick", seed: int = 0, progress: ProgressFn | None = None,
-                   options: RunOptions | None = None, executor: Executor | None = None,
-                   failures: list[int] | None = None) -> dict[str, Any]:
+def check_contract(
+    path: str | Path | Contract,
+    *,
+    device: str = "host",
+    only: Iterable[str] | None = None,
+    profile: str = "quick",
+    seed: int = 0,
+    progress: ProgressFn | None = None,
+    options: RunOptions | None = None,
+    executor: Executor | None = None,
+    failures: list[int] | None = None,
+) -> dict[str, Any]:
     """Check one contract and return its entry of the JSON result."""
     contract = path if isinstance(path, Contract) else load_contract(path)
     options = options or RunOptions()
     own = executor is None
     if executor is None:
-        executor = make_executor(options.isolate, partial(item_fields, device=device, profile=profile, seed=seed),
-                                 {"device": device, "profile": profile, "seed": seed})
+        executor = make_executor(
+            options.isolate,
+            partial(item_fields, device=device, profile=profile, seed=seed),
+            {"device": device, "profile": profile, "seed": seed},
+        )
     failures = failures if failures is not None else [0]
     wanted = list(only) if only else None
     entry: dict[str, Any] = {
@@ -215,14 +252,20 @@ def check_contract(path: str | Path | Contract, *, device: str = "host", only: I
     if wanted is None and "interrupted" not in entry and "stopped" not in entry:
         # a partial run cannot say what no item calls
         entry["unchecked_entry_points"] = [
-            c.to_json() for c in entrypoints.unchecked(contract.data["family"], called, devices=(device,),
-                                                       modules=_kernel_modules(contract))]
+            c.to_json()
+            for c in entrypoints.unchecked(
+                contract.data["family"], called, devices=(device,), modules=_kernel_modules(contract)
+            )
+        ]
     gate = contract.data["qa_gate"]
     statuses = {it["id"]: it["status"] for it in entry["items"]}
     required = [statuses.get(i) for i in gate["requires"]]
     entry["qa_gate_status"] = (
-        "not evaluated" if any(s is None for s in required)
-        else "passed" if all(s in ("proved", "exhausted", "passed") for s in required) else "not passed"
+        "not evaluated"
+        if any(s is None for s in required)
+        else "passed"
+        if all(s in ("proved", "exhausted", "passed") for s in required)
+        else "not passed"
     )
     return entry
 
@@ -236,8 +279,9 @@ def summarize(contracts: list[dict[str, Any]]) -> dict[str, int]:
     counts["unchecked_entry_points"] = sum(len(c.get("unchecked_entry_points") or []) for c in contracts)
     items = [it for c in contracts for it in c["items"]]
     # Skipped only because the item's test or engine runs on cuda and this run is on the host (README: --strict).
-    counts["skipped_cuda_only"] = sum(it["status"] == "skipped" and bool(_CUDA_ONLY.search(it.get("reason") or ""))
-                                      for it in items)
+    counts["skipped_cuda_only"] = sum(
+        it["status"] == "skipped" and bool(_CUDA_ONLY.search(it.get("reason") or "")) for it in items
+    )
     counts["unreached_regimes"] = sum(len((it.get("evidence") or {}).get("regimes_unreached") or []) for it in items)
     counts["order_insensitive"] = sum(bool((it.get("evidence") or {}).get("order_insensitive")) for it in items)
     return counts
@@ -262,10 +306,21 @@ def _git_commit(project: Path | None = None) -> tuple[str | None, bool]:
         return os.environ["KC_COMMIT"], False
     root = project if project is not None and project.is_dir() else Path.cwd()
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                                timeout=10).stdout.strip() or None
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                                    capture_output=True, text=True, timeout=10).stdout.strip())
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or None
+        )
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.strip()
+        )
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, False
     return commit, dirty
@@ -278,8 +333,9 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def provenance(device: dict[str, Any], started: float, argv: list[str] | None = None,
-               project: Path | None = None) -> dict[str, Any]:
+def provenance(
+    device: dict[str, Any], started: float, argv: list[str] | None = None, project: Path | None = None
+) -> dict[str, Any]:
     """Where and with what a result was produced; ``commit`` is the checked project's (``project``'s repo)."""
     commit, dirty = _git_commit(project)
     cupy = next((v for v in (_version(d) for d in ("cupy-cuda13x", "cupy-cuda12x", "cupy")) if v), None)
@@ -301,10 +357,19 @@ def provenance(device: dict[str, Any], started: float, argv: list[str] | None = 
     }
 
 
-def check_paths(paths: Iterable[str | Path | Contract], *, device: str = "host",
-                device_info: dict[str, Any] | None = None, only: Iterable[str] | None = None,
-                profile: str = "quick", seed: int = 0, strict: bool = False, progress: ProgressFn | None = None,
-                argv: list[str] | None = None, options: RunOptions | None = None) -> dict[str, Any]:
+def check_paths(
+    paths: Iterable[str | Path | Contract],
+    *,
+    device: str = "host",
+    device_info: dict[str, Any] | None = None,
+    only: Iterable[str] | None = None,
+    profile: str = "quick",
+    seed: int = 0,
+    strict: bool = False,
+    progress: ProgressFn | None = None,
+    argv: list[str] | None = None,
+    options: RunOptions | None = None,
+) -> dict[str, Any]:
     """Check every contract in ``paths`` and return the whole JSON result (see README: JSON result).
 
     Loaded contracts are checked as given (``kc check`` loads and validates each once); paths are loaded and
@@ -326,14 +391,26 @@ def check_paths(paths: Iterable[str | Path | Contract], *, device: str = "host",
     contracts: list[dict[str, Any]] = []
     interrupted = stopped = False
     failures = [0]
-    executor = make_executor(options.isolate, partial(item_fields, device=device, profile=profile, seed=seed),
-                             {"device": device, "profile": profile, "seed": seed})
+    executor = make_executor(
+        options.isolate,
+        partial(item_fields, device=device, profile=profile, seed=seed),
+        {"device": device, "profile": profile, "seed": seed},
+    )
     try:
         for contract in todo:
             if only and not any(selected(it["id"], only) for it in contract.items):
                 continue
-            entry = check_contract(contract, device=device, only=only, profile=profile, seed=seed,
-                                   progress=progress, options=options, executor=executor, failures=failures)
+            entry = check_contract(
+                contract,
+                device=device,
+                only=only,
+                profile=profile,
+                seed=seed,
+                progress=progress,
+                options=options,
+                executor=executor,
+                failures=failures,
+            )
             contracts.append(entry)
             if "interrupted" in entry:
                 interrupted = True
@@ -350,8 +427,11 @@ def check_paths(paths: Iterable[str | Path | Contract], *, device: str = "host",
     result = {
         "format": EVIDENCE_FORMAT,
         "tool": {"name": "kernel-contracts", "version": __version__},
-        "provenance": {**provenance(device_info or {"kind": device}, started, argv, project=project),
-                       "profile": profile, "seed": seed},
+        "provenance": {
+            **provenance(device_info or {"kind": device}, started, argv, project=project),
+            "profile": profile,
+            "seed": seed,
+        },
         "contracts": contracts,
         "summary": summary,
         "exit_code": EXIT_INTERRUPTED if interrupted else exit_code(summary, strict),

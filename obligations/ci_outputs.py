@@ -32,9 +32,7 @@ __all__ = [
     "SARIF_SCHEMA_URI",
 ]
 
-SARIF_SCHEMA_URI = (
-    "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
-)
+SARIF_SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 
 
 @dataclass(frozen=True)
@@ -171,9 +169,7 @@ def junit_xml(result: Mapping[str, Any], *, strict: bool = False, hostname: str 
                 reason = item.get("reason") or item["status"]
                 ET.SubElement(case, "skipped", {"message": _clean(f"{item['status']}: {reason}")})
             elif outcome in ("failure", "error"):
-                el = ET.SubElement(
-                    case, outcome, {"message": _clean(_headline(item)), "type": str(item["status"])}
-                )
+                el = ET.SubElement(case, outcome, {"message": _clean(_headline(item)), "type": str(item["status"])})
                 el.text = _clean(_details(item))
         ET.SubElement(suite, "system-out").text = ""
         ET.SubElement(suite, "system-err").text = ""
@@ -357,9 +353,7 @@ def step_summary(result: Mapping[str, Any], *, strict: bool = False) -> str:
         "| " + " | ".join(str(summary.get(k, 0)) for k in keys) + " |",
         "",
     ]
-    flagged = [
-        (c, i) for c, i in _items(result) if policy(i["status"], strict).annotation in ("error", "warning")
-    ]
+    flagged = [(c, i) for c, i in _items(result) if policy(i["status"], strict).annotation in ("error", "warning")]
     if flagged:
         lines += ["| Contract | Item | Status | Reason | Replay |", "| --- | --- | --- | --- | --- |"]
         for c, i in flagged:

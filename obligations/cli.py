@@ -68,29 +68,47 @@ def _print_diagnostics(diags: list[Any]) -> None:
 
 
 def _search_path_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--search-path", metavar="DIR", action="append", default=[],
-                   help="contracts here (not checked themselves) may satisfy depends_on; repeatable")
+    p.add_argument(
+        "--search-path",
+        metavar="DIR",
+        action="append",
+        default=[],
+        help="contracts here (not checked themselves) may satisfy depends_on; repeatable",
+    )
 
 
 def _paths_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("paths", nargs="*", default=None, metavar="PATH",
-                   help="contract files or directories (scanned recursively; default: [tool.kc] contracts, "
-                        "else ./contracts)")
+    p.add_argument(
+        "paths",
+        nargs="*",
+        default=None,
+        metavar="PATH",
+        help="contract files or directories (scanned recursively; default: [tool.kc] contracts, else ./contracts)",
+    )
 
 
 def _validate_options(p: argparse.ArgumentParser) -> None:
     _paths_argument(p)
     _search_path_option(p)
-    p.add_argument("--import", dest="imports", action="store_true",
-                   help="also import the modules the contracts name, resolve kernels and registered tests and "
-                        "run plans on symbols (runs the contract's code: only for code you trust)")
+    p.add_argument(
+        "--import",
+        dest="imports",
+        action="store_true",
+        help="also import the modules the contracts name, resolve kernels and registered tests and "
+        "run plans on symbols (runs the contract's code: only for code you trust)",
+    )
     _verbosity_options(p)
 
 
 def _verbosity_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="count", default=0, help="less output: only failures and the summary")
-    p.add_argument("-v", "--verbose", action="count", default=0,
-                   help="more output: full reasons and the traceback of errored items")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="more output: full reasons and the traceback of errored items",
+    )
 
 
 @command("validate", "check contracts against the schema and their semantics (imports nothing unless --import)")
@@ -120,33 +138,68 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _check_options(p: argparse.ArgumentParser) -> None:
     _paths_argument(p)
-    p.add_argument("--device", choices=["auto", "host", "cuda"], default="auto",
-                   help="auto: cuda when a working GPU is present, else host; cuda without one exits 2")
+    p.add_argument(
+        "--device",
+        choices=["auto", "host", "cuda"],
+        default="auto",
+        help="auto: cuda when a working GPU is present, else host; cuda without one exits 2",
+    )
     p.add_argument("--json", metavar="FILE", help="write the JSON result here (atomically; '-' for stdout)")
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML (one testcase per item)")
     p.add_argument("--sarif", metavar="FILE", help="write SARIF 2.1.0")
-    p.add_argument("--strict", action="store_true", default=False,
-                   help="also fail on unknown or skipped items")
-    p.add_argument("--only", nargs="+", action="extend", metavar="ID",
-                   help="check only these item ids or shell globs (RED-FOLD-*); repeatable; an id that matches "
-                        "no item is an error")
-    p.add_argument("--profile", choices=["quick", "full"], default=None,
-                   help="falsification budget and item time limit (default: quick on host, full on cuda)")
+    p.add_argument("--strict", action="store_true", default=False, help="also fail on unknown or skipped items")
+    p.add_argument(
+        "--only",
+        nargs="+",
+        action="extend",
+        metavar="ID",
+        help="check only these item ids or shell globs (RED-FOLD-*); repeatable; an id that matches "
+        "no item is an error",
+    )
+    p.add_argument(
+        "--profile",
+        choices=["quick", "full"],
+        default=None,
+        help="falsification budget and item time limit (default: quick on host, full on cuda)",
+    )
     p.add_argument("--seed", type=int, default=None, help="seed of every randomised check (default 0)")
-    p.add_argument("--log", metavar="FILE", default=None,
-                   help="results log: one JSON line per finished item, flushed as it completes")
-    p.add_argument("--resume", metavar="LOG", default=None,
-                   help="continue the run of this results log: its finished items are not run again")
-    p.add_argument("--item-timeout", metavar="SECONDS", type=float, default=None,
-                   help="time limit of every item (overrides the item's timeout_s and the profile's; 0: none)")
-    p.add_argument("--isolate", choices=["auto", "process", "none"], default="auto",
-                   help="run items in a worker process replaced after a timeout or a fault (auto: on cuda)")
-    p.add_argument("-x", "--exitfirst", dest="maxfail", action="store_const", const=1,
-                   help="stop after the first violated or errored item")
-    p.add_argument("--maxfail", type=int, metavar="N", dest="maxfail", default=None,
-                   help="stop after N violated or errored items")
-    p.add_argument("--durations", type=int, metavar="N", default=None,
-                   help="print the N slowest items (0: all)")
+    p.add_argument(
+        "--log",
+        metavar="FILE",
+        default=None,
+        help="results log: one JSON line per finished item, flushed as it completes",
+    )
+    p.add_argument(
+        "--resume",
+        metavar="LOG",
+        default=None,
+        help="continue the run of this results log: its finished items are not run again",
+    )
+    p.add_argument(
+        "--item-timeout",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="time limit of every item (overrides the item's timeout_s and the profile's; 0: none)",
+    )
+    p.add_argument(
+        "--isolate",
+        choices=["auto", "process", "none"],
+        default="auto",
+        help="run items in a worker process replaced after a timeout or a fault (auto: on cuda)",
+    )
+    p.add_argument(
+        "-x",
+        "--exitfirst",
+        dest="maxfail",
+        action="store_const",
+        const=1,
+        help="stop after the first violated or errored item",
+    )
+    p.add_argument(
+        "--maxfail", type=int, metavar="N", dest="maxfail", default=None, help="stop after N violated or errored items"
+    )
+    p.add_argument("--durations", type=int, metavar="N", default=None, help="print the N slowest items (0: all)")
     _verbosity_options(p)
     _search_path_option(p)
 
@@ -174,8 +227,11 @@ def _unknown_only(only: list[str], contracts: Any) -> list[str]:
     from obligations.contract import did_you_mean
 
     ids = [it["id"] for c in contracts for it in c.items]
-    return [f"--only {p}: no item with this id{did_you_mean(p, ids)}" for p in only
-            if not any(selected(i, [p]) for i in ids)]
+    return [
+        f"--only {p}: no item with this id{did_you_mean(p, ids)}"
+        for p in only
+        if not any(selected(i, [p]) for i in ids)
+    ]
 
 
 def _check_outputs(args: argparse.Namespace) -> list[str]:
@@ -245,8 +301,10 @@ def _check(args: argparse.Namespace) -> int:
         _print_diagnostics(loaded.diagnostics)
         return EXIT_INVALID
     if not loaded.contracts:
-        print(f"kc: no contract collected from {', '.join(map(str, args.paths))} (exit {EXIT_NO_CONTRACTS})",
-              file=sys.stderr)
+        print(
+            f"kc: no contract collected from {', '.join(map(str, args.paths))} (exit {EXIT_NO_CONTRACTS})",
+            file=sys.stderr,
+        )
         return EXIT_NO_CONTRACTS
     unknown = _unknown_only(args.only or [], loaded.contracts)
     if unknown:
@@ -258,18 +316,38 @@ def _check(args: argparse.Namespace) -> int:
     verbosity = args.verbose - args.quiet
     if verbosity >= 0:
         print(f"kc {__version__}: device {device}, profile {profile}, seed {seed}", file=out)
-    settings = {"device": device, "profile": profile, "seed": seed, "only": args.only or None,
-                "strict": bool(args.strict), "paths": [str(p) for p in args.paths]}
+    settings = {
+        "device": device,
+        "profile": profile,
+        "seed": seed,
+        "only": args.only or None,
+        "strict": bool(args.strict),
+        "paths": [str(p) for p in args.paths],
+    }
     log_path = args.resume or args.log
     log = RunLog(Path(log_path), settings, append=bool(args.resume)) if log_path else None
-    options = RunOptions(item_timeout=args.item_timeout, isolate=args.isolate, maxfail=args.maxfail,
-                         done=resumed.done if resumed else {}, log=log.record if log else None)
+    options = RunOptions(
+        item_timeout=args.item_timeout,
+        isolate=args.isolate,
+        maxfail=args.maxfail,
+        done=resumed.done if resumed else {},
+        log=log.record if log else None,
+    )
     total = sum(1 for c in loaded.contracts for it in c.items if not args.only or _selected(it["id"], args.only))
     reporter = Reporter(out, verbosity, total)
     try:
-        result = check_paths(loaded.contracts, device=device, device_info=device_info(device), only=args.only,
-                             profile=profile, seed=seed, strict=args.strict, progress=reporter,
-                             argv=["kc", *sys.argv[1:]], options=options)
+        result = check_paths(
+            loaded.contracts,
+            device=device,
+            device_info=device_info(device),
+            only=args.only,
+            profile=profile,
+            seed=seed,
+            strict=args.strict,
+            progress=reporter,
+            argv=["kc", *sys.argv[1:]],
+            options=options,
+        )
     finally:
         reporter.close()
         if log:
@@ -277,9 +355,12 @@ def _check(args: argparse.Namespace) -> int:
     if result.get("interrupted"):
         _write_outputs(args, result)
         _print_summary(result, out, " (interrupted)")
-        print("kc: interrupted; the result holds the items checked so far" +
-              (f" ({args.json})" if args.json else "") + (f"; resume with kc check --resume {log_path}"
-                                                          if log_path else ""), file=sys.stderr)
+        print(
+            "kc: interrupted; the result holds the items checked so far"
+            + (f" ({args.json})" if args.json else "")
+            + (f"; resume with kc check --resume {log_path}" if log_path else ""),
+            file=sys.stderr,
+        )
         return result["exit_code"]
     if log:
         log_end(log_path, result["exit_code"])
@@ -313,8 +394,7 @@ def log_end(path: str, exit_code: int) -> None:
 
 
 def _print_durations(result: dict[str, Any], n: int, out: Any) -> None:
-    items = sorted(((it["seconds"], c["id"], it["id"]) for c in result["contracts"] for it in c["items"]),
-                   reverse=True)
+    items = sorted(((it["seconds"], c["id"], it["id"]) for c in result["contracts"] for it in c["items"]), reverse=True)
     shown = items if n == 0 else items[:n]
     print(f"slowest {len(shown)} item(s):", file=out)
     for seconds, cid, iid in shown:
@@ -344,16 +424,32 @@ def _write_outputs(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
 
 def _report_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("paths", nargs="*", default=None, metavar="PATH",
-                   help="contracts to check when no --from is given (default: [tool.kc] contracts, else ./contracts)")
-    p.add_argument("--from", dest="source", metavar="RESULT.json", action="append",
-                   help="report this result instead of checking; repeat to merge runs (e.g. per-contract runs)")
+    p.add_argument(
+        "paths",
+        nargs="*",
+        default=None,
+        metavar="PATH",
+        help="contracts to check when no --from is given (default: [tool.kc] contracts, else ./contracts)",
+    )
+    p.add_argument(
+        "--from",
+        dest="source",
+        metavar="RESULT.json",
+        action="append",
+        help="report this result instead of checking; repeat to merge runs (e.g. per-contract runs)",
+    )
     p.add_argument("--out", default="reports", help="output directory (default: [tool.kc] report_dir, else reports)")
-    p.add_argument("--check", action="store_true",
-                   help="exit 1 if committed reports no longer match their contracts, this tool version or the "
-                        "evidence (device, profile) of the result kept beside them")
-    p.add_argument("--force", action="store_true",
-                   help="replace reports that rest on richer evidence (a GPU or full-profile run) with poorer")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 if committed reports no longer match their contracts, this tool version or the "
+        "evidence (device, profile) of the result kept beside them",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace reports that rest on richer evidence (a GPU or full-profile run) with poorer",
+    )
     p.add_argument("--device", choices=["auto", "host", "cuda"], default="auto", help="device of the check run")
     p.add_argument("--seed", type=int, default=0, help="seed of the check run")
     p.add_argument("--no-html", action="store_true", help="write Markdown only")
@@ -372,8 +468,9 @@ def _poorer_than_existing(out: str, result: dict[str, Any]) -> list[str]:
             report, old = existing[c["id"]]
             worse = poorer(level, old)
             if worse:
-                problems.append(f"{report} rests on richer evidence than this run ({', '.join(worse)}); "
-                                "kept (--force replaces it)")
+                problems.append(
+                    f"{report} rests on richer evidence than this run ({', '.join(worse)}); kept (--force replaces it)"
+                )
     return problems
 
 
@@ -403,8 +500,9 @@ def _report(args: argparse.Namespace) -> int:
     else:
         with tempfile.TemporaryDirectory() as tmp:  # reports/result.json is replaced only once the run is kept
             out_json = Path(tmp) / "result.json"
-            code = main(["check", *args.paths, "--device", args.device, "--seed", str(args.seed), "--json",
-                         str(out_json)])
+            code = main(
+                ["check", *args.paths, "--device", args.device, "--seed", str(args.seed), "--json", str(out_json)]
+            )
             if code not in (EXIT_OK, EXIT_FAILED):
                 return code
             result = reporting.load_result(out_json)
@@ -448,10 +546,20 @@ def merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _explain_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("item_id", metavar="ID", help="the item to explain")
-    p.add_argument("paths", nargs="*", default=None, metavar="PATH",
-                   help="contracts to look in (default: [tool.kc] contracts, else ./contracts)")
-    p.add_argument("--from", dest="source", metavar="RESULT.json", default=None,
-                   help="evidence from this result (default: reports/result.json when present)")
+    p.add_argument(
+        "paths",
+        nargs="*",
+        default=None,
+        metavar="PATH",
+        help="contracts to look in (default: [tool.kc] contracts, else ./contracts)",
+    )
+    p.add_argument(
+        "--from",
+        dest="source",
+        metavar="RESULT.json",
+        default=None,
+        help="evidence from this result (default: reports/result.json when present)",
+    )
 
 
 @command("explain", "print an item, its formal statement, its last evidence and how to reproduce it")
@@ -479,9 +587,12 @@ def _new_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", help="contract id, e.g. softmax-v1 (written to CONTRACTS_DIR/NAME.yaml)")
     p.add_argument("--family", required=True, help="kernel family, e.g. gemm or softmax")
     p.add_argument("--contracts-dir", default=DEFAULT_CONTRACTS, help="where the contract goes (default: contracts)")
-    p.add_argument("--tests-dir", default=None,
-                   help="where the test module goes (default: falsification/ in kc's checkout, where it is "
-                        "registered automatically; contract_tests/ elsewhere, a package kc imports)")
+    p.add_argument(
+        "--tests-dir",
+        default=None,
+        help="where the test module goes (default: falsification/ in kc's checkout, where it is "
+        "registered automatically; contract_tests/ elsewhere, a package kc imports)",
+    )
 
 
 @command("new", "scaffold a contract and a test module whose items start skipped: not implemented")
@@ -505,17 +616,29 @@ def _new(args: argparse.Namespace) -> int:
 def _sweep_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("op", help="a registered unary elementwise kernel (sqrt, inv, neg, relu, exp, log, tanh, ...)")
     p.add_argument("--env", default=None, help="float environment of the reference (default: the route's)")
-    p.add_argument("--device", choices=["auto", "host", "cuda"], default="auto",
-                   help="auto: cuda when a working GPU is present, else host")
-    p.add_argument("--fmt", default="binary32", help="binary32 (kernel vs reference) or a small format (e.g. "
-                   "binary16, e4m3): every operand pair of softfloat against an exact oracle, on the CPU")
+    p.add_argument(
+        "--device",
+        choices=["auto", "host", "cuda"],
+        default="auto",
+        help="auto: cuda when a working GPU is present, else host",
+    )
+    p.add_argument(
+        "--fmt",
+        default="binary32",
+        help="binary32 (kernel vs reference) or a small format (e.g. "
+        "binary16, e4m3): every operand pair of softfloat against an exact oracle, on the CPU",
+    )
     p.add_argument("--lo", type=lambda v: int(v, 0), default=0, help="first input bit pattern (0x... or int)")
     p.add_argument("--hi", type=lambda v: int(v, 0), default=None, help="last input bit pattern (default: all)")
     p.add_argument("--sample", type=int, default=None, help="check this many seeded random inputs instead")
     p.add_argument("--route", default="nvrtc-ieee", help="compilation route of the kernel (default nvrtc-ieee)")
     p.add_argument("--bound", type=int, default=None, help="max ULP allowed (default: bitwise)")
-    p.add_argument("--reference", choices=["softfloat", "float64"], default=None,
-                   help="reference the kernel is compared with (default: the route's)")
+    p.add_argument(
+        "--reference",
+        choices=["softfloat", "float64"],
+        default=None,
+        help="reference the kernel is compared with (default: the route's)",
+    )
     p.add_argument("--json", metavar="FILE", help="also write the sweep report here (atomically)")
 
 
@@ -527,13 +650,21 @@ def _sweep(args: argparse.Namespace) -> int:
     device = _resolve_device(args.device)
     if device is None:
         return EXIT_INVALID
-    kwargs: dict[str, Any] = {"lo": args.lo, "hi": args.hi, "sample": args.sample, "route": args.route,
-                              "bound": args.bound}
+    kwargs: dict[str, Any] = {
+        "lo": args.lo,
+        "hi": args.hi,
+        "sample": args.sample,
+        "route": args.route,
+        "bound": args.bound,
+    }
     if args.reference:
         kwargs["reference"] = args.reference
     if device == "host" and args.fmt == "binary32" and args.sample is None and args.hi is None:
-        print("kc sweep: all 2^32 inputs on the host would take hours; checking a 2^22 sample "
-              "(use --device cuda for the exhaustive sweep, or --lo/--hi/--sample)", file=sys.stderr)
+        print(
+            "kc sweep: all 2^32 inputs on the host would take hours; checking a 2^22 sample "
+            "(use --device cuda for the exhaustive sweep, or --lo/--hi/--sample)",
+            file=sys.stderr,
+        )
     try:
         with _working(f"kc sweep {args.op} ({args.fmt}, {device})"):
             report = sweep(args.op, args.env, device=device, fmt=args.fmt, **kwargs)
@@ -572,8 +703,12 @@ def _replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("item_id", metavar="ID", help="the falsification item whose case is replayed")
     p.add_argument("--bits", required=True, help="operand bit patterns, comma separated (0x... or ints)")
     p.add_argument("--scalars", default="", help="scalar operand bit patterns, comma separated")
-    p.add_argument("--device", choices=["auto", "host", "cuda"], default="auto",
-                   help="auto: cuda when a working GPU is present, else host")
+    p.add_argument(
+        "--device",
+        choices=["auto", "host", "cuda"],
+        default="auto",
+        help="auto: cuda when a working GPU is present, else host",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the replayed check")
 
 
@@ -596,8 +731,15 @@ def _replay(args: argparse.Namespace) -> int:
         print(f"kc: error: no falsification item {args.item_id!r} in {args.path}", file=sys.stderr)
         return EXIT_INVALID
     split = [s for s in args.scalars.split(",") if s]
-    outcome = replay(item, bits=args.bits.split(","), scalars=split, device=device, contract=contract.data,
-                     contract_path=args.path, seed=args.seed)
+    outcome = replay(
+        item,
+        bits=args.bits.split(","),
+        scalars=split,
+        device=device,
+        contract=contract.data,
+        contract_path=args.path,
+        seed=args.seed,
+    )
     print(json.dumps(outcome.to_json(), indent=2, default=str))
     return EXIT_FAILED if outcome.status.is_failure else EXIT_OK
 
@@ -611,9 +753,12 @@ def build_parser(config: Any = None) -> argparse.ArgumentParser:
     """The argument parser with every registered subcommand (defaults from ``[tool.kc]`` when given)."""
     from obligations.config import defaults_for
 
-    parser = argparse.ArgumentParser(prog="kc", description="kernel-contracts: checkable claims about GPU kernels",
-                                     epilog="exit codes: 0 ok, 1 violated/errored, 2 invalid contract or usage, "
-                                            "3 internal error, 5 no contract collected, 130 interrupted")
+    parser = argparse.ArgumentParser(
+        prog="kc",
+        description="kernel-contracts: checkable claims about GPU kernels",
+        epilog="exit codes: 0 ok, 1 violated/errored, 2 invalid contract or usage, "
+        "3 internal error, 5 no contract collected, 130 interrupted",
+    )
     parser.add_argument("--version", action="version", version=f"kc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (configure, run) in COMMANDS.items():
@@ -654,8 +799,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INVALID
     except Exception:
         traceback.print_exc()
-        print("kc: internal error (a bug in kernel-contracts; please report it with the traceback)",
-              file=sys.stderr)
+        print("kc: internal error (a bug in kernel-contracts; please report it with the traceback)", file=sys.stderr)
         return EXIT_INTERNAL
 
 

@@ -115,5 +115,8 @@ def _rel(p: Path) -> Path:
 
 def defaults_for(command: str, config: KcConfig) -> dict[str, Any]:
     """argparse defaults for ``command`` from ``config``."""
-    return {dest: config.values[key] for key, (dest, _conv, commands) in CONFIG_KEYS.items()
-            if key in config.values and command in commands}
+    return {
+        dest: config.values[key]
+        for key, (dest, _conv, commands) in CONFIG_KEYS.items()
+        if key in config.values and command in commands
+    }

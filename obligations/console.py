@@ -13,8 +13,15 @@ from typing import Any, TextIO
 
 __all__ = ["colour_enabled", "paint", "Reporter", "readable_counterexample", "progress_bar"]
 
-_STATUS_COLOURS = {"proved": "32", "exhausted": "32", "passed": "32", "violated": "31", "error": "31",
-                   "unknown": "33", "skipped": "90"}
+_STATUS_COLOURS = {
+    "proved": "32",
+    "exhausted": "32",
+    "passed": "32",
+    "violated": "31",
+    "error": "31",
+    "unknown": "33",
+    "skipped": "90",
+}
 
 
 def colour_enabled(stream: TextIO) -> bool:
@@ -60,8 +67,15 @@ def progress_bar(total: int, description: str, stream: TextIO | None = None) -> 
     except ImportError:
         return None
     console = Console(file=stream, no_color=bool(os.environ.get("NO_COLOR")), highlight=False)
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("{task.fields[current]}"), console=console, transient=True)
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[current]}"),
+        console=console,
+        transient=True,
+    )
     bar.add_task(description, total=total, current="")
     return bar
 

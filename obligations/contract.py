@@ -184,16 +184,17 @@ class _BoundedComposer(Composer):
         target = self.anchors.get(event.anchor)
         self.aliases += 1
         if self.aliases > MAX_ALIASES:
-            raise ComposerError(None, None, f"more than {MAX_ALIASES} aliases (a contract needs few)",
-                                event.start_mark)
+            raise ComposerError(None, None, f"more than {MAX_ALIASES} aliases (a contract needs few)", event.start_mark)
         if target is not None and getattr(target, "end_mark", None) is None:
-            raise ComposerError(None, None, f"alias *{event.anchor} refers to a node that contains it",
-                                event.start_mark)
+            raise ComposerError(
+                None, None, f"alias *{event.anchor} refers to a node that contains it", event.start_mark
+            )
         if target is not None:
             self.expanded += self._size(target)
             if self.expanded > MAX_EXPANDED_NODES:
-                raise ComposerError(None, None, f"aliases expand to more than {MAX_EXPANDED_NODES} nodes",
-                                    event.start_mark)
+                raise ComposerError(
+                    None, None, f"aliases expand to more than {MAX_EXPANDED_NODES} nodes", event.start_mark
+                )
         return super().compose_node(parent, index)
 
     def _size(self, node: Any) -> int:
@@ -218,14 +219,16 @@ def _at(path: Path, text: str, index: int, message: str) -> Diagnostic:
 def _decode(path: Path, raw: bytes) -> str:
     """The file's text (UTF-8, an optional BOM dropped); ContractError at the first byte that is not UTF-8."""
     if len(raw) > MAX_FILE_BYTES:
-        raise ContractError([Diagnostic(str(path), 1, 1, f"file is {len(raw)} bytes; a contract is at most "
-                                                         f"{MAX_FILE_BYTES}")])
+        raise ContractError(
+            [Diagnostic(str(path), 1, 1, f"file is {len(raw)} bytes; a contract is at most {MAX_FILE_BYTES}")]
+        )
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         good = raw[: e.start].decode("utf-8", errors="replace")
-        raise ContractError([_at(path, good, len(good), f"not UTF-8: byte 0x{raw[e.start]:02x} ({e.reason})")]) \
-            from None
+        raise ContractError(
+            [_at(path, good, len(good), f"not UTF-8: byte 0x{raw[e.start]:02x} ({e.reason})")]
+        ) from None
 
 
 def _parse(path: Path, raw: bytes) -> tuple[Any, str]:
@@ -241,8 +244,9 @@ def _parse(path: Path, raw: bytes) -> tuple[Any, str]:
             return yaml.load(text), text
     except MaxDepthExceededError as e:
         mark = e.problem_mark
-        raise ContractError([Diagnostic(str(path), mark.line + 1, mark.column + 1,
-                                        f"YAML: nested more than {MAX_DEPTH} levels deep")]) from None
+        raise ContractError(
+            [Diagnostic(str(path), mark.line + 1, mark.column + 1, f"YAML: nested more than {MAX_DEPTH} levels deep")]
+        ) from None
     except MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
@@ -251,8 +255,9 @@ def _parse(path: Path, raw: bytes) -> tuple[Any, str]:
     except ReaderError as e:
         index = e.position if isinstance(e.position, int) else 0
         char = e.character if isinstance(e.character, int) else 0
-        raise ContractError([_at(path, text, index, f"YAML: character U+{char:04X} is not allowed ({e.reason})")]) \
-            from None
+        raise ContractError(
+            [_at(path, text, index, f"YAML: character U+{char:04X} is not allowed ({e.reason})")]
+        ) from None
     except (YAMLError, ValueError, TypeError, OverflowError, RecursionError) as e:  # ruamel's unmarked errors
         raise ContractError([Diagnostic(str(path), 1, 1, f"YAML: {type(e).__name__}: {e}")]) from None
 
@@ -277,8 +282,9 @@ def _plain(node: Any, path: str, where: tuple[int, int], problems: list[Diagnost
         out: dict[str, Any] = {}
         for k, v in node.items():
             if not isinstance(k, str):
-                problems.append(Diagnostic(path, *_position(node, k, value=False),
-                                           f"mapping key {k!r} is not a string (quote it)"))
+                problems.append(
+                    Diagnostic(path, *_position(node, k, value=False), f"mapping key {k!r} is not a string (quote it)")
+                )
                 continue
             out[str(k)] = _plain(v, path, _position(node, k), problems)
         return out
@@ -287,14 +293,25 @@ def _plain(node: Any, path: str, where: tuple[int, int], problems: list[Diagnost
     for yaml_type, plain in _SCALARS:
         if isinstance(node, yaml_type):
             return plain(node)
-    problems.append(Diagnostic(path, *where, f"a YAML {_yaml_kind(node)} is not allowed in a contract "
-                                             "(only strings, numbers, booleans, lists and mappings)"))
+    problems.append(
+        Diagnostic(
+            path,
+            *where,
+            f"a YAML {_yaml_kind(node)} is not allowed in a contract "
+            "(only strings, numbers, booleans, lists and mappings)",
+        )
+    )
     return None
 
 
-_YAML_KINDS = {"bytes": "binary value (!!binary)", "date": "date (quote it to make it a string)",
-               "datetime": "timestamp (quote it)", "TimeStamp": "timestamp (quote it)",
-               "CommentedSet": "set (!!set)", "CommentedOrderedMap": "ordered map (!!omap)"}
+_YAML_KINDS = {
+    "bytes": "binary value (!!binary)",
+    "date": "date (quote it to make it a string)",
+    "datetime": "timestamp (quote it)",
+    "TimeStamp": "timestamp (quote it)",
+    "CommentedSet": "set (!!set)",
+    "CommentedOrderedMap": "ordered map (!!omap)",
+}
 
 
 def _yaml_kind(node: Any) -> str:
@@ -302,8 +319,9 @@ def _yaml_kind(node: Any) -> str:
     return f"value tagged {tag}" if isinstance(tag, str) else _YAML_KINDS.get(type(node).__name__, type(node).__name__)
 
 
-def load_contract(path: str | Path, *, check: bool = True, known_ids: set[str] | None = None,
-                  imports: bool = True) -> Contract:
+def load_contract(
+    path: str | Path, *, check: bool = True, known_ids: set[str] | None = None, imports: bool = True
+) -> Contract:
     """Load one contract; with ``check`` raise ContractError listing every problem found."""
     contract = parse_contract(path)
     if check:
@@ -347,8 +365,11 @@ def _scan(directory: Path) -> list[Path]:
     """Contracts under ``directory``, recursively (hidden and build directories and virtualenvs skipped)."""
     found = []
     for root, dirs, files in os.walk(directory):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIPPED_DIRS
-                         and not (Path(root) / d / "pyvenv.cfg").exists())
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if not d.startswith(".") and d not in _SKIPPED_DIRS and not (Path(root) / d / "pyvenv.cfg").exists()
+        )
         for name in sorted(files):
             q = Path(root) / name
             if q.suffix in (".yaml", ".yml") and not name.startswith("."):
@@ -385,8 +406,9 @@ class Loaded:
     files: tuple[Path, ...]
 
 
-def load_contracts(paths: Iterable[str | Path], *, search_path: Iterable[str | Path] = (),
-                   imports: bool = True) -> Loaded:
+def load_contracts(
+    paths: Iterable[str | Path], *, search_path: Iterable[str | Path] = (), imports: bool = True
+) -> Loaded:
     """Parse and validate every named contract once (directories expanded).
 
     ``depends_on`` resolves among the named contracts and those in ``search_path`` (directories or files,
@@ -423,8 +445,9 @@ def load_contracts(paths: Iterable[str | Path], *, search_path: Iterable[str | P
     return Loaded(tuple(parsed), tuple(problems), tuple(files))
 
 
-def validate_paths(paths: Iterable[str | Path], *, search_path: Iterable[str | Path] = (),
-                   imports: bool = True) -> list[Diagnostic]:
+def validate_paths(
+    paths: Iterable[str | Path], *, search_path: Iterable[str | Path] = (), imports: bool = True
+) -> list[Diagnostic]:
     """Every problem in the named contracts (see :func:`load_contracts`)."""
     return list(load_contracts(paths, search_path=search_path, imports=imports).diagnostics)
 
@@ -479,8 +502,9 @@ _CHECKS: list[Callable[[Contract, set[str] | None], Iterator[Diagnostic]]] = []
 _IMPORTING: set[str] = set()  # names of checks that import or call project code (skipped without imports)
 
 
-def semantic_check(fn: Callable[[Contract, set[str] | None], Iterator[Diagnostic]] | None = None, *,
-                   imports: bool = False) -> Callable:
+def semantic_check(
+    fn: Callable[[Contract, set[str] | None], Iterator[Diagnostic]] | None = None, *, imports: bool = False
+) -> Callable:
     """Register a semantic check run on every schema-valid contract (``imports``: it imports project code)."""
 
     def register(f: Callable[[Contract, set[str] | None], Iterator[Diagnostic]]) -> Callable:
@@ -503,7 +527,8 @@ def _schema() -> dict[str, Any]:
 _Validator = jsonschema.validators.extend(
     jsonschema.Draft7Validator,
     type_checker=jsonschema.Draft7Validator.TYPE_CHECKER.redefine(
-        "integer", lambda _checker, v: isinstance(v, int) and not isinstance(v, bool)),
+        "integer", lambda _checker, v: isinstance(v, int) and not isinstance(v, bool)
+    ),
 )
 
 
@@ -553,8 +578,10 @@ def add_project_root(contract_path: str | Path) -> Path | None:
     ``.git``; without one, the contract's parent directory when it is a ``contracts`` folder, else its own.
     """
     here = Path(contract_path).resolve().parent
-    root = next((d for d in (here, *here.parents)
-                 if any((d / m).exists() for m in ("pyproject.toml", "setup.cfg", ".git"))), None)
+    root = next(
+        (d for d in (here, *here.parents) if any((d / m).exists() for m in ("pyproject.toml", "setup.cfg", ".git"))),
+        None,
+    )
     if root is None:
         root = here.parent if here.name == "contracts" else here
     if str(root) not in sys.path:
@@ -641,8 +668,9 @@ def resolve_code(dotted: str, role: str = "plan") -> Any:
     """
     module_name = dotted.partition(":")[0]
     if _standard_library(module_name):
-        raise plans.ResolveError(f"{dotted}: module {module_name!r} is Python's standard library; a kernel's "
-                                 f"{role} must be project code")
+        raise plans.ResolveError(
+            f"{dotted}: module {module_name!r} is Python's standard library; a kernel's {role} must be project code"
+        )
     try:
         obj = plans.resolve(dotted)
     except plans.ResolveError:
@@ -653,8 +681,7 @@ def resolve_code(dotted: str, role: str = "plan") -> Any:
         raise plans.ResolveError(f"importing module {module_name!r} failed: {type(e).__name__}: {e}") from None
     what, accepts = CODE_ROLES[role]
     if not accepts(obj) or _standard_library(getattr(obj, "__module__", None) or "builtins"):
-        raise plans.ResolveError(f"{dotted} is not {what} outside the standard library "
-                                 f"(it is a {type(obj).__name__})")
+        raise plans.ResolveError(f"{dotted} is not {what} outside the standard library (it is a {type(obj).__name__})")
     return obj
 
 
@@ -676,12 +703,18 @@ def _code_names(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
         for role in CODE_ROLES:
             module = str(k.get(role, "")).partition(":")[0]
             if role in k and _standard_library(module):
-                yield _d(c, ("kernels", name, role), f"{k[role]}: module {module!r} is Python's standard library; "
-                         f"a kernel's {role} must be project code", True)
+                yield _d(
+                    c,
+                    ("kernels", name, role),
+                    f"{k[role]}: module {module!r} is Python's standard library; "
+                    f"a kernel's {role} must be project code",
+                    True,
+                )
     for idx, name in enumerate(c.data.get("test_modules") or []):
         if _standard_library(name):
-            yield _d(c, ("test_modules", idx), f"test module {name!r} is Python's standard library, not a test "
-                     "module", True)
+            yield _d(
+                c, ("test_modules", idx), f"test module {name!r} is Python's standard library, not a test module", True
+            )
 
 
 def import_test_modules(c: Contract) -> list[tuple[int, str]]:
@@ -753,8 +786,11 @@ def _expressions(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
         names = set(c.symbols)
         quantities: set[str] = set()
         callables: set[str] = set()
-        kernel = c.data["kernels"].get(item.get("kernel")) if item.get("kernel") else (
-            next(iter(c.data["kernels"].values())) if len(c.data["kernels"]) == 1 else None)
+        kernel = (
+            c.data["kernels"].get(item.get("kernel"))
+            if item.get("kernel")
+            else (next(iter(c.data["kernels"].values())) if len(c.data["kernels"]) == 1 else None)
+        )
         if kernel and "plan" in kernel:
             try:
                 qs = plan_quantity_names(c, kernel["plan"])
@@ -776,16 +812,19 @@ def _expressions(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
                 clean = False
                 yield Diagnostic(c.path, *c.expression_position(path, err.col, item[field_name]), err.message)
                 continue
-            clean = clean and not (e.names() - names - quantities - {"True", "False"}) and not (
-                e.called() - callables)
+            clean = clean and not (e.names() - names - quantities - {"True", "False"}) and not (e.called() - callables)
             for n in sorted(e.names() - names - quantities - {"True", "False"}):
-                yield Diagnostic(c.path, *c.expression_position(path, _find_name(item[field_name], n),
-                                                                item[field_name]),
-                                 f"unknown name {n!r} (not a symbol or plan quantity)")
+                yield Diagnostic(
+                    c.path,
+                    *c.expression_position(path, _find_name(item[field_name], n), item[field_name]),
+                    f"unknown name {n!r} (not a symbol or plan quantity)",
+                )
             for n in sorted(e.called() - callables):
-                yield Diagnostic(c.path, *c.expression_position(path, _find_name(item[field_name], n),
-                                                                item[field_name]),
-                                 f"unknown function {n!r} (not a builtin or plan function)")
+                yield Diagnostic(
+                    c.path,
+                    *c.expression_position(path, _find_name(item[field_name], n), item[field_name]),
+                    f"unknown function {n!r} (not a builtin or plan function)",
+                )
         if clean:
             # Kinds (integer vs condition) are known only with the plan's values: evaluate once over Z3 symbols.
             for err in statements.statement_errors(c, item):
@@ -811,8 +850,9 @@ def _expressions_syntax(c: Contract) -> Iterator[Diagnostic]:
                 try:
                     exprlang.parse(item[field_name])
                 except exprlang.ExprError as err:
-                    yield Diagnostic(c.path, *c.expression_position((key, idx, field_name), err.col,
-                                                                    item[field_name]), err.message)
+                    yield Diagnostic(
+                        c.path, *c.expression_position((key, idx, field_name), err.col, item[field_name]), err.message
+                    )
 
 
 def _find_name(source: str, name: str) -> int:

@@ -110,8 +110,14 @@ def _symbol_range(decl: Mapping[str, Any]) -> tuple[int, int]:
 
 def _array_env(contract: Contract, grid: Mapping[str, np.ndarray]) -> dict[str, Any]:
     """NumPy-carried values for enumerated symbols (bool symbols become bool arrays)."""
-    return {name: (sym.BoolTerm(arr.astype(bool)) if contract.symbols[name]["type"] == "bool"
-                   else sym.Term(arr, contract.symbols[name]["type"])) for name, arr in grid.items()}
+    return {
+        name: (
+            sym.BoolTerm(arr.astype(bool))
+            if contract.symbols[name]["type"] == "bool"
+            else sym.Term(arr, contract.symbols[name]["type"])
+        )
+        for name, arr in grid.items()
+    }
 
 
 def _concrete_env(contract: Contract, values: Mapping[str, int]) -> dict[str, Any]:
@@ -227,8 +233,11 @@ class Z3Engine(Engine):
         values = {}
         for name, v in env.items():
             e = v.expr
-            values[name] = bool(z3.is_true(model.evaluate(e, model_completion=True))) if isinstance(
-                v, sym.BoolTerm) else model.evaluate(e, model_completion=True).as_long()
+            values[name] = (
+                bool(z3.is_true(model.evaluate(e, model_completion=True)))
+                if isinstance(v, sym.BoolTerm)
+                else model.evaluate(e, model_completion=True).as_long()
+            )
         conf = confirm(c, item, values)
         evidence = replace(evidence, confirmed_concretely=conf["refutes"])
         cex = {"symbols": values, **conf}
@@ -274,16 +283,21 @@ class EnumerateEngine(Engine):
         ok = np.broadcast_to(np.asarray(ev.prove.expr, dtype=bool), (n,)).copy()
         for cnd in ev.required():
             ok &= np.broadcast_to(np.asarray(cnd.expr, dtype=bool), (n,))
-        evidence = EnumerateEvidence(points=int(n), points_in_given=int(given.sum()), bound=item.get("bound"),
-                                     enumeration_seconds=round(time.perf_counter() - t0, 3))
+        evidence = EnumerateEvidence(
+            points=int(n),
+            points_in_given=int(given.sum()),
+            bound=item.get("bound"),
+            enumeration_seconds=round(time.perf_counter() - t0, 3),
+        )
         if not given.any():
             return error("vacuous: no enumerated point satisfies the assumptions", evidence)
         bad = np.flatnonzero(given & ~ok)
         if bad.size == 0:
             return exhausted(evidence)
         idx = int(bad[0])
-        values = {name: (bool(arr[idx]) if c.symbols[name]["type"] == "bool" else int(arr[idx]))
-                  for name, arr in grid.items()}
+        values = {
+            name: (bool(arr[idx]) if c.symbols[name]["type"] == "bool" else int(arr[idx])) for name, arr in grid.items()
+        }
         conf = confirm(c, item, values)
         evidence = replace(evidence, failing_points=int(bad.size))
         return violated({"symbols": values, **conf}, _reason(conf), evidence)
@@ -383,8 +397,11 @@ class SympyEngine(Engine):
             point = {s: sympy.Rational(int(rng.integers(-50, 50)), int(rng.integers(1, 9))) for s in real.values()}
             val = diff.subs(point)
             if val.is_number and abs(float(val)) > 1e-9:
-                return violated({"point": {str(k): str(v) for k, v in point.items()}, "difference": str(val)},
-                                "the identity differs at this point", evidence)
+                return violated(
+                    {"point": {str(k): str(v) for k, v in point.items()}, "difference": str(val)},
+                    "the identity differs at this point",
+                    evidence,
+                )
         return unknown("sympy could not simplify the difference to 0 and found no refuting point", evidence)
 
 
@@ -413,8 +430,15 @@ class _RegisteredTestEngine(Engine):
             if isinstance(found, str):
                 return error(found)
             witnesses = found
-        ctx = FalsifyContext(device=job.device, profile=job.profile, seed=job.seed, item=dict(item),
-                             contract=job.contract.data, contract_path=job.contract.path, witnesses=witnesses)
+        ctx = FalsifyContext(
+            device=job.device,
+            profile=job.profile,
+            seed=job.seed,
+            item=dict(item),
+            contract=job.contract.data,
+            contract_path=job.contract.path,
+            witnesses=witnesses,
+        )
         return with_evidence_kind(test.run(ctx), self.evidence_class)
 
 

@@ -72,8 +72,7 @@ def _evidence_lines(contract: Any, entry: tuple[dict, dict] | None, result: Mapp
     device = prov.get("device") or {}
     where = device.get("name") or device.get("kind") or "unknown device"
     lines = [
-        f"Last evidence ({prov.get('started', 'unknown time')}, commit {prov.get('commit') or 'unknown'}, "
-        f"{where}):"
+        f"Last evidence ({prov.get('started', 'unknown time')}, commit {prov.get('commit') or 'unknown'}, {where}):"
     ]
     current = hashlib.sha256(Path(contract.path).read_bytes()).hexdigest()
     if c_entry.get("sha256") and c_entry["sha256"] != current:
@@ -92,9 +91,7 @@ def _evidence_lines(contract: Any, entry: tuple[dict, dict] | None, result: Mapp
         lines.append(f"  time: {float(rec['seconds']):.3g} s")
     if rec.get("counterexample") is not None:
         lines.append("  counterexample:")
-        lines.append(
-            _indent(json.dumps(rec["counterexample"], indent=2, sort_keys=True, default=str), "    ")
-        )
+        lines.append(_indent(json.dumps(rec["counterexample"], indent=2, sort_keys=True, default=str), "    "))
     return lines
 
 

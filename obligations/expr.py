@@ -148,8 +148,7 @@ def _split_implies(source: str) -> list[tuple[int, int]]:
     for tok in toks:
         if tok.type == tokenize.COMMENT:
             # Python would drop the rest of the line silently ('m > 0 # and m < 0' reads as 'm > 0').
-            raise ExprError("'#' is not allowed in contract expressions (it would comment out the rest)",
-                            tok.start[1])
+            raise ExprError("'#' is not allowed in contract expressions (it would comment out the rest)", tok.start[1])
         if tok.type == tokenize.ERRORTOKEN and not tok.string.isspace():
             raise ExprError(f"unexpected character {tok.string!r}", tok.start[1])
         if tok.type == tokenize.OP and tok.string in "([{":
@@ -205,8 +204,23 @@ class _Whitelist(ast.NodeVisitor):
 
     def generic_visit(self, node: ast.AST) -> None:
         allowed = (
-            ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.UAdd,
-            ast.BinOp, *_ARITH, ast.Compare, *_CMP, ast.IfExp, ast.Name, ast.Load, ast.Constant, ast.Call,
+            ast.Expression,
+            ast.BoolOp,
+            ast.And,
+            ast.Or,
+            ast.UnaryOp,
+            ast.Not,
+            ast.USub,
+            ast.UAdd,
+            ast.BinOp,
+            *_ARITH,
+            ast.Compare,
+            *_CMP,
+            ast.IfExp,
+            ast.Name,
+            ast.Load,
+            ast.Constant,
+            ast.Call,
         )
         if not isinstance(node, allowed):
             raise ExprError(f"{type(node).__name__} is not allowed in contract expressions", _col(node))
@@ -239,11 +253,15 @@ class _Whitelist(ast.NodeVisitor):
             base, exp = _const_int(node.left), _const_int(node.right)
             if base is None or exp is None:
                 raise ExprError("'**' needs integer literal operands", node.col_offset)
-            if exp < 0 or exp > MAX_LITERAL_BITS or abs(base) > 1 << 16 or (
-                abs(base) > 1 and exp * abs(base).bit_length() > MAX_LITERAL_BITS + 16
+            if (
+                exp < 0
+                or exp > MAX_LITERAL_BITS
+                or abs(base) > 1 << 16
+                or (abs(base) > 1 and exp * abs(base).bit_length() > MAX_LITERAL_BITS + 16)
             ):
-                raise ExprError(f"literal power too large (results are limited to {MAX_LITERAL_BITS} bits)",
-                                node.col_offset)
+                raise ExprError(
+                    f"literal power too large (results are limited to {MAX_LITERAL_BITS} bits)", node.col_offset
+                )
         self.generic_visit(node)
 
 
@@ -381,8 +399,10 @@ class _Evaluator(ast.NodeVisitor):
         name = node.func.id
         if name in _SIGNATURES:
             kinds = _SIGNATURES[name]
-            args = [self.cond(a) if k == "cond" else self.integer(a) if k == "int" else self.visit(a)
-                    for a, k in zip(node.args, kinds, strict=True)]
+            args = [
+                self.cond(a) if k == "cond" else self.integer(a) if k == "int" else self.visit(a)
+                for a, k in zip(node.args, kinds, strict=True)
+            ]
             if name == "select" and _is_cond(args[1]) != _is_cond(args[2]):
                 raise ExprError(f"select() branches are {_kind(args[1])} and {_kind(args[2])}", _col(node))
             return FUNCTIONS[name][1](*args)

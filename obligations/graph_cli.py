@@ -34,8 +34,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     c.add_argument("--output", type=int, default=None, help="the intended output id (default: the file's, or last)")
     s = sub.add_parser("show", help="declared vs inferred shapes per node; --trace evaluates step by step")
     s.add_argument("file", help="a graph in its JSON form")
-    s.add_argument("--trace", nargs="?", const="-", default=None, metavar="INPUT",
-                   help="evaluate on INPUT (JSON tensors; default: the file's inputs) and print every value")
+    s.add_argument(
+        "--trace",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="INPUT",
+        help="evaluate on INPUT (JSON tensors; default: the file's inputs) and print every value",
+    )
     s.add_argument("--bits", action="store_true", help="with --trace: print binary32 bit patterns too")
 
 
@@ -122,8 +128,10 @@ def show_file(args: argparse.Namespace) -> int:
             inferred = format_shape(shape) if shape is not None else f"error: {err.message}"
             if shape != n.out_shape:
                 mark, failed = "!", True
-        print(f"{mark} node {n.id:<3} {n.kind:<{width}}  parents {format_shape(n.parents):<10} "
-              f"declared {format_shape(n.out_shape):<12} inferred {inferred}")
+        print(
+            f"{mark} node {n.id:<3} {n.kind:<{width}}  parents {format_shape(n.parents):<10} "
+            f"declared {format_shape(n.out_shape):<12} inferred {inferred}"
+        )
     if args.trace is None:
         return EXIT_FAILED if failed else EXIT_OK
     if wf:

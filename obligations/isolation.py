@@ -22,8 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ItemTimeout", "PROFILE_TIMEOUT_S", "item_timeout", "Executor", "InProcess", "WorkerPool",
-           "EXECUTORS", "make_executor", "timeout_record"]
+__all__ = [
+    "ItemTimeout",
+    "PROFILE_TIMEOUT_S",
+    "item_timeout",
+    "Executor",
+    "InProcess",
+    "WorkerPool",
+    "EXECUTORS",
+    "make_executor",
+    "timeout_record",
+]
 
 # Seconds an item may run before it is stopped, per profile (an item's ``timeout_s`` or --item-timeout win).
 PROFILE_TIMEOUT_S: dict[str, float] = {"quick": 300.0, "full": 1200.0}
@@ -46,8 +55,13 @@ def item_timeout(item: dict[str, Any], profile: str, override: float | None = No
 
 def timeout_record(seconds: float, how: str) -> dict[str, Any]:
     """The outcome fields of an item stopped at its limit."""
-    return {"status": "error", "claim": "none", "evidence": {"kind": "none", "timeout_s": seconds},
-            "counterexample": None, "reason": f"timeout: the item ran past its limit of {seconds:g} s ({how})"}
+    return {
+        "status": "error",
+        "claim": "none",
+        "evidence": {"kind": "none", "timeout_s": seconds},
+        "counterexample": None,
+        "reason": f"timeout: the item ran past its limit of {seconds:g} s ({how})",
+    }
 
 
 @contextlib.contextmanager
@@ -106,8 +120,13 @@ class WorkerPool(Executor):
     def _start(self) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        self.proc = subprocess.Popen([sys.executable, "-m", "obligations.isolation"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "obligations.isolation"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
         self.started += 1
         self._buf = b""
         return self.proc
@@ -143,8 +162,12 @@ class WorkerPool(Executor):
 
     def run(self, contract: Any, item: dict[str, Any], limit: float | None) -> dict[str, Any]:
         proc = self.proc if self.proc is not None and self.proc.poll() is None else self._start()
-        request = {**self.settings, "path": str(Path(contract.path).resolve()), "sha256": contract.sha256,
-                   "item": item["id"]}
+        request = {
+            **self.settings,
+            "path": str(Path(contract.path).resolve()),
+            "sha256": contract.sha256,
+            "item": item["id"],
+        }
         t0 = time.monotonic()
         try:
             assert proc.stdin is not None
@@ -163,9 +186,14 @@ class WorkerPool(Executor):
             code = proc.wait(timeout=10)
             self._kill()
             how = f"signal {-code}" if code < 0 else f"exit code {code}"
-            return {"status": "error", "claim": "none", "evidence": {"kind": "none", "worker_exit": code},
-                    "counterexample": None, "entry_points": [],
-                    "reason": f"the worker process died running this item ({how}); it was replaced"}
+            return {
+                "status": "error",
+                "claim": "none",
+                "evidence": {"kind": "none", "worker_exit": code},
+                "counterexample": None,
+                "entry_points": [],
+                "reason": f"the worker process died running this item ({how}); it was replaced",
+            }
         answer = json.loads(line)
         if not answer.get("healthy", True):
             self._kill()  # a broken CUDA context would fail every later item: the next item gets a new worker
@@ -215,11 +243,18 @@ def _worker() -> int:
             contract = contracts[req["path"]] = parse_contract(req["path"])
             import_test_modules(contract)
         if contract.sha256 != req["sha256"]:
-            fields = {"status": "error", "claim": "none", "evidence": {"kind": "none"}, "counterexample": None,
-                      "entry_points": [], "reason": f"{req['path']} changed during the run"}
+            fields = {
+                "status": "error",
+                "claim": "none",
+                "evidence": {"kind": "none"},
+                "counterexample": None,
+                "entry_points": [],
+                "reason": f"{req['path']} changed during the run",
+            }
         else:
-            fields = item_fields(contract, contract.item(req["item"]), device=req["device"],
-                                 profile=req["profile"], seed=req["seed"])
+            fields = item_fields(
+                contract, contract.item(req["item"]), device=req["device"], profile=req["profile"], seed=req["seed"]
+            )
         healthy, why = _cuda_healthy(req["device"])
         answers.write(json.dumps({"fields": fields, "healthy": healthy, "why": why}, default=str) + "\n")
         answers.flush()

@@ -46,9 +46,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         choices=["host", "cuda"],
         help="device the contract items run on (default: host)",
     )
-    group.addoption(
-        "--kc-strict", action="store_true", help="fail unknown and skipped items instead of skipping"
-    )
+    group.addoption("--kc-strict", action="store_true", help="fail unknown and skipped items instead of skipping")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -137,9 +135,7 @@ class KcItem(pytest.Item):
         entry = check_contract(_display_path(self.config, self.path), device=device, only=[self.item_id])
         records = [r for r in entry["items"] if r["id"] == self.item_id]
         if not records:
-            raise KcItemFailed(
-                {"id": self.item_id, "status": "error", "reason": "the check returned no record"}
-            )
+            raise KcItemFailed({"id": self.item_id, "status": "error", "reason": "the check returned no record"})
         self.record = record = records[0]
         self.user_properties.append(("kc_status", record["status"]))
         self.user_properties.append(("kc_claim", record.get("claim")))
@@ -159,9 +155,7 @@ class KcItem(pytest.Item):
             r = excinfo.value.record
             lines = [f"{r['id']}: {r['status']}" + (f": {r['reason']}" if r.get("reason") else "")]
             if r.get("counterexample") is not None:
-                lines.append(
-                    "counterexample: " + json.dumps(r["counterexample"], sort_keys=True, default=str)
-                )
+                lines.append("counterexample: " + json.dumps(r["counterexample"], sort_keys=True, default=str))
             if r.get("replay"):
                 lines.append(f"replay: {r['replay']}")
             return "\n".join(lines)
@@ -212,9 +206,7 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> KcContract
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(
-    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
-) -> None:
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Nothing to add: contract items are collected by pytest_collect_file (kept for API compatibility)."""
 
 

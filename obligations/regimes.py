@@ -99,8 +99,7 @@ class RegimesEngine(Engine):
             witnesses[name] = {n: _value(m, v) for n, v in env.items()}
         evidence = RegimeEvidence(regimes=sorted(regimes), plan=kernel["plan"], rlimit=rlimit, witnesses=witnesses)
         if missing:
-            return violated({"unreached": missing}, f"regimes with no witness within the bounds: {missing}",
-                            evidence)
+            return violated({"unreached": missing}, f"regimes with no witness within the bounds: {missing}", evidence)
         return proved(evidence)
 
 

@@ -32,15 +32,31 @@ _ERROR_EXIT = 86
 def run_tool(tool: str, workload: str, modules: tuple[str, ...] = (), timeout_s: float = 600.0) -> dict:
     """Run one sanitizer tool over a workload in a fresh process: errors, exit status, seconds, output tail."""
     exe = shutil.which("compute-sanitizer")
-    cmd = [exe or "compute-sanitizer", "--tool", tool, "--error-exitcode", str(_ERROR_EXIT), "--print-limit", "20",
-           sys.executable, "-m", "native.workloads", "--run", workload]
+    cmd = [
+        exe or "compute-sanitizer",
+        "--tool",
+        tool,
+        "--error-exitcode",
+        str(_ERROR_EXIT),
+        "--print-limit",
+        "20",
+        sys.executable,
+        "-m",
+        "native.workloads",
+        "--run",
+        workload,
+    ]
     cmd += [arg for m in modules for arg in ("--module", m)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=os.environ.copy())
     out = proc.stdout + proc.stderr
     m = _SUMMARY.search(out)
-    return {"errors": int(m.group(1) or m.group(2)) if m else None, "exit": proc.returncode,
-            "seconds": round(time.perf_counter() - t0, 2), "tail": out.strip().splitlines()[-12:]}
+    return {
+        "errors": int(m.group(1) or m.group(2)) if m else None,
+        "exit": proc.returncode,
+        "seconds": round(time.perf_counter() - t0, 2),
+        "tail": out.strip().splitlines()[-12:],
+    }
 
 
 @register_engine
@@ -64,14 +80,22 @@ class SanitizeEngine(Engine):
                 verdicts[tool] = run_tool(tool, workload, tuple(params.get("modules") or ()))
             except subprocess.TimeoutExpired:
                 verdicts[tool] = {"errors": None, "exit": "timeout"}
-        evidence = SanitizeEvidence(cases=len(tools), workload=workload,
-                                    verdicts={t: {k: v for k, v in r.items() if k != "tail"}
-                                              for t, r in verdicts.items()})
+        evidence = SanitizeEvidence(
+            cases=len(tools),
+            workload=workload,
+            verdicts={t: {k: v for k, v in r.items() if k != "tail"} for t, r in verdicts.items()},
+        )
         bad = {t: r for t, r in verdicts.items() if r["errors"] != 0 or r["exit"] != 0}
         if not bad:
             return passed(evidence)
         if all(r["errors"] is None for r in bad.values()):
-            return error(f"the sanitizer did not report a verdict for {sorted(bad)}", evidence,
-                         output={t: r.get("tail") for t, r in bad.items()})
-        return violated({t: {"errors": r["errors"], "exit": r["exit"], "output": r.get("tail")}
-                         for t, r in bad.items()}, f"sanitizer errors: {sorted(bad)}", evidence)
+            return error(
+                f"the sanitizer did not report a verdict for {sorted(bad)}",
+                evidence,
+                output={t: r.get("tail") for t, r in bad.items()},
+            )
+        return violated(
+            {t: {"errors": r["errors"], "exit": r["exit"], "output": r.get("tail")} for t, r in bad.items()},
+            f"sanitizer errors: {sorted(bad)}",
+            evidence,
+        )

@@ -10,8 +10,14 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["scaffold_contract", "ScaffoldError", "module_name_for", "default_tests_dir", "in_kc_checkout",
-           "KC_PACKAGES"]
+__all__ = [
+    "scaffold_contract",
+    "ScaffoldError",
+    "module_name_for",
+    "default_tests_dir",
+    "in_kc_checkout",
+    "KC_PACKAGES",
+]
 
 _IDENT = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*(\.[A-Za-z0-9_\-]+)*$")  # the schema's ident: a safe file name
 
@@ -129,8 +135,9 @@ def default_tests_dir() -> str:
     return "falsification" if in_kc_checkout() else USER_TESTS_DIR
 
 
-def scaffold_contract(name: str, family: str, contracts_dir: str | Path, tests_dir: str | Path | None = None
-                      ) -> list[Path]:
+def scaffold_contract(
+    name: str, family: str, contracts_dir: str | Path, tests_dir: str | Path | None = None
+) -> list[Path]:
     """Write ``contracts_dir/NAME.yaml`` and ``tests_dir/<name>_tests.py``; return both; never overwrite.
 
     Outside kc's checkout the test module goes into a package (``contract_tests/`` by default, with an
@@ -139,8 +146,10 @@ def scaffold_contract(name: str, family: str, contracts_dir: str | Path, tests_d
     tests_dir = Path(tests_dir if tests_dir is not None else default_tests_dir())
     user_project = not in_kc_checkout()
     if user_project and tests_dir.resolve().name in KC_PACKAGES:
-        raise ScaffoldError(f"--tests-dir {tests_dir}: a package named {tests_dir.resolve().name!r} would shadow "
-                            f"kc's own; use another name (default: {USER_TESTS_DIR})")
+        raise ScaffoldError(
+            f"--tests-dir {tests_dir}: a package named {tests_dir.resolve().name!r} would shadow "
+            f"kc's own; use another name (default: {USER_TESTS_DIR})"
+        )
     if not _IDENT.match(name):
         raise ScaffoldError(f"contract name {name!r} must match {_IDENT.pattern} (letters, digits, _ . -)")
     if not family.strip() or "\n" in family or ":" in family:
@@ -156,8 +165,9 @@ def scaffold_contract(name: str, family: str, contracts_dir: str | Path, tests_d
     contract_path.parent.mkdir(parents=True, exist_ok=True)
     init = module_path.parent / "__init__.py"
     if user_project and not init.exists():
-        init.write_text('"""Falsification tests of this project\'s kernel contracts (kc imports them)."""\n',
-                        encoding="utf-8")
+        init.write_text(
+            '"""Falsification tests of this project\'s kernel contracts (kc imports them)."""\n', encoding="utf-8"
+        )
     module = module_name_for(module_path)
     fields = {
         "name": name,

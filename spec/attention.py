@@ -18,8 +18,21 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["U32", "U16", "gamma", "scale_of", "mask", "probs", "sdpa", "sdpa_vjp", "forward_bound", "vjp_bound",
-           "untiled_f32", "UNDERFLOW", "OUT_TINY"]
+__all__ = [
+    "U32",
+    "U16",
+    "gamma",
+    "scale_of",
+    "mask",
+    "probs",
+    "sdpa",
+    "sdpa_vjp",
+    "forward_bound",
+    "vjp_bound",
+    "untiled_f32",
+    "UNDERFLOW",
+    "OUT_TINY",
+]
 
 U32 = 2.0**-24
 U16 = 2.0**-11
@@ -69,8 +82,9 @@ def probs(q: Any, k: Any, *, causal: bool = False, kv_lens: Any = None, scale: f
     return np.where(lsum > 0, w / np.where(lsum > 0, lsum, 1), 0.0)
 
 
-def sdpa(q: Any, k: Any, v: Any, *, causal: bool = False, kv_lens: Any = None, scale: float | None = None
-         ) -> np.ndarray:
+def sdpa(
+    q: Any, k: Any, v: Any, *, causal: bool = False, kv_lens: Any = None, scale: float | None = None
+) -> np.ndarray:
     """softmax(Q K^T * scale + mask) V in float64; fully masked rows are zeros."""
     a = probs(q, k, causal=causal, kv_lens=kv_lens, scale=scale)
     return np.einsum("bhij,bhjd->bhid", a, _expand(v, a.shape[1]))
@@ -81,8 +95,9 @@ def _group_sum(x: np.ndarray, heads_kv: int) -> np.ndarray:
     return x.reshape(b, heads_kv, hq // heads_kv, *x.shape[2:]).sum(axis=2)
 
 
-def sdpa_vjp(q: Any, k: Any, v: Any, dout: Any, *, causal: bool = False, kv_lens: Any = None,
-             scale: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def sdpa_vjp(
+    q: Any, k: Any, v: Any, dout: Any, *, causal: bool = False, kv_lens: Any = None, scale: float | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dQ, dK, dV) of sdpa in float64 (the formulas of the module docstring)."""
     q, dout = np.asarray(q, np.float64), np.asarray(dout, np.float64)
     hkv = k.shape[1]
@@ -92,12 +107,16 @@ def sdpa_vjp(q: Any, k: Any, v: Any, dout: Any, *, causal: bool = False, kv_lens
     dv = np.einsum("bhij,bhid->bhjd", a, dout)
     da = np.einsum("bhid,bhjd->bhij", dout, ve)
     ds = a * (da - (da * a).sum(axis=-1, keepdims=True)) * sc
-    return (np.einsum("bhij,bhjd->bhid", ds, ke), _group_sum(np.einsum("bhij,bhid->bhjd", ds, q), hkv),
-            _group_sum(dv, hkv))
+    return (
+        np.einsum("bhij,bhjd->bhid", ds, ke),
+        _group_sum(np.einsum("bhij,bhid->bhjd", ds, q), hkv),
+        _group_sum(dv, hkv),
+    )
 
 
-def _weight_log_error(q: np.ndarray, k: np.ndarray, ok: np.ndarray, scale: float | None, tiles: int
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _weight_log_error(
+    q: np.ndarray, k: np.ndarray, ok: np.ndarray, scale: float | None, tiles: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(A per row, score error bound per entry, exact scores): |log w~_j/w_j| <= A (common factors cancel)."""
     d = q.shape[-1]
     sc = scale_of(d, scale)
@@ -112,8 +131,17 @@ def _weight_log_error(q: np.ndarray, k: np.ndarray, ok: np.ndarray, scale: float
     return big + 2 * U32 * rng + EXP_ULP + (EXP_ULP + 2 * U32) * tiles, ds, s
 
 
-def forward_bound(q: Any, k: Any, v: Any, *, causal: bool = False, kv_lens: Any = None, scale: float | None = None,
-                  tiles: int = 1, u_out: float = U32) -> tuple[np.ndarray, np.ndarray]:
+def forward_bound(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool = False,
+    kv_lens: Any = None,
+    scale: float | None = None,
+    tiles: int = 1,
+    u_out: float = U32,
+) -> tuple[np.ndarray, np.ndarray]:
     """(float64 reference, per-element bound) of the tiled online-softmax forward with ``tiles`` key tiles.
 
     |out~ - out| <= (expm1(2A) + e^(2A) (g_o + g_l) / (1 - g_l)) (1 + u_out) S + u_out |out| + tiny + Lk 2^-147 max|v|,
@@ -137,8 +165,17 @@ def forward_bound(q: Any, k: Any, v: Any, *, causal: bool = False, kv_lens: Any 
     return out, bound
 
 
-def vjp_bound(q: Any, k: Any, v: Any, dout: Any, *, causal: bool = False, kv_lens: Any = None,
-              scale: float | None = None, tiles: int = 1) -> tuple[tuple, tuple]:
+def vjp_bound(
+    q: Any,
+    k: Any,
+    v: Any,
+    dout: Any,
+    *,
+    causal: bool = False,
+    kv_lens: Any = None,
+    scale: float | None = None,
+    tiles: int = 1,
+) -> tuple[tuple, tuple]:
     """((dQ, dK, dV) float64, (bound dQ, bound dK, bound dV)) of the tiled VJP from a float32 forward.
 
     p~ = exp(s~ - lse~) is within expm1(B) p (B: score error, lse error from the forward's sums and logf,
@@ -156,8 +193,9 @@ def vjp_bound(q: Any, k: Any, v: Any, dout: Any, *, causal: bool = False, kv_len
     ke, ve = _expand(k, hq), _expand(v, hq)
     out, out_b = forward_bound(q, k, v, causal=causal, kv_lens=kv_lens, scale=scale, tiles=tiles)
     with np.errstate(all="ignore"):
-        lse = np.log(np.where(ok, np.exp(s - np.where(ok, s, -np.inf).max(-1, keepdims=True)), 0).sum(-1)) + \
-            np.where(ok, s, -np.inf).max(-1)
+        lse = np.log(np.where(ok, np.exp(s - np.where(ok, s, -np.inf).max(-1, keepdims=True)), 0).sum(-1)) + np.where(
+            ok, s, -np.inf
+        ).max(-1)
     lse = np.where(np.isfinite(lse), lse, 0.0)
     gl = gamma(lk + tiles)
     dlse = big_a + 2 * gl + 2 * U32 * (np.log(lk + 1) + 1) + 2 * U32 * np.abs(lse)
@@ -173,23 +211,33 @@ def vjp_bound(q: Any, k: Any, v: Any, dout: Any, *, causal: bool = False, kv_len
     ads = np.abs(ds) + e_ds
     nq, nk = lk + tiles + 1, g * (lq + 1) + 1
     dq = sc * np.einsum("bhij,bhjd->bhid", ds, ke)
-    bq = sc * (1 + 3 * U32) * (np.einsum("bhij,bhjd->bhid", e_ds, np.abs(ke))
-                              + gamma(nq) * np.einsum("bhij,bhjd->bhid", ads, np.abs(ke)))
+    bq = (
+        sc
+        * (1 + 3 * U32)
+        * (np.einsum("bhij,bhjd->bhid", e_ds, np.abs(ke)) + gamma(nq) * np.einsum("bhij,bhjd->bhid", ads, np.abs(ke)))
+    )
     bq += 2 * U32 * sc * np.einsum("bhij,bhjd->bhid", ads, np.abs(ke))
     dk = _group_sum(sc * np.einsum("bhij,bhid->bhjd", ds, q), hkv)
     tk = np.einsum("bhij,bhid->bhjd", ads, np.abs(q))
-    bk = _group_sum(sc * (1 + 3 * U32) * (np.einsum("bhij,bhid->bhjd", e_ds, np.abs(q)) + gamma(nk) * tk)
-                    + 2 * U32 * sc * tk, hkv)
+    bk = _group_sum(
+        sc * (1 + 3 * U32) * (np.einsum("bhij,bhid->bhjd", e_ds, np.abs(q)) + gamma(nk) * tk) + 2 * U32 * sc * tk, hkv
+    )
     dv = _group_sum(np.einsum("bhij,bhid->bhjd", p, dout), hkv)
     tv = np.einsum("bhij,bhid->bhjd", p + ep, np.abs(dout))
     bv = _group_sum(np.einsum("bhij,bhid->bhjd", ep, np.abs(dout)) + gamma(nk) * tv, hkv)
-    slack = lq * lk * g * UNDERFLOW * (1 + float(np.abs(q).max(initial=0)) + float(np.abs(k).max(initial=0))
-                                       + float(np.abs(dout).max(initial=0)))
+    slack = (
+        lq
+        * lk
+        * g
+        * UNDERFLOW
+        * (1 + float(np.abs(q).max(initial=0)) + float(np.abs(k).max(initial=0)) + float(np.abs(dout).max(initial=0)))
+    )
     return (dq, dk, dv), (bq + slack, bk + slack, bv + slack)
 
 
-def untiled_f32(q: Any, k: Any, v: Any, *, causal: bool = False, kv_lens: Any = None, scale: float | None = None
-                ) -> tuple[np.ndarray, np.ndarray]:
+def untiled_f32(
+    q: Any, k: Any, v: Any, *, causal: bool = False, kv_lens: Any = None, scale: float | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """The untiled float32 softmax attention with the host path's primitives: (out, lse) in float32.
 
     s = fl(Q K^T) * fl(scale), blocked -inf; m = row max; p = exp(s - m) rounded once (0 where blocked);

@@ -30,8 +30,21 @@ import numpy as np
 from spec import softfloat as sf
 from spec.reductions import NEG_INF, POS_ZERO
 
-__all__ = ["ENV", "conv", "conv_transpose", "conv_weight_grad", "bias_grad", "max_pool2d", "max_pool2d_backward",
-           "avg_pool2d", "avg_pool2d_backward", "conv_f64", "conv_transpose_f64", "out_size", "tconv_out_size"]
+__all__ = [
+    "ENV",
+    "conv",
+    "conv_transpose",
+    "conv_weight_grad",
+    "bias_grad",
+    "max_pool2d",
+    "max_pool2d_backward",
+    "avg_pool2d",
+    "avg_pool2d_backward",
+    "conv_f64",
+    "conv_transpose_f64",
+    "out_size",
+    "tconv_out_size",
+]
 
 ENV = "cuda"
 
@@ -68,15 +81,23 @@ def _pad(x: np.ndarray, padding: Sequence[int], fill: int) -> np.ndarray:
     return out
 
 
-def _window(xpad: np.ndarray, ks: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
-            outs: Sequence[int]) -> np.ndarray:
+def _window(
+    xpad: np.ndarray, ks: Sequence[int], stride: Sequence[int], dilation: Sequence[int], outs: Sequence[int]
+) -> np.ndarray:
     """The tap ks of every window: xpad[..., k*d + o*s] over the trailing axes."""
     sl = tuple(slice(k * d, k * d + s * (o - 1) + 1, s) for k, d, s, o in zip(ks, dilation, stride, outs, strict=True))
     return np.ascontiguousarray(xpad[(...,) + sl])
 
 
-def conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, stride: Any = 1, padding: Any = 0,
-         dilation: Any = 1, groups: int = 1) -> np.ndarray:
+def conv(
+    x: np.ndarray,
+    w: np.ndarray,
+    b: np.ndarray | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> np.ndarray:
     """Convolution on bits: x (N, C, *in), w (CO, C/g, *k), b (CO) or None -> y (N, CO, *out) bits."""
     rank = x.ndim - 2
     st, pd, dl = _t(stride, rank), _t(padding, rank), _t(dilation, rank)
@@ -98,8 +119,16 @@ def conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, stride: Any 
     return acc
 
 
-def conv_transpose(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, stride: Any = 1, padding: Any = 0,
-                   dilation: Any = 1, groups: int = 1, output_padding: Any = 0) -> np.ndarray:
+def conv_transpose(
+    x: np.ndarray,
+    w: np.ndarray,
+    b: np.ndarray | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    output_padding: Any = 0,
+) -> np.ndarray:
     """Transposed convolution on bits: x (N, C, *in), w (C, CO/g, *k) -> y (N, CO, *out), by scatter."""
     rank = x.ndim - 2
     st, pd, dl, op = _t(stride, rank), _t(padding, rank), _t(dilation, rank), _t(output_padding, rank)
@@ -108,8 +137,10 @@ def conv_transpose(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, st
     n, c, cout_g = x.shape[0], x.shape[1], w.shape[1]
     cin_g, co = c // groups, cout_g * groups
     # canvas position i*s + k*d; output o = position - p
-    canvas = tuple(max((s - 1) * a + d * (k - 1) + 1, o + p) for s, a, d, k, o, p in
-                   zip(sizes, st, dl, kernel, outs, pd, strict=True))
+    canvas = tuple(
+        max((s - 1) * a + d * (k - 1) + 1, o + p)
+        for s, a, d, k, o, p in zip(sizes, st, dl, kernel, outs, pd, strict=True)
+    )
     acc = np.full((n, co) + canvas, POS_ZERO, dtype=np.uint32)
     src = np.array([(o // cout_g) * cin_g for o in range(co)])
     col = np.array([o % cout_g for o in range(co)])
@@ -117,18 +148,27 @@ def conv_transpose(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, st
     for ci in range(cin_g):
         for ks in product(*(range(k) for k in kernel)):
             contrib = _mul(x[:, src + ci], w[(src + ci, col) + ks].reshape((1, co) + spatial))
-            sl = (slice(None), slice(None)) + tuple(slice(k * d, k * d + a * (s - 1) + 1, a) for k, d, a, s in
-                                                    zip(ks, dl, st, sizes, strict=True))
+            sl = (slice(None), slice(None)) + tuple(
+                slice(k * d, k * d + a * (s - 1) + 1, a) for k, d, a, s in zip(ks, dl, st, sizes, strict=True)
+            )
             acc[sl] = _add(acc[sl], contrib)
-    y = np.ascontiguousarray(acc[(slice(None), slice(None)) + tuple(slice(p, p + o) for p, o in zip(pd, outs,
-                                                                                                    strict=True))])
+    y = np.ascontiguousarray(
+        acc[(slice(None), slice(None)) + tuple(slice(p, p + o) for p, o in zip(pd, outs, strict=True))]
+    )
     if b is not None:
         y = _add(y, b.reshape((1, co) + spatial))
     return y
 
 
-def conv_weight_grad(x: np.ndarray, dy: np.ndarray, kernel: Sequence[int], stride: Any = 1, padding: Any = 0,
-                     dilation: Any = 1, groups: int = 1) -> np.ndarray:
+def conv_weight_grad(
+    x: np.ndarray,
+    dy: np.ndarray,
+    kernel: Sequence[int],
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> np.ndarray:
     """dw (CO, C/g, *k) bits: fold over (n, o) row-major from +0 of dy[n, co, o] * xpad[n, c, o*s - p + k*d]."""
     rank = x.ndim - 2
     st, pd, dl = _t(stride, rank), _t(padding, rank), _t(dilation, rank)
@@ -157,8 +197,9 @@ def bias_grad(dy: np.ndarray) -> np.ndarray:
     return acc
 
 
-def _pool_windows(x: np.ndarray, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int], fill: int
-                  ) -> tuple[list[np.ndarray], tuple[int, int]]:
+def _pool_windows(
+    x: np.ndarray, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int], fill: int
+) -> tuple[list[np.ndarray], tuple[int, int]]:
     outs = tuple(out_size(s, k, a, p) for s, k, a, p in zip(x.shape[-2:], kernel, stride, padding, strict=True))
     xpad = _pad(x, padding, fill)
     return [_window(xpad, ks, stride, (1, 1), outs) for ks in product(range(kernel[0]), range(kernel[1]))], outs
@@ -208,8 +249,9 @@ def avg_pool2d(x: np.ndarray, kernel: Any, stride: Any = None, padding: Any = 0)
     return sf.div(acc, np.full(acc.shape, np.float32(k[0] * k[1]).view(np.uint32), dtype=np.uint32), env=ENV)
 
 
-def avg_pool2d_backward(dy: np.ndarray, x_shape: Sequence[int], kernel: Any, stride: Any = None, padding: Any = 0
-                        ) -> np.ndarray:
+def avg_pool2d_backward(
+    dy: np.ndarray, x_shape: Sequence[int], kernel: Any, stride: Any = None, padding: Any = 0
+) -> np.ndarray:
     """dx bits: fold of dy over the windows containing each cell (row-major outputs), then / float32(kh * kw)."""
     k, s, p = _t(kernel, 2), _t(stride if stride is not None else kernel, 2), _t(padding, 2)
     h, w = x_shape[-2:]
@@ -219,9 +261,9 @@ def avg_pool2d_backward(dy: np.ndarray, x_shape: Sequence[int], kernel: Any, str
     for oh in range(dys.shape[1]):
         for ow in range(dys.shape[2]):
             r, c = oh * s[0], ow * s[1]
-            block = acc[:, r:r + k[0], c:c + k[1]]
-            acc[:, r:r + k[0], c:c + k[1]] = _add(block, dys[:, oh, ow].reshape(-1, 1, 1))
-    inner = np.ascontiguousarray(acc[:, p[0]:p[0] + h, p[1]:p[1] + w])
+            block = acc[:, r : r + k[0], c : c + k[1]]
+            acc[:, r : r + k[0], c : c + k[1]] = _add(block, dys[:, oh, ow].reshape(-1, 1, 1))
+    inner = np.ascontiguousarray(acc[:, p[0] : p[0] + h, p[1] : p[1] + w])
     out = sf.div(inner, np.full(inner.shape, np.float32(k[0] * k[1]).view(np.uint32), dtype=np.uint32), env=ENV)
     return out.reshape(tuple(x_shape))
 
@@ -229,8 +271,15 @@ def avg_pool2d_backward(dy: np.ndarray, x_shape: Sequence[int], kernel: Any, str
 # -- real-valued references (float64) -------------------------------------------------------------------------
 
 
-def conv_f64(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, stride: Any = 1, padding: Any = 0,
-             dilation: Any = 1, groups: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def conv_f64(
+    x: np.ndarray,
+    w: np.ndarray,
+    b: np.ndarray | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> tuple[np.ndarray, np.ndarray]:
     """(value, magnitude) in float64: y = sum w x (+ b) and sum |w||x| (+ |b|), x, w float arrays."""
     rank = x.ndim - 2
     st, pd, dl = _t(stride, rank), _t(padding, rank), _t(dilation, rank)
@@ -258,8 +307,15 @@ def conv_f64(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, stride: 
     return val, mag
 
 
-def conv_transpose_f64(x: np.ndarray, w: np.ndarray, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
-                       groups: int = 1, output_padding: Any = 0) -> tuple[np.ndarray, np.ndarray]:
+def conv_transpose_f64(
+    x: np.ndarray,
+    w: np.ndarray,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    output_padding: Any = 0,
+) -> tuple[np.ndarray, np.ndarray]:
     """(value, magnitude) of the transposed convolution in float64 (no bias)."""
     rank = x.ndim - 2
     st, pd, dl, op = _t(stride, rank), _t(padding, rank), _t(dilation, rank), _t(output_padding, rank)
@@ -268,8 +324,10 @@ def conv_transpose_f64(x: np.ndarray, w: np.ndarray, stride: Any = 1, padding: A
     outs = tuple(tconv_out_size(*a) for a in zip(sizes, kernel, st, pd, dl, op, strict=True))
     n, c, cout_g = x.shape[0], x.shape[1], w.shape[1]
     cin_g, co = c // groups, cout_g * groups
-    canvas = tuple(max((s - 1) * a + d * (k - 1) + 1, o + p) for s, a, d, k, o, p in
-                   zip(sizes, st, dl, kernel, outs, pd, strict=True))
+    canvas = tuple(
+        max((s - 1) * a + d * (k - 1) + 1, o + p)
+        for s, a, d, k, o, p in zip(sizes, st, dl, kernel, outs, pd, strict=True)
+    )
     val, mag = np.zeros((n, co) + canvas), np.zeros((n, co) + canvas)
     src = np.array([(o // cout_g) * cin_g for o in range(co)])
     col = np.array([o % cout_g for o in range(co)])
@@ -277,8 +335,9 @@ def conv_transpose_f64(x: np.ndarray, w: np.ndarray, stride: Any = 1, padding: A
     for ci in range(cin_g):
         for ks in product(*(range(k) for k in kernel)):
             contrib = x64[:, src + ci] * w64[(src + ci, col) + ks].reshape((1, co) + spatial)
-            sl = (slice(None), slice(None)) + tuple(slice(k * d, k * d + a * (s - 1) + 1, a) for k, d, a, s in
-                                                    zip(ks, dl, st, sizes, strict=True))
+            sl = (slice(None), slice(None)) + tuple(
+                slice(k * d, k * d + a * (s - 1) + 1, a) for k, d, a, s in zip(ks, dl, st, sizes, strict=True)
+            )
             val[sl] += contrib
             mag[sl] += np.abs(contrib)
     crop = (slice(None), slice(None)) + tuple(slice(p, p + o) for p, o in zip(pd, outs, strict=True))

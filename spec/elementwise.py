@@ -236,9 +236,7 @@ for _name, _sfname in (
 ):
     register_reference(RefOp(_name, 2, "exact", _sf2(_sfname), doc=f"softfloat {_sfname}"))
 register_reference(
-    RefOp(
-        "fma", 3, "exact", lambda a, b, c, *, env: sf.fma(a, b, c, env=env), doc="fused a*b+c, one rounding"
-    )
+    RefOp("fma", 3, "exact", lambda a, b, c, *, env: sf.fma(a, b, c, env=env), doc="fused a*b+c, one rounding")
 )
 register_reference(RefOp("sqrt", 1, "exact", lambda a, *, env: sf.sqrt(a, env=env), doc="softfloat sqrt"))
 register_reference(

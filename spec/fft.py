@@ -13,8 +13,20 @@ import math
 
 import numpy as np
 
-__all__ = ["U", "MU", "gamma", "fft_beta", "rfft_dense", "irfft_dense", "spectral_conv_dense", "rfft_bound",
-           "irfft_bound", "spectral_conv_bound", "parseval_energy", "multiply_f32"]
+__all__ = [
+    "U",
+    "MU",
+    "gamma",
+    "fft_beta",
+    "rfft_dense",
+    "irfft_dense",
+    "spectral_conv_dense",
+    "rfft_bound",
+    "irfft_bound",
+    "spectral_conv_bound",
+    "parseval_energy",
+    "multiply_f32",
+]
 
 U = 2.0**-24
 MU = 4 * U
@@ -96,8 +108,9 @@ def spectral_conv_bound(x: np.ndarray, w_re: np.ndarray, w_im: np.ndarray, modes
     mag = np.einsum("bkc,kco->bko", np.abs(X) * (1 + beta * math.sqrt(n)), wabs)
     mult = math.sqrt(2) * gamma(2 * win + 2) * np.sqrt((mag**2).sum(axis=1))
     dZ = prop + mult
-    Z = np.sqrt((np.abs(np.einsum("bkc,kco->bko", X, np.asarray(w_re, np.float64) + 1j * np.asarray(w_im))) ** 2)
-                .sum(axis=1))
+    Z = np.sqrt(
+        (np.abs(np.einsum("bkc,kco->bko", X, np.asarray(w_re, np.float64) + 1j * np.asarray(w_im))) ** 2).sum(axis=1)
+    )
     dy = math.sqrt(2.0 / n) * (dZ + (beta + 2 * U) * (Z + dZ))
     return dy[:, None, :] * np.ones((1, n, 1))
 

@@ -26,13 +26,37 @@ import numpy as np
 from spec.ir.denote import bits, eval_node, floats
 from spec.ir.graph import Graph, Payload
 
-__all__ = ["ANCHOR_BLAS", "ELEMENTWISE", "REDUCTION", "SHAPE_ALIAS", "SPECIAL", "SOURCE", "CATEGORIES",
-           "CATEGORY", "register_category", "classify_op", "STEP_KINDS", "Step", "Program", "BOUND_OPS",
-           "cover_violations", "chain_violations", "may_extend", "denote_steps", "program_violations",
-           "same_bits"]
+__all__ = [
+    "ANCHOR_BLAS",
+    "ELEMENTWISE",
+    "REDUCTION",
+    "SHAPE_ALIAS",
+    "SPECIAL",
+    "SOURCE",
+    "CATEGORIES",
+    "CATEGORY",
+    "register_category",
+    "classify_op",
+    "STEP_KINDS",
+    "Step",
+    "Program",
+    "BOUND_OPS",
+    "cover_violations",
+    "chain_violations",
+    "may_extend",
+    "denote_steps",
+    "program_violations",
+    "same_bits",
+]
 
 ANCHOR_BLAS, ELEMENTWISE, REDUCTION, SHAPE_ALIAS, SPECIAL, SOURCE = (
-    "ANCHOR_BLAS", "ELEMENTWISE", "REDUCTION", "SHAPE_ALIAS", "SPECIAL", "SOURCE")
+    "ANCHOR_BLAS",
+    "ELEMENTWISE",
+    "REDUCTION",
+    "SHAPE_ALIAS",
+    "SPECIAL",
+    "SOURCE",
+)
 CATEGORIES: dict[str, str] = {
     ANCHOR_BLAS: "GEMM-shaped ops: cuBLAS through native.gemm's guarded GEMM (conv2d through im2col); barrier",
     ELEMENTWISE: "pointwise maps of equal-shape operands: fused into chains, one generated kernel per chain",
@@ -56,11 +80,32 @@ def register_category(category: str, *ops: str) -> None:
 
 register_category(SOURCE, "input", "const")
 register_category(ANCHOR_BLAS, "linear", "matmul", "bmm", "conv2d")
-register_category(ELEMENTWISE, "add", "sub", "mul_elem", "div", "maxElem", "minElem", "sqrt", "inv", "neg", "abs",
-                  "relu", "pow", "rsqrt", "exp", "log", "sin", "cos", "tanh", "sigmoid", "silu", "gelu")
+register_category(
+    ELEMENTWISE,
+    "add",
+    "sub",
+    "mul_elem",
+    "div",
+    "maxElem",
+    "minElem",
+    "sqrt",
+    "inv",
+    "neg",
+    "abs",
+    "relu",
+    "pow",
+    "rsqrt",
+    "exp",
+    "log",
+    "sin",
+    "cos",
+    "tanh",
+    "sigmoid",
+    "silu",
+    "gelu",
+)
 register_category(REDUCTION, "reduceSum", "reduceMean", "sum", "softmax", "pool", "layernorm", "rmsnorm")
-register_category(SHAPE_ALIAS, "reshape", "flatten", "concat", "permute", "transpose", "slice", "broadcastTo",
-                  "expand")
+register_category(SHAPE_ALIAS, "reshape", "flatten", "concat", "permute", "transpose", "slice", "broadcastTo", "expand")
 register_category(SPECIAL, "embedding", "rope", "randUniform", "bernoulliMask")
 
 BOUND_OPS = frozenset(op for op, c in CATEGORY.items() if c == SOURCE)
@@ -152,12 +197,22 @@ def may_extend(graph: Graph, tail: int, node: int, uses: Mapping[int, int], fusa
     """The greedy rule: ``node`` joins the chain ending at ``tail`` iff it is fusable elementwise, its primary
     parent is ``tail``, ``tail`` has that one consumer edge and is no output, and the shapes match."""
     n, t = graph[node], graph[tail]
-    return (fusable(n.kind) and bool(n.parents) and n.parents[0] == tail and uses.get(tail, 0) == 1
-            and n.out_shape == t.out_shape)
+    return (
+        fusable(n.kind)
+        and bool(n.parents)
+        and n.parents[0] == tail
+        and uses.get(tail, 0) == 1
+        and n.out_shape == t.out_shape
+    )
 
 
-def chain_violations(graph: Graph, steps: Iterable[Step], outputs: Iterable[int], fusable: Callable[[str], bool],
-                     same_part: Callable[[int, int], bool] = lambda a, b: True) -> list[str]:
+def chain_violations(
+    graph: Graph,
+    steps: Iterable[Step],
+    outputs: Iterable[int],
+    fusable: Callable[[str], bool],
+    same_part: Callable[[int, int], bool] = lambda a, b: True,
+) -> list[str]:
     """The fusion rules on every fused step, and maximality of the chains (greedy: none could be extended)."""
     uses = _uses(graph, outputs)
     consumers = graph.consumers()
@@ -174,8 +229,10 @@ def chain_violations(graph: Graph, steps: Iterable[Step], outputs: Iterable[int]
             if not graph[b].parents or graph[b].parents[0] != a:
                 out.append(f"{where}: node {b} does not read node {a} as its primary input")
             if uses.get(a, 0) != 1 or consumers.get(a) != (b,):
-                out.append(f"{where}: node {a} has consumers {list(consumers.get(a, ()))}"
-                           f"{' and is an output' if uses.get(a, 0) > len(consumers.get(a, ())) else ''}: a barrier")
+                out.append(
+                    f"{where}: node {a} has consumers {list(consumers.get(a, ()))}"
+                    f"{' and is an output' if uses.get(a, 0) > len(consumers.get(a, ())) else ''}: a barrier"
+                )
             if graph[a].out_shape != graph[b].out_shape:
                 out.append(f"{where}: shapes {list(graph[a].out_shape)} and {list(graph[b].out_shape)} differ")
         if s.writes != (s.nodes[-1],):
@@ -193,8 +250,9 @@ def chain_violations(graph: Graph, steps: Iterable[Step], outputs: Iterable[int]
     return out
 
 
-def denote_steps(graph: Graph, payload: Payload | None, inputs: Mapping[int, np.ndarray],
-                 steps: Iterable[Step], bound: Iterable[int]) -> dict[int, np.ndarray]:
+def denote_steps(
+    graph: Graph, payload: Payload | None, inputs: Mapping[int, np.ndarray], steps: Iterable[Step], bound: Iterable[int]
+) -> dict[int, np.ndarray]:
     """The program's meaning: each step evaluates its members in id order by the denotation, from the values it
     reads (bound nodes and earlier steps' writes only); returns every written value (float32)."""
     payload = payload if payload is not None else Payload()
@@ -216,12 +274,14 @@ def denote_steps(graph: Graph, payload: Payload | None, inputs: Mapping[int, np.
     return {k: floats(v) for k, v in env.items()}
 
 
-def program_violations(program: Program, fusable: Callable[[str], bool],
-                       same_part: Callable[[int, int], bool] = lambda a, b: True) -> list[str]:
+def program_violations(
+    program: Program, fusable: Callable[[str], bool], same_part: Callable[[int, int], bool] = lambda a, b: True
+) -> list[str]:
     """Every partition/classification rule a program must satisfy (empty when it does)."""
     g = program.graph
-    return (cover_violations(g, program.bound, program.steps, program.outputs)
-            + chain_violations(g, program.steps, program.outputs, fusable, same_part))
+    return cover_violations(g, program.bound, program.steps, program.outputs) + chain_violations(
+        g, program.steps, program.outputs, fusable, same_part
+    )
 
 
 def same_bits(a: Any, b: Any) -> bool:

@@ -31,8 +31,15 @@ def op(x: np.ndarray, trans: bool) -> np.ndarray:
     return np.swapaxes(x, -1, -2) if trans else x
 
 
-def reference(a: np.ndarray, b: np.ndarray, trans_a: bool, trans_b: bool, alpha: float = 1.0, beta: float = 0.0,
-              c0: np.ndarray | None = None) -> np.ndarray:
+def reference(
+    a: np.ndarray,
+    b: np.ndarray,
+    trans_a: bool,
+    trans_b: bool,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    c0: np.ndarray | None = None,
+) -> np.ndarray:
     """alpha op(A) op(B) + beta C0 in float64 (batched over leading axes)."""
     r = float(alpha) * (op(a.astype(np.float64), trans_a) @ op(b.astype(np.float64), trans_b))
     if c0 is not None and beta != 0:
@@ -40,8 +47,17 @@ def reference(a: np.ndarray, b: np.ndarray, trans_a: bool, trans_b: bool, alpha:
     return r
 
 
-def error_bound(a: np.ndarray, b: np.ndarray, trans_a: bool, trans_b: bool, alpha: float, beta: float,
-                c0: np.ndarray | None, c_ref: np.ndarray, out_dtype: str) -> np.ndarray:
+def error_bound(
+    a: np.ndarray,
+    b: np.ndarray,
+    trans_a: bool,
+    trans_b: bool,
+    alpha: float,
+    beta: float,
+    c0: np.ndarray | None,
+    c_ref: np.ndarray,
+    out_dtype: str,
+) -> np.ndarray:
     """Per-element bound on |C - C_ref| for fp32 accumulation and an ``out_dtype`` result."""
     k = op(a, trans_a).shape[-1]
     mag = abs(float(alpha)) * (np.abs(op(a.astype(np.float64), trans_a)) @ np.abs(op(b.astype(np.float64), trans_b)))

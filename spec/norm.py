@@ -27,8 +27,19 @@ import numpy as np
 from spec import softfloat as sf
 from spec.reductions import NEG_INF, POS_ZERO
 
-__all__ = ["ENV", "softmax", "log_softmax", "softmax_backward", "log_softmax_backward", "layernorm",
-           "layernorm_backward", "rmsnorm", "rmsnorm_backward", "softmax_f64", "real_once"]
+__all__ = [
+    "ENV",
+    "softmax",
+    "log_softmax",
+    "softmax_backward",
+    "log_softmax_backward",
+    "layernorm",
+    "layernorm_backward",
+    "rmsnorm",
+    "rmsnorm_backward",
+    "softmax_f64",
+    "real_once",
+]
 
 ENV = "cuda"
 CANONICAL_NAN = 0x7FFFFFFF
@@ -137,8 +148,9 @@ def layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float = 1e-5) ->
     return _add(_mul(_mul(d, r[..., None]), _b(w, x.shape)), _b(b, x.shape))
 
 
-def layernorm_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, eps: float = 1e-5
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def layernorm_backward(
+    x: np.ndarray, w: np.ndarray, dy: np.ndarray, eps: float = 1e-5
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dx, dw, db) bits of :func:`layernorm` (rows = every leading index, row-major)."""
     n = x.shape[-1]
     rows = x.shape[:-1]
@@ -162,8 +174,7 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     return _mul(_mul(x, r[..., None]), _b(w, x.shape))
 
 
-def rmsnorm_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, eps: float = 1e-6
-                     ) -> tuple[np.ndarray, np.ndarray]:
+def rmsnorm_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
     """(dx, dw) bits of :func:`rmsnorm`."""
     n = x.shape[-1]
     rows = x.shape[:-1]

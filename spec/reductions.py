@@ -81,7 +81,7 @@ def _one_pass(x: Any, grid: int, block: int, env: str) -> Any:
     sh = acc.reshape(grid, block)
     s = block // 2
     while s >= 1:
-        sh[:, :s] = sf.add(sh[:, :s], xp.ascontiguousarray(sh[:, s:2 * s]), env=env)
+        sh[:, :s] = sf.add(sh[:, :s], xp.ascontiguousarray(sh[:, s : 2 * s]), env=env)
         s //= 2
     return xp.ascontiguousarray(sh[:, 0])
 

@@ -61,8 +61,9 @@ def get_target(name: str) -> TargetFormat:
 def convert_reference(x_bits: np.ndarray, target: str, rounding: str = sf.RNE) -> np.ndarray:
     """Target bits of float64 bit patterns converted by softfloat (IEEE environment: payload top bits kept)."""
     t = get_target(target)
-    return np.asarray(sf.convert(np.asarray(x_bits, dtype=np.uint64), sf.BINARY64, t.fmt, rounding=rounding),
-                      dtype=t.dtype)
+    return np.asarray(
+        sf.convert(np.asarray(x_bits, dtype=np.uint64), sf.BINARY64, t.fmt, rounding=rounding), dtype=t.dtype
+    )
 
 
 def is_nan_bits(bits: np.ndarray, target: str) -> np.ndarray:

@@ -19,9 +19,22 @@ from typing import Any
 
 from ruamel.yaml import YAML
 
-__all__ = ["SHIPPED", "Mutant", "Verdict", "mutant", "verdict", "dump_yaml", "shipped_data", "DATA_MUTATIONS",
-           "TEXT_MUTATIONS", "HOSTILE_EXPRESSIONS", "expression_mutant", "expression_verdict", "ExprVerdict",
-           "shipped_statements"]
+__all__ = [
+    "SHIPPED",
+    "Mutant",
+    "Verdict",
+    "mutant",
+    "verdict",
+    "dump_yaml",
+    "shipped_data",
+    "DATA_MUTATIONS",
+    "TEXT_MUTATIONS",
+    "HOSTILE_EXPRESSIONS",
+    "expression_mutant",
+    "expression_verdict",
+    "ExprVerdict",
+    "shipped_statements",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "contracts").glob("*.yaml"))
@@ -30,8 +43,21 @@ Data = Any
 Path_ = tuple[Any, ...]
 
 _WRONG_VALUES: tuple[Any, ...] = ("", "x", 0, -1, 1.5, True, None, [], {}, ["a", 1], {"k": "v"})
-_NUMBERS: tuple[Any, ...] = (0, -1, -(2**63) - 1, 2**31, 2**32, 2**64, 10**100, -(10**100), 1e308, float("inf"),
-                             float("-inf"), float("nan"), 2**32 + 1)
+_NUMBERS: tuple[Any, ...] = (
+    0,
+    -1,
+    -(2**63) - 1,
+    2**31,
+    2**32,
+    2**64,
+    10**100,
+    -(10**100),
+    1e308,
+    float("inf"),
+    float("-inf"),
+    float("nan"),
+    2**32 + 1,
+)
 
 
 def _nodes(data: Data, path: Path_ = ()) -> list[Path_]:
@@ -123,18 +149,64 @@ DATA_MUTATIONS: dict[str, Callable[[random.Random, Data], None]] = {
 # The expression language under attack: escapes to Python objects, code forms, and inputs that would take
 # unbounded time or memory if evaluated. Each must be a located diagnostic (or a valid statement), quickly.
 HOSTILE_EXPRESSIONS: tuple[str, ...] = (
-    "().__class__.__bases__[0].__subclasses__()", "m.__class__ == 0", "m.__dict__", "(lambda: 1)() > 0",
-    "(lambda m: m)(m) > 0", "[x for x in range(10)] == 0", "{x for x in m}", "sum(x for x in m) > 0",
-    "(y := 3) > 0", "f'{m}' == 'x'", "f'{m.__class__}'", "1" * 10000 + " > m", "1" * 1990 + " > m",
-    "9**9**9 > m", "9**9**9**9", "2 ** 200 > m", "m << 10**9 > 0", "1 << 99999999999 > 0", "m >> -1 > 0",
-    "(" * 10000 + "m" + ")" * 10000 + " > 0", "(" * 900 + "m" + ")" * 900 + " > 0", "-" * 1990 + "m > 0",
-    "not " * 490 + "True", "__import__('os').system('echo pwned') == 0", "getattr(m, '__class__') == 0",
-    "eval('1') == 1", "exec('x=1')", "open('/etc/passwd')", "m[0] > 0", "m.real > 0", "{m: 1} == 0", "*m",
-    "m if m else", "'a' * 10**9 == m", "m @ m", "yield m", "await m", "m; m", "import os", "m\x00 > 0",
-    "0x" + "f" * 1990, "1e999 > m", "m >= 1 # c", "\\\n m", "m == 1 and " * 180 + "m == 1",
-    "max(" * 300 + "m" + ", 1)" * 300 + " > 0", "int64(" * 500 + "m" + ")" * 500 + " > 0",
-    "__builtins__", "globals()", "m.__class__.__mro__[1].__subclasses__()", "type(m)(1)", "breakpoint()",
-    "m // 0 == 0", "m % 0 == 0", "10**38 * 10**38 > m", "-(2**127) - 1 < m", "\u202e m > 0", "m ＞ 0",
+    "().__class__.__bases__[0].__subclasses__()",
+    "m.__class__ == 0",
+    "m.__dict__",
+    "(lambda: 1)() > 0",
+    "(lambda m: m)(m) > 0",
+    "[x for x in range(10)] == 0",
+    "{x for x in m}",
+    "sum(x for x in m) > 0",
+    "(y := 3) > 0",
+    "f'{m}' == 'x'",
+    "f'{m.__class__}'",
+    "1" * 10000 + " > m",
+    "1" * 1990 + " > m",
+    "9**9**9 > m",
+    "9**9**9**9",
+    "2 ** 200 > m",
+    "m << 10**9 > 0",
+    "1 << 99999999999 > 0",
+    "m >> -1 > 0",
+    "(" * 10000 + "m" + ")" * 10000 + " > 0",
+    "(" * 900 + "m" + ")" * 900 + " > 0",
+    "-" * 1990 + "m > 0",
+    "not " * 490 + "True",
+    "__import__('os').system('echo pwned') == 0",
+    "getattr(m, '__class__') == 0",
+    "eval('1') == 1",
+    "exec('x=1')",
+    "open('/etc/passwd')",
+    "m[0] > 0",
+    "m.real > 0",
+    "{m: 1} == 0",
+    "*m",
+    "m if m else",
+    "'a' * 10**9 == m",
+    "m @ m",
+    "yield m",
+    "await m",
+    "m; m",
+    "import os",
+    "m\x00 > 0",
+    "0x" + "f" * 1990,
+    "1e999 > m",
+    "m >= 1 # c",
+    "\\\n m",
+    "m == 1 and " * 180 + "m == 1",
+    "max(" * 300 + "m" + ", 1)" * 300 + " > 0",
+    "int64(" * 500 + "m" + ")" * 500 + " > 0",
+    "__builtins__",
+    "globals()",
+    "m.__class__.__mro__[1].__subclasses__()",
+    "type(m)(1)",
+    "breakpoint()",
+    "m // 0 == 0",
+    "m % 0 == 0",
+    "10**38 * 10**38 > m",
+    "-(2**127) - 1 < m",
+    "\u202e m > 0",
+    "m ＞ 0",
 )
 
 
@@ -160,7 +232,7 @@ def _lines(text: bytes) -> list[bytes]:
 def _duplicate_line(rng: random.Random, text: bytes) -> bytes:
     lines = _lines(text)
     i = rng.randrange(len(lines))
-    return b"".join([*lines[: i + 1], lines[i], *lines[i + 1:]])
+    return b"".join([*lines[: i + 1], lines[i], *lines[i + 1 :]])
 
 
 def _tab(rng: random.Random, text: bytes) -> bytes:
@@ -210,7 +282,7 @@ def _byte_flip(rng: random.Random, text: bytes) -> bytes:
     if not text:
         return text
     at = rng.randrange(len(text))
-    return text[:at] + bytes([rng.randrange(256)]) + text[at + 1:]
+    return text[:at] + bytes([rng.randrange(256)]) + text[at + 1 :]
 
 
 def _crlf(rng: random.Random, text: bytes) -> bytes:
@@ -218,10 +290,35 @@ def _crlf(rng: random.Random, text: bytes) -> bytes:
 
 
 def _yaml_oddity(rng: random.Random, text: bytes) -> bytes:
-    odd = rng.choice([b"!!set {a, b}", b"2020-01-01", b"2020-01-01T00:00:00Z", b"!!binary aGk=", b"!foo bar",
-                      b"!!python/object:os.system {}", b"!!omap [{a: 1}]", b"&a x", b"*nowhere", b"? [a, b]",
-                      b"0x_ff", b"0o777", b".nan", b"-.inf", b"~", b"!!int 12x", b"!!float abc", b"\"\\x\"",
-                      b"'", b"|\n  x", b"1_000", b"!!str", b"{", b"[", b"- - -"])
+    odd = rng.choice(
+        [
+            b"!!set {a, b}",
+            b"2020-01-01",
+            b"2020-01-01T00:00:00Z",
+            b"!!binary aGk=",
+            b"!foo bar",
+            b"!!python/object:os.system {}",
+            b"!!omap [{a: 1}]",
+            b"&a x",
+            b"*nowhere",
+            b"? [a, b]",
+            b"0x_ff",
+            b"0o777",
+            b".nan",
+            b"-.inf",
+            b"~",
+            b"!!int 12x",
+            b"!!float abc",
+            b'"\\x"',
+            b"'",
+            b"|\n  x",
+            b"1_000",
+            b"!!str",
+            b"{",
+            b"[",
+            b"- - -",
+        ]
+    )
     lines = _lines(text)
     i = rng.randrange(len(lines))
     if b":" in lines[i] and not lines[i].lstrip().startswith(b"#"):
@@ -356,7 +453,7 @@ def expression_mutant(rng: random.Random) -> str:
     if roll < 0.7:
         return base[:k] + rng.choice((" and ", " + ", " ", "(", ")", "")) + rng.choice(HOSTILE_EXPRESSIONS) + base[k:]
     junk = "".join(rng.choice("()[]{}.:=*/%<>!~^|&@'\"#\\_ ax019") for _ in range(rng.randint(1, 8)))
-    return base[:k] + junk + base[k + rng.randint(0, 3):]
+    return base[:k] + junk + base[k + rng.randint(0, 3) :]
 
 
 @dataclass(frozen=True)

@@ -203,9 +203,7 @@ def div(F, a, b, mode, env=IEEE):
 
 def fma(F, a, b, c, mode, env=IEEE):
     A, B, C = decode(F, a, env), decode(F, b, env), decode(F, c, env)
-    zero_inf = (A[0] == "inf" and B[0] == "num" and B[2] == 0) or (
-        B[0] == "inf" and A[0] == "num" and A[2] == 0
-    )
+    zero_inf = (A[0] == "inf" and B[0] == "num" and B[2] == 0) or (B[0] == "inf" and A[0] == "num" and A[2] == 0)
     if "nan" in (A[0], B[0], C[0]):
         r, fl = nan_out(F, env, [a, b, c])
         return r, fl | (INVALID if zero_inf else 0)

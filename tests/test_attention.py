@@ -28,8 +28,15 @@ def test_shipped_contract_holds_on_host():
     by = {it["id"]: it for it in check_contract(CONTRACT, device="host")["items"]}
     bad = {k: (v["status"], v["reason"]) for k, v in by.items() if v["status"] in ("violated", "error", "unknown")}
     assert not bad, bad
-    for iid in ("ATT-PLAN-launch", "ATT-PLAN-q-inbounds", "ATT-PLAN-kv-inbounds", "ATT-PLAN-gqa", "ATT-PLAN-keys",
-                "ATT-PLAN-smem", "ATT-MERGE-identity"):
+    for iid in (
+        "ATT-PLAN-launch",
+        "ATT-PLAN-q-inbounds",
+        "ATT-PLAN-kv-inbounds",
+        "ATT-PLAN-gqa",
+        "ATT-PLAN-keys",
+        "ATT-PLAN-smem",
+        "ATT-MERGE-identity",
+    ):
         assert by[iid]["status"] == "proved", iid
     assert by["ATT-PLAN-enum"]["status"] == "exhausted"
     assert by["ATT-MERGE-identity"]["evidence"]["kind"] == "sympy"
@@ -59,8 +66,9 @@ def test_planted_vjp_without_jacobian_diagonal_is_caught_by_the_vjp_bound():
 
 def test_planted_bug_through_the_contract_item(tmp_path):
     old = 'params: {update: "native.attention:online_update", max_tile: 3}'
-    text = CONTRACT.read_text().replace(old, old.replace("native.attention:online_update",
-                                                         "tests.planted.attention_bugs:update_no_rescale"))
+    text = CONTRACT.read_text().replace(
+        old, old.replace("native.attention:online_update", "tests.planted.attention_bugs:update_no_rescale")
+    )
     path = tmp_path / "attention-v1.yaml"
     path.write_text(text)
     assert _items(path, ["ATT-MERGE-identity"])["ATT-MERGE-identity"]["status"] == "violated"

@@ -26,8 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _elementwise(name: str, variant: str | None = None, **changes) -> Build:
     src, fn = ew.kernel_source(name, variant)
-    return dataclasses.replace(Build("elementwise", f"{name}-planted", src, fn, "nvrtc-ieee", index_bits=64),
-                               **changes)
+    return dataclasses.replace(Build("elementwise", f"{name}-planted", src, fn, "nvrtc-ieee", index_bits=64), **changes)
 
 
 def _rules_broken(build: Build) -> set[str]:

@@ -130,8 +130,14 @@ def test_plugin_import_is_cheap_and_inert() -> None:
         "heavy = [m for m in ('obligations.check', 'obligations.contract', 'z3', 'sympy') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -158,8 +164,9 @@ def kc_project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Pa
 def test_plugin_runs_contract_items_as_pytest_items(
     pytester: pytest.Pytester, kc_project: Path, request: pytest.FixtureRequest
 ) -> None:
-    res = pytester.runpytest_subprocess(*_plugin_args(request), "--kc", str(kc_project), "-rA", "-p",
-                                        "no:cacheprovider")
+    res = pytester.runpytest_subprocess(
+        *_plugin_args(request), "--kc", str(kc_project), "-rA", "-p", "no:cacheprovider"
+    )
     res.assert_outcomes(passed=2, failed=1, skipped=2)
     out = res.stdout.str()
     assert "PASSED contracts/demo-scale.yaml::PO-DEMO-TRUE" in out
@@ -172,8 +179,16 @@ def test_plugin_runs_contract_items_as_pytest_items(
 def test_plugin_strict_fails_skipped_items(
     pytester: pytest.Pytester, kc_project: Path, request: pytest.FixtureRequest
 ) -> None:
-    res = pytester.runpytest_subprocess(*_plugin_args(request), "--kc", str(kc_project), "--kc-strict",
-                                        "-k", "not TRUE and not FALSE", "-p", "no:cacheprovider")
+    res = pytester.runpytest_subprocess(
+        *_plugin_args(request),
+        "--kc",
+        str(kc_project),
+        "--kc-strict",
+        "-k",
+        "not TRUE and not FALSE",
+        "-p",
+        "no:cacheprovider",
+    )
     res.assert_outcomes(failed=2, passed=1, deselected=2)
 
 
@@ -198,8 +213,9 @@ def test_plugin_reports_an_invalid_contract(
 def test_plugin_collection_counts_contract_items_and_node_ids_go_back_to_pytest(
     pytester: pytest.Pytester, kc_project: Path, request: pytest.FixtureRequest
 ) -> None:
-    res = pytester.runpytest_subprocess(*_plugin_args(request), "--kc", str(kc_project), "--collect-only", "-q",
-                                        "-p", "no:cacheprovider")
+    res = pytester.runpytest_subprocess(
+        *_plugin_args(request), "--kc", str(kc_project), "--collect-only", "-q", "-p", "no:cacheprovider"
+    )
     out = res.stdout.str()
     node_ids = [line for line in out.splitlines() if "::" in line]
     assert len(node_ids) == 5 and "5 tests collected" in out, out  # 4 contract items + test_plain, counted

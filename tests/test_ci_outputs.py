@@ -54,8 +54,7 @@ def _validate_junit(xml: str) -> None:
         for attr in ("name", "timestamp", "hostname", "tests", "failures", "errors", "time", "package", "id"):
             assert suite.get(attr), attr
         assert suite.get("id") == str(n)
-        assert [c.tag for c in suite][0] == "properties" and [c.tag for c in suite][-2:] == ["system-out",
-                                                                                             "system-err"]
+        assert [c.tag for c in suite][0] == "properties" and [c.tag for c in suite][-2:] == ["system-out", "system-err"]
         for case in suite.iter("testcase"):
             assert case.get("name") and case.get("classname") and case.get("time")
             assert len(case) <= 1 and all(c.tag in ("skipped", "error", "failure") for c in case)
@@ -92,7 +91,11 @@ def test_junit_one_testcase_per_item_with_skips_and_failures(result: dict) -> No
     suite = root.find("testsuite")
     assert suite is not None
     assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == (
-        "12", "1", "1", "3")
+        "12",
+        "1",
+        "1",
+        "3",
+    )
     assert suite.get("timestamp") == "2026-11-21T10:00:00"
 
 

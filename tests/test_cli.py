@@ -39,8 +39,14 @@ def test_only_takes_globs_and_accumulates_when_repeated(tmp_path):
     argv = ["check", str(GEMM), "--device", "host", "--only", "PO-GEMM-02-*-z3", "--only", "PO-GEMM-03"]
     assert main([*argv, "--json", str(out)]) == 0
     ids = [it["id"] for it in json.loads(out.read_text())["contracts"][0]["items"]]
-    assert ids == ["PO-GEMM-02-A-z3", "PO-GEMM-02-B-z3", "PO-GEMM-02-C-z3", "PO-GEMM-02-complete-z3",
-                   "PO-GEMM-02-overflow-z3", "PO-GEMM-03"]
+    assert ids == [
+        "PO-GEMM-02-A-z3",
+        "PO-GEMM-02-B-z3",
+        "PO-GEMM-02-C-z3",
+        "PO-GEMM-02-complete-z3",
+        "PO-GEMM-02-overflow-z3",
+        "PO-GEMM-03",
+    ]
 
 
 def test_strict_fails_on_skipped_items():
@@ -78,8 +84,13 @@ def test_device_cuda_without_a_gpu_is_an_error_not_a_host_run(capsys):
 
 def test_kc_console_script_runs_the_main_job():
     """The installed `kc` entry point (README's first command) prints per-item statuses."""
-    proc = subprocess.run([sys.executable, "-m", "obligations.cli", "check", str(GEMM), "--device", "host"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "obligations.cli", "check", str(GEMM), "--device", "host"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "proved     PO-GEMM-02-overflow-z3" in proc.stdout
     assert "skipped    FALSIFY-CUBLAS-003" in proc.stdout
@@ -101,8 +112,9 @@ def test_kc_sweep_of_a_planted_bug_exits_1(capsys):
 
 def test_kc_replay_rechecks_one_element(capsys):
     ew = ROOT / "contracts" / "elementwise-float32-v1.yaml"
-    assert main(["replay", str(ew), "FALSIFY-EW-ADD-bitwise", "--bits", "0x00000001,0x00000000",
-                 "--device", "host"]) == 0
+    assert (
+        main(["replay", str(ew), "FALSIFY-EW-ADD-bitwise", "--bits", "0x00000001,0x00000000", "--device", "host"]) == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["status"] == "passed" and out["evidence"]["cases"] == 1
 

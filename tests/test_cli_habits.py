@@ -21,8 +21,15 @@ SAMPLE = ROOT / "tests" / "fixtures" / "result_sample.json"
 
 
 def _kc(*args: str, cwd: Path = ROOT, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "obligations.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "obligations.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        **kw,
+    )
 
 
 # --- collecting ----------------------------------------------------------------------------------------
@@ -63,8 +70,9 @@ def test_validate_imports_nothing_unless_asked(tmp_path):
     pkg.mkdir()
     marker = tmp_path / "imported"
     (pkg / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
-    text = FAULTS.read_text().replace("test_modules: [tests.planted.fault_tests]",
-                                      "test_modules: [tests.planted.fault_tests, evil_tests]")
+    text = FAULTS.read_text().replace(
+        "test_modules: [tests.planted.fault_tests]", "test_modules: [tests.planted.fault_tests, evil_tests]"
+    )
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
     (tmp_path / "c.yaml").write_text(text)
     assert _kc("validate", "c.yaml", cwd=tmp_path).returncode == 0
@@ -117,17 +125,22 @@ def test_explain_from_a_missing_file_is_a_usage_error(tmp_path, capsys):
 def test_a_user_test_module_raising_on_import_is_a_located_diagnostic(tmp_path):
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
     (tmp_path / "broken_tests.py").write_text("raise RuntimeError('half-written module')\n")
-    (tmp_path / "c.yaml").write_text(FAULTS.read_text().replace("[tests.planted.fault_tests]",
-                                                                "[tests.planted.fault_tests, broken_tests]"))
+    (tmp_path / "c.yaml").write_text(
+        FAULTS.read_text().replace("[tests.planted.fault_tests]", "[tests.planted.fault_tests, broken_tests]")
+    )
     proc = _kc("check", "c.yaml", "--device", "host", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "c.yaml:" in proc.stderr and "half-written module" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_a_closed_pipe_is_not_an_internal_error():
-    proc = subprocess.Popen([sys.executable, "-m", "obligations.cli", "check", str(FAULTS), "--device", "host",
-                             "--item-timeout", "0.2"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "obligations.cli", "check", str(FAULTS), "--device", "host", "--item-timeout", "0.2"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     proc.stdout.readline()
     proc.stdout.close()  # `kc check | head -1`
     err = proc.stderr.read().decode()
@@ -195,8 +208,9 @@ def test_progress_bar_on_a_tty_plain_lines_otherwise():
 def test_tool_kc_in_pyproject_sets_defaults_and_flags_override(tmp_path, monkeypatch, capsys):
     (tmp_path / "specs").mkdir()
     shutil.copy(FAULTS, tmp_path / "specs" / "faults-v1.yaml")
-    (tmp_path / "pyproject.toml").write_text('[tool.kc]\ncontracts = ["specs"]\ndevice = "host"\nseed = 11\n'
-                                             'item_timeout = 0.3\n')
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.kc]\ncontracts = ["specs"]\ndevice = "host"\nseed = 11\nitem_timeout = 0.3\n'
+    )
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "r.json"
     assert main(["check", "--only", "FT-OK-1", "FT-HANG", "--json", str(out), "-q"]) == 1
@@ -205,7 +219,7 @@ def test_tool_kc_in_pyproject_sets_defaults_and_flags_override(tmp_path, monkeyp
     assert "limit of 0.3 s" in result["contracts"][0]["items"][1]["reason"]
     assert main(["check", "--only", "FT-OK-1", "--seed", "2", "--json", str(out), "-q"]) == 0
     assert json.loads(out.read_text())["provenance"]["seed"] == 2  # the flag wins
-    (tmp_path / "pyproject.toml").write_text('[tool.kc]\nsed = 1\n')
+    (tmp_path / "pyproject.toml").write_text("[tool.kc]\nsed = 1\n")
     assert main(["check"]) == 2
     assert "unknown key 'sed'; did you mean 'seed'?" in capsys.readouterr().err
 
@@ -222,15 +236,21 @@ def test_kc_new_outside_the_checkout_validates_and_checks(tmp_path):
 def test_provenance_names_the_checked_projects_commit(tmp_path):
     if shutil.which("git") is None:
         pytest.skip("git not installed")
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "KC_COMMIT": ""}
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+        "KC_COMMIT": "",
+    }
     shutil.copy(FAULTS, tmp_path / "faults-v1.yaml")
     for cmd in (["init", "-q"], ["add", "."], ["commit", "-qm", "x"]):
         subprocess.run(["git", *cmd], cwd=tmp_path, check=True, env={**os.environ, **env})
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
     out = tmp_path / "r.json"
-    proc = _kc("check", str(tmp_path / "faults-v1.yaml"), "--device", "host", "--only", "FT-OK-1", "--json",
-               str(out), env=env)
+    proc = _kc(
+        "check", str(tmp_path / "faults-v1.yaml"), "--device", "host", "--only", "FT-OK-1", "--json", str(out), env=env
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text())["provenance"]["commit"] == head
 
@@ -263,7 +283,7 @@ def test_html_reports_have_an_index_a_coloured_gate_and_no_sympy_internals(tmp_p
     out = tmp_path / "reports"
     assert main(["report", "--from", str(SAMPLE), "--out", str(out), "--no-plots"]) == 0
     index = (out / "index.html").read_text()
-    assert 'data-gate="passed" style="background:#1a7f37"' in index and ".html\">" in index
+    assert 'data-gate="passed" style="background:#1a7f37"' in index and '.html">' in index
     page = next(p for p in out.glob("*.html") if p.name != "index.html").read_text()
     assert "overflow-wrap:anywhere" in page and "data-gate=" in page
     for text in ("a // b >= 0", "x % 4 == 0", "a if c else b"):

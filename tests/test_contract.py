@@ -37,15 +37,27 @@ def test_shipped_contracts_are_valid():
         ("  - id: PO-GEMM-04\n", "  - id: PO-GEMM-03 \n", "id: PO-GEMM-03 ", "duplicate id 'PO-GEMM-03'"),
         ("plan: native.gemm:gemm_plan", "plan: native.gemm:no_such_plan", "no_such_plan", "no attribute"),
         ("version: 1.0.0", "version: one", "version: one", "does not match"),
-        ('prove: "accepts(a_bytes, b_bytes, c_bytes)"', 'prove: "accepts(a_bytes, b_bytes, c_bytes).real"',
-         ".real", "Attribute is not allowed"),
-        ('given: "accepts(a_bytes, b_bytes, c_bytes) and i < m and p < k"',
-         'given: "accepts(a_bytes, b_bytes, c_bytes) and q < m and p < k"', "and q < m", "unknown name 'q'"),
+        (
+            'prove: "accepts(a_bytes, b_bytes, c_bytes)"',
+            'prove: "accepts(a_bytes, b_bytes, c_bytes).real"',
+            ".real",
+            "Attribute is not allowed",
+        ),
+        (
+            'given: "accepts(a_bytes, b_bytes, c_bytes) and i < m and p < k"',
+            'given: "accepts(a_bytes, b_bytes, c_bytes) and q < m and p < k"',
+            "and q < m",
+            "unknown name 'q'",
+        ),
         ("depends_on: []", "depends_on: [training-gpu-kernel-v1]", "depends_on:", "no contract with id"),
         ("FALSIFY-CUBLAS-011]", "FALSIFY-CUBLAS-012]", "FALSIFY-CUBLAS-012]", "unknown item 'FALSIFY-CUBLAS-012'"),
-        ("    test: gemm.agreement\n    witnesses: PO-GEMM-regimes\n    params: {impl: \"native.gemm:matmul\", "
-         "dtypes: [float32]}\nqa_gate", "    test: no.such.test\nqa_gate", "no.such.test",
-         "no registered falsification test"),
+        (
+            '    test: gemm.agreement\n    witnesses: PO-GEMM-regimes\n    params: {impl: "native.gemm:matmul", '
+            "dtypes: [float32]}\nqa_gate",
+            "    test: no.such.test\nqa_gate",
+            "no.such.test",
+            "no registered falsification test",
+        ),
     ],
 )
 def test_each_problem_is_reported_at_its_line(tmp_path, old, new, needle, message):
@@ -59,11 +71,12 @@ def test_each_problem_is_reported_at_its_line(tmp_path, old, new, needle, messag
 
 
 def test_expression_error_column_points_into_the_file(tmp_path):
-    path = _broken(tmp_path, 'prove: "accepts(a_bytes, b_bytes, c_bytes)"',
-                   'prove: "accepts(a_bytes, b_bytes, c_bytes).real"')
+    path = _broken(
+        tmp_path, 'prove: "accepts(a_bytes, b_bytes, c_bytes)"', 'prove: "accepts(a_bytes, b_bytes, c_bytes).real"'
+    )
     d = next(d for d in validate_paths([path]) if "Attribute" in d.message)
     line = path.read_text().splitlines()[d.line - 1]
-    assert line[d.col - 1:].startswith("accepts(")
+    assert line[d.col - 1 :].startswith("accepts(")
 
 
 def test_duplicate_yaml_keys_are_rejected_with_position(tmp_path):
@@ -105,7 +118,8 @@ def test_test_modules_are_imported_so_their_tests_exist(tmp_path, monkeypatch):
         f"@register_test('{pkg}.holds')\n"
         "def holds(ctx):\n"
         "    '''Always holds (a user test outside falsification/).'''\n"
-        "    return passed(cases=1)\n")
+        "    return passed(cases=1)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     text = GEMM.read_text().replace("test: gemm.overhead", f"test: {pkg}.holds", 1)
     without = tmp_path / "without.yaml"

@@ -19,26 +19,41 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 def test_contract_holds_on_host():
     res = check_contract(CONTRACT, device="host")
-    bad = {it["id"]: it["status"] for it in res["items"] if it["status"] in ("violated", "error", "unknown")}
+    bad = {
+        it["id"]: (it["status"], it["reason"])
+        for it in res["items"]
+        if it["status"] in ("violated", "error", "unknown")
+    }
     assert not bad, bad
     skipped = {it["id"] for it in res["items"] if it["status"] == "skipped"}
     assert skipped == {"POOL-SMOOTH", "CONV-IM2COL"}
 
 
-@pytest.mark.parametrize(("item", "old", "new"), [
-    ("CONV-FWD-bitwise", 'impl: "native.conv:conv"}', 'impl: "tests.planted.conv_bugs:conv_pad_off_by_one"}'),
-    ("CONV-FWD-bitwise", 'impl: "native.conv:conv"}', 'impl: "tests.planted.conv_bugs:conv_stride_wrong_axis"}'),
-    ("POOL-MAX-bitwise", 'impl: "native.conv:max_pool2d"}', 'impl: "tests.planted.conv_bugs:max_pool2d_last_tie"}'),
-    ("POOL-AVG-bitwise", 'impl: "native.conv:avg_pool2d"}', 'impl: "tests.planted.conv_bugs:avg_pool2d_exclude_pad"}'),
-])
+@pytest.mark.parametrize(
+    ("item", "old", "new"),
+    [
+        ("CONV-FWD-bitwise", 'impl: "native.conv:conv"}', 'impl: "tests.planted.conv_bugs:conv_pad_off_by_one"}'),
+        ("CONV-FWD-bitwise", 'impl: "native.conv:conv"}', 'impl: "tests.planted.conv_bugs:conv_stride_wrong_axis"}'),
+        ("POOL-MAX-bitwise", 'impl: "native.conv:max_pool2d"}', 'impl: "tests.planted.conv_bugs:max_pool2d_last_tie"}'),
+        (
+            "POOL-AVG-bitwise",
+            'impl: "native.conv:avg_pool2d"}',
+            'impl: "tests.planted.conv_bugs:avg_pool2d_exclude_pad"}',
+        ),
+    ],
+)
 def test_planted_kernel_bug_is_caught(tmp_path, item, old, new):
     path = contract_variant(CONTRACT, tmp_path, old, new)
     assert check_items(path, [item])[item]["status"] == "violated"
 
 
 def test_planted_plan_off_by_one_is_caught(tmp_path):
-    path = contract_variant(CONTRACT, tmp_path, "plan: native.conv:conv_axis_plan",
-                            "plan: tests.planted.conv_bugs:conv_axis_plan_off_by_one")
+    path = contract_variant(
+        CONTRACT,
+        tmp_path,
+        "plan: native.conv:conv_axis_plan",
+        "plan: tests.planted.conv_bugs:conv_axis_plan_off_by_one",
+    )
     got = check_items(path, ["CONV-AXIS-size-z3", "CONV-AXIS-enum"])
     assert {k: v["status"] for k, v in got.items()} == {"CONV-AXIS-size-z3": "violated", "CONV-AXIS-enum": "violated"}
 
@@ -68,8 +83,17 @@ def test_ir_conv2d_and_pool_denote_the_spec():
     b = rng.standard_normal(4).astype(np.float32)
     gb = GraphBuilder()
     i = gb.add("input", (), x.shape)
-    c = gb.add("conv2d", (i,), (2, 4, 3, 7), out_channels=4, kernel=(3, 2), stride=(2, 1), padding=(1, 1),
-               dilation=(1, 2), params={"weight": w, "bias": b})
+    c = gb.add(
+        "conv2d",
+        (i,),
+        (2, 4, 3, 7),
+        out_channels=4,
+        kernel=(3, 2),
+        stride=(2, 1),
+        padding=(1, 1),
+        dilation=(1, 2),
+        params={"weight": w, "bias": b},
+    )
     m = gb.add("pool", (i,), (2, 3, 3, 4), mode="max", kernel=(3, 2), stride=(2, 2), padding=(1, 1))
     a = gb.add("pool", (i,), (2, 3, 3, 4), mode="avg", kernel=(3, 2), stride=(2, 2), padding=(1, 1))
     g, payload = gb.build()
@@ -84,6 +108,9 @@ def test_ir_conv2d_and_pool_denote_the_spec():
 @pytest.mark.cuda
 def test_contract_holds_on_cuda():
     res = check_contract(CONTRACT, device="cuda")
-    bad = {it["id"]: (it["status"], it.get("reason")) for it in res["items"]
-           if it["status"] in ("violated", "error", "unknown")}
+    bad = {
+        it["id"]: (it["status"], it.get("reason"))
+        for it in res["items"]
+        if it["status"] in ("violated", "error", "unknown")
+    }
     assert not bad, bad

@@ -30,8 +30,15 @@ def _tree_item(contract, impl: str) -> dict:
 def _run_tree(device: str, impl: str, witnesses: bool):
     c = load_contract(REDUCTIONS)
     w = _regime_witnesses(c, "RED-TREE-regimes") if witnesses else {}
-    ctx = FalsifyContext(device=device, profile="quick", seed=0, item=_tree_item(c, impl), contract=c.data,
-                         contract_path=c.path, witnesses=w)
+    ctx = FalsifyContext(
+        device=device,
+        profile="quick",
+        seed=0,
+        item=_tree_item(c, impl),
+        contract=c.data,
+        contract_path=c.path,
+        witnesses=w,
+    )
     return get_test("reductions.tree_bitwise").run(ctx)
 
 
@@ -105,10 +112,15 @@ def _fold_claim(values: np.ndarray) -> engine.Check:
         return Expected(bits=np.asarray(ref.tree_sum(x.view(np.uint32), grids, 32), np.uint32).reshape(-1))
 
     return engine.Check(
-        name="fold claimed", inputs=lambda n: values[:n],
+        name="fold claimed",
+        inputs=lambda n: values[:n],
         native=lambda x: np.asarray(red.tree_sum(x, device="host", block=32, max_grid=4)).reshape(1).view(np.uint32),
-        reference=fold, agreement=engine.make_agreement("bitwise"), explicit=(1000, 777, 300),
-        alternative=tree, alternative_name="the tree")
+        reference=fold,
+        agreement=engine.make_agreement("bitwise"),
+        explicit=(1000, 777, 300),
+        alternative=tree,
+        alternative_name="the tree",
+    )
 
 
 def test_planted_fold_claim_on_equal_small_integers_is_flagged_order_insensitive():

@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = ["docs/gemm.md", "docs/reductions.md", "docs/graphs.md", "docs/scan.md", "docs/fft.md", "docs/fusion.md", "docs/coverage.md"]
+PAGES = [
+    "docs/gemm.md",
+    "docs/reductions.md",
+    "docs/graphs.md",
+    "docs/scan.md",
+    "docs/fft.md",
+    "docs/fusion.md",
+    "docs/coverage.md",
+]
 
 
 def _python_blocks(page: str) -> list[str]:
@@ -26,6 +34,7 @@ def test_python_blocks_run(page: str, tmp_path: Path) -> None:
         script = tmp_path / f"block{i}.py"
         script.write_text(code)
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run(
+            [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
         assert done.returncode == 0, f"{page} block {i}:\n{done.stdout}\n{done.stderr}"

@@ -112,9 +112,7 @@ def test_apply_broadcasts_and_handles_views():
     b = np.float32([1, 2, 3, 4])
     assert (ew.apply("add", a.T.T[:, ::2], b[::2], device="host") == a[:, ::2] + b[::2]).all()
     assert ew.apply("scale", a, scalars=(2.0,), device="host").tolist() == (a * 2).tolist()
-    da, db = ew.apply(
-        "max_bwd", np.float32([1, 2, 3]), np.float32([3, 2, 1]), np.float32([1, 1, 1]), device="host"
-    )
+    da, db = ew.apply("max_bwd", np.float32([1, 2, 3]), np.float32([3, 2, 1]), np.float32([1, 1, 1]), device="host")
     assert da.tolist() == [0, 0.5, 1] and db.tolist() == [1, 0.5, 0]
     assert ew.apply("add", np.zeros(0, np.float32), np.zeros(0, np.float32), device="host").shape == (0,)
 
@@ -136,9 +134,7 @@ def test_bitwise_ops_agree_with_softfloat(op, device):
     assert out.status.value == "passed", (out.reason, out.counterexample)
     assert out.evidence["env"] == "cuda" and out.evidence["elements"] > 1000
     if device == "cuda":
-        figure(
-            f"bitwise.{op}", elements=out.evidence["elements"], elements_per_s=out.evidence["elements_per_s"]
-        )
+        figure(f"bitwise.{op}", elements=out.evidence["elements"], elements_per_s=out.evidence["elements_per_s"])
 
 
 @pytest.mark.parametrize("device", DEVICE_PARAMS)
@@ -194,9 +190,7 @@ PLANTED = [
 
 
 @pytest.mark.parametrize("device", DEVICE_PARAMS)
-@pytest.mark.parametrize(
-    ("test", "params", "kind"), PLANTED, ids=[f"{p['op']}-{p['variant']}" for _, p, _ in PLANTED]
-)
+@pytest.mark.parametrize(("test", "params", "kind"), PLANTED, ids=[f"{p['op']}-{p['variant']}" for _, p, _ in PLANTED])
 def test_planted_bug_is_caught(test, params, kind, device):
     out = check(test, params, device)
     assert out.status.value == "violated", (out.reason, out.evidence)
@@ -211,9 +205,7 @@ def test_planted_bug_is_caught(test, params, kind, device):
         a = [int(v, 16) for v in ce["element"]["operands"].values()]
         assert any((v & 0x7F800000) == 0 and v & 0x7FFFFF for v in a), "a subnormal operand"
     if device == "cuda":
-        figure(
-            f"planted.{params['op']}.{params['variant']}", counterexample=ce.get("element", ce.get("detail"))
-        )
+        figure(f"planted.{params['op']}.{params['variant']}", counterexample=ce.get("element", ce.get("detail")))
 
 
 def test_wrapping_grid_stride_index_is_caught():
@@ -223,9 +215,7 @@ def test_wrapping_grid_stride_index_is_caught():
 
 
 def test_tail_guard_bug_also_fails_grid_coverage():
-    assert (
-        check("elementwise.grid_coverage", {"op": "add", "variant": "tail_short"}).status.value == "violated"
-    )
+    assert check("elementwise.grid_coverage", {"op": "add", "variant": "tail_short"}).status.value == "violated"
 
 
 # -- CUDA-only claims ------------------------------------------------------------------------------
@@ -246,14 +236,10 @@ def test_cuda_stock_route_is_ftz_and_refutes_ieee():
 @cuda
 @needs_cuda
 def test_cuda_plain_muladd_is_contracted_under_fmad():
-    fused = check(
-        "elementwise.fma_contraction", {"op": "muladd", "route": "nvrtc-fmad", "promise": "fused"}, "cuda"
-    )
+    fused = check("elementwise.fma_contraction", {"op": "muladd", "route": "nvrtc-fmad", "promise": "fused"}, "cuda")
     assert fused.status.value == "passed", (fused.reason, fused.counterexample)
     assert fused.evidence["other_promise"]["refuted"]
-    sep = check(
-        "elementwise.fma_contraction", {"op": "muladd", "route": "nvrtc-ieee", "promise": "separate"}, "cuda"
-    )
+    sep = check("elementwise.fma_contraction", {"op": "muladd", "route": "nvrtc-ieee", "promise": "separate"}, "cuda")
     assert sep.status.value == "passed", (sep.reason, sep.counterexample)
     rn = check(
         "elementwise.fma_contraction",

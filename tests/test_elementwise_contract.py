@@ -33,8 +33,12 @@ def test_host_run_has_no_refuted_item_and_cuda_only_items_say_why(tmp_path):
 
 
 def test_grid_stride_loop_with_a_32_bit_index_is_caught_by_z3(tmp_path):
-    items = _run(tmp_path, ["EW-PLAN-step-z3"], "native.elementwise:launch_plan",
-                 "tests.planted.elementwise_bugs:launch_plan_wrap32")
+    items = _run(
+        tmp_path,
+        ["EW-PLAN-step-z3"],
+        "native.elementwise:launch_plan",
+        "tests.planted.elementwise_bugs:launch_plan_wrap32",
+    )
     it = items["EW-PLAN-step-z3"]
     assert it["status"] == "violated"
     assert any("int32 overflow" in f for f in it["counterexample"]["failed_conditions"])
@@ -43,24 +47,43 @@ def test_grid_stride_loop_with_a_32_bit_index_is_caught_by_z3(tmp_path):
 
 def test_an_unbounded_grid_cap_overflows_the_int32_stride(tmp_path):
     """grid * block passes 2^31 - 1 when n is near 2^31 and the cap allows 2^21 blocks of 1024."""
-    items = _run(tmp_path, ["EW-PLAN-no-overflow-z3"], "max_grid: {type: int32, min: 1, max: 65536",
-                 "max_grid: {type: int32, min: 1, max: 2147483647")
+    items = _run(
+        tmp_path,
+        ["EW-PLAN-no-overflow-z3"],
+        "max_grid: {type: int32, min: 1, max: 65536",
+        "max_grid: {type: int32, min: 1, max: 2147483647",
+    )
     assert items["EW-PLAN-no-overflow-z3"]["status"] == "violated"
 
 
 @pytest.mark.parametrize(
     ("item", "params_old", "params_new"),
     [
-        ("FALSIFY-EW-DIV-bitwise", "{op: div, route: nvrtc-ieee, env: cuda}",
-         "{op: div, route: nvrtc-ieee, env: cuda, variant: fast_math}"),
-        ("FALSIFY-EW-ADD-bitwise", "{op: add, route: nvrtc-ieee, env: cuda, refute_envs: [ieee]}",
-         "{op: add, route: nvrtc-ieee, env: cuda, refute_envs: [ieee], variant: tail_short}"),
-        ("FALSIFY-EW-MUL-bitwise", "{op: mul, route: nvrtc-ieee, env: cuda, refute_envs: [ieee]}",
-         "{op: mul, route: nvrtc-ieee, env: cuda, refute_envs: [ieee], variant: tail_over}"),
-        ("FALSIFY-EW-RELU-bitwise", "{op: relu, route: nvrtc-ieee, env: cuda}",
-         "{op: relu, route: nvrtc-ieee, env: cuda, variant: nan_as_number}"),
-        ("FALSIFY-EW-AXPY-separate", "{op: axpy, route: nvrtc-ieee, promise: separate}",
-         "{op: axpy, route: nvrtc-ieee, promise: separate, variant: contracted}"),
+        (
+            "FALSIFY-EW-DIV-bitwise",
+            "{op: div, route: nvrtc-ieee, env: cuda}",
+            "{op: div, route: nvrtc-ieee, env: cuda, variant: fast_math}",
+        ),
+        (
+            "FALSIFY-EW-ADD-bitwise",
+            "{op: add, route: nvrtc-ieee, env: cuda, refute_envs: [ieee]}",
+            "{op: add, route: nvrtc-ieee, env: cuda, refute_envs: [ieee], variant: tail_short}",
+        ),
+        (
+            "FALSIFY-EW-MUL-bitwise",
+            "{op: mul, route: nvrtc-ieee, env: cuda, refute_envs: [ieee]}",
+            "{op: mul, route: nvrtc-ieee, env: cuda, refute_envs: [ieee], variant: tail_over}",
+        ),
+        (
+            "FALSIFY-EW-RELU-bitwise",
+            "{op: relu, route: nvrtc-ieee, env: cuda}",
+            "{op: relu, route: nvrtc-ieee, env: cuda, variant: nan_as_number}",
+        ),
+        (
+            "FALSIFY-EW-AXPY-separate",
+            "{op: axpy, route: nvrtc-ieee, promise: separate}",
+            "{op: axpy, route: nvrtc-ieee, promise: separate, variant: contracted}",
+        ),
         ("FALSIFY-EW-grid-coverage", "{op: add}\n", "{op: add, variant: wrap32}\n"),
     ],
 )

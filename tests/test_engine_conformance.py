@@ -24,8 +24,13 @@ from falsification.engine import Check, NativeResult
 from falsification.registry import FalsifyContext, Replay, registered_tests
 
 ROOT = Path(__file__).resolve().parent.parent
-FAMILY_CONTRACTS = ("elementwise-float32-v1", "reductions-v1", "gemm-cublas-v1", "rng-splitmix64-v1",
-                    "transfer-float32-v1")
+FAMILY_CONTRACTS = (
+    "elementwise-float32-v1",
+    "reductions-v1",
+    "gemm-cublas-v1",
+    "rng-splitmix64-v1",
+    "transfer-float32-v1",
+)
 FAMILIES = ("elementwise", "reductions", "gemm", "rng", "transfer")
 
 # Registered family tests that judge no native output against a reference, and why.

@@ -26,9 +26,17 @@ def _statuses(path: Path, ids: list[str]) -> dict[str, dict]:
     return {it["id"]: it for it in entry["items"]}
 
 
-SHAPE_IDS = ["PO-GEMM-02-A-z3", "PO-GEMM-02-B-z3", "PO-GEMM-02-C-z3", "PO-GEMM-02-complete-z3",
-             "PO-GEMM-02-overflow-z3", "KANI-CUBLAS-001-A", "KANI-CUBLAS-001-B", "KANI-CUBLAS-001-C",
-             "KANI-CUBLAS-001-complete"]
+SHAPE_IDS = [
+    "PO-GEMM-02-A-z3",
+    "PO-GEMM-02-B-z3",
+    "PO-GEMM-02-C-z3",
+    "PO-GEMM-02-complete-z3",
+    "PO-GEMM-02-overflow-z3",
+    "KANI-CUBLAS-001-A",
+    "KANI-CUBLAS-001-B",
+    "KANI-CUBLAS-001-C",
+    "KANI-CUBLAS-001-complete",
+]
 
 
 def test_shipped_gemm_shape_obligations_hold():
@@ -76,22 +84,29 @@ def test_leading_dimension_wrong_for_transposed_layout_is_violated(tmp_path):
 
 
 def test_contradictory_assumptions_are_an_error_not_a_proof(tmp_path):
-    path = _variant(tmp_path, 'given: "accepts(a_bytes, b_bytes, c_bytes) and i < m and p < k"',
-                    'given: "accepts(a_bytes, b_bytes, c_bytes) and i < m and p < k and m < 1"', 1)
+    path = _variant(
+        tmp_path,
+        'given: "accepts(a_bytes, b_bytes, c_bytes) and i < m and p < k"',
+        'given: "accepts(a_bytes, b_bytes, c_bytes) and i < m and p < k and m < 1"',
+        1,
+    )
     it = _statuses(path, ["PO-GEMM-02-A-z3"])["PO-GEMM-02-A-z3"]
     assert it["status"] == "error" and "vacuous" in it["reason"]
 
 
 def test_vacuous_enumeration_is_an_error(tmp_path):
-    path = _variant(tmp_path, 'given: "accepts(a_bytes, b_bytes, c_bytes)"\n    prove: "a_offset',
-                    'given: "accepts(a_bytes, b_bytes, c_bytes) and m > 8"\n    prove: "a_offset', 1)
+    path = _variant(
+        tmp_path,
+        'given: "accepts(a_bytes, b_bytes, c_bytes)"\n    prove: "a_offset',
+        'given: "accepts(a_bytes, b_bytes, c_bytes) and m > 8"\n    prove: "a_offset',
+        1,
+    )
     it = _statuses(path, ["KANI-CUBLAS-001-A"])["KANI-CUBLAS-001-A"]
     assert it["status"] == "error" and "vacuous" in it["reason"]
 
 
 def test_solver_budget_too_small_is_unknown_not_proved(tmp_path):
-    text = GEMM.read_text().replace(
-        "  - id: PO-GEMM-02-A-z3\n", "  - id: PO-GEMM-02-A-z3\n    rlimit: 50\n", 1)
+    text = GEMM.read_text().replace("  - id: PO-GEMM-02-A-z3\n", "  - id: PO-GEMM-02-A-z3\n    rlimit: 50\n", 1)
     path = tmp_path / "c.yaml"
     path.write_text(text)
     it = _statuses(path, ["PO-GEMM-02-A-z3"])["PO-GEMM-02-A-z3"]
@@ -110,8 +125,9 @@ def test_pending_items_are_skipped_with_their_reason_never_passed(tmp_path):
 
 def test_assume_engine_reports_an_assumption_not_a_proof(tmp_path):
     old = "    method: falsify\n    test: gemm.handle_lifecycle\n"
-    new = ("    method: assume\n"
-           "    assumption: cuBLAS handles are thread-safe within one context (vendor documentation)\n")
+    new = (
+        "    method: assume\n    assumption: cuBLAS handles are thread-safe within one context (vendor documentation)\n"
+    )
     path = _variant(tmp_path, old, new, 1)
     c = load_contract(path)
     out = run_item(c, c.item("PO-GEMM-03"))
@@ -121,7 +137,8 @@ def test_assume_engine_reports_an_assumption_not_a_proof(tmp_path):
 
 def test_sympy_engine_proves_identities_and_refutes_false_ones(tmp_path):
     text = GEMM.read_text().replace(
-        '''  - id: PO-GEMM-08''', '''  - id: SYM-TRUE
+        """  - id: PO-GEMM-08""",
+        """  - id: SYM-TRUE
     type: identity
     property: "algebra"
     method: sympy
@@ -131,7 +148,9 @@ def test_sympy_engine_proves_identities_and_refutes_false_ones(tmp_path):
     property: "wrong algebra"
     method: sympy
     prove: "(m + n) * (m + n) == m*m + n*n"
-  - id: PO-GEMM-08''', 1)
+  - id: PO-GEMM-08""",
+        1,
+    )
     path = tmp_path / "c.yaml"
     path.write_text(text)
     items = _statuses(path, ["SYM-TRUE", "SYM-FALSE"])

@@ -23,8 +23,10 @@ def test_calls_are_recorded_with_their_axis_values_and_device():
     with recording() as log:
         probe_sum(np.ones(3), order="tree")
         probe_sum(np.ones(3))
-    assert log == {Call("probe", "probe_sum", "host", (("order", "tree"),)),
-                   Call("probe", "probe_sum", "host", (("order", "fold"),))}
+    assert log == {
+        Call("probe", "probe_sum", "host", (("order", "tree"),)),
+        Call("probe", "probe_sum", "host", (("order", "fold"),)),
+    }
 
 
 def test_outside_a_recording_nothing_is_kept():

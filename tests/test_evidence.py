@@ -46,8 +46,9 @@ def test_outcomes_serialise_non_finite_floats_as_strings():
     assert FORMAT == 2
 
 
-@pytest.mark.parametrize("renderer, classes", [(_solver, (Z3Evidence, SympyEvidence)),
-                                               (_enumeration, (EnumerateEvidence,))])
+@pytest.mark.parametrize(
+    "renderer, classes", [(_solver, (Z3Evidence, SympyEvidence)), (_enumeration, (EnumerateEvidence,))]
+)
 def test_renderers_claim_only_keys_their_evidence_classes_declare(renderer, classes):
     declared = {"kind"} | {f.name for cls in classes for f in dataclasses.fields(cls)}
     full = {name: 1 for name in declared - {"details", "bound", "assumptions"}}

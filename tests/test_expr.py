@@ -83,8 +83,8 @@ def _numpy_value(source: str, values: dict[str, int], ty: str = "int32") -> tupl
 
 
 CASES = [
-    ("a // b", {"a": -7, "b": 2}, -3, True),   # C truncates toward zero (Python would give -4)
-    ("a % b", {"a": -7, "b": 2}, -1, True),    # sign of the dividend (Python would give 1)
+    ("a // b", {"a": -7, "b": 2}, -3, True),  # C truncates toward zero (Python would give -4)
+    ("a % b", {"a": -7, "b": 2}, -1, True),  # sign of the dividend (Python would give 1)
     ("a // b", {"a": 7, "b": -2}, -3, True),
     ("a % b", {"a": 7, "b": -2}, 1, True),
     ("a * b", {"a": 65536, "b": 32768}, 2**31, False),  # int32 overflow detected
@@ -92,7 +92,7 @@ CASES = [
     ("cdiv(a, b)", {"a": 2**31 - 1, "b": 256}, 2**23, True),  # no a + b - 1 overflow
     ("min(a, b) + max(a, b)", {"a": 3, "b": -9}, -6, True),
     ("a if a > b else b", {"a": 3, "b": 9}, 9, True),
-    ("a // b", {"a": 1, "b": 0}, 0, False),    # division by zero is a failed side-condition
+    ("a // b", {"a": 1, "b": 0}, 0, False),  # division by zero is a failed side-condition
 ]
 
 

@@ -85,14 +85,8 @@ def test_correlated_mix_makes_exact_addition_ties():
         fa, fb = a.view(np.float32).astype(np.float64), b.view(np.float32).astype(np.float64)
         exact = fa + fb
         r = exact.astype(np.float32).astype(np.float64)
-        other = np.nextafter(
-            exact.astype(np.float32), np.where(r < exact, np.inf, -np.inf).astype(np.float32)
-        )
-        tie = (
-            np.isfinite(exact)
-            & (r != exact)
-            & (np.abs(exact - r) == np.abs(other.astype(np.float64) - exact))
-        )
+        other = np.nextafter(exact.astype(np.float32), np.where(r < exact, np.inf, -np.inf).astype(np.float32))
+        tie = np.isfinite(exact) & (r != exact) & (np.abs(exact - r) == np.abs(other.astype(np.float64) - exact))
     assert tie.sum() > 100
 
 
@@ -237,10 +231,7 @@ def test_find_item_and_replay_through_the_registry():
     item = find_item(contract, "relu-nan")
     assert item is not None and find_item(contract, "nope") is None
     bad = replay(item, bits=["0x7FC00000"], device="host", contract_path="c.yaml")
-    assert (
-        bad.status.value == "violated"
-        and bad.counterexample["element"]["outputs"]["r"]["native"] == "0x00000000"
-    )
+    assert bad.status.value == "violated" and bad.counterexample["element"]["outputs"]["r"]["native"] == "0x00000000"
     good = replay(item, bits=["0x3F800000"], device="host")
     assert good.status.value == "passed"
 
@@ -267,9 +258,7 @@ def test_small_format_sweep_is_exhaustive_and_clean(op):
 
 
 def test_round_to_format_matches_numpy_float16():
-    x = np.random.default_rng(0).standard_normal(100_000) * np.exp2(
-        np.random.default_rng(1).integers(-30, 20, 100_000)
-    )
+    x = np.random.default_rng(0).standard_normal(100_000) * np.exp2(np.random.default_rng(1).integers(-30, 20, 100_000))
     mine = round_to_format(x, resolve_format("binary16"))
     with np.errstate(over="ignore"):
         assert (mine == x.astype(np.float16).view(np.uint16)).all()
@@ -283,9 +272,29 @@ def test_host_sweep_finds_a_planted_bug_and_reports_counterexamples():
 
 
 def _compare_cases(xp, rng):
-    special = np.array([0, 0x80000000, 1, 0x80000001, 0x007FFFFF, 0x00800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000,
-                        0xFF800000, 0x7F800001, 0x7FC00000, 0xFFFFFFFF, 0x3F800000, 0x3F800001, 0x3F800003,
-                        0x3F800004, 0xBF800002], dtype=np.uint32)
+    special = np.array(
+        [
+            0,
+            0x80000000,
+            1,
+            0x80000001,
+            0x007FFFFF,
+            0x00800000,
+            0x7F7FFFFF,
+            0xFF7FFFFF,
+            0x7F800000,
+            0xFF800000,
+            0x7F800001,
+            0x7FC00000,
+            0xFFFFFFFF,
+            0x3F800000,
+            0x3F800001,
+            0x3F800003,
+            0x3F800004,
+            0xBF800002,
+        ],
+        dtype=np.uint32,
+    )
     a, b = np.meshgrid(special, special)
     rand = rng.integers(0, 2**32, 1 << 16, dtype=np.uint64).astype(np.uint32)
     near = (rand.astype(np.int64) + rng.integers(-5, 6, rand.size)).astype(np.uint32)  # wraps: far pairs too
@@ -314,8 +323,14 @@ def test_fused_cuda_comparison_agrees_with_the_array_ops():
 
     rng = np.random.default_rng(5)
     nat, ref, alt = _compare_cases(cupy, rng)
-    for a, bound, exact in [(None, 0, True), (None, 0, False), (None, 2, False), (alt, 0, True), (alt, 0, False),
-                            (alt, 3, False)]:
+    for a, bound, exact in [
+        (None, 0, True),
+        (None, 0, False),
+        (None, 2, False),
+        (alt, 0, True),
+        (alt, 0, False),
+        (alt, 3, False),
+    ]:
         want = sweep_module.compare_chunk(nat, ref, a, bound, exact=exact)
         got = sweep_module.compare_chunk_fused(nat, ref, a, bound, exact=exact)
         assert got[0].tolist() == want[0].tolist() and got[1:] == want[1:], (bound, exact, a is None, got, want)
@@ -330,10 +345,28 @@ def test_fused_cuda_comparison_agrees_with_the_array_ops():
 
 def _approx_patterns():
     rng = np.random.default_rng(11)
-    special = [0, 0x80000000, 1, 0x80000001, 0x007FFFFF, 0x807FFFFF, 0x00800000, 0x7F7FFFFF, 0xFF7FFFFF,
-               0x7F800000, 0xFF800000, 0x7F800001, 0x7FC00000, 0xFFFFFFFF, 0x3F800000, 0xBF800000]
-    dense = [np.arange(c - (1 << 20), c + (1 << 20), dtype=np.int64) for c in (0x3F800000, 0x42B00000, 0xC2B00000,
-                                                                               0x00800000, 0x80800000, 0x3D000000)]
+    special = [
+        0,
+        0x80000000,
+        1,
+        0x80000001,
+        0x007FFFFF,
+        0x807FFFFF,
+        0x00800000,
+        0x7F7FFFFF,
+        0xFF7FFFFF,
+        0x7F800000,
+        0xFF800000,
+        0x7F800001,
+        0x7FC00000,
+        0xFFFFFFFF,
+        0x3F800000,
+        0xBF800000,
+    ]
+    dense = [
+        np.arange(c - (1 << 20), c + (1 << 20), dtype=np.int64)
+        for c in (0x3F800000, 0x42B00000, 0xC2B00000, 0x00800000, 0x80800000, 0x3D000000)
+    ]
     return np.concatenate([np.array(special, np.int64), *dense, rng.integers(0, 2**32, 1 << 22)]).astype(np.uint32)
 
 
@@ -345,8 +378,10 @@ def _fused_mismatches(name, bits, env):
 
     x = cupy.asarray(bits)
     want, got = get_reference(name).evaluate(x, env=env), fused_approx_reference(name, x, env)
-    return {kind: [hex(int(bits[int(i)])) for i in cupy.flatnonzero(g != w)[:5].get()]
-            for kind, g, w in (("ref", got.bits, want.bits), ("alt", got.alt, want.alt))}
+    return {
+        kind: [hex(int(bits[int(i)])) for i in cupy.flatnonzero(g != w)[:5].get()]
+        for kind, g, w in (("ref", got.bits, want.bits), ("alt", got.alt, want.alt))
+    }
 
 
 @pytest.mark.cuda

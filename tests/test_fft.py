@@ -23,23 +23,31 @@ def _run(test: str, **params: object) -> str:
 
 
 def test_contract_evidenced_on_host() -> None:
-    done = subprocess.run([sys.executable, "-m", "obligations.cli", "check", str(CONTRACT), "--device", "host"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "obligations.cli", "check", str(CONTRACT), "--device", "host"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "violated" not in done.stdout and "error " not in done.stdout
     assert "FFT-CUFFT" in done.stdout and "assumed, not checked" in done.stdout  # never proved
 
 
-@pytest.mark.parametrize(("test", "variant"), [
-    ("fft.layout", "double_norm"),  # 1/n applied twice
-    ("fft.irfft_dft", "double_norm"),
-    ("fft.nyquist", "drop_nyquist"),  # Nyquist bin dropped
-    ("fft.irfft_dft", "drop_nyquist"),
-    ("fft.omitted_modes", "modes_plus_one"),  # modes off by one
-    ("fft.multiply_bitwise", "modes_plus_one"),
-    ("fft.multiply_bitwise", "swap_reim"),  # real and imaginary weight parts swapped
-    ("fft.conv_dft", "swap_reim"),
-])
+@pytest.mark.parametrize(
+    ("test", "variant"),
+    [
+        ("fft.layout", "double_norm"),  # 1/n applied twice
+        ("fft.irfft_dft", "double_norm"),
+        ("fft.nyquist", "drop_nyquist"),  # Nyquist bin dropped
+        ("fft.irfft_dft", "drop_nyquist"),
+        ("fft.omitted_modes", "modes_plus_one"),  # modes off by one
+        ("fft.multiply_bitwise", "modes_plus_one"),
+        ("fft.multiply_bitwise", "swap_reim"),  # real and imaginary weight parts swapped
+        ("fft.conv_dft", "swap_reim"),
+    ],
+)
 def test_planted_bug_is_caught(test: str, variant: str) -> None:
     assert _run(test, variant=variant) == "violated"
 

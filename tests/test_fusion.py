@@ -24,8 +24,16 @@ def test_host_run_evidences_every_host_item_and_says_why_for_the_rest():
     proved = {k for k, it in items.items() if it["status"] == "proved"}
     assert {"FUSION-PLAN-coverage-z3", "FUSION-PLAN-step-z3", "FUSION-PLAN-no-overflow-z3"} <= proved
     assert items["FUSION-PLAN-coverage-enum"]["status"] == "exhausted"
-    for k in ("FUSION-RULES-generated", "FUSION-RULES-small", "FUSION-EQ-denotation", "FUSION-EQ-unfused",
-              "FUSION-GOLDEN", "FUSION-CACHE-key", "FUSION-RMSNORM-bitwise", "FUSION-GQA"):
+    for k in (
+        "FUSION-RULES-generated",
+        "FUSION-RULES-small",
+        "FUSION-EQ-denotation",
+        "FUSION-EQ-unfused",
+        "FUSION-GOLDEN",
+        "FUSION-CACHE-key",
+        "FUSION-RMSNORM-bitwise",
+        "FUSION-GQA",
+    ):
         assert items[k]["status"] == "passed", (k, items[k].get("reason"))
     assert items["FUSION-RULES-small"]["evidence"]["cases"] == 1325
     for it in items.values():
@@ -33,19 +41,28 @@ def test_host_run_evidences_every_host_item_and_says_why_for_the_rest():
             assert "runs on cuda" in it["reason"] or "no check wired" in it["reason"], it
 
 
-@pytest.mark.parametrize(("item", "old", "new"), [
-    ("FUSION-PLAN-step-z3", "plan: native.fusion_codegen:fused_plan",
-     "plan: tests.planted.fusion_bugs:fused_plan_int32"),
-    ("FUSION-EQ-denotation", "params: {max_examples: 200}", "params: {max_examples: 200, variant: reorder}"),
-    ("FUSION-EQ-denotation", "params: {max_examples: 200}", "params: {max_examples: 5, variant: no_rounding}"),
-    ("FUSION-EQ-denotation", "params: {max_examples: 200}", "params: {max_examples: 200, planner: first_read}"),
-    ("FUSION-RULES-generated", "params: {max_examples: 150}",
-     "params: {max_examples: 5, compile: 'tests.planted.fusion_bugs:compile_multi_consumer'}"),
-    ("FUSION-RULES-small", "params: {extra_nodes: 3}", "params: {extra_nodes: 3, planner: first_read}"),
-    ("FUSION-RULES-small", "params: {extra_nodes: 3}", "params: {extra_nodes: 3, variant: reorder}"),
-    ("FUSION-CACHE-key", "params: {max_examples: 100}", "params: {max_examples: 100, key: source_name}"),
-    ("FUSION-GQA", "params: {max_examples: 60}", "params: {max_examples: 5, grouping: mod}"),
-])
+@pytest.mark.parametrize(
+    ("item", "old", "new"),
+    [
+        (
+            "FUSION-PLAN-step-z3",
+            "plan: native.fusion_codegen:fused_plan",
+            "plan: tests.planted.fusion_bugs:fused_plan_int32",
+        ),
+        ("FUSION-EQ-denotation", "params: {max_examples: 200}", "params: {max_examples: 200, variant: reorder}"),
+        ("FUSION-EQ-denotation", "params: {max_examples: 200}", "params: {max_examples: 5, variant: no_rounding}"),
+        ("FUSION-EQ-denotation", "params: {max_examples: 200}", "params: {max_examples: 200, planner: first_read}"),
+        (
+            "FUSION-RULES-generated",
+            "params: {max_examples: 150}",
+            "params: {max_examples: 5, compile: 'tests.planted.fusion_bugs:compile_multi_consumer'}",
+        ),
+        ("FUSION-RULES-small", "params: {extra_nodes: 3}", "params: {extra_nodes: 3, planner: first_read}"),
+        ("FUSION-RULES-small", "params: {extra_nodes: 3}", "params: {extra_nodes: 3, variant: reorder}"),
+        ("FUSION-CACHE-key", "params: {max_examples: 100}", "params: {max_examples: 100, key: source_name}"),
+        ("FUSION-GQA", "params: {max_examples: 60}", "params: {max_examples: 5, grouping: mod}"),
+    ],
+)
 def test_planted_bug_is_violated_by_its_item(tmp_path, item, old, new):
     it = check_items(contract_variant(CONTRACT, tmp_path, old, new), [item])[item]
     assert it["status"] == "violated", (item, new, it["status"], it.get("reason"))
@@ -105,7 +122,7 @@ def test_unsupported_ops_fall_back_to_the_host_never_dropped():
 def test_cache_compiles_once_per_key_and_keeps_flags_apart():
     calls = []
     cache = nf.KernelCache(compiler=lambda s, n, r, a: calls.append((n, r, a)) or (n, r, a))
-    src = "extern \"C\" __global__ void k() {}"
+    src = 'extern "C" __global__ void k() {}'
     assert cache.get(src, "k", "nvrtc-ieee", "90") == ("k", "nvrtc-ieee", "90")
     assert cache.get(src, "k", "nvrtc-ieee", "90") == ("k", "nvrtc-ieee", "90")
     assert cache.get(src, "k", "nvrtc-ftz", "90") == ("k", "nvrtc-ftz", "90")
@@ -134,6 +151,9 @@ def test_every_op_has_one_category_and_every_fusable_op_is_elementwise():
 @pytest.mark.cuda
 def test_contract_holds_on_cuda():
     res = check_contract(CONTRACT, device="cuda")
-    bad = {it["id"]: (it["status"], it.get("reason")) for it in res["items"]
-           if it["status"] in ("violated", "error", "unknown")}
+    bad = {
+        it["id"]: (it["status"], it.get("reason"))
+        for it in res["items"]
+        if it["status"] in ("violated", "error", "unknown")
+    }
     assert not bad, bad

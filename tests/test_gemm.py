@@ -31,25 +31,43 @@ def test_every_obligation_and_falsification_test_is_wired_never_silently_dropped
         assert it["status"] in ("passed", "skipped"), (iid, it["status"], it["reason"])
         if it["status"] == "skipped":
             assert it["reason"].startswith(("needs a CUDA device", "not applicable:", "runs on cuda")), (
-                iid, it["reason"])
-    for iid in ("PO-GEMM-01", "PO-GEMM-03", "PO-GEMM-06", "PO-GEMM-07", "PO-GEMM-08", "FALSIFY-CUBLAS-001",
-                "FALSIFY-CUBLAS-002", "FALSIFY-CUBLAS-005", "FALSIFY-CUBLAS-006", "FALSIFY-CUBLAS-011"):
+                iid,
+                it["reason"],
+            )
+    for iid in (
+        "PO-GEMM-01",
+        "PO-GEMM-03",
+        "PO-GEMM-06",
+        "PO-GEMM-07",
+        "PO-GEMM-08",
+        "FALSIFY-CUBLAS-001",
+        "FALSIFY-CUBLAS-002",
+        "FALSIFY-CUBLAS-005",
+        "FALSIFY-CUBLAS-006",
+        "FALSIFY-CUBLAS-011",
+    ):
         assert items[iid]["status"] == "passed", iid
     assert items["PO-GEMM-01"]["evidence"]["layouts"] == ["NN", "NT", "TN", "TT"]
     assert items["PO-GEMM-03"]["evidence"]["calls"] == {"create": 1, "setStream": 3, "gemm": 12, "destroy": 1}
 
 
 def test_wrong_transpose_flag_is_caught_by_the_layout_item(tmp_path):
-    path = _variant(tmp_path, 'params: {impl: "native.gemm:matmul", dtypes: [float32]}',
-                    'params: {impl: "tests.planted.gemm_kernel_bugs:matmul_wrong_transpose", dtypes: [float32]}')
+    path = _variant(
+        tmp_path,
+        'params: {impl: "native.gemm:matmul", dtypes: [float32]}',
+        'params: {impl: "tests.planted.gemm_kernel_bugs:matmul_wrong_transpose", dtypes: [float32]}',
+    )
     it = _items(path, ["FALSIFY-CUBLAS-011"])["FALSIFY-CUBLAS-011"]
     assert it["status"] == "violated", it["reason"]
     assert it["counterexample"]["case"]["trans_a"] != it["counterexample"]["case"]["trans_b"]
 
 
 def test_tf32_is_caught_on_the_host_model_too(tmp_path):
-    path = _variant(tmp_path, 'test: gemm.compute_type\n    params: {impl: "native.gemm:matmul"}',
-                    'test: gemm.compute_type\n    params: {impl: "tests.planted.gemm_kernel_bugs:matmul_tf32"}')
+    path = _variant(
+        tmp_path,
+        'test: gemm.compute_type\n    params: {impl: "native.gemm:matmul"}',
+        'test: gemm.compute_type\n    params: {impl: "tests.planted.gemm_kernel_bugs:matmul_tf32"}',
+    )
     it = _items(path, ["PO-GEMM-08"])["PO-GEMM-08"]
     assert it["status"] == "violated" and str(ng.COMPUTE_32F_FAST_TF32) in it["counterexample"]["compute_types"]
 
@@ -57,21 +75,28 @@ def test_tf32_is_caught_on_the_host_model_too(tmp_path):
 @pytest.mark.cuda
 @needs_cuda
 def test_tf32_switched_on_is_caught_on_the_gpu(tmp_path):
-    path = _variant(tmp_path, 'test: gemm.compute_type\n    params: {impl: "native.gemm:matmul"}',
-                    'test: gemm.compute_type\n    params: {impl: "tests.planted.gemm_kernel_bugs:matmul_tf32"}')
+    path = _variant(
+        tmp_path,
+        'test: gemm.compute_type\n    params: {impl: "native.gemm:matmul"}',
+        'test: gemm.compute_type\n    params: {impl: "tests.planted.gemm_kernel_bugs:matmul_tf32"}',
+    )
     it = _items(path, ["PO-GEMM-08"], "cuda")["PO-GEMM-08"]
     assert it["status"] == "violated", it["reason"]
     assert it["evidence"]["probe"]["got"] == [64.0]  # the tensor cores really read TF32
-    path = _variant(tmp_path, 'params: {impl: "native.gemm:matmul", dtypes: [float32, float16]}',
-                    'params: {impl: "tests.planted.gemm_kernel_bugs:matmul_tf32", dtypes: [float32]}')
+    path = _variant(
+        tmp_path,
+        'params: {impl: "native.gemm:matmul", dtypes: [float32, float16]}',
+        'params: {impl: "tests.planted.gemm_kernel_bugs:matmul_tf32", dtypes: [float32]}',
+    )
     assert _items(path, ["PO-GEMM-01"], "cuda")["PO-GEMM-01"]["status"] == "violated"
 
 
 @pytest.mark.cuda
 @needs_cuda
 def test_a_bound_call_that_revalidates_every_time_is_caught_by_the_overhead_item(tmp_path):
-    path = _variant(tmp_path, 'impl: "native.gemm:bind_matmul"',
-                    'impl: "tests.planted.gemm_kernel_bugs:bind_matmul_revalidating"')
+    path = _variant(
+        tmp_path, 'impl: "native.gemm:bind_matmul"', 'impl: "tests.planted.gemm_kernel_bugs:bind_matmul_revalidating"'
+    )
     it = _items(path, ["PO-GEMM-04"], "cuda")["PO-GEMM-04"]
     assert it["status"] == "violated", it["reason"]
     assert it["evidence"]["timings_ms"]["4096x256x1024:float16"]["ratio"] > 1.02
@@ -149,8 +174,11 @@ def test_closing_the_context_drops_its_prepared_calls():
 
 def test_a_cache_keyed_without_shapes_is_caught_by_the_agreement_item(tmp_path):
     ng.close_contexts()
-    path = _variant(tmp_path, 'params: {impl: "native.gemm:matmul", dtypes: [float32, float16]}',
-                    'params: {impl: "tests.planted.gemm_kernel_bugs:matmul_stale_cache", dtypes: [float32, float16]}')
+    path = _variant(
+        tmp_path,
+        'params: {impl: "native.gemm:matmul", dtypes: [float32, float16]}',
+        'params: {impl: "tests.planted.gemm_kernel_bugs:matmul_stale_cache", dtypes: [float32, float16]}',
+    )
     it = _items(path, ["PO-GEMM-01"])["PO-GEMM-01"]
     assert it["status"] == "violated" and "disagrees" in it["reason"], it["reason"]  # a stale result is refuted
 

@@ -35,8 +35,12 @@ def test_mlp_lowers_to_the_seed_graph_and_meanings_agree() -> None:
     assert g.param_shapes == ((8, 4), (8,), (3, 8), (3,))
     p = gs.init_params(g)
     low = gs.lower(g, p)
-    assert [(n.kind, n.parents) for n in low.graph.nodes] == [("input", ()), ("linear", (0,)), ("relu", (1,)),
-                                                                ("linear", (2,))]
+    assert [(n.kind, n.parents) for n in low.graph.nodes] == [
+        ("input", ()),
+        ("linear", (0,)),
+        ("relu", (1,)),
+        ("linear", (2,)),
+    ]
     assert set(low.payload.entries) == {1, 3}  # W, b keyed by the linear node ids, not extra parents
     assert not check_well_formed(low.graph) and not check_inferred_shapes(low.graph)
     x = np.linspace(-1, 1, 4, dtype=np.float32)
@@ -100,8 +104,9 @@ def test_registered_tests_pass(test: str) -> None:
     assert out.status == "passed", (out.reason, out.counterexample)
 
 
-@pytest.mark.parametrize("bug", ["lower_swapped_operands", "lower_dropped_bias", "lower_transposed_weight",
-                                 "lower_shifted_params"])
+@pytest.mark.parametrize(
+    "bug", ["lower_swapped_operands", "lower_dropped_bias", "lower_transposed_weight", "lower_shifted_params"]
+)
 def test_planted_lowering_bugs_are_caught(bug: str) -> None:
     out = T.lowering_meaning(_ctx("graphspec.lowering_meaning", lower=f"tests.planted.graphspec_bugs:{bug}"))
     assert out.status == "violated", bug
@@ -123,10 +128,15 @@ def test_onnx_unsupported_op_fails_at_its_node() -> None:
         assert (exc.value.index, exc.value.name, exc.value.op_type) == (1, "bad", op)
         assert str(exc.value).startswith(f"ONNX node 1 'bad' ({op})")
     gemm = helper.make_node("Gemm", ["x", "W"], ["y"], alpha=2.0)
-    model = helper.make_model(helper.make_graph([gemm], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                                                            [1, 3])],
-                                                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
-                                                [onnx.numpy_helper.from_array(np.eye(3, dtype=np.float32), "W")]))
+    model = helper.make_model(
+        helper.make_graph(
+            [gemm],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
+            [onnx.numpy_helper.from_array(np.eye(3, dtype=np.float32), "W")],
+        )
+    )
     with pytest.raises(OnnxImportError, match="alpha=2.0 is not supported"):
         import_onnx(model)
 
@@ -136,9 +146,10 @@ def test_onnx_round_trip_of_the_doc_models() -> None:
     from falsification.graphspec_onnx import export
     from spec.ir.onnx import import_onnx
 
-    for g in (gs.Linear(4, 8) >> gs.ReLU() >> gs.Linear(8, 3) >> gs.Softmax(),
-              gs.Conv2d(2, 3, 3, padding=1, in_hw=(5, 5)) >> gs.ReLU() >> gs.AvgPool(2) >> gs.Flatten()
-              >> gs.Linear(12, 2)):
+    for g in (
+        gs.Linear(4, 8) >> gs.ReLU() >> gs.Linear(8, 3) >> gs.Softmax(),
+        gs.Conv2d(2, 3, 3, padding=1, in_hw=(5, 5)) >> gs.ReLU() >> gs.AvgPool(2) >> gs.Flatten() >> gs.Linear(12, 2),
+    ):
         p = gs.init_params(g)
         x = np.random.default_rng(1).standard_normal(g.in_shape).astype(np.float32)
         imp = import_onnx(export(g, p))
@@ -146,8 +157,15 @@ def test_onnx_round_trip_of_the_doc_models() -> None:
 
 
 def test_host_executor_runs_and_agrees_per_node() -> None:
-    g = gs.Conv2d(1, 2, 3, padding=1, in_hw=(4, 4)) >> gs.Sigmoid() >> gs.MaxPool(2) >> gs.Flatten() \
-        >> gs.Linear(8, 4) >> gs.LayerNorm() >> gs.Softmax()
+    g = (
+        gs.Conv2d(1, 2, 3, padding=1, in_hw=(4, 4))
+        >> gs.Sigmoid()
+        >> gs.MaxPool(2)
+        >> gs.Flatten()
+        >> gs.Linear(8, 4)
+        >> gs.LayerNorm()
+        >> gs.Softmax()
+    )
     low = gs.lower(g)
     x = np.random.default_rng(2).standard_normal((1, 4, 4)).astype(np.float32)
     want = denote_all(low.graph, low.payload, x).value
@@ -189,8 +207,11 @@ def test_planted_executor_bugs_are_caught(monkeypatch: pytest.MonkeyPatch, op: s
 def test_ulp_bounds_are_the_elementwise_contracts() -> None:
     yaml = pytest.importorskip("ruamel.yaml")
     doc = yaml.YAML(typ="safe").load((CONTRACTS / "elementwise-float32-v1.yaml").read_text())
-    stated = {it["params"]["op"]: it.get("tolerance") for it in doc["falsification"]
-              if it.get("test") == "elementwise.max_ulp" and "tolerance" in it}
+    stated = {
+        it["params"]["op"]: it.get("tolerance")
+        for it in doc["falsification"]
+        if it.get("test") == "elementwise.max_ulp" and "tolerance" in it
+    }
     for op, ulps in nir.ULP_BOUNDS.items():
         if op in stated:
             assert stated[op] == ulps, op

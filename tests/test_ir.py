@@ -22,10 +22,12 @@ from spec.ir.jsonform import from_json, load, schema, to_json
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTRACT = ROOT / "contracts" / "graph-ir-v1.yaml"
-ISSUE_OPS = ("input const reshape flatten concat permute add sub mul_elem sqrt inv maxElem minElem broadcastTo "
-             "reduceSum reduceMean sum linear conv2d relu tanh sigmoid softmax layernorm randUniform bernoulliMask "
-             "matmul bmm silu gelu neg div pow rsqrt sin cos rmsnorm pool expand slice transpose embedding "
-             "rope").split()
+ISSUE_OPS = (
+    "input const reshape flatten concat permute add sub mul_elem sqrt inv maxElem minElem broadcastTo "
+    "reduceSum reduceMean sum linear conv2d relu tanh sigmoid softmax layernorm randUniform bernoulliMask "
+    "matmul bmm silu gelu neg div pow rsqrt sin cos rmsnorm pool expand slice transpose embedding "
+    "rope"
+).split()
 
 
 def _example() -> tuple[Graph, Payload]:
@@ -93,16 +95,19 @@ def test_denote_is_entry_of_denote_all_and_errors_are_values():
 # -- checks, each error naming node, op and shapes -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("mutate, kind", [
-    (lambda n: n.replace(parents=(0, 2)), "forward-parent"),
-    (lambda n: n.replace(parents=(0, 9)), "parent-out-of-bounds"),
-    (lambda n: n.replace(parents=(0, -1)), "parent-out-of-bounds"),
-    (lambda n: n.replace(parents=(0,)), "arity"),
-    (lambda n: n.replace(id=5), "id-mismatch"),
-    (lambda n: n.replace(out_shape=(3,)), "shape-mismatch"),
-    (lambda n: n.replace(kind="frobnicate"), "unknown-op"),
-    (lambda n: n.replace(attrs={"axis": 0}), "attr"),
-])
+@pytest.mark.parametrize(
+    "mutate, kind",
+    [
+        (lambda n: n.replace(parents=(0, 2)), "forward-parent"),
+        (lambda n: n.replace(parents=(0, 9)), "parent-out-of-bounds"),
+        (lambda n: n.replace(parents=(0, -1)), "parent-out-of-bounds"),
+        (lambda n: n.replace(parents=(0,)), "arity"),
+        (lambda n: n.replace(id=5), "id-mismatch"),
+        (lambda n: n.replace(out_shape=(3,)), "shape-mismatch"),
+        (lambda n: n.replace(kind="frobnicate"), "unknown-op"),
+        (lambda n: n.replace(attrs={"axis": 0}), "attr"),
+    ],
+)
 def test_each_defect_is_reported_at_its_node(mutate, kind):
     g, _ = _example()
     bad = Graph((g[0], g[1], mutate(g[2])))
@@ -255,8 +260,9 @@ def test_checker_enumeration_small():
     assert cex is None and counts["accepted"] > 0 and counts["rejected"] > 0
 
 
-@pytest.mark.parametrize("dropped", ["forward-parent", "parent-out-of-bounds", "arity", "id-mismatch",
-                                     "shape-mismatch"])
+@pytest.mark.parametrize(
+    "dropped", ["forward-parent", "parent-out-of-bounds", "arity", "id-mismatch", "shape-mismatch"]
+)
 def test_planted_checker_bugs_are_caught(dropped):
     def buggy(g):
         return [e for e in check_inferred_shapes(g) if e.kind != dropped]
@@ -297,8 +303,7 @@ def test_planted_slice_rule_bug_is_caught(monkeypatch):
 
 
 def test_planted_numel_overflow_is_caught(monkeypatch):
-    monkeypatch.setattr(ops, "_mul_sat", lambda acc, d: select(acc * d <= ops.MAX_NUMEL, acc * d,
-                                                               ops.MAX_NUMEL + 1))
+    monkeypatch.setattr(ops, "_mul_sat", lambda acc, d: select(acc * d <= ops.MAX_NUMEL, acc * d, ops.MAX_NUMEL + 1))
     assert _items(["IR-SHAPE-reshape-z3"])["IR-SHAPE-reshape-z3"]["status"] == "violated"
 
 

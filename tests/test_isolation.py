@@ -21,8 +21,9 @@ def _items(path: Path) -> dict[str, dict]:
 
 def test_a_hanging_item_is_error_timeout_and_the_run_goes_on(tmp_path):
     out = tmp_path / "r.json"
-    code = main(["check", str(FAULTS), "--device", "host", "--item-timeout", "1", "--isolate", "none",
-                 "--json", str(out), "-q"])
+    code = main(
+        ["check", str(FAULTS), "--device", "host", "--item-timeout", "1", "--isolate", "none", "--json", str(out), "-q"]
+    )
     assert code == 1
     items = _items(out)
     assert items["FT-HANG"]["status"] == "error" and items["FT-HANG"]["reason"].startswith("timeout")
@@ -36,16 +37,45 @@ def test_the_contract_sets_an_item_limit_and_the_flag_overrides_it(tmp_path):
     out = tmp_path / "r.json"
     assert main(["check", str(path), "--device", "host", "--only", "FT-HANG", "--json", str(out), "-q"]) == 1
     assert "limit of 0.5 s" in _items(out)["FT-HANG"]["reason"]
-    assert main(["check", str(path), "--device", "host", "--only", "FT-HANG", "--item-timeout", "1.5",
-                 "--json", str(out), "-q"]) == 1
+    assert (
+        main(
+            [
+                "check",
+                str(path),
+                "--device",
+                "host",
+                "--only",
+                "FT-HANG",
+                "--item-timeout",
+                "1.5",
+                "--json",
+                str(out),
+                "-q",
+            ]
+        )
+        == 1
+    )
     assert "limit of 1.5 s" in _items(out)["FT-HANG"]["reason"]
 
 
 def test_worker_process_is_replaced_after_a_hang_and_a_dying_process(tmp_path, monkeypatch):
     monkeypatch.setenv("KC_FAULTS_ALLOW_EXIT", "1")  # FT-EXIT ends its process: only in a worker
     out = tmp_path / "r.json"
-    code = main(["check", str(FAULTS), "--device", "host", "--item-timeout", "2", "--isolate", "process",
-                 "--json", str(out), "-q"])
+    code = main(
+        [
+            "check",
+            str(FAULTS),
+            "--device",
+            "host",
+            "--item-timeout",
+            "2",
+            "--isolate",
+            "process",
+            "--json",
+            str(out),
+            "-q",
+        ]
+    )
     assert code == 1
     items = _items(out)
     assert items["FT-HANG"]["reason"].startswith("timeout") and "replaced" in items["FT-HANG"]["reason"]
@@ -68,8 +98,9 @@ def test_on_the_device_an_oob_write_and_a_never_returning_kernel_cost_one_item_e
     out, log = tmp_path / "r.json", tmp_path / "log.jsonl"
     env_before = os.environ.pop("KC_FAULTS_ALLOW_EXIT", None)
     try:
-        code = main(["check", str(FAULTS), "--device", "cuda", "--item-timeout", "20", "--json", str(out),
-                     "--log", str(log)])
+        code = main(
+            ["check", str(FAULTS), "--device", "cuda", "--item-timeout", "20", "--json", str(out), "--log", str(log)]
+        )
     finally:
         if env_before is not None:
             os.environ["KC_FAULTS_ALLOW_EXIT"] = env_before

@@ -47,8 +47,11 @@ def modules() -> list[tuple[str, Path]]:
 @pytest.mark.parametrize("module, path", modules(), ids=[m for m, _ in modules()])
 def test_no_import_runs_up_the_layers(module, path):
     own = layer_of(module)
-    upward = [f"{path.relative_to(ROOT)}:{line}: imports {target}" for line, target in imports(path)
-              if (lt := layer_of(target)) is not None and lt > own and not target.startswith(module)]
+    upward = [
+        f"{path.relative_to(ROOT)}:{line}: imports {target}"
+        for line, target in imports(path)
+        if (lt := layer_of(target)) is not None and lt > own and not target.startswith(module)
+    ]
     assert not upward, "\n".join(upward)
 
 

@@ -71,8 +71,9 @@ def test_hostile_expressions_in_a_contract_are_located_diagnostics_quickly(tmp_p
     from tests.loader_fuzzing import HOSTILE_EXPRESSIONS
 
     must = [e for e in HOSTILE_EXPRESSIONS if e.startswith(("9**9**9", "1 << 9", "(((", "1111", "(lambda", "f'"))]
-    chosen = must + random.Random(SEED).sample([e for e in HOSTILE_EXPRESSIONS if e not in must],
-                                               HOSTILE_SAMPLE - len(must))
+    chosen = must + random.Random(SEED).sample(
+        [e for e in HOSTILE_EXPRESSIONS if e not in must], HOSTILE_SAMPLE - len(must)
+    )
 
     source = next(p for p in SHIPPED if "gemm" in p.name)
     data = shipped_data(source)

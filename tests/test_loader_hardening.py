@@ -47,8 +47,12 @@ def _line_col(data: bytes, needle: bytes) -> tuple[int, int]:
 CASES = [
     ("invalid UTF-8", _mutated(b"family: gemm", b"family: g\xffemm"), b"\xff", "not UTF-8"),
     ("control character", _mutated(b"family: gemm", b"family: g\x01emm"), b"\x01", "U+0001"),
-    ("deep nesting", _mutated(b"references:", b"deep: " + b"[" * 3000 + b"]" * 3000 + b"\nreferences:"),
-     None, "nested more than"),
+    (
+        "deep nesting",
+        _mutated(b"references:", b"deep: " + b"[" * 3000 + b"]" * 3000 + b"\nreferences:"),
+        None,
+        "nested more than",
+    ),
     ("!!set", _mutated(b"family: gemm", b"family: !!set {a, b}"), b"!!set", "set (!!set)"),
     ("date in a bound", _mutated(b"      m: [1, 8]\n", b"      m: [2020-01-01, 8]\n"), b"2020-01-01", "date"),
     ("!!binary", _mutated(b"family: gemm", b"family: !!binary aGVsbG8="), b"!!binary", "binary"),
@@ -56,12 +60,20 @@ CASES = [
     ("non-string key", _mutated(b"family: gemm", b"family: gemm\n5: x"), b"5: x", "key 5 is not a string"),
     ("recursive alias", _mutated(b"references:", b"zz: &r [*r]\nreferences:"), b"*r]", "contains it"),
     ("alias bomb", _mutated(b"references:", _bomb(7) + b"references:"), None, "aliases expand to more than"),
-    ("many aliases", _mutated(b"references:", b"a: &a x\nb: [" + b", ".join([b"*a"] * 70) + b"]\nreferences:"),
-     None, "more than 64 aliases"),
+    (
+        "many aliases",
+        _mutated(b"references:", b"a: &a x\nb: [" + b", ".join([b"*a"] * 70) + b"]\nreferences:"),
+        None,
+        "more than 64 aliases",
+    ),
     ("float where an integer goes", _mutated(b"min: 1,", b"min: 1.0e300,"), b"1.0e300", "not of type 'integer'"),
     ("list as contract id", _mutated(b"id: cublas-gemm-v1", b"id: [cublas-gemm-v1]"), b"[cublas", "id"),
-    ("rlimit past 2^32", _mutated(b"method: z3\n", b"method: z3\n    rlimit: 4294967297\n"), b"4294967297",
-     "is greater than the maximum"),
+    (
+        "rlimit past 2^32",
+        _mutated(b"method: z3\n", b"method: z3\n    rlimit: 4294967297\n"),
+        b"4294967297",
+        "is greater than the maximum",
+    ),
     ("truncated", GEMM_BYTES[: len(GEMM_BYTES) // 3], None, "YAML"),
 ]
 
@@ -131,13 +143,21 @@ def test_cyclic_depends_on_is_rejected_with_its_position(tmp_path):
 
 # -- kernel code named by a contract ------------------------------------------------------------------
 
+
 def test_a_plan_outside_project_code_is_refused_and_never_called(tmp_path):
     dotted = ["sys:exit", "os:abort", "os:_exit", "builtins:print", "pdb:set_trace"]
-    paths = [_write(tmp_path, _mutated(b"native.gemm:gemm_plan", d.encode()), f"plan{i}.yaml")
-             for i, d in enumerate(dotted)]
+    paths = [
+        _write(tmp_path, _mutated(b"native.gemm:gemm_plan", d.encode()), f"plan{i}.yaml") for i, d in enumerate(dotted)
+    ]
     # In a subprocess: on the old code os:abort kills the interpreter and sys:exit exits 0 without a word.
-    proc = subprocess.run([sys.executable, "-m", "obligations.cli", "validate", *map(str, paths)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [sys.executable, "-m", "obligations.cli", "validate", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     for path, name in zip(paths, dotted, strict=True):
         line, col = _line_col(path.read_bytes(), name.encode())
@@ -149,10 +169,14 @@ def test_plans_must_be_python_functions_that_return(tmp_path, monkeypatch):
     (tmp_path / f"{mod}.py").write_text(
         "import sys\nfrom os import getpid as reexported_builtin\n\n\n"
         "def exits(m, n, k):\n    '''A plan that ends the process.'''\n    sys.exit(0)\n\n\n"
-        "class NotAFunction:\n    '''A class is no plan.'''\n")
+        "class NotAFunction:\n    '''A class is no plan.'''\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
-    cases = {"reexported_builtin": "not a Python function", "NotAFunction": "not a Python function",
-             "exits": "the plan called sys.exit(0)"}
+    cases = {
+        "reexported_builtin": "not a Python function",
+        "NotAFunction": "not a Python function",
+        "exits": "the plan called sys.exit(0)",
+    }
     for attr, message in cases.items():
         path = _write(tmp_path, _mutated(b"native.gemm:gemm_plan", f"{mod}:{attr}".encode()), f"{attr}.yaml")
         diags = validate_paths([path])
@@ -174,6 +198,7 @@ def test_a_test_module_that_raises_or_exits_on_import_is_a_diagnostic(tmp_path, 
 
 # -- registered tests that misbehave ------------------------------------------------------------------
 
+
 def _user_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> Path:
     """A scaffolded contract whose falsification test's body is ``body``."""
     package = f"kc_run_{uuid.uuid4().hex[:10]}"
@@ -183,16 +208,22 @@ def _user_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -
     contract, module = scaffold_contract(f"demo-{package[-8:]}", "demo", tmp_path / "contracts", tmp_path / package)
     text = module.read_text()
     assert 'return skipped("not implemented")' in text
-    module.write_text(text.replace('return skipped("not implemented")', body)
-                      .replace("import Outcome, skipped", "import Outcome, passed, skipped"))
+    module.write_text(
+        text.replace('return skipped("not implemented")', body).replace(
+            "import Outcome, skipped", "import Outcome, passed, skipped"
+        )
+    )
     return contract
 
 
-@pytest.mark.parametrize(("body", "reason"), [
-    ("return None", "NoneType"),  # the engine or run_item names what came back instead of an Outcome
-    ("return {'status': 'passed'}", "dict"),
-    ("raise SystemExit(0)", "called sys.exit(0)"),
-])
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ("return None", "NoneType"),  # the engine or run_item names what came back instead of an Outcome
+        ("return {'status': 'passed'}", "dict"),
+        ("raise SystemExit(0)", "called sys.exit(0)"),
+    ],
+)
 def test_a_test_that_returns_no_outcome_or_exits_is_an_error_item(tmp_path, monkeypatch, body, reason):
     contract = _user_contract(tmp_path, monkeypatch, body)
     out = tmp_path / "r.json"
@@ -202,11 +233,14 @@ def test_a_test_that_returns_no_outcome_or_exits_is_an_error_item(tmp_path, monk
     assert ft["status"] == "error" and reason in ft["reason"], ft
 
 
-@pytest.mark.parametrize(("result", "reason"), [
-    (None, "returned NoneType, not an Outcome"),
-    ("passed", "returned str, not an Outcome"),
-    (SystemExit(2), "called sys.exit(2)"),
-])
+@pytest.mark.parametrize(
+    ("result", "reason"),
+    [
+        (None, "returned NoneType, not an Outcome"),
+        ("passed", "returned str, not an Outcome"),
+        (SystemExit(2), "called sys.exit(2)"),
+    ],
+)
 def test_run_item_turns_any_non_outcome_into_an_error(monkeypatch, result, reason):
     from obligations import check
 
@@ -234,8 +268,9 @@ def test_keyboard_interrupt_stops_the_run_and_writes_the_partial_result(tmp_path
 
 
 def test_the_json_result_is_strict_json_even_with_nan_evidence(tmp_path, monkeypatch):
-    contract = _user_contract(tmp_path, monkeypatch,
-                              "return passed(cases=1, worst=float('nan'), ratio=[float('inf'), -float('inf')])")
+    contract = _user_contract(
+        tmp_path, monkeypatch, "return passed(cases=1, worst=float('nan'), ratio=[float('inf'), -float('inf')])"
+    )
     out = tmp_path / "r.json"
     assert main(["check", str(contract), "--device", "host", "--json", str(out)]) == 0
 
@@ -248,6 +283,7 @@ def test_the_json_result_is_strict_json_even_with_nan_evidence(tmp_path, monkeyp
 
 
 # -- load once ----------------------------------------------------------------------------------------
+
 
 def test_kc_check_parses_and_validates_each_contract_once(monkeypatch):
     counts = {"parse": 0, "diagnose": 0}

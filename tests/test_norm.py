@@ -23,13 +23,22 @@ def test_contract_holds_on_host():
     assert not bad, bad
 
 
-@pytest.mark.parametrize(("items", "old", "new"), [
-    (["SOFTMAX-sum", "FALSIFY-NORM-001"], 'impl: "native.norm:softmax"}',
-     'impl: "tests.planted.norm_bugs:softmax_mask_after"}'),
-    (["SOFTMAX-BWD-bitwise"], 'impl: "native.norm:softmax_backward"}',
-     'impl: "tests.planted.norm_bugs:softmax_backward_no_diagonal"}'),
-    (["RMSNORM-bitwise"], 'impl: "native.norm:rmsnorm"}', 'impl: "tests.planted.norm_bugs:rmsnorm_no_eps"}'),
-])
+@pytest.mark.parametrize(
+    ("items", "old", "new"),
+    [
+        (
+            ["SOFTMAX-sum", "FALSIFY-NORM-001"],
+            'impl: "native.norm:softmax"}',
+            'impl: "tests.planted.norm_bugs:softmax_mask_after"}',
+        ),
+        (
+            ["SOFTMAX-BWD-bitwise"],
+            'impl: "native.norm:softmax_backward"}',
+            'impl: "tests.planted.norm_bugs:softmax_backward_no_diagonal"}',
+        ),
+        (["RMSNORM-bitwise"], 'impl: "native.norm:rmsnorm"}', 'impl: "tests.planted.norm_bugs:rmsnorm_no_eps"}'),
+    ],
+)
 def test_planted_bug_is_caught(tmp_path, items, old, new):
     path = contract_variant(CONTRACT, tmp_path, old, new, count=-1)
     got = check_items(path, items)
@@ -68,6 +77,9 @@ def test_ir_softmax_layernorm_rmsnorm_denote_the_spec():
 @pytest.mark.cuda
 def test_contract_holds_on_cuda():
     res = check_contract(CONTRACT, device="cuda")
-    bad = {it["id"]: (it["status"], it.get("reason")) for it in res["items"]
-           if it["status"] in ("violated", "error", "unknown")}
+    bad = {
+        it["id"]: (it["status"], it.get("reason"))
+        for it in res["items"]
+        if it["status"] in ("violated", "error", "unknown")
+    }
     assert not bad, bad

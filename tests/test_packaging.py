@@ -37,27 +37,47 @@ def test_an_installed_wheel_validates_and_checks_a_scaffolded_contract(tmp_path)
         else:
             shutil.copy2(ROOT / name, src / name)
     dist = tmp_path / "dist"
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist),
-          str(src)], tmp_path)
+    _run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(src)],
+        tmp_path,
+    )
     (wheel,) = dist.glob("kernel_contracts-*.whl")
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], tmp_path)
     python = venv / "bin" / "python"
-    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--ignore-installed",
-          "--no-index", str(wheel)], tmp_path)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "-q",
+            "--no-deps",
+            "--ignore-installed",
+            "--no-index",
+            str(wheel),
+        ],
+        tmp_path,
+    )
 
     work = tmp_path / "elsewhere"  # outside the repository, as a user's project would be
     (work / "mykernels").mkdir(parents=True)
     (work / "mykernels" / "__init__.py").write_text("")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PYTHONPATH"] = str(work)  # the user's test module, as in docs/tutorial.md
-    where = _run([str(python), "-c", "import obligations.contract as c; print(c.__file__); print(c.SCHEMA_PATH)"],
-                 work, env).stdout.split()
+    where = _run(
+        [str(python), "-c", "import obligations.contract as c; print(c.__file__); print(c.SCHEMA_PATH)"], work, env
+    ).stdout.split()
     assert all(Path(p).is_relative_to(venv) for p in where), where  # the installed copy, not the checkout
     assert Path(where[1]).is_file()
     kc = str(venv / "bin" / "kc")
-    _run([kc, "new", "demo-v1", "--family", "demo", "--contracts-dir", "contracts", "--tests-dir", "mykernels"],
-         work, env)
+    _run(
+        [kc, "new", "demo-v1", "--family", "demo", "--contracts-dir", "contracts", "--tests-dir", "mykernels"],
+        work,
+        env,
+    )
     out = _run([kc, "validate", "contracts/demo-v1.yaml"], work, env).stdout
     assert "1 contract file(s) valid" in out
     out = _run([kc, "check", "contracts/demo-v1.yaml", "--device", "host", "--json", "r.json"], work, env).stdout

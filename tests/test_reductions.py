@@ -40,22 +40,32 @@ def test_shipped_contract_holds_on_host():
 
 
 def test_order_changed_tree_is_caught_by_the_tree_item(tmp_path):
-    path = _variant(tmp_path, 'params: {impl: "native.reductions:tree_sum"}\n  - id: RED-TREE-mean',
-                    'params: {impl: "tests.planted.reduction_bugs:tree_sum_interleaved"}\n'
-                    '  - id: RED-TREE-mean', 1)
+    path = _variant(
+        tmp_path,
+        'params: {impl: "native.reductions:tree_sum"}\n  - id: RED-TREE-mean',
+        'params: {impl: "tests.planted.reduction_bugs:tree_sum_interleaved"}\n  - id: RED-TREE-mean',
+        1,
+    )
     it = _items(path, ["RED-TREE-bitwise"])["RED-TREE-bitwise"]
     assert it["status"] == "violated", it["reason"]
     assert "interleaved" in it["reason"]
     # The planted tree is reproducible: only the bitwise-against-the-stated-tree claim can catch it.
-    path2 = _variant(tmp_path, 'params: {impl: "native.reductions:tree_sum", runs: 5}\n  - id: RED-TREE-bound',
-                     'params: {impl: "tests.planted.reduction_bugs:tree_sum_interleaved", runs: 5}\n'
-                     '  - id: RED-TREE-bound', 1)
+    path2 = _variant(
+        tmp_path,
+        'params: {impl: "native.reductions:tree_sum", runs: 5}\n  - id: RED-TREE-bound',
+        'params: {impl: "tests.planted.reduction_bugs:tree_sum_interleaved", runs: 5}\n  - id: RED-TREE-bound',
+        1,
+    )
     assert _items(path2, ["RED-TREE-determinism"])["RED-TREE-determinism"]["status"] == "passed"
 
 
 def test_atomic_path_claimed_deterministic_is_caught_by_the_determinism_item(tmp_path):
-    path = _variant(tmp_path, 'params: {impl: "native.reductions:tree_sum", runs: 5}\n  - id: RED-TREE-bound',
-                    'params: {impl: "native.reductions:atomic_sum", runs: 5}\n  - id: RED-TREE-bound', 1)
+    path = _variant(
+        tmp_path,
+        'params: {impl: "native.reductions:tree_sum", runs: 5}\n  - id: RED-TREE-bound',
+        'params: {impl: "native.reductions:atomic_sum", runs: 5}\n  - id: RED-TREE-bound',
+        1,
+    )
     it = _items(path, ["RED-TREE-determinism"])["RED-TREE-determinism"]
     assert it["status"] == "violated", it["reason"]
     out = it["counterexample"]["element"]["outputs"]["r"]  # a later run against the first, one case
@@ -63,15 +73,23 @@ def test_atomic_path_claimed_deterministic_is_caught_by_the_determinism_item(tmp
 
 
 def test_tree_claimed_nonreproducible_is_refuted(tmp_path):
-    path = _variant(tmp_path, 'params: {impl: "native.reductions:atomic_sum", runs: 20}',
-                    'params: {impl: "native.reductions:tree_sum", runs: 20}', 1)
+    path = _variant(
+        tmp_path,
+        'params: {impl: "native.reductions:atomic_sum", runs: 20}',
+        'params: {impl: "native.reductions:tree_sum", runs: 20}',
+        1,
+    )
     assert _items(path, ["RED-ATOMIC-not-reproducible"])["RED-ATOMIC-not-reproducible"]["status"] == "violated"
 
 
 def test_unadmitted_axis_plan_overflows_int64(tmp_path):
     old = 'given: "admissible and o < outer and r < length and q < inner"\n    prove: "0 <= offset(o, r, q) and '
-    path = _variant(tmp_path, old + "offset(o, r, q) < total and out_offset",
-                    old.replace("admissible and ", "") + "offset(o, r, q) < total and out_offset", 1)
+    path = _variant(
+        tmp_path,
+        old + "offset(o, r, q) < total and out_offset",
+        old.replace("admissible and ", "") + "offset(o, r, q) < total and out_offset",
+        1,
+    )
     it = _items(path, ["RED-AXIS-inbounds-z3"])["RED-AXIS-inbounds-z3"]
     assert it["status"] == "violated" and "int64 overflow" in it["reason"]
 
@@ -93,8 +111,8 @@ def test_axis_kinds_and_scatter_on_host():
     for axis in (None, 0, 1, 2):
         np.testing.assert_array_equal(red.fold_sum(x, axis=axis, device="host"), x.sum(axis=axis))
         np.testing.assert_array_equal(red.fold_max(x, axis=axis, device="host"), x.max(axis=axis))
-    out = red.scatter_add(np.zeros(3, np.float32), [2, 0, 2], [1.0, 5.0, 2.0 ** 25], device="host")
-    np.testing.assert_array_equal(out, np.array([5.0, 0.0, 2.0 ** 25], np.float32))  # 1 first, then 2^25: 1 lost
+    out = red.scatter_add(np.zeros(3, np.float32), [2, 0, 2], [1.0, 5.0, 2.0**25], device="host")
+    np.testing.assert_array_equal(out, np.array([5.0, 0.0, 2.0**25], np.float32))  # 1 first, then 2^25: 1 lost
     with pytest.raises(IndexError):
         red.scatter_add(np.zeros(3, np.float32), [3], [1.0], device="host")
     assert np.isnan(red.fold_max(np.array([1.0, np.nan, 3.0], np.float32), device="host"))
@@ -110,8 +128,11 @@ def test_cuda_reductions_match_the_reference():
         pytest.skip("no CUDA device")
     entry = check_contract(CONTRACT, device="cuda")
     # Correctness only: the bandwidth goal is a measurement reported by kc check and the benchmark.
-    bad = {it["id"]: it["reason"] for it in entry["items"]
-           if it["status"] in ("violated", "error") and it["id"] != "RED-BANDWIDTH"}
+    bad = {
+        it["id"]: it["reason"]
+        for it in entry["items"]
+        if it["status"] in ("violated", "error") and it["id"] != "RED-BANDWIDTH"
+    }
     assert not bad, bad
 
 
@@ -121,12 +142,19 @@ def test_cuda_planted_bugs_are_caught(tmp_path):
 
     if not cuda_available()[0]:
         pytest.skip("no CUDA device")
-    path = _variant(tmp_path, 'params: {impl: "native.reductions:tree_sum", runs: 5}\n  - id: RED-TREE-bound',
-                    'params: {impl: "native.reductions:atomic_sum", runs: 5}\n  - id: RED-TREE-bound', 1)
+    path = _variant(
+        tmp_path,
+        'params: {impl: "native.reductions:tree_sum", runs: 5}\n  - id: RED-TREE-bound',
+        'params: {impl: "native.reductions:atomic_sum", runs: 5}\n  - id: RED-TREE-bound',
+        1,
+    )
     assert _items(path, ["RED-TREE-determinism"], "cuda")["RED-TREE-determinism"]["status"] == "violated"
-    path = _variant(tmp_path, 'params: {impl: "native.reductions:tree_sum"}\n  - id: RED-TREE-mean',
-                    'params: {impl: "tests.planted.reduction_bugs:tree_sum_interleaved"}\n'
-                    '  - id: RED-TREE-mean', 1)
+    path = _variant(
+        tmp_path,
+        'params: {impl: "native.reductions:tree_sum"}\n  - id: RED-TREE-mean',
+        'params: {impl: "tests.planted.reduction_bugs:tree_sum_interleaved"}\n  - id: RED-TREE-mean',
+        1,
+    )
     assert _items(path, ["RED-TREE-bitwise"], "cuda")["RED-TREE-bitwise"]["status"] == "violated"
 
 

@@ -63,7 +63,13 @@ def test_fixture_covers_every_status_and_records_contract_hashes(result: dict, c
     statuses = {i["status"] for c in result["contracts"] for i in c["items"]}
     assert statuses == {"proved", "exhausted", "passed", "violated", "unknown", "skipped", "error"}
     assert {i["claim"] for c in result["contracts"] for i in c["items"]} >= {
-        "proved", "exhausted", "tested", "assumed", "violated", "none"}
+        "proved",
+        "exhausted",
+        "tested",
+        "assumed",
+        "violated",
+        "none",
+    }
     for contract in result["contracts"]:
         digest = hashlib.sha256((contracts_dir / Path(contract["path"]).name).read_bytes()).hexdigest()
         assert digest == contract["sha256"], f"{contract['id']}: fixture sha256 out of date"
@@ -107,9 +113,18 @@ def test_markdown_shows_each_item_with_claim_evidence_and_provenance(result: dic
     assert '"expected": "0x3f800001"' in section
     assert "kc check contracts/gemm-cublas-v1.yaml --only FT-GEMM-004 --device cuda --seed 0" in section
     # provenance
-    for needle in ("3f9c2a1d5be0", _gemm(result)["sha256"], "| numpy | 2.4.6 |", "| cupy | 14.0.1 |",
-                   "| z3-solver | 4.15.4 |", "| hypothesis | 6.155.2 |", "| Driver | 580.95.05 |",
-                   "| CUDA runtime | 13.0 |", "| Checked at | 2026-11-21T10:00:00Z |", "NVIDIA H200"):
+    for needle in (
+        "3f9c2a1d5be0",
+        _gemm(result)["sha256"],
+        "| numpy | 2.4.6 |",
+        "| cupy | 14.0.1 |",
+        "| z3-solver | 4.15.4 |",
+        "| hypothesis | 6.155.2 |",
+        "| Driver | 580.95.05 |",
+        "| CUDA runtime | 13.0 |",
+        "| Checked at | 2026-11-21T10:00:00Z |",
+        "NVIDIA H200",
+    ):
         assert needle in md, needle
 
 
@@ -149,8 +164,9 @@ def test_statement_falls_back_when_the_parser_is_missing(monkeypatch: pytest.Mon
 
 
 def test_unknown_evidence_keys_are_shown_verbatim() -> None:
-    facts = {f.label: f.value for f in evidence_facts({"kind": "falsify", "cases": 3, "weird": {"a": [1, 2]},
-                                                       "points": 9})}
+    facts = {
+        f.label: f.value for f in evidence_facts({"kind": "falsify", "cases": 3, "weird": {"a": [1, 2]}, "points": 9})
+    }
     assert facts["weird"] == '{"a": [1, 2]}'
     # Renderers go by the evidence's kind: a test's "points" is its own detail, not an enumeration.
     assert facts["Cases"] == "3" and facts["points"] == "9" and "Points enumerated" not in facts
@@ -243,8 +259,9 @@ def test_check_reports_catches_missing_and_unreported_contracts(
     problems = check_reports(tmp_path / "reports", contracts_dir)
     assert any("'cub-reduce-sum-v1'" in p and "no longer" in p for p in problems)
     assert any("'new-kernel-v1' has no report" in p for p in problems)
-    assert not any("'new-kernel-v1'" in p for p in check_reports(
-        tmp_path / "reports", contracts_dir, require_every_contract=False))
+    assert not any(
+        "'new-kernel-v1'" in p for p in check_reports(tmp_path / "reports", contracts_dir, require_every_contract=False)
+    )
 
 
 def test_check_reports_flags_a_tampered_stamp(tmp_path: Path, result: dict, contracts_dir: Path) -> None:
@@ -269,10 +286,23 @@ def _chromium() -> str | None:
 def _run_chromium(binary: str, *args: str) -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory() as profile:
         return subprocess.run(
-            [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}", *args],
-            capture_output=True, text=True, timeout=120, check=False,
+            [
+                binary,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={profile}",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
         )
 
 
@@ -311,8 +341,7 @@ def test_html_renders_in_headless_chromium(tmp_path: Path, result: dict) -> None
 
     # A screenshot proves the PNGs decode and paint: look for the plots' bar/line colour.
     shot = tmp_path / "shot.png"
-    taken = _run_chromium(binary, "--window-size=1000,9000", "--hide-scrollbars", f"--screenshot={shot}",
-                          page.as_uri())
+    taken = _run_chromium(binary, "--window-size=1000,9000", "--hide-scrollbars", f"--screenshot={shot}", page.as_uri())
     assert taken.returncode == 0 and shot.exists(), taken.stderr[-2000:]
     import matplotlib.image
     import numpy as np
@@ -335,8 +364,9 @@ def test_report_modules_import_without_matplotlib() -> None:
         "assert 'matplotlib is not installed' in text, text\n"
         "assert not (d / 'plots').exists()\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
-                          cwd=Path(__file__).parents[1])
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=Path(__file__).parents[1]
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -354,15 +384,34 @@ def test_contract_page_has_a_coverage_table_from_recorded_evidence() -> None:
     from obligations.reporting.markdown import render_contract_markdown
 
     contract = {
-        "id": "cov-v1", "version": "1.0.0", "family": "probe", "path": "contracts/cov-v1.yaml", "sha256": "0" * 64,
+        "id": "cov-v1",
+        "version": "1.0.0",
+        "family": "probe",
+        "path": "contracts/cov-v1.yaml",
+        "sha256": "0" * 64,
         "qa_gate": {"id": "G", "requires": []},
         "items": [
-            {"id": "R", "kind": "obligation", "method": "regimes", "status": "proved", "claim": "proved",
-             "evidence": {"kind": "regimes", "regimes": ["one_trip", "grid_stride"],
-                          "witnesses": {"one_trip": {"n": 1}}}},
-            {"id": "A", "kind": "obligation", "method": "audit", "status": "passed", "claim": "tested",
-             "evidence": {"kind": "audit", "cases": 4, "findings": 0},
-             "entry_points": [{"entry": "probe.sum", "device": "host", "order": "fold"}]},
+            {
+                "id": "R",
+                "kind": "obligation",
+                "method": "regimes",
+                "status": "proved",
+                "claim": "proved",
+                "evidence": {
+                    "kind": "regimes",
+                    "regimes": ["one_trip", "grid_stride"],
+                    "witnesses": {"one_trip": {"n": 1}},
+                },
+            },
+            {
+                "id": "A",
+                "kind": "obligation",
+                "method": "audit",
+                "status": "passed",
+                "claim": "tested",
+                "evidence": {"kind": "audit", "cases": 4, "findings": 0},
+                "entry_points": [{"entry": "probe.sum", "device": "host", "order": "fold"}],
+            },
         ],
         "unchecked_entry_points": [{"entry": "probe.divide", "device": "host"}],
     }

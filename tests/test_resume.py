@@ -72,14 +72,16 @@ def test_ctrl_c_writes_the_partial_result_and_resume_finishes_it_without_redoing
     assert f"resume with kc check --resume {log}" in captured.err
     assert len(_lines(log)) == 3  # header + the two finished items
     calls.clear()
-    monkeypatch.setattr(check, "item_fields", lambda contract, item, **kw: (calls.append(item["id"]),
-                                                                             real(contract, item, **kw))[1])
+    monkeypatch.setattr(
+        check, "item_fields", lambda contract, item, **kw: (calls.append(item["id"]), real(contract, item, **kw))[1]
+    )
     assert main(["check", "--resume", str(log), "--json", str(resumed), "-q"]) == 0
     assert calls == QUICK[2:]  # the finished items were not run again
     # z3's rlimit_used depends on what ran before in the same process (its global context): a measurement
     volatile = VOLATILE | {"rlimit_used"}
-    assert (_stable(json.loads(resumed.read_text())["contracts"], volatile)
-            == _stable(json.loads(full.read_text())["contracts"], volatile))
+    assert _stable(json.loads(resumed.read_text())["contracts"], volatile) == _stable(
+        json.loads(full.read_text())["contracts"], volatile
+    )
     assert _lines(log)[-1]["event"] == "end"
 
 
@@ -110,9 +112,31 @@ def test_same_seed_gives_the_same_result_json(tmp_path):
     outs = [tmp_path / "a.json", tmp_path / "b.json"]
     items = [*QUICK, "PO-GEMM-02-*"]
     for out in outs:
-        proc = subprocess.run([sys.executable, "-m", "obligations.cli", "check", str(GEMM), str(FAULTS), "--device",
-                               "host", "--seed", "3", "--only", *items, "FT-OK-*", "FT-RAISES", "--json", str(out),
-                               "-q"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "obligations.cli",
+                "check",
+                str(GEMM),
+                str(FAULTS),
+                "--device",
+                "host",
+                "--seed",
+                "3",
+                "--only",
+                *items,
+                "FT-OK-*",
+                "FT-RAISES",
+                "--json",
+                str(out),
+                "-q",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 1, proc.stderr
     a, b = (_stable(json.loads(o.read_text())) for o in outs)
     assert a == b

@@ -173,13 +173,17 @@ def test_design_uniform_is_refuted_at_the_smallest_word(tmp_path):
 
 
 def test_design_kernel_is_caught_by_the_uniform_map_model_item(tmp_path):
-    path = _variant(tmp_path, "test: rng.uniform_map_model", "test: rng.uniform_map_model\n"
-                                                             "    params: {variant: uniform_design}")
+    path = _variant(
+        tmp_path, "test: rng.uniform_map_model", "test: rng.uniform_map_model\n    params: {variant: uniform_design}"
+    )
     it = _items(path, ["FALSIFY-RNG-006"])["FALSIFY-RNG-006"]
     assert it["status"] == "violated", it["reason"]
     # The design model describes the design kernel exactly: that pair agrees.
-    path = _variant(tmp_path, "test: rng.uniform_map_model", "test: rng.uniform_map_model\n"
-                                                             "    params: {variant: uniform_design, model: design}")
+    path = _variant(
+        tmp_path,
+        "test: rng.uniform_map_model",
+        "test: rng.uniform_map_model\n    params: {variant: uniform_design, model: design}",
+    )
     assert _items(path, ["FALSIFY-RNG-006"])["FALSIFY-RNG-006"]["status"] == "passed"
 
 
@@ -202,8 +206,9 @@ def test_cuda_contract_passes_and_prints_figures():
 def test_cuda_planted_bugs_are_caught(tmp_path):
     path = _variant(tmp_path, "params: {output: bits}", "params: {output: bits, variant: index_off_by_one}")
     assert _items(path, ["FALSIFY-RNG-001"], "cuda")["FALSIFY-RNG-001"]["status"] == "violated"
-    path = _variant(tmp_path, "test: rng.uniform_map_model", "test: rng.uniform_map_model\n"
-                                                             "    params: {variant: uniform_design}")
+    path = _variant(
+        tmp_path, "test: rng.uniform_map_model", "test: rng.uniform_map_model\n    params: {variant: uniform_design}"
+    )
     assert _items(path, ["FALSIFY-RNG-006"], "cuda")["FALSIFY-RNG-006"]["status"] == "violated"
     import cupy
 

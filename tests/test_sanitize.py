@@ -16,8 +16,12 @@ CONTRACT = load_contract(ROOT / "contracts" / "reductions-v1.yaml", check=False)
 
 
 def _item(workload: str, tools: list[str], modules: list[str] | None = None) -> dict:
-    return {"id": "SAN", "kind": "obligation", "method": "sanitize",
-            "params": {"workload": workload, "tools": tools, "modules": modules or []}}
+    return {
+        "id": "SAN",
+        "kind": "obligation",
+        "method": "sanitize",
+        "params": {"workload": workload, "tools": tools, "modules": modules or []},
+    }
 
 
 def test_sanitize_off_the_device_is_skipped_not_passed():
@@ -36,9 +40,11 @@ def test_sanitize_without_the_tool_is_skipped(monkeypatch):
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not on PATH")
 def test_planted_out_of_bounds_write_is_caught_and_a_clean_workload_passes():
     bad = get_engine("sanitize").discharge(
-        Job(CONTRACT, _item("planted-oob", ["memcheck"], ["tests.planted.sanitizer_bugs"]), device="cuda"))
+        Job(CONTRACT, _item("planted-oob", ["memcheck"], ["tests.planted.sanitizer_bugs"]), device="cuda")
+    )
     assert bad.status.value == "violated", (bad.reason, bad.counterexample)
     assert bad.counterexample["memcheck"]["errors"] > 0
-    good = get_engine("sanitize").discharge(Job(CONTRACT, _item("reductions", ["memcheck", "racecheck"]),
-                                                device="cuda"))
+    good = get_engine("sanitize").discharge(
+        Job(CONTRACT, _item("reductions", ["memcheck", "racecheck"]), device="cuda")
+    )
     assert good.status.value == "passed", (good.reason, good.counterexample)

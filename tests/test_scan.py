@@ -22,19 +22,27 @@ def _run(test: str, **params: object) -> str:
 
 
 def test_contract_evidenced_on_host() -> None:
-    done = subprocess.run([sys.executable, "-m", "obligations.cli", "check", str(CONTRACT), "--device", "host"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "obligations.cli", "check", str(CONTRACT), "--device", "host"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "violated" not in done.stdout and "error " not in done.stdout
     assert "skipped    SCAN-PERF" in done.stdout  # device-only, skipped with its reason on the host
 
 
-@pytest.mark.parametrize(("test", "params"), [
-    ("scan.combine_sympy", {"combine": "reversed"}),  # combine applied in the wrong order
-    ("scan.chunked_bound", {"combine": "reversed"}),
-    ("scan.discretize_bound", {"softplus": "exp"}),  # softplus replaced by exp
-    ("scan.vjp_spec", {"softplus": "exp"}),
-])
+@pytest.mark.parametrize(
+    ("test", "params"),
+    [
+        ("scan.combine_sympy", {"combine": "reversed"}),  # combine applied in the wrong order
+        ("scan.chunked_bound", {"combine": "reversed"}),
+        ("scan.discretize_bound", {"softplus": "exp"}),  # softplus replaced by exp
+        ("scan.vjp_spec", {"softplus": "exp"}),
+    ],
+)
 def test_planted_bug_is_caught(test: str, params: dict) -> None:
     assert _run(test, **params) == "violated"
 

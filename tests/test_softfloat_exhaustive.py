@@ -135,6 +135,4 @@ def test_fma_matches_mul_then_add_when_exact():
     a, c = _pairs(E4M3)
     one = np.full_like(a, E4M3.bias << E4M3.frac_bits)
     for mode in sf.ROUNDING_MODES:
-        np.testing.assert_array_equal(
-            sf.fma(a, one, c, fmt=E4M3, rounding=mode), sf.add(a, c, fmt=E4M3, rounding=mode)
-        )
+        np.testing.assert_array_equal(sf.fma(a, one, c, fmt=E4M3, rounding=mode), sf.add(a, c, fmt=E4M3, rounding=mode))

@@ -104,9 +104,7 @@ def test_against_mpfr(op, mode):
     nan_got = sf.is_nan(bits)
     nan_want = (want & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
     bad = (nan_got != nan_want) | (~nan_got & (bits != want))
-    assert not bad.any(), (
-        f"{op} {mode}: {int(bad.sum())} mismatches, first {_report(bad, operands, bits, want)}"
-    )
+    assert not bad.any(), f"{op} {mode}: {int(bad.sum())} mismatches, first {_report(bad, operands, bits, want)}"
     # Flags other than underflow (MPFR signals underflow for exact subnormal results; IEEE does not), on
     # lanes without NaN operands (MPFR's NaN flag, read as invalid by gmpy2, fires for quiet NaNs too).
     mask = np.uint8(O.INEXACT | O.OVERFLOW | O.INVALID | O.DIVBYZERO)

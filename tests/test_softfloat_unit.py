@@ -189,9 +189,7 @@ def test_default_nans_per_policy():
     assert h(sf.div(z, z, fmt=e4m3, env="ieee")) == ["0x7c"]
     assert h(sf.div(z, z, fmt=e4m3, env="x86-sse")) == ["0xfc"]
     assert h(sf.div(z, z, fmt=e4m3, env="cuda")) == ["0x7f"]
-    assert h(sf.div(np.zeros(1, np.uint16), np.zeros(1, np.uint16), fmt=sf.BINARY16, env="cuda")) == [
-        "0x7fff"
-    ]
+    assert h(sf.div(np.zeros(1, np.uint16), np.zeros(1, np.uint16), fmt=sf.BINARY16, env="cuda")) == ["0x7fff"]
 
 
 def test_ftz_daz():
@@ -283,8 +281,7 @@ def test_convert_16bit_to_b32_exact():
     bf = sf.convert(h16, sf.BFLOAT16, sf.BINARY32)
     np.testing.assert_array_equal(
         bf,
-        h16.astype(np.uint32) << np.uint32(16)
-        | (sf.is_snan(h16, fmt=sf.BFLOAT16) * 0x400000).astype(np.uint32),
+        h16.astype(np.uint32) << np.uint32(16) | (sf.is_snan(h16, fmt=sf.BFLOAT16) * 0x400000).astype(np.uint32),
     )
     assert h(sf.convert(u32(0x7F800001), sf.BINARY32, sf.BFLOAT16)) == ["0x7fc0"]
     assert h(sf.convert(u32(0x7F812345), sf.BINARY32, sf.BINARY16, env="cuda")) == ["0x7fff"]
@@ -302,9 +299,7 @@ def test_to_int_against_numpy_in_range():
     got = sf.to_int(a[ok], int_dtype="int64", rounding="rne")
     np.testing.assert_array_equal(got, np.rint(f[ok]).astype(np.int64))
     for mode, fn in (("rup", np.ceil), ("rdn", np.floor)):
-        np.testing.assert_array_equal(
-            sf.to_int(a[ok], int_dtype="int64", rounding=mode), fn(f[ok]).astype(np.int64)
-        )
+        np.testing.assert_array_equal(sf.to_int(a[ok], int_dtype="int64", rounding=mode), fn(f[ok]).astype(np.int64))
 
 
 def test_to_int_out_of_range_policies():
@@ -536,15 +531,11 @@ def test_generic_namespace_path_matches_numpy_path(op, monkeypatch):
     nargs = {"fma": 3, "sqrt": 1}.get(op, 2)
     operands = O.testfloat_operands(30_000, nargs, 81)
     want = [
-        getattr(sf, op)(*operands, rounding=m, env=e, flags=True)
-        for m in ("rne", "rdn")
-        for e in ("ieee", "cuda-ftz")
+        getattr(sf, op)(*operands, rounding=m, env=e, flags=True) for m in ("rne", "rdn") for e in ("ieee", "cuda-ftz")
     ]
     monkeypatch.setattr(core, "get_xp", lambda x, ns=_GENERIC: ns)
     got = [
-        getattr(sf, op)(*operands, rounding=m, env=e, flags=True)
-        for m in ("rne", "rdn")
-        for e in ("ieee", "cuda-ftz")
+        getattr(sf, op)(*operands, rounding=m, env=e, flags=True) for m in ("rne", "rdn") for e in ("ieee", "cuda-ftz")
     ]
     for (wb, wf), (gb, gf) in zip(want, got, strict=True):
         np.testing.assert_array_equal(gb, wb)

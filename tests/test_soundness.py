@@ -48,8 +48,16 @@ def _contract(tmp_path: Path, items: str = "obligations: []\n"):
 
 
 def _item(prove: str, method: str = "z3", **extra) -> dict:
-    return {"id": "P", "kind": "obligation", "type": "invariant", "property": "p", "method": method,
-            "prove": prove, "location": {"line": 1, "column": 1}, **extra}
+    return {
+        "id": "P",
+        "kind": "obligation",
+        "type": "invariant",
+        "property": "p",
+        "method": method,
+        "prove": prove,
+        "location": {"line": 1, "column": 1},
+        **extra,
+    }
 
 
 # -- the cases of issue 18, each a regression test ------------------------------------------------------
@@ -58,13 +66,16 @@ def _item(prove: str, method: str = "z3", **extra) -> dict:
 @pytest.mark.parametrize("method", ["z3", "enumerate"])
 def test_ordering_between_conditions_is_rejected_at_validation(tmp_path, method):
     bound = ", bound: {t: [0, 1], u: [0, 1]}" if method == "enumerate" else ""
-    _, path = _contract(tmp_path, "obligations:\n  - {id: B, type: invariant, property: p, method: "
-                        f'{method}, prove: "t < u and u < t"{bound}}}\n')
+    _, path = _contract(
+        tmp_path,
+        "obligations:\n  - {id: B, type: invariant, property: p, method: "
+        f'{method}, prove: "t < u and u < t"{bound}}}\n',
+    )
     with pytest.raises(ContractError) as info:
         load_contract(path)
     (diag,) = info.value.diagnostics
     line = path.read_text().splitlines()[diag.line - 1]
-    assert "orders integers only" in diag.message and line[diag.col - 1:].startswith("t < u"), diag
+    assert "orders integers only" in diag.message and line[diag.col - 1 :].startswith("t < u"), diag
 
 
 def test_ordering_between_conditions_never_reaches_a_combinator(tmp_path):
@@ -105,8 +116,15 @@ def test_array_carrier_division_of_int64_min_by_minus_one_overflows():
     assert list(np.asarray(tracker.conditions[-1].expr)) == [False, True]
 
 
-@pytest.mark.parametrize("prove", ["int32(2147483647) + int32(1) > 2147483647", "int32(-2147483648) // int32(-1) > 0",
-                                   "uint32(0) - uint32(1) > 0", "-int32(-2147483648) > 0"])
+@pytest.mark.parametrize(
+    "prove",
+    [
+        "int32(2147483647) + int32(1) > 2147483647",
+        "int32(-2147483648) // int32(-1) > 0",
+        "uint32(0) - uint32(1) > 0",
+        "-int32(-2147483648) > 0",
+    ],
+)
 def test_literal_casts_are_machine_arithmetic(tmp_path, prove):
     contract, _ = _contract(tmp_path)
     out = run_item(contract, _item(prove))
@@ -312,9 +330,11 @@ def _extend(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
     pair = st.tuples(children, children)
     return st.one_of(
         st.tuples(children, st.sampled_from(["+", "-", "*", "//", "%"]), children).map(
-            lambda p: f"({p[0]} {p[1]} {p[2]})"),
+            lambda p: f"({p[0]} {p[1]} {p[2]})"
+        ),
         st.tuples(children, st.sampled_from(["<", "<=", ">", ">=", "==", "!="]), children).map(
-            lambda p: f"({p[0]} {p[1]} {p[2]})"),
+            lambda p: f"({p[0]} {p[1]} {p[2]})"
+        ),
         st.tuples(pair, st.sampled_from(["and", "or"])).map(lambda p: f"({p[0][0]} {p[1]} {p[0][1]})"),
         children.map(lambda s: f"(not {s})"),
         children.map(lambda s: f"(-{s})"),

@@ -78,8 +78,10 @@ def test_shipped_contract_on_the_host():
         assert it["status"] == want, (it["id"], it["reason"])
 
 
-@pytest.mark.parametrize(("item", "fmt"), [("FALSIFY-XFER-001", "binary32"), ("FALSIFY-XFER-002", "binary16"),
-                                           ("FALSIFY-XFER-003", "bfloat16")])
+@pytest.mark.parametrize(
+    ("item", "fmt"),
+    [("FALSIFY-XFER-001", "binary32"), ("FALSIFY-XFER-002", "binary16"), ("FALSIFY-XFER-003", "bfloat16")],
+)
 def test_truncating_conversion_is_caught_with_one_input(tmp_path, item, fmt):
     path = _variant(tmp_path, f"params: {{format: {fmt}}}", f"params: {{format: {fmt}, variant: truncate}}")
     it = _items(path, [item])[item]
@@ -92,13 +94,17 @@ def test_truncating_conversion_is_caught_with_one_input(tmp_path, item, fmt):
     # The one input really separates the modes: truncation is one unit below round-to-nearest in magnitude.
     assert int(out["native"], 16) + 1 == int(out["reference"], 16)
     assert int(out["reference"], 16) == int(convert_reference(np.array([x], np.uint64), fmt)[0])
-    assert int(out["native"], 16) == int(transfer.narrow_bits(np.array([x], np.uint64), t.exp_bits, t.man_bits,
-                                                             truncate=True)[0])
+    assert int(out["native"], 16) == int(
+        transfer.narrow_bits(np.array([x], np.uint64), t.exp_bits, t.man_bits, truncate=True)[0]
+    )
 
 
 def test_download_through_float64_is_caught(tmp_path):
-    path = _variant(tmp_path, "params: {formats: [binary32, binary16, bfloat16, binary64]}",
-                    "params: {formats: [binary32, binary16, bfloat16, binary64], variant: via_float64}")
+    path = _variant(
+        tmp_path,
+        "params: {formats: [binary32, binary16, bfloat16, binary64]}",
+        "params: {formats: [binary32, binary16, bfloat16, binary64], variant: via_float64}",
+    )
     it = _items(path, ["FALSIFY-XFER-004"])["FALSIFY-XFER-004"]
     assert it["status"] == "violated"
     ce = it["counterexample"]
@@ -106,8 +112,9 @@ def test_download_through_float64_is_caught(tmp_path):
 
 
 def test_int32_byte_count_is_caught_by_z3(tmp_path):
-    path = _variant(tmp_path, "plan: native.transfer:transfer_plan",
-                    "plan: tests.planted.transfer_bugs:plan_int32_bytes")
+    path = _variant(
+        tmp_path, "plan: native.transfer:transfer_plan", "plan: tests.planted.transfer_bugs:plan_int32_bytes"
+    )
     it = _items(path, ["XFER-LAUNCH-z3"])["XFER-LAUNCH-z3"]
     assert it["status"] == "violated"
     assert any("int32" in c for c in it["counterexample"]["failed_conditions"])
@@ -125,8 +132,10 @@ def test_cuda_contract_passes_and_prints_figures():
     assert not bad, bad
     for i in ("FALSIFY-XFER-001", "FALSIFY-XFER-002"):
         ev = items[i]["evidence"]
-        print(f"\n{i}: cases {ev['cases']}, NaN payload equal {ev['nan_payload_equal']}/{ev['nan_inputs']}, "
-              f"stock CuPy astype: {ev['stock_cupy_astype']}")
+        print(
+            f"\n{i}: cases {ev['cases']}, NaN payload equal {ev['nan_payload_equal']}/{ev['nan_inputs']}, "
+            f"stock CuPy astype: {ev['stock_cupy_astype']}"
+        )
 
 
 @pytest.mark.cuda

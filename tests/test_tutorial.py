@@ -131,8 +131,15 @@ def test_tutorial_runs_as_written(steps: list[Step], tmp_path: Path) -> None:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(step.body, encoding="utf-8")
         elif step.kind == "run":
-            proc = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", step.body], cwd=project, env=env,
-                                  capture_output=True, text=True, timeout=120, check=False)
+            proc = subprocess.run(
+                ["bash", "-e", "-o", "pipefail", "-c", step.body],
+                cwd=project,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
             out = proc.stdout + proc.stderr
             assert proc.returncode == step.exit, f"{where}: exit {proc.returncode}, expected {step.exit}\n{out}"
             last = (step, out)

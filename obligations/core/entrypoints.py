@@ -63,8 +63,13 @@ def _device_of(bound: inspect.BoundArguments) -> str:
     return "host"
 
 
-def entry_point(family: str, *, axes: Mapping[str, tuple[Any, ...]] | None = None,
-                devices: tuple[str, ...] = ("host", "cuda"), name: str | None = None) -> Callable[[F], F]:
+def entry_point(
+    family: str,
+    *,
+    axes: Mapping[str, tuple[Any, ...]] | None = None,
+    devices: tuple[str, ...] = ("host", "cuda"),
+    name: str | None = None,
+) -> Callable[[F], F]:
     """Decorator: register ``fn`` as an entry point of ``family`` offering ``axes`` (parameter -> values)."""
 
     def deco(fn: F) -> F:
@@ -114,12 +119,16 @@ def variants(ep: EntryPoint) -> list[Call]:
     """Every variant ``ep`` offers: each combination of its axis values, on each of its devices."""
     names = list(ep.axes)
     combos = itertools.product(*(ep.axes[a] for a in names)) if names else [()]
-    return [Call(ep.family, ep.name, d, tuple(zip(names, map(str, combo), strict=True)))
-            for combo in combos for d in ep.devices]
+    return [
+        Call(ep.family, ep.name, d, tuple(zip(names, map(str, combo), strict=True)))
+        for combo in combos
+        for d in ep.devices
+    ]
 
 
-def unchecked(family: str, called: set[Call], devices: tuple[str, ...] = ("host", "cuda"),
-              modules: set[str] | None = None) -> list[Call]:
+def unchecked(
+    family: str, called: set[Call], devices: tuple[str, ...] = ("host", "cuda"), modules: set[str] | None = None
+) -> list[Call]:
     """Variants of ``family``'s entry points on ``devices`` that no recorded call reached.
 
     With ``modules``, only entry points defined in those modules count: a contract answers for the code its

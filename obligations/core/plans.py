@@ -10,8 +10,16 @@ from typing import Any
 
 from obligations.core import symbolic as sym
 
-__all__ = ["resolve", "ResolveError", "plan_parameters", "call_plan", "quantities", "symbolic_env",
-           "plan_regimes", "regime_of"]
+__all__ = [
+    "resolve",
+    "ResolveError",
+    "plan_parameters",
+    "call_plan",
+    "quantities",
+    "symbolic_env",
+    "plan_regimes",
+    "regime_of",
+]
 
 
 class ResolveError(LookupError):
@@ -35,9 +43,11 @@ def resolve(dotted: str) -> Any:
 
 def plan_parameters(fn: Callable[..., Any], *, required_only: bool = False) -> list[str]:
     """Names of the plan function's parameters; those without a default must be contract symbols."""
-    return [p.name for p in inspect.signature(fn).parameters.values()
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-            and not (required_only and p.default is not p.empty)]
+    return [
+        p.name
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and not (required_only and p.default is not p.empty)
+    ]
 
 
 def call_plan(fn: Callable[..., Any], env: Mapping[str, Any]) -> Any:

@@ -113,8 +113,9 @@ def passed(evidence: Evidence | None = None, /, **details: Any) -> Outcome:
     return Outcome(Status.PASSED, "tested", ev)
 
 
-def violated(counterexample: dict[str, Any], reason: str, evidence: Evidence | None = None, /,
-             **details: Any) -> Outcome:
+def violated(
+    counterexample: dict[str, Any], reason: str, evidence: Evidence | None = None, /, **details: Any
+) -> Outcome:
     """A claim refuted by a concrete counterexample."""
     return Outcome(Status.VIOLATED, "violated", _evidence(evidence, details), counterexample, reason)
 

@@ -230,8 +230,11 @@ def _exact(op: str, a: Any, b: Any) -> Any:
     if not (isinstance(a, np.ndarray) or isinstance(b, np.ndarray)):
         return a + b if op == "+" else a - b if op == "-" else a * b
     if _is_object(a) or _is_object(b) or not (_fits_i64(a) and _fits_i64(b)):
-        return _exact(op, _as_object(a), _as_object(b)) if not (_is_object(a) and _is_object(b)) else (
-            a + b if op == "+" else a - b if op == "-" else a * b)
+        return (
+            _exact(op, _as_object(a), _as_object(b))
+            if not (_is_object(a) and _is_object(b))
+            else (a + b if op == "+" else a - b if op == "-" else a * b)
+        )
     x, y = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
     with np.errstate(over="ignore"):
         if op == "+":
@@ -307,8 +310,11 @@ class BoolTerm:
 def _lift_bool(x: Any) -> BoolTerm:
     if isinstance(x, BoolTerm):
         return x
-    if isinstance(x, bool | np.bool_) or (_is_z3(x) and z3.is_bool(x)) or (
-            isinstance(x, np.ndarray) and x.dtype in (np.bool_, object)):
+    if (
+        isinstance(x, bool | np.bool_)
+        or (_is_z3(x) and z3.is_bool(x))
+        or (isinstance(x, np.ndarray) and x.dtype in (np.bool_, object))
+    ):
         return BoolTerm(x)
     raise TypeError(f"expected a condition, got {type(x).__name__}")
 
@@ -470,8 +476,13 @@ def _tdiv(a: Any, b: Any) -> Any:
         q = abs_a / abs_b  # Z3's Int division is Euclidean; on non-negative operands it is truncation
         return z3.If((a >= 0) == (b >= 0), q, -q)
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        if _is_object(a) or _is_object(b) or not (_fits_i64(a) and _fits_i64(b)) or np.any(
-                np.asarray(a) == _I64.min) or np.any(np.asarray(b) == _I64.min):
+        if (
+            _is_object(a)
+            or _is_object(b)
+            or not (_fits_i64(a) and _fits_i64(b))
+            or np.any(np.asarray(a) == _I64.min)
+            or np.any(np.asarray(b) == _I64.min)
+        ):
             a, b = _as_object(np.asarray(a)), _as_object(np.asarray(b))  # |INT64_MIN| is not an int64
         else:
             a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
@@ -499,8 +510,9 @@ def select(cond: Any, a: Any, b: Any) -> Any:
     tb = b if isinstance(b, Term) else None
     if ta is None and tb is None:
         # Two literal branches take C's type for integer literals: int, or the narrowest wider type.
-        ty = next(t for t in (TYPES["int32"], TYPES["int64"], TYPES["uint64"])
-                  if t.lo <= min(a, b) and max(a, b) <= t.hi)
+        ty = next(
+            t for t in (TYPES["int32"], TYPES["int64"], TYPES["uint64"]) if t.lo <= min(a, b) and max(a, b) <= t.hi
+        )
         ta = Term(int(a), ty)
     ta = ta if ta is not None else tb._coerce(a)
     tb = tb if tb is not None else ta._coerce(b)

@@ -16,8 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "timing_series", "histogram_bin", "Fact", "EvidenceRenderer", "register_evidence_renderer",
-    "evidence_renderers", "evidence_facts",
+    "timing_series",
+    "histogram_bin",
+    "Fact",
+    "EvidenceRenderer",
+    "register_evidence_renderer",
+    "evidence_renderers",
+    "evidence_facts",
 ]
 
 
@@ -75,9 +80,7 @@ def _solver(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
     if "rlimit_used" in ev or "rlimit" in ev:
         used, limit = ev.get("rlimit_used"), ev.get("rlimit")
         text = _num(used) if used is not None else "?"
-        facts.append(
-            Fact("Solver resource use", f"{text} of rlimit {_num(limit)}" if limit is not None else text)
-        )
+        facts.append(Fact("Solver resource use", f"{text} of rlimit {_num(limit)}" if limit is not None else text))
     if "wall_limit_s" in ev:
         facts.append(Fact("Wall-clock ceiling", f"{_num(ev['wall_limit_s'])} s"))
     if "assumptions" in ev:
@@ -89,8 +92,19 @@ def _solver(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
         facts.append(Fact("Side conditions proved with it", _num(ev["side_conditions"])))
     if "confirmed_concretely" in ev:
         facts.append(Fact("Solver model confirmed through the plan", _num(ev["confirmed_concretely"])))
-    keys = {"solver", "prover", "z3_version", "sympy_version", "rlimit", "rlimit_used", "wall_limit_s",
-            "assumptions", "simplified_difference", "side_conditions", "confirmed_concretely"}
+    keys = {
+        "solver",
+        "prover",
+        "z3_version",
+        "sympy_version",
+        "rlimit",
+        "rlimit_used",
+        "wall_limit_s",
+        "assumptions",
+        "simplified_difference",
+        "side_conditions",
+        "confirmed_concretely",
+    }
     return facts, keys
 
 
@@ -204,16 +218,13 @@ def timing_series(timings: Any) -> dict[str, list[float]]:
     return out
 
 
-
 def _timings(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
     facts = []
     for name, samples in timing_series(ev["timings_ms"]).items():
         name = name.replace("\n", " ")
         if samples:
             med = statistics.median(samples)
-            facts.append(
-                Fact(f"Time ({name})", f"median {med:.4g} ms, min {min(samples):.4g} ms, n = {len(samples)}")
-            )
+            facts.append(Fact(f"Time ({name})", f"median {med:.4g} ms, min {min(samples):.4g} ms, n = {len(samples)}"))
     keys = {"timings_ms"}
     if "ratio" in ev:
         text = _num(ev["ratio"])
@@ -226,8 +237,12 @@ def _timings(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
 
 
 def _audit(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
-    facts = [Fact("Builds compiled to PTX", f"{_num(ev['cases'])} ({ev.get('family')}, NVRTC {ev.get('nvrtc')}, "
-                                            f"{ev.get('arch')})")]
+    facts = [
+        Fact(
+            "Builds compiled to PTX",
+            f"{_num(ev['cases'])} ({ev.get('family')}, NVRTC {ev.get('nvrtc')}, {ev.get('arch')})",
+        )
+    ]
     rules = ev.get("rules_applied") or {}
     facts.append(Fact("Rules applied (builds each)", ", ".join(f"{k}: {_num(v)}" for k, v in sorted(rules.items()))))
     facts.append(Fact("Findings", _num(ev.get("findings", 0))))
@@ -281,7 +296,5 @@ def evidence_facts(evidence: Mapping[str, Any] | None) -> list[Fact]:
     for key in ev:
         if key not in claimed:
             value = ev[key]
-            facts.append(
-                Fact(key, _num(value) if isinstance(value, int | float | str | bool) else _json(value))
-            )
+            facts.append(Fact(key, _num(value) if isinstance(value, int | float | str | bool) else _json(value)))
     return facts

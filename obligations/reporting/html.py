@@ -57,10 +57,7 @@ def _status(status: str) -> str:
 
 
 def _facts_table(facts: list[Fact] | tuple[Fact, ...], css: str, head: tuple[str, str]) -> list[str]:
-    rows = [
-        f'<table class="{css}"><thead><tr><th>{escape(head[0])}</th>'
-        f"<th>{escape(head[1])}</th></tr></thead><tbody>"
-    ]
+    rows = [f'<table class="{css}"><thead><tr><th>{escape(head[0])}</th><th>{escape(head[1])}</th></tr></thead><tbody>']
     rows += [f"<tr><th>{escape(f.label)}</th><td>{escape(f.value)}</td></tr>" for f in facts if not f.block]
     rows.append("</tbody></table>")
     for f in facts:
@@ -81,9 +78,7 @@ def _statement(view: ItemView) -> list[str]:
                 f'<small class="source">source: <code>{escape(rendered.text)}</code></small></div>'
             )
         else:
-            out.append(
-                f'<div class="clause"><em>{escape(clause)}</em>: <code>{escape(rendered.text)}</code></div>'
-            )
+            out.append(f'<div class="clause"><em>{escape(clause)}</em>: <code>{escape(rendered.text)}</code></div>')
     out.append("</div>")
     return out
 
@@ -126,8 +121,7 @@ def _item(view: ItemView, plot_images: PlotImages | None) -> list[str]:
         out += _facts_table(view.facts, "evidence", ("Evidence", "Value"))
     if view.counterexample is not None:
         out.append(
-            "<p><strong>Counterexample</strong></p>"
-            f'<pre class="counterexample">{escape(view.counterexample)}</pre>'
+            f'<p><strong>Counterexample</strong></p><pre class="counterexample">{escape(view.counterexample)}</pre>'
         )
     if view.replay:
         out.append(f'<p><strong>Replay</strong></p><pre class="replay">{escape(view.replay)}</pre>')
@@ -166,9 +160,7 @@ def render_contract_html(
         f" · checked {escape(str(prov.get('started', '?')))} on "
         f"{escape(str(device.get('name') or device.get('kind') or '?'))}</p>",
         "<h2>Summary</h2>",
-        '<table class="summary"><thead><tr>'
-        + "".join(f"<th>{escape(k)}</th>" for k in keys)
-        + "</tr></thead>"
+        '<table class="summary"><thead><tr>' + "".join(f"<th>{escape(k)}</th>" for k in keys) + "</tr></thead>"
         "<tbody><tr>" + "".join(f"<td>{counts.get(k, 0)}</td>" for k in keys) + "</tr></tbody></table>",
         '<table class="items"><thead><tr><th>Item</th><th>Type</th><th>Method</th><th>Status</th>'
         "<th>Claim</th>"
@@ -183,8 +175,11 @@ def render_contract_html(
     out.append("</tbody></table>")
     gate = qa_gate_facts(contract)
     if gate:
-        out += ["<h2>QA gate</h2>", f"<p>Verdict: {gate_verdict_html(contract.get('qa_gate_status'))}</p>",
-                *_facts_table(gate, "qa-gate", ("QA gate", "Value"))]
+        out += [
+            "<h2>QA gate</h2>",
+            f"<p>Verdict: {gate_verdict_html(contract.get('qa_gate_status'))}</p>",
+            *_facts_table(gate, "qa-gate", ("QA gate", "Value")),
+        ]
     coverage = coverage_facts(contract)
     if coverage:
         out += ["<h2>Coverage</h2>", *_facts_table(coverage, "coverage", ("Coverage", "Evidence"))]
@@ -207,23 +202,26 @@ def render_index_html(result: Mapping[str, Any], *, html_pages: bool = True) -> 
         stamp_line(report_stamp(result, contracts)),
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; style-src \'unsafe-inline\'">',
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">",
         f"<title>Kernel contract reports</title><style>{_CSS}</style></head><body>",
         "<h1>Kernel contract reports</h1>",
         f'<p class="meta">checked {escape(str(prov.get("started", "?")))} on '
         f"{escape(str(device.get('name') or device.get('kind') or '?'))}"
         f" · profile {escape(str(prov.get('profile') or '?'))}</p>",
         '<table class="contracts"><thead><tr><th>Contract</th><th>Family</th><th>Version</th>'
-        + "".join(f"<th>{escape(k)}</th>" for k in STATUSES) + "<th>QA gate</th></tr></thead><tbody>",
+        + "".join(f"<th>{escape(k)}</th>" for k in STATUSES)
+        + "<th>QA gate</th></tr></thead><tbody>",
     ]
     for c in contracts:
         counts = contract_summary(c)
         cid = escape(str(c["id"]))
         name = f'<a href="{escape(report_file(str(c["id"])))}.html">{cid}</a>' if html_pages else cid
-        out.append(f"<tr><td>{name}</td><td>{escape(str(c.get('family', '')))}</td>"
-                   f"<td>{escape(str(c.get('version', '')))}</td>"
-                   + "".join(f"<td>{counts.get(k, 0)}</td>" for k in STATUSES)
-                   + f"<td>{gate_verdict_html(c.get('qa_gate_status'))}</td></tr>")
+        out.append(
+            f"<tr><td>{name}</td><td>{escape(str(c.get('family', '')))}</td>"
+            f"<td>{escape(str(c.get('version', '')))}</td>"
+            + "".join(f"<td>{counts.get(k, 0)}</td>" for k in STATUSES)
+            + f"<td>{gate_verdict_html(c.get('qa_gate_status'))}</td></tr>"
+        )
     out += ["</tbody></table>", "</body></html>"]
     return "\n".join(out) + "\n"
 

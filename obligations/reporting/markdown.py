@@ -40,9 +40,7 @@ def _anchor(item_id: str) -> str:
     return "".join(ch for ch in item_id.lower().replace(" ", "-") if ch.isalnum() or ch in "-_")
 
 
-def _facts_table(
-    facts: list[Fact] | tuple[Fact, ...], head: tuple[str, str] = ("Evidence", "Value")
-) -> list[str]:
+def _facts_table(facts: list[Fact] | tuple[Fact, ...], head: tuple[str, str] = ("Evidence", "Value")) -> list[str]:
     lines = [f"| {head[0]} | {head[1]} |", "| --- | --- |"]
     lines += [f"| {_cell(f.label)} | {_cell(f.value)} |" for f in facts if not f.block]
     for f in facts:
@@ -179,9 +177,7 @@ def render_index_markdown(result: Mapping[str, Any], *, html: bool = True) -> st
             + " | ".join(str(counts[s]) for s in STATUSES)
             + f" | {_cell(c.get('qa_gate_status') or 'n/a')} | {pages} |"
         )
-    attention = [
-        (c, i) for c in contracts for i in c.get("items", []) if i["status"] in ("violated", "error")
-    ]
+    attention = [(c, i) for c in contracts for i in c.get("items", []) if i["status"] in ("violated", "error")]
     if attention:
         lines += [
             "",

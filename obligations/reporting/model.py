@@ -75,9 +75,7 @@ def validate_result(result: Any) -> None:
         for m, item in enumerate(contract["items"]):
             for key in _REQUIRED_ITEM:
                 if key not in item:
-                    raise ValueError(
-                        f"not a kc check result: contract {contract['id']!r} item #{m} lacks {key!r}"
-                    )
+                    raise ValueError(f"not a kc check result: contract {contract['id']!r} item #{m} lacks {key!r}")
 
 
 def load_result(path: str | Path) -> dict[str, Any]:

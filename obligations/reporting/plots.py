@@ -85,8 +85,10 @@ def _ulp_applies(item: Mapping[str, Any]) -> bool:
 def _ulp_draw(item: Mapping[str, Any], ax: Any) -> None:
     # Numeric bins in order; open bins such as ">3_or_nan" go last, labelled as given.
     hist = sorted(((histogram_bin(k), v) for k, v in _ev(item)["ulp_histogram"].items()), key=lambda kv: kv[0])
-    labels = [f"{k:g}" if k != float("inf") else str(raw) for (k, _), raw in
-              zip(hist, sorted(_ev(item)["ulp_histogram"], key=histogram_bin), strict=True)]
+    labels = [
+        f"{k:g}" if k != float("inf") else str(raw)
+        for (k, _), raw in zip(hist, sorted(_ev(item)["ulp_histogram"], key=histogram_bin), strict=True)
+    ]
     ax.bar(labels, [v for _, v in hist], color=OURS_COLOUR)
     ax.set_yscale("log")
     ax.set_xlabel("ULP distance from reference")
@@ -114,9 +116,7 @@ def _ulp_caption(item: Mapping[str, Any]) -> str:
 def _bound_applies(item: Mapping[str, Any]) -> bool:
     ev = _ev(item)
     return (
-        isinstance(ev.get("observed_error"), list)
-        and isinstance(ev.get("bound"), list)
-        and bool(ev["observed_error"])
+        isinstance(ev.get("observed_error"), list) and isinstance(ev.get("bound"), list) and bool(ev["observed_error"])
     )
 
 
@@ -125,9 +125,7 @@ def _bound_draw(item: Mapping[str, Any], ax: Any) -> None:
     axis = error_axis(ev)
     xs = axis[1] if axis else list(range(len(ev["observed_error"])))
     ax.plot(xs, ev["observed_error"], marker="o", color=OURS_COLOUR, label="observed error")
-    ax.plot(
-        xs[: len(ev["bound"])], ev["bound"], marker="s", linestyle="--", color=BOUND_COLOUR, label="bound"
-    )
+    ax.plot(xs[: len(ev["bound"])], ev["bound"], marker="s", linestyle="--", color=BOUND_COLOUR, label="bound")
     ax.set_yscale("log")
     if axis and all(isinstance(x, int | float) and x > 0 for x in xs):
         ax.set_xscale("log", base=2)

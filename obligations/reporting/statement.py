@@ -57,8 +57,7 @@ def _keep_underscores(expr: Any) -> Any:
 
 # The parser's helper functions, printed as readers know them (C's truncating division and remainder).
 _READABLE: dict[str, Any] = {
-    "tdiv": lambda sympy, a, b: sympy.Function("trunc")(sympy.Mul(a, sympy.Pow(b, -1, evaluate=False),
-                                                                  evaluate=False)),
+    "tdiv": lambda sympy, a, b: sympy.Function("trunc")(sympy.Mul(a, sympy.Pow(b, -1, evaluate=False), evaluate=False)),
     "trem": lambda sympy, a, b: sympy.Function("rem")(a, b),
     "tmod": lambda sympy, a, b: sympy.Function("rem")(a, b),
 }

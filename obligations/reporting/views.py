@@ -13,8 +13,15 @@ from obligations.reporting.plots import PlotKind, plots_for
 from obligations.reporting.provenance import ContractRef, ReportStamp, current_tool_version, evidence_level
 from obligations.reporting.statement import RenderedStatement, render_statement
 
-__all__ = ["coverage_facts", "qa_gate_facts", "ItemView", "item_view", "provenance_facts", "report_stamp",
-           "RUNS_ON_DEVICE"]
+__all__ = [
+    "coverage_facts",
+    "qa_gate_facts",
+    "ItemView",
+    "item_view",
+    "provenance_facts",
+    "report_stamp",
+    "RUNS_ON_DEVICE",
+]
 
 # Methods whose evidence depends on where they ran (proofs do not).
 RUNS_ON_DEVICE: frozenset[str] = frozenset({"falsify", "measure"})
@@ -70,9 +77,7 @@ def item_view(
             facts.append(Fact(label, str(item[key])))
     if item.get("agreement"):
         tol = item.get("tolerance")
-        facts.append(
-            Fact("Agreement", str(item["agreement"]) + (f", tolerance {tol}" if tol is not None else ""))
-        )
+        facts.append(Fact("Agreement", str(item["agreement"]) + (f", tolerance {tol}" if tol is not None else "")))
     facts.extend(evidence_facts(item.get("evidence")))
     if item.get("method") in RUNS_ON_DEVICE and item.get("status") != "skipped":
         facts.append(Fact("Device", _device_text(provenance)))
@@ -136,8 +141,9 @@ def provenance_facts(result: Mapping[str, Any], contract: Mapping[str, Any] | No
 def report_stamp(result: Mapping[str, Any], contracts: list[Mapping[str, Any]]) -> ReportStamp:
     """The provenance stamp of a report describing ``contracts`` of ``result``."""
     refs = tuple(ContractRef(str(c["id"]), str(c["path"]), str(c["sha256"])) for c in contracts)
-    return ReportStamp(current_tool_version(), refs, (result.get("provenance") or {}).get("commit"),
-                       evidence=evidence_level(result))
+    return ReportStamp(
+        current_tool_version(), refs, (result.get("provenance") or {}).get("commit"), evidence=evidence_level(result)
+    )
 
 
 def qa_gate_facts(contract: Mapping[str, Any]) -> list[Fact]:
@@ -170,8 +176,9 @@ def coverage_facts(contract: Mapping[str, Any]) -> list[Fact]:
         if ev.get("kind") == "regimes":
             wit = ev.get("witnesses") or {}
             names = ev.get("regimes") or []
-            reached = ", ".join(f"{n}: {json.dumps(wit[n], sort_keys=True)}" if n in wit else f"{n}: no witness"
-                                for n in names)
+            reached = ", ".join(
+                f"{n}: {json.dumps(wit[n], sort_keys=True)}" if n in wit else f"{n}: no witness" for n in names
+            )
             facts.append(Fact(f"Regimes ({it['id']}, {it['status']})", reached or "none"))
         regimes_run = ev.get("regimes_reached")
         if isinstance(regimes_run, Mapping):

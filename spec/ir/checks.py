@@ -89,8 +89,9 @@ def _attr_ok(kind: str, v: Any) -> bool:
         "uint64": lambda: is_int and 0 <= v < (1 << 64),
         "float": lambda: isinstance(v, float | int) and not isinstance(v, bool),
         "str": lambda: isinstance(v, str),
-        "ints": lambda: is_int or (isinstance(v, tuple) and all(isinstance(x, int) and not isinstance(x, bool)
-                                                               for x in v)),
+        "ints": lambda: (
+            is_int or (isinstance(v, tuple) and all(isinstance(x, int) and not isinstance(x, bool) for x in v))
+        ),
     }
     return checks[kind]()
 
@@ -141,8 +142,9 @@ def check_well_formed(graph: Graph) -> list[IRError]:
         if (op.arity is None and k < 1) or (op.arity is not None and k != op.arity):
             errs.append(IRError("arity", i, node.kind, f"{node.kind} takes {op.arity_text()} parents, got {k}"))
         if any(d < 0 for d in node.out_shape):
-            errs.append(IRError("shape-rule", i, node.kind, "negative dimension in the declared shape",
-                                declared=node.out_shape))
+            errs.append(
+                IRError("shape-rule", i, node.kind, "negative dimension in the declared shape", declared=node.out_shape)
+            )
         errs.extend(_attr_errors(node, op))
     return errs
 
@@ -155,8 +157,7 @@ def infer_node(graph: Graph, node: Node) -> tuple[Shape | None, IRError | None]:
     try:
         return tuple(op.shape_rule(parents, node_attrs(node, op), node.out_shape)), None
     except ShapeRuleError as e:
-        return None, IRError("shape-rule", node.id, node.kind, str(e), declared=node.out_shape,
-                             parent_shapes=parents)
+        return None, IRError("shape-rule", node.id, node.kind, str(e), declared=node.out_shape, parent_shapes=parents)
 
 
 def infer_shapes(graph: Graph) -> list[Shape | None]:
@@ -175,9 +176,17 @@ def check_inferred_shapes(graph: Graph) -> list[IRError]:
             errs.append(err)
         elif inferred != node.out_shape:
             parents = tuple(graph.nodes[p].out_shape for p in node.parents)
-            errs.append(IRError("shape-mismatch", node.id, node.kind,
-                                "declared shape differs from the inferred shape",
-                                declared=node.out_shape, inferred=inferred, parent_shapes=parents))
+            errs.append(
+                IRError(
+                    "shape-mismatch",
+                    node.id,
+                    node.kind,
+                    "declared shape differs from the inferred shape",
+                    declared=node.out_shape,
+                    inferred=inferred,
+                    parent_shapes=parents,
+                )
+            )
     return errs
 
 
@@ -194,8 +203,7 @@ def expected_payload_shapes(graph: Graph, node: Node) -> dict[str, Shape]:
     rules: dict[str, Any] = {
         "const": lambda: {"value": node.out_shape},
         "linear": lambda: {"weight": (a["out_features"], ps[0][-1]), "bias": (a["out_features"],)},
-        "conv2d": lambda: {"weight": (a["out_channels"], ps[0][-3]) + _pair(a["kernel"]),
-                           "bias": (a["out_channels"],)},
+        "conv2d": lambda: {"weight": (a["out_channels"], ps[0][-3]) + _pair(a["kernel"]), "bias": (a["out_channels"],)},
         "norm": lambda: {"weight": (ps[0][-1],), "bias": (ps[0][-1],)},
         "rmsnorm": lambda: {"weight": (ps[0][-1],)},
         "embedding": lambda: {"table": (-1, a["dim"])},
@@ -216,17 +224,28 @@ def check_payload(graph: Graph, payload: Payload) -> list[IRError]:
             continue
         entry = payload.get(node.id)
         if entry is None:
-            errs.append(IRError("missing-payload", node.id, node.kind,
-                                f"no payload entry (needs {op.payload}: {PAYLOAD_KINDS[op.payload]})"))
+            errs.append(
+                IRError(
+                    "missing-payload",
+                    node.id,
+                    node.kind,
+                    f"no payload entry (needs {op.payload}: {PAYLOAD_KINDS[op.payload]})",
+                )
+            )
             continue
         for name, want in expected_payload_shapes(graph, node).items():
             t = entry.get(name)
             if t is None:
                 errs.append(IRError("missing-payload", node.id, node.kind, f"payload[{node.id}] has no {name!r}"))
             elif len(t.shape) != len(want) or any(w not in (-1, d) for w, d in zip(want, t.shape, strict=True)):
-                errs.append(IRError("payload-shape", node.id, node.kind,
-                                    f"payload[{node.id}].{name} has shape {format_shape(t.shape)}, "
-                                    f"expected {format_shape(want)}"))
+                errs.append(
+                    IRError(
+                        "payload-shape",
+                        node.id,
+                        node.kind,
+                        f"payload[{node.id}].{name} has shape {format_shape(t.shape)}, expected {format_shape(want)}",
+                    )
+                )
     return errs
 
 
@@ -239,8 +258,9 @@ def check_output(graph: Graph, output: int | None) -> list[IRError]:
     return []
 
 
-def checklist(graph: Graph, payload: Payload | None = None,
-              output: int | None = None) -> dict[str, list[IRError] | None]:
+def checklist(
+    graph: Graph, payload: Payload | None = None, output: int | None = None
+) -> dict[str, list[IRError] | None]:
     """The compiler checklist: well-formed, shapes, payload, output id; None where a failed step blocks it."""
     wf = check_well_formed(graph)
     shapes = None if wf else check_inferred_shapes(graph)
@@ -249,4 +269,3 @@ def checklist(graph: Graph, payload: Payload | None = None,
     out["payload"] = check_payload(graph, payload) if ok and payload is not None else None
     out["output"] = check_output(graph, output)
     return out
-

@@ -35,8 +35,18 @@ from spec.ir.graph import Graph, Node, Payload, format_shape
 from spec.ir.ops import get_op
 from spec.reductions import NEG_INF, fold_left, fold_max, mean_of
 
-__all__ = ["Ok", "EVALUATORS", "register_evaluator", "denote_all", "denote", "eval_node", "EvalError",
-           "bits", "floats", "normalise_inputs"]
+__all__ = [
+    "Ok",
+    "EVALUATORS",
+    "register_evaluator",
+    "denote_all",
+    "denote",
+    "eval_node",
+    "EvalError",
+    "bits",
+    "floats",
+    "normalise_inputs",
+]
 
 ENV = "cuda"
 
@@ -121,9 +131,24 @@ def _random(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
 
 # -- elementwise ----------------------------------------------------------------------------------------
 
-_REF_NAMES = {"add": "add", "sub": "sub", "mul_elem": "mul", "div": "div", "maxElem": "max", "minElem": "min",
-              "sqrt": "sqrt", "inv": "inv", "neg": "neg", "abs": "abs", "relu": "relu", "exp": "exp", "log": "log",
-              "tanh": "tanh", "sigmoid": "sigmoid", "gelu": "gelu"}
+_REF_NAMES = {
+    "add": "add",
+    "sub": "sub",
+    "mul_elem": "mul",
+    "div": "div",
+    "maxElem": "max",
+    "minElem": "min",
+    "sqrt": "sqrt",
+    "inv": "inv",
+    "neg": "neg",
+    "abs": "abs",
+    "relu": "relu",
+    "exp": "exp",
+    "log": "log",
+    "tanh": "tanh",
+    "sigmoid": "sigmoid",
+    "gelu": "gelu",
+}
 
 
 def _reference_op(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
@@ -141,8 +166,13 @@ def _silu64(x: Any) -> Any:
     return x * np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
-_REAL: dict[str, Callable[..., Any]] = {"pow": np.power, "rsqrt": lambda x: 1.0 / np.sqrt(x), "sin": np.sin,
-                                        "cos": np.cos, "silu": _silu64}
+_REAL: dict[str, Callable[..., Any]] = {
+    "pow": np.power,
+    "rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "sin": np.sin,
+    "cos": np.cos,
+    "silu": _silu64,
+}
 
 
 def _real_op(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
@@ -226,8 +256,9 @@ def _sum(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
 # -- contractions ---------------------------------------------------------------------------------------
 
 
-def _dot_fold(lhs: Callable[[int], np.ndarray], rhs: Callable[[int], np.ndarray], k: int,
-              shape: tuple[int, ...]) -> np.ndarray:
+def _dot_fold(
+    lhs: Callable[[int], np.ndarray], rhs: Callable[[int], np.ndarray], k: int, shape: tuple[int, ...]
+) -> np.ndarray:
     """fold_k(+0, lhs(k) * rhs(k)) with the product and the sum each rounded, k ascending."""
     acc = _full(shape, 0)
     for kk in range(k):
@@ -239,34 +270,48 @@ def _dot_fold(lhs: Callable[[int], np.ndarray], rhs: Callable[[int], np.ndarray]
 def _linear(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
     x, w, b = args[0], bits(entry["weight"]), bits(entry["bias"])
     shape = node.out_shape
-    acc = _dot_fold(lambda k: x[..., k:k + 1], lambda k: w[:, k], x.shape[-1], shape)
+    acc = _dot_fold(lambda k: x[..., k : k + 1], lambda k: w[:, k], x.shape[-1], shape)
     return sf.add(acc, _bc(b, shape), env=ENV).reshape(shape)
 
 
 @register_evaluator("matmul", "bmm")
 def _matmul(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
     x, y = args
-    return _dot_fold(lambda k: x[..., :, k:k + 1], lambda k: y[..., k:k + 1, :], x.shape[-1],
-                     node.out_shape).reshape(node.out_shape)
+    return _dot_fold(
+        lambda k: x[..., :, k : k + 1], lambda k: y[..., k : k + 1, :], x.shape[-1], node.out_shape
+    ).reshape(node.out_shape)
 
 
 def _pair(v: Any) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else (v[0], v[1])
 
 
-def _windows(x: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int], padding: tuple[int, int],
-             dilation: tuple[int, int], pad_bits: int, out_hw: tuple[int, int]) -> list[np.ndarray]:
+def _windows(
+    x: np.ndarray,
+    kernel: tuple[int, int],
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    dilation: tuple[int, int],
+    pad_bits: int,
+    out_hw: tuple[int, int],
+) -> list[np.ndarray]:
     """The taps of every window, in row-major (ki, kj) order: each (..., Ho, Wo), from the padded input."""
     ph, pw = padding
     padded = np.full(x.shape[:-2] + (x.shape[-2] + 2 * ph, x.shape[-1] + 2 * pw), pad_bits, dtype=np.uint32)
-    padded[..., ph:ph + x.shape[-2], pw:pw + x.shape[-1]] = x
+    padded[..., ph : ph + x.shape[-2], pw : pw + x.shape[-1]] = x
     taps = []
     for ki in range(kernel[0]):
         for kj in range(kernel[1]):
             r0, c0 = ki * dilation[0], kj * dilation[1]
-            taps.append(_c(
-                padded[..., r0:r0 + stride[0] * (out_hw[0] - 1) + 1:stride[0],
-                       c0:c0 + stride[1] * (out_hw[1] - 1) + 1:stride[1]]))
+            taps.append(
+                _c(
+                    padded[
+                        ...,
+                        r0 : r0 + stride[0] * (out_hw[0] - 1) + 1 : stride[0],
+                        c0 : c0 + stride[1] * (out_hw[1] - 1) + 1 : stride[1],
+                    ]
+                )
+            )
     return taps
 
 
@@ -281,7 +326,7 @@ def _conv2d(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
     for ci in range(cin):
         for t, tap in enumerate(taps):
             ki, kj = divmod(t, k[1])
-            xv = _bc(tap[..., ci:ci + 1, :, :], out)
+            xv = _bc(tap[..., ci : ci + 1, :, :], out)
             wv = _bc(w[:, ci, ki, kj].reshape(-1, 1, 1), out)
             acc = sf.add(acc, sf.mul(wv, xv, env=ENV), env=ENV)
     return sf.add(acc, _bc(b.reshape(-1, 1, 1), out), env=ENV)
@@ -314,8 +359,9 @@ def _softmax(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
 
 def _mean_last(x: np.ndarray) -> np.ndarray:
     total = _axis_fold(fold_left, x)
-    return _bc(np.asarray(mean_of(total, x.shape[-1], env=ENV), dtype=np.uint32).reshape(total.shape)[..., None],
-               x.shape)
+    return _bc(
+        np.asarray(mean_of(total, x.shape[-1], env=ENV), dtype=np.uint32).reshape(total.shape)[..., None], x.shape
+    )
 
 
 def _rsqrt_eps(v: np.ndarray, eps: float) -> np.ndarray:
@@ -354,8 +400,10 @@ def _embedding(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
 def _rope(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
     x = args[0]
     t_len, dim = x.shape[-2], x.shape[-1]
-    theta = np.arange(t_len, dtype=np.float64)[:, None] * np.power(
-        float(a["base"]), -(2.0 * np.arange(dim // 2, dtype=np.float64)) / dim)[None, :]
+    theta = (
+        np.arange(t_len, dtype=np.float64)[:, None]
+        * np.power(float(a["base"]), -(2.0 * np.arange(dim // 2, dtype=np.float64)) / dim)[None, :]
+    )
     c = _approx(np.cos, theta.reshape(-1)).reshape(theta.shape)
     s = _approx(np.sin, theta.reshape(-1)).reshape(theta.shape)
     half = x.shape[:-1] + (dim // 2,)
@@ -388,14 +436,21 @@ def normalise_inputs(graph: Graph, inputs: Any) -> dict[int, np.ndarray] | IRErr
         arr = np.asarray(given[i])
         arr = arr.view(np.float32) if arr.dtype == np.uint32 else arr.astype(np.float32)
         if tuple(arr.shape) != node.out_shape:
-            return IRError("input", i, "input", f"input array has shape {format_shape(arr.shape)}",
-                           declared=node.out_shape, inferred=tuple(arr.shape))
+            return IRError(
+                "input",
+                i,
+                "input",
+                f"input array has shape {format_shape(arr.shape)}",
+                declared=node.out_shape,
+                inferred=tuple(arr.shape),
+            )
         out[i] = _c(arr)
     return out
 
 
-def eval_node(graph: Graph, payload: Payload, values: list[np.ndarray], node: Node,
-              inputs: Mapping[int, np.ndarray]) -> np.ndarray | IRError:
+def eval_node(
+    graph: Graph, payload: Payload, values: list[np.ndarray], node: Node, inputs: Mapping[int, np.ndarray]
+) -> np.ndarray | IRError:
     """The value of one node from its parents' values (bits), or an error at that node."""
     op = get_op(node.kind)
     if node.kind == "input":
@@ -413,11 +468,23 @@ def eval_node(graph: Graph, payload: Payload, values: list[np.ndarray], node: No
     except EvalError as e:
         return IRError("value", node.id, node.kind, str(e))
     except (KeyError, ValueError, IndexError, TypeError) as e:
-        return IRError("value", node.id, node.kind, f"cannot evaluate: {type(e).__name__}: {e}",
-                       declared=node.out_shape, parent_shapes=tuple(v.shape for v in args))
+        return IRError(
+            "value",
+            node.id,
+            node.kind,
+            f"cannot evaluate: {type(e).__name__}: {e}",
+            declared=node.out_shape,
+            parent_shapes=tuple(v.shape for v in args),
+        )
     if tuple(out.shape) != node.out_shape:
-        return IRError("shape-mismatch", node.id, node.kind, "value shape differs from the declared shape",
-                       declared=node.out_shape, inferred=tuple(out.shape))
+        return IRError(
+            "shape-mismatch",
+            node.id,
+            node.kind,
+            "value shape differs from the declared shape",
+            declared=node.out_shape,
+            inferred=tuple(out.shape),
+        )
     return out
 
 

@@ -43,8 +43,10 @@ def _freeze(value: Any) -> Any:
         if any(isinstance(v, tuple) for v in items):
             raise TypeError("attribute values are scalars or flat tuples of scalars (no nested data, no tensors)")
         return items
-    raise TypeError(f"attribute values are scalars or tuples of scalars, not {type(value).__name__} "
-                    "(parameters belong in the Payload)")
+    raise TypeError(
+        f"attribute values are scalars or tuples of scalars, not {type(value).__name__} "
+        "(parameters belong in the Payload)"
+    )
 
 
 class Attrs(Mapping[str, Any]):
@@ -100,8 +102,13 @@ class Node:
 
     def replace(self, **changes: Any) -> Node:
         """A copy with the given fields changed."""
-        fields = {"id": self.id, "parents": self.parents, "kind": self.kind, "out_shape": self.out_shape,
-                  "attrs": self.attrs}
+        fields = {
+            "id": self.id,
+            "parents": self.parents,
+            "kind": self.kind,
+            "out_shape": self.out_shape,
+            "attrs": self.attrs,
+        }
         fields.update(changes)
         return Node(**fields)
 
@@ -152,8 +159,15 @@ class GraphBuilder:
         self.nodes: list[Node] = []
         self.payload: dict[int, dict[str, Any]] = {}
 
-    def add(self, kind: str, parents: Iterable[int], out_shape: Iterable[int], *,
-            params: Mapping[str, Any] | None = None, **attrs: Any) -> int:
+    def add(
+        self,
+        kind: str,
+        parents: Iterable[int],
+        out_shape: Iterable[int],
+        *,
+        params: Mapping[str, Any] | None = None,
+        **attrs: Any,
+    ) -> int:
         """Append a node (id = its index), with optional payload tensors; return its id."""
         nid = len(self.nodes)
         self.nodes.append(Node(nid, tuple(parents), kind, tuple(out_shape), Attrs(attrs)))
@@ -240,6 +254,8 @@ def format_graph(graph: Graph) -> str:
     for i, n in enumerate(graph.nodes):
         attrs = f"  {n.attrs!r}" if len(n.attrs) else ""
         mark = "" if n.id == i else f"  (at index {i})"
-        lines.append(f"node {n.id} : {n.kind:<{width}}  parents {format_shape(n.parents)}  "
-                     f"shape {format_shape(n.out_shape)}{attrs}{mark}")
+        lines.append(
+            f"node {n.id} : {n.kind:<{width}}  parents {format_shape(n.parents)}  "
+            f"shape {format_shape(n.out_shape)}{attrs}{mark}"
+        )
     return "\n".join(lines)

@@ -392,8 +392,10 @@ def prim(p: Primitive | Template | Graph, in_shape: Sequence[int] | None = None)
     if isinstance(p, Template | BlockTemplate):
         shape = tuple(in_shape) if in_shape is not None else p.default_in
         if shape is None:
-            raise GraphSpecShapeError(f"position 0: {p.label} has no input shape to take; start the chain with "
-                                      f"identity(shape) >> ... or give the primitive its input size")
+            raise GraphSpecShapeError(
+                f"position 0: {p.label} has no input shape to take; start the chain with "
+                f"identity(shape) >> ... or give the primitive its input size"
+            )
         try:
             return p.instantiate(shape)
         except GraphSpecShapeError as exc:
@@ -412,14 +414,16 @@ def seq(a: Any, b: Any) -> Graph:
         except GraphSpecShapeError as exc:
             raise GraphSpecShapeError(
                 f"shape mismatch at position {pos} of the chain: {b.label} cannot take {_fmt(ga.out_shape)}, "
-                f"the output of position {pos - 1} ({prev}): {exc}") from None
+                f"the output of position {pos - 1} ({prev}): {exc}"
+            ) from None
         return Seq(ga, gb)
     gb = prim(b)
     if gb.in_shape != ga.out_shape:
         nxt = _stage_label(gb.stages()[0]) if gb.stages() else f"identity{_fmt(gb.in_shape)}"
         raise GraphSpecShapeError(
             f"shape mismatch at position {pos} of the chain: {nxt} expects {_fmt(gb.in_shape)} but position "
-            f"{pos - 1} ({prev}) produces {_fmt(ga.out_shape)}")
+            f"{pos - 1} ({prev}) produces {_fmt(ga.out_shape)}"
+        )
     return Seq(ga, gb)
 
 
@@ -507,12 +511,15 @@ class DagBuilder:
             try:
                 g = g.instantiate(x.shape)
             except GraphSpecShapeError as exc:
-                raise GraphSpecShapeError(f"shape mismatch at {where}: {g.label} cannot take {_fmt(x.shape)} "
-                                          f"(value {x.index}): {exc}") from None
+                raise GraphSpecShapeError(
+                    f"shape mismatch at {where}: {g.label} cannot take {_fmt(x.shape)} (value {x.index}): {exc}"
+                ) from None
         g = prim(g)
         if g.in_shape != x.shape:
-            raise GraphSpecShapeError(f"shape mismatch at {where}: {g.describe()} expects {_fmt(g.in_shape)} but "
-                                      f"value {x.index} has shape {_fmt(x.shape)}")
+            raise GraphSpecShapeError(
+                f"shape mismatch at {where}: {g.describe()} expects {_fmt(g.in_shape)} but "
+                f"value {x.index} has shape {_fmt(x.shape)}"
+            )
         return self._push(DagStep("apply", (x.index,), g.out_shape, g))
 
     def node(self, op: str, *args: Value, **attrs: Any) -> Value:
@@ -524,8 +531,9 @@ class DagBuilder:
         try:
             shape = kind.shape_rule(tuple(v.shape for v in vals), attrs)
         except GraphSpecShapeError as exc:
-            raise GraphSpecShapeError(f"shape mismatch at DAG step {len(self.steps)} ({op} of values "
-                                      f"{[v.index for v in vals]}): {exc}") from None
+            raise GraphSpecShapeError(
+                f"shape mismatch at DAG step {len(self.steps)} ({op} of values {[v.index for v in vals]}): {exc}"
+            ) from None
         return self._push(DagStep(op, tuple(v.index for v in vals), shape, None, tuple(sorted(attrs.items()))))
 
     def add(self, a: Value, b: Value) -> Value:
@@ -560,8 +568,9 @@ def residual(body: Graph | Template | Primitive, in_shape: Sequence[int] | None 
     b = DagBuilder(g.in_shape)
     h = b.apply(g, b.input)
     if h.shape != g.in_shape:
-        raise GraphSpecShapeError(f"residual body maps {_fmt(g.in_shape)} to {_fmt(h.shape)}: the skip add needs "
-                                  "equal shapes")
+        raise GraphSpecShapeError(
+            f"residual body maps {_fmt(g.in_shape)} to {_fmt(h.shape)}: the skip add needs equal shapes"
+        )
     return Block(b.build(b.add(b.input, h)), "residual")
 
 
@@ -586,8 +595,9 @@ def to_dag(g: Graph) -> Dag:
 # -- parameters: ABI split and deterministic init ---------------------------------------------------------
 
 
-def split_params(abi: Sequence[ParamSpec], params: Sequence[Any],
-                 counts: Sequence[int]) -> list[tuple[np.ndarray, ...]]:
+def split_params(
+    abi: Sequence[ParamSpec], params: Sequence[Any], counts: Sequence[int]
+) -> list[tuple[np.ndarray, ...]]:
     """Check ``params`` against the ABI (count, each shape) and split it into consecutive slices of ``counts``."""
     if len(params) != len(abi):
         raise GraphSpecParamError(f"the graph takes {len(abi)} parameter tensors, got {len(params)}")
@@ -595,12 +605,13 @@ def split_params(abi: Sequence[ParamSpec], params: Sequence[Any],
     for i, (p, slot) in enumerate(zip(params, abi, strict=True)):
         a = _f32(p)
         if a.shape != slot.shape:
-            raise GraphSpecParamError(f"parameter {i} ({slot.name}) must have shape {_fmt(slot.shape)}, "
-                                      f"got {_fmt(a.shape)}")
+            raise GraphSpecParamError(
+                f"parameter {i} ({slot.name}) must have shape {_fmt(slot.shape)}, got {_fmt(a.shape)}"
+            )
         arrs.append(a)
     out, k = [], 0
     for c in counts:
-        out.append(tuple(arrs[k:k + c]))
+        out.append(tuple(arrs[k : k + c]))
         k += c
     return out
 
@@ -662,7 +673,7 @@ def _spec_dag(d: Dag, params: tuple[np.ndarray, ...], x: np.ndarray) -> np.ndarr
     for st in d.steps:
         if st.graph is not None:
             n = len(st.graph.params)
-            env.append(_spec_graph(st.graph, params[k:k + n], env[st.args[0]]))
+            env.append(_spec_graph(st.graph, params[k : k + n], env[st.args[0]]))
             k += n
         else:
             env.append(DAG_OPS[st.op].forward(tuple(env[a] for a in st.args), dict(st.attrs)))
@@ -711,7 +722,7 @@ def lower_dag(d: Dag, params: Sequence[Any]) -> Lowered:
     for st in d.steps:
         if st.graph is not None:
             n = len(st.graph.params)
-            ids.append(_lower_graph(b, st.graph, ps[k:k + n], ids[st.args[0]]))
+            ids.append(_lower_graph(b, st.graph, ps[k : k + n], ids[st.args[0]]))
             k += n
         else:
             ids.append(DAG_OPS[st.op].lower(b, tuple(ids[a] for a in st.args), st.shape, dict(st.attrs)))
@@ -728,11 +739,11 @@ def _lower_graph(b: GraphBuilder, g: Graph, params: tuple[np.ndarray, ...], x_id
         if isinstance(st.graph, Prim):
             p = st.graph.p
             n = len(p.params)
-            ids.append(PRIMITIVE_KINDS[p.kind].lower(b, p, params[k:k + n], ids[st.args[0]]))
+            ids.append(PRIMITIVE_KINDS[p.kind].lower(b, p, params[k : k + n], ids[st.args[0]]))
             k += n
         elif st.graph is not None:
             n = len(st.graph.params)
-            ids.append(_lower_graph(b, st.graph, params[k:k + n], ids[st.args[0]]))
+            ids.append(_lower_graph(b, st.graph, params[k : k + n], ids[st.args[0]]))
             k += n
         else:
             ids.append(DAG_OPS[st.op].lower(b, tuple(ids[a] for a in st.args), st.shape, dict(st.attrs)))
@@ -748,8 +759,13 @@ def lower(g: Graph | Dag, params: Sequence[Any] | None = None) -> Lowered:
 # -- the registered primitives ----------------------------------------------------------------------------
 
 
-def _op(kind: str, inputs: Sequence[np.ndarray], out_shape: Shape, params: Mapping[str, np.ndarray] | None = None,
-        **attrs: Any) -> np.ndarray:
+def _op(
+    kind: str,
+    inputs: Sequence[np.ndarray],
+    out_shape: Shape,
+    params: Mapping[str, np.ndarray] | None = None,
+    **attrs: Any,
+) -> np.ndarray:
     """One IR op's binary32 meaning on float32 arrays: the per-op evaluator of :mod:`spec.ir.denote`."""
     node = Node(0, tuple(range(len(inputs))), kind, tuple(out_shape), attrs)
     a = node_attrs(node, get_op(kind))
@@ -758,8 +774,14 @@ def _op(kind: str, inputs: Sequence[np.ndarray], out_shape: Shape, params: Mappi
     return _floats(np.asarray(out, dtype=np.uint32)).reshape(out_shape)
 
 
-def _prim(kind: str, attrs: Mapping[str, Any], params: tuple[ParamSpec, ...], in_shape: Shape, out_shape: Shape,
-          layer: bool = False) -> Primitive:
+def _prim(
+    kind: str,
+    attrs: Mapping[str, Any],
+    params: tuple[ParamSpec, ...],
+    in_shape: Shape,
+    out_shape: Shape,
+    layer: bool = False,
+) -> Primitive:
     return Primitive(kind, tuple(sorted(attrs.items())), params, tuple(in_shape), tuple(out_shape), layer)
 
 
@@ -783,17 +805,23 @@ def _linear_at(s: Shape, a: Mapping[str, Any]) -> Primitive:
 
 
 def _linear_lower(b: GraphBuilder, p: Primitive, ps: tuple[np.ndarray, ...], x: int) -> int:
-    return b.add("linear", (x,), p.out_shape, params={"weight": ps[0], "bias": ps[1]},
-                 out_features=p.attr["out_features"])
+    return b.add(
+        "linear", (x,), p.out_shape, params={"weight": ps[0], "bias": ps[1]}, out_features=p.attr["out_features"]
+    )
 
 
-register_primitive_kind(PrimitiveKind(
-    "linear", _linear_at,
-    lambda p, ps, x: _op("linear", (x,), p.out_shape, {"weight": ps[0], "bias": ps[1]},
-                         out_features=p.attr["out_features"]),
-    _linear_lower,
-    lambda p: f"Linear({p.attr['in_features']} -> {p.attr['out_features']})",
-    "y = W x + b over the last axis; params [W (out, in), b (out,)]"))
+register_primitive_kind(
+    PrimitiveKind(
+        "linear",
+        _linear_at,
+        lambda p, ps, x: _op(
+            "linear", (x,), p.out_shape, {"weight": ps[0], "bias": ps[1]}, out_features=p.attr["out_features"]
+        ),
+        _linear_lower,
+        lambda p: f"Linear({p.attr['in_features']} -> {p.attr['out_features']})",
+        "y = W x + b over the last axis; params [W (out, in), b (out,)]",
+    )
+)
 
 
 # parameter-free elementwise and axis ops ---------------------------------------------------------------
@@ -821,9 +849,16 @@ def _unary_forward(kind: str) -> Callable[[Primitive, tuple[np.ndarray, ...], np
 
 
 for _kind, _label in (("relu", "ReLU"), ("tanh", "Tanh"), ("sigmoid", "Sigmoid"), ("softmax", "Softmax")):
-    register_primitive_kind(PrimitiveKind(
-        _kind, _same_at(_kind), _unary_forward(_kind), _unary_lower(_kind),
-        (lambda lab: lambda p: f"{lab}{_fmt(p.in_shape)}")(_label), f"{_label}, shape-preserving, no parameters"))
+    register_primitive_kind(
+        PrimitiveKind(
+            _kind,
+            _same_at(_kind),
+            _unary_forward(_kind),
+            _unary_lower(_kind),
+            (lambda lab: lambda p: f"{lab}{_fmt(p.in_shape)}")(_label),
+            f"{_label}, shape-preserving, no parameters",
+        )
+    )
 
 
 # layer norm -------------------------------------------------------------------------------------------
@@ -837,12 +872,18 @@ def _layernorm_at(s: Shape, a: Mapping[str, Any]) -> Primitive:
     return _prim("layernorm", {"eps": float(a.get("eps", 1e-5))}, ps, s, s)
 
 
-register_primitive_kind(PrimitiveKind(
-    "layernorm", _layernorm_at,
-    lambda p, ps, x: _op("layernorm", (x,), p.out_shape, {"weight": ps[0], "bias": ps[1]}, eps=p.attr["eps"]),
-    lambda b, p, ps, x: b.add("layernorm", (x,), p.out_shape, params={"weight": ps[0], "bias": ps[1]},
-                              eps=p.attr["eps"]),
-    lambda p: f"LayerNorm({p.in_shape[-1]})", "last-axis layer norm; params [weight (d,), bias (d,)]"))
+register_primitive_kind(
+    PrimitiveKind(
+        "layernorm",
+        _layernorm_at,
+        lambda p, ps, x: _op("layernorm", (x,), p.out_shape, {"weight": ps[0], "bias": ps[1]}, eps=p.attr["eps"]),
+        lambda b, p, ps, x: b.add(
+            "layernorm", (x,), p.out_shape, params={"weight": ps[0], "bias": ps[1]}, eps=p.attr["eps"]
+        ),
+        lambda p: f"LayerNorm({p.in_shape[-1]})",
+        "last-axis layer norm; params [weight (d,), bias (d,)]",
+    )
+)
 
 
 # conv2d and pool --------------------------------------------------------------------------------------
@@ -855,14 +896,18 @@ def _window_out(size: int, k: int, st: int, pad: int, dil: int) -> int:
 
 def _conv_at(s: Shape, a: Mapping[str, Any]) -> Primitive:
     cin, cout = a["in_channels"], a["out_channels"]
-    _need(len(s) in (3, 4) and s[-3] == cin, f"Conv2d({cin} -> {cout}) expects [{cin}, H, W] (or [N, {cin}, H, W]), "
-                                            f"got {_fmt(s)}")
+    _need(
+        len(s) in (3, 4) and s[-3] == cin,
+        f"Conv2d({cin} -> {cout}) expects [{cin}, H, W] (or [N, {cin}, H, W]), got {_fmt(s)}",
+    )
     k, st, pad, dil = (_pair(a[n]) for n in ("kernel", "stride", "padding", "dilation"))
     hw = tuple(_window_out(s[-2 + i], k[i], st[i], pad[i], dil[i]) for i in range(2))
     _need(min(hw) >= 1, f"Conv2d window {k} (stride {st}, padding {pad}, dilation {dil}) does not fit {_fmt(s)}")
     fan_in = cin * k[0] * k[1]
-    ps = (ParamSpec("weight", (cout, cin, k[0], k[1]), "uniform", fan_in),
-          ParamSpec("bias", (cout,), "uniform", fan_in))
+    ps = (
+        ParamSpec("weight", (cout, cin, k[0], k[1]), "uniform", fan_in),
+        ParamSpec("bias", (cout,), "uniform", fan_in),
+    )
     attrs = {"in_channels": cin, "out_channels": cout, "kernel": k, "stride": st, "padding": pad, "dilation": dil}
     return _prim("conv2d", attrs, ps, s, s[:-3] + (cout,) + hw, layer=True)
 
@@ -872,12 +917,18 @@ def _conv_attrs(p: Primitive) -> dict[str, Any]:
     return {n: a[n] for n in ("out_channels", "kernel", "stride", "padding", "dilation")}
 
 
-register_primitive_kind(PrimitiveKind(
-    "conv2d", _conv_at,
-    lambda p, ps, x: _op("conv2d", (x,), p.out_shape, {"weight": ps[0], "bias": ps[1]}, **_conv_attrs(p)),
-    lambda b, p, ps, x: b.add("conv2d", (x,), p.out_shape, params={"weight": ps[0], "bias": ps[1]}, **_conv_attrs(p)),
-    lambda p: f"Conv2d({p.attr['in_channels']} -> {p.attr['out_channels']}, k={p.attr['kernel']})",
-    "2-d convolution, groups 1; params [W (Cout, Cin, kh, kw), b (Cout,)]"))
+register_primitive_kind(
+    PrimitiveKind(
+        "conv2d",
+        _conv_at,
+        lambda p, ps, x: _op("conv2d", (x,), p.out_shape, {"weight": ps[0], "bias": ps[1]}, **_conv_attrs(p)),
+        lambda b, p, ps, x: b.add(
+            "conv2d", (x,), p.out_shape, params={"weight": ps[0], "bias": ps[1]}, **_conv_attrs(p)
+        ),
+        lambda p: f"Conv2d({p.attr['in_channels']} -> {p.attr['out_channels']}, k={p.attr['kernel']})",
+        "2-d convolution, groups 1; params [W (Cout, Cin, kh, kw), b (Cout,)]",
+    )
+)
 
 
 def _pool_at(s: Shape, a: Mapping[str, Any]) -> Primitive:
@@ -886,15 +937,22 @@ def _pool_at(s: Shape, a: Mapping[str, Any]) -> Primitive:
     st = _pair(a.get("stride") or k)
     pad = _pair(a.get("padding", 0))
     hw = tuple(_window_out(s[-2 + i], k[i], st[i], pad[i], 1) for i in range(2))
-    _need(min(hw) >= 1 and 2 * max(pad) <= min(k), f"Pool window {k} (stride {st}, padding {pad}) does not fit "
-                                                    f"{_fmt(s)}")
-    return _prim("pool", {"mode": a.get("mode", "max"), "kernel": k, "stride": st, "padding": pad}, (), s,
-                 s[:-2] + hw)
+    _need(
+        min(hw) >= 1 and 2 * max(pad) <= min(k), f"Pool window {k} (stride {st}, padding {pad}) does not fit {_fmt(s)}"
+    )
+    return _prim("pool", {"mode": a.get("mode", "max"), "kernel": k, "stride": st, "padding": pad}, (), s, s[:-2] + hw)
 
 
-register_primitive_kind(PrimitiveKind(
-    "pool", _pool_at, _unary_forward("pool"), _unary_lower("pool"),
-    lambda p: f"{p.attr['mode'].capitalize()}Pool(k={p.attr['kernel']})", "max or average pooling over H, W"))
+register_primitive_kind(
+    PrimitiveKind(
+        "pool",
+        _pool_at,
+        _unary_forward("pool"),
+        _unary_lower("pool"),
+        lambda p: f"{p.attr['mode'].capitalize()}Pool(k={p.attr['kernel']})",
+        "max or average pooling over H, W",
+    )
+)
 
 
 # flatten ----------------------------------------------------------------------------------------------
@@ -907,9 +965,16 @@ def _flatten_at(s: Shape, a: Mapping[str, Any]) -> Primitive:
     return _prim("flatten", {"start": start, "end": -1}, (), s, s[:lo] + (int(np.prod(s[lo:], dtype=np.int64)),))
 
 
-register_primitive_kind(PrimitiveKind(
-    "flatten", _flatten_at, _unary_forward("flatten"), _unary_lower("flatten"),
-    lambda p: f"Flatten{_fmt(p.in_shape)}", "merge the axes from start to the last (row-major)"))
+register_primitive_kind(
+    PrimitiveKind(
+        "flatten",
+        _flatten_at,
+        _unary_forward("flatten"),
+        _unary_lower("flatten"),
+        lambda p: f"Flatten{_fmt(p.in_shape)}",
+        "merge the axes from start to the last (row-major)",
+    )
+)
 
 
 # -- constructors ---------------------------------------------------------------------------------------
@@ -917,8 +982,9 @@ register_primitive_kind(PrimitiveKind(
 
 def Linear(in_features: int, out_features: int) -> Template:  # noqa: N802 (layer names as in the seed)
     """Dense layer y = W x + b over the last axis (starts a chain at input [in_features])."""
-    return Template("linear", (("in_features", int(in_features)), ("out_features", int(out_features))),
-                    (int(in_features),))
+    return Template(
+        "linear", (("in_features", int(in_features)), ("out_features", int(out_features))), (int(in_features),)
+    )
 
 
 def ReLU(shape: Sequence[int] | None = None) -> Template:  # noqa: N802
@@ -947,21 +1013,44 @@ def LayerNorm(dim: int | None = None, eps: float = 1e-5) -> Template:  # noqa: N
     return Template("layernorm", attrs, None if dim is None else (int(dim),))
 
 
-def Conv2d(in_channels: int, out_channels: int, kernel: int | Sequence[int], stride: int | Sequence[int] = 1,  # noqa: N802
-           padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1,
-           in_hw: Sequence[int] | None = None) -> Template:
+def Conv2d(
+    in_channels: int,
+    out_channels: int,
+    kernel: int | Sequence[int],
+    stride: int | Sequence[int] = 1,  # noqa: N802
+    padding: int | Sequence[int] = 0,
+    dilation: int | Sequence[int] = 1,
+    in_hw: Sequence[int] | None = None,
+) -> Template:
     """2-d convolution (groups 1) on [Cin, H, W]; ``in_hw`` gives H, W when it starts a chain."""
-    attrs = (("in_channels", int(in_channels)), ("out_channels", int(out_channels)), ("kernel", _pair(kernel)),
-             ("stride", _pair(stride)), ("padding", _pair(padding)), ("dilation", _pair(dilation)))
+    attrs = (
+        ("in_channels", int(in_channels)),
+        ("out_channels", int(out_channels)),
+        ("kernel", _pair(kernel)),
+        ("stride", _pair(stride)),
+        ("padding", _pair(padding)),
+        ("dilation", _pair(dilation)),
+    )
     return Template("conv2d", attrs, None if in_hw is None else (int(in_channels), *map(int, in_hw)))
 
 
-def Pool(kernel: int | Sequence[int], stride: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0,  # noqa: N802
-         mode: str = "max") -> Template:
+def Pool(
+    kernel: int | Sequence[int],
+    stride: int | Sequence[int] | None = None,
+    padding: int | Sequence[int] = 0,  # noqa: N802
+    mode: str = "max",
+) -> Template:
     """Max (or average) pooling over H, W; stride defaults to the window."""
     k = _pair(kernel)
-    return Template("pool", (("kernel", k), ("mode", mode), ("padding", _pair(padding)),
-                             ("stride", k if stride is None else _pair(stride))))
+    return Template(
+        "pool",
+        (
+            ("kernel", k),
+            ("mode", mode),
+            ("padding", _pair(padding)),
+            ("stride", k if stride is None else _pair(stride)),
+        ),
+    )
 
 
 def MaxPool(kernel: int | Sequence[int], stride: int | Sequence[int] | None = None) -> Template:  # noqa: N802
@@ -995,20 +1084,30 @@ def _concat_shape(shapes: tuple[Shape, ...], attrs: Mapping[str, Any]) -> Shape:
         raise GraphSpecShapeError(f"concat axis {ax} out of range for {_fmt(shapes[0])}")
     ax %= r
     for s in shapes[1:]:
-        if len(s) != r or s[:ax] + s[ax + 1:] != shapes[0][:ax] + shapes[0][ax + 1:]:
+        if len(s) != r or s[:ax] + s[ax + 1 :] != shapes[0][:ax] + shapes[0][ax + 1 :]:
             raise GraphSpecShapeError(f"concat along axis {ax}: {_fmt(shapes[0])} and {_fmt(s)} differ off the axis")
-    return shapes[0][:ax] + (sum(s[ax] for s in shapes),) + shapes[0][ax + 1:]
+    return shapes[0][:ax] + (sum(s[ax] for s in shapes),) + shapes[0][ax + 1 :]
 
 
 def _binary_dag_op(name: str, ir_kind: str) -> DagOp:
-    return DagOp(name, _equal_shapes,
-                 lambda xs, a: _op(ir_kind, xs, xs[0].shape),
-                 lambda b, ids, shape, a: b.add(ir_kind, ids, shape))
+    return DagOp(
+        name,
+        _equal_shapes,
+        lambda xs, a: _op(ir_kind, xs, xs[0].shape),
+        lambda b, ids, shape, a: b.add(ir_kind, ids, shape),
+    )
 
 
-for _dag in (_binary_dag_op("add", "add"), _binary_dag_op("sub", "sub"), _binary_dag_op("mul", "mul_elem"),
-             DagOp("concat", _concat_shape,
-                   lambda xs, a: _op("concat", xs, _concat_shape(tuple(x.shape for x in xs), a),
-                                     axis=a.get("axis", -1)),
-                   lambda b, ids, shape, a: b.add("concat", ids, shape, axis=a.get("axis", -1)), None)):
+for _dag in (
+    _binary_dag_op("add", "add"),
+    _binary_dag_op("sub", "sub"),
+    _binary_dag_op("mul", "mul_elem"),
+    DagOp(
+        "concat",
+        _concat_shape,
+        lambda xs, a: _op("concat", xs, _concat_shape(tuple(x.shape for x in xs), a), axis=a.get("axis", -1)),
+        lambda b, ids, shape, a: b.add("concat", ids, shape, axis=a.get("axis", -1)),
+        None,
+    ),
+):
     DAG_OPS[_dag.name] = _dag

@@ -29,8 +29,17 @@ import numpy as np
 
 from spec.ir.graph import Graph, Node, Payload
 
-__all__ = ["SCHEMA_PATH", "LoadResult", "schema", "to_json", "from_json", "load", "dump", "tensor_to_json",
-           "tensor_from_json"]
+__all__ = [
+    "SCHEMA_PATH",
+    "LoadResult",
+    "schema",
+    "to_json",
+    "from_json",
+    "load",
+    "dump",
+    "tensor_to_json",
+    "tensor_from_json",
+]
 
 SCHEMA_PATH = Path(__file__).with_name("graph.schema.json")
 
@@ -77,8 +86,9 @@ def tensor_from_json(t: dict[str, Any]) -> np.ndarray:
     return flat.reshape(shape)
 
 
-def to_json(graph: Graph, payload: Payload | None = None, inputs: Any = None, output: int | None = None
-            ) -> dict[str, Any]:
+def to_json(
+    graph: Graph, payload: Payload | None = None, inputs: Any = None, output: int | None = None
+) -> dict[str, Any]:
     """The JSON form of a graph with its payload, inputs and output id."""
     doc: dict[str, Any] = {"format": "kc-graph-ir", "version": 1, "nodes": []}
     for n in graph.nodes:
@@ -87,8 +97,9 @@ def to_json(graph: Graph, payload: Payload | None = None, inputs: Any = None, ou
             node["attrs"] = {k: list(v) if isinstance(v, tuple) else v for k, v in n.attrs.items()}
         doc["nodes"].append(node)
     if payload is not None and payload.entries:
-        doc["payload"] = {str(k): {name: tensor_to_json(a) for name, a in v.items()}
-                          for k, v in sorted(payload.entries.items())}
+        doc["payload"] = {
+            str(k): {name: tensor_to_json(a) for name, a in v.items()} for k, v in sorted(payload.entries.items())
+        }
     if inputs is not None:
         doc["inputs"] = [tensor_to_json(a) for a in inputs]
     if output is not None:
@@ -121,8 +132,9 @@ def from_json(doc: Any) -> LoadResult:
     errors = _schema_errors(doc)
     if errors:
         return LoadResult(None, Payload(), errors=tuple(errors))
-    nodes = tuple(Node(n["id"], tuple(n["parents"]), n["op"], tuple(n["shape"]), n.get("attrs", {}))
-                  for n in doc["nodes"])
+    nodes = tuple(
+        Node(n["id"], tuple(n["parents"]), n["op"], tuple(n["shape"]), n.get("attrs", {})) for n in doc["nodes"]
+    )
     entries: dict[int, dict[str, np.ndarray]] = {}
     for key, tensors in (doc.get("payload") or {}).items():
         for name, t in tensors.items():
@@ -153,7 +165,8 @@ def load(path: str | Path) -> LoadResult:
     return from_json(doc)
 
 
-def dump(path: str | Path, graph: Graph, payload: Payload | None = None, inputs: Any = None,
-         output: int | None = None) -> None:
+def dump(
+    path: str | Path, graph: Graph, payload: Payload | None = None, inputs: Any = None, output: int | None = None
+) -> None:
     """Write the JSON form to ``path``."""
     Path(path).write_text(json.dumps(to_json(graph, payload, inputs, output), indent=1) + "\n")

@@ -162,8 +162,17 @@ def supported_onnx_ops() -> tuple[str, ...]:
     return tuple(sorted(ONNX_OPS))
 
 
-_UNARY = {"Relu": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
-          "Neg": "neg", "Abs": "abs", "Reciprocal": "inv"}
+_UNARY = {
+    "Relu": "relu",
+    "Tanh": "tanh",
+    "Sigmoid": "sigmoid",
+    "Exp": "exp",
+    "Log": "log",
+    "Sqrt": "sqrt",
+    "Neg": "neg",
+    "Abs": "abs",
+    "Reciprocal": "inv",
+}
 
 
 @onnx_op(*_UNARY)
@@ -213,8 +222,12 @@ def _matmul(ctx: _Ctx, node: Any) -> int:
     x = ctx.value(node.input[0])
     if node.input[1] in ctx.inits and ctx.inits[node.input[1]].ndim == 2 and len(ctx.shape(x)) >= 1:
         w = ctx.inits[node.input[1]].T  # x @ B == linear with W = B^T and a -0.0 bias (changes no value)
-        return ctx.emit("linear", (x,), {"weight": np.ascontiguousarray(w), "bias": _neg_zero(w.shape[0])},
-                        out_features=int(w.shape[0]))
+        return ctx.emit(
+            "linear",
+            (x,),
+            {"weight": np.ascontiguousarray(w), "bias": _neg_zero(w.shape[0])},
+            out_features=int(w.shape[0]),
+        )
     return ctx.emit("matmul", (x, ctx.value(node.input[1])))
 
 
@@ -227,8 +240,18 @@ def _sym_pads(ctx: _Ctx, pads: Any, what: str) -> tuple[int, int]:
 
 @onnx_op("Conv")
 def _conv(ctx: _Ctx, node: Any) -> int:
-    a = _only(node, {"kernel_shape": None, "strides": None, "pads": None, "dilations": None, "group": (1,),
-                     "auto_pad": ("NOTSET",)}, ctx)
+    a = _only(
+        node,
+        {
+            "kernel_shape": None,
+            "strides": None,
+            "pads": None,
+            "dilations": None,
+            "group": (1,),
+            "auto_pad": ("NOTSET",),
+        },
+        ctx,
+    )
     x = ctx.value(node.input[0])
     w = ctx.init(node.input[1], "Conv W")
     if w.ndim != 4:
@@ -237,15 +260,27 @@ def _conv(ctx: _Ctx, node: Any) -> int:
     kernel = tuple(int(v) for v in a.get("kernel_shape", w.shape[2:]))
     if kernel != tuple(w.shape[2:]):
         raise ctx.fail(f"kernel_shape {list(kernel)} differs from the weight's {list(w.shape[2:])}")
-    return ctx.emit("conv2d", (x,), {"weight": w, "bias": b}, out_channels=int(w.shape[0]), kernel=kernel,
-                    stride=tuple(a.get("strides", (1, 1))), padding=_sym_pads(ctx, a.get("pads"), "Conv"),
-                    dilation=tuple(a.get("dilations", (1, 1))))
+    return ctx.emit(
+        "conv2d",
+        (x,),
+        {"weight": w, "bias": b},
+        out_channels=int(w.shape[0]),
+        kernel=kernel,
+        stride=tuple(a.get("strides", (1, 1))),
+        padding=_sym_pads(ctx, a.get("pads"), "Conv"),
+        dilation=tuple(a.get("dilations", (1, 1))),
+    )
 
 
 @onnx_op("MaxPool", "AveragePool")
 def _pool(ctx: _Ctx, node: Any) -> int:
-    allowed: dict[str, Any] = {"kernel_shape": None, "strides": None, "pads": None, "auto_pad": ("NOTSET",),
-                               "ceil_mode": (0,)}
+    allowed: dict[str, Any] = {
+        "kernel_shape": None,
+        "strides": None,
+        "pads": None,
+        "auto_pad": ("NOTSET",),
+        "ceil_mode": (0,),
+    }
     if node.op_type == "MaxPool":
         allowed.update({"storage_order": (0,), "dilations": ((1, 1),)})
     a = _only(node, {**allowed, "count_include_pad": (0, 1)}, ctx)
@@ -253,11 +288,19 @@ def _pool(ctx: _Ctx, node: Any) -> int:
         raise ctx.fail("the Indices output of MaxPool is not supported")
     pad = _sym_pads(ctx, a.get("pads"), node.op_type)
     if node.op_type == "AveragePool" and any(pad) and not a.get("count_include_pad", 0):
-        raise ctx.fail("AveragePool with padding and count_include_pad=0 divides by the unpadded count; the IR's "
-                       "avg pool counts the padding (count_include_pad=1)")
+        raise ctx.fail(
+            "AveragePool with padding and count_include_pad=0 divides by the unpadded count; the IR's "
+            "avg pool counts the padding (count_include_pad=1)"
+        )
     kernel = tuple(int(v) for v in a["kernel_shape"])
-    return ctx.emit("pool", (ctx.value(node.input[0]),), mode="max" if node.op_type == "MaxPool" else "avg",
-                    kernel=kernel, stride=tuple(a.get("strides", (1, 1))), padding=pad)
+    return ctx.emit(
+        "pool",
+        (ctx.value(node.input[0]),),
+        mode="max" if node.op_type == "MaxPool" else "avg",
+        kernel=kernel,
+        stride=tuple(a.get("strides", (1, 1))),
+        padding=pad,
+    )
 
 
 @onnx_op("Softmax")
@@ -267,8 +310,10 @@ def _softmax(ctx: _Ctx, node: Any) -> int:
     rank = len(ctx.shape(x))
     axis = int(a.get("axis", -1))
     if ctx.opset < 13 and axis % max(rank, 1) != rank - 1:
-        raise ctx.fail(f"opset {ctx.opset} Softmax coerces to 2-d at axis {axis}; only the last axis maps to the "
-                       "IR's softmax (use opset >= 13)")
+        raise ctx.fail(
+            f"opset {ctx.opset} Softmax coerces to 2-d at axis {axis}; only the last axis maps to the "
+            "IR's softmax (use opset >= 13)"
+        )
     return ctx.emit("softmax", (x,), axis=axis)
 
 
@@ -325,8 +370,11 @@ def _layernorm(ctx: _Ctx, node: Any) -> int:
     if len(node.output) > 1 and any(node.output[1:]):
         raise ctx.fail("the Mean / InvStdDev outputs are not supported")
     w = ctx.init(node.input[1], "LayerNormalization Scale")
-    b = ctx.init(node.input[2], "LayerNormalization B") if len(node.input) > 2 and node.input[2] else \
-        _neg_zero(w.shape[-1])
+    b = (
+        ctx.init(node.input[2], "LayerNormalization B")
+        if len(node.input) > 2 and node.input[2]
+        else _neg_zero(w.shape[-1])
+    )
     return ctx.emit("layernorm", (x,), {"weight": w, "bias": b}, eps=float(np.float32(a.get("epsilon", 1e-5))))
 
 

@@ -241,7 +241,7 @@ def _flatten(ins: tuple[Shape, ...], attrs: Mapping[str, Any], declared: Shape) 
     lo, hi = _axis(attrs["start"], len(s), "start"), _axis(attrs["end"], len(s), "end")
     if lo > hi:
         _fail(f"flatten start {attrs['start']} after end {attrs['end']} for {list(s)}")
-    return s[:lo] + (numel(*s[lo:hi + 1]),) + s[hi + 1:]
+    return s[:lo] + (numel(*s[lo : hi + 1]),) + s[hi + 1 :]
 
 
 def _concat(ins: tuple[Shape, ...], attrs: Mapping[str, Any], declared: Shape) -> Shape:
@@ -249,10 +249,10 @@ def _concat(ins: tuple[Shape, ...], attrs: Mapping[str, Any], declared: Shape) -
     ax = _axis(attrs["axis"], rank)
     total = ins[0][ax]
     for s in ins[1:]:
-        if len(s) != rank or s[:ax] + s[ax + 1:] != ins[0][:ax] + ins[0][ax + 1:]:
+        if len(s) != rank or s[:ax] + s[ax + 1 :] != ins[0][:ax] + ins[0][ax + 1 :]:
             _fail(f"concat along axis {ax}: {list(ins[0])} and {list(s)} differ off the axis")
         total = concat_plan(total, s[ax])["out"]
-    return ins[0][:ax] + (total,) + ins[0][ax + 1:]
+    return ins[0][:ax] + (total,) + ins[0][ax + 1 :]
 
 
 def _permute(ins: tuple[Shape, ...], attrs: Mapping[str, Any], declared: Shape) -> Shape:
@@ -273,7 +273,7 @@ def _broadcast_to(ins: tuple[Shape, ...], attrs: Mapping[str, Any], declared: Sh
     src, dst = ins[0], _check_numel(tuple(attrs["shape"]))
     if len(src) > len(dst):
         _fail(f"cannot broadcast {list(src)} to the lower rank {list(dst)}")
-    for s, d in zip(src, dst[len(dst) - len(src):], strict=True):
+    for s, d in zip(src, dst[len(dst) - len(src) :], strict=True):
         if not broadcast_plan(s, d)["ok"]:
             _fail(f"cannot broadcast {list(src)} to {list(dst)}: dimension {s} vs {d}")
     return dst
@@ -293,7 +293,7 @@ def _expand(ins: tuple[Shape, ...], attrs: Mapping[str, Any], declared: Shape) -
 def _reduce(ins: tuple[Shape, ...], attrs: Mapping[str, Any], declared: Shape) -> Shape:
     s = ins[0]
     ax = _axis(attrs["axis"], len(s))
-    return s[:ax] + ((1,) if attrs["keepdim"] else ()) + s[ax + 1:]
+    return s[:ax] + ((1,) if attrs["keepdim"] else ()) + s[ax + 1 :]
 
 
 def _sum_all(ins: tuple[Shape, ...], attrs: Mapping[str, Any], declared: Shape) -> Shape:
@@ -340,8 +340,10 @@ def _conv2d(ins: tuple[Shape, ...], attrs: Mapping[str, Any], declared: Shape) -
     for i in range(2):
         plan = conv_plan(s[-2 + i], k[i], st[i], p[i], d[i])
         if not plan["valid"]:
-            _fail(f"conv2d window (kernel {k[i]}, stride {st[i]}, padding {p[i]}, dilation {d[i]}) does not fit "
-                  f"spatial size {s[-2 + i]} of {list(s)}")
+            _fail(
+                f"conv2d window (kernel {k[i]}, stride {st[i]}, padding {p[i]}, dilation {d[i]}) does not fit "
+                f"spatial size {s[-2 + i]} of {list(s)}"
+            )
         hw.append(plan["out"])
     return s[:-3] + (attrs["out_channels"], hw[0], hw[1])
 
@@ -353,8 +355,10 @@ def _pool(ins: tuple[Shape, ...], attrs: Mapping[str, Any], declared: Shape) -> 
     for i in range(2):
         plan = pool_plan(s[-2 + i], k[i], st[i], p[i])
         if not plan["valid"]:
-            _fail(f"pool window (kernel {k[i]}, stride {st[i]}, padding {p[i]}) does not fit spatial size "
-                  f"{s[-2 + i]} of {list(s)}")
+            _fail(
+                f"pool window (kernel {k[i]}, stride {st[i]}, padding {p[i]}) does not fit spatial size "
+                f"{s[-2 + i]} of {list(s)}"
+            )
         hw.append(plan["out"])
     return s[:-2] + (hw[0], hw[1])
 
@@ -376,7 +380,7 @@ def _slice(ins: tuple[Shape, ...], attrs: Mapping[str, Any], declared: Shape) ->
     plan = slice_plan(s[ax], attrs["start"], attrs["stop"], attrs["step"])
     if not plan["valid"]:
         _fail(f"slice [{attrs['start']}:{attrs['stop']}:{attrs['step']}] outside axis {ax} of {list(s)}")
-    return s[:ax] + (plan["out"],) + s[ax + 1:]
+    return s[:ax] + (plan["out"],) + s[ax + 1 :]
 
 
 def _embedding(ins: tuple[Shape, ...], attrs: Mapping[str, Any], declared: Shape) -> Shape:
@@ -402,30 +406,71 @@ _MOVE = "data movement: every output element is a bit-exact copy of one input el
 for _op in (
     # structural
     OpKind("input", 0, "structural", _declared, "the i-th input array (inputs in id order), shape checked"),
-    OpKind("const", 0, "structural", _declared, "payload[id].value (float32 of the declared shape)",
-           payload="const"),
+    OpKind("const", 0, "structural", _declared, "payload[id].value (float32 of the declared shape)", payload="const"),
     OpKind("reshape", 1, "structural", _reshape, f"row-major reshape; {_MOVE}", (_A("shape", "ints"),)),
-    OpKind("flatten", 1, "structural", _flatten, f"merge axes start..end (torch.flatten); {_MOVE}",
-           (_A("start", "int", 0), _A("end", "int", -1))),
-    OpKind("concat", None, "structural", _concat, f"concatenate the parents in order along axis; {_MOVE}",
-           (_A("axis", "int"),)),
-    OpKind("permute", 1, "structural", _permute, f"out axes are in axes perm[0], perm[1], ...; {_MOVE}",
-           (_A("perm", "ints"),)),
-    OpKind("transpose", 1, "structural", _transpose, f"swap axes dim0 and dim1; {_MOVE}",
-           (_A("dim0", "int"), _A("dim1", "int"))),
-    OpKind("slice", 1, "structural", _slice, f"x[start:stop:step] along axis (0 <= start <= stop <= dim); {_MOVE}",
-           (_A("axis", "int"), _A("start", "int"), _A("stop", "int"), _A("step", "int", 1))),
-    OpKind("broadcastTo", 1, "broadcast", _broadcast_to, f"NumPy broadcasting to shape; {_MOVE}",
-           (_A("shape", "ints"),)),
-    OpKind("expand", 1, "broadcast", _expand, f"broadcastTo with -1 keeping an existing axis (torch.expand); {_MOVE}",
-           (_A("shape", "ints"),)),
+    OpKind(
+        "flatten",
+        1,
+        "structural",
+        _flatten,
+        f"merge axes start..end (torch.flatten); {_MOVE}",
+        (_A("start", "int", 0), _A("end", "int", -1)),
+    ),
+    OpKind(
+        "concat",
+        None,
+        "structural",
+        _concat,
+        f"concatenate the parents in order along axis; {_MOVE}",
+        (_A("axis", "int"),),
+    ),
+    OpKind(
+        "permute",
+        1,
+        "structural",
+        _permute,
+        f"out axes are in axes perm[0], perm[1], ...; {_MOVE}",
+        (_A("perm", "ints"),),
+    ),
+    OpKind(
+        "transpose",
+        1,
+        "structural",
+        _transpose,
+        f"swap axes dim0 and dim1; {_MOVE}",
+        (_A("dim0", "int"), _A("dim1", "int")),
+    ),
+    OpKind(
+        "slice",
+        1,
+        "structural",
+        _slice,
+        f"x[start:stop:step] along axis (0 <= start <= stop <= dim); {_MOVE}",
+        (_A("axis", "int"), _A("start", "int"), _A("stop", "int"), _A("step", "int", 1)),
+    ),
+    OpKind(
+        "broadcastTo", 1, "broadcast", _broadcast_to, f"NumPy broadcasting to shape; {_MOVE}", (_A("shape", "ints"),)
+    ),
+    OpKind(
+        "expand",
+        1,
+        "broadcast",
+        _expand,
+        f"broadcastTo with -1 keeping an existing axis (torch.expand); {_MOVE}",
+        (_A("shape", "ints"),),
+    ),
     # elementwise, exact (softfloat)
     OpKind("add", 2, "elementwise", _same, f"a + b, equal shapes; {_EXACT}"),
     OpKind("sub", 2, "elementwise", _same, f"a - b, equal shapes; {_EXACT}"),
     OpKind("mul_elem", 2, "elementwise", _same, f"a * b, equal shapes; {_EXACT}"),
     OpKind("div", 2, "elementwise", _same, f"a / b, equal shapes; {_EXACT}"),
-    OpKind("maxElem", 2, "elementwise", _same,
-           "C fmaxf(a, b): a NaN operand is dropped (NaN only if both are NaN); the reduction max propagates NaN"),
+    OpKind(
+        "maxElem",
+        2,
+        "elementwise",
+        _same,
+        "C fmaxf(a, b): a NaN operand is dropped (NaN only if both are NaN); the reduction max propagates NaN",
+    ),
     OpKind("minElem", 2, "elementwise", _same, "C fminf(a, b): a NaN operand is dropped (NaN only if both are NaN)"),
     OpKind("sqrt", 1, "elementwise", _same, f"correctly rounded sqrt; {_EXACT}"),
     OpKind("inv", 1, "elementwise", _same, f"1 / x, one rounding; {_EXACT}"),
@@ -444,51 +489,130 @@ for _op in (
     OpKind("silu", 1, "elementwise", _same, f"x / (1 + e^-x); {_APPROX}"),
     OpKind("gelu", 1, "elementwise", _same, f"tanh-approximation GELU (spec.elementwise); {_APPROX}"),
     # reductions
-    OpKind("reduceSum", 1, "reduction", _reduce,
-           "left fold of binary32 adds along axis from +0, in index order (spec.reductions.fold_left)", _KEEP),
-    OpKind("reduceMean", 1, "reduction", _reduce,
-           "fold_left sum along axis, then one rounded division by float32(length) (spec.reductions.mean_of)",
-           _KEEP),
+    OpKind(
+        "reduceSum",
+        1,
+        "reduction",
+        _reduce,
+        "left fold of binary32 adds along axis from +0, in index order (spec.reductions.fold_left)",
+        _KEEP,
+    ),
+    OpKind(
+        "reduceMean",
+        1,
+        "reduction",
+        _reduce,
+        "fold_left sum along axis, then one rounded division by float32(length) (spec.reductions.mean_of)",
+        _KEEP,
+    ),
     OpKind("sum", 1, "reduction", _sum_all, "left fold from +0 over every element in row-major order; shape []"),
     # neural-network ops
-    OpKind("linear", 1, "nn", _linear,
-           "y[o] = fold_k(+0, W[o,k]*x[k]) + b[o]: products and adds each rounded, k ascending, bias added last; "
-           "W, b = payload[id]", (_A("out_features", "int"),), payload="linear"),
-    OpKind("matmul", 2, "nn", _matmul,
-           "C[m,n] = fold_k(+0, A[m,k]*B[k,n]), products and adds each rounded, k ascending; batch dims equal"),
+    OpKind(
+        "linear",
+        1,
+        "nn",
+        _linear,
+        "y[o] = fold_k(+0, W[o,k]*x[k]) + b[o]: products and adds each rounded, k ascending, bias added last; "
+        "W, b = payload[id]",
+        (_A("out_features", "int"),),
+        payload="linear",
+    ),
+    OpKind(
+        "matmul",
+        2,
+        "nn",
+        _matmul,
+        "C[m,n] = fold_k(+0, A[m,k]*B[k,n]), products and adds each rounded, k ascending; batch dims equal",
+    ),
     OpKind("bmm", 2, "nn", _bmm, "matmul over rank-3 operands (b, m, k) @ (b, k, n)"),
-    OpKind("conv2d", 1, "nn", _conv2d,
-           "zero-padded input; y[co,i,j] = fold over (ci, ki, kj) row-major from +0 of w*x (each rounded), "
-           "then + b[co]; groups 1; W, b = payload[id]",
-           (_A("out_channels", "int"), _A("kernel", "ints"), _A("stride", "ints", (1, 1)),
-            _A("padding", "ints", (0, 0)), _A("dilation", "ints", (1, 1))), payload="conv2d"),
-    OpKind("pool", 1, "nn", _pool,
-           "max: IEEE maximum fold (NaN propagates) from -Inf over the window row-major, padding -Inf; avg: "
-           "fold sum from +0 over the window (padding +0 counted), then / float32(kh*kw)",
-           (_A("mode", "str", "max", ("max", "avg")),) + _WIN),
-    OpKind("softmax", 1, "nn", _softmax,
-           "m = IEEE max fold along axis; e = exp(x - m) (sub rounded, exp rounded once); s = fold_left(e); "
-           "y = e / s (rounded)", (_A("axis", "int", -1),)),
-    OpKind("layernorm", 1, "nn", _last_axis,
-           "last axis, n its length: mu = fold(x)/n; d = x - mu; var = fold(d*d)/n; r = rsqrt(var + eps) "
-           "(real, rounded once); y = (d*r)*w + b, each op rounded; w, b = payload[id]",
-           (_A("eps", "float", 1e-5),), payload="norm"),
-    OpKind("rmsnorm", 1, "nn", _last_axis,
-           "last axis: ms = fold(x*x)/n; r = rsqrt(ms + eps) (rounded once); y = (x*r)*w, each op rounded; "
-           "w = payload[id]", (_A("eps", "float", 1e-6),), payload="rmsnorm"),
-    OpKind("embedding", 1, "nn", _embedding,
-           "y[..., :] = table[int(x[...]), :] (bit copy); every index must be an integer in [0, V)",
-           (_A("dim", "int"),), payload="embedding"),
-    OpKind("rope", 1, "nn", _rope,
-           "x (..., T, D): pairs (x[2i], x[2i+1]) at position t rotate by theta = t * base^(-2i/D); c, s = "
-           "cos/sin(theta) in float64 rounded once; y0 = x0*c - x1*s, y1 = x0*s + x1*c, each op rounded",
-           (_A("base", "float", 10000.0),)),
+    OpKind(
+        "conv2d",
+        1,
+        "nn",
+        _conv2d,
+        "zero-padded input; y[co,i,j] = fold over (ci, ki, kj) row-major from +0 of w*x (each rounded), "
+        "then + b[co]; groups 1; W, b = payload[id]",
+        (
+            _A("out_channels", "int"),
+            _A("kernel", "ints"),
+            _A("stride", "ints", (1, 1)),
+            _A("padding", "ints", (0, 0)),
+            _A("dilation", "ints", (1, 1)),
+        ),
+        payload="conv2d",
+    ),
+    OpKind(
+        "pool",
+        1,
+        "nn",
+        _pool,
+        "max: IEEE maximum fold (NaN propagates) from -Inf over the window row-major, padding -Inf; avg: "
+        "fold sum from +0 over the window (padding +0 counted), then / float32(kh*kw)",
+        (_A("mode", "str", "max", ("max", "avg")),) + _WIN,
+    ),
+    OpKind(
+        "softmax",
+        1,
+        "nn",
+        _softmax,
+        "m = IEEE max fold along axis; e = exp(x - m) (sub rounded, exp rounded once); s = fold_left(e); "
+        "y = e / s (rounded)",
+        (_A("axis", "int", -1),),
+    ),
+    OpKind(
+        "layernorm",
+        1,
+        "nn",
+        _last_axis,
+        "last axis, n its length: mu = fold(x)/n; d = x - mu; var = fold(d*d)/n; r = rsqrt(var + eps) "
+        "(real, rounded once); y = (d*r)*w + b, each op rounded; w, b = payload[id]",
+        (_A("eps", "float", 1e-5),),
+        payload="norm",
+    ),
+    OpKind(
+        "rmsnorm",
+        1,
+        "nn",
+        _last_axis,
+        "last axis: ms = fold(x*x)/n; r = rsqrt(ms + eps) (rounded once); y = (x*r)*w, each op rounded; "
+        "w = payload[id]",
+        (_A("eps", "float", 1e-6),),
+        payload="rmsnorm",
+    ),
+    OpKind(
+        "embedding",
+        1,
+        "nn",
+        _embedding,
+        "y[..., :] = table[int(x[...]), :] (bit copy); every index must be an integer in [0, V)",
+        (_A("dim", "int"),),
+        payload="embedding",
+    ),
+    OpKind(
+        "rope",
+        1,
+        "nn",
+        _rope,
+        "x (..., T, D): pairs (x[2i], x[2i+1]) at position t rotate by theta = t * base^(-2i/D); c, s = "
+        "cos/sin(theta) in float64 rounded once; y0 = x0*c - x1*s, y1 = x0*s + x1*c, each op rounded",
+        (_A("base", "float", 10000.0),),
+    ),
     # explicit randomness (SplitMix64, spec.rng)
-    OpKind("randUniform", 0, "random", _declared,
-           "element i (row-major) = spec.rng uniform of low32(splitmix64(key(seed, counter) + i)), in [0, 1)",
-           (_A("seed", "uint64"), _A("counter", "uint64", 0))),
-    OpKind("bernoulliMask", 0, "random", _declared,
-           "1.0 where keep_prob > uniform(seed, counter, i) else +0 (spec.rng mask_reference)",
-           (_A("seed", "uint64"), _A("counter", "uint64", 0), _A("keep_prob", "float", 0.5))),
+    OpKind(
+        "randUniform",
+        0,
+        "random",
+        _declared,
+        "element i (row-major) = spec.rng uniform of low32(splitmix64(key(seed, counter) + i)), in [0, 1)",
+        (_A("seed", "uint64"), _A("counter", "uint64", 0)),
+    ),
+    OpKind(
+        "bernoulliMask",
+        0,
+        "random",
+        _declared,
+        "1.0 where keep_prob > uniform(seed, counter, i) else +0 (spec.rng mask_reference)",
+        (_A("seed", "uint64"), _A("counter", "uint64", 0), _A("keep_prob", "float", 0.5)),
+    ),
 ):
     register_op(_op)

@@ -24,8 +24,15 @@ from spec.ir.checks import check_well_formed
 from spec.ir.denote import eval_node, floats
 from spec.ir.graph import Attrs, Graph, Node, Payload
 
-__all__ = ["Rewritten", "RESHAPE_LIKE", "eliminate_dead_nodes", "fold_reshapes", "fold_constants", "simplify",
-           "REWRITES"]
+__all__ = [
+    "Rewritten",
+    "RESHAPE_LIKE",
+    "eliminate_dead_nodes",
+    "fold_reshapes",
+    "fold_constants",
+    "simplify",
+    "REWRITES",
+]
 
 RESHAPE_LIKE: tuple[str, ...] = ("reshape", "flatten")  # ops whose value is the row-major reshape of a parent
 
@@ -128,8 +135,7 @@ def simplify(graph: Graph, payload: Payload, outputs: Iterable[int] | None = Non
     r1 = fold_reshapes(graph, payload)
     r2 = fold_constants(r1.graph, r1.payload)
     r3 = eliminate_dead_nodes(r2.graph, r2.payload, [r1.mapping[o] for o in outs])
-    mapping = {o: r3.mapping[r1.mapping[o]] for o in range(len(graph.nodes))
-               if r1.mapping[o] in r3.mapping}
+    mapping = {o: r3.mapping[r1.mapping[o]] for o in range(len(graph.nodes)) if r1.mapping[o] in r3.mapping}
     return Rewritten(r3.graph, r3.payload, mapping)
 
 

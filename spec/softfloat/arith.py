@@ -33,9 +33,7 @@ _abs = abs
 def _arith_fmt(fmt: Format, op: str) -> None:
     # fma aligns a 2p-bit product with the addend inside 61 bits; binary64 arithmetic is out of scope.
     if 2 * fmt.precision > 56:
-        raise NotImplementedError(
-            f"fmt: {op} supports precisions up to 28 bits, {fmt.name} has {fmt.precision}"
-        )
+        raise NotImplementedError(f"fmt: {op} supports precisions up to 28 bits, {fmt.name} has {fmt.precision}")
 
 
 def _args(fmt, rounding, env):
@@ -374,11 +372,7 @@ def _sqrt_chunk(xp, a, fmt: Format, rounding: str, env: FloatEnv, want_flags: bo
         r = xp.where(neg, t(default_nan(fmt, env)), r)
         nan = core.is_nan_bits(fmt, x)
         r = xp.where(nan, core.nan_result(xp, fmt, env, [x]), r)
-        f = (
-            core.flags_from(xp, x.shape, invalid=(neg & ~nan) | core.is_snan_bits(fmt, x))
-            if want_flags
-            else None
-        )
+        f = core.flags_from(xp, x.shape, invalid=(neg & ~nan) | core.is_snan_bits(fmt, x)) if want_flags else None
         return r, f
 
     return patch(xp, res, A.special | (A.sign != u(0)) | zero, special, fl)
@@ -389,9 +383,7 @@ def sqrt(a, *, fmt: Format = BINARY32, rounding: str = RNE, env="ieee", flags: b
     rounding, env = _args(fmt, rounding, env)
     _arith_fmt(fmt, "sqrt")
     a = core.check_bits(a, fmt, "a")
-    return core.run_chunked(
-        lambda xp, x: _sqrt_chunk(xp, x, fmt, rounding, env, flags), [a], ["a"], fmt.dtype, flags
-    )
+    return core.run_chunked(lambda xp, x: _sqrt_chunk(xp, x, fmt, rounding, env, flags), [a], ["a"], fmt.dtype, flags)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -89,9 +89,7 @@ def _compare(op):
 
 
 eq = _compare("eq")
-eq.__doc__ = (
-    "a == b (bool array); NaN is unequal to everything, +0 == -0; invalid on sNaN (any NaN if signaling)."
-)
+eq.__doc__ = "a == b (bool array); NaN is unequal to everything, +0 == -0; invalid on sNaN (any NaN if signaling)."
 lt = _compare("lt")
 lt.__doc__ = "a < b (bool array); false when unordered; invalid on sNaN (any NaN if signaling)."
 le = _compare("le")
@@ -150,9 +148,7 @@ maximum_number = _minmax(
 fmin = _minmax(
     False, "c", "fmin", "C fminf / CUDA fminf: NaN operands are ignored (no invalid even for sNaN); -0 < +0."
 )
-fmax = _minmax(
-    True, "c", "fmax", "C fmaxf / CUDA fmaxf: NaN operands are ignored (no invalid even for sNaN); -0 < +0."
-)
+fmax = _minmax(True, "c", "fmax", "C fmaxf / CUDA fmaxf: NaN operands are ignored (no invalid even for sNaN); -0 < +0.")
 
 
 # ---------------------------------------------------------------------------------------------------

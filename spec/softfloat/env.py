@@ -30,9 +30,7 @@ class FloatEnv:
         if self.tininess not in TININESS:
             raise ValueError(f"tininess: expected one of {TININESS}, got {self.tininess!r}")
         if self.convert_policy not in CONVERT_POLICIES:
-            raise ValueError(
-                f"convert_policy: expected one of {CONVERT_POLICIES}, got {self.convert_policy!r}"
-            )
+            raise ValueError(f"convert_policy: expected one of {CONVERT_POLICIES}, got {self.convert_policy!r}")
 
 
 ENVIRONMENTS: dict[str, FloatEnv] = {

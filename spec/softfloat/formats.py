@@ -62,9 +62,7 @@ class Format:
 
     def __post_init__(self) -> None:
         if not (2 <= self.exp_bits <= 11 and 1 <= self.frac_bits <= 52):
-            raise ValueError(
-                f"Format: unsupported widths exp_bits={self.exp_bits} frac_bits={self.frac_bits}"
-            )
+            raise ValueError(f"Format: unsupported widths exp_bits={self.exp_bits} frac_bits={self.frac_bits}")
         if not self.name:
             object.__setattr__(self, "name", f"e{self.exp_bits}m{self.frac_bits}")
 

@@ -25,8 +25,17 @@ def attention_no_rescale(q: Any, k: Any, v: Any, *, device: str = "host", **kw: 
     return na.host_forward(q, k, v, update=update_no_rescale, **kw)
 
 
-def attention_mask_after_softmax(q: Any, k: Any, v: Any, *, causal: bool = False, kv_lens: Any = None,
-                                 scale: float | None = None, device: str = "host", tile: int = na.BC) -> tuple:
+def attention_mask_after_softmax(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool = False,
+    kv_lens: Any = None,
+    scale: float | None = None,
+    device: str = "host",
+    tile: int = na.BC,
+) -> tuple:
     """BUG: softmax over every score, then blocked probabilities zeroed (no renormalisation)."""
     q, k, v = (np.asarray(a, dtype=np.float32) for a in (q, k, v))
     b, hq, lq, d = q.shape
@@ -46,7 +55,6 @@ def _ds_no_diagonal(p: np.ndarray, dp: np.ndarray, delta: np.ndarray) -> np.ndar
     return (-p * delta[..., None]).astype(np.float32)
 
 
-def vjp_no_diagonal(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, *, device: str = "host",
-                    **kw: Any) -> tuple:
+def vjp_no_diagonal(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, *, device: str = "host", **kw: Any) -> tuple:
     """The host VJP with the softmax Jacobian's diagonal term dropped."""
     return na.host_vjp(q, k, v, out, lse, dout, ds_rule=_ds_no_diagonal, **kw)

@@ -9,8 +9,13 @@ import numpy as np
 from native import conv as nc
 from obligations.core.symbolic import select, smax
 
-__all__ = ["conv_axis_plan_off_by_one", "conv_pad_off_by_one", "conv_stride_wrong_axis", "max_pool2d_last_tie",
-           "avg_pool2d_exclude_pad"]
+__all__ = [
+    "conv_axis_plan_off_by_one",
+    "conv_pad_off_by_one",
+    "conv_stride_wrong_axis",
+    "max_pool2d_last_tie",
+    "avg_pool2d_exclude_pad",
+]
 
 
 def conv_axis_plan_off_by_one(size: Any, kernel: Any, stride: Any, padding: Any, dilation: Any) -> nc.ConvAxis:
@@ -20,25 +25,43 @@ def conv_axis_plan_off_by_one(size: Any, kernel: Any, stride: Any, padding: Any,
     return nc.ConvAxis(a.size, a.kernel, a.stride, a.padding, a.dilation, a.valid, a.span, a.padded, out)
 
 
-def conv_pad_off_by_one(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
-                        groups: int = 1, device: str = "auto") -> Any:
+def conv_pad_off_by_one(
+    x: Any,
+    w: Any,
+    b: Any = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    device: str = "auto",
+) -> Any:
     """BUG: every tap reads one cell earlier (o*s - p - 1 + k*d) on every spatial axis."""
     x = np.asarray(x, dtype=np.float32)
     shifted = np.zeros_like(x)
-    shifted[(slice(None), slice(None)) + (slice(1, None),) * (x.ndim - 2)] = x[(slice(None), slice(None))
-                                                                             + (slice(None, -1),) * (x.ndim - 2)]
+    shifted[(slice(None), slice(None)) + (slice(1, None),) * (x.ndim - 2)] = x[
+        (slice(None), slice(None)) + (slice(None, -1),) * (x.ndim - 2)
+    ]
     return nc.conv(shifted, w, b, stride, padding, dilation, groups, device=device)
 
 
-def conv_stride_wrong_axis(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
-                           groups: int = 1, device: str = "auto") -> Any:
+def conv_stride_wrong_axis(
+    x: Any,
+    w: Any,
+    b: Any = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    device: str = "auto",
+) -> Any:
     """BUG: the strides are applied to the axes in reverse order."""
     st = tuple(stride) if not isinstance(stride, int) else (stride,) * (np.ndim(x) - 2)
     return nc.conv(x, w, b, st[::-1], padding, dilation, groups, device=device)
 
 
-def max_pool2d_last_tie(x: Any, kernel: Any, stride: Any = None, padding: Any = 0, device: str = "auto"
-                        ) -> tuple[Any, Any]:
+def max_pool2d_last_tie(
+    x: Any, kernel: Any, stride: Any = None, padding: Any = 0, device: str = "auto"
+) -> tuple[Any, Any]:
     """BUG: ties go to the last row-major argmax."""
     y, arg = nc.max_pool2d(x, kernel, stride, padding, device="host")
     x = np.asarray(x, dtype=np.float32).reshape(-1, x.shape[-2], x.shape[-1])

@@ -12,9 +12,14 @@ __all__ = ["REVERSED", "tree_sum_reversed_loop", "mean_reciprocal", "MEAN_RECIPR
 
 # BUG: the unrolled main loop adds its loads last-first. Only calls with n > (unroll - 1) * grid * block run
 # that loop: tens of millions of elements at the shipped grid, 225 with the main_loop witness's shrunken grid.
-REVERSED = red.register_main_loop(red.MainLoop(
-    "reversed", "for (int u = {unroll} - 1; u >= 0; --u) acc = acc + v[u];", lambda unroll: list(range(unroll))[::-1],
-    "planted: the group's loads added in reverse trip order"))
+REVERSED = red.register_main_loop(
+    red.MainLoop(
+        "reversed",
+        "for (int u = {unroll} - 1; u >= 0; --u) acc = acc + v[u];",
+        lambda unroll: list(range(unroll))[::-1],
+        "planted: the group's loads added in reverse trip order",
+    )
+)
 
 
 def tree_sum_reversed_loop(x: Any, device: str = "auto", block: int = red.BLOCK, max_grid: int = red.MAX_GRID) -> Any:

@@ -12,8 +12,9 @@ from spec.ir.graph import Graph
 __all__ = ["extend_across_consumers", "compile_multi_consumer", "fused_plan_int32"]
 
 
-def extend_across_consumers(graph: Graph, tail: int, node: int, uses: dict[int, int],
-                            fusable: Callable[[str], bool]) -> bool:
+def extend_across_consumers(
+    graph: Graph, tail: int, node: int, uses: dict[int, int], fusable: Callable[[str], bool]
+) -> bool:
     """BUG: a chain grows through a producer that has other consumers (no multi-consumer barrier)."""
     n, t = graph[node], graph[tail]
     return fusable(n.kind) and bool(n.parents) and n.parents[0] == tail and n.out_shape == t.out_shape

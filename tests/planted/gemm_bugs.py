@@ -20,8 +20,15 @@ def _rebuild(cls: type, plan: gemm.GemmPlan, **changes: Any) -> Any:
 class _MissingElemSize(gemm.GemmPlan):
     def accepts(self, a_bytes: Any, b_bytes: Any, c_bytes: Any) -> Any:
         # BUG: compares element counts with byte lengths.
-        return all_of(self.shape_ok, a_bytes >= 0, b_bytes >= 0, c_bytes >= 0,
-                      self.a_elems <= a_bytes, self.b_elems <= b_bytes, self.c_elems <= c_bytes)
+        return all_of(
+            self.shape_ok,
+            a_bytes >= 0,
+            b_bytes >= 0,
+            c_bytes >= 0,
+            self.a_elems <= a_bytes,
+            self.b_elems <= b_bytes,
+            self.c_elems <= c_bytes,
+        )
 
 
 def plan_missing_elem_size(m, n, k, lda, ldb, ldc, trans_a, trans_b, elem_size):  # noqa: ANN001, ANN201

@@ -6,16 +6,31 @@ from typing import Any
 
 from native import gemm
 
-__all__ = ["args_wrong_transpose", "matmul_wrong_transpose", "matmul_tf32", "matmul_stale_cache",
-           "bind_matmul_revalidating"]
+__all__ = [
+    "args_wrong_transpose",
+    "matmul_wrong_transpose",
+    "matmul_tf32",
+    "matmul_stale_cache",
+    "bind_matmul_revalidating",
+]
 
 
-def args_wrong_transpose(m: int, n: int, k: int, lda: int, ldb: int, ldc: int, trans_a: bool,
-                         trans_b: bool) -> gemm.CublasCall:
+def args_wrong_transpose(
+    m: int, n: int, k: int, lda: int, ldb: int, ldc: int, trans_a: bool, trans_b: bool
+) -> gemm.CublasCall:
     """BUG: B's transpose flag is taken from trans_a (the flags of the two operands crossed)."""
     good = gemm.cublas_args(m, n, k, lda, ldb, ldc, trans_a, trans_b)
-    return gemm.CublasCall(gemm.OP_T if trans_a else gemm.OP_N, good.transb, good.m, good.n, good.k, good.first,
-                           good.lda, good.ldb, good.ldc)
+    return gemm.CublasCall(
+        gemm.OP_T if trans_a else gemm.OP_N,
+        good.transb,
+        good.m,
+        good.n,
+        good.k,
+        good.first,
+        good.lda,
+        good.ldb,
+        good.ldc,
+    )
 
 
 def matmul_wrong_transpose(a: Any, b: Any, **kw: Any) -> Any:
@@ -47,6 +62,8 @@ def bind_matmul_revalidating(a: Any, b: Any, c: Any = None, **kw: Any) -> Any:
     gemm.bind_matmul(a, b, c, **kw)  # same checks up front as the real one
 
     def call() -> Any:
-        return gemm._matmul_first(None, a, b, False, False, 1.0, 0.0, c, None, kw.get("device", "auto"),
-                                  gemm.COMPUTE_32F, gemm.cublas_args)
+        return gemm._matmul_first(
+            None, a, b, False, False, 1.0, 0.0, c, None, kw.get("device", "auto"), gemm.COMPUTE_32F, gemm.cublas_args
+        )
+
     return call

@@ -17,15 +17,19 @@ def _host_interleaved(sh: np.ndarray) -> np.ndarray:
     sh = sh.copy()
     s = 1
     while s < sh.shape[1]:
-        sh[:, 0::2 * s] = sh[:, 0::2 * s] + sh[:, s::2 * s]
+        sh[:, 0 :: 2 * s] = sh[:, 0 :: 2 * s] + sh[:, s :: 2 * s]
         s *= 2
     return sh[:, 0]
 
 
-INTERLEAVED = red.register_tree_order(red.TreeOrder(
-    "interleaved",
-    "for (int s = 1; s < {block}; s <<= 1) {{ if (t % (2 * s) == 0) sh[t] = sh[t] + sh[t + s]; __syncthreads(); }}",
-    _host_interleaved, "planted: interleaved-pair tree"))
+INTERLEAVED = red.register_tree_order(
+    red.TreeOrder(
+        "interleaved",
+        "for (int s = 1; s < {block}; s <<= 1) {{ if (t % (2 * s) == 0) sh[t] = sh[t] + sh[t + s]; __syncthreads(); }}",
+        _host_interleaved,
+        "planted: interleaved-pair tree",
+    )
+)
 
 
 def tree_sum_interleaved(x: Any, device: str = "auto") -> Any:

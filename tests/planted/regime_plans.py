@@ -11,8 +11,11 @@ def loop_plan(n: Any, block: Any = 256, max_grid: Any = 65536) -> dict:
     """A grid-stride loop's geometry and the three paths it selects."""
     grid = smin(smax(cdiv(n, block), 1), max_grid)
     iterations = cdiv(n, grid * block)
-    return {"grid": grid, "iterations": iterations,
-            "regimes": {"empty": n == 0, "one_trip": (n > 0) & (iterations <= 1), "grid_stride": iterations > 1}}
+    return {
+        "grid": grid,
+        "iterations": iterations,
+        "regimes": {"empty": n == 0, "one_trip": (n > 0) & (iterations <= 1), "grid_stride": iterations > 1},
+    }
 
 
 def gap_plan(n: Any, block: Any = 256, max_grid: Any = 65536) -> dict:

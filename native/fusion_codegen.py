@@ -22,6 +22,7 @@ import numpy as np
 
 from native import elementwise as ew
 from spec.ir.graph import Graph
+from spec.ir.ops import ELEMENTWISE_OP_NAMES
 
 __all__ = [
     "ROUTE",
@@ -72,24 +73,7 @@ def fusable(kind: str) -> bool:
 
 
 # IR op -> native.elementwise kernel whose body and host path the fused chain reuses.
-EW_NAMES: dict[str, str] = {
-    "add": "add",
-    "sub": "sub",
-    "mul_elem": "mul",
-    "div": "div",
-    "maxElem": "max",
-    "minElem": "min",
-    "sqrt": "sqrt",
-    "inv": "inv",
-    "neg": "neg",
-    "abs": "abs",
-    "relu": "relu",
-    "exp": "exp",
-    "log": "log",
-    "tanh": "tanh",
-    "sigmoid": "sigmoid",
-    "gelu": "gelu",
-}
+EW_NAMES: dict[str, str] = ELEMENTWISE_OP_NAMES
 
 
 def _ew_host(kname: str) -> Callable[..., np.ndarray]:

@@ -30,7 +30,7 @@ from spec.gemm import error_bound as gemm_error_bound
 from spec.ir.checks import check_well_formed, node_attrs
 from spec.ir.denote import normalise_inputs
 from spec.ir.graph import Graph, Node, Payload
-from spec.ir.ops import get_op
+from spec.ir.ops import ELEMENTWISE_OP_NAMES, get_op
 
 __all__ = [
     "ExecError",
@@ -128,24 +128,7 @@ def _broadcast(node: Node, a: dict, args: list, entry: Any, device: str) -> Any:
 
 # -- elementwise: native.elementwise kernels --------------------------------------------------------------
 
-_KERNEL_NAMES = {
-    "add": "add",
-    "sub": "sub",
-    "mul_elem": "mul",
-    "div": "div",
-    "maxElem": "max",
-    "minElem": "min",
-    "sqrt": "sqrt",
-    "inv": "inv",
-    "neg": "neg",
-    "abs": "abs",
-    "relu": "relu",
-    "exp": "exp",
-    "log": "log",
-    "tanh": "tanh",
-    "sigmoid": "sigmoid",
-    "gelu": "gelu",
-}
+_KERNEL_NAMES: dict[str, str] = ELEMENTWISE_OP_NAMES
 
 
 def _kernel(name: str, *arrays: Any, device: str) -> Any:

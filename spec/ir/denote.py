@@ -32,7 +32,7 @@ from spec import softfloat as sf
 from spec.elementwise import RefOp, get_reference
 from spec.ir.checks import IRError, check_well_formed, node_attrs
 from spec.ir.graph import Graph, Node, Payload, format_shape
-from spec.ir.ops import get_op
+from spec.ir.ops import ELEMENTWISE_OP_NAMES, get_op
 from spec.reductions import NEG_INF, fold_left, fold_max, mean_of
 
 __all__ = [
@@ -131,24 +131,7 @@ def _random(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
 
 # -- elementwise ----------------------------------------------------------------------------------------
 
-_REF_NAMES = {
-    "add": "add",
-    "sub": "sub",
-    "mul_elem": "mul",
-    "div": "div",
-    "maxElem": "max",
-    "minElem": "min",
-    "sqrt": "sqrt",
-    "inv": "inv",
-    "neg": "neg",
-    "abs": "abs",
-    "relu": "relu",
-    "exp": "exp",
-    "log": "log",
-    "tanh": "tanh",
-    "sigmoid": "sigmoid",
-    "gelu": "gelu",
-}
+_REF_NAMES: dict[str, str] = ELEMENTWISE_OP_NAMES
 
 
 def _reference_op(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:

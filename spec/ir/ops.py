@@ -22,6 +22,7 @@ from typing import Any
 from obligations.core.symbolic import all_of, as_type, select, smax
 
 __all__ = [
+    "ELEMENTWISE_OP_NAMES",
     "Shape",
     "AttrSpec",
     "OpKind",
@@ -40,6 +41,27 @@ __all__ = [
     "broadcast_plan",
     "reshape_plan",
 ]
+
+# IR elementwise op -> the spec.elementwise operation (and native.elementwise kernel) that gives it meaning:
+# one table for the denotation, the reference executor and the fusion code generator.
+ELEMENTWISE_OP_NAMES: dict[str, str] = {
+    "add": "add",
+    "sub": "sub",
+    "mul_elem": "mul",
+    "div": "div",
+    "maxElem": "max",
+    "minElem": "min",
+    "sqrt": "sqrt",
+    "inv": "inv",
+    "neg": "neg",
+    "abs": "abs",
+    "relu": "relu",
+    "exp": "exp",
+    "log": "log",
+    "tanh": "tanh",
+    "sigmoid": "sigmoid",
+    "gelu": "gelu",
+}
 
 Shape = tuple[int, ...]
 MAX_NUMEL = 1 << 40  # largest element count a shape may have (the reduction kernels index up to 2^40)

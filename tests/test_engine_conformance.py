@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-import yaml
+from ruamel.yaml import YAML
 
 from falsification import engine
 from falsification.engine import Check, NativeResult
@@ -58,7 +58,7 @@ def _items() -> dict[str, dict[str, Any]]:
     """The first item of the family contracts naming each test."""
     out: dict[str, dict[str, Any]] = {}
     for name in FAMILY_CONTRACTS:
-        data = yaml.safe_load((ROOT / "contracts" / f"{name}.yaml").read_text())
+        data = YAML(typ="safe").load((ROOT / "contracts" / f"{name}.yaml").read_text())
         for it in itertools.chain(data.get("obligations", []), data.get("falsification", [])):
             params = it.get("params") or {}
             host_route = params.get("route", "nvrtc-ieee") == "nvrtc-ieee"

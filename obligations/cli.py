@@ -376,7 +376,9 @@ def _print_summary(result: dict[str, Any], out: Any, tail: str = "") -> None:
     from obligations.core.results import Status
 
     total = sum(s.get(k.value, 0) for k in Status)  # items by status; the other counts are coverage flags
-    parts = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in s.items() if v)
+    # skipped_cuda_only is a part of skipped (items a host run cannot check), not another status
+    words = {"skipped_cuda_only": "of the skipped need cuda"}
+    parts = ", ".join(f"{v} {words.get(k, k.replace('_', ' '))}" for k, v in s.items() if v)
     print(f"{total} items: {parts}{tail}", file=out)
 
 

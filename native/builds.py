@@ -146,7 +146,7 @@ def _rng() -> Iterator[Build]:
     from native import rng
 
     src, fn = rng.kernel_source()
-    yield Build("rng", "default", src, fn, rng.ROUTE, fused=_asks_fused(src))
+    yield Build("rng", "default", src, fn, rng.ROUTE, fused=_asks_fused(src), index_bits=rng.rng_plan(1, 1).index_bits)
 
 
 @register_builds("transfer")
@@ -156,4 +156,5 @@ def _transfer() -> Iterator[Build]:
 
     for target in sorted(TARGETS):
         src, fn = transfer.kernel_source(target)
-        yield Build("transfer", target, src, fn, transfer.ROUTE, fused=_asks_fused(src))
+        bits = transfer.transfer_plan(1, 8, TARGETS[target].width // 8).index_bits
+        yield Build("transfer", target, src, fn, transfer.ROUTE, fused=_asks_fused(src), index_bits=bits)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from native.nvrtc import compile_function, get_route
+from native.nvrtc import INDEX_TYPES, compile_function, get_route
 from obligations.core.device import array_module, resolve_device
 from obligations.core.entrypoints import entry_point
 from obligations.core.symbolic import as_type, cdiv, smax, smin
@@ -176,7 +176,6 @@ extern "C" __global__ void {fname}({params}long long n) {{
 
 
 # The C index type of each index width a launch plan proves (the source reads it from the plan).
-INDEX_TYPES: dict[int, str] = {64: "long long", 32: "int"}
 
 
 def kernel_source(name: str, variant: str | None = None, plan: dict | None = None) -> tuple[str, str]:

@@ -15,7 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CompileFlags", "Route", "ROUTES", "register_route", "get_route", "compile_function"]
+__all__ = ["CompileFlags", "Route", "ROUTES", "INDEX_TYPES", "register_route", "get_route", "compile_function"]
+
+
+# The C type of a grid-stride index of a plan's ``index_bits``: kernel sources read it from their plan.
+INDEX_TYPES: dict[int, str] = {64: "long long", 32: "int"}
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from native.nvrtc import compile_function, get_route
+from native.nvrtc import INDEX_TYPES, compile_function, get_route
 from obligations.core.device import array_module, resolve_device, to_host
 from obligations.core.entrypoints import entry_point
 from obligations.core.symbolic import as_type, cdiv, select, smax, smin
@@ -87,14 +87,16 @@ class RngPlan:
     stride: Any
     iterations: Any
     max_grid: Any
+    index_bits: int = 64  # the kernel's grid-stride index type (the source reads it from here)
 
     def draw_offset(self, i: Any, j: Any) -> Any:
         """Counter offset from the key of word ``j`` of element ``i``: i * draws + j (2i, 2i + 1 for normal)."""
         return i * self.draws + j
 
     def next_index(self, i: Any) -> Any:
-        """The grid-stride loop's next index after ``i``."""
-        return i + self.stride
+        """The grid-stride loop's next index after ``i``, in the kernel's index type."""
+        index_type = "int64" if self.index_bits == 64 else "int32"
+        return as_type(i, index_type) + as_type(self.stride, index_type)
 
     def regimes(self) -> dict[str, Any]:
         """The kernel's paths: no element, one trip per thread, a grid-stride loop (the mode picks the words)."""
@@ -259,8 +261,8 @@ __device__ __forceinline__ kc_u32 kc_word(kc_u64 key, long long i, long long dra
 extern "C" __global__ void {fname}(kc_u64 key, long long n, int mode, float keep_prob,
                                     const float* __restrict__ x, kc_u32* __restrict__ out) {{
     const long long draws = (mode == 4) ? 2 : 1;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)blockDim.x * gridDim.x) {{
+    for ({idx} i = ({idx})blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += ({idx})blockDim.x * gridDim.x) {{
         kc_u32 u = kc_word(key, i, draws, 0);
         kc_u32 r;
         if (mode == 0) {{
@@ -290,19 +292,25 @@ extern "C" __global__ void {fname}(kc_u64 key, long long n, int mode, float keep
     }}
 }}
 extern "C" __global__ void {fname}_umap(const kc_u32* __restrict__ in, kc_u32* __restrict__ out, long long n) {{
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)blockDim.x * gridDim.x) {{
+    for ({idx} i = ({idx})blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += ({idx})blockDim.x * gridDim.x) {{
         out[i] = __float_as_uint(kc_u01(in[i]));
     }}
 }}
 """
 
 
-def kernel_source(variant: str | None = None) -> tuple[str, str]:
-    """(CUDA source, kernel name) of the RNG kernel built as ``variant``; ``name + '_umap'`` is the map kernel."""
+def kernel_source(variant: str | None = None, plan: RngPlan | None = None) -> tuple[str, str]:
+    """(CUDA source, kernel name) of the RNG kernel built as ``variant``; ``name + '_umap'`` is the map kernel.
+
+    The loop index type is the plan's (``index_bits``), never written a second time in the source.
+    """
     v = get_variant(variant)
+    plan = plan if plan is not None else rng_plan(1, 1)
     fname = "kc_rng" + ("" if v.name == "default" else f"_{v.name}")
-    src = _SOURCE.format(fname=fname, uniform=_UNIFORM_MAPS[v.uniform][0], adjust=v.offset_adjust)
+    src = _SOURCE.format(
+        fname=fname, uniform=_UNIFORM_MAPS[v.uniform][0], adjust=v.offset_adjust, idx=INDEX_TYPES[int(plan.index_bits)]
+    )
     return src, fname
 
 

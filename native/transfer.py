@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from native.nvrtc import compile_function, get_route
+from native.nvrtc import INDEX_TYPES, compile_function, get_route
 from obligations.core.device import array_module, resolve_device
 from obligations.core.entrypoints import entry_point
-from obligations.core.symbolic import cdiv, smax, smin
+from obligations.core.symbolic import as_type, cdiv, smax, smin
 from spec.transfer import TARGETS, TargetFormat, get_target
 
 __all__ = [
@@ -62,10 +62,12 @@ class TransferPlan:
     stride: Any
     iterations: Any
     max_grid: Any
+    index_bits: int = 64  # the kernel's grid-stride index type (the source reads it from here)
 
     def next_index(self, i: Any) -> Any:
-        """The grid-stride loop's next index after ``i``."""
-        return i + self.stride
+        """The grid-stride loop's next index after ``i``, in the kernel's index type."""
+        index_type = "int64" if self.index_bits == 64 else "int32"
+        return as_type(i, index_type) + as_type(self.stride, index_type)
 
     def src_end(self, i: Any) -> Any:
         """One past the last source byte element ``i`` reads."""
@@ -166,8 +168,8 @@ __device__ __forceinline__ unsigned long long kc_narrow(unsigned long long b, in
 
 _KERNEL_C = """\
 extern "C" __global__ void {fname}(const double* __restrict__ in, {out_t}* __restrict__ out, long long n) {{
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)blockDim.x * gridDim.x) {{
+    for ({idx} i = ({idx})blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += ({idx})blockDim.x * gridDim.x) {{
         const double x = in[i];
         out[i] = ({out_t})({expr});
     }}
@@ -239,12 +241,14 @@ def _cuda_expr(t: TargetFormat, v: TransferVariant) -> str:
     return f"kc_narrow((unsigned long long)__double_as_longlong(x), {t.exp_bits}, {t.man_bits}, {trunc})"
 
 
-def kernel_source(target: str, variant: str | None = None) -> tuple[str, str]:
-    """(CUDA source, kernel name) converting float64 to ``target`` bits as ``variant``."""
+def kernel_source(target: str, variant: str | None = None, plan: TransferPlan | None = None) -> tuple[str, str]:
+    """(CUDA source, kernel name) converting float64 to ``target`` bits as ``variant``; index type from ``plan``."""
     t, v = get_target(target), get_variant(variant)
+    plan = plan if plan is not None else transfer_plan(1, 8, t.width // 8)
     fname = f"kc_h2d_{t.name}" + ("" if v.name == "default" else f"_{v.name}")
     out_t = "unsigned int" if t.width == 32 else "unsigned short"
-    return _NARROW_C + _KERNEL_C.format(fname=fname, out_t=out_t, expr=_cuda_expr(t, v)), fname
+    code = _KERNEL_C.format(fname=fname, out_t=out_t, expr=_cuda_expr(t, v), idx=INDEX_TYPES[int(plan.index_bits)])
+    return _NARROW_C + code, fname
 
 
 @entry_point("transfer", axes={"target": tuple(sorted(TARGETS)), "variant": (None,)})

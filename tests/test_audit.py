@@ -118,3 +118,24 @@ def test_audit_without_nvrtc_is_skipped_not_passed(monkeypatch):
     contract = load_contract(ROOT / "contracts" / "reductions-v1.yaml", check=False)
     out = get_engine("audit").discharge(Job(contract, {"id": "A", "method": "audit"}))
     assert out.status.value == "skipped" and "NVRTC" in out.reason
+
+
+@pytest.mark.parametrize("family", ["rng", "transfer"])
+def test_rng_and_transfer_sources_read_their_index_type_from_the_plan(family):
+    import dataclasses as dc
+
+    from native import rng, transfer
+
+    if family == "rng":
+        plan = rng.rng_plan(1, 1)
+        src64, fn = rng.kernel_source(plan=plan)
+        src32, _ = rng.kernel_source(plan=dc.replace(plan, index_bits=32))
+    else:
+        plan = transfer.transfer_plan(1, 8, 4)
+        src64, fn = transfer.kernel_source("binary32", plan=plan)
+        src32, _ = transfer.kernel_source("binary32", plan=dc.replace(plan, index_bits=32))
+    assert "for (long long i = (long long)blockIdx.x" in src64 and "for (int i = (int)blockIdx.x" in src32
+    clean = Build(family, "x", src64, fn, "nvrtc-ieee", index_bits=plan.index_bits)
+    assert "index-64" in audit_build(clean)[0] and _rules_broken(clean) == set()
+    # a source whose index type is not the one the plan proved is caught by the audit
+    assert "index-64" in _rules_broken(dataclasses.replace(clean, source=src32))

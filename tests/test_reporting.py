@@ -412,6 +412,20 @@ def test_contract_page_has_a_coverage_table_from_recorded_evidence() -> None:
                 "evidence": {"kind": "audit", "cases": 4, "findings": 0},
                 "entry_points": [{"entry": "probe.sum", "device": "host", "order": "fold"}],
             },
+            {
+                "id": "F",
+                "kind": "falsification",
+                "method": "falsify",
+                "status": "passed",
+                "claim": "tested",
+                "evidence": {
+                    "kind": "falsify",
+                    "cases": 3,
+                    "order_alternative": "the tree",
+                    "order_sensitive_cases": 0,
+                    "order_insensitive": True,
+                },
+            },
         ],
         "unchecked_entry_points": [{"entry": "probe.divide", "device": "host"}],
     }
@@ -421,3 +435,4 @@ def test_contract_page_has_a_coverage_table_from_recorded_evidence() -> None:
     assert "4 builds, 0 finding(s)" in md
     assert "probe.sum on host (order=fold)" in md
     assert "| Entry points no item called (unchecked) | probe.divide on host |" in md
+    assert "Order-sensitive inputs (F)" in md and "the inputs cannot show the order" in md

@@ -184,6 +184,14 @@ def coverage_facts(contract: Mapping[str, Any]) -> list[Fact]:
         if isinstance(regimes_run, Mapping):
             text = ", ".join(f"{k}: {v}" for k, v in sorted(regimes_run.items()))
             facts.append(Fact(f"Cases per regime ({it['id']})", text or "none"))
+        if "order_sensitive_cases" in ev:
+            n = ev["order_sensitive_cases"]
+            text = (
+                f"{n} case(s) where {ev.get('order_alternative') or 'another order'} gives other bits"
+                if n
+                else "no case tells the claimed order from another: the inputs cannot show the order"
+            )
+            facts.append(Fact(f"Order-sensitive inputs ({it['id']})", text))
         if ev.get("kind") == "audit":
             text = f"{ev.get('cases')} builds, {ev.get('findings', 0)} finding(s) ({it['status']})"
             facts.append(Fact(f"Compiled-code audit ({it['id']})", text))

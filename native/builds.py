@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-__all__ = ["Build", "Promise", "PROMISES", "register_builds", "all_builds", "families"]
+__all__ = ["Build", "Promise", "PROMISES", "register_builds", "all_builds", "families", "load_native_modules"]
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def register_builds(family: str) -> Callable[[Callable[[], Iterator[Build]]], Ca
     return deco
 
 
-def _load_native_modules() -> None:
+def load_native_modules() -> None:
     """Import every module of the ``native`` package: family modules register their builds on import."""
     import native
 
@@ -82,13 +82,13 @@ def _load_native_modules() -> None:
 
 def families() -> list[str]:
     """Families with registered builds."""
-    _load_native_modules()
+    load_native_modules()
     return sorted(_ENUMERATORS)
 
 
 def all_builds(family: str | None = None) -> list[Build]:
     """The builds of ``family`` (or of every family), in a stable order; KeyError for an unknown family."""
-    _load_native_modules()
+    load_native_modules()
     names = [family] if family is not None else families()
     return [b for f in names for b in _ENUMERATORS[f]()]
 

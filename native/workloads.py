@@ -122,13 +122,13 @@ def _transfer() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m native.workloads --run NAME [--module M]``: run one registered workload."""
-    from native.builds import _load_native_modules
+    from native.builds import load_native_modules
 
     p = argparse.ArgumentParser(prog="python -m native.workloads")
     p.add_argument("--run", required=True, help="registered workload name")
     p.add_argument("--module", action="append", default=[], help="extra module that registers workloads")
     args = p.parse_args(argv)
-    _load_native_modules()
+    load_native_modules()
     for mod in args.module:
         importlib.import_module(mod)
     # Run as __main__ this file is a second module object: the registry is the imported native.workloads.

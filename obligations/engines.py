@@ -157,7 +157,8 @@ def _reason(conf: dict[str, Any]) -> str:
 # -- engines ------------------------------------------------------------------------------------------
 
 
-def _domain(contract: Contract, env: Mapping[str, Any]) -> list[Any]:
+def domain_constraints(contract: Contract, env: Mapping[str, Any]) -> list[Any]:
+    """Z3 constraints of the symbols in ``env``: their machine-type range, min/max and ``values``."""
     out = []
     for name, v in env.items():
         decl = contract.symbols[name]
@@ -200,7 +201,7 @@ class Z3Engine(Engine):
         if isinstance(rlimit, bool) or not isinstance(rlimit, int) or not 1 <= rlimit <= MAX_RLIMIT:
             return error(f"rlimit must be an integer in [1, {MAX_RLIMIT}], not {rlimit!r}")
         wall_ms = int(float(job.options.get("z3_wall_seconds", Z3_WALL_SECONDS)) * 1000)
-        domain = _domain(c, env)
+        domain = domain_constraints(c, env)
         required = ev.required()
         evidence = Z3Evidence(
             z3_version=z3.get_version_string(),
@@ -212,7 +213,7 @@ class Z3Engine(Engine):
         vac = z3.Solver()
         vac.set("rlimit", rlimit)
         vac.set("timeout", wall_ms)
-        vac.add(*domain, _z3bool(ev.given.expr))
+        vac.add(*domain, z3_bool(ev.given.expr))
         r = vac.check()
         if r == z3.unsat:
             return error("vacuous: the assumptions (domain and given) are contradictory", evidence)
@@ -221,8 +222,8 @@ class Z3Engine(Engine):
         s = z3.Solver()
         s.set("rlimit", rlimit)
         s.set("timeout", wall_ms)
-        claim = z3.And(_z3bool(ev.prove.expr), *[_z3bool(cnd.expr) for cnd in required])
-        s.add(*domain, _z3bool(ev.given.expr), z3.Not(claim))
+        claim = z3.And(z3_bool(ev.prove.expr), *[z3_bool(cnd.expr) for cnd in required])
+        s.add(*domain, z3_bool(ev.given.expr), z3.Not(claim))
         r = s.check()
         evidence = replace(evidence, rlimit_used=_rlimit_used(s))
         if r == z3.unsat:
@@ -246,7 +247,8 @@ class Z3Engine(Engine):
         return violated(cex, _reason(conf), evidence)
 
 
-def _z3bool(e: Any) -> Any:
+def z3_bool(e: Any) -> Any:
+    """A Z3 boolean for ``e`` (plain Python/NumPy booleans become BoolVal)."""
     return z3.BoolVal(bool(e)) if isinstance(e, bool | np.bool_) else e
 
 

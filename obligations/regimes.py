@@ -23,12 +23,13 @@ from typing import Any
 
 import z3
 
+from obligations import expr as exprlang
 from obligations.core import plans
 from obligations.core import symbolic as sym
 from obligations.core.evidence import RegimeEvidence
 from obligations.core.plans import plan_regimes, regime_of
 from obligations.core.results import Outcome, error, proved, unknown, violated
-from obligations.engines import DEFAULT_RLIMIT, Engine, Job, _domain, _z3bool, register_engine
+from obligations.engines import DEFAULT_RLIMIT, Engine, Job, domain_constraints, register_engine, z3_bool
 from obligations.statements import kernel_of
 
 __all__ = ["RegimesEngine", "plan_regimes", "regime_of"]
@@ -63,14 +64,12 @@ class RegimesEngine(Engine):
             regimes = plan_regimes(plans.quantities(plans.call_plan(fn, env)))
             given = sym.BoolTerm(True)
             if item.get("given"):
-                from obligations import expr as exprlang
-
                 given = exprlang.parse(item["given"]).evaluate(env)
         if not regimes:
             return error(f"plan {kernel['plan']} names no regimes")
-        conds = [_z3bool(tracker.conditions[i].expr) for i in range(len(tracker.conditions))]
-        domain = _domain(c, {n: v for n, v in env.items() if n in c.symbols}) + [_z3bool(given.expr)]
-        any_regime = z3.Or(*[_z3bool(sym.all_of(r).expr) for r in regimes.values()])
+        conds = [z3_bool(tracker.conditions[i].expr) for i in range(len(tracker.conditions))]
+        domain = domain_constraints(c, {n: v for n, v in env.items() if n in c.symbols}) + [z3_bool(given.expr)]
+        any_regime = z3.Or(*[z3_bool(sym.all_of(r).expr) for r in regimes.values()])
         s = z3.Solver()
         s.set("rlimit", rlimit)
         s.add(*domain, z3.Not(z3.And(any_regime, *conds)))
@@ -88,7 +87,7 @@ class RegimesEngine(Engine):
         for name, cond in regimes.items():
             opt = z3.Optimize()
             opt.set("timeout", 60_000)
-            opt.add(*domain, *_bounds(c, item, env), _z3bool(sym.all_of(cond).expr), *conds)
+            opt.add(*domain, *_bounds(c, item, env), z3_bool(sym.all_of(cond).expr), *conds)
             for sname in order:  # lexicographic: the first symbol matters most
                 opt.minimize(env[sname].expr)
             res = opt.check()

@@ -7,7 +7,7 @@ from functools import cache
 
 import numpy as np
 
-from . import core
+from . import core, device
 from .core import I32, W64, Work, patch, round_pack, unpack, work_for
 from .env import FloatEnv, default_nan, resolve_env
 from .formats import BINARY32, RNE, Format, check_rounding
@@ -97,6 +97,9 @@ def add(a, b, *, fmt: Format = BINARY32, rounding: str = RNE, env="ieee", flags:
     rounding, env = _args(fmt, rounding, env)
     _arith_fmt(fmt, "add")
     a, b = core.check_bits(a, fmt, "a"), core.check_bits(b, fmt, "b")
+    if device.applies([a, b], fmt, flags):
+        core.common_shape([a, b], ["a", "b"])
+        return device.run("add", [a, b], rounding, env)
     return core.run_chunked(
         lambda xp, x, y: _add_chunk(xp, x, y, fmt, rounding, env, flags, False),
         [a, b],
@@ -111,6 +114,9 @@ def sub(a, b, *, fmt: Format = BINARY32, rounding: str = RNE, env="ieee", flags:
     rounding, env = _args(fmt, rounding, env)
     _arith_fmt(fmt, "sub")
     a, b = core.check_bits(a, fmt, "a"), core.check_bits(b, fmt, "b")
+    if device.applies([a, b], fmt, flags):
+        core.common_shape([a, b], ["a", "b"])
+        return device.run("sub", [a, b], rounding, env)
     return core.run_chunked(
         lambda xp, x, y: _add_chunk(xp, x, y, fmt, rounding, env, flags, True),
         [a, b],
@@ -155,6 +161,9 @@ def mul(a, b, *, fmt: Format = BINARY32, rounding: str = RNE, env="ieee", flags:
     rounding, env = _args(fmt, rounding, env)
     _arith_fmt(fmt, "mul")
     a, b = core.check_bits(a, fmt, "a"), core.check_bits(b, fmt, "b")
+    if device.applies([a, b], fmt, flags):
+        core.common_shape([a, b], ["a", "b"])
+        return device.run("mul", [a, b], rounding, env)
     return core.run_chunked(
         lambda xp, x, y: _mul_chunk(xp, x, y, fmt, rounding, env, flags), [a, b], ["a", "b"], fmt.dtype, flags
     )
@@ -219,6 +228,9 @@ def div(a, b, *, fmt: Format = BINARY32, rounding: str = RNE, env="ieee", flags:
     rounding, env = _args(fmt, rounding, env)
     _arith_fmt(fmt, "div")
     a, b = core.check_bits(a, fmt, "a"), core.check_bits(b, fmt, "b")
+    if device.applies([a, b], fmt, flags):
+        core.common_shape([a, b], ["a", "b"])
+        return device.run("div", [a, b], rounding, env)
     return core.run_chunked(
         lambda xp, x, y: _div_chunk(xp, x, y, fmt, rounding, env, flags), [a, b], ["a", "b"], fmt.dtype, flags
     )
@@ -299,6 +311,9 @@ def fma(a, b, c, *, fmt: Format = BINARY32, rounding: str = RNE, env="ieee", fla
     rounding, env = _args(fmt, rounding, env)
     _arith_fmt(fmt, "fma")
     a, b, c = core.check_bits(a, fmt, "a"), core.check_bits(b, fmt, "b"), core.check_bits(c, fmt, "c")
+    if device.applies([a, b, c], fmt, flags):
+        core.common_shape([a, b, c], ["a", "b", "c"])
+        return device.run("fma", [a, b, c], rounding, env)
     return core.run_chunked(
         lambda xp, x, y, z: _fma_chunk(xp, x, y, z, fmt, rounding, env, flags),
         [a, b, c],
@@ -383,6 +398,9 @@ def sqrt(a, *, fmt: Format = BINARY32, rounding: str = RNE, env="ieee", flags: b
     rounding, env = _args(fmt, rounding, env)
     _arith_fmt(fmt, "sqrt")
     a = core.check_bits(a, fmt, "a")
+    if device.applies([a], fmt, flags):
+        core.common_shape([a], ["a"])
+        return device.run("sqrt", [a], rounding, env)
     return core.run_chunked(lambda xp, x: _sqrt_chunk(xp, x, fmt, rounding, env, flags), [a], ["a"], fmt.dtype, flags)
 
 

@@ -26,10 +26,12 @@ def exhaustive_sweep(ctx: FalsifyContext) -> Outcome:
         "route": p.get("route", "nvrtc-ieee"),
         "bound": bound,
         "seed": ctx.seed,
-        "reference": p.get("reference", "softfloat" if bound in (None, 0) else "float64"),
+        "reference": p.get("reference", "auto"),
     }
     if p.get("variant"):
         kwargs["variant"] = p["variant"]
+    if p.get("operand") is not None:
+        kwargs["operand"] = int(str(p["operand"]), 0)
     if ctx.device != "cuda":
         kwargs["sample"] = ctx.budget.bulk  # the host cannot visit 2^32 inputs inside CI's budget
     r = sweep(p["op"], p.get("env"), device=ctx.device, **kwargs)
@@ -46,7 +48,9 @@ def exhaustive_sweep(ctx: FalsifyContext) -> Outcome:
                 "native_seconds",
                 "reference_seconds",
                 "compare_seconds",
+                "compile_seconds",
                 "comparison",
+                "operand",
                 "elements_per_s",
                 "route",
             )

@@ -637,9 +637,16 @@ def _sweep_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bound", type=int, default=None, help="max ULP allowed (default: bitwise)")
     p.add_argument(
         "--reference",
-        choices=["softfloat", "float64"],
+        choices=["auto", "softfloat", "float64"],
         default=None,
-        help="reference the kernel is compared with (default: the route's)",
+        help="reference the kernel is compared with (default auto: the float64 route for exact ops on cuda "
+        "where it is exact, else softfloat)",
+    )
+    p.add_argument(
+        "--operand",
+        type=lambda v: int(v, 0),
+        default=None,
+        help="bits of the fixed second operand of a binary kernel (e.g. add --operand 0x3F800000)",
     )
     p.add_argument("--json", metavar="FILE", help="also write the sweep report here (atomically)")
 
@@ -661,6 +668,8 @@ def _sweep(args: argparse.Namespace) -> int:
     }
     if args.reference:
         kwargs["reference"] = args.reference
+    if args.operand is not None:
+        kwargs["operand"] = args.operand
     if device == "host" and args.fmt == "binary32" and args.sample is None and args.hi is None:
         print(
             "kc sweep: all 2^32 inputs on the host would take hours; checking a 2^22 sample "

@@ -1,0 +1,245 @@
+"""The sweep's fused exact references agree with softfloat (the definition) bit for bit.
+
+The float64 route (one binary64 operation, one rounding to binary32: exact by the double-rounding theorem
+since 53 >= 2 * 24 + 2) and the softfloat route of ``native.sweep_compare`` are compiled for the host from the
+very CUDA source (the binary64 intrinsics as the host's IEEE binary64 operations, SSE2, no flushing) and
+compared with spec.elementwise's softfloat references on every edge class (zeros, subnormals, Inf, NaNs
+with payloads, max finite, rounding ties, overflow and underflow boundaries) and a dense sample. On CUDA
+the sweep itself is checked: fused references against the array-code reference, and planted bugs caught.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from native.sweep_compare import EXACT_OPS, EXACT_ROUTES, F64_ROUTE_SOURCE, exact_route_supports
+from obligations.core.device import cuda_available
+from spec import softfloat as sf
+from spec.elementwise import get_reference
+from spec.softfloat import device as sfd
+from tests.test_softfloat_device import EDGES, operands
+
+CUDA_OK, _ = cuda_available()
+NON_FLUSHING = ("cuda", "ieee", "x86-sse")
+BINARY = ("add", "sub", "mul", "div")
+UNARY = ("sqrt", "inv", "neg", "abs", "relu")
+
+_SHIMS = r"""
+#define KC_SOFTFLOAT_HOST 1
+#include <cmath>
+#include <cstring>
+static inline double __longlong_as_double(long long v) { double d; std::memcpy(&d, &v, 8); return d; }
+static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline double __dsub_rn(double a, double b) { return a - b; }
+static inline double __dmul_rn(double a, double b) { return a * b; }
+static inline double __ddiv_rn(double a, double b) { return a / b; }
+static inline double __dsqrt_rn(double a) { return std::sqrt(a); }
+static inline float __double2float_rn(double r) { return (float)r; }
+"""
+
+_HARNESS = r"""
+extern "C" void kc_host_ref(int route, int op, const kc_u32* x, const kc_u32* c, kc_u32* r, long n,
+                            int rnd, int ftz, int daz, int nanc, int tin, kc_u32 dn) {
+    const KcEnv env = {rnd, ftz, daz, nanc, tin, dn};
+    for (long i = 0; i < n; ++i) r[i] = route == 0 ? kc_ref_f64(op, x[i], c[i], env) : kc_ref_sf(op, x[i], c[i], env);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def host_lib(tmp_path_factory):
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler to build the reference source")
+    d = tmp_path_factory.mktemp("sweepref")
+    src, lib = d / "ref.cpp", d / "libref.so"
+    src.write_text(_SHIMS + sfd.SOURCE + F64_ROUTE_SOURCE + _HARNESS)
+    cmd = [
+        cxx,
+        "-O2",
+        "-std=c++17",
+        "-ffp-contract=off",
+        "-fno-fast-math",
+        "-shared",
+        "-fPIC",
+        "-o",
+        str(lib),
+        str(src),
+    ]
+    subprocess.run(cmd, check=True)
+    return ctypes.CDLL(str(lib))
+
+
+def host_ref(lib, route: str, op: str, x: np.ndarray, c: np.ndarray, env: str) -> np.ndarray:
+    """The fused reference of ``op`` by ``route``, compiled for the host."""
+    x, c = np.ascontiguousarray(x, np.uint32), np.ascontiguousarray(c, np.uint32)
+    out = np.empty(x.size, np.uint32)
+    p = ctypes.POINTER(ctypes.c_uint32)
+    args = sfd.env_args("rne", sf.get_env(env))
+    lib.kc_host_ref(
+        ctypes.c_int(EXACT_ROUTES[route]),
+        ctypes.c_int(EXACT_OPS[op]),
+        x.ctypes.data_as(p),
+        c.ctypes.data_as(p),
+        out.ctypes.data_as(p),
+        ctypes.c_long(x.size),
+        *[ctypes.c_int(v) for v in args[:5]],
+        ctypes.c_uint32(args[5]),
+    )
+    return out
+
+
+def definition(op: str, x: np.ndarray, c: np.ndarray | None, env: str) -> np.ndarray:
+    """spec.elementwise's reference (softfloat) of ``op``: what the sweep promises to compare with."""
+    extra = () if c is None else (c,)
+    return np.asarray(get_reference(op).evaluate(x, *extra, env=env).bits)
+
+
+def dense_unary() -> np.ndarray:
+    """Every edge, every 1021st bit pattern (all exponents, both signs), and the neighbourhoods of edges."""
+    edges = np.array(EDGES, dtype=np.uint64)
+    around = (edges[:, None] + np.arange(-64, 65, dtype=np.int64)[None, :].astype(np.uint64)) & np.uint64(0xFFFFFFFF)
+    strided = np.arange(0, 1 << 32, 1021, dtype=np.uint64)
+    return np.unique(np.concatenate([edges, around.reshape(-1), strided])).astype(np.uint32)
+
+
+def _diff(x, c, got, want):
+    i = int(np.flatnonzero(got != want)[0])
+    return {
+        "x": hex(int(x[i])),
+        "c": None if c is None else hex(int(c[i])),
+        "got": hex(int(got[i])),
+        "want": hex(int(want[i])),
+    }
+
+
+@pytest.mark.parametrize("op", UNARY)
+@pytest.mark.parametrize("route", ["float64", "softfloat"])
+def test_fused_unary_reference_equals_softfloat(host_lib, op, route):
+    x = dense_unary()
+    for env in NON_FLUSHING:
+        want = definition(op, x, None, env)
+        got = host_ref(host_lib, route, op, x, np.zeros_like(x), env)
+        assert np.array_equal(got, want), (env, _diff(x, None, got, want))
+
+
+@pytest.mark.parametrize("op", BINARY)
+@pytest.mark.parametrize("route", ["float64", "softfloat"])
+def test_fused_binary_reference_equals_softfloat(host_lib, op, route):
+    x, c = operands(2, seed=3, n_random=100000)
+    for env in NON_FLUSHING:
+        want = definition(op, x, c, env)
+        got = host_ref(host_lib, route, op, x, c, env)
+        assert np.array_equal(got, want), (env, _diff(x, c, got, want))
+
+
+@pytest.mark.parametrize("op", ("add", "sub", "mul", "div", "sqrt", "inv"))
+def test_softfloat_route_covers_flushing_envs(host_lib, op):
+    x, c = operands(2, seed=5, n_random=20000)
+    for env in ("cuda-ftz", "x86-sse-ftz"):
+        want = definition(op, x, None if op in UNARY else c, env)
+        got = host_ref(host_lib, "softfloat", op, x, c, env)
+        assert np.array_equal(got, want), (env, _diff(x, c, got, want))
+
+
+def test_float64_route_refuses_flushing_envs():
+    assert exact_route_supports("sqrt", "float64", sf.get_env("cuda"))
+    assert not exact_route_supports("sqrt", "float64", sf.get_env("cuda-ftz"))
+    assert exact_route_supports("sqrt", "softfloat", sf.get_env("cuda-ftz"))
+    assert not exact_route_supports("relu", "softfloat", sf.get_env("cuda-ftz"))
+
+
+def test_planted_wrong_rounding_is_caught(tmp_path):
+    """The comparison has teeth: the float64 route with its final rounding truncating instead differs."""
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    rtz = (
+        "static inline float __double2float_rn(double r) { float f = (float)r;"
+        " if (std::fabs((double)f) > std::fabs(r)) f = std::nextafter(f, 0.0f); return f; }"
+    )
+    shims = _SHIMS.replace("static inline float __double2float_rn(double r) { return (float)r; }", rtz)
+    src, lib = tmp_path / "bad.cpp", tmp_path / "libbad.so"
+    src.write_text(shims + sfd.SOURCE + F64_ROUTE_SOURCE + _HARNESS)
+    subprocess.run([cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    x = dense_unary()
+    got = host_ref(ctypes.CDLL(str(lib)), "float64", "sqrt", x, np.zeros_like(x), "cuda")
+    assert not np.array_equal(got, definition("sqrt", x, None, "cuda"))
+
+
+# -- on the device: the sweep with fused references --------------------------------------------------
+
+needs_cuda = pytest.mark.skipif(not CUDA_OK, reason="no CUDA device")
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("op", UNARY)
+def test_cuda_fused_reference_equals_softfloat(op):
+    import cupy
+
+    from native.sweep_compare import sweep_exact_chunk
+
+    x = dense_unary()
+    for route in ("float64", "softfloat"):
+        for env in NON_FLUSHING:
+            xd = cupy.asarray(x)
+            *_, ref = sweep_exact_chunk(xd, xd, op, 0, route, sf.get_env(env), want_reference=True)
+            want = definition(op, x, None, env)
+            got = cupy.asnumpy(ref)
+            assert np.array_equal(got, want), (route, env, _diff(x, None, got, want))
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("op", BINARY)
+def test_cuda_fused_binary_reference_equals_softfloat(op):
+    import cupy
+
+    from native.sweep_compare import sweep_exact_chunk
+
+    x, c = operands(2, seed=9, n_random=100000)
+    for cv in (0x3F800000, 0x00000001, 0x7F7FFFFF, 0xBF7FFFFF, 0x33800000, 0x7FC00001, 0x00000000):
+        cc = np.full_like(c, cv)
+        for route in ("float64", "softfloat"):
+            xd = cupy.asarray(x)
+            *_, ref = sweep_exact_chunk(xd, xd, op, cv, route, sf.get_env("cuda"), want_reference=True)
+            want = definition(op, x, cc, "cuda")
+            got = cupy.asnumpy(ref)
+            assert np.array_equal(got, want), (route, hex(cv), _diff(x, cc, got, want))
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize(
+    "op,kw",
+    [("sqrt", {}), ("inv", {}), ("relu", {}), ("neg", {}), ("add", {"operand": 0x3F800000})],
+)
+def test_cuda_sweep_fused_matches_array_reference(op, kw):
+    from falsification.sweep import sweep
+
+    lo, hi = 0x00000000, 0x00000000 + (1 << 24)
+    for rng in ((0, 1 << 24), (0x7F000000, 0x80800000), (0xFF000000, 1 << 32)):
+        lo, hi = rng
+        fused = sweep(op, device="cuda", lo=lo, hi=hi, **kw)
+        soft = sweep(op, device="cuda", lo=lo, hi=hi, reference="softfloat", **kw)
+        assert fused["disagreements"] == soft["disagreements"] == 0, (fused, soft)
+        assert "float64 route" in fused["reference"] and fused["histogram"] == soft["histogram"]
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_sweep_catches_planted_bug():
+    from falsification.sweep import sweep
+
+    r = sweep("relu", device="cuda", lo=0x7F000000, hi=0x80800000, variant="nan_as_number")
+    assert r["disagreements"] > 0 and r["first_counterexamples"]
+    assert (
+        r["first_counterexamples"][0]["input"].startswith("0x7F8") or r["first_counterexamples"][0]["input"] > "0x7F8"
+    )

@@ -756,6 +756,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 import obligations.graph_cli  # noqa: E402,F401  (registers `kc graph`)
+import obligations.libm_audit  # noqa: E402,F401  (registers `kc audit-libm`)
 
 # -- entry point --------------------------------------------------------------------------------------
 

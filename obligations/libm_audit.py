@@ -1,0 +1,141 @@
+"""``kc audit-libm``: the exhaustive CUDA math-library audit as a command (contracts/cuda-libm-v1.yaml).
+
+``kc audit-libm [--functions F ...] [--env cuda|cuda-ftz] [--intrinsics] [--json FILE] [--contract PATH]``
+sweeps every binary32 input of each selected function on the GPU under each selected environment against
+the correctly rounded reference (float64 on the device, ambiguous inputs settled with MPFR), and prints per
+function: max ULP and where, the documented bound (read from the contract's item tolerance: the bounds are
+the contract's table, not code), how many inputs MPFR settled, and the verdict. Exit 0 when nothing exceeds
+its documented bound, 1 on any violation or error, 2 without a GPU or on a bad argument.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["configure", "run", "documented_bounds", "table_rows", "DEFAULT_CONTRACT"]
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+DEFAULT_CONTRACT = "contracts/cuda-libm-v1.yaml"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    """Options of ``kc audit-libm``."""
+    p.add_argument("--functions", nargs="+", metavar="F", help="functions to audit (default: every standard one)")
+    p.add_argument("--env", choices=["cuda", "cuda-ftz"], default=None, help="one environment (default: both)")
+    p.add_argument("--intrinsics", action="store_true", help="also audit the intrinsics (__expf, __sinf, ...)")
+    p.add_argument("--json", metavar="FILE", help="also write the audit as JSON here (atomically)")
+    p.add_argument("--contract", default=DEFAULT_CONTRACT, help="the contract holding the documented bounds")
+
+
+def documented_bounds(contract_data: dict[str, Any]) -> dict[tuple[str, str], tuple[str, Any]]:
+    """(function, env) -> (item id, tolerance) from the contract's libm.audit items."""
+    out: dict[tuple[str, str], tuple[str, Any]] = {}
+    for it in contract_data.get("falsification", []):
+        if it.get("test") == "libm.audit":
+            prm = it.get("params") or {}
+            out[(str(prm["function"]), str(prm.get("env", "cuda")))] = (it["id"], it.get("tolerance"))
+    return out
+
+
+def table_rows(audits: list[dict[str, Any]]) -> list[list[str]]:
+    """One row per audit: function, env, max ulp, where, documented bound, settled, verdict."""
+    rows = []
+    for a in audits:
+        m = a.get("max_ulp") or {}
+        mab = a.get("max_abs_error")
+        where = m.get("input", "")
+        if mab:
+            where += f" (abs {float(mab['error']):.3g} at {mab['input']})"
+        rows.append(
+            [
+                a["function"],
+                a["env"],
+                str(m.get("ulp", "")),
+                where,
+                a["documented_bound"],
+                str(a["settled_by_mpfr"]),
+                a["verdict"],
+            ]
+        )
+    return rows
+
+
+def _print_table(rows: list[list[str]]) -> None:
+    head = ["function", "env", "max ulp", "where", "documented bound", "MPFR-settled", "verdict"]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    for r in [head, *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the audit; print the table (and write the JSON)."""
+    from falsification.libm_tests import audit_function
+    from obligations.contract import ContractError, parse_contract
+    from obligations.core.device import DeviceUnavailable, resolve_device
+    from spec.libm import ENVS, INTRINSICS, STANDARD, get_function
+
+    try:
+        resolve_device("cuda")
+    except DeviceUnavailable as e:
+        print(f"kc: error: {e} (the audit sweeps 2^32 inputs per function on the GPU)", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        contract = parse_contract(Path(args.contract))
+    except ContractError as e:
+        print(f"kc: error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    bounds = documented_bounds(contract.data)
+    try:
+        names = (
+            [get_function(f).name for f in args.functions]
+            if args.functions
+            else [f.name for f in STANDARD] + ([f.name for f in INTRINSICS] if args.intrinsics else [])
+        )
+    except KeyError as e:
+        print(f"kc: error: {e.args[0]}", file=sys.stderr)
+        return EXIT_INVALID
+    envs = [args.env] if args.env else list(ENVS)
+    audits: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    for env in envs:
+        for name in names:
+            item, tol = bounds.get((name, env), (None, None))
+            if item is None:
+                print(f"kc: error: {args.contract} has no libm.audit item for {name} under {env}", file=sys.stderr)
+                return EXIT_INVALID
+            a = audit_function(name, env, tol)
+            a["item"] = item
+            audits.append(a)
+            print(
+                f"{name:<12} {env:<9} max ulp {(a['max_ulp'] or {}).get('ulp')!s:<6} settled {a['settled_by_mpfr']:<6}"
+                f" {a['verdict']} ({a['seconds']:.2f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    report = {
+        "contract": args.contract,
+        "source_of_bounds": "CUDA C++ Programming Guide, Mathematical Functions (see the contract's references)",
+        "seconds": round(time.perf_counter() - t0, 3),
+        "audits": audits,
+    }
+    _print_table(table_rows(audits))
+    if args.json:
+        from obligations.atomic import write_text_atomic
+
+        write_text_atomic(args.json, json.dumps(report, indent=2, default=str) + "\n")
+    return EXIT_FAILED if any(a["verdict"] in ("violated", "error") for a in audits) else EXIT_OK
+
+
+def _register() -> None:
+    from obligations.cli import COMMANDS
+
+    run.help_text = "audit CUDA math functions on every binary32 input against a correctly rounded reference"  # type: ignore[attr-defined]
+    COMMANDS["audit-libm"] = (configure, run)
+
+
+_register()

@@ -17,10 +17,9 @@ the project's tests swap it for planted bugs):
   on the same handle, every argument resolved once); the per-call matmul's ratio is reported alongside.
 * ``gemm.mfu_floor`` {} (cuda, measure) — MFU of the small model's training step (MLP 1024-4096-1024, batch
   4096) by the contract's formula; tolerance: the least accepted MFU.
-* ``gemm.not_applicable`` {reason, measure} — skipped with the reason (and measured figures where asked).
 
 Baselines: a claim is checked against the baseline it names. Where the seed's baseline (the PTX backend)
-does not exist here, the part of the claim that needs it is ``not_applicable`` (skipped with the reason);
+does not exist here, the claim is listed under the contract's ``not_adopted`` with the reason (no status);
 a part that stands without it (a loss within 5% of the float64 run of the same model, an MFU floor) is its
 own item whose text names what it is compared with.
 """
@@ -715,11 +714,3 @@ def mfu_floor(ctx: FalsifyContext) -> Outcome:
             **ev,
         )
     return engine.outcome_passed(ctx, ev["steps_timed"], **ev)
-
-
-@register_test("gemm.not_applicable")
-def not_applicable(ctx: FalsifyContext) -> Outcome:
-    """Skipped with the stated reason; where asked, the small model's step is measured for the evidence."""
-    reason = ctx.params.get("reason", "not applicable")
-    ev = _measure_step(ctx) if ctx.params.get("measure") and ctx.device == "cuda" else {}
-    return skipped(f"not applicable: {reason}", **engine.evidence(ctx, **ev))

@@ -214,6 +214,8 @@ def check_contract(
         "path": contract.path,
         "sha256": contract.sha256,
         "qa_gate": contract.data["qa_gate"],
+        # Declared scope, not results: these seed claims get no status (docs/reports.md).
+        "not_adopted": list(contract.data.get("not_adopted") or []),
         "items": [],
     }
     if progress:
@@ -282,6 +284,8 @@ def summarize(contracts: list[dict[str, Any]]) -> dict[str, int]:
     counts["skipped_cuda_only"] = sum(
         it["status"] == "skipped" and bool(_CUDA_ONLY.search(it.get("reason") or "")) for it in items
     )
+    # A named assumption (method assume) is a declared premise, reported as assumed; --strict does not fail on it.
+    counts["skipped_assumed"] = sum(it["status"] == "skipped" and it.get("claim") == "assumed" for it in items)
     counts["unreached_regimes"] = sum(len((it.get("evidence") or {}).get("regimes_unreached") or []) for it in items)
     counts["order_insensitive"] = sum(bool((it.get("evidence") or {}).get("order_insensitive")) for it in items)
     return counts
@@ -291,10 +295,12 @@ _CUDA_ONLY = re.compile(r"\bruns on cuda\b[^;]*; this run is on host")
 
 
 def exit_code(summary: dict[str, int], strict: bool = False) -> int:
-    """0 unless violated/errored; ``strict`` also fails unknown, non-cuda-only skips, gaps in coverage or order."""
+    """0 unless violated/errored; ``strict`` also fails unknown, skips (other than cuda-only ones on the host and
+    named assumptions), gaps in coverage or order."""
     bad = summary["violated"] + summary["error"]
     if strict:
-        bad += summary["unknown"] + summary["skipped"] - summary.get("skipped_cuda_only", 0)
+        excused = summary.get("skipped_cuda_only", 0) + summary.get("skipped_assumed", 0)
+        bad += summary["unknown"] + summary["skipped"] - excused
         bad += sum(summary.get(k, 0) for k in ("unchecked_entry_points", "unreached_regimes", "order_insensitive"))
     return 1 if bad else 0
 

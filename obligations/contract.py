@@ -614,6 +614,11 @@ def _unique_ids(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
             first = c.position(seen[item["id"]])
             yield _d(c, (key, idx, "id"), f"duplicate id {item['id']!r} (first at line {first[0]})", True)
         seen.setdefault(item["id"], (key, idx))
+    for idx, claim in enumerate(c.data.get("not_adopted") or []):
+        if claim["id"] in seen:
+            first = c.position(seen[claim["id"]])
+            yield _d(c, ("not_adopted", idx, "id"), f"duplicate id {claim['id']!r} (first at line {first[0]})", True)
+        seen.setdefault(claim["id"], ("not_adopted", idx))
     gate = c.data["qa_gate"]["id"]
     if gate in seen:
         yield _d(c, ("qa_gate", "id"), f"duplicate id {gate!r}", True)
@@ -633,8 +638,11 @@ def _references(c: Contract, known: set[str] | None) -> Iterator[Diagnostic]:
         kernel = item.get("kernel")
         if kernel is not None and kernel not in c.data["kernels"]:
             yield _d(c, (key, idx, "kernel"), f"unknown kernel {kernel!r}", True)
+    not_adopted = {claim["id"] for claim in c.data.get("not_adopted") or []}
     for idx, rid in enumerate(c.data["qa_gate"]["requires"]):
-        if rid not in item_ids:
+        if rid in not_adopted:
+            yield _d(c, ("qa_gate", "requires", idx), f"qa_gate requires {rid!r}, a claim this contract does not adopt")
+        elif rid not in item_ids:
             yield _d(c, ("qa_gate", "requires", idx), f"qa_gate requires unknown item {rid!r}")
 
 

@@ -52,9 +52,21 @@ def test_shipped_contracts_are_valid():
         ("depends_on: []", "depends_on: [training-gpu-kernel-v1]", "depends_on:", "no contract with id"),
         ("FALSIFY-CUBLAS-011]", "FALSIFY-CUBLAS-012]", "FALSIFY-CUBLAS-012]", "unknown item 'FALSIFY-CUBLAS-012'"),
         (
+            "FALSIFY-CUBLAS-011]",
+            "FALSIFY-CUBLAS-011, FALSIFY-CUBLAS-009]",
+            "FALSIFY-CUBLAS-009]",
+            "a claim this contract does not adopt",
+        ),
+        (
+            "  - id: FALSIFY-CUBLAS-004\n    claim:",
+            "  - id:  FALSIFY-CUBLAS-003\n    claim:",
+            "id:  FALSIFY-CUBLAS-003",
+            "duplicate id 'FALSIFY-CUBLAS-003'",
+        ),
+        (
             '    test: gemm.agreement\n    witnesses: PO-GEMM-regimes\n    params: {impl: "native.gemm:matmul", '
-            "dtypes: [float32]}\nqa_gate",
-            "    test: no.such.test\nqa_gate",
+            "dtypes: [float32]}\nnot_adopted",
+            "    test: no.such.test\nnot_adopted",
             "no.such.test",
             "no registered falsification test",
         ),

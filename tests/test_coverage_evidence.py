@@ -147,6 +147,12 @@ def test_strict_does_not_count_cuda_only_skips_on_the_host_but_counts_every_othe
     other = {"status": "skipped", "reason": "not applicable: no PTX backend"}
     assert exit_code(_summary(cuda_only, sanit), strict=True) == 0
     assert exit_code(_summary(cuda_only, other), strict=True) == 1
+    # a named assumption is a declared premise (reported as assumed): strict does not fail on it...
+    assumption = {"status": "skipped", "claim": "assumed", "reason": "assumed, not checked: cuFFT accuracy"}
+    assert _summary(assumption)["skipped_assumed"] == 1 and exit_code(_summary(assumption), strict=True) == 0
+    # ...but a skip that merely says "assumed" in its reason, without the assume engine's claim, still fails
+    lookalike = {"status": "skipped", "reason": "assumed, not checked: cuFFT accuracy"}
+    assert exit_code(_summary(assumption, lookalike), strict=True) == 1
     unreached = {"status": "passed", "evidence": {"regimes_unreached": ["main_loop"]}}
     s = _summary(unreached)
     assert s["unreached_regimes"] == 1 and exit_code(s) == 0 and exit_code(s, strict=True) == 1

@@ -47,7 +47,6 @@ NOT_AGREEMENT: dict[str, str] = {
     "gemm.throughput": "measurement",
     "gemm.overhead": "measurement",
     "gemm.mfu_floor": "measurement",
-    "gemm.not_applicable": "skipped with its reason",
     "rng.cross_device": "CUDA against the host path (cuda only)",
     "rng.uniform_map_model": "kernel map against the enumerated integer model on all inputs",
     "rng.statistics": "chi-square statistics",

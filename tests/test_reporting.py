@@ -436,3 +436,25 @@ def test_contract_page_has_a_coverage_table_from_recorded_evidence() -> None:
     assert "probe.sum on host (order=fold)" in md
     assert "| Entry points no item called (unchecked) | probe.divide on host |" in md
     assert "Order-sensitive inputs (F)" in md and "the inputs cannot show the order" in md
+
+
+def test_not_adopted_seed_claims_are_listed_with_their_reason_and_never_get_a_status() -> None:
+    contract = {
+        "id": "na-v1",
+        "version": "1.0.0",
+        "family": "probe",
+        "path": "contracts/na-v1.yaml",
+        "sha256": "0" * 64,
+        "qa_gate": {"id": "G", "requires": []},
+        "not_adopted": [{"id": "SEED-9", "claim": "faster than PTX", "reason": "no PTX backend here"}],
+        "items": [],
+    }
+    md = render_contract_markdown({"provenance": {}}, contract)
+    html = render_contract_html({"provenance": {}}, contract)
+    assert (
+        "## Seed claims not adopted" in md and "| SEED-9 | faster than PTX — not adopted: no PTX backend here |" in md
+    )
+    assert "Seed claims not adopted" in html and "no PTX backend here" in html
+    # the claim is declared scope, not an item: no status word is attached to it
+    line = next(ln for ln in md.splitlines() if "SEED-9" in ln)
+    assert not any(s in line for s in ("passed", "skipped", "proved", "violated"))

@@ -15,6 +15,7 @@ from obligations.reporting.views import (
     ItemView,
     coverage_facts,
     item_view,
+    not_adopted_facts,
     provenance_facts,
     qa_gate_facts,
     report_stamp,
@@ -183,6 +184,13 @@ def render_contract_html(
     coverage = coverage_facts(contract)
     if coverage:
         out += ["<h2>Coverage</h2>", *_facts_table(coverage, "coverage", ("Coverage", "Evidence"))]
+    scope = not_adopted_facts(contract)
+    if scope:
+        out += [
+            "<h2>Seed claims not adopted</h2>",
+            "<p>Declared by the contract with a reason; not checked and given no status.</p>",
+            *_facts_table(scope, "not-adopted", ("Claim", "Declared")),
+        ]
     out.append("<h2>Items</h2>")
     for v in views:
         out += _item(v, plot_images)

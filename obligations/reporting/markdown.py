@@ -13,6 +13,7 @@ from obligations.reporting.views import (
     ItemView,
     coverage_facts,
     item_view,
+    not_adopted_facts,
     provenance_facts,
     qa_gate_facts,
     report_stamp,
@@ -150,6 +151,15 @@ def render_contract_markdown(
     coverage = coverage_facts(contract)
     if coverage:
         lines += ["## Coverage", ""] + _facts_table(coverage, ("Coverage", "Evidence")) + [""]
+    scope = not_adopted_facts(contract)
+    if scope:
+        lines += [
+            "## Seed claims not adopted",
+            "",
+            "Declared by the contract with a reason; not checked and given no status.",
+            "",
+        ]
+        lines += _facts_table(scope, ("Claim", "Declared")) + [""]
     lines += ["## Items", ""]
     for v in views:
         lines += _item_section(v, plot_files)

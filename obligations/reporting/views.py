@@ -16,6 +16,7 @@ from obligations.reporting.statement import RenderedStatement, render_statement
 __all__ = [
     "coverage_facts",
     "qa_gate_facts",
+    "not_adopted_facts",
     "ItemView",
     "item_view",
     "provenance_facts",
@@ -159,6 +160,11 @@ def qa_gate_facts(contract: Mapping[str, Any]) -> list[Fact]:
     rows.append(Fact("Requires", ", ".join(required) or "nothing"))
     rows.append(Fact("Status", str(contract.get("qa_gate_status") or "not evaluated")))
     return rows
+
+
+def not_adopted_facts(contract: Mapping[str, Any]) -> list[Fact]:
+    """Seed claims the contract declares it does not adopt: claim and reason, as declared (no status)."""
+    return [Fact(str(c["id"]), f"{c['claim']} — not adopted: {c['reason']}") for c in contract.get("not_adopted") or []]
 
 
 def _entry(call: Mapping[str, Any]) -> str:

@@ -214,6 +214,38 @@ def _conv_reference(op: str) -> Callable[[_Operands], Expected]:
     return run
 
 
+def _round_once(v: np.ndarray) -> np.ndarray:
+    """float64 values rounded once to binary32 bits (NaN canonical)."""
+    with np.errstate(all="ignore"):
+        f = np.asarray(v, np.float64).astype(np.float32)
+    return np.where(np.isnan(f), np.uint32(0x7FFFFFFF), f.view(np.uint32)).astype(np.uint32)
+
+
+def _conv_alternative(op: str) -> Callable[[_Operands], Expected]:
+    """The same sums accumulated exactly (float64, products exact) and rounded once: another order's bits."""
+
+    def run(o: _Operands) -> Expected:
+        c, b, win = o.case, o.bits, o.case.window()
+        f = {k: v.view(np.float32) for k, v in b.items()}
+        bias = f["b"].astype(np.float64) if c.bias else None
+        with np.errstate(all="ignore"):
+            if op == "fwd":
+                return Expected(bits=_round_once(ref.conv_f64(f["x"], f["w"], bias, **win)[0]))
+            if op == "tconv":
+                pad = tuple(a[5] for a in c.axes)
+                val = ref.conv_transpose_f64(f["x"], f["w"], output_padding=pad, **win)[0]
+                if bias is not None:
+                    val = val + bias.reshape((1, -1) + (1,) * len(c.axes))
+                return Expected(bits=_round_once(val))
+            if op == "wgrad":
+                kernel = tuple(a[1] for a in c.axes)
+                return Expected(bits=_round_once(ref.conv_weight_grad_f64(f["x"], f["dy"], kernel, **win)))
+            axes = (0, *range(2, f["dy"].ndim))
+            return Expected(bits=_round_once(f["dy"].astype(np.float64).sum(axis=axes)))
+
+    return run
+
+
 def _explicit(ctx: FalsifyContext, transposed: bool) -> tuple[ConvCase, ...]:
     """Boundary windows: the padding is the whole margin, stride on one axis only, dilation past the input."""
     s = ctx.seed
@@ -243,6 +275,8 @@ def conv_bitwise(ctx: FalsifyContext) -> Outcome:
         encode=lambda c: c.ints(),
         decode=lambda rp: ConvCase.of(rp.values),
         describe=lambda c: c.describe(),
+        alternative=_conv_alternative(op),
+        alternative_name="the same sums accumulated exactly in float64 and rounded once",
         build={
             "impl": name,
             "op": op,
@@ -350,6 +384,35 @@ def pool_bitwise(ctx: FalsifyContext) -> Outcome:
             return Expected(bits=ref.max_pool2d_backward(d["dy"], d["arg"], (c.planes, c.h, c.w)))
         return Expected(bits=ref.avg_pool2d_backward(d["dy"], (c.planes, c.h, c.w), **win))
 
+    def alternative(d: dict[str, Any]) -> Any:
+        c, win = d["case"], d["case"].window()
+        x = d["x"].view(np.float32)
+        with np.errstate(all="ignore"):
+            if op == "max":  # ties to the last real tap in row-major order
+                y, arg = ref.max_pool2d(d["x"], **win)
+                taps, real, idx = ref.pool_windows_f64(x, **win)
+                yv = y.view(np.float32).reshape(taps.shape[:-1]).astype(np.float64)
+                same = real[None] & ((taps == yv[..., None]) | (np.isnan(taps) & np.isnan(yv[..., None])))
+                same &= ~((taps == 0) & (np.signbit(taps) != np.signbit(yv[..., None])))
+                last = taps.shape[-1] - 1 - np.argmax(same[..., ::-1], axis=-1)
+                at = np.take_along_axis(np.broadcast_to(idx[None], taps.shape), last[..., None], axis=-1)[..., 0]
+                return [Expected(bits=y), Expected(bits=np.where(same.any(-1), at, -1).reshape(arg.shape))]
+            if op == "max_bwd":  # contributions in reverse row-major output order
+                dy = d["dy"]
+                back = ref.max_pool2d_backward(dy[..., ::-1, ::-1], d["arg"][..., ::-1, ::-1], (c.planes, c.h, c.w))
+                return Expected(bits=back)
+            if op == "avg":
+                taps, _, _ = ref.pool_windows_f64(x, **win)
+                v = (taps.sum(-1) / (c.kh * c.kw)).reshape(c.planes, -1)
+                return Expected(bits=_round_once(v).reshape(c.planes, *taps.shape[1:3]))
+            dy = d["dy"].view(np.float32).astype(np.float64)
+            taps, real, idx = ref.pool_windows_f64(x, **win)
+            acc = np.zeros((c.planes, c.h * c.w + 1))
+            flat = np.where(real, idx, c.h * c.w)
+            contrib = np.broadcast_to(dy[..., None], (c.planes, *flat.shape))
+            np.add.at(acc, (slice(None), flat.reshape(-1)), contrib.reshape(c.planes, -1))
+            return Expected(bits=_round_once(acc[:, :-1] / (c.kh * c.kw)).reshape(c.planes, c.h, c.w))
+
     s = ctx.seed
     explicit = (
         PoolCase(s, 0, 2, 5, 5, 3, 3, 1, 1, 1, 1),
@@ -369,6 +432,11 @@ def pool_bitwise(ctx: FalsifyContext) -> Outcome:
         decode=lambda rp: PoolCase(*rp.values[: len(fields)]),
         describe=lambda c: {f: getattr(c, f) for f in fields},
         output_names=("y", "argmax") if op == "max" else ("r",),
+        alternative=alternative,
+        alternative_name={
+            "max": "ties broken to the last real tap",
+            "max_bwd": "contributions added in reverse row-major output order",
+        }.get(op, "the window sums accumulated exactly in float64, rounded once"),
         build={
             "impl": name,
             "op": op,
@@ -504,3 +572,334 @@ def adjoint(ctx: FalsifyContext) -> Outcome:
         },
     )
     return engine.run(ctx, check, lambda: {"worst_gap_over_bound": worst["ratio"]})
+
+
+# -- im2col ------------------------------------------------------------------------------------------------------
+
+
+@register_test("conv.im2col_bitwise")
+def im2col_bitwise(ctx: FalsifyContext) -> Outcome:
+    """The im2col kernel's column matrix is bitwise the spec's (a copy of the padded windows, +0 in the padding)."""
+    name = ctx.params.get("impl", "native.conv:im2col")
+    impl = resolve(name)
+    xp = array_module(ctx.device)
+
+    def native(o: _Operands) -> Any:
+        c, win = o.case, o.case.window()
+        kernel = tuple(a[1] for a in c.axes)
+        return _host_bits(impl(o.dev["x"], kernel, device=ctx.device, **win))
+
+    def reference(o: _Operands) -> Expected:
+        c, win = o.case, o.case.window()
+        return Expected(bits=ref.im2col(o.bits["x"], tuple(a[1] for a in c.axes), **win))
+
+    check = Check(
+        name="im2col",
+        inputs=lambda c: _operands(c, xp, "fwd"),
+        native=native,
+        reference=reference,
+        agreement=engine.item_agreement(ctx, "bitwise"),
+        cases=conv_cases(3),
+        explicit=_explicit(ctx, False),
+        encode=lambda c: c.ints(),
+        decode=lambda rp: ConvCase.of(rp.values),
+        describe=lambda c: c.describe(),
+        build={
+            "impl": name,
+            "reference": "spec.conv.im2col",
+            "layout": "(groups, (ci, k) row-major, (n, o) row-major)",
+        },
+    )
+    return engine.run(ctx, check)
+
+
+# -- smooth max pooling -----------------------------------------------------------------------------------------
+
+EXP_REL = 2.0**-22  # libdevice expf: 2 ulp <= 2^-22 relative (normal results); subnormal: 2^-148 absolute
+LOG_REL = 2.0**-23  # libdevice logf: 1 ulp <= 2^-23 relative
+_SLACK = 1 + 2.0**-30  # the bound's own float64 evaluation
+
+
+@dataclass(frozen=True)
+class SmoothCase:
+    """A smooth max pooling call: seed, input scale, planes, H, W, window, and beta = (8 + frac) / 8 * 2^exp."""
+
+    seed: int
+    scale: int
+    planes: int
+    h: int
+    w: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    ph: int
+    pw: int
+    beta_exp: int
+    beta_frac: int
+
+    @property
+    def beta(self) -> float:
+        """The temperature, a binary32 value."""
+        return float(np.float32((8 + self.beta_frac) / 8 * 2.0**self.beta_exp))
+
+    def window(self) -> dict[str, Any]:
+        """kernel, stride, padding tuples."""
+        return {"kernel": (self.kh, self.kw), "stride": (self.sh, self.sw), "padding": (self.ph, self.pw)}
+
+
+_SMOOTH_FIELDS = tuple(SmoothCase.__dataclass_fields__)
+
+
+@st.composite
+def _smooth_cases(draw: Any, exps: tuple[int, int] = (-3, 6)) -> SmoothCase:
+    kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    ph, pw = draw(st.integers(0, kh // 2)), draw(st.integers(0, kw // 2))
+    return SmoothCase(
+        draw(st.integers(0, 2**32 - 1)),
+        draw(st.integers(-4, 4)),
+        draw(st.integers(1, 3)),
+        draw(st.integers(max(1, kh - 2 * ph), kh + 6)),
+        draw(st.integers(max(1, kw - 2 * pw), kw + 6)),
+        kh,
+        kw,
+        draw(st.integers(1, 3)),
+        draw(st.integers(1, 3)),
+        ph,
+        pw,
+        draw(st.integers(*exps)),
+        draw(st.integers(0, 7)),
+    )
+
+
+def _smooth_inputs(c: SmoothCase) -> dict[str, Any]:
+    rng = np.random.default_rng(c.seed)
+    x = (rng.uniform(-1, 1, (c.planes, c.h, c.w)) * 2.0**c.scale).astype(np.float32)
+    if c.seed % 3 == 0:  # ties and repeated maxima
+        x = np.round(x).astype(np.float32)
+    oh, ow = ref.out_size(c.h, c.kh, c.sh, c.ph), ref.out_size(c.w, c.kw, c.sw, c.pw)
+    dy = rng.uniform(-1, 1, (c.planes, oh, ow)).astype(np.float32)
+    v = rng.uniform(-1, 1, x.shape).astype(np.float32)
+    return {"case": c, "x": x, "dy": dy, "v": v}
+
+
+def _gamma0(k: Any) -> Any:
+    k = np.maximum(np.asarray(k, np.float64), 0)
+    return k * U32 / (1 - k * U32)
+
+
+def smooth_terms(x: np.ndarray, c: SmoothCase) -> dict[str, np.ndarray]:
+    """Per window (planes, OH, OW): m, log S, S, the bound e_S on |s_hat - S|, per tap E and its error, taps."""
+    taps, real, idx = ref.pool_windows_f64(x, **c.window())
+    b = c.beta
+    m = np.max(np.where(real[None], taps, -np.inf), axis=-1)
+    d = np.where(real[None], taps - m[..., None], 0.0)  # <= 0
+    with np.errstate(all="ignore"):
+        big_e = np.where(real[None], np.exp(b * d), 0.0)
+        # t = fl(x - m), u = fl(beta t): u = beta d (1 + e), |e| <= 2u + u^2; expf within 2^-22 relative
+        a = np.expm1(np.abs(b * d) * (2 * U32 + U32 * U32)) * (1 + EXP_REL) + EXP_REL
+        e_hi = np.exp(b * d * (1 - 2 * U32 - U32 * U32)) * (1 + EXP_REL)
+        err = np.fmin(a * big_e, np.maximum(e_hi, big_e)) + 2.0**-148
+    err = np.where(real[None], err, 0.0)
+    k = real.sum(-1)[None]
+    big_s = big_e.sum(-1)
+    e_s = err.sum(-1) + _gamma0(k - 1) * (big_s + err.sum(-1))
+    return {"m": m, "S": big_s, "logS": np.log(big_s), "e_S": e_s, "E": big_e, "err": err, "real": real, "idx": idx}
+
+
+def smooth_forward_bound(t: dict[str, np.ndarray], beta: float) -> np.ndarray:
+    """|y_hat - y| per window: log of the sum, logf (1 ulp), the division by beta and the final addition."""
+    sigma = t["e_S"] / t["S"]  # S >= 1 (the maximum's term is 1)
+    with np.errstate(all="ignore"):
+        delta = np.where(sigma < 1, -np.log1p(-np.minimum(sigma, 1.0)), np.inf)  # |log s_hat - log S|
+    lhat = (t["logS"] + delta) * (1 + LOG_REL)  # |logf(s_hat)|
+    v_err = (U32 * lhat + LOG_REL * (t["logS"] + delta) + delta) / beta + 2.0**-150
+    y_abs = np.abs(t["m"]) + lhat * (1 + U32) / beta
+    return (v_err + U32 * (y_abs + v_err) + 2.0**-45 * (np.abs(t["m"]) + t["logS"] / beta)) * _SLACK
+
+
+def smooth_backward_bound(t: dict[str, np.ndarray], dy: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """|dx_hat - dx| per input cell: p_hat = fl(e_hat / s_hat), fl(dy p_hat), then the fold over the windows."""
+    p = t["E"] / t["S"][..., None]
+    s_lo = np.maximum(t["S"] - t["e_S"], 1.0)[..., None]  # s_hat >= 1
+    e_p = (t["err"] + p * t["e_S"][..., None]) / s_lo
+    e_pp = e_p + U32 * (p + e_p) + 2.0**-150
+    g = np.abs(dy.astype(np.float64))[..., None]
+    e_q = g * e_pp + U32 * g * (p + e_pp) + 2.0**-150
+    q_abs = g * (p + e_pp) * (1 + U32) + 2.0**-150
+    planes, h, w = shape[0], shape[-2], shape[-1]
+    flat = np.where(t["real"], t["idx"], h * w).reshape(-1)
+    tot = np.zeros((planes, h * w + 1))
+    mag = np.zeros((planes, h * w + 1))
+    cnt = np.zeros(h * w + 1)
+    real = t["real"]
+    np.add.at(tot, (slice(None), flat), np.where(real[None], e_q, 0.0).reshape(planes, -1))
+    np.add.at(mag, (slice(None), flat), np.where(real[None], q_abs, 0.0).reshape(planes, -1))
+    np.add.at(cnt, flat, 1.0)
+    bound = tot[:, :-1] + _gamma0(cnt[:-1] - 1)[None] * mag[:, :-1]
+    return bound * _SLACK + 2.0**-45 * mag[:, :-1]
+
+
+def _smooth_check(ctx: FalsifyContext, name: str, **kw: Any) -> Check:
+    s = ctx.seed
+    return Check(
+        name=name,
+        inputs=_smooth_inputs,
+        encode=lambda c: tuple(getattr(c, f) for f in _SMOOTH_FIELDS),
+        decode=lambda rp: SmoothCase(*rp.values[: len(_SMOOTH_FIELDS)]),
+        describe=lambda c: {**{f: getattr(c, f) for f in _SMOOTH_FIELDS}, "beta": c.beta},
+        explicit=(
+            SmoothCase(s, 0, 2, 5, 5, 3, 3, 1, 1, 1, 1, 0, 0),
+            SmoothCase(s + 1, 3, 1, 4, 7, 2, 3, 2, 1, 1, 0, 4, 5),
+            SmoothCase(s + 2, -2, 2, 6, 6, 4, 2, 3, 2, 2, 1, -3, 3),
+        ),
+        **kw,
+    )
+
+
+@register_test("conv.smooth_bound")
+def smooth_bound(ctx: FalsifyContext) -> Outcome:
+    """Smooth max pooling (op fwd) or its backward (op bwd) within tolerance x the derived float64 bound."""
+    op = ctx.params.get("op", "fwd")
+    name = ctx.params.get(
+        "impl", "native.conv:smooth_max_pool2d" if op == "fwd" else "native.conv:smooth_max_pool2d_backward"
+    )
+    impl = resolve(name)
+    xp = array_module(ctx.device)
+    tol = float(ctx.tolerance if ctx.tolerance is not None else 1.0)
+    worst = {"ratio": 0.0}
+
+    def native(d: dict[str, Any]) -> Any:
+        c = d["case"]
+        x = xp.asarray(d["x"])
+        if op == "fwd":
+            return _host_bits(impl(x, beta=c.beta, device=ctx.device, **c.window()))
+        return _host_bits(impl(xp.asarray(d["dy"]), x, beta=c.beta, device=ctx.device, **c.window()))
+
+    def reference(d: dict[str, Any]) -> Expected:
+        c = d["case"]
+        t = smooth_terms(d["x"], c)
+        if op == "fwd":
+            y = ref.smooth_max_pool2d_f64(d["x"], beta=c.beta, **c.window())[0]
+            return Expected(value=y, bound=tol * smooth_forward_bound(t, c.beta).reshape(y.shape))
+        dx = ref.smooth_max_pool2d_backward_f64(d["x"], d["dy"], beta=c.beta, **c.window())
+        return Expected(value=dx, bound=tol * smooth_backward_bound(t, d["dy"], d["x"].shape).reshape(dx.shape))
+
+    def observe(j: engine.Judgement) -> None:
+        e = j.expected[0]
+        err = np.abs(np.asarray(j.native[0]).view(np.float32).astype(np.float64) - e.value)
+        worst["ratio"] = max(worst["ratio"], float(np.max(err / np.maximum(e.bound, 1e-300), initial=0.0)))
+
+    agreement = engine.item_agreement(
+        ctx,
+        "error_bound",
+        bound_name="tol x derived bound: fl(x - m), fl(beta t), expf 2 ulp, gamma_{k-1} fold, logf 1 ulp, / beta, + m"
+        + ("" if op == "fwd" else "; fl(e / s), fl(dy p), gamma_{W-1} fold over the windows"),
+    )
+    check = _smooth_check(
+        ctx,
+        name,
+        native=native,
+        reference=reference,
+        agreement=agreement,
+        cases=_smooth_cases(),
+        observe=observe,
+        build={"impl": name, "op": op, "tolerance": tol, "exp_ulp": 2, "log_ulp": 1, "u": "2^-24"},
+    )
+    return engine.run(ctx, check, lambda: {"worst_error_over_bound": worst["ratio"]})
+
+
+@register_test("conv.smooth_limits")
+def smooth_limits(ctx: FalsifyContext) -> Outcome:
+    """max <= smoothmax <= max + log(k)/beta (k real taps), for the float64 spec exactly and the kernel within bound."""
+    name = ctx.params.get("impl", "native.conv:smooth_max_pool2d")
+    impl = resolve(name)
+    xp = array_module(ctx.device)
+    tol = float(ctx.tolerance if ctx.tolerance is not None else 1.0)
+
+    def native(d: dict[str, Any]) -> Any:
+        c = d["case"]
+        y = impl(xp.asarray(d["x"]), beta=c.beta, device=ctx.device, **c.window())
+        spec_y = ref.smooth_max_pool2d_f64(d["x"], beta=c.beta, **c.window())[0]
+        return [_host_bits(y), spec_y]
+
+    def reference(d: dict[str, Any]) -> list[Expected]:
+        c = d["case"]
+        t = smooth_terms(d["x"], c)
+        half = np.log(t["real"].sum(-1))[None] / (2 * c.beta)  # the interval [m, m + log k / beta]
+        mid = t["m"] + half
+        shape = (c.planes,) + t["m"].shape[1:]
+        f64 = 2.0**-50 * (np.abs(t["m"]) + 2 * half + 1)  # the float64 spec's own rounding
+        return [
+            Expected(value=mid.reshape(shape), bound=(half + tol * smooth_forward_bound(t, c.beta)).reshape(shape)),
+            Expected(value=mid.reshape(shape), bound=(half + f64).reshape(shape)),
+        ]
+
+    check = _smooth_check(
+        ctx,
+        name,
+        native=native,
+        reference=reference,
+        agreement=engine.item_agreement(
+            ctx, "error_bound", bound_name="m <= y <= m + log(k)/beta (+ tol x the forward bound for the kernel)"
+        ),
+        cases=_smooth_cases((-3, 20)),
+        output_names=("kernel", "spec"),
+        build={"impl": name, "tolerance": tol, "beta": "(1 + j/8) 2^e, e in [-3, 20]: y -> max as beta grows"},
+    )
+    return engine.run(ctx, check)
+
+
+@register_test("conv.smooth_fd")
+def smooth_fd(ctx: FalsifyContext) -> Outcome:
+    """<dx_kernel, v> vs the central difference of the float64 forward along v, within the derived bounds."""
+    name = ctx.params.get("impl", "native.conv:smooth_max_pool2d_backward")
+    impl = resolve(name)
+    xp = array_module(ctx.device)
+    tol = float(ctx.tolerance if ctx.tolerance is not None else 1.0)
+
+    def step(c: SmoothCase) -> float:
+        return 2.0 ** (-12 - max(0, math.ceil(math.log2(c.beta))) + min(0, c.scale))
+
+    def native(d: dict[str, Any]) -> np.ndarray:
+        c = d["case"]
+        dx = impl(xp.asarray(d["dy"]), xp.asarray(d["x"]), beta=c.beta, device=ctx.device, **c.window())
+        dx64 = np.asarray(to_host(dx), np.float64)
+        return np.array([math.fsum((dx64 * d["v"].astype(np.float64)).ravel())])
+
+    def reference(d: dict[str, Any]) -> Expected:
+        c = d["case"]
+        h = step(c)
+        x64, v64, dy64 = (d[k].astype(np.float64) for k in ("x", "v", "dy"))
+        fp = ref.smooth_max_pool2d_f64(x64 + h * v64, beta=c.beta, **c.window())[0]
+        fm = ref.smooth_max_pool2d_f64(x64 - h * v64, beta=c.beta, **c.window())[0]
+        fd = math.fsum((dy64 * (fp - fm) / (2 * h)).ravel())
+        t = smooth_terms(d["x"], c)
+        taps_v, _, _ = ref.pool_windows_f64(np.abs(v64), **c.window())
+        vmax = taps_v.max(-1)  # V per window
+        b = c.beta
+        trunc = h * h * b * b * vmax**3 / 3  # |F'''| <= 2 beta^2 V^3 (third central moment), / 6
+        taps_x, _, _ = ref.pool_windows_f64(np.abs(x64) + h * np.abs(v64), **c.window())
+        span = 2 * b * taps_x.max(-1)  # |beta (x - m)| at most
+        k = t["real"].sum(-1)[None]
+        rho = 2.0**-52 * (np.abs(t["m"]) + taps_x.max(-1) + (t["logS"] + 1 + (k + 2) * (1 + span)) / b) * 4
+        fd_err = float(np.sum(np.abs(dy64) * (trunc + rho / h))) * 2  # two evaluations' rounding, and the sum
+        bwd = smooth_backward_bound(t, d["dy"], d["x"].shape).reshape(d["x"].shape)
+        dx_ref = ref.smooth_max_pool2d_backward_f64(d["x"], d["dy"], beta=b, **c.window())
+        kern = float(np.sum(np.abs(v64) * bwd)) + 2.0**-50 * float(np.sum(np.abs(v64) * (np.abs(dx_ref) + bwd)))
+        return Expected(value=np.array([fd]), bound=np.array([tol * (kern + fd_err)]))
+
+    check = _smooth_check(
+        ctx,
+        name,
+        native=native,
+        reference=reference,
+        agreement=engine.item_agreement(
+            ctx,
+            "error_bound",
+            bound_name="tol x (sum |v| x the backward bound + sum |dy| (h^2 beta^2 V^3 / 3 + float64 rounding / h))",
+        ),
+        cases=_smooth_cases((-3, 4)),
+        build={"impl": name, "tolerance": tol, "difference": "central, h = 2^-(12 + ceil log2 beta) (scaled)"},
+    )
+    return engine.run(ctx, check)

@@ -35,6 +35,7 @@ import numpy as np
 from native.builds import Build, register_builds
 from native.elementwise import launch_plan
 from obligations.core.device import array_module, resolve_device
+from obligations.core.entrypoints import entry_point
 from obligations.core.symbolic import all_of, as_type, cdiv, select, smax, smin
 
 __all__ = [
@@ -49,6 +50,8 @@ __all__ = [
     "pool_axis_plan",
     "GroupPlan",
     "group_plan",
+    "Dense3",
+    "dense3_plan",
     "Dense4",
     "dense4_plan",
     "ConvPlan",
@@ -67,8 +70,15 @@ __all__ = [
     "max_pool2d_backward",
     "avg_pool2d",
     "avg_pool2d_backward",
+    "Im2colPlan",
+    "im2col2d_plan",
+    "im2col",
+    "conv_im2col",
+    "smooth_max_pool2d",
+    "smooth_max_pool2d_backward",
     "kernel_source",
     "KERNELS",
+    "APPROXIMATE",
 ]
 
 MAX_ELEMENTS = 1 << 40  # largest buffer (elements) a guard admits: every int64 offset stays far from 2^63
@@ -236,6 +246,27 @@ def dense4_plan(d0: Any, d1: Any, d2: Any, d3: Any) -> Dense4:
     """The layout of a (d0, d1, d2, d3) tensor: element count by :func:`_prod_checked`, offsets in int64."""
     elems, ok = _prod_checked([d0, d1, d2, d3])
     return Dense4(*(as_type(v, "int64") for v in (d0, d1, d2, d3)), elems, ok)
+
+
+@dataclass(frozen=True)
+class Dense3:
+    """A row-major rank-3 buffer (d0, d1, d2) of int64 dimensions: its element count (admitted up to MAX_ELEMENTS)."""
+
+    d0: Any
+    d1: Any
+    d2: Any
+    elems: Any
+    admissible: Any
+
+    def offset(self, a: Any, b: Any, c: Any) -> Any:
+        """Offset of element [a, b, c]: (a d1 + b) d2 + c, int64."""
+        return (as_type(a, "int64") * self.d1 + b) * self.d2 + c
+
+
+def dense3_plan(e0: Any, e1: Any, e2: Any) -> Dense3:
+    """The layout of a (e0, e1, e2) buffer: element count by :func:`_prod_checked`, offsets in int64."""
+    elems, ok = _prod_checked([e0, e1, e2])
+    return Dense3(*(as_type(v, "int64") for v in (e0, e1, e2)), elems, ok)
 
 
 @dataclass(frozen=True)
@@ -430,6 +461,114 @@ def pool2d_plan(
         y_elems,
         axes[0].out,
         axes[1].out,
+    )
+
+
+@dataclass(frozen=True)
+class Im2colPlan:
+    """The im2col route of a 2-d convolution: the column matrix (groups, K + bias, N * P) and its index maps.
+
+    Row ``r = (ci * kh + a) * kw + b`` of group ``g`` holds tap (a, b) of input channel ``g * cin_g + ci``
+    (K = cin_g * kh * kw rows, then a row of ones when ``bias`` is 1); column ``q = (n * out_h + oh) * out_w
+    + ow``. The kernel writes element ``(g * kb + r) * cols + q`` and decodes r and q by division; the GEMM
+    ``W[g] (cout_g x kb) @ cols[g] (kb x cols)`` is the guarded :func:`native.gemm.matmul`.
+    """
+
+    conv: Conv2dPlan
+    bias: Any
+    k: Any
+    kb: Any
+    cols: Any
+    p: Any
+    valid: Any
+    cols_elems: Any
+    cin_g: Any
+    taps: Any
+    out_h: Any
+    out_w: Any
+    x_elems: Any
+
+    def accepts(self, x_len: Any, cols_len: Any) -> Any:
+        """The guard: a valid convolution, a bias flag of 0 or 1, and both buffers at least their sizes."""
+        return all_of(self.valid, x_len >= self.conv.x_elems, cols_len >= self.cols_elems)
+
+    def col_offset(self, g: Any, r: Any, q: Any) -> Any:
+        """Offset of cols[g, r, q]: (g kb + r) cols + q, the :func:`dense3_plan` offset of (groups, kb, cols)."""
+        return dense3_plan(self.conv.groups, self.kb, self.cols).offset(g, r, q)
+
+    def ci(self, r: Any) -> Any:
+        """The channel (within the group) of row ``r``: r / (kh kw)."""
+        return as_type(r, "int64") // self.conv.taps
+
+    def a(self, r: Any) -> Any:
+        """The window row of row ``r``: (r mod kh kw) / kw."""
+        return (as_type(r, "int64") % self.conv.taps) // self.conv.axes[1].kernel
+
+    def b(self, r: Any) -> Any:
+        """The window column of row ``r``: r mod kw."""
+        return as_type(r, "int64") % self.conv.axes[1].kernel
+
+    def n(self, q: Any) -> Any:
+        """The batch index of column ``q``: q / P."""
+        return as_type(q, "int64") // self.p
+
+    def oh(self, q: Any) -> Any:
+        """The output row of column ``q``: (q mod P) / out_w."""
+        return (as_type(q, "int64") % self.p) // self.conv.out_w
+
+    def ow(self, q: Any) -> Any:
+        """The output column of column ``q``: q mod out_w."""
+        return as_type(q, "int64") % self.conv.out_w
+
+    def row(self, q: Any, r: Any) -> Any:
+        """The input row column ``q`` reads at row ``r`` (may be in the padding)."""
+        return self.conv.row(self.oh(q), self.a(r))
+
+    def col(self, q: Any, r: Any) -> Any:
+        """The input column column ``q`` reads at row ``r`` (may be in the padding)."""
+        return self.conv.col(self.ow(q), self.b(r))
+
+    def real(self, q: Any, r: Any) -> Any:
+        """Whether the tap is a real cell (the kernel reads x there, else writes +0)."""
+        return self.conv.real(self.row(q, r), self.col(q, r))
+
+    def channel(self, g: Any, r: Any) -> Any:
+        """The input channel row ``r`` of group ``g`` reads: g cin_g + ci(r)."""
+        return as_type(g, "int64") * self.conv.cin_g + self.ci(r)
+
+    def x_offset(self, g: Any, q: Any, r: Any) -> Any:
+        """Offset of the x element the kernel reads for cols[g, r, q] (the :func:`dense4_plan` offset of x)."""
+        return self.conv.x_offset(self.n(q), self.channel(g, r), self.row(q, r), self.col(q, r))
+
+
+def im2col2d_plan(
+    batch: Any,
+    c_in: Any,
+    height: Any,
+    width: Any,
+    c_out: Any,
+    groups: Any,
+    kh: Any,
+    kw: Any,
+    sh: Any,
+    sw: Any,
+    ph: Any,
+    pw: Any,
+    dh: Any,
+    dw: Any,
+    bias: Any,
+) -> Im2colPlan:
+    """The im2col plan of :func:`conv2d_plan`'s convolution: K = cin_g kh kw, kb = K + bias, cols = N P."""
+    c = conv2d_plan(batch, c_in, height, width, c_out, groups, kh, kw, sh, sw, ph, pw, dh, dw)
+    k = c.cin_g * c.taps
+    kb = k + as_type(bias, "int64")
+    p, p_ok = _prod_checked([c.out_h, c.out_w])
+    cols, q_ok = _prod_checked([c.batch, p])
+    layout = dense3_plan(c.groups, kb, cols)
+    elems, e_ok = layout.elems, layout.admissible
+    valid = all_of(c.valid, bias >= 0, bias <= 1, p_ok, q_ok, e_ok)
+    return Im2colPlan(
+        c, as_type(bias, "int64"), k, kb, cols, p, valid, elems, c.cin_g, c.taps, c.out_h, c.out_w, c.x_elems
     )
 
 
@@ -648,6 +787,104 @@ extern "C" __global__ void kc_avgpool2d(const float* __restrict__ x, float* __re
 }}
 """
 
+_IM2COL = """\
+#define R {rank}
+extern "C" __global__ void kc_im2col{rank}(const float* __restrict__ x, float* __restrict__ cols,
+        const long long* __restrict__ meta, long long total, long long kb) {{
+{meta}
+    const long long K = cin_g * taps, Q = N * osz;
+    {loop} {{
+        const long long q = kc_rem(j, Q), r = kc_rem(j / Q, K), g = j / (Q * K);
+        const long long n = q / osz, t = kc_rem(r, taps), ci = r / taps;
+        long long rem = kc_rem(q, osz), o[R];
+        #pragma unroll
+        for (int d = R - 1; d >= 0; --d) {{ o[d] = kc_rem(rem, out[d]); rem /= out[d]; }}
+{split}
+        bool ok = true; long long off = 0;
+        #pragma unroll
+        for (int d = 0; d < R; ++d) {{
+            const long long i = o[d] * st[d] - pd[d] + ks[d] * dl[d];
+            ok = ok && i >= 0 && i < in[d]; off = off * in[d] + i;
+        }}
+        cols[(g * kb + r) * Q + q] = ok ? x[(n * C + g * cin_g + ci) * isz + off] : 0.0f;
+    }}
+}}
+"""
+
+# Smooth max pooling: m = maximum of the real taps; s = fold from +0, row-major over the real taps, of
+# expf(beta * (x - m)) (each operation rounded); y = m + logf(s) / beta.
+_SMOOTH_STATS = """\
+__device__ __forceinline__ bool kc_above(float v, float best) {
+    if (best != best) return false;
+    if (v != v) return true;
+    if (v == best) return v == 0.0f && signbit(best) && !signbit(v);
+    return v > best;
+}
+__device__ __forceinline__ void kc_smooth_stats(const float* xq, long long oh, long long ow, long long H,
+        long long W, long long KH, long long KW, long long SH, long long SW, long long PH, long long PW, float beta,
+        float* m_out, float* s_out) {
+    float m = 0.0f; bool any = false;
+    for (long long a = 0; a < KH; ++a) {
+        const long long ih = oh * SH - PH + a;
+        if (ih < 0 || ih >= H) continue;
+        for (long long c = 0; c < KW; ++c) {
+            const long long iw = ow * SW - PW + c;
+            if (iw < 0 || iw >= W) continue;
+            const float v = xq[ih * W + iw];
+            if (!any || kc_above(v, m)) { m = v; any = true; }
+        }
+    }
+    float s = 0.0f;
+    for (long long a = 0; a < KH; ++a) {
+        const long long ih = oh * SH - PH + a;
+        if (ih < 0 || ih >= H) continue;
+        for (long long c = 0; c < KW; ++c) {
+            const long long iw = ow * SW - PW + c;
+            if (iw < 0 || iw >= W) continue;
+            s = s + expf(beta * (xq[ih * W + iw] - m));
+        }
+    }
+    *m_out = m; *s_out = s;
+}
+"""
+
+_SMOOTH = """\
+extern "C" __global__ void kc_smoothpool2d(const float* __restrict__ x, float* __restrict__ y,
+        const long long* __restrict__ meta, long long total, float beta) {{
+{meta}
+    {loop} {{
+        const long long ow = kc_rem(j, OW), oh = kc_rem(j / OW, OH), q = j / (OW * OH);
+        float m, s;
+        kc_smooth_stats(x + q * H * W, oh, ow, H, W, KH, KW, SH, SW, PH, PW, beta, &m, &s);
+        y[j] = m + logf(s) / beta;
+    }}
+}}
+"""
+
+_SMOOTH_BWD = """\
+extern "C" __global__ void kc_smoothpool2d_bwd(const float* __restrict__ dy, const float* __restrict__ x,
+        float* __restrict__ dx, const long long* __restrict__ meta, long long total, float beta) {{
+{meta}
+    {loop} {{
+        const long long iw = kc_rem(j, W), ih = kc_rem(j / W, H), q = j / (W * H);
+        const long long oh0 = (ih + PH - KH + 1 > 0 ? ih + PH - KH + 1 + SH - 1 : 0) / SH;
+        const long long oh1 = (ih + PH) / SH < OH - 1 ? (ih + PH) / SH : OH - 1;
+        const long long ow0 = (iw + PW - KW + 1 > 0 ? iw + PW - KW + 1 + SW - 1 : 0) / SW;
+        const long long ow1 = (iw + PW) / SW < OW - 1 ? (iw + PW) / SW : OW - 1;
+        const float* xq = x + q * H * W;
+        const float xv = xq[ih * W + iw];
+        float acc = 0.0f;
+        for (long long oh = oh0; oh <= oh1; ++oh)
+            for (long long ow = ow0; ow <= ow1; ++ow) {{
+                float m, s;
+                kc_smooth_stats(xq, oh, ow, H, W, KH, KW, SH, SW, PH, PW, beta, &m, &s);
+                acc = acc + dy[(q * OH + oh) * OW + ow] * (expf(beta * (xv - m)) / s);
+            }}
+        dx[j] = acc;
+    }}
+}}
+"""
+
 _POOL_TAKE = {
     "maxpool": ("if (arg[o] == ih * W + iw) acc = acc + dy[o];", "acc"),
     "avgpool": ("acc = acc + dy[o];", "acc / (float)(KH * KW)"),
@@ -674,6 +911,12 @@ def _kernel_source(kind: str, rank: int) -> tuple[str, str]:
         return _MAXPOOL.format(meta=_POOL_META, loop=_LOOP), "kc_maxpool2d"
     if kind == "avgpool":
         return _AVGPOOL.format(meta=_POOL_META, loop=_LOOP), "kc_avgpool2d"
+    if kind == "im2col":
+        return _IM2COL.format(**fmt), f"kc_im2col{rank}"
+    if kind == "smoothpool":
+        return _SMOOTH_STATS + _SMOOTH.format(meta=_POOL_META, loop=_LOOP), "kc_smoothpool2d"
+    if kind == "smoothpool_bwd":
+        return _SMOOTH_STATS + _SMOOTH_BWD.format(meta=_POOL_META, loop=_LOOP), "kc_smoothpool2d_bwd"
     name = kind.removesuffix("_bwd")
     take, final = _POOL_TAKE[name]
     return _POOL_BWD.format(meta=_POOL_META, loop=_LOOP, name=name, take=take, final=final), f"kc_{name}2d_bwd"
@@ -686,24 +929,29 @@ KERNELS: tuple[tuple[str, int], ...] = (
     ("avgpool", 2),
     ("maxpool_bwd", 2),
     ("avgpool_bwd", 2),
+    *(("im2col", r) for r in range(1, MAX_RANK + 1)),
+    ("smoothpool", 2),
+    ("smoothpool_bwd", 2),
 )
+APPROXIMATE = ("smoothpool", "smoothpool_bwd")  # libdevice expf / logf (2 / 1 ulp): claimed within a bound
 
 
 @register_builds("conv")
 def _builds() -> Iterator[Build]:
     for kind, rank in KERNELS:
         src, fn = kernel_source(kind, rank)
-        yield Build("conv", f"{kind}{rank or ''}", src, fn, ROUTE, index_bits=64)
+        yield Build("conv", f"{kind}{rank or ''}", src, fn, ROUTE, approximate=kind in APPROXIMATE, index_bits=64)
 
 
-def _launch(kind: str, rank: int, total: int, args: tuple) -> None:
+def _launch(kind: str, rank: int, total: int, args: tuple, tail: tuple = ()) -> None:
+    """Launch kernel ``kind`` over ``total`` outputs: its arguments, then ``total`` (int64), then ``tail``."""
     from native.nvrtc import compile_function
 
     if total == 0:
         return
     fn = compile_function(*kernel_source(kind, rank), ROUTE)
     plan = launch_plan(total)
-    fn((int(plan["grid"]),), (int(plan["block"]),), (*args, np.int64(total)))
+    fn((int(plan["grid"]),), (int(plan["block"]),), (*args, np.int64(total), *tail))
 
 
 # -- shared front end ----------------------------------------------------------------------------------------
@@ -902,6 +1150,7 @@ def _host_bgrad(dy: np.ndarray) -> np.ndarray:
 # -- public entry points ----------------------------------------------------------------------------------------
 
 
+@entry_point("conv")
 def conv(
     x: Any,
     w: Any,
@@ -947,7 +1196,7 @@ def conv(
         w.shape[0],
     )
     bias = b if b is not None else xp.zeros(1, dtype=xp.float32)
-    _launch("fwd", rank, int(y.size), (x, w, bias, y, meta))
+    _launch("fwd", rank, int(y.size), (x, w, bias, y, meta), (np.int32(b is not None),))
     return y
 
 
@@ -991,6 +1240,7 @@ def _tconv_axes(
     return axes
 
 
+@entry_point("conv")
 def conv_transpose(
     x: Any,
     w: Any,
@@ -1044,7 +1294,7 @@ def conv_transpose(
         c_out,
     )
     bias = b if b is not None else xp.zeros(1, dtype=xp.float32)
-    _launch("tgather", rank, int(y.size), (x, w, bias, y, meta))
+    _launch("tgather", rank, int(y.size), (x, w, bias, y, meta), (np.int32(b is not None),))
     return y
 
 
@@ -1052,6 +1302,7 @@ def _guard_stub(batch: int, groups: int) -> ConvPlan:
     return ConvPlan(batch, 0, 0, groups, 0, 0, (), 0, True, 0, 0, 0)
 
 
+@entry_point("conv")
 def conv_weight_grad(
     x: Any,
     dy: Any,
@@ -1092,6 +1343,7 @@ def conv_weight_grad(
     return dw
 
 
+@entry_point("conv")
 def bias_grad(dy: Any, device: str = "auto") -> Any:
     """db (CO) = fold over (n, o) row-major of dy[n, co, o] from +0."""
     dev = resolve_device(device)
@@ -1187,6 +1439,7 @@ def _above(v: np.ndarray, best: np.ndarray) -> np.ndarray:
     return ~bn & (vn | zero_up | (v > best))
 
 
+@entry_point("conv")
 def max_pool2d(x: Any, kernel: Any, stride: Any = None, padding: Any = 0, device: str = "auto") -> tuple[Any, Any]:
     """(y, argmax) over (..., H, W): the maximum of the real taps and its first row-major index ih * W + iw."""
     dev = resolve_device(device)
@@ -1227,6 +1480,7 @@ def _host_pool_bwd(dy: np.ndarray, plan: Pool2dPlan, weight: Any) -> np.ndarray:
     return dx
 
 
+@entry_point("conv")
 def max_pool2d_backward(
     dy: Any,
     argmax: Any,
@@ -1257,6 +1511,7 @@ def max_pool2d_backward(
     return dx
 
 
+@entry_point("conv")
 def avg_pool2d(x: Any, kernel: Any, stride: Any = None, padding: Any = 0, device: str = "auto") -> Any:
     """Fold from +0 over the window (padded cells +0, counted), then / float32(kh * kw)."""
     dev = resolve_device(device)
@@ -1278,6 +1533,7 @@ def avg_pool2d(x: Any, kernel: Any, stride: Any = None, padding: Any = 0, device
     return y
 
 
+@entry_point("conv")
 def avg_pool2d_backward(
     dy: Any, x_shape: Sequence[int], kernel: Any, stride: Any = None, padding: Any = 0, device: str = "auto"
 ) -> Any:
@@ -1304,4 +1560,225 @@ def avg_pool2d_backward(
     dx = xp.empty(tuple(int(s) for s in x_shape), dtype=xp.float32)
     dummy = xp.zeros(1, dtype=xp.int64)
     _launch("avgpool_bwd", 2, int(dx.size), (dy, dummy, dx, _pool_meta(xp, plan)))
+    return dx
+
+
+# -- im2col + cuBLAS ---------------------------------------------------------------------------------------------
+
+
+def _host_im2col(x: np.ndarray, plan: ConvPlan, kb: int) -> np.ndarray:
+    """cols (groups, kb, N * P): row (ci, k) row-major of each group, column (n, o) row-major; +0 in the padding."""
+    n, g, cin_g = int(plan.batch), int(plan.groups), int(plan.cin_g)
+    outs = tuple(int(a.out) for a in plan.axes)
+    p = int(np.prod(outs, dtype=np.int64))
+    xg = x.reshape((n, g, cin_g) + x.shape[2:])
+    cols = np.zeros((g, kb, n * p), dtype=F32)
+    for ci in range(cin_g):
+        for t, ks in enumerate(product(*(range(int(a.kernel)) for a in plan.axes))):
+            idx = [
+                int(a.tap(0, k)) + np.arange(o, dtype=np.int64) * int(a.stride)
+                for a, k, o in zip(plan.axes, ks, outs, strict=True)
+            ]
+            taps = _host_taps(xg[:, :, ci], idx)  # (n, g, *outs)
+            cols[:, ci * int(plan.taps) + t] = np.moveaxis(taps.reshape(n, g, p), 1, 0).reshape(g, n * p)
+    return cols
+
+
+@entry_point("conv")
+def im2col(
+    x: Any,
+    kernel: Sequence[int],
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    bias_row: bool = False,
+    device: str = "auto",
+) -> Any:
+    """The column matrix (groups, cin_g * taps (+ 1 row of ones), N * P) of x (N, C, *in) under the window."""
+    dev = resolve_device(device)
+    xp = array_module(dev)
+    x = _f32(xp, x)
+    rank = x.ndim - 2
+    kernel = tuple(int(k) for k in kernel)
+    w_shape = (groups, x.shape[1] // max(groups, 1)) + kernel
+    plan = _guard(x.shape, w_shape, 0, groups, stride, padding, dilation, groups, int(x.size), int(np.prod(w_shape)))
+    k = int(plan.cin_g) * int(plan.taps)
+    kb = k + int(bias_row)
+    p = int(np.prod([int(a.out) for a in plan.axes], dtype=np.int64))
+    q = int(plan.batch) * p
+    if int(plan.groups) * kb * q > MAX_ELEMENTS:
+        raise ValueError(f"the column matrix of {int(plan.groups) * kb * q} elements exceeds 2^40")
+    if dev == "host":
+        cols = _host_im2col(x, plan, kb)
+    else:
+        if rank > MAX_RANK:
+            raise ValueError(f"the CUDA builds take spatial rank <= {MAX_RANK}, not {rank}")
+        cols = xp.empty((int(plan.groups), kb, q), dtype=xp.float32)
+        meta = _meta(
+            xp,
+            plan,
+            x.shape[2:],
+            [int(a.out) for a in plan.axes],
+            kernel,
+            *(_tuple(v, rank) for v in (stride, padding, dilation)),
+            x.shape[1],
+            groups,
+        )
+        _launch("im2col", rank, int(plan.groups) * k * q, (x, cols, meta), (np.int64(kb),))
+    if bias_row:
+        cols[:, k, :] = 1.0
+    return cols
+
+
+@entry_point("conv")
+def conv_im2col(
+    x: Any,
+    w: Any,
+    b: Any = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    device: str = "auto",
+) -> Any:
+    """:func:`conv` through im2col and the guarded GEMM (cuBLAS on CUDA): W[g] @ cols[g], the bias a K+1-th term.
+
+    Every output is one inner product of K = cin_g * taps (+1 with a bias) terms in cuBLAS's order: within
+    gamma_{K(+1)} (sum |w x| + |b|) of the exact value (contracts/conv-pool-v1.yaml, CONV-IM2COL).
+    """
+    from native.gemm import matmul
+
+    dev = resolve_device(device)
+    xp = array_module(dev)
+    x, w = _f32(xp, x), _f32(xp, w)
+    b = None if b is None else _f32(xp, b).reshape(-1)
+    plan = _guard(
+        x.shape,
+        w.shape,
+        0 if b is None else int(b.size),
+        int(w.shape[0]),
+        stride,
+        padding,
+        dilation,
+        groups,
+        int(x.size),
+        int(w.size),
+    )
+    g, cout_g = int(plan.groups), int(plan.cout_g)
+    outs = tuple(int(a.out) for a in plan.axes)
+    n = int(plan.batch)
+    cols = im2col(x, w.shape[2:], stride, padding, dilation, groups, bias_row=b is not None, device=dev)
+    k = int(plan.cin_g) * int(plan.taps)
+    wm = w.reshape(g, cout_g, k)
+    if b is not None:
+        wm = xp.ascontiguousarray(xp.concatenate([wm, b[: g * cout_g].reshape(g, cout_g, 1)], axis=2))
+    if n * int(np.prod(outs, dtype=np.int64)) == 0 or cout_g == 0:
+        return xp.zeros((n, g * cout_g) + outs, dtype=xp.float32)
+    y = matmul(xp.ascontiguousarray(wm), cols, device=dev)  # (g, cout_g, N * P)
+    y = y.reshape((g, cout_g, n) + outs)
+    y = xp.ascontiguousarray(xp.moveaxis(y, 2, 0)).reshape((n, g * cout_g) + outs)
+    return _canon(y) if dev == "host" else y
+
+
+# -- smooth max pooling ------------------------------------------------------------------------------------------
+
+
+def _beta(beta: float) -> np.float32:
+    bf = F32(beta)
+    if not (np.isfinite(bf) and bf > 0):
+        raise ValueError(f"smooth max pooling takes a finite beta > 0 (as float32), not {beta}")
+    return bf
+
+
+def _host_smooth_stats(xs: np.ndarray, plan: Pool2dPlan, beta: np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """(m, s) per window: the maximum of the real taps, then the fold of exp(beta (x - m)) in row-major tap order."""
+    a, b = plan.axes
+    m = np.zeros((xs.shape[0], int(a.out), int(b.out)), dtype=F32)
+    seen = np.zeros(m.shape, dtype=bool)
+    with np.errstate(all="ignore"):
+        for _, _, rows, cols, real in _windows(plan):
+            v = _host_taps(xs, [rows, cols])
+            take = real[None] & (~seen | _above(v, m))
+            m = np.where(take, v, m)
+            seen |= real[None]
+        s = np.zeros(m.shape, dtype=F32)
+        for _, _, rows, cols, real in _windows(plan):
+            v = _host_taps(xs, [rows, cols])
+            e = _exp32((beta * (v - m).astype(F32)).astype(F32))
+            s = np.where(real[None], (s + e).astype(F32), s)
+    return m, s
+
+
+def _exp32(v: np.ndarray) -> np.ndarray:
+    """exp in float64 rounded once to float32 (the host's expf)."""
+    with np.errstate(all="ignore"):
+        return np.exp(v.astype(np.float64)).astype(F32)
+
+
+@entry_point("conv")
+def smooth_max_pool2d(
+    x: Any, kernel: Any, stride: Any = None, padding: Any = 0, beta: float = 1.0, device: str = "auto"
+) -> Any:
+    """y = m + log(sum over the real taps of exp(beta (x - m))) / beta, m the taps' maximum (padding ignored)."""
+    dev = resolve_device(device)
+    xp = array_module(dev)
+    x = _f32(xp, x)
+    bf = _beta(beta)
+    plan = _pool_guard(x.shape, kernel, stride, padding, int(x.size))
+    a, b = plan.axes
+    out_shape = tuple(x.shape[:-2]) + (int(a.out), int(b.out))
+    if dev == "host":
+        m, s = _host_smooth_stats(x.reshape(-1, int(a.size), int(b.size)), plan, bf)
+        with np.errstate(all="ignore"):
+            ls = np.log(s.astype(np.float64)).astype(F32)
+            y = (m + (ls / bf).astype(F32)).astype(F32)
+        return _canon(y).reshape(out_shape)
+    y = xp.empty(out_shape, dtype=xp.float32)
+    _launch("smoothpool", 2, int(y.size), (x, y, _pool_meta(xp, plan)), (bf,))
+    return y
+
+
+@entry_point("conv")
+def smooth_max_pool2d_backward(
+    dy: Any,
+    x: Any,
+    kernel: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    beta: float = 1.0,
+    device: str = "auto",
+) -> Any:
+    """dx[i] = fold over the windows o containing i (row-major) of dy[o] * (exp(beta (x_i - m_o)) / s_o)."""
+    dev = resolve_device(device)
+    xp = array_module(dev)
+    dy, x = _f32(xp, dy), _f32(xp, x)
+    bf = _beta(beta)
+    plan = _pool_guard(x.shape, kernel, stride, padding, int(x.size))
+    if int(dy.size) != int(plan.y_elems):
+        raise ValueError(f"dy {tuple(dy.shape)} does not match the pooled shape")
+    if dev == "host":
+        a, b = plan.axes
+        h, w = int(a.size), int(b.size)
+        xs = x.reshape(-1, h, w)
+        m, s = _host_smooth_stats(xs, plan, bf)
+        dys = dy.reshape(m.shape)
+        xf = xs.reshape(xs.shape[0], -1)
+        dx = np.zeros(xf.shape, dtype=F32)
+        planes = np.arange(xf.shape[0])
+        with np.errstate(all="ignore"):
+            for cell in range(h * w):  # gather form: each cell's windows in row-major output order
+                ih, iw = divmod(cell, w)
+                for oh in range(int(a.out)):
+                    for ow in range(int(b.out)):
+                        if not (0 <= ih - (oh * int(a.stride) - int(a.padding)) < int(a.kernel)):
+                            continue
+                        if not (0 <= iw - (ow * int(b.stride) - int(b.padding)) < int(b.kernel)):
+                            continue
+                        mo, so = m[:, oh, ow], s[:, oh, ow]
+                        e = _exp32((bf * (xf[planes, cell] - mo).astype(F32)).astype(F32))
+                        dx[:, cell] = (dx[:, cell] + (dys[:, oh, ow] * (e / so).astype(F32)).astype(F32)).astype(F32)
+        return _canon(dx).reshape(tuple(x.shape))
+    dx = xp.empty(tuple(x.shape), dtype=xp.float32)
+    _launch("smoothpool_bwd", 2, int(dx.size), (dy, x, dx, _pool_meta(xp, plan)), (bf,))
     return dx

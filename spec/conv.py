@@ -15,6 +15,15 @@ definition (padded windows, scatter of the transposed map), not from the kernels
 * :func:`avg_pool2d`: fold from +0 over the window (padding +0, counted), then / float32(kh * kw) (the IR's
   ``pool`` avg); :func:`avg_pool2d_backward` folds dy over the windows containing a cell, then / float32(kh * kw).
 
+* :func:`im2col`: the column matrix (groups, cin_g * taps, N * P) of the padded windows: row (ci, k)
+  row-major within a group, column (n, o) row-major (a copy: bits in, bits out).
+* :func:`smooth_max_pool2d_f64`: smooth max pooling with temperature beta > 0 (MK-23c; the seed names it but
+  gives no formula, so we state it): over the real taps of each window (padding ignored, as max pooling),
+  ``y = (1/beta) log sum_k exp(beta x_k) = m + (1/beta) log sum_k exp(beta (x_k - m))``, m the taps' maximum,
+  so ``m <= y <= m + log(k)/beta`` with k the window's real taps (y -> max as beta -> inf).
+  :func:`smooth_max_pool2d_backward_f64` (MK-23d): ``dx_i = sum over the windows o containing i of dy_o p_{o,i}``,
+  ``p_o = softmax(beta x)`` over window o's real taps (the gradient of the log-sum-exp).
+
 ``*_f64`` functions are the real-valued definitions in float64 (products of binary32 values are exact there)
 with the magnitudes the error bounds of the contract use.
 """
@@ -42,6 +51,11 @@ __all__ = [
     "avg_pool2d_backward",
     "conv_f64",
     "conv_transpose_f64",
+    "conv_weight_grad_f64",
+    "im2col",
+    "smooth_max_pool2d_f64",
+    "smooth_max_pool2d_backward_f64",
+    "pool_windows_f64",
     "out_size",
     "tconv_out_size",
 ]
@@ -342,3 +356,101 @@ def conv_transpose_f64(
             mag[sl] += np.abs(contrib)
     crop = (slice(None), slice(None)) + tuple(slice(p, p + o) for p, o in zip(pd, outs, strict=True))
     return val[crop], mag[crop]
+
+
+def conv_weight_grad_f64(
+    x: np.ndarray,
+    dy: np.ndarray,
+    kernel: Sequence[int],
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> np.ndarray:
+    """dw in float64 (exact products, float64 sums) of float arrays x, dy: sum over (n, o) of dy * xpad."""
+    rank = x.ndim - 2
+    st, pd, dl = _t(stride, rank), _t(padding, rank), _t(dilation, rank)
+    x64, dy64 = np.asarray(x, np.float64), np.asarray(dy, np.float64)
+    c, co = x.shape[1], dy.shape[1]
+    cin_g, cout_g = c // groups, co // groups
+    outs = dy.shape[2:]
+    xpad = np.zeros(x.shape[:2] + tuple(s + 2 * p for s, p in zip(x.shape[2:], pd, strict=True)))
+    xpad[(slice(None), slice(None)) + tuple(slice(p, p + s) for p, s in zip(pd, x.shape[2:], strict=True))] = x64
+    dw = np.zeros((co, cin_g) + tuple(kernel))
+    for ks in product(*(range(k) for k in kernel)):
+        sl = tuple(slice(k * d, k * d + s * (o - 1) + 1, s) for k, d, s, o in zip(ks, dl, st, outs, strict=True))
+        win = xpad[(slice(None), slice(None)) + sl]  # (N, C, *out)
+        for o in range(co):
+            chans = (o // cout_g) * cin_g + np.arange(cin_g)
+            prods = dy64[:, o].reshape(len(dy64), 1, -1) * win[:, chans].reshape(len(dy64), cin_g, -1)
+            dw[(o, slice(None)) + ks] = prods.sum(axis=(0, 2))
+    return dw
+
+
+def im2col(
+    x: np.ndarray, kernel: Sequence[int], stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1
+) -> np.ndarray:
+    """The column matrix of bits x (N, C, *in): cols[g, ci * taps + t, n * P + o] = xpad[n, g cin_g + ci, tap]."""
+    rank = x.ndim - 2
+    st, pd, dl = _t(stride, rank), _t(padding, rank), _t(dilation, rank)
+    kernel = tuple(int(k) for k in kernel)
+    outs = tuple(out_size(s, k, a, p, d) for s, k, a, p, d in zip(x.shape[2:], kernel, st, pd, dl, strict=True))
+    n, c = x.shape[0], x.shape[1]
+    cin_g = c // groups
+    xpad = _pad(x, pd, POS_ZERO)
+    taps = list(product(*(range(k) for k in kernel)))
+    p = int(np.prod(outs, dtype=np.int64))
+    cols = np.zeros((groups, cin_g * len(taps), n * p), dtype=np.uint32)
+    for g in range(groups):
+        for ci in range(cin_g):
+            for t, ks in enumerate(taps):
+                win = _window(xpad[:, g * cin_g + ci], ks, st, dl, outs)  # (N, *out)
+                cols[g, ci * len(taps) + t] = win.reshape(-1)
+    return cols
+
+
+def pool_windows_f64(
+    x: np.ndarray, kernel: Any, stride: Any = None, padding: Any = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(taps, real, index) over (planes, OH, OW, T): float64 taps (0 where padded), real mask, flat ih * W + iw."""
+    k, s, p = _t(kernel, 2), _t(stride if stride is not None else kernel, 2), _t(padding, 2)
+    h, w = x.shape[-2:]
+    xs = np.asarray(x, np.float64).reshape(-1, h, w)
+    oh, ow = out_size(h, k[0], s[0], p[0]), out_size(w, k[1], s[1], p[1])
+    rows = np.arange(oh)[:, None, None, None] * s[0] - p[0] + np.arange(k[0])[None, None, :, None]
+    cols = np.arange(ow)[None, :, None, None] * s[1] - p[1] + np.arange(k[1])[None, None, None, :]
+    rows, cols = np.broadcast_arrays(rows, cols)  # (OH, OW, kh, kw)
+    real = (rows >= 0) & (rows < h) & (cols >= 0) & (cols < w)
+    idx = np.where(real, rows * w + cols, 0).reshape(oh, ow, -1)
+    taps = xs.reshape(xs.shape[0], -1)[:, idx]  # (planes, OH, OW, T)
+    return np.where(real.reshape(oh, ow, -1)[None], taps, 0.0), real.reshape(oh, ow, -1), idx
+
+
+def smooth_max_pool2d_f64(
+    x: np.ndarray, kernel: Any, stride: Any = None, padding: Any = 0, beta: float = 1.0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(y, m, log S, p) in float64 of finite x: y = m + log(S) / beta, S = sum exp(beta (x - m)), p the softmax."""
+    taps, real, _ = pool_windows_f64(x, kernel, stride, padding)
+    b = float(beta)
+    m = np.max(np.where(real[None], taps, -np.inf), axis=-1)
+    e = np.where(real[None], np.exp(b * np.where(real[None], taps - m[..., None], 0.0)), 0.0)
+    big_s = e.sum(axis=-1)
+    y = m + np.log(big_s) / b
+    shape = tuple(x.shape[:-2]) + m.shape[-2:]
+    return y.reshape(shape), m.reshape(shape), np.log(big_s).reshape(shape), e / big_s[..., None]
+
+
+def smooth_max_pool2d_backward_f64(
+    x: np.ndarray, dy: np.ndarray, kernel: Any, stride: Any = None, padding: Any = 0, beta: float = 1.0
+) -> np.ndarray:
+    """dx in float64: dx_i = sum over the windows o containing i of dy_o softmax(beta x over window o)_i."""
+    _, real, idx = pool_windows_f64(x, kernel, stride, padding)
+    p = smooth_max_pool2d_f64(x, kernel, stride, padding, beta)[3]  # (planes, OH, OW, T)
+    h, w = x.shape[-2:]
+    contrib = np.asarray(dy, np.float64).reshape(p.shape[:-1])[..., None] * p
+    dx = np.zeros((p.shape[0], h * w))
+    flat = np.where(real, idx, h * w)  # padded taps to a discarded cell
+    acc = np.zeros((p.shape[0], h * w + 1))
+    np.add.at(acc, (slice(None), flat.reshape(-1)), contrib.reshape(p.shape[0], -1))
+    dx[:] = acc[:, : h * w]
+    return dx.reshape(tuple(x.shape))

@@ -15,6 +15,10 @@ __all__ = [
     "conv_stride_wrong_axis",
     "max_pool2d_last_tie",
     "avg_pool2d_exclude_pad",
+    "smooth_max_pool2d_counts_padding",
+    "smooth_max_pool2d_backward_unnormalised",
+    "im2col_pad_off_by_one",
+    "conv_im2col_drops_bias",
 ]
 
 
@@ -89,3 +93,55 @@ def avg_pool2d_exclude_pad(x: Any, kernel: Any, stride: Any = None, padding: Any
     ones = nc.avg_pool2d(np.ones(np.shape(x), np.float32), kernel, stride, padding, device="host")
     with np.errstate(all="ignore"):
         return (y / ones).astype(np.float32)
+
+
+def smooth_max_pool2d_counts_padding(
+    x: Any, kernel: Any, stride: Any = None, padding: Any = 0, beta: float = 1.0, device: str = "auto"
+) -> Any:
+    """BUG: padded cells join the log-sum-exp as zeros (the contract ignores the padding, as max pooling)."""
+    xs = np.asarray(x, dtype=np.float32)
+    k = (kernel, kernel) if isinstance(kernel, int) else tuple(kernel)
+    s = k if stride is None else ((stride, stride) if isinstance(stride, int) else tuple(stride))
+    p = (padding, padding) if isinstance(padding, int) else tuple(padding)
+    padded = np.pad(xs, [(0, 0)] * (xs.ndim - 2) + [(p[0], p[0]), (p[1], p[1])])
+    return nc.smooth_max_pool2d(padded, k, s, 0, beta=beta, device=device)
+
+
+def smooth_max_pool2d_backward_unnormalised(
+    dy: Any, x: Any, kernel: Any, stride: Any = None, padding: Any = 0, beta: float = 1.0, device: str = "auto"
+) -> Any:
+    """BUG: the gradient forgets the softmax's denominator when a window has more than one real tap (x2)."""
+    return nc.smooth_max_pool2d_backward(dy, x, kernel, stride, padding, beta, device=device) * np.float32(2)
+
+
+def im2col_pad_off_by_one(
+    x: Any,
+    kernel: Any,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    bias_row: bool = False,
+    device: str = "auto",
+) -> Any:
+    """BUG: every tap reads one cell earlier on every spatial axis."""
+    x = np.asarray(x, dtype=np.float32)
+    shifted = np.zeros_like(x)
+    shifted[(slice(None), slice(None)) + (slice(1, None),) * (x.ndim - 2)] = x[
+        (slice(None), slice(None)) + (slice(None, -1),) * (x.ndim - 2)
+    ]
+    return nc.im2col(shifted, kernel, stride, padding, dilation, groups, bias_row, device=device)
+
+
+def conv_im2col_drops_bias(
+    x: Any,
+    w: Any,
+    b: Any = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    device: str = "auto",
+) -> Any:
+    """BUG: the bias row is left out of the GEMM."""
+    return nc.conv_im2col(x, w, None, stride, padding, dilation, groups, device=device)

@@ -29,6 +29,8 @@ __all__ = [
     "OUT_FIELDS",
     "kernel_source",
     "kernel_name",
+    "values_source",
+    "values",
     "sweep_function",
     "SAMPLE_MOD",
 ]
@@ -170,8 +172,8 @@ extern "C" __global__ void __NAME__(u64 base, u64 n, int ftz, const double* P, i
             }
             if (bad) {
                 nviol++;
-                u64 pe = ((u64)(err == err ? __float_as_uint(__double2float_ru(err)) : 0x7F800000u) << 32) | xb;
-                if (gn != rn) pe = (0x7F800000ull << 32) | xb;
+                bool sp = gn || rn || isinf(yd) || isinf(g);
+                u64 pe = ((u64)(sp ? 0x7F800000u : __float_as_uint(__double2float_ru(err))) << 32) | xb;
                 wva = pe > wva ? pe : wva;
                 kc_push(out, __VLIST__, viol, viol_cap, xb, gb);
             }
@@ -225,6 +227,42 @@ extern "C" __global__ void __NAME__(u64 base, u64 n, int ftz, const double* P, i
     }
 }
 """
+
+
+_VALUES = r"""
+extern "C" __global__ void __NAME___values(const unsigned* xs, u64 n, int ftz, unsigned* g, double* y) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        unsigned xb = xs[i];
+        float x = __uint_as_float(xb);
+        g[i] = __float_as_uint(__FCALL__);
+        double xd = kc_f2d(kc_flush(xb, ftz));
+        y[i] = __DCALL__;
+    }
+}
+"""
+
+
+def values_source(name: str) -> tuple[str, str]:
+    """(CUDA source, kernel name) of a kernel writing, per input, the float result bits and the float64 tier value."""
+    fn = get_function(name)
+    kname = kernel_name(fn) + "_values"
+    body = _VALUES.replace("__NAME__", kernel_name(fn)).replace("__FCALL__", fn.cuda).replace("__DCALL__", fn.double)
+    return _COMMON + body, kname
+
+
+def values(name: str, env: str, xs: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(float result bits, float64 tier values) of ``name`` at input bits ``xs`` on the GPU under ``env``."""
+    import cupy
+
+    from native.nvrtc import compile_function
+
+    src, kname = values_source(name)
+    k = compile_function(src, kname, ROUTES[env])
+    x = cupy.asarray(np.asarray(xs, np.uint32))
+    g = cupy.zeros(x.size, cupy.uint32)
+    y = cupy.zeros(x.size, cupy.float64)
+    k((256,), (256,), (x, np.uint64(x.size), np.int32(env == "cuda-ftz"), g, y))
+    return g.get(), y.get()
 
 
 def kernel_name(fn: LibmFunction) -> str:

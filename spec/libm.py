@@ -188,7 +188,8 @@ class Piece:
     def ulp_bound(self, x: float) -> float:
         """The ULP bound at ``x`` (ulp and ulp_linear pieces)."""
         if self.bound == "ulp_linear":
-            return self.p1 + math.floor(abs(self.p2 * x))
+            t = abs(self.p2 * x)
+            return self.p1 + math.floor(t) if math.isfinite(t) else math.inf  # no finite bound at inf/NaN x
         return self.p1
 
     def as_params(self) -> list[float]:
@@ -317,7 +318,8 @@ def bucket_of(d: int) -> str:
 
 def f32_bits_to_f64(bits: np.ndarray) -> np.ndarray:
     """The exact float64 value of binary32 bit patterns (integer construction, no float conversion)."""
-    return np.asarray(bits, dtype=np.uint32).view(np.float32).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        return np.asarray(bits, dtype=np.uint32).view(np.float32).astype(np.float64)
 
 
 def round_f64_to_f32(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

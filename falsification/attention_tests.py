@@ -8,7 +8,8 @@ Registered names and their ``params``:
   the fully masked row (output 0) are cases; the unguarded rule's NaN at n = 0 is recorded. ``proved``
   with sympy evidence, or ``violated`` with the tile sizes, the difference and a refuting rational point.
 * ``attention.forward_bound`` {impl="native.attention:attention", storage=float32|float16, tile} — out
-  within spec.attention.forward_bound of the float64 SDPA (masks, GQA/MQA, fully masked rows).
+  within spec.attention.forward_bound of the float64 SDPA (masks, GQA/MQA, fully masked rows); float16 storage
+  is judged under the bound's tensor-core model (the float16 kernel's mma products).
 * ``attention.vjp_bound`` {impl="native.attention:attention_vjp"} — dQ, dK, dV within spec.attention.vjp_bound.
 * ``attention.untiled_equal`` {} (host) — the tiled host path at tile = Lk is bitwise the untiled float32 spec.
 * ``attention.masked_rows`` {impl, impl_vjp} — fully masked rows: out +0.0, lse +inf, gradients +0.0, bitwise.
@@ -52,7 +53,7 @@ def _cases(draw: Any, max_seq: int) -> dict:
         "group": draw(st.sampled_from([1, 2, 3])),
         "seq_q": draw(st.integers(1, max_seq)),
         "seq_k": draw(st.integers(1, max_seq)),
-        "head_dim": draw(st.sampled_from([1, 4, 7, 16, 64])),
+        "head_dim": draw(st.sampled_from([1, 4, 7, 16, 64, 96])),
         "causal": draw(st.booleans()),
         "lens": draw(st.sampled_from(range(len(_LENS)))),
         "mag": draw(st.sampled_from(range(len(_MAGS)))),
@@ -85,6 +86,32 @@ _EXPLICIT = (
         "causal": False,
         "lens": 1,
         "mag": 1,
+        "tile": 32,
+    },
+    {
+        "seed": 3,
+        "batch": 1,
+        "heads_kv": 2,
+        "group": 2,
+        "seq_q": 150,
+        "seq_k": 140,
+        "head_dim": 96,
+        "causal": True,
+        "lens": 1,
+        "mag": 1,
+        "tile": 32,
+    },
+    {
+        "seed": 4,
+        "batch": 1,
+        "heads_kv": 1,
+        "group": 2,
+        "seq_q": 260,
+        "seq_k": 200,
+        "head_dim": 64,
+        "causal": False,
+        "lens": 0,
+        "mag": 2,
         "tile": 32,
     },
 )
@@ -127,10 +154,14 @@ def _dev(x: np.ndarray, device: str) -> Any:
     return x
 
 
-def _tiles(c: dict, device: str) -> int:
+def _tile_keys(c: dict, device: str) -> int:
     from native.attention import BC
 
-    return -(-c["seq_k"] // (c["tile"] if device == "host" else BC))
+    return c["tile"] if device == "host" else BC
+
+
+def _tiles(c: dict, device: str) -> int:
+    return -(-c["seq_k"] // _tile_keys(c, device))
 
 
 def _worst(seen: dict) -> Callable[[engine.Judgement], None]:
@@ -198,7 +229,15 @@ def forward_bound(ctx: FalsifyContext) -> Outcome:
     def reference(x: dict) -> Expected:
         c = x["case"]
         ref, bound = sa.forward_bound(
-            x["q"], x["k"], x["v"], causal=c["causal"], kv_lens=x["kv_lens"], tiles=_tiles(c, ctx.device), u_out=u_out
+            x["q"],
+            x["k"],
+            x["v"],
+            causal=c["causal"],
+            kv_lens=x["kv_lens"],
+            tiles=_tiles(c, ctx.device),
+            u_out=u_out,
+            tensor_core=storage == "float16",
+            tile_keys=_tile_keys(c, ctx.device),
         )
         return Expected(value=ref.reshape(-1), bound=bound.reshape(-1))
 

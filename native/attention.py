@@ -14,6 +14,7 @@ and with Z3 terms by ``kc check``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -43,11 +44,14 @@ __all__ = [
     "AttentionShapeError",
 ]
 
-BR = 128  # query rows per block (one thread per row); also key rows per block in the dK/dV kernels
-BC = 32  # key (or query) rows per shared-memory tile
+BR = 128  # query rows per block (key rows in the dK/dV kernel)
+BC = 64  # key (or query) rows per tile
+NT = 256  # threads per block of the tiled kernels: 16 x 16 threads of 8 x 4 micro-tiles, or 8 warps of 16 rows
 HEAD_DIM_MAX = 128
 ROUTE = "nvrtc-ieee"
 MAX_GRID_Y = 65535
+SMEM_MAX = 232448  # opt-in dynamic shared memory per block on sm_90 (227 KiB)
+V_LOAD = "ldmatrix"  # how the float16 kernel reads V fragments: ldmatrix.trans, or "lds" (16-bit loads)
 
 
 class AttentionShapeError(ValueError):
@@ -59,7 +63,7 @@ class AttentionShapeError(ValueError):
 
 @dataclass(frozen=True)
 class AttentionPlan:
-    """Launch geometry and index maps of the forward, dQ and dK/dV kernels for one call."""
+    """Launch geometry, shared-memory layout and index maps of the forward, dQ and dK/dV kernels for one call."""
 
     batch: Any
     heads_q: Any
@@ -70,16 +74,28 @@ class AttentionPlan:
     block_rows: Any
     block_cols: Any
     elem_size: Any
+    threads: Any
     group: Any
-    hd_pad: Any
+    hd_pad: Any  # the head dim padded to a multiple of 64 (zero features)
     grid_y_q: Any  # batch * heads_q (grid y of forward/dQ)
     grid_y_kv: Any  # batch * heads_kv (grid y of dK/dV)
     grid_q: Any  # cdiv(seq_q, block_rows)
     grid_k: Any  # cdiv(seq_k, block_rows)
     tiles_k: Any  # key tiles of a forward/dQ block without masks
     tiles_q: Any  # query tiles of a dK/dV block without masks
-    smem_floats: Any  # per shared tile (K or V; Q or dO)
-    smem_bytes: Any  # two float tiles
+    ld_rows: Any  # row stride (floats) of a shared tile indexed [feature or column][row]
+    ld_cols: Any  # row stride of a shared tile indexed [feature][column]
+    ld_dim: Any  # row stride of a shared tile indexed [column][feature]
+    ld_half: Any  # row stride (halves) of the float16 kernel's K and V tiles
+    row_tile: Any  # floats of one [hd_pad][ld_rows] tile (also holds a [block_cols][ld_rows] tile)
+    col_tile: Any  # floats of one [hd_pad][ld_cols] tile (also holds a [block_cols][ld_dim] tile)
+    smem_fwd32: Any  # bytes: Q^T, P^T (row tiles), K^T, V (column tiles)
+    smem_fwd16: Any  # bytes: K and V tiles of halves
+    smem_dq: Any  # bytes: Q^T, dO^T, dS^T, K^T, V^T, K, and lse, Delta of the block's rows
+    smem_dkdv: Any  # bytes: K^T, V^T, P/dS, Q^T, dO^T, Q, dO, and lse, Delta of the query tile
+    smem_rowwise: Any  # bytes: the one-row-per-thread VJP kernels (head dims above 64): two tiles
+    smem_max: Any
+    tiled_vjp: Any  # the tiled dQ and dK/dV kernels run (hd_pad == 64); else the one-row-per-thread ones
     q_elems: Any
     kv_elems: Any
     lse_elems: Any
@@ -102,7 +118,7 @@ class AttentionPlan:
         )
 
     def row(self, bx: Any, t: Any) -> Any:
-        """Query (or, in dK/dV, key) row of thread t of block bx, in the kernel's long long."""
+        """Query (or, in dK/dV, key) row ``t`` of block bx, in the kernel's long long."""
         return as_type(bx, "int64") * self.block_rows + t
 
     def key(self, tile: Any, c: Any) -> Any:
@@ -133,9 +149,33 @@ class AttentionPlan:
         """Offset of the saved log-sum-exp (and Delta) of row i of head bh."""
         return as_type(bh, "int64") * self.seq_q + i
 
-    def smem_offset(self, c: Any, d: Any) -> Any:
-        """Float offset of column c, feature d in a shared tile."""
-        return c * self.hd_pad + d
+    def smem_rows(self, d: Any, i: Any) -> Any:
+        """Float offset of [feature or column d][row i] in a row tile (Q^T, dO^T, P^T, dS^T, K^T/V^T of dK/dV)."""
+        return d * self.ld_rows + i
+
+    def smem_cols(self, d: Any, j: Any) -> Any:
+        """Float offset of [feature d][column j] in a column tile (K^T, V^T; Q^T, dO^T of dK/dV)."""
+        return d * self.ld_cols + j
+
+    def smem_dim(self, j: Any, d: Any) -> Any:
+        """Float offset of [column j][feature d] in a column tile holding a row-major tile (V, K, Q, dO)."""
+        return j * self.ld_dim + d
+
+    def smem_half(self, j: Any, d: Any) -> Any:
+        """Half offset of [key j][feature d] in the float16 kernel's K and V tiles."""
+        return j * self.ld_half + d
+
+    def micro_row(self, tid: Any, i: Any) -> Any:
+        """Row i (< 8) of thread tid's micro-tile in the tiled float32 kernels (16 threads share a row)."""
+        return tid // 16 * 8 + i
+
+    def micro_col(self, tid: Any, j: Any, width: Any) -> Any:
+        """Column j (< width) of thread tid's micro-tile: width 4 over a tile's columns, hd_pad // 16 over features."""
+        return tid % 16 * width + j
+
+    def warp_row(self, tid: Any, e: Any) -> Any:
+        """Row of accumulator half e (< 2) of thread tid in the float16 kernel (16 rows per warp, mma m16n8k16)."""
+        return tid // 32 * 16 + tid % 32 // 4 + 8 * e
 
     def key_end(self, bx: Any, causal: Any, kv_len: Any) -> Any:
         """One past the last key a forward/dQ block visits: kv_len, and under causal its last row + 1."""
@@ -159,7 +199,7 @@ def attention_plan(
 ) -> AttentionPlan:
     """The plan of one attention call; plain integer code run with ints at launch and with Z3 terms."""
     group = heads_q // heads_kv
-    hd_pad = cdiv(head_dim, 4) * 4
+    hd_pad = cdiv(head_dim, 64) * 64
     bh = as_type(batch, "int64") * heads_q
     bkv = as_type(batch, "int64") * heads_kv
     admissible = all_of(
@@ -173,7 +213,8 @@ def attention_plan(
         seq_k >= 0,
         bh <= MAX_GRID_Y,
     )
-    smem_floats = block_cols * hd_pad
+    ld_rows, ld_cols, ld_dim, ld_half = block_rows + 4, block_cols + 4, hd_pad + 4, hd_pad + 8
+    row_tile, col_tile = hd_pad * ld_rows, hd_pad * ld_cols
     return AttentionPlan(
         batch,
         heads_q,
@@ -184,6 +225,7 @@ def attention_plan(
         block_rows,
         block_cols,
         elem_size,
+        NT,
         group,
         hd_pad,
         bh,
@@ -192,8 +234,19 @@ def attention_plan(
         cdiv(seq_k, block_rows),
         cdiv(seq_k, block_cols),
         cdiv(seq_q, block_cols),
-        smem_floats,
-        smem_floats * 8,
+        ld_rows,
+        ld_cols,
+        ld_dim,
+        ld_half,
+        row_tile,
+        col_tile,
+        4 * (2 * row_tile + 2 * col_tile),
+        2 * 2 * block_cols * ld_half,
+        4 * (3 * row_tile + 3 * col_tile + 2 * block_rows),
+        4 * (3 * row_tile + 4 * col_tile + 2 * block_cols),
+        4 * 2 * block_cols * hd_pad,
+        SMEM_MAX,
+        hd_pad <= 64,
         bh * seq_q * head_dim,
         bkv * seq_k * head_dim,
         bh * seq_q,
@@ -387,129 +440,566 @@ def host_vjp(
 
 
 # -- CUDA sources ----------------------------------------------------------------------------------------
+# Small indices (threads, shared-memory offsets) are unsigned and global offsets long long: the audit's index-64
+# rule rejects signed 32-bit index arithmetic (cvt.s64.s32, mad.lo.s32).
 
-_STORAGE: dict[str, str] = {
-    "float32": r"""
+_MACROS = r"""
+#define HD {hd}
+#define HDP {hdp}
+#define BR {br}
+#define BC {bc}
+#define NT {nt}
+#define LDR {ldr}
+#define LDC {ldc}
+#define LDD {ldd}
+#define LDH {ldh}
+#define DN (HDP / 16)
+#define INFINITY __int_as_float(0x7f800000)
+// A shared-memory offset a * b + c as one unsigned 32-bit mad (the shared window is 32-bit; the plan proves every
+// shared offset < 2^24, ATT-PLAN-smem). Global offsets are long long throughout.
+__device__ __forceinline__ unsigned IX(unsigned a, unsigned b, unsigned c) {{
+    unsigned r; asm("mad.lo.u32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c)); return r; }}
+"""
+
+_SIMT = r"""
+typedef float T;
+// acc[i][j] += sum_k At[k * lda + i] * B[k * ldb + j] (i < 8, j < N), k ascending, one fmaf (one rounding) per step.
+template <unsigned K, unsigned N>
+__device__ __forceinline__ void mm(float (&acc)[8][N], const float* At, unsigned lda, const float* B, unsigned ldb) {
+    #pragma unroll 4
+    for (unsigned k = 0; k < K; ++k, At += lda, B += ldb) {
+        const float4 a0 = *reinterpret_cast<const float4*>(At);
+        const float4 a1 = *reinterpret_cast<const float4*>(At + 4);
+        const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+        float b[N];
+        #pragma unroll
+        for (unsigned j = 0; j < N; j += 4) {
+            const float4 x = *reinterpret_cast<const float4*>(B + j);
+            b[j] = x.x; b[j + 1] = x.y; b[j + 2] = x.z; b[j + 3] = x.w;
+        }
+        #pragma unroll
+        for (unsigned i = 0; i < 8; ++i) {
+            #pragma unroll
+            for (unsigned j = 0; j < N; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+    }
+}
+template <unsigned N>
+__device__ __forceinline__ void zero(float (&acc)[8][N]) {
+    #pragma unroll
+    for (unsigned i = 0; i < 8; ++i) {
+        #pragma unroll
+        for (unsigned j = 0; j < N; ++j) acc[i][j] = 0.0f;
+    }
+}
+// Rows [r0, r0 + ROWS) of a (rows, HD) tensor transposed into shared memory: dst[d * ld + r] (zero outside).
+template <unsigned ROWS>
+__device__ __forceinline__ void load_t(float* dst, unsigned ld, const T* __restrict__ src, long long base,
+                                       long long r0, long long end) {
+    for (unsigned e = threadIdx.x; e < ROWS * HDP; e += NT) {
+        const unsigned r = e % ROWS, d = e / ROWS;
+        const long long j = r0 + r;
+        dst[IX(d, ld, r)] = (j < end && d < HD) ? src[(base + j) * HD + d] : 0.0f;
+    }
+}
+// The same rows row-major: dst[r * ld + d].
+template <unsigned ROWS>
+__device__ __forceinline__ void load_r(float* dst, unsigned ld, const T* __restrict__ src, long long base,
+                                       long long r0, long long end) {
+    for (unsigned e = threadIdx.x; e < ROWS * HDP; e += NT) {
+        const unsigned r = e / HDP, d = e % HDP;
+        const long long j = r0 + r;
+        dst[IX(r, ld, d)] = (j < end && d < HD) ? src[(base + j) * HD + d] : 0.0f;
+    }
+}
+// Max and sum over the 16 threads that share a row (xor butterfly: every lane gets the same value).
+__device__ __forceinline__ float max16(float x) {
+    #pragma unroll
+    for (unsigned o = 8; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+__device__ __forceinline__ float sum16(float x) {
+    #pragma unroll
+    for (unsigned o = 8; o > 0; o >>= 1) x = x + __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+// Thread (ty, tx) writes its 8 x 4 micro-tile transposed: dst[(tx * 4 + j) * LDR + ty * 8 + i] = x[i][j].
+__device__ __forceinline__ void store_t(float* dst, const float (&x)[8][4], unsigned tx, unsigned ty) {
+    float* p0 = dst + IX(tx * 4, LDR, ty * 8);
+    #pragma unroll
+    for (unsigned j = 0; j < 4; ++j) {
+        float* p = p0 + j * LDR;
+        *reinterpret_cast<float4*>(p) = make_float4(x[0][j], x[1][j], x[2][j], x[3][j]);
+        *reinterpret_cast<float4*>(p + 4) = make_float4(x[4][j], x[5][j], x[6][j], x[7][j]);
+    }
+}
+"""
+
+_FORWARD = r"""
+// One block: BR query rows of one head; key tiles of BC rows. Thread (ty, tx) owns rows ty*8..+8, keys tx*4..+4 of
+// the score tile and features tx*DN..+DN of the output. S = Q K^T (d ascending), online softmax per row over the
+// 16 threads of the row, P^T through shared memory, O += P V (keys ascending).
+extern "C" __global__ void __launch_bounds__(NT) attn_fwd(
+        const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
+        float* __restrict__ lse, const long long* __restrict__ kv_len, long long Hq, long long Hkv,
+        long long Lq, long long Lk, float scale, int causal) {
+    extern __shared__ __align__(16) float sm[];
+    float* qt = sm;                  // [HDP][LDR] Q^T
+    float* pt = qt + HDP * LDR;      // [BC][LDR] P^T
+    float* kt = pt + HDP * LDR;      // [HDP][LDC] K^T
+    float* vs = kt + HDP * LDC;      // [BC][LDD] V
+    const unsigned tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const long long bh = blockIdx.y, b = bh / Hq, h = bh - b * Hq, hk = h / (Hq / Hkv);
+    const long long r0 = (long long)blockIdx.x * BR;
+    const long long klen = kv_len[b];
+    const long long kend = causal ? min(klen, r0 + BR) : klen;
+    const long long kbase = (b * Hkv + hk) * Lk;
+    load_t<BR>(qt, LDR, q, bh * Lq, r0, Lq);
+    float acc[8][DN], m[8], l[8];
+    zero(acc);
+    #pragma unroll
+    for (unsigned i = 0; i < 8; ++i) { m[i] = -INFINITY; l[i] = 0.0f; }
+    for (long long t0 = 0; t0 < kend; t0 += BC) {
+        __syncthreads();
+        load_t<BC>(kt, LDC, k, kbase, t0, kend);
+        load_r<BC>(vs, LDD, v, kbase, t0, kend);
+        __syncthreads();
+        float s[8][4];
+        zero(s);
+        mm<HDP, 4>(s, qt + ty * 8, LDR, kt + tx * 4, LDC);
+        #pragma unroll
+        for (unsigned i = 0; i < 8; ++i) {
+            const long long row = r0 + ty * 8 + i;
+            float tmax = -INFINITY;
+            #pragma unroll
+            for (unsigned j = 0; j < 4; ++j) {
+                const long long key = t0 + tx * 4 + j;
+                const bool ok = key < kend && (!causal || key <= row);
+                s[i][j] = ok ? s[i][j] * scale : -INFINITY;
+                tmax = fmaxf(tmax, s[i][j]);
+            }
+            const float mnew = fmaxf(m[i], max16(tmax));
+            const float alpha = (mnew == -INFINITY) ? 1.0f : expf(m[i] - mnew);
+            float ps = 0.0f;
+            #pragma unroll
+            for (unsigned j = 0; j < 4; ++j) {
+                s[i][j] = (s[i][j] == -INFINITY) ? 0.0f : expf(s[i][j] - mnew);
+                ps = ps + s[i][j];
+            }
+            l[i] = l[i] * alpha + sum16(ps);
+            m[i] = mnew;
+            #pragma unroll
+            for (unsigned c = 0; c < DN; ++c) acc[i][c] = acc[i][c] * alpha;
+        }
+        store_t(pt, s, tx, ty);
+        __syncthreads();
+        mm<BC, DN>(acc, pt + ty * 8, LDR, vs + tx * DN, LDD);
+    }
+    #pragma unroll
+    for (unsigned i = 0; i < 8; ++i) {
+        const long long row = r0 + ty * 8 + i;
+        if (row < Lq) {
+            #pragma unroll
+            for (unsigned c = 0; c < DN; ++c) {
+                const unsigned d = tx * DN + c;
+                if (d < HD) o[(bh * Lq + row) * HD + d] = l[i] > 0.0f ? acc[i][c] / l[i] : 0.0f;
+            }
+            if (tx == 0) lse[bh * Lq + row] = l[i] > 0.0f ? m[i] + logf(l[i]) : INFINITY;
+        }
+    }
+}
+"""
+
+_F16 = r"""
+typedef unsigned short T;
+// (lo, hi) rounded to float16 and packed, lo in the low half (cvt's first source goes to the upper half).
+__device__ __forceinline__ unsigned pack_f16(float lo, float hi) {
+    unsigned r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r; }
+__device__ __forceinline__ unsigned short to_f16(float x) {
+    unsigned short h; asm("{.reg .b16 t; cvt.rn.f16.f32 t, %1; mov.b16 %0, t;}" : "=h"(h) : "f"(x)); return h; }
+// D = A B + C on tensor cores: A 16x16 (row), B 16x8 (col) float16, C and D 16x8 float32.
+__device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ unsigned qpair(const T* __restrict__ q, long long base, long long row, long long Lq,
+                                          unsigned d) {
+    const unsigned lo = (row < Lq && d < HD) ? q[(base + row) * HD + d] : 0u;
+    const unsigned hi = (row < Lq && d + 1 < HD) ? q[(base + row) * HD + d + 1] : 0u;
+    return lo | (hi << 16);
+}
+// Rows [t0, t0 + BC) of K or V (half bits) into dst[c * LDH + d], zero outside.
+__device__ __forceinline__ void load_h(T* dst, const T* __restrict__ src, long long base, long long t0,
+                                       long long end) {
+    if (HD % 8 == 0) {
+        for (unsigned e = threadIdx.x; e < BC * (HDP / 8); e += NT) {
+            const unsigned c = e / (HDP / 8), d = e % (HDP / 8) * 8;
+            const long long j = t0 + c;
+            uint4 x = make_uint4(0u, 0u, 0u, 0u);
+            if (j < end && d < HD) x = *reinterpret_cast<const uint4*>(src + (base + j) * HD + d);
+            *reinterpret_cast<uint4*>(dst + IX(c, LDH, d)) = x;
+        }
+    } else {
+        for (unsigned e = threadIdx.x; e < BC * HDP; e += NT) {
+            const unsigned c = e / HDP, d = e % HDP;
+            const long long j = t0 + c;
+            dst[IX(c, LDH, d)] = (j < end && d < HD) ? src[(base + j) * HD + d] : (T)0;
+        }
+    }
+}
+// Float16 storage on tensor cores (FlashAttention-2 layout): 8 warps of 16 query rows, key tiles of BC rows.
+// S = Q K^T and O += P V are mma.sync m16n8k16 with float32 accumulators; the scale, mask, online softmax (expf)
+// and the row sums run in float32; P is rounded to float16 for the P V product; O / l is rounded once.
+extern "C" __global__ void __launch_bounds__(NT) attn_fwd16(
+        const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
+        float* __restrict__ lse, const long long* __restrict__ kv_len, long long Hq, long long Hkv,
+        long long Lq, long long Lk, float scale, int causal) {
+    __shared__ __align__(16) T ks[BC * LDH];
+    __shared__ __align__(16) T vs[BC * LDH];
+    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const long long bh = blockIdx.y, b = bh / Hq, h = bh - b * Hq, hk = h / (Hq / Hkv);
+    const long long r0 = (long long)blockIdx.x * BR;
+    const long long row0 = r0 + warp * 16 + g, row1 = row0 + 8;
+    const long long klen = kv_len[b];
+    const long long kend = causal ? min(klen, r0 + BR) : klen;
+    const long long kbase = (b * Hkv + hk) * Lk;
+    unsigned qa[HDP / 16][4];
+    #pragma unroll
+    for (unsigned kk = 0; kk < HDP / 16; ++kk) {
+        const unsigned d = kk * 16 + 2 * t;
+        qa[kk][0] = qpair(q, bh * Lq, row0, Lq, d);
+        qa[kk][1] = qpair(q, bh * Lq, row1, Lq, d);
+        qa[kk][2] = qpair(q, bh * Lq, row0, Lq, d + 8);
+        qa[kk][3] = qpair(q, bh * Lq, row1, Lq, d + 8);
+    }
+    float oacc[HDP / 8][4];
+    #pragma unroll
+    for (unsigned n = 0; n < HDP / 8; ++n) {
+        oacc[n][0] = 0.0f; oacc[n][1] = 0.0f; oacc[n][2] = 0.0f; oacc[n][3] = 0.0f;
+    }
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    for (long long t0 = 0; t0 < kend; t0 += BC) {
+        __syncthreads();
+        load_h(ks, k, kbase, t0, kend);
+        load_h(vs, v, kbase, t0, kend);
+        __syncthreads();
+        float sc[BC / 8][4];
+        const T* kfrag = ks + IX(g, LDH, 2 * t);
+        #pragma unroll
+        for (unsigned n = 0; n < BC / 8; ++n) {
+            sc[n][0] = 0.0f; sc[n][1] = 0.0f; sc[n][2] = 0.0f; sc[n][3] = 0.0f;
+            #pragma unroll
+            for (unsigned kk = 0; kk < HDP / 16; ++kk) {
+                const T* kr = kfrag + n * 8 * LDH + kk * 16;
+                mma16816(sc[n], qa[kk], *reinterpret_cast<const unsigned*>(kr),
+                         *reinterpret_cast<const unsigned*>(kr + 8));
+            }
+        }
+        float tmax0 = -INFINITY, tmax1 = -INFINITY;
+        #pragma unroll
+        for (unsigned n = 0; n < BC / 8; ++n) {
+            #pragma unroll
+            for (unsigned e = 0; e < 2; ++e) {
+                const long long key = t0 + n * 8 + 2 * t + e;
+                const bool ok0 = key < kend && (!causal || key <= row0);
+                const bool ok1 = key < kend && (!causal || key <= row1);
+                sc[n][e] = ok0 ? sc[n][e] * scale : -INFINITY;
+                sc[n][2 + e] = ok1 ? sc[n][2 + e] * scale : -INFINITY;
+                tmax0 = fmaxf(tmax0, sc[n][e]);
+                tmax1 = fmaxf(tmax1, sc[n][2 + e]);
+            }
+        }
+        tmax0 = fmaxf(tmax0, __shfl_xor_sync(0xffffffffu, tmax0, 1));
+        tmax0 = fmaxf(tmax0, __shfl_xor_sync(0xffffffffu, tmax0, 2));
+        tmax1 = fmaxf(tmax1, __shfl_xor_sync(0xffffffffu, tmax1, 1));
+        tmax1 = fmaxf(tmax1, __shfl_xor_sync(0xffffffffu, tmax1, 2));
+        const float mnew0 = fmaxf(m0, tmax0), mnew1 = fmaxf(m1, tmax1);
+        const float alpha0 = (mnew0 == -INFINITY) ? 1.0f : expf(m0 - mnew0);
+        const float alpha1 = (mnew1 == -INFINITY) ? 1.0f : expf(m1 - mnew1);
+        float ps0 = 0.0f, ps1 = 0.0f;
+        #pragma unroll
+        for (unsigned n = 0; n < BC / 8; ++n) {
+            #pragma unroll
+            for (unsigned e = 0; e < 2; ++e) {
+                sc[n][e] = (sc[n][e] == -INFINITY) ? 0.0f : expf(sc[n][e] - mnew0);
+                sc[n][2 + e] = (sc[n][2 + e] == -INFINITY) ? 0.0f : expf(sc[n][2 + e] - mnew1);
+                ps0 = ps0 + sc[n][e];
+                ps1 = ps1 + sc[n][2 + e];
+            }
+        }
+        l0 = l0 * alpha0 + ps0;
+        l1 = l1 * alpha1 + ps1;
+        m0 = mnew0;
+        m1 = mnew1;
+        #pragma unroll
+        for (unsigned n = 0; n < HDP / 8; ++n) {
+            oacc[n][0] = oacc[n][0] * alpha0; oacc[n][1] = oacc[n][1] * alpha0;
+            oacc[n][2] = oacc[n][2] * alpha1; oacc[n][3] = oacc[n][3] * alpha1;
+        }
+#if V_LDMATRIX
+        const T* vfrag = vs + IX(lane % 8 + (lane / 8 & 1) * 8, LDH, (lane / 16) * 8);
+#else
+        const T* vfrag = vs + IX(2 * t, LDH, g);
+#endif
+        #pragma unroll
+        for (unsigned kk = 0; kk < BC / 16; ++kk) {
+            const unsigned pa[4] = {pack_f16(sc[2 * kk][0], sc[2 * kk][1]), pack_f16(sc[2 * kk][2], sc[2 * kk][3]),
+                                    pack_f16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                                    pack_f16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+            #pragma unroll
+            for (unsigned np = 0; np < HDP / 16; ++np) {
+                unsigned b0, b1, b2, b3;
+#if V_LDMATRIX
+                const T* src = vfrag + kk * 16 * LDH + np * 16;
+                unsigned addr;
+                asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(src));
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(addr));
+#else
+                const T* c0 = vfrag + kk * 16 * LDH + np * 16;
+                b0 = c0[0] | ((unsigned)c0[LDH] << 16);
+                b1 = c0[8 * LDH] | ((unsigned)c0[9 * LDH] << 16);
+                b2 = c0[8] | ((unsigned)c0[LDH + 8] << 16);
+                b3 = c0[8 * LDH + 8] | ((unsigned)c0[9 * LDH + 8] << 16);
+#endif
+                mma16816(oacc[2 * np], pa, b0, b1);
+                mma16816(oacc[2 * np + 1], pa, b2, b3);
+            }
+        }
+    }
+    l0 = l0 + __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 = l0 + __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 = l1 + __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 = l1 + __shfl_xor_sync(0xffffffffu, l1, 2);
+    #pragma unroll
+    for (unsigned n = 0; n < HDP / 8; ++n) {
+        #pragma unroll
+        for (unsigned e = 0; e < 2; ++e) {
+            const unsigned d = n * 8 + 2 * t + e;
+            if (row0 < Lq && d < HD) o[(bh * Lq + row0) * HD + d] = to_f16(l0 > 0.0f ? oacc[n][e] / l0 : 0.0f);
+            if (row1 < Lq && d < HD) o[(bh * Lq + row1) * HD + d] = to_f16(l1 > 0.0f ? oacc[n][2 + e] / l1 : 0.0f);
+        }
+    }
+    if (t == 0 && row0 < Lq) lse[bh * Lq + row0] = l0 > 0.0f ? m0 + logf(l0) : INFINITY;
+    if (t == 0 && row1 < Lq) lse[bh * Lq + row1] = l1 > 0.0f ? m1 + logf(l1) : INFINITY;
+}
+"""
+
+_DQ = r"""
+// dQ of BR query rows (and Delta = rowsum(dO o O), d ascending): per key tile S = Q K^T, dP = dO V^T (d ascending),
+// P = exp(S scale - lse), dS = P o (dP - Delta), dQ += dS K (keys ascending); dQ = scale dQ at the end.
+extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dq(
+        const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ o,
+        const T* __restrict__ dout, const float* __restrict__ lse, float* __restrict__ delta,
+        T* __restrict__ dq, const long long* __restrict__ kv_len, long long Hq, long long Hkv,
+        long long Lq, long long Lk, float scale, int causal) {
+    extern __shared__ __align__(16) float sm[];
+    float* qt = sm;                  // [HDP][LDR] Q^T
+    float* dot = qt + HDP * LDR;     // [HDP][LDR] dO^T
+    float* dst = dot + HDP * LDR;    // [BC][LDR] dS^T
+    float* kt = dst + HDP * LDR;     // [HDP][LDC] K^T
+    float* vt = kt + HDP * LDC;      // [HDP][LDC] V^T
+    float* ks = vt + HDP * LDC;      // [BC][LDD] K
+    float* ls = ks + HDP * LDC;      // [BR] lse
+    float* dls = ls + BR;            // [BR] Delta
+    const unsigned tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const long long bh = blockIdx.y, b = bh / Hq, h = bh - b * Hq, hk = h / (Hq / Hkv);
+    const long long r0 = (long long)blockIdx.x * BR;
+    const long long klen = kv_len[b];
+    const long long kend = causal ? min(klen, r0 + BR) : klen;
+    const long long kbase = (b * Hkv + hk) * Lk;
+    load_t<BR>(qt, LDR, q, bh * Lq, r0, Lq);
+    load_t<BR>(dot, LDR, dout, bh * Lq, r0, Lq);
+    if (threadIdx.x < BR) {
+        const long long row = r0 + threadIdx.x;
+        float dl = 0.0f;
+        if (row < Lq) {
+            const long long rb = (bh * Lq + row) * HD;
+            for (unsigned d = 0; d < HD; ++d) dl = fmaf(dout[rb + d], o[rb + d], dl);
+            delta[bh * Lq + row] = dl;
+        }
+        ls[threadIdx.x] = row < Lq ? lse[bh * Lq + row] : INFINITY;
+        dls[threadIdx.x] = dl;
+    }
+    float acc[8][DN];
+    zero(acc);
+    for (long long t0 = 0; t0 < kend; t0 += BC) {
+        __syncthreads();
+        load_t<BC>(kt, LDC, k, kbase, t0, kend);
+        load_t<BC>(vt, LDC, v, kbase, t0, kend);
+        load_r<BC>(ks, LDD, k, kbase, t0, kend);
+        __syncthreads();
+        float s[8][4], dp[8][4];
+        zero(s);
+        zero(dp);
+        mm<HDP, 4>(s, qt + ty * 8, LDR, kt + tx * 4, LDC);
+        mm<HDP, 4>(dp, dot + ty * 8, LDR, vt + tx * 4, LDC);
+        #pragma unroll
+        for (unsigned i = 0; i < 8; ++i) {
+            const long long row = r0 + ty * 8 + i;
+            const float L = ls[ty * 8 + i], D = dls[ty * 8 + i];
+            #pragma unroll
+            for (unsigned j = 0; j < 4; ++j) {
+                const long long key = t0 + tx * 4 + j;
+                const bool ok = key < kend && (!causal || key <= row);
+                const float p = ok ? expf(s[i][j] * scale - L) : 0.0f;
+                s[i][j] = p * (dp[i][j] - D);
+            }
+        }
+        store_t(dst, s, tx, ty);
+        __syncthreads();
+        mm<BC, DN>(acc, dst + ty * 8, LDR, ks + tx * DN, LDD);
+    }
+    #pragma unroll
+    for (unsigned i = 0; i < 8; ++i) {
+        const long long row = r0 + ty * 8 + i;
+        #pragma unroll
+        for (unsigned c = 0; c < DN; ++c) {
+            const unsigned d = tx * DN + c;
+            if (row < Lq && d < HD) dq[(bh * Lq + row) * HD + d] = acc[i][c] * scale;
+        }
+    }
+}
+"""
+
+_DKDV = r"""
+// dK and dV of BR key rows over every query head of the group and every query tile from the causal start:
+// S^T = K Q^T, dP^T = V dO^T (d ascending), P = exp(S scale - lse), dS = P o (dP - Delta); dV += P^T dO and
+// dK += dS^T Q (queries ascending, heads ascending); dK = scale dK at the end.
+extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dkdv(
+        const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+        const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
+        const long long* __restrict__ kv_len, long long Hq, long long Hkv, long long Lq, long long Lk,
+        float scale, int causal) {
+    extern __shared__ __align__(16) float sm[];
+    float* kt = sm;                  // [HDP][LDR] K^T of the block's keys
+    float* vt = kt + HDP * LDR;      // [HDP][LDR] V^T
+    float* pt = vt + HDP * LDR;      // [BC][LDR] P, then dS, query-major
+    float* qt = pt + HDP * LDR;      // [HDP][LDC] Q^T of the query tile
+    float* dot = qt + HDP * LDC;     // [HDP][LDC] dO^T
+    float* qs = dot + HDP * LDC;     // [BC][LDD] Q
+    float* dos = qs + HDP * LDC;     // [BC][LDD] dO
+    float* ls = dos + HDP * LDC;     // [BC] lse
+    float* dls = ls + BC;            // [BC] Delta
+    const unsigned tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const long long bkv = blockIdx.y, b = bkv / Hkv, hk = bkv - b * Hkv, g = Hq / Hkv;
+    const long long r0 = (long long)blockIdx.x * BR;
+    const long long klen = kv_len[b];
+    const long long kb = bkv * Lk;
+    load_t<BR>(kt, LDR, k, kb, r0, klen);
+    load_t<BR>(vt, LDR, v, kb, r0, klen);
+    const long long qstart = causal ? r0 / BC * BC : 0;
+    const bool live = r0 < klen;
+    float dka[8][DN], dva[8][DN];
+    zero(dka);
+    zero(dva);
+    for (long long hq = hk * g; hq < (hk + 1) * g && live; ++hq) {
+        const long long qbase = (b * Hq + hq) * Lq;
+        for (long long t0 = qstart; t0 < Lq; t0 += BC) {
+            __syncthreads();
+            load_t<BC>(qt, LDC, q, qbase, t0, Lq);
+            load_t<BC>(dot, LDC, dout, qbase, t0, Lq);
+            load_r<BC>(qs, LDD, q, qbase, t0, Lq);
+            load_r<BC>(dos, LDD, dout, qbase, t0, Lq);
+            if (threadIdx.x < BC) {
+                const long long i = t0 + threadIdx.x;
+                ls[threadIdx.x] = i < Lq ? lse[qbase + i] : INFINITY;
+                dls[threadIdx.x] = i < Lq ? delta[qbase + i] : 0.0f;
+            }
+            __syncthreads();
+            float s[8][4], dp[8][4];
+            zero(s);
+            zero(dp);
+            mm<HDP, 4>(s, kt + ty * 8, LDR, qt + tx * 4, LDC);
+            mm<HDP, 4>(dp, vt + ty * 8, LDR, dot + tx * 4, LDC);
+            #pragma unroll
+            for (unsigned i = 0; i < 8; ++i) {
+                const long long key = r0 + ty * 8 + i;
+                #pragma unroll
+                for (unsigned j = 0; j < 4; ++j) {
+                    const unsigned c = tx * 4 + j;
+                    const long long qi = t0 + c;
+                    const bool ok = key < klen && qi < Lq && (!causal || key <= qi);
+                    const float p = ok ? expf(s[i][j] * scale - ls[c]) : 0.0f;
+                    s[i][j] = p;
+                    dp[i][j] = p * (dp[i][j] - dls[c]);
+                }
+            }
+            store_t(pt, s, tx, ty);
+            __syncthreads();
+            mm<BC, DN>(dva, pt + ty * 8, LDR, dos + tx * DN, LDD);
+            __syncthreads();
+            store_t(pt, dp, tx, ty);
+            __syncthreads();
+            mm<BC, DN>(dka, pt + ty * 8, LDR, qs + tx * DN, LDD);
+        }
+    }
+    #pragma unroll
+    for (unsigned i = 0; i < 8; ++i) {
+        const long long key = r0 + ty * 8 + i;
+        #pragma unroll
+        for (unsigned c = 0; c < DN; ++c) {
+            const unsigned d = tx * DN + c;
+            if (key < Lk && d < HD) {
+                dk[(kb + key) * HD + d] = dka[i][c] * scale;
+                dv[(kb + key) * HD + d] = dva[i][c];
+            }
+        }
+    }
+}
+"""
+
+_ROW_HEADER = r"""
 typedef float T;
 __device__ __forceinline__ float ld(const T* p, long long i) { return p[i]; }
 __device__ __forceinline__ void st(T* p, long long i, float x) { p[i] = x; }
-""",
-    "float16": r"""
-typedef unsigned short T;
-__device__ __forceinline__ float ld(const T* p, long long i) {
-    float f; unsigned short h = p[i];
-    asm("{.reg .b16 t; mov.b16 t, %1; cvt.f32.f16 %0, t;}" : "=f"(f) : "h"(h)); return f; }
-__device__ __forceinline__ void st(T* p, long long i, float x) {
-    unsigned short h; asm("{.reg .b16 t; cvt.rn.f16.f32 t, %1; mov.b16 %0, t;}" : "=h"(h) : "f"(x)); p[i] = h; }
-""",
-}
-
-_HEADER = r"""
-#define HD {hd}
-#define HDP {hdp}
-#define BC {bc}
-#define BR {br}
-#define INFINITY __int_as_float(0x7f800000)
-{storage}
 // Dot of a register row with a shared row, d ascending (fmaf: one rounding per step).
-__device__ __forceinline__ float dotrow(const float* r, const float* s) {{
+__device__ __forceinline__ float dotrow(const float* r, const float* s) {
     const float4* s4 = reinterpret_cast<const float4*>(s);
     float acc = 0.0f;
     #pragma unroll
-    for (int d4 = 0; d4 < HDP / 4; ++d4) {{
+    for (int d4 = 0; d4 < HDP / 4; ++d4) {
         const float4 x = s4[d4];
         acc = fmaf(r[4 * d4], x.x, acc); acc = fmaf(r[4 * d4 + 1], x.y, acc);
         acc = fmaf(r[4 * d4 + 2], x.z, acc); acc = fmaf(r[4 * d4 + 3], x.w, acc);
-    }}
+    }
     return acc;
-}}
+}
 // acc += p * shared row.
-__device__ __forceinline__ void axpyrow(float* acc, float p, const float* s) {{
+__device__ __forceinline__ void axpyrow(float* acc, float p, const float* s) {
     const float4* s4 = reinterpret_cast<const float4*>(s);
     #pragma unroll
-    for (int d4 = 0; d4 < HDP / 4; ++d4) {{
+    for (int d4 = 0; d4 < HDP / 4; ++d4) {
         const float4 x = s4[d4];
         acc[4 * d4] = fmaf(p, x.x, acc[4 * d4]); acc[4 * d4 + 1] = fmaf(p, x.y, acc[4 * d4 + 1]);
         acc[4 * d4 + 2] = fmaf(p, x.z, acc[4 * d4 + 2]); acc[4 * d4 + 3] = fmaf(p, x.w, acc[4 * d4 + 3]);
-    }}
-}}
+    }
+}
 // Two BC x HDP tiles of rows [t0, t0 + BC) (rows >= end and features >= HD are zero).
 __device__ __forceinline__ void load_tiles(float* a, float* b, const T* ga, const T* gb, long long base,
-                                           long long t0, long long end) {{
-    for (unsigned e = threadIdx.x; e < BC * HDP; e += BR) {{
+                                           long long t0, long long end) {
+    for (unsigned e = threadIdx.x; e < BC * HDP; e += BR) {
         const unsigned c = e / HDP, d = e % HDP;
         const long long j = t0 + c;
         const bool in = j < end && d < HD;
         a[e] = in ? ld(ga, (base + j) * HD + d) : 0.0f;
         b[e] = in ? ld(gb, (base + j) * HD + d) : 0.0f;
-    }}
-}}
-"""
-
-_FORWARD = r"""
-extern "C" __global__ void __launch_bounds__(BR) attn_fwd(
-        const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
-        float* __restrict__ lse, const long long* __restrict__ kv_len, long long Hq, long long Hkv,
-        long long Lq, long long Lk, float scale, int causal) {
-    __shared__ __align__(16) float ks[BC * HDP];
-    __shared__ __align__(16) float vs[BC * HDP];
-    const long long bh = blockIdx.y, b = bh / Hq, h = bh - b * Hq, hk = h / (Hq / Hkv);
-    const long long row = (long long)blockIdx.x * BR + threadIdx.x;
-    const bool active = row < Lq;
-    const long long klen = kv_len[b];
-    const long long kend = causal ? min(klen, ((long long)blockIdx.x + 1) * BR) : klen;
-    const long long kbase = (b * Hkv + hk) * Lk;
-    float qr[HDP], acc[HDP];
-    #pragma unroll
-    for (int d = 0; d < HDP; ++d) {
-        qr[d] = (active && d < HD) ? ld(q, (bh * Lq + row) * HD + d) : 0.0f;
-        acc[d] = 0.0f;
-    }
-    float m = -INFINITY, lsum = 0.0f;
-    for (long long t0 = 0; t0 < kend; t0 += BC) {
-        __syncthreads();
-        load_tiles(ks, vs, k, v, kbase, t0, kend);
-        __syncthreads();
-        if (!active) continue;
-        float s[BC];
-        float tmax = -INFINITY;
-        #pragma unroll
-        for (int c = 0; c < BC; ++c) {
-            const long long j = t0 + c;
-            const bool ok = j < kend && (!causal || j <= row);
-            s[c] = ok ? dotrow(qr, ks + c * HDP) * scale : -INFINITY;
-            tmax = fmaxf(tmax, s[c]);
-        }
-        const float mnew = fmaxf(m, tmax);
-        const float alpha = (mnew == -INFINITY) ? 1.0f : expf(m - mnew);
-        lsum = lsum * alpha;
-        #pragma unroll
-        for (int d = 0; d < HDP; ++d) acc[d] = acc[d] * alpha;
-        #pragma unroll
-        for (int c = 0; c < BC; ++c) {
-            const float p = (s[c] == -INFINITY) ? 0.0f : expf(s[c] - mnew);
-            lsum = lsum + p;
-            axpyrow(acc, p, vs + c * HDP);
-        }
-        m = mnew;
-    }
-    if (active) {
-        const long long ob = (bh * Lq + row) * HD;
-        #pragma unroll
-        for (int d = 0; d < HD; ++d) st(o, ob + d, lsum > 0.0f ? acc[d] / lsum : 0.0f);
-        lse[bh * Lq + row] = lsum > 0.0f ? m + logf(lsum) : INFINITY;
     }
 }
 """
 
-_DQ = r"""
-extern "C" __global__ void __launch_bounds__(BR) attn_bwd_dq(
+_ROW_DQ = r"""
+// Head dims above 64 (hd_pad 128): one query row per thread, BR threads.
+extern "C" __global__ void __launch_bounds__(BR) attn_row_dq(
         const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ o,
         const T* __restrict__ dout, const float* __restrict__ lse, float* __restrict__ delta,
         T* __restrict__ dq, const long long* __restrict__ kv_len, long long Hq, long long Hkv,
         long long Lq, long long Lk, float scale, int causal) {
-    __shared__ __align__(16) float ks[BC * HDP];
-    __shared__ __align__(16) float vs[BC * HDP];
+    extern __shared__ __align__(16) float sm[];
+    float* ks = sm;
+    float* vs = sm + BC * HDP;
     const long long bh = blockIdx.y, b = bh / Hq, h = bh - b * Hq, hk = h / (Hq / Hkv);
     const long long row = (long long)blockIdx.x * BR + threadIdx.x;
     const bool active = row < Lq;
@@ -550,16 +1040,17 @@ extern "C" __global__ void __launch_bounds__(BR) attn_bwd_dq(
 }
 """
 
-_DKV = r"""
+_ROW_DKV = r"""
 // WHICH 0: dV = sum_i p_ij dO_i; WHICH 1: dK = scale sum_i p_ij (dP_ij - Delta_i) q_i; over every query head
 // of the group and every query row i allowed to see key j.
-extern "C" __global__ void __launch_bounds__(BR) attn_bwd_{name}(
+extern "C" __global__ void __launch_bounds__(BR) attn_row_{name}(
         const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
         const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ grad,
         const long long* __restrict__ kv_len, long long Hq, long long Hkv, long long Lq, long long Lk,
         float scale, int causal) {{
-    __shared__ __align__(16) float qs[BC * HDP];
-    __shared__ __align__(16) float ds_[BC * HDP];
+    extern __shared__ __align__(16) float sm[];
+    float* qs = sm;
+    float* ds_ = sm + BC * HDP;
     __shared__ float ls[BC], dls[BC];
     const long long bkv = blockIdx.y, b = bkv / Hkv, hk = bkv - b * Hkv, g = Hq / Hkv;
     const long long key = (long long)blockIdx.x * BR + threadIdx.x;
@@ -609,44 +1100,61 @@ extern "C" __global__ void __launch_bounds__(BR) attn_bwd_{name}(
 }}
 """
 
-KERNELS: dict[str, tuple[str, str]] = {
-    "fwd": (_FORWARD, "attn_fwd"),
-    "dq": (_DQ, "attn_bwd_dq"),
-    "dv": (_DKV.format(name="dv", which=0), "attn_bwd_dv"),
-    "dk": (_DKV.format(name="dk", which=1), "attn_bwd_dk"),
+
+# kind -> (source parts, function, storage)
+KERNELS: dict[str, tuple[tuple[str, ...], str]] = {
+    "fwd": ((_SIMT, _FORWARD), "attn_fwd"),
+    "fwd16": ((_F16,), "attn_fwd16"),
+    "dq": ((_SIMT, _DQ), "attn_bwd_dq"),
+    "dkdv": ((_SIMT, _DKDV), "attn_bwd_dkdv"),
+    "row_dq": ((_ROW_HEADER, _ROW_DQ), "attn_row_dq"),
+    "row_dv": ((_ROW_HEADER, _ROW_DKV.format(name="dv", which=0)), "attn_row_dv"),
+    "row_dk": ((_ROW_HEADER, _ROW_DKV.format(name="dk", which=1)), "attn_row_dk"),
 }
+TENSOR_CORE_KERNELS = frozenset({"fwd16"})
 
 
-def kernel_source(kind: str, head_dim: int, storage: str = "float32") -> tuple[str, str]:
-    """(CUDA source, function name) of kernel ``kind`` for a compile-time head dim and storage type."""
-    body, fn = KERNELS[kind]
-    hdp = -(-head_dim // 4) * 4
-    header = _HEADER.format(hd=head_dim, hdp=hdp, bc=BC, br=BR, storage=_STORAGE[storage])
-    return header + body, fn
+def kernel_source(kind: str, head_dim: int, v_load: str | None = None) -> tuple[str, str]:
+    """(CUDA source, function name) of kernel ``kind`` for a compile-time head dim; constants from the plan."""
+    parts, fn = KERNELS[kind]
+    p = attention_plan(1, 1, 1, 1, 1, head_dim)
+    macros = _MACROS.format(
+        hd=head_dim,
+        hdp=p.hd_pad,
+        br=p.block_rows,
+        bc=p.block_cols,
+        nt=p.threads,
+        ldr=p.ld_rows,
+        ldc=p.ld_cols,
+        ldd=p.ld_dim,
+        ldh=p.ld_half,
+    )
+    if kind in TENSOR_CORE_KERNELS:
+        macros += f"#define V_LDMATRIX {int((v_load or V_LOAD) == 'ldmatrix')}\n"
+    return macros + "".join(parts), fn
 
 
 @register_builds("attention")
 def _builds() -> Iterator[Build]:
-    """The audited builds: each kernel at head dim 64 (float32 storage, and the float16 forward).
+    """The audited builds: every kernel at head dim 64, and the kernels head dims above 64 run, at 128.
 
-    Other head dims are the same template with other ``HD``/``HDP`` constants; compiling each to PTX costs about
-    a second on a CPU, so the audit keeps to the dim the performance items measure.
+    Other head dims are the same templates with other ``HD``/``HDP`` constants; compiling each to PTX costs about
+    a second on a CPU, so the audit keeps to the dims of the two paddings (64 and 128).
     """
     bits = attention_plan(1, 1, 1, 1, 1, 64).index_bits
-    for hd in (64,):
-        for kind in KERNELS:
-            for storage in ("float32", "float16") if kind == "fwd" else ("float32",):
-                src, fn = kernel_source(kind, hd, storage)
-                yield Build(
-                    "attention",
-                    f"{kind}-hd{hd}-{storage}",
-                    src,
-                    fn,
-                    ROUTE,
-                    approximate=True,
-                    fused=True,
-                    index_bits=bits,
-                )
+    for hd, kinds in ((64, ("fwd", "fwd16", "dq", "dkdv")), (128, ("fwd", "fwd16", "row_dq", "row_dv", "row_dk"))):
+        for kind in kinds:
+            src, fn = kernel_source(kind, hd)
+            yield Build(
+                "attention",
+                f"{kind}-hd{hd}",
+                src,
+                fn,
+                ROUTE,
+                approximate=True,
+                fused=True,
+                index_bits=bits,
+            )
 
 
 # -- entry points ----------------------------------------------------------------------------------------
@@ -668,10 +1176,21 @@ def _checked_plan(q: Any, k: Any, v: Any, kv_lens: Any) -> AttentionPlan:
     return plan
 
 
+@functools.cache
+def _full_lens(batch: int, seq_k: int, device: int) -> Any:
+    """A device array of ``batch`` lengths ``seq_k`` (no mask), made once: no host copy, no sync, per call."""
+    import cupy
+
+    return cupy.full(batch, seq_k, dtype=cupy.int64)
+
+
 def _launch_args(plan: AttentionPlan, kv_lens: Any, scale: float | None, causal: bool) -> tuple:
     import cupy
 
-    lens = cupy.asarray(_lens(None if kv_lens is None else np.asarray(kv_lens), plan.batch, plan.seq_k))
+    if kv_lens is None:
+        lens = _full_lens(int(plan.batch), int(plan.seq_k), cupy.cuda.Device().id)
+    else:
+        lens = cupy.asarray(_lens(np.asarray(kv_lens), plan.batch, plan.seq_k))
     return lens, (
         np.int64(plan.heads_q),
         np.int64(plan.heads_kv),
@@ -680,6 +1199,16 @@ def _launch_args(plan: AttentionPlan, kv_lens: Any, scale: float | None, causal:
         _scale(plan.head_dim, scale),
         np.int32(bool(causal)),
     )
+
+
+def _launch(kind: str, plan: AttentionPlan, grid: tuple[int, int], smem: int, args: tuple) -> None:
+    from native.nvrtc import compile_function
+
+    fn = compile_function(*kernel_source(kind, int(plan.head_dim)), ROUTE)
+    if smem > 48 * 1024:
+        fn.max_dynamic_shared_size_bytes = int(smem)
+    threads = BR if kind.startswith("row_") else int(plan.threads)
+    fn((int(grid[0]), int(grid[1])), (threads,), args, shared_mem=int(smem))
 
 
 def attention(
@@ -693,25 +1222,26 @@ def attention(
     device: str = "host",
     tile: int = BC,
 ) -> tuple[Any, Any]:
-    """(out, lse) of fused attention on the host (NumPy) or the GPU (NVRTC kernel; float32 or float16 storage)."""
+    """(out, lse) of fused attention on the host (NumPy) or the GPU (float32 SIMT, or float16 on tensor cores)."""
     if device == "host":
         _checked_plan(np.asarray(q, np.float32), np.asarray(k, np.float32), np.asarray(v, np.float32), kv_lens)
         out, lse = host_forward(q, k, v, causal=causal, kv_lens=kv_lens, scale=scale, tile=tile)
         return out.astype(np.asarray(q).dtype), lse  # float16 storage: the float32 result rounded once
     import cupy
 
-    from native.nvrtc import compile_function
-
     q, k, v = (cupy.ascontiguousarray(a) for a in (q, k, v))
+    k, v = (cupy.ascontiguousarray(a, dtype=q.dtype) for a in (k, v))
     plan = _checked_plan(q, k, v, kv_lens)
-    storage = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}[np.dtype(q.dtype)]
-    out = cupy.zeros(q.shape, dtype=q.dtype)
-    lse = cupy.full(q.shape[:3], np.inf, dtype=cupy.float32)
+    half = np.dtype(q.dtype) == np.dtype(np.float16)
+    if not half and np.dtype(q.dtype) != np.dtype(np.float32):
+        raise AttentionShapeError(f"storage {q.dtype} is not float32 or float16")
+    out = cupy.empty(q.shape, dtype=q.dtype)  # every row < seq_q is written by the kernel
+    lse = cupy.empty(q.shape[:3], dtype=cupy.float32)
     if plan.grid_q == 0:
         return out, lse
     lens, tail = _launch_args(plan, kv_lens, scale, causal)
-    fn = compile_function(*kernel_source("fwd", plan.head_dim, storage), ROUTE)
-    fn((int(plan.grid_q), int(plan.grid_y_q)), (BR,), (q, k.astype(q.dtype), v.astype(q.dtype), out, lse, lens, *tail))
+    kind, smem = ("fwd16", 0) if half else ("fwd", plan.smem_fwd32)
+    _launch(kind, plan, (plan.grid_q, plan.grid_y_q), smem, (q, k, v, out, lse, lens, *tail))
     return out, lse
 
 
@@ -729,25 +1259,28 @@ def attention_vjp(
     device: str = "host",
     tile: int = BC,
 ) -> tuple[Any, Any, Any]:
-    """(dQ, dK, dV) from the forward's saved out and lse: three kernels (dQ with Delta, dV, dK), float32."""
+    """(dQ, dK, dV) from the forward's saved out and lse, float32: a dQ kernel (with Delta), then dK and dV."""
     if device == "host":
         _checked_plan(np.asarray(q, np.float32), np.asarray(k, np.float32), np.asarray(v, np.float32), kv_lens)
         return host_vjp(q, k, v, out, lse, dout, causal=causal, kv_lens=kv_lens, scale=scale, tile=tile)
     import cupy
 
-    from native.nvrtc import compile_function
-
     q, k, v, out, dout = (cupy.ascontiguousarray(a, dtype=cupy.float32) for a in (q, k, v, out, dout))
     lse = cupy.ascontiguousarray(lse, dtype=cupy.float32)
     plan = _checked_plan(q, k, v, kv_lens)
-    dq, dk, dv = cupy.zeros_like(q), cupy.zeros_like(k), cupy.zeros_like(v)
-    delta = cupy.zeros(q.shape[:3], dtype=cupy.float32)
+    dq, dk, dv = cupy.empty_like(q), cupy.empty_like(k), cupy.empty_like(v)  # the kernels write every element
+    delta = cupy.empty(q.shape[:3], dtype=cupy.float32)
     lens, tail = _launch_args(plan, kv_lens, scale, causal)
+    gq, gk = (plan.grid_q, plan.grid_y_q), (plan.grid_k, plan.grid_y_kv)
+    if plan.tiled_vjp:
+        if plan.grid_q:
+            _launch("dq", plan, gq, plan.smem_dq, (q, k, v, out, dout, lse, delta, dq, lens, *tail))
+        if plan.grid_k:
+            _launch("dkdv", plan, gk, plan.smem_dkdv, (q, k, v, dout, lse, delta, dk, dv, lens, *tail))
+        return dq, dk, dv
     if plan.grid_q:
-        fn = compile_function(*kernel_source("dq", plan.head_dim), ROUTE)
-        fn((int(plan.grid_q), int(plan.grid_y_q)), (BR,), (q, k, v, out, dout, lse, delta, dq, lens, *tail))
+        _launch("row_dq", plan, gq, plan.smem_rowwise, (q, k, v, out, dout, lse, delta, dq, lens, *tail))
     if plan.grid_k:
-        for kind, grad in (("dv", dv), ("dk", dk)):
-            fn = compile_function(*kernel_source(kind, plan.head_dim), ROUTE)
-            fn((int(plan.grid_k), int(plan.grid_y_kv)), (BR,), (q, k, v, dout, lse, delta, grad, lens, *tail))
+        for kind, grad in (("row_dv", dv), ("row_dk", dk)):
+            _launch(kind, plan, gk, plan.smem_rowwise, (q, k, v, dout, lse, delta, grad, lens, *tail))
     return dq, dk, dv

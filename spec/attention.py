@@ -10,6 +10,13 @@ The bounds (docs/attention.md derives them) are per output element, evaluated in
 gamma_n = n u / (1 - n u), u = 2^-24; score errors gamma_D; the online softmax's weights are perturbed by a
 factor within exp(+-A) (score errors, the subtraction and expf's 2 ulp, one rescale per tile), its sums
 by gamma_(Lk + T + 1).
+
+The float16 kernel runs both products on tensor cores (mma m16n8k16, float32 accumulators); its bound uses a stated
+model of that hardware (``tensor_core=True``): products of float16 values are exact in float32; each k-step of 16
+products and the accumulator is added with every term aligned to the largest and truncated, so one step errs by at
+most (16 + 2) 2^-23 times the sum of the magnitudes it adds (TC_STEP below), and a dot of n steps by gamma_(36 n)
+(u = 2^-24). P is rounded to float16 for the P V product (relative 2^-11, absolute 2^-25 below 2^-14) while the
+row sums use the float32 P.
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ __all__ = [
     "untiled_f32",
     "UNDERFLOW",
     "OUT_TINY",
+    "TC_STEP",
+    "TC_K",
+    "tc_gamma",
 ]
 
 U32 = 2.0**-24
@@ -39,12 +49,21 @@ U16 = 2.0**-11
 EXP_ULP = 4 * U32  # expf: 2 ulp (CUDA Programming Guide, Table 13): relative error <= 2 * 2^-23
 OUT_TINY = {U32: 2.0**-150, U16: 2.0**-25}  # half the subnormal spacing of float32 / float16 outputs
 UNDERFLOW = 2.0**-147  # absolute allowance per term for weights and products in the subnormal range
+TC_K = 16  # products per tensor-core k-step (mma m16n8k16)
+TC_STEP = 2 * (TC_K + 2)  # one k-step errs by at most (TC_K + 2) 2^-23 = TC_STEP u of the magnitudes it adds
+P16_TINY = 2.0**-25  # half the float16 subnormal spacing: P below 2^-14 rounds with this absolute error
 
 
 def gamma(n: Any, u: float = U32) -> Any:
     """Higham's gamma_n = n u / (1 - n u)."""
     n = np.asarray(n, dtype=np.float64)
     return n * u / (1 - n * u)
+
+
+def tc_gamma(terms: Any, extra: Any = 0) -> Any:
+    """Tensor-core model: gamma of a dot of ``terms`` products (ceil(terms / 16) k-steps) and ``extra`` roundings."""
+    steps = -(-np.asarray(terms, dtype=np.int64) // TC_K)
+    return gamma(TC_STEP * steps + np.asarray(extra))
 
 
 def scale_of(head_dim: int, scale: float | None = None) -> float:
@@ -115,14 +134,15 @@ def sdpa_vjp(
 
 
 def _weight_log_error(
-    q: np.ndarray, k: np.ndarray, ok: np.ndarray, scale: float | None, tiles: int
+    q: np.ndarray, k: np.ndarray, ok: np.ndarray, scale: float | None, tiles: int, tensor_core: bool = False
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(A per row, score error bound per entry, exact scores): |log w~_j/w_j| <= A (common factors cancel)."""
     d = q.shape[-1]
     sc = scale_of(d, scale)
     s = _scores(q, k, scale)
     a = np.einsum("bhid,bhjd->bhij", np.abs(q), np.abs(_expand(k, q.shape[1]))) * sc
-    ds = a * gamma(d) * (1 + U32) ** 2 + np.abs(s) * (2 * U32 + U32**2)
+    g_dot = tc_gamma(-(-d // 64) * 64) if tensor_core else gamma(d)  # the kernel's padded head dim on tensor cores
+    ds = a * g_dot * (1 + U32) ** 2 + np.abs(s) * (2 * U32 + U32**2)
     hi = np.where(ok, s, -np.inf).max(axis=-1)
     lo = np.where(ok, s, np.inf).min(axis=-1)
     with np.errstate(all="ignore"):
@@ -141,27 +161,33 @@ def forward_bound(
     scale: float | None = None,
     tiles: int = 1,
     u_out: float = U32,
+    tensor_core: bool = False,
+    tile_keys: int = 64,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(float64 reference, per-element bound) of the tiled online-softmax forward with ``tiles`` key tiles.
 
-    |out~ - out| <= (expm1(2A) + e^(2A) (g_o + g_l) / (1 - g_l)) (1 + u_out) S + u_out |out| + tiny + Lk 2^-147 max|v|,
-    S = sum_j A_ij |v_j|, g_o = gamma_(Lk + T + 1), g_l = gamma_(Lk + T); ``u_out`` is the output format's
-    unit roundoff (2^-11 for float16 storage).
+    |out~ - out| <= (expm1(2A) + e^(2A) ((g_o + g_l) / (1 - g_l) + (1 + g_o) u_p)) (1 + u_out) S + u_out |out| + tiny
+    + Lk (2^-147 + p_tiny) max|v|, S = sum_j A_ij |v_j|, g_o = gamma_(Lk + T + 1), g_l = gamma_(Lk + T); ``u_out``
+    is the output format's unit roundoff (2^-11 for float16 storage). With ``tensor_core`` (the float16 kernel):
+    scores use tc_gamma over the padded head dim, g_o = tc_gamma(T tile_keys, T + 1) (T tiles of ``tile_keys``
+    keys), and P rounded to float16 adds u_p = 2^-11 relative and p_tiny = 2 * 2^-25 absolute per key (l >= 1/2).
     """
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     b, hq, lq, _ = q.shape
     lk = k.shape[2]
     ok = mask(b, lq, lk, causal, kv_lens)
-    big_a, _, _ = _weight_log_error(q, k, ok, scale, tiles)
+    big_a, _, _ = _weight_log_error(q, k, ok, scale, tiles, tensor_core)
     p = probs(q, k, causal=causal, kv_lens=kv_lens, scale=scale)
     out = np.einsum("bhij,bhjd->bhid", p, _expand(v, hq))
     s1 = np.einsum("bhij,bhjd->bhid", p, np.abs(_expand(v, hq)))
-    go, gl = gamma(lk + tiles + 1), gamma(lk + tiles)
+    gl = gamma(lk + tiles)
+    go = tc_gamma(tiles * tile_keys, tiles + 1) if tensor_core else gamma(lk + tiles + 1)
+    u_p, p_tiny = (U16, 2 * P16_TINY) if tensor_core else (0.0, 0.0)
     e2a = np.exp(2 * big_a)[..., None]
-    rel = np.expm1(2 * big_a)[..., None] + e2a * (go + gl) / (1 - gl)
+    rel = np.expm1(2 * big_a)[..., None] + e2a * ((go + gl) / (1 - gl) + (1 + go) * u_p)
     vmax = float(np.abs(v).max()) if v.size else 0.0
     tiny = OUT_TINY[u_out]  # half the output format's subnormal spacing: rounding there is absolute, not relative
-    bound = rel * (1 + u_out) * s1 + u_out * np.abs(out) + tiny + lk * UNDERFLOW * vmax + 2.0**-45 * s1
+    bound = rel * (1 + u_out) * s1 + u_out * np.abs(out) + tiny + lk * (UNDERFLOW + p_tiny) * vmax + 2.0**-45 * s1
     return out, bound
 
 

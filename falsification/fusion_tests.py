@@ -62,6 +62,15 @@ __all__ = [
     "golden_failures",
     "gqa_graph",
     "gqa_flags",
+    "FP16_TEMPLATES",
+    "fp16_reference",
+    "pattern_graph",
+    "pattern_flags",
+    "FUSED_REL_U",
+    "fused_step_agrees",
+    "step_agrees",
+    "DECODER_SHAPES",
+    "decoder_flags",
 ]
 
 EXACT_TEMPLATES: tuple[str, ...] = (
@@ -518,6 +527,340 @@ def gqa_rewrite(ctx: FalsifyContext) -> Outcome:
     return engine.run(ctx, check)
 
 
+# -- float16 storage ------------------------------------------------------------------------------------------
+
+FP16_TEMPLATES: tuple[str, ...] = tuple(t for t in EXACT_TEMPLATES if t not in ("reduceSum", "reduceMean", "sum"))
+_NP16: dict[str, Callable[..., np.ndarray]] = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul_elem": np.multiply,
+    "div": np.divide,
+    "sqrt": np.sqrt,
+    "inv": lambda a: np.divide(np.float16(1), a),
+    "neg": np.negative,
+    "abs": np.abs,
+}
+_MOVE16: dict[str, Callable[[Any, list], np.ndarray]] = {
+    "reshape": lambda n, a: a[0].reshape(n.out_shape),
+    "flatten": lambda n, a: a[0].reshape(n.out_shape),
+    "transpose": lambda n, a: np.swapaxes(a[0], n.attrs["dim0"], n.attrs["dim1"]),
+    "permute": lambda n, a: np.transpose(a[0], n.attrs["perm"]),
+    "concat": lambda n, a: np.concatenate(a, axis=n.attrs["axis"]),
+    "broadcastTo": lambda n, a: np.broadcast_to(a[0], n.out_shape),
+    "expand": lambda n, a: np.broadcast_to(a[0], n.out_shape),
+}
+
+
+def _slice16(n: Any, a: list) -> np.ndarray:
+    idx = [slice(None)] * a[0].ndim
+    idx[n.attrs["axis"]] = slice(n.attrs["start"], n.attrs["stop"], n.attrs.get("step", 1))
+    return a[0][tuple(idx)]
+
+
+_MOVE16["slice"] = _slice16
+
+
+def fp16_reference(graph: Graph, payload: Payload, inputs: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """The unfused float16 evaluation, op by op in NumPy float16 (add sub mul div sqrt inv neg abs: NumPy's half
+    loops, the float op rounded to half, which is the correctly rounded half op since 24 >= 2 * 11 + 2; max, min,
+    relu: the project's float32 op (fmaxf/fminf, relu's NaN rule) rounded to half); every value binary16."""
+    vals: dict[int, np.ndarray] = {}
+    with np.errstate(all="ignore"):
+        for n in graph.nodes:
+            args = [vals[q] for q in n.parents]
+            if n.kind == "input":
+                v = cg.round16(np.asarray(inputs[n.id], np.float32))
+            elif n.kind == "const":
+                v = cg.round16(np.asarray(payload.get(n.id)["value"], np.float32).reshape(n.out_shape))
+            elif n.kind in _NP16:
+                v = np.asarray(_NP16[n.kind](*args), np.float16)
+            elif n.kind in _MOVE16:
+                v = np.ascontiguousarray(_MOVE16[n.kind](n, args))
+            else:
+                f32 = cg.FUSED_OPS[n.kind].host(*[np.asarray(a, np.float32).reshape(-1) for a in args])
+                v = cg.round16(np.asarray(f32).reshape(n.out_shape))
+            vals[n.id] = np.asarray(v, np.float16).reshape(n.out_shape)
+    return vals
+
+
+def _bits16(arrays: list[np.ndarray]) -> np.ndarray:
+    """uint32 holding each binary16 pattern, every NaN as 0x7FFF."""
+    out = []
+    for a in arrays:
+        h = np.ascontiguousarray(a, np.float16).reshape(-1)
+        out.append(np.where(np.isnan(h), np.uint16(0x7FFF), h.view(np.uint16)).astype(np.uint32))
+    return np.concatenate(out or [np.zeros(0, np.uint32)])
+
+
+def _rounding16(b: GraphBuilder) -> None:  # (x + 2048) - 2048 is 0 for x = 1 in binary16, 1 if the sum is not rounded
+    x = b.add("input", (), (2,))
+    c = b.add("const", (), (2,), params={"value": [2048.0, 2048.0]})
+    b.add("sub", (b.add("add", (x, c), (2,)), c), (2,))
+
+
+@register_test("fusion.fp16_chains")
+@guarded()
+def fp16_chains(ctx: FalsifyContext) -> Outcome:
+    """float16-storage programs equal NumPy float16 op by op, bit for bit, fused and unfused (one kernel per op)."""
+    variant = str(ctx.params.get("variant", "default"))
+
+    def native(case: GraphCase) -> list:
+        ins = _inputs_of(case)
+        got = []
+        for fuse in (True, False):
+            prog = nf.compile_subgraph(case.graph, storage="float16", fuse=fuse, variant=variant)
+            res = nf.CUDAExecutor(prog, case.payload, ctx.device).run(ins)
+            got += [np.asarray(_host16(res[o])) for o in prog.outputs]
+        return [_bits16(got)]
+
+    def reference(case: GraphCase) -> Expected:
+        vals = fp16_reference(case.graph, case.payload, _inputs_of(case))
+        outs = [vals[o] for o in nf.program_outputs(case.graph)]
+        return Expected(bits=_bits16(outs + outs))
+
+    explicit = (_case(_rounding16, [1.0, 3.0]), _case(_reorder, [-1.0, 2.0]))
+    check = Check(
+        name="float16 storage vs NumPy float16",
+        inputs=lambda c: c,
+        native=native,
+        reference=reference,
+        agreement=engine.item_agreement(ctx, "bitwise", nan_policy="exact"),
+        cases=_graph_strategy(ctx, _templates(ctx, FP16_TEMPLATES)),
+        explicit=explicit,
+        describe=lambda c: {"graph": str(c)},
+        output_names=("fused outputs|unfused outputs (binary16 bits, NaN 0x7FFF)",),
+        build={"variant": variant, "templates": list(_templates(ctx, FP16_TEMPLATES)), "storage": "float16"},
+    )
+    return engine.run(ctx, check)
+
+
+def _host16(a: Any) -> np.ndarray:
+    from obligations.core.device import to_host
+
+    return np.ascontiguousarray(to_host(a), np.float16)
+
+
+# -- multi-op patterns ----------------------------------------------------------------------------------------
+
+
+def pattern_graph(kind: str, rows: int, d: int, seed: int, operand_order: int = 0) -> tuple[Graph, Payload]:
+    """A graph holding one pattern: masked softmax (scores * c, + a causal mask, softmax over the last axis) or
+    RMSNorm's six ops (weight and eps broadcast from consts; ``operand_order`` swaps the muls' and add's operands)."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.add("input", (), (rows, d))
+    sh, red = (rows, d), (rows, 1)
+    if kind == "masked_softmax":
+        c = b.add("const", (), sh, params={"value": np.full(sh, 0.5)})
+        s = b.add("mul_elem", (x, c), sh)
+        mask = np.where(np.arange(d)[None, :] > np.arange(rows)[:, None] % d, -np.inf, 0.0)
+        m = b.add("const", (), sh, params={"value": mask})
+        a = b.add("add", (s, m) if operand_order == 0 else (s, m), sh)
+        b.add("softmax", (a,), sh, axis=-1)
+        return b.build()
+    two = b.add("const", (), sh, params={"value": np.full(sh, 2.0)})
+    mean = b.add("reduceMean", (b.add("pow", (x, two), sh),), red, axis=-1, keepdim=True)
+    e0 = b.add("const", (), (1, 1), params={"value": np.full((1, 1), 1e-6)})
+    e = b.add("broadcastTo", (e0,), red, shape=red)
+    a = b.add("add", (mean, e) if operand_order == 0 else (e, mean), red)
+    rb = b.add("broadcastTo", (b.add("rsqrt", (a,), red),), sh, shape=sh)
+    y = b.add("mul_elem", (x, rb) if operand_order == 0 else (rb, x), sh)
+    w = b.add("broadcastTo", (b.add("const", (), (d,), params={"value": rng.standard_normal(d)}),), sh, shape=sh)
+    b.add("mul_elem", (y, w) if operand_order == 0 else (w, y), sh)
+    return b.build()
+
+
+def pattern_flags(case: tuple, device: str, patterns: bool = True) -> np.ndarray:
+    """[one pattern step of the kind, one kernel for it, rules hold, value agrees (RMSNorm: bitwise the
+    denotation; masked softmax: bitwise the unfused program on the device and within the softmax bound)]."""
+    from native.ir import agree
+
+    kind, rows, d, seed, order, x = case
+    g, p = pattern_graph(kind, rows, d, seed, order)
+    prog = nf.compile_subgraph(g, payload=p, patterns=patterns)
+    steps = [s for s in prog.steps if s.kind == "pattern"]
+    one = len(steps) == 1 and steps[0].pattern.kind == kind
+    members = len(steps[0].nodes) if one else 0
+    rules = not rule_violations(prog, p, {0: x})
+    res = nf.CUDAExecutor(prog, p, device).run({0: x})
+    out = prog.outputs[0]
+    got = _host(res[out])
+    den = denote_all(g, p, {0: x}).value
+    if kind == "rmsnorm":
+        ok = sf.same_bits(got, den[out])
+    else:
+        unfused = nf.run_program(g, p, {0: x}, device, fuse=False)[out]
+        node = g[out]
+        ok = sf.same_bits(got, unfused) and bool(np.all(agree(node, [den[node.parents[0]]], None, got, den[out])))
+    return np.array([one, members == (2 if kind == "masked_softmax" else 7), rules, ok], np.uint32)
+
+
+@st.composite
+def _pattern_cases(draw: Any) -> tuple:
+    kind = draw(st.sampled_from(("masked_softmax", "rmsnorm")))
+    rows, d = draw(st.integers(1, 4)), draw(st.integers(1, 160))
+    scale = np.float32(draw(st.sampled_from((1.0, 1e-20, 1e18)))) if kind == "rmsnorm" else np.float32(1)
+    with np.errstate(all="ignore"):
+        x = (draw(f32_arrays((rows, d), specials=draw(st.booleans()))) * scale).astype(np.float32)
+    return kind, rows, d, draw(st.integers(0, 3)), draw(st.integers(0, 1)), x
+
+
+@register_test("fusion.patterns")
+@guarded()
+def patterns(ctx: FalsifyContext) -> Outcome:
+    """Masked softmax and RMSNorm's six ops are each one pattern step (one kernel) and agree with their meaning."""
+    on = bool(ctx.params.get("patterns", True))
+    rng = np.random.default_rng(1)
+    explicit = tuple(
+        (k, r, d, 0, o, rng.standard_normal((r, d)).astype(np.float32))
+        for k, r, d, o in (("masked_softmax", 3, 7, 0), ("rmsnorm", 2, 4096, 0), ("rmsnorm", 3, 5, 1))
+    )
+    check = Check(
+        name="multi-op patterns",
+        inputs=lambda c: c,
+        native=lambda c: [pattern_flags(c, ctx.device, on)],
+        reference=lambda c: Expected(bits=np.ones(4, np.uint32)),
+        agreement=engine.item_agreement(ctx, "bitwise", nan_policy="exact"),
+        cases=_pattern_cases(),
+        explicit=explicit,
+        describe=lambda c: {"pattern": c[0], "rows": c[1], "d": c[2], "seed": c[3], "operand_order": c[4]},
+        output_names=("one pattern step|all members|rules|value agrees",),
+        build={"patterns": on},
+    )
+    return engine.run(ctx, check)
+
+
+# -- the decoder block ------------------------------------------------------------------------------------------
+
+# Relative budget (in units u = 2^-24) of a fused approximate op against the denotation's value rounded once:
+# libdevice expf is within 2 ulp; silu x / (1 + expf(-x)) adds two roundings (<= 6.5 ulp, taken as 14 u).
+FUSED_REL_U: dict[str, int] = {"silu": 14, "exp": 4, "tanh": 4, "sigmoid": 12, "log": 2}
+_MULTIPLICATIVE = frozenset({"mul_elem", "div", "neg", "abs", "relu", "inv"})
+
+
+def fused_step_agrees(ops: tuple[str, ...], got: np.ndarray, want: np.ndarray) -> bool:
+    """A fused chain's value from the denotation's inputs: bitwise when every op is exact; with approximate ops,
+    only as the first op(s) followed by multiplicative ops (no cancellation), |got - want| <= (sum of the ops'
+    budgets + 2 per later op) u |want| + 2^-140 (NaN where both are NaN)."""
+    approx = [k for k, op in enumerate(ops) if op in FUSED_REL_U]
+    if not approx:
+        return sf.same_bits(got, want)
+    if any(op not in FUSED_REL_U and op not in _MULTIPLICATIVE for op in ops[approx[0] :]):
+        return False
+    rel = (sum(FUSED_REL_U.get(op, 2) for op in ops[approx[0] :])) * 2.0**-24
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    with np.errstate(all="ignore"):
+        ok = (np.isnan(g) & np.isnan(w)) | (np.abs(g - w) <= rel * np.abs(w) + 2.0**-140)
+    return bool(np.all(ok))
+
+
+def step_agrees(graph: Graph, payload: Payload, step: sf.Step, den: Any, got: np.ndarray) -> bool:
+    """One step's value (from the denotation's values of what it reads) against the denotation, by the step's
+    rule: GEMMs within the GEMM bound, masked softmax within the softmax bound, fused chains by
+    :func:`fused_step_agrees`, every other step (data movement, RMSNorm, RoPE, embedding) bit for bit."""
+    from native.ir import agree
+
+    w = step.writes[0]
+    node, want = graph[w], den[w]
+    if step.kind == "cublas":
+        return bool(np.all(agree(node, [den[q] for q in node.parents], payload.get(w), got, want)))
+    if step.kind == "pattern" and step.pattern.kind == "masked_softmax":
+        return bool(np.all(agree(node, [den[step.nodes[0]]], None, got, want)))
+    if step.kind == "fused":
+        return fused_step_agrees(step.kernel.ops, got, want)
+    return sf.same_bits(got, want)
+
+
+DECODER_SHAPES: dict[str, dict[str, int]] = {
+    "small": {"t": 4, "dm": 16, "heads": 4, "kv": 2, "dh": 4, "ff": 32, "vocab": 11},
+    "wide": {"t": 8, "dm": 32, "heads": 6, "kv": 2, "dh": 8, "ff": 48, "vocab": 17},
+}
+
+
+def decoder_flags(case: tuple, device: str, grouping: str = "div") -> tuple[np.ndarray, dict[str, Any]]:
+    """[rules and planner hold, GQA rewritten (2 matches) keeping the denotation bit for bit, masked softmax and
+    six-op RMSNorm recognised, RoPE x2 and embedding on the device with no host step, every step agrees with the
+    denotation by its rule] and the end-to-end evidence."""
+    from native.fusion_gqa import rewrite_gqa
+    from spec.fusion_decoder import decoder_block, decoder_params
+    from spec.ir import graphspec as gs
+
+    shape_name, seed, ids = case
+    blk = decoder_block(**DECODER_SHAPES[shape_name])
+    low = gs.lower_dag(blk, decoder_params(blk, seed))
+    g, p, out = low.graph, low.payload, low.output
+    den0 = denote_all(g, p, [ids]).value
+    rw, matches = rewrite_gqa(g, p, [out], grouping)
+    g2, p2, out2 = rw.graph, rw.payload, rw.mapping[out]
+    den = denote_all(g2, p2, [ids]).value
+    gqa_ok = sorted(m.variant for m in matches) == ["qk", "sv"] and sf.same_bits(den[out2], den0[out])
+    prog = nf.compile_subgraph(g2, [out2], payload=p2)
+    rules = not (sf.program_violations(prog.spec(), cg.fusable) + nf.planner_violations(prog.requests, prog.buffers))
+    kinds = [s.kind for s in prog.steps]
+    pats = sorted(s.pattern.kind for s in prog.steps if s.kind == "pattern")
+    specials = sorted(g2[s.nodes[0]].kind for s in prog.steps if s.kind == "special")
+    devices_ok = specials == ["embedding", "rope", "rope"] and "host" not in kinds
+    ex = nf.CUDAExecutor(prog, p2, device)
+    bad_steps = []
+    for k, st_ in enumerate(prog.steps):
+        got = ex.run_step(st_, {r: den[r] for r in st_.reads})
+        if not step_agrees(g2, p2, st_, den, _host(got[st_.writes[0]])):
+            bad_steps.append(f"step {k} ({st_.kind} {[g2[n].kind for n in st_.nodes]})")
+    y = _host(ex.run([ids])[out2])
+    with np.errstate(all="ignore"):
+        rel = float(np.max(np.abs(y.astype(np.float64) - den[out2]) / np.maximum(np.abs(den[out2]), 1e-30)))
+    ev = {
+        "shape": DECODER_SHAPES[shape_name],
+        "ops": prog.counts()["ops"],
+        "steps": len(prog.steps),
+        "step_kinds": {k: kinds.count(k) for k in sorted(set(kinds))},
+        "patterns": pats,
+        "special": specials,
+        "gqa": [m.variant for m in matches],
+        "steps_outside_rule": bad_steps[:4],
+        "end_to_end_max_rel_error": rel,
+    }
+    flags = np.array([rules, gqa_ok, pats == ["masked_softmax", "rmsnorm"], devices_ok, not bad_steps], np.uint32)
+    return flags, ev
+
+
+@register_test("fusion.decoder")
+@guarded()
+def decoder(ctx: FalsifyContext) -> Outcome:
+    """The GraphSpec decoder block, lowered, GQA-rewritten, compiled and run: every step agrees with the
+    denotation by its family's rule."""
+    grouping = str(ctx.params.get("grouping", "div"))
+    evidence: list[dict[str, Any]] = []
+
+    def native(case: tuple) -> list:
+        flags, ev = decoder_flags(case, ctx.device, grouping)
+        evidence.append(ev)
+        return [flags]
+
+    def ids_for(shape: str, seed: int) -> np.ndarray:
+        sh = DECODER_SHAPES[shape]
+        return np.random.default_rng(seed).integers(0, sh["vocab"], sh["t"]).astype(np.float32)
+
+    cases = st.builds(
+        lambda shape, seed: (shape, seed, ids_for(shape, seed)),
+        st.sampled_from(sorted(DECODER_SHAPES)),
+        st.integers(0, 1000),
+    )
+    check = Check(
+        name="decoder block",
+        inputs=lambda c: c,
+        native=native,
+        reference=lambda c: Expected(bits=np.ones(5, np.uint32)),
+        agreement=engine.item_agreement(ctx, "bitwise", nan_policy="exact"),
+        cases=cases,
+        explicit=tuple((s, 0, ids_for(s, 0)) for s in sorted(DECODER_SHAPES)),
+        describe=lambda c: {"shape": c[0], "seed": c[1], "ids": [int(v) for v in c[2]]},
+        output_names=("rules|gqa|patterns|device steps|every step within its rule",),
+        build={"grouping": grouping, "model": "spec.fusion_decoder.decoder_block (GraphSpec)"},
+    )
+    return engine.run(ctx, check, lambda: {"programs": evidence[:2]})
+
+
 # -- kernel cache --------------------------------------------------------------------------------------------
 
 _SOURCES = (
@@ -732,17 +1075,28 @@ def perf_rmsnorm(t: int, d: int) -> dict[str, float]:
     w = np.random.default_rng(0).standard_normal(d).astype(np.float32)
     b.add("rmsnorm", (b.add("input", (), (t, d)),), (t, d), params={"weight": w}, eps=1e-6)
     g, p = b.build()
-    ex = nf.CUDAExecutor(nf.compile_subgraph(g), p, "cuda")
+    from native import fusion_kernels as fk
+
+    prog = nf.compile_subgraph(g)
+    ex = nf.CUDAExecutor(prog, p, "cuda")
     x = cupy.random.RandomState(0).standard_normal((t, d), dtype=cupy.float32)
     y = cupy.empty_like(x)
-    ours = time_ms(lambda: ex.run([x]), iters=20, warmup=5)
-    copy = time_ms(lambda: cupy.copyto(y, x), iters=20, warmup=5)
+    y2 = cupy.empty_like(x)
+    wd, ed = cupy.asarray(w), cupy.full((1,), np.float32(1e-6), cupy.float32)
+    ours = time_ms(lambda: ex.run([x]), iters=50, warmup=5)
+    kernel = time_ms(lambda: fk.rmsnorm_cuda(ex.prewritten["rmsnorm"], x, wd, ed, out=y2), iters=50, warmup=5)
+    copy = time_ms(lambda: cupy.copyto(y, x), iters=50, warmup=5)
+    same = bool(cupy.array_equal(ex.run([x])[1].view(cupy.uint32), y2.view(cupy.uint32)))
     tx, tw = torch.as_tensor(x, device="cuda"), torch.as_tensor(w, device="cuda")
     eager = time_ms(lambda: tx * torch.rsqrt(tx.pow(2).mean(-1, keepdim=True) + 1e-6) * tw, iters=20, warmup=5)
     gbps = 2 * x.nbytes / (ours * 1e6)
     return {
+        "steps": [s.kind for s in prog.steps],
         "ours_ms": ours,
+        "kernel_only_ms": kernel,
+        "kernel_equals_step": same,
         "copy_ms": copy,
+        "copy_peer": "cupy.copyto(y, x): the same (T, D) float32 array read once and written once",
         "torch_eager_ms": eager,
         "vs_copy_bandwidth": copy / ours,
         "vs_torch": eager / ours,

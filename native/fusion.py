@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ from native.nvrtc import compile_function, get_route
 from obligations.core.device import array_module, resolve_device, to_host
 from spec import fusion as sf
 from spec.ir.checks import node_attrs
-from spec.ir.denote import bits, eval_node, floats, normalise_inputs
+from spec.ir.denote import bits, eval_node, floats, normalise_inputs, rope_tables
 from spec.ir.graph import Graph, GraphBuilder, Payload
 from spec.ir.ops import get_op
 
@@ -58,6 +58,12 @@ __all__ = [
     "CUDAExecutor",
     "run_program",
     "example_graphs",
+    "fp16_example_graphs",
+    "PatternMatch",
+    "PATTERNS",
+    "match_patterns",
+    "SPECIAL_OPS",
+    "STORAGES",
     "program_outputs",
 ]
 
@@ -69,14 +75,152 @@ _STEP_OF_CATEGORY = {
 }
 
 
-PREWRITTEN: dict[str, tuple[str, str]] = {"rmsnorm": fk.rmsnorm_source()}  # op -> (source, function)
+# pre-written kernel -> (source, function): the IR ops rmsnorm, rope, embedding and the masked-softmax pattern
+PREWRITTEN: dict[str, tuple[str, str]] = dict(fk.SOURCES)
+SPECIAL_OPS = ("rope", "embedding")  # SpecialKernelSteps on the device
+STORAGES: dict[str, Any] = {"float32": np.float32, "float16": np.float16}
 
 
 def default_supported(kind: str) -> bool:
-    """Device-supported ops: bound sources, fusable elementwise ops and ops the unfused executor runs."""
+    """Device-supported ops: bound sources, fusable elementwise ops, pre-written kernels and ops the unfused
+    executor runs."""
     return (
-        kind in sf.BOUND_OPS or cg.fusable(kind) or kind in PREWRITTEN or (kind in EXECUTORS and kind not in ("const",))
+        kind in sf.BOUND_OPS
+        or cg.fusable(kind)
+        or kind in PREWRITTEN
+        or kind in SPECIAL_OPS
+        or (kind in EXECUTORS and kind not in ("const",))
     )
+
+
+# -- multi-op patterns -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PatternMatch:
+    """A multi-op pattern found in a graph: its kind, members (id order), the values it reads and its operands."""
+
+    kind: str
+    nodes: tuple[int, ...]
+    reads: tuple[int, ...]
+    operands: tuple[tuple[str, int], ...]
+
+    def operand(self, name: str) -> int:
+        """The node id of operand ``name``."""
+        return dict(self.operands)[name]
+
+
+def _one_use(uses: Mapping[int, int], cons: Mapping[int, tuple[int, ...]], n: int, c: int) -> bool:
+    return uses.get(n, 0) == 1 and cons.get(n) == (c,)
+
+
+def _last_axis(graph: Graph, nid: int) -> bool:
+    node = graph[nid]
+    a = node_attrs(node, get_op(node.kind))
+    rank = len(graph[node.parents[0]].out_shape)
+    return rank >= 1 and int(a["axis"]) % rank == rank - 1
+
+
+def _match_masked_softmax(
+    graph: Graph, uses: Mapping[int, int], cons: Mapping[int, tuple[int, ...]], sid: int, payload: Payload | None
+) -> PatternMatch | None:
+    """softmax(add(x, mask)) over the last axis, the add read only by the softmax."""
+    s = graph[sid]
+    if s.kind != "softmax" or not _last_axis(graph, sid):
+        return None
+    a = graph[s.parents[0]]
+    if a.kind != "add" or not _one_use(uses, cons, a.id, sid) or a.out_shape != s.out_shape:
+        return None
+    x, m = a.parents
+    return PatternMatch("masked_softmax", (a.id, sid), (x, m), (("x", x), ("mask", m)))
+
+
+def _const_value(graph: Graph, payload: Payload | None, nid: int) -> np.ndarray | None:
+    """The value of a const node, or of broadcastTo/expand of one (None otherwise or without a payload)."""
+    node = graph[nid]
+    if node.kind in ("broadcastTo", "expand"):
+        v = _const_value(graph, payload, node.parents[0])
+        return None if v is None else np.broadcast_to(v, node.out_shape)
+    if node.kind != "const" or payload is None or payload.get(nid) is None:
+        return None
+    return np.asarray(payload.get(nid)["value"], np.float32).reshape(node.out_shape)
+
+
+def _match_rmsnorm(
+    graph: Graph, uses: Mapping[int, int], cons: Mapping[int, tuple[int, ...]], mid: int, payload: Payload | None
+) -> PatternMatch | None:
+    """The six ops of RMSNorm: mul(mul(x, broadcastTo(rsqrt(add(reduceMean(pow(x, 2)), eps)))), w) (either
+    operand order of each mul and of the add; the mean over the last axis with keepdim; exponent a const 2)."""
+    m2 = graph[mid]
+    if m2.kind != "mul_elem":
+        return None
+    for y_id, wb in (m2.parents, m2.parents[::-1]):
+        y = graph[y_id]
+        if y.kind != "mul_elem" or not _one_use(uses, cons, y_id, mid):
+            continue
+        for x, rb_id in (y.parents, y.parents[::-1]):
+            rb = graph[rb_id]
+            if rb.kind != "broadcastTo" or not _one_use(uses, cons, rb_id, y_id):
+                continue
+            r = graph[rb.parents[0]]
+            if r.kind != "rsqrt" or not _one_use(uses, cons, r.id, rb_id):
+                continue
+            a = graph[r.parents[0]]
+            if a.kind != "add" or not _one_use(uses, cons, a.id, r.id):
+                continue
+            for mean_id, eps in (a.parents, a.parents[::-1]):
+                mean = graph[mean_id]
+                if (
+                    mean.kind != "reduceMean"
+                    or not _one_use(uses, cons, mean_id, a.id)
+                    or not _last_axis(graph, mean_id)
+                ):
+                    continue
+                pw = graph[mean.parents[0]]
+                if pw.kind != "pow" or pw.parents[0] != x or not _one_use(uses, cons, pw.id, mean_id):
+                    continue
+                shape = graph[x].out_shape
+                if not shape or mean.out_shape != shape[:-1] + (1,) or m2.out_shape != shape:
+                    continue
+                two = _const_value(graph, payload, pw.parents[1])
+                if two is None or not np.all(two == np.float32(2.0)):
+                    continue
+                nodes = tuple(sorted((pw.id, mean_id, a.id, r.id, rb_id, y_id, mid)))
+                if nodes[-1] != mid:
+                    continue
+                reads = tuple(dict.fromkeys((x, pw.parents[1], eps, wb)))
+                return PatternMatch(
+                    "rmsnorm", nodes, reads, (("x", x), ("exponent", pw.parents[1]), ("eps", eps), ("weight", wb))
+                )
+    return None
+
+
+Matcher = Callable[
+    [Graph, Mapping[int, int], Mapping[int, tuple[int, ...]], int, "Payload | None"], "PatternMatch | None"
+]
+PATTERNS: dict[str, Matcher] = {"masked_softmax": _match_masked_softmax, "rmsnorm": _match_rmsnorm}
+
+
+def match_patterns(
+    graph: Graph, part: Part, outputs: Iterable[int], payload: Payload | None = None
+) -> dict[int, PatternMatch]:
+    """Every pattern of :data:`PATTERNS` rooted at a node of a device part, all members inside the part and
+    no member in two matches; by root (last member) id."""
+    if not part.device:
+        return {}
+    uses = sf._uses(graph, outputs)
+    cons = graph.consumers()
+    members = set(part.nodes)
+    taken: set[int] = set()
+    found: dict[int, PatternMatch] = {}
+    for nid in reversed(part.nodes):
+        for matcher in PATTERNS.values():
+            mt = matcher(graph, uses, cons, nid, payload)
+            if mt is not None and set(mt.nodes) <= members and not set(mt.nodes) & taken:
+                found[nid] = mt
+                taken |= set(mt.nodes)
+                break
+    return found
 
 
 @dataclass(frozen=True)
@@ -114,16 +258,27 @@ Extend = Callable[[Graph, int, int, dict[int, int], Callable[[str], bool]], bool
 
 
 def analyze_subgraph(
-    graph: Graph, part: Part, outputs: Iterable[int], fuse: bool = True, extend: Extend = sf.may_extend
+    graph: Graph,
+    part: Part,
+    outputs: Iterable[int],
+    fuse: bool = True,
+    extend: Extend = sf.may_extend,
+    patterns: Mapping[int, PatternMatch] | None = None,
 ) -> list[sf.Step]:
-    """Steps of one part in run order (a chain runs at its last member); bound sources make no step."""
+    """Steps of one part in run order (a chain runs at its last member); bound sources make no step; pattern
+    matches (by root) become one pattern step each, their members out of every chain."""
+    outputs = tuple(outputs)
     uses = sf._uses(graph, outputs)
     members = set(part.nodes)
     chains: dict[int, list[int]] = {}  # chain tail -> members
     singles: dict[int, sf.Step] = {}
+    patterns = patterns or {}
+    in_pattern = {n for mt in patterns.values() for n in mt.nodes}
+    for root, mt in patterns.items():
+        singles[root] = sf.Step("pattern", mt.nodes, mt.reads, (root,), pattern=mt)
     for nid in part.nodes:
         node = graph[nid]
-        if node.kind in sf.BOUND_OPS:
+        if node.kind in sf.BOUND_OPS or nid in in_pattern:
             continue
         if not part.device:
             singles[nid] = _single(graph, "host", nid)
@@ -176,7 +331,7 @@ class BufferPlan:
 Request = tuple[int, int, int, tuple[int, ...]]  # (node, nbytes, writing step, reading steps)
 
 
-def buffer_requests(graph: Graph, steps: Sequence[sf.Step], outputs: Iterable[int]) -> list[Request]:
+def buffer_requests(graph: Graph, steps: Sequence[sf.Step], outputs: Iterable[int], itemsize: int = 4) -> list[Request]:
     """Each fused step's output with its size and every step that reads it (through alias views too);
     a program output is read by step len(steps) (the caller)."""
     readers: dict[int, set[int]] = {}
@@ -193,7 +348,7 @@ def buffer_requests(graph: Graph, steps: Sequence[sf.Step], outputs: Iterable[in
     for k, s in enumerate(steps):
         if s.kind == "fused":
             n = s.writes[0]
-            out.append((n, 4 * math.prod(graph[n].out_shape), k, tuple(sorted(readers.get(n, ())))))
+            out.append((n, itemsize * math.prod(graph[n].out_shape), k, tuple(sorted(readers.get(n, ())))))
     return out
 
 
@@ -279,6 +434,7 @@ class CUDAProgram:
     outputs: tuple[int, ...]
     buffers: BufferPlan
     requests: tuple[Request, ...] = ()
+    storage: str = "float32"
 
     def spec(self) -> sf.Program:
         """The program as :mod:`spec.fusion` states it."""
@@ -301,11 +457,14 @@ class CUDAProgram:
         lines = [
             f"program: {c['ops']} ops -> {c['steps']} steps ({c['fused_kernels']} generated kernels); "
             f"bound {list(self.bound)}; outputs {list(self.outputs)}"
+            + ("" if self.storage == "float32" else f"; storage {self.storage}")
         ]
         for k, s in enumerate(self.steps):
             what = (
                 s.kernel.describe() if s.kernel is not None else ", ".join(f"{self.graph[n].kind} {n}" for n in s.nodes)
             )
+            if s.pattern is not None:
+                what = f"{s.pattern.kind} [{what}]"
             lines.append(f"  step {k}: {s.kind:<9} {what}  reads {list(s.reads)}")
         lines.append(
             f"  arena {self.buffers.arena_bytes} B: "
@@ -335,24 +494,38 @@ def compile_subgraph(
     variant: str = "default",
     planner: str = "liveness",
     extend: Extend = sf.may_extend,
+    payload: Payload | None = None,
+    patterns: bool = True,
+    storage: str = "float32",
 ) -> CUDAProgram:
-    """Partition, analyse every part into steps, generate one kernel per chain and plan the buffers."""
+    """Partition, match the multi-op patterns (the RMSNorm one needs ``payload`` to see its exponent 2), analyse
+    every part into steps, generate one kernel per chain and plan the buffers. ``storage`` float16: every value
+    is stored as binary16 (only elementwise chains and data movement; each op rounds to binary16)."""
+    if storage not in STORAGES:
+        raise ValueError(f"storage must be one of {sorted(STORAGES)}")
     outs = tuple(outputs) if outputs is not None else program_outputs(graph)
     plan = partition(graph, is_supported)
     steps: list[sf.Step] = []
     for part in plan.parts:
-        steps += analyze_subgraph(graph, part, outs, fuse, extend)
+        found = match_patterns(graph, part, outs, payload) if patterns and fuse and storage == "float32" else {}
+        steps += analyze_subgraph(graph, part, outs, fuse, extend, found)
     steps.sort(key=lambda s: s.nodes[-1])
+    if storage != "float32":
+        bad = [s for s in steps if s.kind not in ("fused", "alias")]
+        if bad:
+            raise ValueError(
+                f"{storage} storage runs elementwise chains and data movement only; node {bad[0].nodes[0]} "
+                f"({graph[bad[0].nodes[0]].kind}) would be a {bad[0].kind} step"
+            )
     k = 0
     for i, s in enumerate(steps):
         if s.kind == "fused":
-            steps[i] = sf.Step(
-                s.kind, s.nodes, s.reads, s.writes, cg.generate_fused_kernel(graph, s.nodes, f"fused_ew_{k}", variant)
-            )
+            kern = cg.generate_fused_kernel(graph, s.nodes, f"fused_ew_{k}", variant, storage)
+            steps[i] = sf.Step(s.kind, s.nodes, s.reads, s.writes, kern)
             k += 1
     bound = tuple(n.id for n in graph.nodes if n.kind in sf.BOUND_OPS)
-    reqs = buffer_requests(graph, steps, outs)
-    return CUDAProgram(graph, plan, bound, tuple(steps), outs, plan_buffers(reqs, planner), tuple(reqs))
+    reqs = buffer_requests(graph, steps, outs, np.dtype(STORAGES[storage]).itemsize)
+    return CUDAProgram(graph, plan, bound, tuple(steps), outs, plan_buffers(reqs, planner), tuple(reqs), storage)
 
 
 # -- kernel cache ----------------------------------------------------------------------------------------
@@ -422,20 +595,27 @@ def device_arch() -> str:
 # -- executor --------------------------------------------------------------------------------------------
 
 
-@dataclass
-class _State:
-    values: dict[int, Any] = field(default_factory=dict)
-
-
-def _upload(xp: Any, a: np.ndarray) -> Any:
-    """A host float32 array on the device through a 1-D copy (CuPy may fill a 0-d array from a zero by memset,
-    turning -0.0 into +0.0; seen on the H100 run)."""
-    a = np.ascontiguousarray(a, np.float32)
+def _upload(xp: Any, a: np.ndarray, dtype: Any = np.float32) -> Any:
+    """A host array on the device through a 1-D copy (CuPy may fill a 0-d array from a zero by memset, turning
+    -0.0 into +0.0; seen on the H100 run)."""
+    a = np.array(a, dtype=dtype, order="C", copy=True)  # keeps a 0-d array 0-d (ascontiguousarray makes it 1-d)
     return xp.asarray(a.reshape(-1)).reshape(a.shape)
 
 
 def _contig_flat(xp: Any, a: Any) -> Any:
     return xp.ascontiguousarray(a).reshape(-1)
+
+
+def _to_storage(a: np.ndarray, storage: str) -> np.ndarray:
+    """Host values in the storage type: float32 (uint32 bits viewed), or float16 rounded (NaN -> 0x7FFF)."""
+    h = np.asarray(a)
+    if storage == "float16":
+        if h.dtype == np.float16:
+            return h
+        if h.dtype == np.uint16:
+            return h.view(np.float16)
+        return cg.round16(h.view(np.float32) if h.dtype == np.uint32 else h.astype(np.float32))
+    return h.view(np.float32) if h.dtype == np.uint32 else h.astype(np.float32)
 
 
 class CUDAExecutor:
@@ -453,30 +633,37 @@ class CUDAExecutor:
         self.device = resolve_device(device)
         self.xp = array_module(self.device)
         self.cache = cache
+        self.storage = program.storage
+        self.dtype = STORAGES[self.storage]
+        item = np.dtype(self.dtype).itemsize
         g = program.graph
         self.params = {
-            b: _upload(self.xp, np.asarray(self.payload.get(b)["value"], np.float32).reshape(g[b].out_shape))
+            b: _upload(
+                self.xp,
+                _to_storage(np.asarray(self.payload.get(b)["value"], np.float32).reshape(g[b].out_shape), self.storage),
+                self.dtype,
+            )
             for b in program.bound
             if g[b].kind == "const"
         }
-        self.arena = self.xp.empty(max(program.buffers.arena_bytes // 4, 1), dtype=self.xp.float32)
+        self.arena = self.xp.empty(max(program.buffers.arena_bytes // item, 1), dtype=self.dtype)
         self.slots = {
-            b.node: self.arena[b.offset // 4 : b.offset // 4 + b.nbytes // 4] for b in program.buffers.buffers
+            b.node: self.arena[b.offset // item : b.offset // item + b.nbytes // item] for b in program.buffers.buffers
         }
+        kinds = {_kernel_kind(g, s) for s in program.steps} - {None}
         self.weights = {
-            n.id: self.xp.asarray(np.asarray(self.payload.get(n.id)["weight"], np.float32))
+            n.id: self.xp.asarray(np.asarray(self.payload.get(n.id)[key], np.float32))
             for n in g.nodes
-            if n.kind in PREWRITTEN and self.payload.get(n.id) is not None
+            for key in (_WEIGHT_KEYS.get(n.kind),)
+            if key is not None and self.payload.get(n.id) is not None
         }
         self.prewritten = (
             {}
             if self.device == "host"
-            else {
-                k: cache.get(src, name, fk.ROUTE, device_arch())
-                for k, (src, name) in PREWRITTEN.items()
-                if any(g[s.nodes[0]].kind == k for s in program.steps)
-            }
+            else {k: cache.get(*PREWRITTEN[k], fk.ROUTE, device_arch()) for k in sorted(kinds)}
         )
+        self.rope_tables: dict[tuple[int, int, float], tuple[Any, Any]] = {}
+        self.eps: dict[int, Any] = {}  # rmsnorm node -> its eps as a one-element device array
         self.table = [(_DISPATCH[s.kind], s) for s in program.steps]
         self.launchers = {s.writes[0]: self._launcher(s) for s in program.steps if s.kind == "fused"}
 
@@ -488,8 +675,6 @@ class CUDAExecutor:
                 out[...] = cg.run_host(kernel, ins)
 
             return host
-        import cupy
-
         fn = self.cache.get(kernel.source, kernel.name, cg.ROUTE, device_arch())
         n = math.prod(self.program.graph[kernel.output].out_shape)
         plan = cg.kernel_plan(kernel, n)
@@ -498,13 +683,21 @@ class CUDAExecutor:
         def launch(ins: list[Any], out: Any) -> None:
             fn(grid, block, (*ins, out, np.int64(n)))
 
-        _ = cupy
         return launch
 
+    def rope_table(self, t_len: int, dim: int, base: float) -> tuple[Any, Any]:
+        """RoPE's (T, D/2) cos and sin tables on the device (the denotation's, computed once per shape)."""
+        key = (t_len, dim, float(base))
+        if key not in self.rope_tables:
+            c, s = rope_tables(t_len, dim, base)
+            self.rope_tables[key] = (_upload(self.xp, floats(c)), _upload(self.xp, floats(s)))
+        return self.rope_tables[key]
+
     def _bind(self, inputs: Any) -> dict[int, Any]:
-        """Inputs by input node id as float32 arrays of the device (host arrays are uploaded; shapes checked)."""
+        """Inputs by input node id as arrays of the device in the storage type (host arrays are uploaded, float32
+        inputs rounded to float16 storage; shapes checked)."""
         g = self.program.graph
-        if self.device == "host":
+        if self.device == "host" and self.storage == "float32":
             ins = normalise_inputs(g, inputs)
             if not isinstance(ins, dict):
                 raise ValueError(str(ins))
@@ -514,11 +707,12 @@ class CUDAExecutor:
         out = {}
         for i in ids:
             a = given[i]
-            if isinstance(a, self.xp.ndarray):
-                a = a.view(self.xp.float32) if a.dtype == self.xp.uint32 else a.astype(self.xp.float32, copy=False)
+            if self.device != "host" and isinstance(a, self.xp.ndarray):
+                if a.dtype == self.xp.uint32:
+                    a = a.view(self.xp.float32)
+                a = a.astype(self.dtype, copy=False)
             else:
-                h = np.asarray(a)
-                a = _upload(self.xp, h.view(np.float32) if h.dtype == np.uint32 else h.astype(np.float32))
+                a = _upload(self.xp, _to_storage(np.asarray(to_host(a)), self.storage), self.dtype)
             if tuple(a.shape) != g[i].out_shape:
                 raise ValueError(f"input {i} has shape {tuple(a.shape)}, declared {g[i].out_shape}")
             out[i] = a
@@ -532,13 +726,33 @@ class CUDAExecutor:
             fn(self, step, values)
         return {o: values[o] for o in self.program.outputs}
 
+    def run_step(self, step: sf.Step, reads: Mapping[int, Any]) -> dict[int, Any]:
+        """One step alone from given values of what it reads (host arrays are uploaded): its written values."""
+        values = {
+            r: (v if self.device != "host" and isinstance(v, self.xp.ndarray) else _upload(self.xp, np.asarray(v)))
+            for r, v in reads.items()
+        }
+        _DISPATCH[step.kind](self, step, values)
+        return {w: values[w] for w in step.writes}
+
+
+_WEIGHT_KEYS = {"rmsnorm": "weight", "embedding": "table"}
+
+
+def _kernel_kind(graph: Graph, step: sf.Step) -> str | None:
+    """The pre-written kernel a step launches (None: none)."""
+    if step.kind == "pattern":
+        return step.pattern.kind
+    kind = graph[step.nodes[0]].kind
+    return kind if step.kind in ("reduction", "special") and kind in PREWRITTEN else None
+
 
 def _fused(ex: CUDAExecutor, step: sf.Step, values: dict[int, Any]) -> None:
     k = step.kernel
     n = k.output
     out = ex.slots.get(n)
     if out is None:
-        out = ex.xp.empty(math.prod(ex.program.graph[n].out_shape), dtype=ex.xp.float32)
+        out = ex.xp.empty(math.prod(ex.program.graph[n].out_shape), dtype=ex.dtype)
     ex.launchers[n]([_contig_flat(ex.xp, values[i]) for i in k.inputs], out)
     values[n] = out.reshape(ex.program.graph[n].out_shape)
 
@@ -550,16 +764,50 @@ def _reference_node(ex: CUDAExecutor, step: sf.Step, values: dict[int, Any]) -> 
 
 def _reduction(ex: CUDAExecutor, step: sf.Step, values: dict[int, Any]) -> None:
     node = ex.program.graph[step.nodes[0]]
-    if node.kind not in PREWRITTEN:
+    if node.kind != "rmsnorm":
         _reference_node(ex, step, values)
         return
-    eps = float(node_attrs(node, get_op(node.kind))["eps"])
     x, w = values[node.parents[0]], ex.weights[node.id]
-    values[node.id] = (
-        fk.rmsnorm_host(to_host(x), w, eps)
+    if ex.device == "host":
+        values[node.id] = fk.rmsnorm_host(to_host(x), to_host(w), float(node_attrs(node, get_op(node.kind))["eps"]))
+        return
+    eps = ex.eps.get(node.id)
+    if eps is None:
+        eps = ex.eps[node.id] = ex.xp.full((1,), np.float32(node_attrs(node, get_op(node.kind))["eps"]), ex.xp.float32)
+    values[node.id] = fk.rmsnorm_cuda(ex.prewritten["rmsnorm"], x, w, eps)
+
+
+def _pattern(ex: CUDAExecutor, step: sf.Step, values: dict[int, Any]) -> None:
+    mt: PatternMatch = step.pattern
+    g = ex.program.graph
+    root = step.writes[0]
+    if mt.kind == "masked_softmax":
+        x, m = values[mt.operand("x")], values[mt.operand("mask")]
+        if ex.device == "host":
+            a = run_node(g[step.nodes[0]], [x, m], None, "host")
+            values[root] = run_node(g[root], [a], None, "host")
+        else:
+            values[root] = fk.masked_softmax_cuda(ex.prewritten[mt.kind], x, m)
+        return
+    x, w, eps = (values[mt.operand(k)] for k in ("x", "weight", "eps"))
+    values[root] = (
+        fk.rmsnorm_host(to_host(x), to_host(w), to_host(eps))
         if ex.device == "host"
-        else fk.rmsnorm_cuda(ex.prewritten[node.kind], x, w, eps)
+        else fk.rmsnorm_cuda(ex.prewritten["rmsnorm"], x, w, eps)
     )
+
+
+def _special(ex: CUDAExecutor, step: sf.Step, values: dict[int, Any]) -> None:
+    node = ex.program.graph[step.nodes[0]]
+    if ex.device == "host" or node.kind not in SPECIAL_OPS:
+        _host_node(ex, step, values)
+        return
+    x = values[node.parents[0]]
+    if node.kind == "rope":
+        c, s = ex.rope_table(node.out_shape[-2], node.out_shape[-1], node_attrs(node, get_op("rope"))["base"])
+        values[node.id] = fk.rope_cuda(ex.prewritten["rope"], x, c, s)
+    else:
+        values[node.id] = fk.embedding_cuda(ex.prewritten["embedding"], x, ex.weights[node.id])
 
 
 def _alias(ex: CUDAExecutor, step: sf.Step, values: dict[int, Any]) -> None:
@@ -602,7 +850,8 @@ _DISPATCH: dict[str, Callable[[CUDAExecutor, sf.Step, dict[int, Any]], None]] = 
     "fused": _fused,
     "cublas": _reference_node,
     "reduction": _reduction,
-    "special": _host_node,
+    "pattern": _pattern,
+    "special": _special,
     "alias": _alias,
     "host": _host_node,
 }
@@ -616,10 +865,12 @@ def run_program(
     outputs: Iterable[int] | None = None,
     **compile_kw: Any,
 ) -> dict[int, np.ndarray]:
-    """Compile and run once; the outputs as host float32 arrays by node id."""
+    """Compile (the payload lets the RMSNorm pattern see its exponent) and run once; the outputs as host arrays
+    of the storage type by node id."""
+    compile_kw.setdefault("payload", payload)
     prog = compile_subgraph(graph, outputs, **compile_kw)
     res = CUDAExecutor(prog, payload, device).run(inputs)
-    return {k: np.ascontiguousarray(to_host(v), dtype=np.float32) for k, v in res.items()}
+    return {k: np.ascontiguousarray(to_host(v), dtype=STORAGES[prog.storage]) for k, v in res.items()}
 
 
 # -- representative graphs and their builds ----------------------------------------------------------------
@@ -678,6 +929,23 @@ def _mixed() -> tuple[Graph, Payload]:
     return b.build()
 
 
+def _chain_fp16(n: int = 8) -> tuple[Graph, Payload]:
+    """A float16-storage chain of every exact op kind: sqrt(abs(min(max((x + c) - c, x) * x / c, x))) ..."""
+    b = GraphBuilder()
+    x = b.add("input", (), (n,))
+    c = b.add("const", (), (n,), params={"value": np.full(n, 3.0)})
+    v = b.add("sub", (b.add("add", (x, c), (n,)), c), (n,))
+    v = b.add("div", (b.add("mul_elem", (b.add("maxElem", (v, x), (n,)), x), (n,)), c), (n,))
+    v = b.add("inv", (b.add("sqrt", (b.add("abs", (b.add("minElem", (v, x), (n,)),), (n,)),), (n,)),), (n,))
+    b.add("relu", (b.add("neg", (v,), (n,)),), (n,))
+    return b.build()
+
+
+def fp16_example_graphs() -> dict[str, tuple[Graph, Payload]]:
+    """Graphs compiled with float16 storage for the audit: the 4-op chain and a chain of every exact op."""
+    return {"chain4_fp16": _chain4(), "exact_fp16": _chain_fp16()}
+
+
 def example_graphs() -> dict[str, tuple[Graph, Payload]]:
     """Representative graphs: the seed's MLP (linear and matmul forms), a 4-op chain, a mixed graph."""
     return {"mlp": _mlp(), "mlp_matmul": _mlp(linear=False), "chain4": _chain4(), "mixed": _mixed()}
@@ -701,5 +969,26 @@ def _builds() -> Iterator[Build]:
                 fused=_uses_fma(k.source),
                 index_bits=k.index_bits,
             )
+    for gname, (graph, _) in sorted(fp16_example_graphs().items()):
+        for k in compile_subgraph(graph, storage="float16").kernels():
+            yield Build(
+                "fusion",
+                f"{gname}:{k.name}",
+                k.source,
+                k.name,
+                cg.ROUTE,
+                approximate=k.approximate,
+                fused=_uses_fma(k.source),
+                index_bits=k.index_bits,
+            )
     for op, (src, name) in sorted(PREWRITTEN.items()):
-        yield Build("fusion", f"prewritten:{op}", src, name, fk.ROUTE, fused=_uses_fma(src), index_bits=64)
+        yield Build(
+            "fusion",
+            f"prewritten:{op}",
+            src,
+            name,
+            fk.ROUTE,
+            approximate=op in fk.APPROXIMATE,
+            fused=_uses_fma(src),
+            index_bits=64,
+        )

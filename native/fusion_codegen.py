@@ -38,6 +38,7 @@ __all__ = [
     "kernel_plan",
     "run_host",
     "EW_NAMES",
+    "round16",
 ]
 
 ROUTE = "nvrtc-ieee"
@@ -101,6 +102,26 @@ for _ir, _k in EW_NAMES.items():
 register_fused_op(FusedOp("silu", ("x",), "r = x / (1.0f + expf(-x));", _silu_host, approximate=True))
 
 
+def _real_host(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+    """Host model of a libdevice function: the real function in float64 rounded once (canonical NaN)."""
+
+    def host(*xs: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return _canon(fn(*[np.asarray(x, F32).astype(np.float64) for x in xs]).astype(F32))
+
+    return host
+
+
+# rsqrt in double rounded once is the denotation's rsqrt bit for bit (IEEE double sqrt and division, as NumPy);
+# powf, sinf, cosf are libdevice's (declared approximate; the host model is the real function rounded once).
+register_fused_op(
+    FusedOp("rsqrt", ("x",), "r = (float)(1.0 / sqrt((double)x));", _real_host(lambda x: 1.0 / np.sqrt(x)))
+)
+register_fused_op(FusedOp("pow", ("a", "b"), "r = powf(a, b);", _real_host(np.power), approximate=True))
+register_fused_op(FusedOp("sin", ("x",), "r = sinf(x);", _real_host(np.sin), approximate=True))
+register_fused_op(FusedOp("cos", ("x",), "r = cosf(x);", _real_host(np.cos), approximate=True))
+
+
 @dataclass(frozen=True)
 class CodegenVariant:
     """A way to generate chains: the loop index type, and the planted bugs ``reorder`` / ``wide``."""
@@ -109,6 +130,7 @@ class CodegenVariant:
     index_type: str = "long long"
     reorder: bool = False
     wide: bool = False
+    skip_round: bool = False
     doc: str = ""
 
 
@@ -119,6 +141,11 @@ VARIANTS: dict[str, CodegenVariant] = {
         CodegenVariant("reorder", reorder=True, doc="PLANTED: the chain's first two ops applied in swapped order"),
         CodegenVariant("no_rounding", wide=True, doc="PLANTED: add/sub/mul/div intermediates kept in double"),
         CodegenVariant("int32_index", index_type="int", doc="PLANTED: a 32-bit grid-stride index"),
+        CodegenVariant(
+            "fp16_no_round",
+            skip_round=True,
+            doc="PLANTED: float16 storage with the intermediates kept in float (only the stored result rounded)",
+        ),
     )
 }
 _WIDE = {"add": "+", "sub": "-", "mul_elem": "*", "div": "/"}
@@ -139,6 +166,7 @@ class FusedKernel:
     variant: str = "default"
     index_bits: int = 64
     approximate: bool = False
+    storage: str = "float32"
 
     def describe(self) -> str:
         """One line: name, the ops with their node ids, inputs and output."""
@@ -157,6 +185,35 @@ extern "C" __global__ void {name}({params}float* __restrict__ out0, long long n)
     }}
 }}
 """
+
+
+# float16 storage: every op computes in float (the elementwise family's body) and its result is rounded to
+# binary16 at once (cvt.rn.f16.f32, NaN -> 0x7FFF), exactly as an unfused graph stores every value in binary16.
+_TEMPLATE16 = """\
+#define KC_GELU_C 0.044715f
+#define KC_GELU_K 0.7978845608028654f
+__device__ __forceinline__ float kc_h2f(unsigned short h) {{
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}}
+__device__ __forceinline__ unsigned short kc_f2h(float f) {{
+    unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return (f != f) ? (unsigned short)0x7fff : h;
+}}
+__device__ __forceinline__ float kc_round16(float f) {{ return kc_h2f(kc_f2h(f)); }}
+extern "C" __global__ void {name}({params}unsigned short* __restrict__ out0, long long n) {{
+    for ({idx} i = ({idx})blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += ({idx})blockDim.x * gridDim.x) {{
+{loads}{body}        out0[i] = kc_f2h(v{last});
+    }}
+}}
+"""
+
+
+def round16(a: np.ndarray) -> np.ndarray:
+    """float32 values rounded to binary16 (RNE, subnormals kept, overflow to Inf), every NaN 0x7FFF."""
+    with np.errstate(all="ignore"):
+        h = np.asarray(a, F32).astype(np.float16)
+    return np.where(np.isnan(h), np.uint16(0x7FFF), h.view(np.uint16)).astype(np.uint16).view(np.float16)
 
 
 def _wire(graph: Graph, members: Sequence[int]) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
@@ -180,30 +237,40 @@ def _ref(r: int) -> str:
     return f"v{r}" if r >= 0 else f"x{-r - 1}"
 
 
-def _line(k: int, op: str, refs: tuple[int, ...], node: int, v: CodegenVariant) -> str:
+def _line(k: int, op: str, refs: tuple[int, ...], node: int, v: CodegenVariant, half: bool = False) -> str:
     fop = FUSED_OPS[op]
     if v.wide and op in _WIDE:
         a, b = (_ref(r) for r in refs)
         return f"        double v{k} = (double){a} {_WIDE[op]} (double){b};  // node {node}: {op}\n"
     binds = " ".join(f"const float {p} = (float){_ref(r)};" for p, r in zip(fop.params, refs, strict=True))
     decl = "double" if v.wide else "float"
+    res = "kc_round16(r)" if half and not v.skip_round else "r"
     return (
-        f"        {decl} v{k}; {{ {binds} float r = 0.0f, r2 = 0.0f; (void)r2; {fop.body} v{k} = r; }}"
+        f"        {decl} v{k}; {{ {binds} float r = 0.0f, r2 = 0.0f; (void)r2; {fop.body} v{k} = {res}; }}"
         f"  // node {node}: {op}\n"
     )
 
 
-def generate_fused_kernel(graph: Graph, members: Sequence[int], name: str, variant: str = "default") -> FusedKernel:
-    """CUDA C for the chain ``members`` (graph ids, chain order), named ``name``, built as ``variant``."""
+def generate_fused_kernel(
+    graph: Graph, members: Sequence[int], name: str, variant: str = "default", storage: str = "float32"
+) -> FusedKernel:
+    """CUDA C for the chain ``members`` (graph ids, chain order), named ``name``, built as ``variant``, with
+    values stored as ``storage`` (float32, or float16 rounded after every op)."""
     v = VARIANTS[variant]
+    half = storage == "float16"
+    if storage not in ("float32", "float16"):
+        raise ValueError(f"unknown storage {storage!r}")
     ops = [graph[m].kind for m in members]
     wiring, inputs = _wire(graph, members)
     if v.reorder and len(ops) >= 2 and len(wiring[0]) == len(wiring[1]):
         ops[0], ops[1] = ops[1], ops[0]
-    params = "".join(f"const float* __restrict__ in{j}, " for j in range(len(inputs)))
-    loads = "".join(f"        const float x{j} = in{j}[i];\n" for j in range(len(inputs)))
-    body = "".join(_line(k, op, wiring[k], m, v) for k, (op, m) in enumerate(zip(ops, members, strict=True)))
-    src = _TEMPLATE.format(name=name, params=params, idx=v.index_type, loads=loads, body=body, last=len(ops) - 1)
+    ctype, load = ("unsigned short", "kc_h2f(in{j}[i])") if half else ("float", "in{j}[i]")
+    params = "".join(f"const {ctype}* __restrict__ in{j}, " for j in range(len(inputs)))
+    loads = "".join(f"        const float x{j} = {load.format(j=j)};\n" for j in range(len(inputs)))
+    body = "".join(_line(k, op, wiring[k], m, v, half) for k, (op, m) in enumerate(zip(ops, members, strict=True)))
+    src = (_TEMPLATE16 if half else _TEMPLATE).format(
+        name=name, params=params, idx=v.index_type, loads=loads, body=body, last=len(ops) - 1
+    )
     return FusedKernel(
         name,
         src,
@@ -215,6 +282,7 @@ def generate_fused_kernel(graph: Graph, members: Sequence[int], name: str, varia
         v.name,
         32 if v.index_type == "int" else 64,
         any(FUSED_OPS[o].approximate for o in ops),
+        storage,
     )
 
 
@@ -229,15 +297,20 @@ def kernel_plan(kernel: FusedKernel, n: int) -> dict:
 
 
 def run_host(kernel: FusedKernel, ins: Sequence[np.ndarray]) -> np.ndarray:
-    """The host model of a generated kernel on flat float32 inputs: the same ops, in the same order."""
-    wide = VARIANTS[kernel.variant].wide
+    """The host model of a generated kernel on flat inputs of its storage type: the same ops, in the same order
+    (float16 storage: inputs widened to float, every op's result rounded to binary16 unless the variant skips it)."""
+    v = VARIANTS[kernel.variant]
+    half = kernel.storage == "float16"
     vals: list[np.ndarray] = []
     for op, refs in zip(kernel.ops, kernel.wiring, strict=True):
-        args = [vals[r] if r >= 0 else ins[-r - 1] for r in refs]
-        if wide and op in _WIDE:
+        args = [vals[r] if r >= 0 else np.asarray(ins[-r - 1]).astype(F32) for r in refs]
+        if v.wide and op in _WIDE:
             a, b = (np.asarray(x, np.float64) for x in args)
             with np.errstate(all="ignore"):
                 vals.append({"+": a + b, "-": a - b, "*": a * b, "/": a / b}[_WIDE[op]])
         else:
-            vals.append(FUSED_OPS[op].host(*[np.asarray(x, F32) for x in args]))
-    return _canon(vals[-1]) if wide else np.asarray(vals[-1], F32)
+            r = FUSED_OPS[op].host(*[np.asarray(x, F32) for x in args])
+            vals.append(round16(r).astype(F32) if half and not v.skip_round else r)
+    if half:
+        return round16(np.asarray(vals[-1], F32))
+    return _canon(vals[-1]) if v.wide else np.asarray(vals[-1], F32)

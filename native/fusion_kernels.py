@@ -1,12 +1,31 @@
-"""Pre-written kernels of the fusion backend (the seed's ``cuda_templates.py``): RMSNorm in one kernel.
+"""Pre-written kernels of the fusion backend (the seed's ``cuda_templates.py``): RMSNorm, masked softmax, RoPE,
+embedding.
 
-``rmsnorm`` over the last axis (rows of length ``d``) is one block per row: the block stages the row in shared
-memory (coalesced loads), thread 0 folds ``x_k * x_k`` left to right from +0 (each product and sum rounded to
-binary32, the denotation's ``fold_left`` order), divides by ``float(d)``, adds eps, takes ``1 / sqrt`` in double
-rounded once to binary32 (the denotation's "real function rounded once": IEEE double sqrt and division, as NumPy
-computes it), and every thread writes ``(x * r) * w``. Every operation is the denotation's, in its order, so
-the kernel equals ``spec.ir.denote``'s rmsnorm bit for bit; the host path is the same order in NumPy. Rows are
-indexed in 64 bits; the grid is one block per row (capped at 2^31 - 1 rows by ``rmsnorm_plan``).
+Every kernel computes the denotation's operations in the denotation's order (or, for masked softmax, the unfused
+executor's: add, then softmax as ``native.ir`` runs it), each rounded to binary32, so the fused form changes no bit:
+
+* ``rmsnorm`` (the IR op, and the six-op pattern pow -> reduceMean -> add -> rsqrt -> mul -> mul): one block per
+  row. The block stages the row in shared memory (coalesced, ``float4`` when the row is 16-byte aligned), thread 0
+  folds ``x_k * x_k`` left to right from +0 (``spec.reductions.fold_left``, the denotation's order: the fold is a
+  dependent chain, so the kernel relies on many rows in flight per SM, not on a tree), divides by ``float(d)``,
+  adds the row's eps, takes ``1 / sqrt`` in double rounded once to binary32 (the denotation's "real function
+  rounded once": IEEE double sqrt and division, as NumPy computes it), and every thread writes ``(x * r) * w``
+  from shared memory. The weight is read with a row stride (0: one weight row broadcast) and eps with an eps
+  stride (0: one scalar), so the six-op pattern's broadcast operands need no copy.
+* ``masked_softmax`` (add -> softmax over the last axis): one block per row; a = x + mask (rounded) staged in
+  shared memory; thread 0 folds the IEEE maximum from -Inf in index order (``native.reductions.fold_max``'s
+  ``kc_maximum``); every thread forms e = expf(a - m) (the elementwise ``sub`` and ``exp`` kernels' bodies);
+  thread 0 folds e from +0 in index order; every thread writes e / s. These are the unfused executor's kernels
+  op for op (``native.ir`` softmax: fold_max, sub, exp, fold_sum, div), so the step is bitwise the unfused run
+  on the same device and within the softmax bound (``native.ir.AGREEMENT['softmax']``) of the denotation.
+* ``rope``: a 64-bit grid-stride loop over the (x[2i], x[2i+1]) pairs; c, s come from a (T, D/2) table that the
+  host computes once per shape with the denotation's own function (``spec.ir.denote.rope_tables``);
+  y0 = x0 c - x1 s, y1 = x0 s + x1 c, each product and sum rounded (``__fmul_rn``/``__fadd_rn``/``__fsub_rn``).
+* ``embedding``: a 64-bit grid-stride bit copy of table rows; an index that is not an integer in [0, V) sets an
+  error flag and the launcher raises (the denotation's error), never a wrapped read.
+
+Row kernels index in 64 bits with one block per row (``row_plan``: grid = rows, at most 2^31 - 1); the grid-stride
+kernels use the elementwise family's proved plan (``native.elementwise.launch_plan``).
 """
 
 from __future__ import annotations
@@ -17,42 +36,180 @@ import numpy as np
 
 from obligations.core.symbolic import all_of, as_type
 
-__all__ = ["RMSNORM_NAME", "RMSNORM_BLOCK", "rmsnorm_source", "rmsnorm_plan", "rmsnorm_host", "rmsnorm_cuda", "ROUTE"]
+__all__ = [
+    "ROUTE",
+    "RMSNORM_NAME",
+    "RMSNORM_BLOCK",
+    "ROW_BLOCK",
+    "rmsnorm_source",
+    "rmsnorm_plan",
+    "row_plan",
+    "rmsnorm_host",
+    "rmsnorm_cuda",
+    "masked_softmax_source",
+    "masked_softmax_cuda",
+    "rope_source",
+    "rope_cuda",
+    "embedding_source",
+    "embedding_cuda",
+    "SOURCES",
+    "APPROXIMATE",
+]
 
 ROUTE = "nvrtc-ieee"
 RMSNORM_NAME = "kc_fused_rmsnorm"
-RMSNORM_BLOCK = 256
+RMSNORM_BLOCK = 128
+ROW_BLOCK = 128
 F32 = np.float32
 
-_SOURCE = """\
+_RMSNORM = """\
 extern "C" __global__ void kc_fused_rmsnorm(const float* __restrict__ x, const float* __restrict__ w,
-                                            float* __restrict__ y, long long d, float eps) {
-    extern __shared__ float row[];
+                                            long long w_stride, const float* __restrict__ eps,
+                                            long long eps_stride, float* __restrict__ y, long long d, int vec) {
+    extern __shared__ float4 row4[];
+    float* row = (float*)row4;
     __shared__ float r_shared;
-    const long long base = (long long)blockIdx.x * d;
-    for (long long j = threadIdx.x; j < d; j += blockDim.x) row[j] = x[base + j];
+    const long long rid = (long long)blockIdx.x;
+    const long long base = rid * d;
+    const float* wr = w + rid * w_stride;
+    if (vec) {
+        const float4* x4 = (const float4*)(x + base);
+        for (long long j = threadIdx.x; j < (d >> 2); j += blockDim.x) row4[j] = x4[j];
+    } else {
+        for (long long j = threadIdx.x; j < d; j += blockDim.x) row[j] = x[base + j];
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
         float acc = 0.0f;
-        for (long long j = 0; j < d; ++j) acc = __fadd_rn(acc, __fmul_rn(row[j], row[j]));
+        long long j = 0;
+        #pragma unroll 8
+        for (; j + 4 <= d; j += 4) {
+            const float4 v = row4[j >> 2];
+            acc = __fadd_rn(acc, __fmul_rn(v.x, v.x));
+            acc = __fadd_rn(acc, __fmul_rn(v.y, v.y));
+            acc = __fadd_rn(acc, __fmul_rn(v.z, v.z));
+            acc = __fadd_rn(acc, __fmul_rn(v.w, v.w));
+        }
+        for (; j < d; ++j) acc = __fadd_rn(acc, __fmul_rn(row[j], row[j]));
         const float ms = __fdiv_rn(acc, (float)d);
-        const float v = __fadd_rn(ms, eps);
+        const float v = __fadd_rn(ms, eps[rid * eps_stride]);
         r_shared = (float)(1.0 / sqrt((double)v));
     }
     __syncthreads();
     const float r = r_shared;
-    for (long long j = threadIdx.x; j < d; j += blockDim.x) y[base + j] = __fmul_rn(__fmul_rn(row[j], r), w[j]);
+    if (vec && w_stride % 4 == 0) {
+        float4* y4 = (float4*)(y + base);
+        const float4* w4 = (const float4*)wr;
+        for (long long j = threadIdx.x; j < (d >> 2); j += blockDim.x) {
+            const float4 a = row4[j], g = w4[j];
+            float4 o;
+            o.x = __fmul_rn(__fmul_rn(a.x, r), g.x);
+            o.y = __fmul_rn(__fmul_rn(a.y, r), g.y);
+            o.z = __fmul_rn(__fmul_rn(a.z, r), g.z);
+            o.w = __fmul_rn(__fmul_rn(a.w, r), g.w);
+            y4[j] = o;
+        }
+    } else {
+        for (long long j = threadIdx.x; j < d; j += blockDim.x) y[base + j] = __fmul_rn(__fmul_rn(row[j], r), wr[j]);
+    }
 }
 """
+
+_MASKED_SOFTMAX = """\
+__device__ __forceinline__ float kc_maximum(float a, float b) {
+    if (a != a || b != b) return __int_as_float(0x7fffffff);
+    if (a == b) return __int_as_float(__float_as_int(a) & __float_as_int(b));  // max(-0, +0) = +0
+    return a > b ? a : b;
+}
+extern "C" __global__ void kc_fused_masked_softmax(const float* __restrict__ x, const float* __restrict__ mask,
+                                                   float* __restrict__ y, long long d) {
+    extern __shared__ float row[];
+    __shared__ float m_shared, s_shared;
+    const long long base = (long long)blockIdx.x * d;
+    for (long long j = threadIdx.x; j < d; j += blockDim.x) row[j] = x[base + j] + mask[base + j];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float m = __int_as_float(0xff800000);
+        for (long long j = 0; j < d; ++j) m = kc_maximum(m, row[j]);
+        m_shared = m;
+    }
+    __syncthreads();
+    const float m = m_shared;
+    for (long long j = threadIdx.x; j < d; j += blockDim.x) row[j] = expf(row[j] - m);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.0f;
+        for (long long j = 0; j < d; ++j) s = s + row[j];
+        s_shared = s;
+    }
+    __syncthreads();
+    const float s = s_shared;
+    for (long long j = threadIdx.x; j < d; j += blockDim.x) y[base + j] = row[j] / s;
+}
+"""
+
+_ROPE = """\
+extern "C" __global__ void kc_fused_rope(const float* __restrict__ x, const float* __restrict__ c,
+                                         const float* __restrict__ s, float* __restrict__ y, long long pairs,
+                                         long long t_len, long long half) {
+    for (long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x; p < pairs;
+         p += (long long)blockDim.x * gridDim.x) {
+        const long long i = p % half, t = (p / half) % t_len;
+        const float x0 = x[2 * p], x1 = x[2 * p + 1];
+        const float cc = c[t * half + i], ss = s[t * half + i];
+        y[2 * p] = __fsub_rn(__fmul_rn(x0, cc), __fmul_rn(x1, ss));
+        y[2 * p + 1] = __fadd_rn(__fmul_rn(x0, ss), __fmul_rn(x1, cc));
+    }
+}
+"""
+
+_EMBEDDING = """\
+extern "C" __global__ void kc_fused_embedding(const float* __restrict__ ids, const unsigned* __restrict__ table,
+                                              unsigned* __restrict__ y, unsigned* __restrict__ err, long long n,
+                                              long long dim, long long vocab) {
+    for (long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x; p < n;
+         p += (long long)blockDim.x * gridDim.x) {
+        const long long i = p / dim, k = p - i * dim;
+        const float v = ids[i];
+        const bool ok = v >= 0.0f && v < (float)vocab && v == floorf(v);  // false for NaN
+        if (!ok) { atomicExch(err, 1u); y[p] = 0u; continue; }
+        y[p] = table[(long long)v * dim + k];
+    }
+}
+"""
+
+APPROXIMATE = frozenset({"masked_softmax"})  # libdevice expf (2 ulp): the softmax bound, not bitwise
+SOURCES: dict[str, tuple[str, str]] = {
+    "rmsnorm": (_RMSNORM, RMSNORM_NAME),
+    "masked_softmax": (_MASKED_SOFTMAX, "kc_fused_masked_softmax"),
+    "rope": (_ROPE, "kc_fused_rope"),
+    "embedding": (_EMBEDDING, "kc_fused_embedding"),
+}
 
 
 def rmsnorm_source() -> tuple[str, str]:
     """(CUDA source, function name) of the fused RMSNorm kernel."""
-    return _SOURCE, RMSNORM_NAME
+    return SOURCES["rmsnorm"]
 
 
-def rmsnorm_plan(rows: Any, d: Any, block: Any = RMSNORM_BLOCK) -> dict:
-    """One block per row: grid = rows (accepted while rows <= 2^31 - 1 and rows * d fits int64), shared d floats."""
+def masked_softmax_source() -> tuple[str, str]:
+    """(CUDA source, function name) of the fused add -> softmax kernel."""
+    return SOURCES["masked_softmax"]
+
+
+def rope_source() -> tuple[str, str]:
+    """(CUDA source, function name) of the RoPE kernel."""
+    return SOURCES["rope"]
+
+
+def embedding_source() -> tuple[str, str]:
+    """(CUDA source, function name) of the embedding gather kernel."""
+    return SOURCES["embedding"]
+
+
+def row_plan(rows: Any, d: Any, block: Any = ROW_BLOCK) -> dict:
+    """One block per row: grid = rows (accepted while rows <= 2^31 - 1 and d <= 12288: the row fits 48 KiB of
+    shared memory), element (row, j) at int64(row) * d + j."""
     total = as_type(rows, "int64") * as_type(d, "int64")
     accepts = all_of(rows >= 1, rows <= 2147483647, d >= 1, d <= 12288)
 
@@ -63,12 +220,20 @@ def rmsnorm_plan(rows: Any, d: Any, block: Any = RMSNORM_BLOCK) -> dict:
     return {"grid": rows, "block": block, "shared_bytes": 4 * d, "total": total, "accepts": accepts, "offset": offset}
 
 
+def rmsnorm_plan(rows: Any, d: Any, block: Any = RMSNORM_BLOCK) -> dict:
+    """The RMSNorm kernel's plan: :func:`row_plan`."""
+    return row_plan(rows, d, block)
+
+
 def _canon(r: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(r), np.uint32(0x7FFFFFFF), r.view(np.uint32)).astype(np.uint32).view(F32)
 
 
-def rmsnorm_host(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """The kernel's operations in its order, in NumPy float32 (IEEE, subnormals kept; NaN results canonical)."""
+def rmsnorm_host(x: np.ndarray, w: np.ndarray, eps: Any) -> np.ndarray:
+    """The kernel's operations in its order, in NumPy float32 (IEEE, subnormals kept; NaN results canonical).
+
+    ``w``: the weight, broadcast to x's shape; ``eps``: a scalar or one value per row (shape x.shape[:-1] or
+    x.shape[:-1] + (1,))."""
     x = np.ascontiguousarray(x, F32)
     d = x.shape[-1]
     rows = x.reshape(-1, d)
@@ -76,14 +241,38 @@ def rmsnorm_host(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
         acc = np.zeros(rows.shape[0], F32)
         for j in range(d):
             acc = acc + rows[:, j] * rows[:, j]
-        v = acc / F32(d) + F32(eps)
+        e = np.broadcast_to(np.asarray(eps, F32).reshape(-1), (rows.shape[0],))
+        v = acc / F32(d) + e
         r = (1.0 / np.sqrt(v.astype(np.float64))).astype(F32)
-        y = (rows * r[:, None]) * np.asarray(w, F32)[None, :]
+        wb = np.broadcast_to(np.asarray(w, F32), x.shape).reshape(-1, d)
+        y = (rows * r[:, None]) * wb
     return _canon(y).reshape(x.shape)
 
 
-def rmsnorm_cuda(fn: Any, x: Any, w: Any, eps: float, out: Any = None) -> Any:
-    """Launch the compiled kernel ``fn`` on CuPy arrays (one block per row)."""
+def _row_operand(cupy: Any, a: Any, rows: int, d: int) -> tuple[Any, int]:
+    """(pointer array, row stride) of an operand broadcast to (rows, d): stride 0 for one broadcast row."""
+    a = cupy.asarray(a, dtype=cupy.float32)
+    if a.size == d:
+        return cupy.ascontiguousarray(a.reshape(-1)), 0
+    a2 = a.reshape(rows, d) if a.flags.c_contiguous else cupy.broadcast_to(a, a.shape).reshape(rows, d)
+    if a2.strides[0] == 0 and a2.strides[1] == 4:
+        return a2, 0
+    return cupy.ascontiguousarray(a2), d
+
+
+def _eps_operand(cupy: Any, eps: Any, rows: int) -> tuple[Any, int]:
+    if np.isscalar(eps) or (isinstance(eps, np.ndarray) and eps.size == 1):
+        return cupy.full((1,), np.float32(np.asarray(eps).reshape(-1)[0]), dtype=cupy.float32), 0
+    e = cupy.asarray(eps, dtype=cupy.float32)
+    if e.size == 1:
+        return cupy.ascontiguousarray(e.reshape(1)), 0
+    e = e.reshape(rows) if e.flags.c_contiguous else cupy.ascontiguousarray(cupy.broadcast_to(e, e.shape)).reshape(rows)
+    return e, 1
+
+
+def rmsnorm_cuda(fn: Any, x: Any, w: Any, eps: Any, out: Any = None) -> Any:
+    """Launch the compiled kernel ``fn`` on CuPy arrays (one block per row); ``w`` broadcasts to x's shape,
+    ``eps`` is a scalar or one value per row."""
     import cupy
 
     x = cupy.ascontiguousarray(x, dtype=cupy.float32)
@@ -91,10 +280,70 @@ def rmsnorm_cuda(fn: Any, x: Any, w: Any, eps: float, out: Any = None) -> Any:
     rows = int(x.size // d) if d else 0
     y = cupy.empty_like(x) if out is None else out
     if rows:
+        wa, ws = _row_operand(cupy, w, rows, d)
+        ea, es = _eps_operand(cupy, eps, rows)
+        vec = d % 4 == 0 and all(int(a.data.ptr) % 16 == 0 for a in (x, y, wa))
         fn(
             (rows,),
             (RMSNORM_BLOCK,),
-            (x, cupy.ascontiguousarray(w, dtype=cupy.float32), y, np.int64(d), np.float32(eps)),
-            shared_mem=4 * d,
+            (x, wa, np.int64(ws), ea, np.int64(es), y, np.int64(d), np.int32(vec)),
+            shared_mem=4 * (-(-d // 4) * 4),
         )
+    return y
+
+
+def masked_softmax_cuda(fn: Any, x: Any, mask: Any) -> Any:
+    """softmax(x + mask) over the last axis (one block per row)."""
+    import cupy
+
+    x = cupy.ascontiguousarray(x, dtype=cupy.float32)
+    m = cupy.ascontiguousarray(cupy.broadcast_to(cupy.asarray(mask, dtype=cupy.float32), x.shape))
+    d = int(x.shape[-1])
+    rows = int(x.size // d) if d else 0
+    y = cupy.empty_like(x)
+    if rows:
+        fn((rows,), (ROW_BLOCK,), (x, m, y, np.int64(d)), shared_mem=4 * d)
+    return y
+
+
+def _grid(n: int) -> tuple[tuple[int], tuple[int]]:
+    from native.elementwise import DEFAULT_BLOCK, DEFAULT_MAX_GRID, launch_plan
+
+    plan = launch_plan(n, DEFAULT_BLOCK, DEFAULT_MAX_GRID, index_bits=64)
+    return (int(plan["grid"]),), (int(plan["block"]),)
+
+
+def rope_cuda(fn: Any, x: Any, c: Any, s: Any) -> Any:
+    """RoPE of x (..., T, D) with the (T, D/2) tables c, s (float32 arrays of the device)."""
+    import cupy
+
+    x = cupy.ascontiguousarray(x, dtype=cupy.float32)
+    y = cupy.empty_like(x)
+    t_len, dim = int(x.shape[-2]), int(x.shape[-1])
+    pairs = int(x.size // 2)
+    if pairs:
+        grid, block = _grid(pairs)
+        fn(grid, block, (x, c, s, y, np.int64(pairs), np.int64(t_len), np.int64(dim // 2)))
+    return y
+
+
+def embedding_cuda(fn: Any, ids: Any, table: Any) -> Any:
+    """table[ids] as a bit copy; ValueError when an index is not an integer in [0, V) (the denotation's error)."""
+    import cupy
+
+    ids = cupy.ascontiguousarray(ids, dtype=cupy.float32)
+    table = cupy.ascontiguousarray(table, dtype=cupy.float32)
+    vocab, dim = int(table.shape[0]), int(table.shape[1])
+    y = cupy.empty(ids.shape + (dim,), dtype=cupy.float32)
+    err = cupy.zeros((1,), dtype=cupy.uint32)
+    n = int(y.size)
+    if n:
+        grid, block = _grid(n)
+        fn(
+            grid,
+            block,
+            (ids, table.view(cupy.uint32), y.view(cupy.uint32), err, np.int64(n), np.int64(dim), np.int64(vocab)),
+        )
+        if int(err.get()[0]):
+            raise ValueError(f"embedding index is not an integer in [0, {vocab})")
     return y

@@ -43,6 +43,7 @@ __all__ = [
     "BOUND_OPS",
     "cover_violations",
     "chain_violations",
+    "pattern_violations",
     "may_extend",
     "denote_steps",
     "program_violations",
@@ -121,7 +122,8 @@ STEP_KINDS: dict[str, str] = {
     "fused": "FusedKernelStep: an elementwise chain as one generated grid-stride kernel",
     "reduction": "ReductionKernelStep: one REDUCTION node through native.reductions' folds",
     "alias": "AliasStep: one SHAPE_ALIAS node as a view (or a copy for concat)",
-    "special": "SpecialKernelStep: a pre-written kernel",
+    "special": "SpecialKernelStep: a pre-written kernel (embedding gather, RoPE)",
+    "pattern": "a multi-op pattern as one pre-written kernel (masked softmax add -> softmax; RMSNorm's six ops)",
     "host": "host fallback: one node evaluated by the denotation on the host (unsupported on the device)",
 }
 
@@ -135,6 +137,7 @@ class Step:
     reads: tuple[int, ...]
     writes: tuple[int, ...]
     kernel: Any = None  # the generated kernel of a fused step
+    pattern: Any = None  # the match of a pattern step (its kind and operands)
 
 
 @dataclass(frozen=True)
@@ -218,6 +221,7 @@ def chain_violations(
     consumers = graph.consumers()
     out: list[str] = []
     steps = list(steps)
+    patterned = {n for s in steps if s.kind == "pattern" for n in s.nodes}
     for k, s in enumerate(steps):
         if s.kind != "fused":
             continue
@@ -239,14 +243,34 @@ def chain_violations(
             out.append(f"{where}: writes {list(s.writes)}, not just its last member {s.nodes[-1]}")
         tail = s.nodes[-1]
         for c in consumers.get(tail, ()):
-            if same_part(tail, c) and may_extend(graph, tail, c, uses, fusable):
+            if c not in patterned and same_part(tail, c) and may_extend(graph, tail, c, uses, fusable):
                 out.append(f"{where} is not maximal: node {c} ({graph[c].kind}) could extend it")
     fused_members = {n for s in steps if s.kind == "fused" for n in s.nodes}
     for s in steps:
-        if s.kind != "fused":
+        if s.kind not in ("fused", "pattern"):
             for n in s.nodes:
                 if fusable(graph[n].kind) and classify_op(graph[n].kind) == ELEMENTWISE and n not in fused_members:
                     out.append(f"node {n} ({graph[n].kind}) is fusable but runs in a {s.kind} step")
+    return out
+
+
+def pattern_violations(graph: Graph, steps: Iterable[Step], outputs: Iterable[int]) -> list[str]:
+    """Pattern steps keep their intermediates inside: every member but the last is read only by members and is
+    no output; the step writes just its last member."""
+    uses = _uses(graph, outputs)
+    consumers = graph.consumers()
+    out: list[str] = []
+    for k, s in enumerate(steps):
+        if s.kind != "pattern":
+            continue
+        where = f"step {k} (pattern {getattr(s.pattern, 'kind', '?')} {list(s.nodes)})"
+        members = set(s.nodes)
+        for n in s.nodes[:-1]:
+            outside = [c for c in consumers.get(n, ()) if c not in members]
+            if outside or uses.get(n, 0) > len(consumers.get(n, ())):
+                out.append(f"{where}: intermediate node {n} is read outside the pattern ({outside}) or is an output")
+        if s.writes != (s.nodes[-1],):
+            out.append(f"{where}: writes {list(s.writes)}, not just its last member {s.nodes[-1]}")
     return out
 
 
@@ -279,8 +303,10 @@ def program_violations(
 ) -> list[str]:
     """Every partition/classification rule a program must satisfy (empty when it does)."""
     g = program.graph
-    return cover_violations(g, program.bound, program.steps, program.outputs) + chain_violations(
-        g, program.steps, program.outputs, fusable, same_part
+    return (
+        cover_violations(g, program.bound, program.steps, program.outputs)
+        + chain_violations(g, program.steps, program.outputs, fusable, same_part)
+        + pattern_violations(g, program.steps, program.outputs)
     )
 
 

@@ -33,12 +33,15 @@ def test_host_run_evidences_every_host_item_and_says_why_for_the_rest():
         "FUSION-CACHE-key",
         "FUSION-RMSNORM-bitwise",
         "FUSION-GQA",
+        "FUSION-FP16",
+        "FUSION-PATTERNS",
+        "FUSION-DECODER",
     ):
         assert items[k]["status"] == "passed", (k, items[k].get("reason"))
     assert items["FUSION-RULES-small"]["evidence"]["cases"] == 1325
     for it in items.values():
         if it["status"] == "skipped":
-            assert "runs on cuda" in it["reason"] or "no check wired" in it["reason"], it
+            assert "runs on cuda" in it["reason"], it
 
 
 @pytest.mark.parametrize(
@@ -61,6 +64,9 @@ def test_host_run_evidences_every_host_item_and_says_why_for_the_rest():
         ("FUSION-RULES-small", "params: {extra_nodes: 3}", "params: {extra_nodes: 3, variant: reorder}"),
         ("FUSION-CACHE-key", "params: {max_examples: 100}", "params: {max_examples: 100, key: source_name}"),
         ("FUSION-GQA", "params: {max_examples: 60}", "params: {max_examples: 5, grouping: mod}"),
+        ("FUSION-FP16", "params: {max_examples: 90}", "params: {max_examples: 5, variant: fp16_no_round}"),
+        ("FUSION-PATTERNS", "params: {max_examples: 30}", "params: {max_examples: 5, patterns: false}"),
+        ("FUSION-DECODER", "params: {max_examples: 4}", "params: {max_examples: 1, grouping: mod}"),
     ],
 )
 def test_planted_bug_is_violated_by_its_item(tmp_path, item, old, new):
@@ -107,8 +113,8 @@ def test_fused_chain_equals_denotation_and_unfused_on_the_host():
 def test_unsupported_ops_fall_back_to_the_host_never_dropped():
     b = GraphBuilder()
     x = b.add("input", (), (1, 2, 4))
-    r = b.add("rope", (x,), (1, 2, 4))
-    b.add("relu", (b.add("neg", (r,), (1, 2, 4)),), (1, 2, 4))
+    r = b.add("randUniform", (), (1, 2, 4), seed=7)
+    b.add("relu", (b.add("add", (x, r), (1, 2, 4)),), (1, 2, 4))
     g, p = b.build()
     prog = nf.compile_subgraph(g)
     assert [pt.device for pt in prog.partition.parts] == [True, False, True]
@@ -117,6 +123,82 @@ def test_unsupported_ops_fall_back_to_the_host_never_dropped():
     xin = np.linspace(-1, 1, 8, dtype=np.float32).reshape(1, 2, 4)
     out = nf.run_program(g, p, [xin], "host")
     assert sf.same_bits(out[3], denote_all(g, p, [xin]).value[3])
+
+
+def _rope_embedding_graph():
+    b = GraphBuilder()
+    ids = b.add("input", (), (3,))
+    e = b.add("embedding", (ids,), (3, 4), dim=4, params={"table": np.arange(20, dtype=np.float32).reshape(5, 4)})
+    b.add("rope", (b.add("reshape", (e,), (1, 3, 4), shape=(1, 3, 4)),), (1, 3, 4))
+    return b.build()
+
+
+def test_rope_and_embedding_are_device_special_steps():
+    g, p = _rope_embedding_graph()
+    prog = nf.compile_subgraph(g)
+    assert [s.kind for s in prog.steps] == ["special", "alias", "special"]
+    assert all(pt.device for pt in prog.partition.parts)
+    ids = np.array([4, 0, 2], np.float32)
+    out = nf.run_program(g, p, [ids], "host")
+    assert sf.same_bits(out[3], denote_all(g, p, [ids]).value[3])
+
+
+def test_masked_softmax_and_six_op_rmsnorm_are_one_pattern_step_each():
+    from falsification.fusion_tests import pattern_graph
+
+    for kind, n in (("masked_softmax", 2), ("rmsnorm", 7)):
+        g, p = pattern_graph(kind, 3, 8, 0)
+        steps = [s for s in nf.compile_subgraph(g, payload=p).steps if s.kind == "pattern"]
+        assert len(steps) == 1 and steps[0].pattern.kind == kind and len(steps[0].nodes) == n
+    g, p = pattern_graph("rmsnorm", 3, 8, 0)
+    assert not [s for s in nf.compile_subgraph(g).steps if s.kind == "pattern"]  # no payload: exponent unknown
+
+
+def test_fp16_chain_rounds_after_every_op():
+    from falsification.fusion_tests import _bits16, fp16_reference
+
+    b = GraphBuilder()
+    x = b.add("input", (), (2,))
+    c = b.add("const", (), (2,), params={"value": [2048.0, 2048.0]})
+    b.add("sub", (b.add("add", (x, c), (2,)), c), (2,))
+    g, p = b.build()
+    xin = np.array([1.0, 3.0], np.float32)
+    ref = fp16_reference(g, p, {0: xin})[3]
+    assert list(ref) == [0.0, 4.0]
+    for variant, want in (("default", True), ("fp16_no_round", False)):
+        got = nf.run_program(g, p, [xin], "host", storage="float16", variant=variant)[3]
+        assert (_bits16([got]) == _bits16([ref])).all() == want
+    prog = nf.compile_subgraph(g, storage="float16")
+    assert "kc_round16(r)" in prog.steps[0].kernel.source and "unsigned short" in prog.steps[0].kernel.source
+    with pytest.raises(ValueError, match="float16 storage"):
+        nf.compile_subgraph(nf.example_graphs()["mlp"][0], storage="float16")
+
+
+def test_decoder_block_compiles_to_device_steps_and_agrees_on_the_host():
+    from falsification.fusion_tests import decoder_flags
+
+    flags, ev = decoder_flags(("small", 0, np.array([3, 0, 10, 5], np.float32)), "host")
+    assert flags.tolist() == [1, 1, 1, 1, 1], ev
+    assert ev["patterns"] == ["masked_softmax", "rmsnorm"] and ev["gqa"] == ["qk", "sv"]
+
+
+@needs_cuda
+@pytest.mark.cuda
+def test_prewritten_kernels_on_cuda_equal_their_host_paths():
+    import cupy
+
+    g, p = _rope_embedding_graph()
+    ids = np.array([4, 0, 2], np.float32)
+    assert sf.same_bits(nf.run_program(g, p, [ids], "cuda")[3], nf.run_program(g, p, [ids], "host")[3])
+    with pytest.raises(ValueError, match="embedding index"):
+        nf.run_program(g, p, [np.array([5, 0, 1], np.float32)], "cuda")
+    x = cupy.asarray(np.random.default_rng(0).standard_normal((64, 4096)).astype(np.float32))
+    b = GraphBuilder()
+    w = np.random.default_rng(1).standard_normal(4096).astype(np.float32)
+    b.add("rmsnorm", (b.add("input", (), (64, 4096)),), (64, 4096), params={"weight": w}, eps=1e-6)
+    g2, p2 = b.build()
+    dev = nf.run_program(g2, p2, [x], "cuda")[1]
+    assert sf.same_bits(dev, denote_all(g2, p2, [cupy.asnumpy(x)]).value[1])
 
 
 def test_cache_compiles_once_per_key_and_keeps_flags_apart():

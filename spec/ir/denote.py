@@ -46,6 +46,7 @@ __all__ = [
     "bits",
     "floats",
     "normalise_inputs",
+    "rope_tables",
 ]
 
 ENV = "cuda"
@@ -379,16 +380,22 @@ def _embedding(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
     return _c(table[idx.astype(np.int64)])
 
 
-@register_evaluator("rope")
-def _rope(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
-    x = args[0]
-    t_len, dim = x.shape[-2], x.shape[-1]
+def rope_tables(t_len: int, dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
+    """RoPE's (T, D/2) cos and sin tables as binary32 bits: theta = t * base^(-2i/D) in float64, each rounded once."""
     theta = (
         np.arange(t_len, dtype=np.float64)[:, None]
-        * np.power(float(a["base"]), -(2.0 * np.arange(dim // 2, dtype=np.float64)) / dim)[None, :]
+        * np.power(float(base), -(2.0 * np.arange(dim // 2, dtype=np.float64)) / dim)[None, :]
     )
     c = _approx(np.cos, theta.reshape(-1)).reshape(theta.shape)
     s = _approx(np.sin, theta.reshape(-1)).reshape(theta.shape)
+    return c, s
+
+
+@register_evaluator("rope")
+def _rope(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
+    x = args[0]
+    dim = x.shape[-1]
+    c, s = rope_tables(x.shape[-2], dim, a["base"])
     half = x.shape[:-1] + (dim // 2,)
     x0, x1 = _c(x[..., 0::2]), _c(x[..., 1::2])
     cb, sb = _bc(c, half), _bc(s, half)

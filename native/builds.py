@@ -55,6 +55,9 @@ class Build:
     approximate: bool = False  # declared approximate: libdevice ex2/lg2.approx and internal fma allowed
     fused: bool = False  # the source itself asks for a fused multiply-add (fmaf, __fmaf_rn)
     index_bits: int | None = None  # the index width the launch plan proved (None: no grid-stride index)
+    # f32 atomic adds flush subnormal inputs and results whatever -ftz says (PTX ISA: atom/red .add.f32); a build
+    # that uses them declares it, and its contract models the flush (the reductions family's cuda-atomic-flush).
+    flushes_atomics: bool = False
 
 
 _ENUMERATORS: dict[str, Callable[[], Iterator[Build]]] = {}
@@ -138,7 +141,15 @@ def _reductions() -> Iterator[Build]:
     for order in sorted(red.TREE_ORDERS):
         for kind in ("tree", "atomic"):
             src, fn = red.tree_source(kind, red.TREE_ORDERS[order])
-            yield Build("reductions", f"{kind}-{order}", src, fn, red.ROUTE, fused=_asks_fused(src))
+            yield Build(
+                "reductions",
+                f"{kind}-{order}",
+                src,
+                fn,
+                red.ROUTE,
+                fused=_asks_fused(src),
+                flushes_atomics=kind == "atomic",
+            )
 
 
 @register_builds("rng")

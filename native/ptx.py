@@ -1,21 +1,43 @@
-"""PTX from NVRTC without a GPU: the compiled code of a build, for the audit to read.
+"""PTX and SASS from NVRTC without a GPU: the compiled code of a build, for the audit to read.
 
 NVRTC ships as pip wheels (``cuda-bindings`` and ``nvidia-cuda-nvrtc`` of the CUDA major in use), so the
 PTX of every kernel is available on a CPU-only CI machine. Options are the route's own
-(:mod:`native.nvrtc`), the target a virtual architecture (``compute_90``: Hopper).
+(:mod:`native.nvrtc`), the target a virtual architecture (``compute_90``: Hopper). The machine code (SASS)
+is NVRTC's CUBIN for a real architecture (``sm_90``) disassembled by ``nvdisasm``, where one is found (the
+CUDA toolkit on a device machine, or the ``nvidia-cuda-nvdisasm`` wheel).
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
 
-__all__ = ["PtxUnavailable", "ARCH", "compile_ptx", "nvrtc_version"]
+__all__ = [
+    "PtxUnavailable",
+    "SassUnavailable",
+    "ARCH",
+    "SASS_ARCH",
+    "compile_ptx",
+    "compile_cubin",
+    "nvdisasm_path",
+    "disassemble",
+    "nvrtc_version",
+]
 
 ARCH = "compute_90"
+SASS_ARCH = "sm_90"
 
 
 class PtxUnavailable(RuntimeError):
     """NVRTC cannot be loaded here; the message says what to install."""
+
+
+class SassUnavailable(RuntimeError):
+    """No ``nvdisasm`` here: SASS cannot be read (the message says where one was looked for)."""
 
 
 def _nvrtc():  # noqa: ANN202 - a module
@@ -52,14 +74,57 @@ def nvrtc_version() -> str:
 @functools.cache
 def compile_ptx(source: str, options: tuple[str, ...], arch: str = ARCH) -> str:
     """PTX text of ``source`` compiled with NVRTC ``options`` for ``arch``; RuntimeError with the log."""
+    return _compile(source, options, arch, "PTX").rstrip(b"\0 ").decode()
+
+
+def _compile(source: str, options: tuple[str, ...], arch: str, what: str) -> bytes:
     nvrtc = _nvrtc()
     _, prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), b"kernel.cu", 0, [], []), "create")
     try:
         opts = [o.encode() for o in (*options, f"--gpu-architecture={arch}")]
         _check(nvrtc.nvrtcCompileProgram(prog, len(opts), opts), "compile", prog)
-        _, size = _check(nvrtc.nvrtcGetPTXSize(prog), "PTX size")
+        size_fn, get_fn = (
+            (nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX)
+            if what == "PTX"
+            else (nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
+        )
+        _, size = _check(size_fn(prog), f"{what} size")
         buf = b" " * size
-        _check(nvrtc.nvrtcGetPTX(prog, buf), "PTX")
-        return buf.rstrip(b"\0 ").decode()
+        _check(get_fn(prog, buf), what)
+        return buf
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+
+
+@functools.cache
+def compile_cubin(source: str, options: tuple[str, ...], arch: str = SASS_ARCH) -> bytes:
+    """CUBIN (machine code) of ``source`` compiled with NVRTC ``options`` for the real ``arch``."""
+    return _compile(source, options, arch, "CUBIN")
+
+
+@functools.cache
+def nvdisasm_path() -> str | None:
+    """The ``nvdisasm`` to use: $KC_NVDISASM, then PATH, the CUDA toolkit, the nvidia-cuda-nvdisasm wheel."""
+    candidates = [os.environ.get("KC_NVDISASM"), shutil.which("nvdisasm"), "/usr/local/cuda/bin/nvdisasm"]
+    try:
+        import nvidia
+
+        candidates += [str(Path(p) / sub / "bin" / "nvdisasm") for p in nvidia.__path__ for sub in ("cu13", "cu12")]
+    except ImportError:
+        pass
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
+@functools.cache
+def disassemble(cubin: bytes) -> str:
+    """SASS text of a CUBIN (``nvdisasm -c``: code sections only); SassUnavailable without nvdisasm."""
+    tool = nvdisasm_path()
+    if tool is None:
+        raise SassUnavailable("no nvdisasm (PATH, /usr/local/cuda/bin, the nvidia-cuda-nvdisasm wheel, $KC_NVDISASM)")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        proc = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError(f"nvdisasm failed ({proc.returncode}): {proc.stderr.strip()[:500]}")
+    return proc.stdout

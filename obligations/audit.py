@@ -1,27 +1,55 @@
-"""The compiled-code audit (method ``audit``): what each build's PTX does, against what its route promises.
+"""The compiled-code audit (method ``audit``): what each build's PTX and SASS do, against what its route promises.
 
 Float flags are evidenced by the compiled code, not by the options we passed: every registered build
 (:mod:`native.builds`) is compiled to PTX with NVRTC (on the CPU) and each rule that applies to it scans
 the instructions. An offending instruction is a violation whose counterexample is the PTX lines.
 Rules register by name; each says when it applies (from the route's flags and the build's declarations)
 and which instructions break it.
+
+On a device run (``--device cuda``, or ``KC_AUDIT_SASS=1``) the machine code is audited too: each build's
+CUBIN for sm_90, disassembled by nvdisasm, is scanned by the SASS rules, and the evidence records both
+levels (the SASS opcode mix included). SASS shows what PTX hides: an f32 atomic add is ``RED...F32.FTZ``.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import time
+from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from native.builds import PROMISES, Build, Promise, all_builds
 from native.nvrtc import Route, get_route
-from native.ptx import ARCH, PtxUnavailable, compile_ptx, nvrtc_version
+from native.ptx import (
+    ARCH,
+    SASS_ARCH,
+    PtxUnavailable,
+    SassUnavailable,
+    compile_cubin,
+    compile_ptx,
+    disassemble,
+    nvrtc_version,
+)
 from obligations.core.evidence import AuditEvidence
 from obligations.core.results import Outcome, error, passed, skipped, violated
 from obligations.engines import Engine, Job, register_engine
 
-__all__ = ["PtxRule", "register_rule", "RULES", "instructions", "audit_build", "Finding", "AuditEngine"]
+__all__ = [
+    "PtxRule",
+    "register_rule",
+    "RULES",
+    "SASS_RULES",
+    "register_sass_rule",
+    "instructions",
+    "sass_instructions",
+    "audit_build",
+    "audit_sass",
+    "Finding",
+    "AuditEngine",
+]
 
 
 @dataclass(frozen=True)
@@ -71,13 +99,21 @@ def _promise(route: Route) -> Promise:
     return PROMISES[route.name]
 
 
+def _is_f32_atomic_add(op: str) -> bool:
+    return op.startswith(("atom.", "red.")) and ".add" in op and op.endswith(".f32")
+
+
 register_rule(
     PtxRule(
         "no-ftz",
         "f32 arithmetic keeps subnormals (no .ftz) where the route promises to keep them",
         lambda b, r: _promise(r).keeps_subnormals,
-        # libdevice's approximate transcendentals use ex2/lg2.approx.ftz on range-reduced arguments.
-        lambda op, b: ".ftz" in op and ".f32" in op and not (b.approximate and ".approx" in op),
+        # libdevice's approximate transcendentals use ex2/lg2.approx.ftz on range-reduced arguments. An f32 atomic
+        # add flushes with no .ftz in its text (PTX ISA: atom/red .add.f32): only a build that declares it may.
+        lambda op, b: (
+            (".ftz" in op and ".f32" in op and not (b.approximate and ".approx" in op))
+            or (_is_f32_atomic_add(op) and not b.flushes_atomics)
+        ),
     )
 )
 register_rule(
@@ -143,6 +179,88 @@ def audit_build(build: Build, rules: dict[str, PtxRule] | None = None) -> tuple[
     return applied, findings
 
 
+SASS_RULES: dict[str, PtxRule] = {}
+
+
+def register_sass_rule(rule: PtxRule) -> PtxRule:
+    """Add a SASS rule by name (the same shape as a PTX rule; ``breaks`` sees SASS opcodes)."""
+    if rule.name in SASS_RULES:
+        raise ValueError(f"SASS audit rule {rule.name!r} registered twice")
+    SASS_RULES[rule.name] = rule
+    return rule
+
+
+register_sass_rule(
+    PtxRule(
+        "sass-atomic-ftz",
+        "no f32 atomic add (RED/ATOM .F32.FTZ: the hardware flushes subnormals) in a build that keeps subnormals, "
+        "unless the build declares the flush and its contract models it",
+        lambda b, r: _promise(r).keeps_subnormals,
+        lambda op, b: op.startswith(("RED", "ATOM")) and ".F32" in op and ".FTZ" in op and not b.flushes_atomics,
+    )
+)
+
+_SASS_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)\b(.*?);")
+# Opcode families recorded for every build (what the SASS shows beyond the rules: the compiler's own FTZ inside
+# its IEEE division/square-root sequences, special-function units, tensor cores, double-precision arithmetic).
+_MIX = {"FTZ": lambda op: ".FTZ" in op, "MUFU": lambda op: op.startswith("MUFU"), "HMMA": lambda op: "MMA" in op}
+_MIX["DFMA/DADD/DMUL"] = lambda op: op.startswith(("DFMA", "DADD", "DMUL"))
+
+
+def sass_instructions(sass: str) -> list[tuple[int, str, str]]:
+    """(line number, opcode, text) of each SASS instruction in nvdisasm output (predicates stripped)."""
+    out = []
+    for n, line in enumerate(sass.splitlines(), 1):
+        m = _SASS_LINE.search(line)
+        if m:
+            out.append((n, m.group(1), line.strip()))
+    return out
+
+
+def audit_sass(build: Build, rules: dict[str, PtxRule] | None = None) -> tuple[list[str], list[Finding], Counter]:
+    """Compile one build to sm_90 machine code, disassemble it and apply the SASS rules: (applied, findings, mix)."""
+    route = get_route(build.route)
+    options = route.flags.options() if route.flags else ("-ftz=true",)
+    insns = sass_instructions(disassemble(compile_cubin(build.source, options)))
+    mix = Counter({k: sum(f(op) for _, op, _ in insns) for k, f in _MIX.items()})
+    applied, findings = [], []
+    for rule in (rules or SASS_RULES).values():
+        if not rule.applies(build, route):
+            continue
+        applied.append(rule.name)
+        bad = tuple((n, text) for n, op, text in insns if rule.breaks(op, build))
+        if bad:
+            findings.append(Finding(build.name, build.route, rule.name, rule.promise, bad))
+    return applied, findings, mix
+
+
+def _sass_wanted(job: Job) -> bool:
+    return job.device == "cuda" or os.environ.get("KC_AUDIT_SASS") == "1"
+
+
+def _audit_sass_all(builds: list[Build]) -> tuple[dict, list[Finding]]:
+    """SASS audit of ``builds`` in parallel threads: (evidence record, findings)."""
+    t0 = time.perf_counter()
+    per_rule: dict[str, int] = {}
+    mix: Counter = Counter()
+    findings: list[Finding] = []
+    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
+        for applied, found, m in pool.map(audit_sass, builds):
+            for r in applied:
+                per_rule[r] = per_rule.get(r, 0) + 1
+            findings += found
+            mix += m
+    record = {
+        "arch": SASS_ARCH,
+        "builds": len(builds),
+        "rules_applied": per_rule,
+        "findings": len(findings),
+        "opcodes": {k: mix.get(k, 0) for k in _MIX},
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+    return record, findings
+
+
 @register_engine
 class AuditEngine(Engine):
     """Audit every build of the item's family (``params.family``, default the contract's)."""
@@ -171,6 +289,16 @@ class AuditEngine(Engine):
             for r in applied:
                 per_rule[r] = per_rule.get(r, 0) + 1
             findings += found
+        if _sass_wanted(job):
+            try:
+                sass, sass_findings = _audit_sass_all(builds)
+                findings += sass_findings
+            except SassUnavailable as exc:
+                sass = {"not_run": str(exc)}
+            except RuntimeError as exc:
+                return error(f"SASS audit failed: {exc}")
+        else:
+            sass = {"not_run": "the SASS audit runs on a device run (--device cuda) or with KC_AUDIT_SASS=1"}
         evidence = AuditEvidence(
             cases=len(builds),
             family=family,
@@ -179,6 +307,7 @@ class AuditEngine(Engine):
             rules_applied=per_rule,
             findings=len(findings),
             audit_seconds=round(time.perf_counter() - t0, 3),
+            sass=sass,
         )
         if findings:
             first = findings[0]

@@ -139,3 +139,50 @@ def test_rng_and_transfer_sources_read_their_index_type_from_the_plan(family):
     assert "index-64" in audit_build(clean)[0] and _rules_broken(clean) == set()
     # a source whose index type is not the one the plan proved is caught by the audit
     assert "index-64" in _rules_broken(dataclasses.replace(clean, source=src32))
+
+
+def _atomic_build(**changes) -> Build:
+    from native import reductions as red
+
+    src, fn = red.tree_source("atomic", red.TREE_ORDERS[sorted(red.TREE_ORDERS)[0]])
+    return Build("reductions", "atomic-planted", src, fn, red.ROUTE, **changes)
+
+
+def test_planted_undeclared_f32_atomic_add_is_caught_in_ptx():
+    # PTX writes the flushing atomic add without .ftz (red/atom .add.f32): only the declaration excuses it.
+    assert _rules_broken(_atomic_build()) == {"no-ftz"}
+    assert _rules_broken(_atomic_build(flushes_atomics=True)) == set()
+
+
+_SASS = ptx.nvdisasm_path() is not None
+
+
+@pytest.mark.skipif(not _SASS, reason="no nvdisasm here (the nvidia-cuda-nvdisasm wheel of the audit extra)")
+def test_planted_undeclared_f32_atomic_add_is_caught_in_sass_and_the_mix_is_recorded():
+    from obligations.audit import SASS_RULES, audit_sass
+
+    applied, found, mix = audit_sass(_atomic_build())
+    assert set(applied) == set(SASS_RULES) and [f.rule for f in found] == ["sass-atomic-ftz"]
+    assert any("RED" in text and ".FTZ" in text for _, text in found[0].lines)
+    _, found, mix = audit_sass(_atomic_build(flushes_atomics=True))
+    assert found == [] and mix["FTZ"] >= 1  # the flush is still recorded in the opcode mix
+
+
+def test_sass_instructions_strip_predicates():
+    from obligations.audit import sass_instructions
+
+    text = "  /*0040*/   @!P0 BRA `(.L_x_0) ;\n  /*00a0*/   RED.E.ADD.F32.FTZ.RN.STRONG.GPU [R2], R5 ;"
+    assert [op for _, op, _ in sass_instructions(text)] == ["BRA", "RED.E.ADD.F32.FTZ.RN.STRONG.GPU"]
+
+
+def test_audit_engine_records_sass_on_a_device_run_or_says_why_not(monkeypatch):
+    contract = load_contract(ROOT / "contracts" / "reductions-v1.yaml", check=False)
+    item = {"id": "AUDIT", "kind": "obligation", "method": "audit", "params": {"family": "reductions"}}
+    monkeypatch.delenv("KC_AUDIT_SASS", raising=False)
+    host = get_engine("audit").discharge(Job(contract, item))
+    assert host.status.value == "passed" and "device run" in host.evidence.sass["not_run"]
+    if _SASS:
+        monkeypatch.setenv("KC_AUDIT_SASS", "1")
+        both = get_engine("audit").discharge(Job(contract, item))
+        assert both.status.value == "passed" and both.evidence.sass["builds"] == len(all_builds("reductions"))
+        assert both.evidence.sass["rules_applied"]["sass-atomic-ftz"] == len(all_builds("reductions"))

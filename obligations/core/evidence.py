@@ -205,6 +205,8 @@ class AuditEvidence(Evidence):
     rules_applied: Mapping[str, int] | None = None
     findings: int | None = None
     audit_seconds: float | None = None
+    # the machine-code level: arch, builds, rules applied, findings, opcode mix, seconds; or {"not_run": why}
+    sass: Mapping[str, Any] | None = None
 
 
 @register_evidence

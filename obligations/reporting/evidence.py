@@ -248,7 +248,20 @@ def _audit(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:
     facts.append(Fact("Findings", _num(ev.get("findings", 0))))
     if "audit_seconds" in ev:
         facts.append(Fact("Audit time", f"{float(ev['audit_seconds']):.3g} s"))
-    return facts, {"cases", "family", "nvrtc", "arch", "rules_applied", "findings", "audit_seconds"}
+    sass = ev.get("sass") or {}
+    if "not_run" in sass:
+        facts.append(Fact("Machine code (SASS)", f"not audited: {sass['not_run']}"))
+    elif sass:
+        rules = ", ".join(f"{k}: {_num(v)}" for k, v in sorted((sass.get("rules_applied") or {}).items()))
+        mix = ", ".join(f"{k} {_num(v)}" for k, v in (sass.get("opcodes") or {}).items())
+        facts.append(
+            Fact(
+                "Machine code (SASS)",
+                f"{_num(sass.get('builds'))} builds for {sass.get('arch')}; rules {rules or 'none'}; "
+                f"{_num(sass.get('findings', 0))} finding(s); opcode mix {mix}",
+            )
+        )
+    return facts, {"cases", "family", "nvrtc", "arch", "rules_applied", "findings", "audit_seconds", "sass"}
 
 
 def _traceback(ev: Mapping[str, Any]) -> tuple[list[Fact], set[str]]:

@@ -200,6 +200,9 @@ def coverage_facts(contract: Mapping[str, Any]) -> list[Fact]:
             facts.append(Fact(f"Order-sensitive inputs ({it['id']})", text))
         if ev.get("kind") == "audit":
             text = f"{ev.get('cases')} builds, {ev.get('findings', 0)} finding(s) ({it['status']})"
+            sass = ev.get("sass") or {}
+            if sass and "not_run" not in sass:
+                text += f"; SASS audited ({sass.get('builds')} builds for {sass.get('arch')})"
             facts.append(Fact(f"Compiled-code audit ({it['id']})", text))
         if ev.get("kind") == "sanitize":
             facts.append(Fact(f"Sanitizer ({it['id']})", f"{it['status']}: {ev.get('verdicts')}"))

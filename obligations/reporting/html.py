@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
+from obligations.reporting import libm_table
 from obligations.reporting.evidence import Fact
 from obligations.reporting.model import STATUSES, contract_summary, status_style
 from obligations.reporting.plots import MISSING_MATPLOTLIB, plots_available
@@ -184,6 +185,7 @@ def render_contract_html(
     coverage = coverage_facts(contract)
     if coverage:
         out += ["<h2>Coverage</h2>", *_facts_table(coverage, "coverage", ("Coverage", "Evidence"))]
+    out += libm_table.html_lines(contract)
     scope = not_adopted_facts(contract)
     if scope:
         out += [

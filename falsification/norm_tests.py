@@ -34,7 +34,7 @@ from spec import norm as ref
 __all__ = ["NormCase", "MIX_NAMES", "HOST_ONLY"]
 
 U = 2.0**-24
-MIX_NAMES: tuple[str, ...] = ("moderate", *sorted(MIXES))
+MIX_NAMES: tuple[str, ...] = ("moderate", "narrow", *sorted(MIXES))
 HOST_ONLY = ("softmax", "log_softmax", "log_softmax_bwd")
 _IMPL = {
     op: f"native.norm:{op.replace('_bwd', '_backward')}"
@@ -78,7 +78,8 @@ def _cases(mixes: int) -> st.SearchStrategy[NormCase]:
 
 
 def _bits(seed: int, n: int, mix: str, scale: int = 6) -> np.ndarray:
-    if mix == "moderate":
+    if mix in ("moderate", "narrow"):  # narrow: |x| <= 1, so every exp of a row counts in its sum
+        scale = 0 if mix == "narrow" else scale
         rng = np.random.default_rng(seed)
         return (rng.uniform(-1, 1, n) * np.exp2(rng.integers(-scale, scale + 1, n))).astype(np.float32).view(np.uint32)
     return generate_bits(BatchSpec(seed=seed, size=n, mix=mix), 1, np)[0]
@@ -149,6 +150,30 @@ def _spec(op: str, i: _In) -> list[np.ndarray]:
     return [np.concatenate([o.reshape(-1) for o in fn])] if isinstance(fn, list) else [fn]
 
 
+def _reversed(i: _In) -> _In:
+    """The case with its last axis reversed (x, dy, w, b, mask)."""
+    return _In(
+        i.case,
+        np.ascontiguousarray(i.x[..., ::-1]),
+        np.ascontiguousarray(i.dy[..., ::-1]),
+        np.ascontiguousarray(i.w[::-1]),
+        np.ascontiguousarray(i.b[::-1]),
+        None if i.mask is None else np.ascontiguousarray(i.mask[..., ::-1]),
+    )
+
+
+def _alternative(op: str, i: _In) -> list[Expected]:
+    """The spec folding each row in reverse index order (the same op on the reversed axis, reversed back)."""
+    out = _spec(op, _reversed(i))[0]
+    rows, length = i.x.shape
+    if op.endswith("norm_bwd"):
+        parts = [out[: rows * length].reshape(rows, length)[:, ::-1].reshape(-1)]
+        rest = out[rows * length :]
+        parts += [rest[j * length : (j + 1) * length][::-1] for j in range(len(rest) // length)]
+        return [Expected(bits=np.concatenate(parts))]
+    return [Expected(bits=np.ascontiguousarray(out.reshape(rows, length)[:, ::-1]))]
+
+
 def _check(
     ctx: FalsifyContext,
     name: str,
@@ -169,7 +194,8 @@ def _check(
         explicit=(
             NormCase(ctx.seed, 0, 3, 17, 5),
             NormCase(ctx.seed + 1, 0, 1, 1, 8),
-            NormCase(ctx.seed + 2, 0, 2, 40, 8),
+            NormCase(ctx.seed + 2, min(1, len(mixes) - 1), 2, 40, 8),
+            NormCase(ctx.seed + 3, min(1, len(mixes) - 1), 3, 23, 6),
         ),
         encode=lambda c: c.ints(),
         decode=lambda rp: NormCase(*rp.values[:5]),
@@ -204,6 +230,8 @@ def bitwise(ctx: FalsifyContext) -> Outcome:
         engine.item_agreement(ctx, "bitwise"),
         _cases(len(MIX_NAMES)),
         output_names=("dx|dw|db" if op.endswith("norm_bwd") else "y",),
+        alternative=lambda i: _alternative(op, i),
+        alternative_name="each row folded in reverse index order",
         build={
             "impl": name,
             "op": op,
@@ -247,9 +275,80 @@ def softmax_bound(x: np.ndarray, mask: np.ndarray | None, log: bool, tol: float 
     return value, np.where(ok, tol * bound * (1 + 2.0**-40), np.inf)
 
 
+EXP_REL = 2.0**-22  # libdevice expf: 2 ulp <= 2^-22 relative; subnormal results 2^-148 absolute
+F64_SLACK = 2.0**-40  # the float64 reference's own rounding (rows of at most 2^12 elements)
+
+
+def log_softmax_backward_bound(
+    y: np.ndarray, dy: np.ndarray, mask: np.ndarray | None, tol: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """(float64 value, per-element bound) of dx = dy - exp(y) sum(dy): gamma_{L-1} fold, expf, fl(e t), fl(dy - p)."""
+    y64, g = y.astype(np.float64), dy.astype(np.float64)
+    ok = np.ones(y.shape, bool) if mask is None else mask
+    length = y.shape[-1]
+    gz = np.where(ok, g, 0.0)
+    t = gz.sum(-1, keepdims=True)
+    e_t = _gamma(length - 1) * np.abs(gz).sum(-1, keepdims=True) + length * 2.0**-150
+    with np.errstate(all="ignore"):
+        e = np.exp(y64)
+    e_e = EXP_REL * e + 2.0**-148
+    p_err = e_e * (np.abs(t) + e_t) + e * e_t
+    p_err = p_err + U * (e + e_e) * (np.abs(t) + e_t) + 2.0**-150
+    value = g - e * t
+    bound = p_err + U * (np.abs(value) + p_err) + F64_SLACK * (np.abs(g) + e * np.abs(t))
+    return np.where(ok, value, 0.0), np.where(ok, tol * bound * (1 + 2.0**-30), 0.0)
+
+
+def norm_bound(
+    x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float, tol: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """(float64 value, per-element bound) of layernorm (b given) or RMSNorm (b None), the contract's derivation."""
+    x64, w64 = x.astype(np.float64), np.abs(w.astype(np.float64))
+    n = x.shape[-1]
+    eps32 = float(np.float32(eps))
+    tiny = 2.0**-150
+    if b is not None:
+        big_s = x64.sum(-1, keepdims=True)
+        e_s = _gamma(n - 1) * np.abs(x64).sum(-1, keepdims=True) + n * tiny
+        e_mu = e_s / n + U * (np.abs(big_s) + e_s) / n + tiny
+        d = x64 - big_s / n
+        e_d = e_mu + U * (np.abs(d) + e_mu)
+    else:
+        d, e_d = x64, np.zeros_like(x64)
+    ad = np.abs(d)
+    sq_hi = (ad + e_d) ** 2
+    e_sq = e_d * (2 * ad + e_d) + U * sq_hi + tiny
+    e_q = e_sq.sum(-1, keepdims=True) + _gamma(n - 1) * (sq_hi * (1 + U) + tiny).sum(-1, keepdims=True)
+    var = (d * d).sum(-1, keepdims=True) / n
+    e_v = e_q / n + U * (var + e_q / n) + tiny
+    e_w = e_v + U * (var + eps32 + e_v)
+    r = 1 / np.sqrt(var + eps32)
+    rho = e_w / (var + eps32)
+    with np.errstate(all="ignore"):
+        e_r = np.where(rho < 1, r * ((1 - np.minimum(rho, 1 - 2.0**-30)) ** -0.5 * (1 + U + 2.0**-50) - 1), np.inf)
+    e_xh = e_d * (r + e_r) + ad * e_r + U * (ad + e_d) * (r + e_r) + tiny
+    e_p = w64 * e_xh + U * w64 * (ad * r + e_xh) + tiny
+    value = d * r * w.astype(np.float64)
+    if b is not None:
+        value = value + b.astype(np.float64)
+        e_y = e_p + U * (np.abs(value) + e_p)
+    else:
+        e_y = e_p
+    slack = F64_SLACK * (w64 * r * (np.abs(x64) + np.abs(x64).max(-1, keepdims=True)) + np.abs(value))
+    return value, tol * (e_y * (1 + 2.0**-30) + slack)
+
+
+_BOUND_NAMES = {
+    "softmax": "tol x derived (log-)softmax bound: fl(x - m), exp 2 ulp, gamma_{L-1} fold, division (log: 1 ulp logf)",
+    "log_softmax_bwd": "tol x (fold gamma_{L-1} sum|dy|, expf 2 ulp, fl(e t), fl(dy - p))",
+    "layernorm": "tol x derived layernorm bound: mean, centring, gamma_{n-1} variance fold, rsqrt once, scale, shift",
+    "rmsnorm": "tol x derived RMSNorm bound: gamma_{n-1} square fold, rsqrt rounded once, scale",
+}
+
+
 @register_test("norm.error_bound")
 def error_bound(ctx: FalsifyContext) -> Outcome:
-    """(Log-)softmax within tolerance x its derived per-element bound of the float64 value."""
+    """(Log-)softmax, the log-softmax backward, layernorm or RMSNorm within tolerance x its derived float64 bound."""
     op = ctx.params.get("op", "softmax")
     name = ctx.params.get("impl", _IMPL[op])
     impl = resolve(name)
@@ -258,7 +357,15 @@ def error_bound(ctx: FalsifyContext) -> Outcome:
     worst = {"ratio": 0.0}
 
     def reference(i: _In) -> Expected:
-        v, b = softmax_bound(i.x.view(np.float32), i.mask, op == "log_softmax", tol)
+        x = i.x.view(np.float32)
+        if op == "log_softmax_bwd":
+            v, b = log_softmax_backward_bound(x, i.dy.view(np.float32), i.mask, tol)
+        elif op == "layernorm":
+            v, b = norm_bound(x, i.w.view(np.float32), i.b.view(np.float32), 1e-5, tol)
+        elif op == "rmsnorm":
+            v, b = norm_bound(x, i.w.view(np.float32), None, 1e-6, tol)
+        else:
+            v, b = softmax_bound(x, i.mask, op == "log_softmax", tol)
         return Expected(value=v, bound=np.where(np.isinf(b), 0.0, b))
 
     def observe(j: Judgement) -> None:
@@ -268,12 +375,7 @@ def error_bound(ctx: FalsifyContext) -> Outcome:
             r = np.where(np.isfinite(nat) & (e.bound > 0), np.abs(nat - e.value) / e.bound, 0.0)
         worst["ratio"] = max(worst["ratio"], float(np.max(r, initial=0.0)))
 
-    agreement = engine.item_agreement(
-        ctx,
-        "error_bound",
-        bound_name="tol x derived (log-)softmax bound: "
-        "fl(x - m), exp 2 ulp, gamma_{L-1} fold, division (log: 1 ulp logf)",
-    )
+    agreement = engine.item_agreement(ctx, "error_bound", bound_name=_BOUND_NAMES.get(op, _BOUND_NAMES["softmax"]))
     check = _check(
         ctx,
         name,

@@ -20,6 +20,7 @@ import numpy as np
 from native.builds import Build, register_builds
 from native.elementwise import launch_plan
 from obligations.core.device import array_module, resolve_device
+from obligations.core.entrypoints import entry_point
 from obligations.core.symbolic import all_of, as_type, smax
 
 __all__ = [
@@ -311,11 +312,13 @@ def _softmax(x: Any, mask: Any, device: str, kind: str) -> Any:
     return y
 
 
+@entry_point("norm")
 def softmax(x: Any, mask: Any = None, device: str = "auto") -> Any:
     """Masked softmax along the last axis (mask True = allowed; a row with none allowed is +0)."""
     return _softmax(x, mask, device, "softmax")
 
 
+@entry_point("norm")
 def log_softmax(x: Any, mask: Any = None, device: str = "auto") -> Any:
     """Masked log-softmax along the last axis (masked entries and empty rows -Inf)."""
     return _softmax(x, mask, device, "log_softmax")
@@ -342,11 +345,13 @@ def _softmax_bwd(y: Any, dy: Any, mask: Any, device: str, kind: str) -> Any:
     return dx
 
 
+@entry_point("norm")
 def softmax_backward(y: Any, dy: Any, mask: Any = None, device: str = "auto") -> Any:
     """dx = y * (dy - fold(dy * y)) over the allowed entries (masked +0)."""
     return _softmax_bwd(y, dy, mask, device, "softmax_bwd")
 
 
+@entry_point("norm")
 def log_softmax_backward(y: Any, dy: Any, mask: Any = None, device: str = "auto") -> Any:
     """dx = dy - exp(y) * fold(dy) over the allowed entries (masked +0)."""
     return _softmax_bwd(y, dy, mask, device, "log_softmax_bwd")
@@ -375,6 +380,7 @@ def _host_stats(x: np.ndarray, eps: float, centred: bool) -> tuple[np.ndarray, n
     return d, r
 
 
+@entry_point("norm")
 def layernorm(x: Any, weight: Any, bias: Any, eps: float = 1e-5, device: str = "auto") -> Any:
     """y = ((x - mu) * rsqrt(var + eps)) * w + b along the last axis, in the spec's order."""
     r = _rows(x, device)
@@ -388,6 +394,7 @@ def layernorm(x: Any, weight: Any, bias: Any, eps: float = 1e-5, device: str = "
     return y
 
 
+@entry_point("norm")
 def rmsnorm(x: Any, weight: Any, eps: float = 1e-6, device: str = "auto") -> Any:
     """y = (x * rsqrt(mean(x * x) + eps)) * w along the last axis, in the spec's order."""
     r = _rows(x, device)
@@ -440,11 +447,13 @@ def _norm_bwd(kind: str, x: Any, weight: Any, dy: Any, eps: float, device: str) 
     return dx, dw, db
 
 
+@entry_point("norm")
 def layernorm_backward(x: Any, weight: Any, dy: Any, eps: float = 1e-5, device: str = "auto") -> tuple[Any, Any, Any]:
     """(dx, dw, db) of :func:`layernorm` in the spec's order."""
     return _norm_bwd("layernorm", x, weight, dy, eps, device)
 
 
+@entry_point("norm")
 def rmsnorm_backward(x: Any, weight: Any, dy: Any, eps: float = 1e-6, device: str = "auto") -> tuple[Any, Any]:
     """(dx, dw) of :func:`rmsnorm` in the spec's order."""
     dx, dw, _ = _norm_bwd("rmsnorm", x, weight, dy, eps, device)

@@ -21,6 +21,9 @@ def test_contract_holds_on_host():
     res = check_contract(CONTRACT, device="host")
     bad = {it["id"]: it["status"] for it in res["items"] if it["status"] not in ("proved", "exhausted", "passed")}
     assert not bad, bad
+    assert not res["unchecked_entry_points"], res["unchecked_entry_points"]
+    insensitive = [it["id"] for it in res["items"] if (it.get("evidence") or {}).get("order_insensitive")]
+    assert not insensitive, insensitive
 
 
 @pytest.mark.parametrize(
@@ -37,6 +40,16 @@ def test_contract_holds_on_host():
             'impl: "tests.planted.norm_bugs:softmax_backward_no_diagonal"}',
         ),
         (["RMSNORM-bitwise"], 'impl: "native.norm:rmsnorm"}', 'impl: "tests.planted.norm_bugs:rmsnorm_no_eps"}'),
+        (
+            ["LAYERNORM-bound"],
+            'impl: "native.norm:layernorm"}',
+            'impl: "tests.planted.norm_bugs:layernorm_unbiased_variance"}',
+        ),
+        (
+            ["LOGSOFTMAX-BWD-bound"],
+            'impl: "native.norm:log_softmax_backward"}',
+            'impl: "tests.planted.norm_bugs:log_softmax_backward_no_exp"}',
+        ),
     ],
 )
 def test_planted_bug_is_caught(tmp_path, items, old, new):

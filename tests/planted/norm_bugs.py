@@ -8,7 +8,13 @@ import numpy as np
 
 from native import norm as nn
 
-__all__ = ["softmax_mask_after", "softmax_backward_no_diagonal", "rmsnorm_no_eps"]
+__all__ = [
+    "softmax_mask_after",
+    "softmax_backward_no_diagonal",
+    "rmsnorm_no_eps",
+    "layernorm_unbiased_variance",
+    "log_softmax_backward_no_exp",
+]
 
 
 def softmax_mask_after(x: Any, mask: Any = None, device: str = "auto") -> Any:
@@ -28,3 +34,23 @@ def softmax_backward_no_diagonal(y: Any, dy: Any, mask: Any = None, device: str 
 def rmsnorm_no_eps(x: Any, weight: Any, eps: float = 1e-6, device: str = "auto") -> Any:
     """BUG: eps is dropped."""
     return nn.rmsnorm(x, weight, eps=0.0, device=device)
+
+
+def layernorm_unbiased_variance(x: Any, weight: Any, bias: Any, eps: float = 1e-5, device: str = "auto") -> Any:
+    """BUG: the variance is divided by n - 1 (torch.var's default) instead of n."""
+    x = np.asarray(x, np.float32)
+    n = x.shape[-1]
+    if n < 2:
+        return nn.layernorm(x, weight, bias, eps, device="host")
+    mu = x.astype(np.float64).mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).sum(-1, keepdims=True) / (n - 1)
+    y = (x - mu) / np.sqrt(var + np.float32(eps)) * np.asarray(weight, np.float64) + np.asarray(bias, np.float64)
+    return y.astype(np.float32)
+
+
+def log_softmax_backward_no_exp(y: Any, dy: Any, mask: Any = None, device: str = "auto") -> Any:
+    """BUG: dx = dy - y * fold(dy) (the log-probabilities used where the probabilities exp(y) belong)."""
+    y, dy = np.asarray(y, np.float32), np.asarray(dy, np.float32)
+    ok = np.ones(y.shape, bool) if mask is None else np.broadcast_to(np.asarray(mask, bool), y.shape)
+    t = np.where(ok, dy, 0).sum(-1, keepdims=True, dtype=np.float32)
+    return np.where(ok, dy - y * t, 0).astype(np.float32)

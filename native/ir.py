@@ -306,7 +306,7 @@ def run_node(node: Node, args: Sequence[Any], entry: Mapping[str, Any] | None, d
     if op.payload and entry is None:
         raise ExecError(f"node {node.id} ({node.kind}): no payload entry for this {op.payload} node")
     xp = _xp(dev)
-    ins = [xp.ascontiguousarray(xp.asarray(v, dtype=xp.float32)) for v in args]
+    ins = [_c_order(xp.asarray(v, dtype=xp.float32), xp) for v in args]
     with np.errstate(all="ignore"):
         out = fn(node, node_attrs(node, op), ins, entry, dev)
     if tuple(out.shape) != node.out_shape:
@@ -314,6 +314,11 @@ def run_node(node: Node, args: Sequence[Any], entry: Mapping[str, Any] | None, d
             f"node {node.id} ({node.kind}): result shape {tuple(out.shape)} differs from the declared {node.out_shape}"
         )
     return out
+
+
+def _c_order(a: Any, xp: Any) -> Any:
+    # ascontiguousarray returns ndim >= 1: a rank-0 value would come back with shape (1,)
+    return a if a.flags.c_contiguous else xp.ascontiguousarray(a)
 
 
 @dataclass(frozen=True)

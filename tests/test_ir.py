@@ -355,3 +355,19 @@ def test_kc_graph_check_and_show(tmp_path, capsys):
     assert "! node 2" in capsys.readouterr().out
     (tmp_path / "broken.json").write_text("{")
     assert main(["graph", "check", str(tmp_path / "broken.json")]) == 2
+
+
+@pytest.mark.parametrize("op", ["relu", "neg", "exp", "add"])
+def test_rank0_elementwise_nodes_keep_their_shape_and_agree_with_the_denotation(op):
+    from native.ir import run_graph
+    from spec.ir import GraphBuilder, denote_all
+
+    g = GraphBuilder()
+    a, b = g.add("input", [], ()), g.add("input", [], ())
+    g.add(op, [a, b] if op == "add" else [a], ())
+    graph, payload = g.build()
+    inputs = {a: np.float32(-1.5), b: np.float32(2.0)}
+    got = run_graph(graph, payload, inputs, device="host").values[-1]
+    want = denote_all(graph, payload, inputs).value[-1]
+    assert got.shape == () and np.asarray(want).shape == ()
+    assert np.asarray(got).tobytes() == np.asarray(want, dtype=np.float32).tobytes()

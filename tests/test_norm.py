@@ -86,6 +86,45 @@ def test_ir_softmax_layernorm_rmsnorm_denote_the_spec():
     assert np.array_equal(_bits(nn.layernorm(x, w, b, device="host")), sn.layernorm(_bits(x), _bits(w), _bits(b)))
 
 
+def test_cuda_launches_pass_every_kernel_parameter(monkeypatch):
+    """Each CUDA launch passes exactly the parameters its kernel declares, with the declared scalar types."""
+    import native.nvrtc as nv
+
+    launches = []
+    kinds = {"long long": np.int64, "int": np.int32, "float": np.float32}
+
+    def fake_compile(source, name, route):
+        head = source[source.index(f"void {name}(") :]
+        params = [p.strip() for p in head[head.index("(") + 1 : head.index(")")].split(",")]
+
+        def fn(grid, block, args):
+            launches.append(name)
+            assert len(args) == len(params), (name, len(args), len(params))
+            for a, p in zip(args, params, strict=True):
+                if "*" in p:
+                    assert isinstance(a, np.ndarray), (name, p)
+                else:
+                    assert isinstance(a, kinds[p.rsplit(" ", 1)[0]]), (name, p, type(a))
+
+        return fn
+
+    monkeypatch.setattr(nv, "compile_function", fake_compile)
+    monkeypatch.setattr(nn, "resolve_device", lambda device: "cuda")
+    monkeypatch.setattr(nn, "array_module", lambda dev: np)
+    x = np.ones((3, 5), np.float32)
+    w = np.ones(5, np.float32)
+    mask = np.ones((3, 5), bool)
+    for fn in (nn.softmax, nn.log_softmax):
+        fn(x, mask)
+    for fn in (nn.softmax_backward, nn.log_softmax_backward):
+        fn(x, x, None)
+    nn.layernorm(x, w, w)
+    nn.rmsnorm(x, w)
+    nn.layernorm_backward(x, w, x)
+    nn.rmsnorm_backward(x, w, x)
+    assert len(set(launches)) == 9, sorted(set(launches))
+
+
 @needs_cuda
 @pytest.mark.cuda
 def test_contract_holds_on_cuda():

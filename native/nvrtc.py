@@ -6,13 +6,20 @@ through ``cupy.RawKernel`` cannot keep subnormals (cupy/cupy#8382). This module 
 ``cupy.cuda.function.Module``. Each :class:`Route` names its flags and the softfloat environment that
 those flags promise, so a contract can check a kernel against exactly what its compilation implies. The
 stock route stays available as a named route whose environment is ``cuda-ftz``.
+
+Compiled binaries are kept on disk (``KC_KERNEL_CACHE``, default ``~/.cache/kernel-contracts/nvrtc``; ``0``
+turns it off), keyed by the source, the options, the architecture and the CuPy and NVRTC versions, so a
+process does not pay NVRTC again for a kernel an earlier one built (CuPy's own kernels have CuPy's cache).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 __all__ = ["CompileFlags", "Route", "ROUTES", "INDEX_TYPES", "register_route", "get_route", "compile_function"]
@@ -151,11 +158,43 @@ def _compile_cached(source: str, name: str, route_name: str) -> Callable[..., An
     route = get_route(route_name)
     if route.flags is None:
         return cupy.RawKernel(source, name)  # the stock path, -ftz=true appended by CuPy
-    compiled = cupy.cuda.compiler.compile_using_nvrtc(source, options=route.flags.options(), arch=_arch())
-    binary = compiled[0] if isinstance(compiled, tuple) else compiled
+    binary = _binary(source, route.flags.options())
     module = cupy.cuda.function.Module()
     module.load(binary)
     return module.get_function(name)
+
+
+def _cache_dir() -> Path | None:
+    where = os.environ.get("KC_KERNEL_CACHE", "")
+    if where == "0":
+        return None
+    return Path(where) if where else Path.home() / ".cache" / "kernel-contracts" / "nvrtc"
+
+
+def _binary(source: str, options: tuple[str, ...]) -> Any:
+    """The NVRTC binary of ``source`` under ``options``: from the disk cache, else compiled (and stored)."""
+    import cupy
+
+    arch = _arch()
+    nvrtc_version = cupy.cuda.nvrtc.getVersion()
+    key = hashlib.sha256(repr((source, options, arch, cupy.__version__, nvrtc_version)).encode()).hexdigest()
+    cache = _cache_dir()
+    path = cache / f"{key}.bin" if cache is not None else None
+    if path is not None and path.is_file():
+        data = path.read_bytes()
+        if data[:1] in (b"s", b"b"):
+            return data[1:].decode() if data[:1] == b"s" else data[1:]
+    compiled = cupy.cuda.compiler.compile_using_nvrtc(source, options=options, arch=arch)
+    binary = compiled[0] if isinstance(compiled, tuple) else compiled
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(b"s" + binary.encode() if isinstance(binary, str) else b"b" + bytes(binary))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only or full disk only costs the next process a compile
+    return binary
 
 
 def compile_function(source: str, name: str, route: str) -> Callable[..., Any]:

@@ -227,8 +227,8 @@ def _conv_alternative(op: str) -> Callable[[_Operands], Expected]:
     def run(o: _Operands) -> Expected:
         c, b, win = o.case, o.bits, o.case.window()
         f = {k: v.view(np.float32) for k, v in b.items()}
-        bias = f["b"].astype(np.float64) if c.bias else None
         with np.errstate(all="ignore"):
+            bias = f["b"].astype(np.float64) if c.bias else None
             if op == "fwd":
                 return Expected(bits=_round_once(ref.conv_f64(f["x"], f["w"], bias, **win)[0]))
             if op == "tconv":

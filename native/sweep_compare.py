@@ -30,6 +30,7 @@ __all__ = [
     "EXACT_ROUTES",
     "compare_chunk_fused",
     "exact_route_supports",
+    "exact_source",
     "sweep_exact_chunk",
 ]
 
@@ -188,10 +189,12 @@ EXACT_SOURCE = (
     + COMPARE_SOURCE
     + r"""
 // out as kc_sweep_compare's; ref_out (optional) receives the reference bits (counterexample recovery).
-extern "C" __global__ void kc_sweep_exact(const unsigned* nat, const unsigned* xs, long long n, unsigned c, int op,
-                                          int route, int rnd, int ftz, int daz, int nanc, int tin, unsigned dn,
-                                          unsigned* ref_out, u64* out) {
+// KC_SWEEP_OP and KC_SWEEP_ROUTE are defined per build: only the one reference is compiled.
+extern "C" __global__ void kc_sweep_exact(const unsigned* nat, const unsigned* xs, long long n, unsigned c, int rnd,
+                                          int ftz, int daz, int nanc, int tin, unsigned dn, unsigned* ref_out,
+                                          u64* out) {
     const KcEnv env = {rnd, ftz, daz, nanc, tin, dn};
+    const int op = KC_SWEEP_OP, route = KC_SWEEP_ROUTE;
     u64 h[5] = {0, 0, 0, 0, 0}, bad = 0, mx = 0;
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -216,6 +219,11 @@ extern "C" __global__ void kc_sweep_exact(const unsigned* nat, const unsigned* x
 }
 """
 )
+
+
+def exact_source(op: str, route: str) -> str:
+    """The comparison kernel's source computing ``op``'s reference by ``route`` (one reference per build)."""
+    return f"#define KC_SWEEP_OP {EXACT_OPS[op]}\n#define KC_SWEEP_ROUTE {EXACT_ROUTES[route]}\n" + EXACT_SOURCE
 
 
 def exact_route_supports(op: str, route: str, env: FloatEnv) -> bool:
@@ -244,7 +252,7 @@ def sweep_exact_chunk(
 
     if not exact_route_supports(op, route, env):
         raise ValueError(f"the fused {route} reference does not cover {op} under env {env.name}")
-    fn = compile_function(EXACT_SOURCE, "kc_sweep_exact", "nvrtc-ieee")
+    fn = compile_function(exact_source(op, route), "kc_sweep_exact", "nvrtc-ieee")
     nat = cupy.ascontiguousarray(nat).view(cupy.uint32)
     x = cupy.ascontiguousarray(x).view(cupy.uint32)
     n = int(nat.size)
@@ -261,8 +269,6 @@ def sweep_exact_chunk(
                 x,
                 np.int64(n),
                 np.uint32(c),
-                np.int32(EXACT_OPS[op]),
-                np.int32(EXACT_ROUTES[route]),
                 np.int32(rnd),
                 np.int32(ftz),
                 np.int32(daz),

@@ -3,10 +3,12 @@
 CPU (one core, NumPy):   python benchmarks/bench_softfloat.py
 GPU (CuPy, same code):   python benchmarks/bench_softfloat.py --device cuda --n 2^28
 
-Columns: the vectorised reference in operations per second; Berkeley SoftFloat 3e through the
-`softfloatpy` binding, one call at a time; MPFR through gmpy2 (precision 24, subnormalize), one call at
-a time. Per-call oracles are timed on --oracle-n elements in the same run. On CUDA the script also
-checks the GPU results bit for bit against the NumPy run of the same code on a slice.
+Columns: the vectorised reference in operations per second (on CUDA: the fused kernels of
+spec.softfloat.device, next to the array code on the same device, timed in the same run); Berkeley
+SoftFloat 3e through the `softfloatpy` binding, one call at a time; MPFR through gmpy2 (precision 24,
+subnormalize), one call at a time. Per-call oracles are timed on --oracle-n elements in the same run.
+On CUDA the script also checks the GPU results bit for bit against the NumPy run of the same code on a
+slice.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from spec import softfloat as sf  # noqa: E402
 from spec.softfloat import core  # noqa: E402
+from spec.softfloat import device as sf_device  # noqa: E402
 
 OPS = ("add", "mul", "fma", "div", "sqrt")
 GOALS_CPU = {"add": 30e6, "mul": 30e6, "fma": 10e6, "div": 10e6, "sqrt": 10e6}
@@ -78,6 +81,15 @@ def time_vectorised(op, ops, repeat, sync):
         sync()
         best = min(best, time.perf_counter() - t)
     return ops[0].size / best
+
+
+def time_array_code(op, ops, repeat, sync):
+    """The array code on the same device (fused kernels off): the figure the kernels replace."""
+    sf_device.set_enabled(False)
+    try:
+        return time_vectorised(op, ops, repeat, sync)
+    finally:
+        sf_device.set_enabled(True)
 
 
 def time_softfloatpy(op, ops, n):
@@ -153,6 +165,7 @@ def main(argv=None) -> int:
     ap.add_argument("--oracle-n", type=int, default=200_000, help="elements timed for per-call oracles")
     ap.add_argument("--chunk", default=None, help="elements per chunk (default 2^17 cpu, 2^24 cuda)")
     ap.add_argument("--no-check", action="store_true", help="skip the GPU-vs-CPU bit comparison")
+    ap.add_argument("--no-array-code", action="store_true", help="on CUDA, skip timing the array code")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     a = ap.parse_args(argv)
     ops_wanted = [o for o in a.ops.split(",") if o]
@@ -185,6 +198,9 @@ def main(argv=None) -> int:
     notes = set()
     for op in ops_wanted:
         r = {"op": op, "softfloat_ops_per_s": time_vectorised(op, ops, a.repeat, sync)}
+        if a.device == "cuda" and not a.no_array_code:
+            r["array_code_ops_per_s"] = time_array_code(op, ops, min(a.repeat, 2), sync)
+            r["fused_over_array_code"] = round(r["softfloat_ops_per_s"] / r["array_code_ops_per_s"], 1)
         sfp, note = time_softfloatpy(
             op,
             [np.asarray(o[: a.oracle_n].get() if a.device == "cuda" else o[: a.oracle_n]) for o in ops],
@@ -211,6 +227,8 @@ def main(argv=None) -> int:
     print(f"{'op':6} {'softfloat':>12} {'SoftFloat/call':>15} {'MPFR/call':>12} {'goal':>12}  met")
     for r in rows:
         extra = f"  gpu-vs-cpu mismatches={r['gpu_vs_cpu_mismatches']}" if "gpu_vs_cpu_mismatches" in r else ""
+        if "array_code_ops_per_s" in r:
+            extra += f"  array code {fmt(r['array_code_ops_per_s'])} (x{r['fused_over_array_code']})"
         sfp = fmt(r["berkeley_softfloat_per_call_ops_per_s"])
         print(
             f"{r['op']:6} {fmt(r['softfloat_ops_per_s']):>12} {sfp:>15}"

@@ -221,12 +221,11 @@ def test_cuda_fused_binary_reference_equals_softfloat(op):
     "op,kw",
     [("sqrt", {}), ("inv", {}), ("relu", {}), ("neg", {}), ("add", {"operand": 0x3F800000})],
 )
-def test_cuda_sweep_fused_matches_array_reference(op, kw):
+def test_cuda_sweep_routes_agree(op, kw):
+    """Sweeps by the float64 route and by the softfloat kernels agree on ranges full of edge classes."""
     from falsification.sweep import sweep
 
-    lo, hi = 0x00000000, 0x00000000 + (1 << 24)
-    for rng in ((0, 1 << 24), (0x7F000000, 0x80800000), (0xFF000000, 1 << 32)):
-        lo, hi = rng
+    for lo, hi in ((0, 1 << 24), (0x7F000000, 0x80800000), (0xFF000000, 1 << 32)):
         fused = sweep(op, device="cuda", lo=lo, hi=hi, **kw)
         soft = sweep(op, device="cuda", lo=lo, hi=hi, reference="softfloat", **kw)
         assert fused["disagreements"] == soft["disagreements"] == 0, (fused, soft)

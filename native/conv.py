@@ -1181,7 +1181,7 @@ def conv(
     )
     outs = tuple(int(a.out) for a in plan.axes)
     if dev == "host":
-        return _host_conv(x, w, b, plan)
+        return _host_conv(x, w, None if b is None else b[: int(w.shape[0])], plan)
     if rank > MAX_RANK:
         raise ValueError(f"the CUDA builds take spatial rank <= {MAX_RANK}, not {rank}")
     y = xp.empty((x.shape[0], w.shape[0]) + outs, dtype=xp.float32)
@@ -1281,7 +1281,7 @@ def conv_transpose(
     if b is not None and int(b.size) < c_out:
         raise ValueError(f"bias of {b.size} elements for {c_out} output channels")
     if dev == "host":
-        return _host_tconv(x, w, b, axes, groups)
+        return _host_tconv(x, w, None if b is None else b[:c_out], axes, groups)
     y = xp.empty((x.shape[0], c_out) + outs, dtype=xp.float32)
     meta = _meta(
         xp,

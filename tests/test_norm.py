@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -123,6 +125,18 @@ def test_cuda_launches_pass_every_kernel_parameter(monkeypatch):
     nn.layernorm_backward(x, w, x)
     nn.rmsnorm_backward(x, w, x)
     assert len(set(launches)) == 9, sorted(set(launches))
+
+
+@pytest.mark.skipif(
+    shutil.which("g++") is None, reason="needs g++ (with libasan) to compile the CUDA sources for the host"
+)
+def test_cuda_sources_match_the_host_path_under_sanitizers():
+    """The CUDA text, compiled as C++ with ASan/UBSan and run one thread at a time, equals the host path."""
+    from tests.host_cuda import run_under_asan
+
+    res = run_under_asan("norm")
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    assert "norm: 0 mismatches" in res.stdout
 
 
 @needs_cuda

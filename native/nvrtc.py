@@ -181,9 +181,12 @@ def _binary(source: str, options: tuple[str, ...]) -> Any:
     cache = _cache_dir()
     path = cache / f"{key}.bin" if cache is not None else None
     if path is not None and path.is_file():
-        data = path.read_bytes()
-        if data[:1] in (b"s", b"b"):
-            return data[1:].decode() if data[:1] == b"s" else data[1:]
+        try:
+            data = path.read_bytes()
+            if data[:1] in (b"s", b"b") and len(data) > 1:
+                return data[1:].decode() if data[:1] == b"s" else data[1:]
+        except (OSError, UnicodeDecodeError):
+            pass  # an unreadable entry is rebuilt below
     compiled = cupy.cuda.compiler.compile_using_nvrtc(source, options=options, arch=arch)
     binary = compiled[0] if isinstance(compiled, tuple) else compiled
     if path is not None:

@@ -567,6 +567,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd(
         float s[8][4];
         zero(s);
         mm<HDP, 4>(s, qt + ty * 8, LDR, kt + tx * 4, LDC);
+        const bool full = t0 + BC <= kend && (!causal || t0 + BC - 1 <= r0 + ty * 8);  // no key of the tile masked
         #pragma unroll
         for (unsigned i = 0; i < 8; ++i) {
             const long long row = r0 + ty * 8 + i;
@@ -581,10 +582,18 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd(
             const float mnew = fmaxf(m[i], max16(tmax));
             const float alpha = (mnew == -INFINITY) ? 1.0f : expf(m[i] - mnew);
             float ps = 0.0f;
-            #pragma unroll
-            for (unsigned j = 0; j < 4; ++j) {
-                s[i][j] = (s[i][j] == -INFINITY) ? 0.0f : expf(s[i][j] - mnew);
-                ps = ps + s[i][j];
+            if (full) {  // every score finite: exp needs no guard
+                #pragma unroll
+                for (unsigned j = 0; j < 4; ++j) {
+                    s[i][j] = expf(s[i][j] - mnew);
+                    ps = ps + s[i][j];
+                }
+            } else {
+                #pragma unroll
+                for (unsigned j = 0; j < 4; ++j) {
+                    s[i][j] = (s[i][j] == -INFINITY) ? 0.0f : expf(s[i][j] - mnew);
+                    ps = ps + s[i][j];
+                }
             }
             l[i] = l[i] * alpha + sum16(ps);
             m[i] = mnew;
@@ -624,6 +633,8 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], 
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned a; asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p)); return a; }
 __device__ __forceinline__ unsigned qpair(const T* __restrict__ q, long long base, long long row, long long Lq,
                                           unsigned d) {
     const unsigned lo = (row < Lq && d < HD) ? q[(base + row) * HD + d] : 0u;
@@ -650,8 +661,8 @@ __device__ __forceinline__ void load_h(T* dst, const T* __restrict__ src, long l
     }
 }
 // Float16 storage on tensor cores (FlashAttention-2 layout): 8 warps of 16 query rows, key tiles of BC rows.
-// S = Q K^T and O += P V are mma.sync m16n8k16 with float32 accumulators; the scale, mask, online softmax (expf)
-// and the row sums run in float32; P is rounded to float16 for the P V product; O / l is rounded once.
+// S = Q K^T and O += P V are mma.sync m16n8k16 with float32 accumulators; the scale, mask, online softmax (exp2f
+// of scores in log2 units) and the row sums run in float32; P is rounded to float16 for P V; O / l rounded once.
 extern "C" __global__ void __launch_bounds__(NT) attn_fwd16(
         const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
         float* __restrict__ lse, const long long* __restrict__ kv_len, long long Hq, long long Hkv,
@@ -665,6 +676,8 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd16(
     const long long klen = kv_len[b];
     const long long kend = causal ? min(klen, r0 + BR) : klen;
     const long long kbase = (b * Hkv + hk) * Lk;
+    // Scores in log2 units: t = fl(S sl), sl = fl(scale log2(e)); P = exp2f(t - m) (2 ulp, as expf).
+    const float sl = scale * 1.44269504088896341f;
     unsigned qa[HDP / 16][4];
     #pragma unroll
     for (unsigned kk = 0; kk < HDP / 16; ++kk) {
@@ -692,20 +705,22 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd16(
             sc[n][0] = 0.0f; sc[n][1] = 0.0f; sc[n][2] = 0.0f; sc[n][3] = 0.0f;
             #pragma unroll
             for (unsigned kk = 0; kk < HDP / 16; ++kk) {
-                const T* kr = kfrag + n * 8 * LDH + kk * 16;
+                const T* kr = kfrag + n * 8 * LDH + kk * 16;  // B fragment: K[n*8 + g][kk*16 + 2t .. +1], +8
                 mma16816(sc[n], qa[kk], *reinterpret_cast<const unsigned*>(kr),
                          *reinterpret_cast<const unsigned*>(kr + 8));
             }
         }
         float tmax0 = -INFINITY, tmax1 = -INFINITY;
-        // Every key of the tile allowed for every row of the warp (warp-uniform): no per-entry mask.
-        if (t0 + BC <= kend && (!causal || t0 + BC - 1 <= r0 + warp * 16)) {
+        // Every key of the tile allowed for every row of the warp (warp-uniform): no per-entry mask, and every
+        // score finite, so exp needs no guard (the guarded form gives the same values there).
+        const bool full = t0 + BC <= kend && (!causal || t0 + BC - 1 <= r0 + warp * 16);
+        if (full) {
             #pragma unroll
             for (unsigned n = 0; n < BC / 8; ++n) {
                 #pragma unroll
                 for (unsigned e = 0; e < 2; ++e) {
-                    sc[n][e] = sc[n][e] * scale;
-                    sc[n][2 + e] = sc[n][2 + e] * scale;
+                    sc[n][e] = sc[n][e] * sl;
+                    sc[n][2 + e] = sc[n][2 + e] * sl;
                     tmax0 = fmaxf(tmax0, sc[n][e]);
                     tmax1 = fmaxf(tmax1, sc[n][2 + e]);
                 }
@@ -718,8 +733,8 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd16(
                     const long long key = t0 + n * 8 + 2 * t + e;
                     const bool ok0 = key < kend && (!causal || key <= row0);
                     const bool ok1 = key < kend && (!causal || key <= row1);
-                    sc[n][e] = ok0 ? sc[n][e] * scale : -INFINITY;
-                    sc[n][2 + e] = ok1 ? sc[n][2 + e] * scale : -INFINITY;
+                    sc[n][e] = ok0 ? sc[n][e] * sl : -INFINITY;
+                    sc[n][2 + e] = ok1 ? sc[n][2 + e] * sl : -INFINITY;
                     tmax0 = fmaxf(tmax0, sc[n][e]);
                     tmax1 = fmaxf(tmax1, sc[n][2 + e]);
                 }
@@ -730,17 +745,30 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd16(
         tmax1 = fmaxf(tmax1, __shfl_xor_sync(0xffffffffu, tmax1, 1));
         tmax1 = fmaxf(tmax1, __shfl_xor_sync(0xffffffffu, tmax1, 2));
         const float mnew0 = fmaxf(m0, tmax0), mnew1 = fmaxf(m1, tmax1);
-        const float alpha0 = (mnew0 == -INFINITY) ? 1.0f : expf(m0 - mnew0);
-        const float alpha1 = (mnew1 == -INFINITY) ? 1.0f : expf(m1 - mnew1);
+        const float alpha0 = (mnew0 == -INFINITY) ? 1.0f : exp2f(m0 - mnew0);
+        const float alpha1 = (mnew1 == -INFINITY) ? 1.0f : exp2f(m1 - mnew1);
         float ps0 = 0.0f, ps1 = 0.0f;
-        #pragma unroll
-        for (unsigned n = 0; n < BC / 8; ++n) {
+        if (full) {
             #pragma unroll
-            for (unsigned e = 0; e < 2; ++e) {
-                sc[n][e] = (sc[n][e] == -INFINITY) ? 0.0f : expf(sc[n][e] - mnew0);
-                sc[n][2 + e] = (sc[n][2 + e] == -INFINITY) ? 0.0f : expf(sc[n][2 + e] - mnew1);
-                ps0 = ps0 + sc[n][e];
-                ps1 = ps1 + sc[n][2 + e];
+            for (unsigned n = 0; n < BC / 8; ++n) {
+                #pragma unroll
+                for (unsigned e = 0; e < 2; ++e) {
+                    sc[n][e] = exp2f(sc[n][e] - mnew0);
+                    sc[n][2 + e] = exp2f(sc[n][2 + e] - mnew1);
+                    ps0 = ps0 + sc[n][e];
+                    ps1 = ps1 + sc[n][2 + e];
+                }
+            }
+        } else {
+            #pragma unroll
+            for (unsigned n = 0; n < BC / 8; ++n) {
+                #pragma unroll
+                for (unsigned e = 0; e < 2; ++e) {
+                    sc[n][e] = (sc[n][e] == -INFINITY) ? 0.0f : exp2f(sc[n][e] - mnew0);
+                    sc[n][2 + e] = (sc[n][2 + e] == -INFINITY) ? 0.0f : exp2f(sc[n][2 + e] - mnew1);
+                    ps0 = ps0 + sc[n][e];
+                    ps1 = ps1 + sc[n][2 + e];
+                }
             }
         }
         l0 = l0 * alpha0 + ps0;
@@ -767,10 +795,8 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd16(
                 unsigned b0, b1, b2, b3;
 #if V_LDMATRIX
                 const T* src = vfrag + kk * 16 * LDH + np * 16;
-                unsigned addr;
-                asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(src));
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(addr));
+                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(smem_addr(src)));
 #else
                 const T* c0 = vfrag + kk * 16 * LDH + np * 16;
                 b0 = c0[0] | ((unsigned)c0[LDH] << 16);
@@ -796,8 +822,9 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd16(
             if (row1 < Lq && d < HD) o[(bh * Lq + row1) * HD + d] = to_f16(l1 > 0.0f ? oacc[n][2 + e] / l1 : 0.0f);
         }
     }
-    if (t == 0 && row0 < Lq) lse[bh * Lq + row0] = l0 > 0.0f ? m0 + logf(l0) : INFINITY;
-    if (t == 0 && row1 < Lq) lse[bh * Lq + row1] = l1 > 0.0f ? m1 + logf(l1) : INFINITY;
+    const float ln2 = 0.693147180559945309f;  // m is in log2 units
+    if (t == 0 && row0 < Lq) lse[bh * Lq + row0] = l0 > 0.0f ? m0 * ln2 + logf(l0) : INFINITY;
+    if (t == 0 && row1 < Lq) lse[bh * Lq + row1] = l1 > 0.0f ? m1 * ln2 + logf(l1) : INFINITY;
 }
 """
 

@@ -15,8 +15,9 @@ The float16 kernel runs both products on tensor cores (mma m16n8k16, float32 acc
 model of that hardware (``tensor_core=True``): products of float16 values are exact in float32; each k-step of 16
 products and the accumulator is added with every term aligned to the largest and truncated, so one step errs by at
 most (16 + 2) 2^-23 times the sum of the magnitudes it adds (TC_STEP below), and a dot of n steps by gamma_(36 n)
-(u = 2^-24). P is rounded to float16 for the P V product (relative 2^-11, absolute 2^-25 below 2^-14) while the
-row sums use the float32 P.
+(u = 2^-24). Its scores are in log2 units (t = fl(S fl(scale log2 e)), one rounding more than S scale) and its
+weights exp2f(t - m), 2 ulp like expf (CUDA Math API), so A keeps its form. P is rounded to float16 for the P V
+product (relative 2^-11, absolute 2^-25 below 2^-14) while the row sums use the float32 P.
 """
 
 from __future__ import annotations
@@ -142,7 +143,10 @@ def _weight_log_error(
     s = _scores(q, k, scale)
     a = np.einsum("bhid,bhjd->bhij", np.abs(q), np.abs(_expand(k, q.shape[1]))) * sc
     g_dot = tc_gamma(-(-d // 64) * 64) if tensor_core else gamma(d)  # the kernel's padded head dim on tensor cores
-    ds = a * g_dot * (1 + U32) ** 2 + np.abs(s) * (2 * U32 + U32**2)
+    # Roundings between the dot and the exponent: fp32(scale) and fl(dot scale); on tensor cores the scores are in
+    # log2 units, fl(dot sl) with sl = fl(fp32(scale) log2(e)): one more.
+    r = (1 + U32) ** (3 if tensor_core else 2)
+    ds = a * g_dot * r + np.abs(s) * (r - 1)
     hi = np.where(ok, s, -np.inf).max(axis=-1)
     lo = np.where(ok, s, np.inf).min(axis=-1)
     with np.errstate(all="ignore"):

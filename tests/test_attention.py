@@ -150,3 +150,23 @@ def test_ir_composition_denotes_the_spec_within_the_bound():
     got = np.asarray(res.value).view(np.float32) if np.asarray(res.value).dtype == np.uint32 else res.value
     ref, bound = sa.forward_bound(q[None, None], k[None, None], v[None, None], tiles=1)
     assert (np.abs(got.astype(np.float64) - ref[0, 0]) <= bound[0, 0]).all()
+
+
+@pytest.mark.cuda
+def test_contract_holds_on_cuda_and_the_figures_are_measured():
+    """On a GPU every item holds except the measured figures, which are passed or violated with their ratio."""
+    from tests.contract_helpers import CUDA_OK
+
+    if not CUDA_OK:
+        pytest.skip("no CUDA device")
+    by = {it["id"]: it for it in check_contract(CONTRACT, device="cuda")["items"]}
+    perf = {k for k in by if k.startswith("ATT-PERF")}
+    bad = {
+        k: (v["status"], v["reason"])
+        for k, v in by.items()
+        if k not in perf and v["status"] in ("violated", "error", "unknown")
+    }
+    assert not bad, bad
+    for k in perf:
+        assert by[k]["status"] in ("passed", "violated"), (k, by[k]["status"], by[k]["reason"])
+        assert by[k]["evidence"]["ratio"] > 0

@@ -126,7 +126,7 @@ def _match_masked_softmax(
 ) -> PatternMatch | None:
     """softmax(add(x, mask)) over the last axis, the add read only by the softmax."""
     s = graph[sid]
-    if s.kind != "softmax" or not _last_axis(graph, sid):
+    if s.kind != "softmax" or not _last_axis(graph, sid) or not 1 <= s.out_shape[-1] <= fk.MAX_ROW:
         return None
     a = graph[s.parents[0]]
     if a.kind != "add" or not _one_use(uses, cons, a.id, sid) or a.out_shape != s.out_shape:
@@ -181,6 +181,8 @@ def _match_rmsnorm(
                     continue
                 shape = graph[x].out_shape
                 if not shape or mean.out_shape != shape[:-1] + (1,) or m2.out_shape != shape:
+                    continue
+                if not 1 <= shape[-1] <= fk.MAX_ROW:
                     continue
                 two = _const_value(graph, payload, pw.parents[1])
                 if two is None or not np.all(two == np.float32(2.0)):
@@ -660,7 +662,10 @@ class CUDAExecutor:
         self.prewritten = (
             {}
             if self.device == "host"
-            else {k: cache.get(*PREWRITTEN[k], fk.ROUTE, device_arch()) for k in sorted(kinds)}
+            else {
+                k: cache.get(*PREWRITTEN[k], fk.ROUTE, device_arch())
+                for k in sorted(kinds | ({"rmsnorm_rows"} if "rmsnorm" in kinds else set()))
+            }
         )
         self.rope_tables: dict[tuple[int, int, float], tuple[Any, Any]] = {}
         self.eps: dict[int, Any] = {}  # rmsnorm node -> its eps as a one-element device array
@@ -684,6 +689,10 @@ class CUDAExecutor:
             fn(grid, block, (*ins, out, np.int64(n)))
 
         return launch
+
+    def rmsnorm_kernels(self) -> tuple[Any, Any]:
+        """The RMSNorm kernels (general, rows) this executor launches."""
+        return self.prewritten["rmsnorm"], self.prewritten["rmsnorm_rows"]
 
     def rope_table(self, t_len: int, dim: int, base: float) -> tuple[Any, Any]:
         """RoPE's (T, D/2) cos and sin tables on the device (the denotation's, computed once per shape)."""
@@ -774,7 +783,7 @@ def _reduction(ex: CUDAExecutor, step: sf.Step, values: dict[int, Any]) -> None:
     eps = ex.eps.get(node.id)
     if eps is None:
         eps = ex.eps[node.id] = ex.xp.full((1,), np.float32(node_attrs(node, get_op(node.kind))["eps"]), ex.xp.float32)
-    values[node.id] = fk.rmsnorm_cuda(ex.prewritten["rmsnorm"], x, w, eps)
+    values[node.id] = fk.rmsnorm_cuda(ex.rmsnorm_kernels(), x, w, eps)
 
 
 def _pattern(ex: CUDAExecutor, step: sf.Step, values: dict[int, Any]) -> None:
@@ -793,7 +802,7 @@ def _pattern(ex: CUDAExecutor, step: sf.Step, values: dict[int, Any]) -> None:
     values[root] = (
         fk.rmsnorm_host(to_host(x), to_host(w), to_host(eps))
         if ex.device == "host"
-        else fk.rmsnorm_cuda(ex.prewritten["rmsnorm"], x, w, eps)
+        else fk.rmsnorm_cuda(ex.rmsnorm_kernels(), x, w, eps)
     )
 
 

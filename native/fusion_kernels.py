@@ -4,10 +4,12 @@ embedding.
 Every kernel computes the denotation's operations in the denotation's order (or, for masked softmax, the unfused
 executor's: add, then softmax as ``native.ir`` runs it), each rounded to binary32, so the fused form changes no bit:
 
-* ``rmsnorm`` (the IR op, and the six-op pattern pow -> reduceMean -> add -> rsqrt -> mul -> mul): one block per
-  row. The block stages the row in shared memory (coalesced, ``float4`` when the row is 16-byte aligned), thread 0
-  folds ``x_k * x_k`` left to right from +0 (``spec.reductions.fold_left``, the denotation's order: the fold is a
-  dependent chain, so the kernel relies on many rows in flight per SM, not on a tree), divides by ``float(d)``,
+* ``rmsnorm`` (the IR op, and the six-op pattern pow -> reduceMean -> add -> rsqrt -> mul -> mul): persistent
+  blocks of 128 threads (8 per SM), each looping over rows. A block stages its row in shared memory (coalesced,
+  ``float4`` when the row is 16-byte aligned) and, for rows of at most 4096 floats, loads its *next* row into
+  registers while thread 0 folds ``x_k * x_k`` left to right from +0 (``spec.reductions.fold_left``, the
+  denotation's order: the fold is a dependent chain of adds, so memory traffic overlaps it instead of a tree
+  reordering it), divides by ``float(d)``,
   adds the row's eps, takes ``1 / sqrt`` in double rounded once to binary32 (the denotation's "real function
   rounded once": IEEE double sqrt and division, as NumPy computes it), and every thread writes ``(x * r) * w``
   from shared memory. The weight is read with a row stride (0: one weight row broadcast) and eps with an eps
@@ -24,7 +26,8 @@ executor's: add, then softmax as ``native.ir`` runs it), each rounded to binary3
 * ``embedding``: a 64-bit grid-stride bit copy of table rows; an index that is not an integer in [0, V) sets an
   error flag and the launcher raises (the denotation's error), never a wrapped read.
 
-Row kernels index in 64 bits with one block per row (``row_plan``: grid = rows, at most 2^31 - 1); the grid-stride
+Row kernels index in 64 bits (``row_plan``: block b takes rows b, b + grid, ...; masked softmax one block per row,
+RMSNorm at most 8 blocks per SM); the grid-stride
 kernels use the elementwise family's proved plan (``native.elementwise.launch_plan``).
 """
 
@@ -34,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from obligations.core.symbolic import all_of, as_type
+from obligations.core.symbolic import all_of, as_type, smin
 
 __all__ = [
     "ROUTE",
@@ -54,66 +57,207 @@ __all__ = [
     "embedding_cuda",
     "SOURCES",
     "APPROXIMATE",
+    "MAX_ROW",
+    "TUNING",
+    "TUNE_MIN_ELEMENTS",
+    "rmsnorm_choice",
+    "ROWS_R",
+    "ROWS_THREADS",
 ]
 
 ROUTE = "nvrtc-ieee"
+MAX_ROW = 12268  # the longest row a row kernel stages in 48 KiB of shared memory (row_plan accepts d <= 12288)
 RMSNORM_NAME = "kc_fused_rmsnorm"
 RMSNORM_BLOCK = 128
 ROW_BLOCK = 128
 F32 = np.float32
 
 _RMSNORM = """\
-extern "C" __global__ void kc_fused_rmsnorm(const float* __restrict__ x, const float* __restrict__ w,
-                                            long long w_stride, const float* __restrict__ eps,
-                                            long long eps_stride, float* __restrict__ y, long long d, int vec) {
+#define KC_PF 8
+extern "C" __global__ void __launch_bounds__(128, 8)
+kc_fused_rmsnorm(const float* __restrict__ x, const float* __restrict__ w, long long w_stride,
+                 const float* __restrict__ eps, long long eps_stride, float* __restrict__ y, long long rows,
+                 long long d, int vec) {
     extern __shared__ float4 row4[];
     float* row = (float*)row4;
     __shared__ float r_shared;
-    const long long rid = (long long)blockIdx.x;
-    const long long base = rid * d;
-    const float* wr = w + rid * w_stride;
-    if (vec) {
-        const float4* x4 = (const float4*)(x + base);
-        for (long long j = threadIdx.x; j < (d >> 2); j += blockDim.x) row4[j] = x4[j];
-    } else {
-        for (long long j = threadIdx.x; j < d; j += blockDim.x) row[j] = x[base + j];
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float acc = 0.0f;
-        long long j = 0;
-        #pragma unroll 8
-        for (; j + 4 <= d; j += 4) {
-            const float4 v = row4[j >> 2];
-            acc = __fadd_rn(acc, __fmul_rn(v.x, v.x));
-            acc = __fadd_rn(acc, __fmul_rn(v.y, v.y));
-            acc = __fadd_rn(acc, __fmul_rn(v.z, v.z));
-            acc = __fadd_rn(acc, __fmul_rn(v.w, v.w));
+    const long long q = d >> 2;
+    const bool pf = vec && q <= (long long)KC_PF * blockDim.x;  // the next row is prefetched into registers
+    float4 nxt[KC_PF];
+    long long rid = (long long)blockIdx.x;
+    if (pf && rid < rows) {
+        const float4* x4 = (const float4*)(x + rid * d);
+        #pragma unroll
+        for (unsigned k = 0; k < KC_PF; ++k) {
+            const long long j = (long long)threadIdx.x + (long long)k * blockDim.x;
+            if (j < q) nxt[k] = x4[j];
         }
-        for (; j < d; ++j) acc = __fadd_rn(acc, __fmul_rn(row[j], row[j]));
-        const float ms = __fdiv_rn(acc, (float)d);
-        const float v = __fadd_rn(ms, eps[rid * eps_stride]);
-        r_shared = (float)(1.0 / sqrt((double)v));
     }
-    __syncthreads();
-    const float r = r_shared;
-    if (vec && w_stride % 4 == 0) {
-        float4* y4 = (float4*)(y + base);
-        const float4* w4 = (const float4*)wr;
-        for (long long j = threadIdx.x; j < (d >> 2); j += blockDim.x) {
-            const float4 a = row4[j], g = w4[j];
-            float4 o;
-            o.x = __fmul_rn(__fmul_rn(a.x, r), g.x);
-            o.y = __fmul_rn(__fmul_rn(a.y, r), g.y);
-            o.z = __fmul_rn(__fmul_rn(a.z, r), g.z);
-            o.w = __fmul_rn(__fmul_rn(a.w, r), g.w);
-            y4[j] = o;
+    for (; rid < rows; rid += gridDim.x) {
+        const long long base = rid * d;
+        const float* wr = w + rid * w_stride;
+        if (pf) {
+            #pragma unroll
+            for (unsigned k = 0; k < KC_PF; ++k) {
+                const long long j = (long long)threadIdx.x + (long long)k * blockDim.x;
+                if (j < q) row4[j] = nxt[k];
+            }
+        } else if (vec) {
+            const float4* x4 = (const float4*)(x + base);
+            for (long long j = threadIdx.x; j < q; j += blockDim.x) row4[j] = x4[j];
+        } else {
+            for (long long j = threadIdx.x; j < d; j += blockDim.x) row[j] = x[base + j];
         }
-    } else {
-        for (long long j = threadIdx.x; j < d; j += blockDim.x) y[base + j] = __fmul_rn(__fmul_rn(row[j], r), wr[j]);
+        __syncthreads();
+        const long long nr = rid + gridDim.x;
+        if (pf && nr < rows) {  // in flight while thread 0 folds
+            const float4* x4 = (const float4*)(x + nr * d);
+            #pragma unroll
+            for (unsigned k = 0; k < KC_PF; ++k) {
+                const long long j = (long long)threadIdx.x + (long long)k * blockDim.x;
+                if (j < q) nxt[k] = x4[j];
+            }
+        }
+        if (threadIdx.x == 0) {  // the left fold; shared loads run two float4 ahead of the add chain
+            float acc = 0.0f;
+            const unsigned q32 = (unsigned)q;  // q <= 3072 (row_plan: d <= 12288); the buffer has 4 float4 of pad
+            float4 a0 = row4[0], a1 = row4[1];
+            unsigned c = 0;
+            #pragma unroll 2
+            for (; c + 2 <= q32; c += 2) {
+                const float4 b0 = row4[c + 2], b1 = row4[c + 3];
+                acc = __fadd_rn(acc, __fmul_rn(a0.x, a0.x));
+                acc = __fadd_rn(acc, __fmul_rn(a0.y, a0.y));
+                acc = __fadd_rn(acc, __fmul_rn(a0.z, a0.z));
+                acc = __fadd_rn(acc, __fmul_rn(a0.w, a0.w));
+                acc = __fadd_rn(acc, __fmul_rn(a1.x, a1.x));
+                acc = __fadd_rn(acc, __fmul_rn(a1.y, a1.y));
+                acc = __fadd_rn(acc, __fmul_rn(a1.z, a1.z));
+                acc = __fadd_rn(acc, __fmul_rn(a1.w, a1.w));
+                a0 = b0;
+                a1 = b1;
+            }
+            if (c < q32) {
+                acc = __fadd_rn(acc, __fmul_rn(a0.x, a0.x));
+                acc = __fadd_rn(acc, __fmul_rn(a0.y, a0.y));
+                acc = __fadd_rn(acc, __fmul_rn(a0.z, a0.z));
+                acc = __fadd_rn(acc, __fmul_rn(a0.w, a0.w));
+            }
+            for (long long j = 4 * q; j < d; ++j) acc = __fadd_rn(acc, __fmul_rn(row[j], row[j]));
+            const float ms = __fdiv_rn(acc, (float)d);
+            const float v = __fadd_rn(ms, eps[rid * eps_stride]);
+            r_shared = (float)(1.0 / sqrt((double)v));
+        }
+        __syncthreads();
+        const float r = r_shared;
+        if (vec && w_stride % 4 == 0) {
+            float4* y4 = (float4*)(y + base);
+            const float4* w4 = (const float4*)wr;
+            for (long long j = threadIdx.x; j < q; j += blockDim.x) {
+                const float4 a = row4[j], g = w4[j];
+                float4 o;
+                o.x = __fmul_rn(__fmul_rn(a.x, r), g.x);
+                o.y = __fmul_rn(__fmul_rn(a.y, r), g.y);
+                o.z = __fmul_rn(__fmul_rn(a.z, r), g.z);
+                o.w = __fmul_rn(__fmul_rn(a.w, r), g.w);
+                y4[j] = o;
+            }
+        } else {
+            for (long long j = threadIdx.x; j < d; j += blockDim.x) {
+                y[base + j] = __fmul_rn(__fmul_rn(row[j], r), wr[j]);
+            }
+        }
+        __syncthreads();  // the row buffer is refilled by the next trip
     }
 }
 """
+
+# The fast RMSNorm path (rows of d <= 4096 floats, d % 4 == 0, 16-byte aligned): one persistent block of 1024
+# threads per SM takes KC_R rows at a time. The rows sit in shared memory with a padded stride (q + 1 float4), lane r
+# of warp 0 folds row r left to right (KC_R independent chains in one warp: the fold's issue cost is shared by the
+# rows, its latency is one add per element), while warps 1..31 hold the next KC_R rows in registers (loads in flight
+# during the fold); then every thread writes (x * r) * w from shared memory.
+_RMSNORM_ROWS = """\
+#define KC_R 10
+#define KC_T 1024
+#define KC_FOLD4(v) acc = __fadd_rn(acc, __fmul_rn(v.x, v.x)); acc = __fadd_rn(acc, __fmul_rn(v.y, v.y)); \\
+    acc = __fadd_rn(acc, __fmul_rn(v.z, v.z)); acc = __fadd_rn(acc, __fmul_rn(v.w, v.w));
+extern "C" __global__ void __launch_bounds__(1024, 1)
+kc_fused_rmsnorm_rows(const float* __restrict__ x, const float* __restrict__ w, long long w_stride,
+                      const float* __restrict__ eps, long long eps_stride, float* __restrict__ y, long long rows,
+                      long long d) {
+    extern __shared__ float4 sm4[];
+    const long long q = d >> 2, s4 = q + 1, ju = (long long)threadIdx.x;  // q <= 1024; padded row stride
+    __shared__ float rsh[KC_R];
+    const long long tiles = (rows + KC_R - 1) / KC_R;
+    const long long j = (long long)threadIdx.x;
+    float4 nxt[KC_R];
+    long long t = (long long)blockIdx.x;
+    if (t < tiles) {
+        #pragma unroll
+        for (unsigned r = 0; r < KC_R; ++r) {
+            const long long row = t * KC_R + r;
+            if (j < q && row < rows) nxt[r] = ((const float4*)(x + row * d))[j];
+        }
+    }
+    for (; t < tiles; t += gridDim.x) {
+        #pragma unroll
+        for (unsigned r = 0; r < KC_R; ++r) {
+            if (j < q && t * KC_R + r < rows) sm4[r * s4 + ju] = nxt[r];
+        }
+        __syncthreads();
+        const long long nt = t + gridDim.x;
+        if (threadIdx.x < 32) {
+            if (threadIdx.x < KC_R && t * KC_R + threadIdx.x < rows) {
+                const long long row = t * KC_R + threadIdx.x;
+                const float4* rr = sm4 + ju * s4;
+                float acc = 0.0f;
+                float4 a0 = rr[0], a1 = rr[1];  // the padding float4 (and the next row) make these reads safe
+                const float4* p = rr + 2;
+                unsigned left = (unsigned)q;  // q <= 1024
+                #pragma unroll 2
+                for (; left >= 2; left -= 2, p += 2) {
+                    const float4 b0 = p[0], b1 = p[1];
+                    KC_FOLD4(a0) KC_FOLD4(a1)
+                    a0 = b0;
+                    a1 = b1;
+                }
+                if (left) { KC_FOLD4(a0) }
+                const float ms = __fdiv_rn(acc, (float)d);
+                const float v = __fadd_rn(ms, eps[row * eps_stride]);
+                rsh[threadIdx.x] = (float)(1.0 / sqrt((double)v));
+            }
+        }
+        if (nt < tiles) {  // warps 1..31: in flight while warp 0 folds (after the fold in program order, so the
+            #pragma unroll  // registers of nxt are free during the fold)
+            for (unsigned r = 0; r < KC_R; ++r) {
+                const long long row = nt * KC_R + r;
+                if (j < q && row < rows) nxt[r] = ((const float4*)(x + row * d))[j];
+            }
+        }
+        __syncthreads();
+        if (j < q) {
+            #pragma unroll
+            for (unsigned r = 0; r < KC_R; ++r) {
+                const long long row = t * KC_R + r;
+                if (row < rows) {
+                    const float rr = rsh[r];
+                    const float4 a = sm4[r * s4 + ju], g = ((const float4*)(w + row * w_stride))[j];
+                    float4 o;
+                    o.x = __fmul_rn(__fmul_rn(a.x, rr), g.x);
+                    o.y = __fmul_rn(__fmul_rn(a.y, rr), g.y);
+                    o.z = __fmul_rn(__fmul_rn(a.z, rr), g.z);
+                    o.w = __fmul_rn(__fmul_rn(a.w, rr), g.w);
+                    ((float4*)(y + row * d))[j] = o;
+                }
+            }
+        }
+        __syncthreads();  // shared memory is refilled by the next trip
+    }
+}
+"""
+ROWS_R = 10
+ROWS_THREADS = 1024
 
 _MASKED_SOFTMAX = """\
 __device__ __forceinline__ float kc_maximum(float a, float b) {
@@ -181,6 +325,7 @@ extern "C" __global__ void kc_fused_embedding(const float* __restrict__ ids, con
 APPROXIMATE = frozenset({"masked_softmax"})  # libdevice expf (2 ulp): the softmax bound, not bitwise
 SOURCES: dict[str, tuple[str, str]] = {
     "rmsnorm": (_RMSNORM, RMSNORM_NAME),
+    "rmsnorm_rows": (_RMSNORM_ROWS, "kc_fused_rmsnorm_rows"),
     "masked_softmax": (_MASKED_SOFTMAX, "kc_fused_masked_softmax"),
     "rope": (_ROPE, "kc_fused_rope"),
     "embedding": (_EMBEDDING, "kc_fused_embedding"),
@@ -207,22 +352,68 @@ def embedding_source() -> tuple[str, str]:
     return SOURCES["embedding"]
 
 
-def row_plan(rows: Any, d: Any, block: Any = ROW_BLOCK) -> dict:
-    """One block per row: grid = rows (accepted while rows <= 2^31 - 1 and d <= 12288: the row fits 48 KiB of
-    shared memory), element (row, j) at int64(row) * d + j."""
+def row_plan(rows: Any, d: Any, block: Any = ROW_BLOCK, max_grid: Any = 2147483647) -> dict:
+    """Rows over blocks: block b takes rows b, b + grid, ... (64-bit row index), grid = min(rows, max_grid);
+    accepted while rows <= 2^31 - 1 and d <= 12288 (the row fits 48 KiB of shared memory); element (row, j) at
+    int64(row) * d + j."""
     total = as_type(rows, "int64") * as_type(d, "int64")
-    accepts = all_of(rows >= 1, rows <= 2147483647, d >= 1, d <= 12288)
+    accepts = all_of(rows >= 1, rows <= 2147483647, d >= 1, d <= 12288, max_grid >= 1)
 
     def offset(row: Any, j: Any) -> Any:
         """Element (row, j)'s index, computed as the kernel does: int64(row) * d + j."""
         return as_type(row, "int64") * as_type(d, "int64") + as_type(j, "int64")
 
-    return {"grid": rows, "block": block, "shared_bytes": 4 * d, "total": total, "accepts": accepts, "offset": offset}
+    return {
+        "grid": smin(rows, max_grid),
+        "block": block,
+        "shared_bytes": 4 * d,
+        "total": total,
+        "accepts": accepts,
+        "offset": offset,
+    }
 
 
-def rmsnorm_plan(rows: Any, d: Any, block: Any = RMSNORM_BLOCK) -> dict:
-    """The RMSNorm kernel's plan: :func:`row_plan`."""
-    return row_plan(rows, d, block)
+def rmsnorm_plan(rows: Any, d: Any, block: Any = RMSNORM_BLOCK, max_grid: Any = 2147483647) -> dict:
+    """The RMSNorm kernel's plan: :func:`row_plan` (persistent: at most 8 blocks per SM, each looping over rows)."""
+    return row_plan(rows, d, block, max_grid)
+
+
+_SM_COUNT: list[int] = []
+
+
+def _sm_count() -> int:
+    if not _SM_COUNT:
+        import cupy
+
+        _SM_COUNT.append(int(cupy.cuda.Device().attributes["MultiProcessorCount"]))
+    return _SM_COUNT[0]
+
+
+def _persistent_grid(rows: int) -> int:
+    """min(rows, 8 blocks per SM): one resident wave; each block prefetches its next row during its fold."""
+    return max(1, min(rows, 8 * _sm_count()))
+
+
+_PREFERRED: dict[tuple[int, int], bool] = {}
+_MAX_DYNAMIC_SHARED, _CARVEOUT = 8, 9  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, ..._SHARED_MEMORY_CARVEOUT
+
+
+def _prefer_shared(fn: Any, smem: int) -> bool:
+    """Allow ``smem`` bytes of dynamic shared memory (above 48 KiB needs the opt-in) and ask for the largest
+    carveout, once per function; False when the opt-in is refused (the caller takes another kernel)."""
+    key = (id(fn), smem)
+    if key not in _PREFERRED:
+        from cupy.cuda import driver
+
+        ok = True
+        try:
+            if smem > 48 * 1024:
+                driver.funcSetAttribute(fn.ptr, _MAX_DYNAMIC_SHARED, smem)
+            driver.funcSetAttribute(fn.ptr, _CARVEOUT, 100)
+        except Exception:  # noqa: BLE001 (any driver refusal: fall back)
+            ok = smem <= 48 * 1024
+        _PREFERRED[key] = ok
+    return _PREFERRED[key]
 
 
 def _canon(r: np.ndarray) -> np.ndarray:
@@ -270,26 +461,76 @@ def _eps_operand(cupy: Any, eps: Any, rows: int) -> tuple[Any, int]:
     return e, 1
 
 
-def rmsnorm_cuda(fn: Any, x: Any, w: Any, eps: Any, out: Any = None) -> Any:
-    """Launch the compiled kernel ``fn`` on CuPy arrays (one block per row); ``w`` broadcasts to x's shape,
-    ``eps`` is a scalar or one value per row."""
+TUNING: dict[tuple[int, int, bool], dict[str, float]] = {}  # (rows, d, vec) -> candidate -> ms (large shapes)
+_CHOICE: dict[tuple[int, int, bool], str] = {}
+TUNE_MIN_ELEMENTS = 1 << 22
+
+
+def _fastest(launchers: dict[str, Any], key: tuple[int, int, bool]) -> str:
+    """Time each candidate (one warm-up, three timed launches, CUDA events) and keep the fastest."""
     import cupy
 
+    times = {}
+    for name, launch in launchers.items():
+        launch()
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        for _ in range(3):
+            launch()
+        stop.record()
+        stop.synchronize()
+        times[name] = cupy.cuda.get_elapsed_time(start, stop) / 3
+    TUNING[key] = times
+    return min(times, key=times.__getitem__)
+
+
+def rmsnorm_cuda(fn: Any, x: Any, w: Any, eps: Any, out: Any = None) -> Any:
+    """Launch on CuPy arrays: ``fn`` is the general kernel or the pair (general, rows) whose rows kernel takes
+    16-byte aligned rows of d <= 4096 floats with d % 4 == 0; ``w`` broadcasts to x's shape, ``eps`` is a scalar or
+    one value per row. Both kernels fold in the same order (the results are the same bits); for a large shape the
+    faster one is chosen once by timing both (:data:`TUNING`), for a small one the rows kernel when it applies."""
+    import cupy
+
+    general, fast = fn if isinstance(fn, tuple) else (fn, None)
     x = cupy.ascontiguousarray(x, dtype=cupy.float32)
     d = int(x.shape[-1])
+    if d > MAX_ROW:
+        raise ValueError(f"rmsnorm rows of {d} floats exceed the row kernels' {MAX_ROW} (row_plan)")
     rows = int(x.size // d) if d else 0
     y = cupy.empty_like(x) if out is None else out
-    if rows:
-        wa, ws = _row_operand(cupy, w, rows, d)
-        ea, es = _eps_operand(cupy, eps, rows)
-        vec = d % 4 == 0 and all(int(a.data.ptr) % 16 == 0 for a in (x, y, wa))
-        fn(
-            (rows,),
-            (RMSNORM_BLOCK,),
-            (x, wa, np.int64(ws), ea, np.int64(es), y, np.int64(d), np.int32(vec)),
-            shared_mem=4 * (-(-d // 4) * 4),
+    if not rows:
+        return y
+    wa, ws = _row_operand(cupy, w, rows, d)
+    ea, es = _eps_operand(cupy, eps, rows)
+    vec = d % 4 == 0 and ws % 4 == 0 and all(int(a.data.ptr) % 16 == 0 for a in (x, y, wa))
+    args = (x, wa, np.int64(ws), ea, np.int64(es), y, np.int64(rows), np.int64(d))
+    gen_smem = 16 * (d // 4 + 5)  # the row, its tail and 4 float4 the fold may read past it
+    rows_smem = 16 * (ROWS_R * (d // 4 + 1) + 1)  # the rows at a padded stride and one float4 read past them
+    _prefer_shared(general, gen_smem)
+    launchers = {
+        "general": lambda: general(
+            (_persistent_grid(rows),), (RMSNORM_BLOCK,), (*args, np.int32(vec)), shared_mem=gen_smem
         )
+    }
+    if fast is not None and vec and 4 <= d <= 4 * ROWS_THREADS and _prefer_shared(fast, rows_smem):
+        grid = max(1, min(-(-rows // ROWS_R), _sm_count()))
+        launchers["rows"] = lambda: fast((grid,), (ROWS_THREADS,), args, shared_mem=rows_smem)
+    key = (rows, d, bool(vec))
+    choice = _CHOICE.get(key)
+    if choice not in launchers:
+        small = rows * d < TUNE_MIN_ELEMENTS or len(launchers) == 1
+        choice = _CHOICE[key] = ("rows" if "rows" in launchers else "general") if small else _fastest(launchers, key)
+    launchers[choice]()
     return y
+
+
+def rmsnorm_choice(rows: int, d: int) -> dict[str, Any]:
+    """The kernel chosen for (rows, d) and the timings behind the choice (empty when not timed)."""
+    picks = {k: v for k, v in _CHOICE.items() if k[:2] == (rows, d)}
+    return {
+        "chosen": sorted(set(picks.values())),
+        "timings_ms": {str(k): v for k, v in TUNING.items() if k[:2] == (rows, d)},
+    }
 
 
 def masked_softmax_cuda(fn: Any, x: Any, mask: Any) -> Any:
@@ -299,6 +540,8 @@ def masked_softmax_cuda(fn: Any, x: Any, mask: Any) -> Any:
     x = cupy.ascontiguousarray(x, dtype=cupy.float32)
     m = cupy.ascontiguousarray(cupy.broadcast_to(cupy.asarray(mask, dtype=cupy.float32), x.shape))
     d = int(x.shape[-1])
+    if d > MAX_ROW:
+        raise ValueError(f"softmax rows of {d} floats exceed the row kernel's {MAX_ROW} (row_plan)")
     rows = int(x.size // d) if d else 0
     y = cupy.empty_like(x)
     if rows:

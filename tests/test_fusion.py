@@ -192,13 +192,25 @@ def test_prewritten_kernels_on_cuda_equal_their_host_paths():
     assert sf.same_bits(nf.run_program(g, p, [ids], "cuda")[3], nf.run_program(g, p, [ids], "host")[3])
     with pytest.raises(ValueError, match="embedding index"):
         nf.run_program(g, p, [np.array([5, 0, 1], np.float32)], "cuda")
-    x = cupy.asarray(np.random.default_rng(0).standard_normal((64, 4096)).astype(np.float32))
+    from native import fusion_kernels as fk
+    from native.nvrtc import compile_function
+
+    general = compile_function(*fk.SOURCES["rmsnorm"], fk.ROUTE)
+    rows_k = compile_function(*fk.SOURCES["rmsnorm_rows"], fk.ROUTE)
+    rng = np.random.default_rng(0)
+    for rows, d in ((64, 4096), (23, 1000), (3, 4100), (5, 4097), (1, 4), (11, 3)):
+        x = rng.standard_normal((rows, d)).astype(np.float32)
+        w = rng.standard_normal(d).astype(np.float32)
+        want = fk.rmsnorm_host(x, w, 1e-6)
+        for fn in (general, (general, rows_k)):
+            got = cupy.asnumpy(fk.rmsnorm_cuda(fn, cupy.asarray(x), cupy.asarray(w), 1e-6))
+            assert sf.same_bits(got, want), (rows, d, fn)
     b = GraphBuilder()
-    w = np.random.default_rng(1).standard_normal(4096).astype(np.float32)
+    w = rng.standard_normal(4096).astype(np.float32)
     b.add("rmsnorm", (b.add("input", (), (64, 4096)),), (64, 4096), params={"weight": w}, eps=1e-6)
     g2, p2 = b.build()
-    dev = nf.run_program(g2, p2, [x], "cuda")[1]
-    assert sf.same_bits(dev, denote_all(g2, p2, [cupy.asnumpy(x)]).value[1])
+    x = rng.standard_normal((64, 4096)).astype(np.float32)
+    assert sf.same_bits(nf.run_program(g2, p2, [x], "cuda")[1], denote_all(g2, p2, [x]).value[1])
 
 
 def test_cache_compiles_once_per_key_and_keeps_flags_apart():

@@ -111,7 +111,7 @@ def _plain_reductions(cupy: ModuleType) -> None:
     try:
         cupy._core.set_routine_accelerators([])
         cupy._core.set_reduction_accelerators([])
-    except AttributeError:  # a CuPy without the switch: keep its defaults
+    except (AttributeError, TypeError, ValueError):  # a CuPy without the switch: keep its defaults
         pass
 
 

@@ -461,7 +461,7 @@ def _eps_operand(cupy: Any, eps: Any, rows: int) -> tuple[Any, int]:
     return e, 1
 
 
-TUNING: dict[tuple[int, int, bool], dict[str, float]] = {}  # (rows, d, vec) -> candidate -> ms (large shapes)
+TUNING: dict[tuple[int, int, bool], dict[str, float]] = {}  # (rows, d, rows kernel applies) -> kernel -> ms
 _CHOICE: dict[tuple[int, int, bool], str] = {}
 TUNE_MIN_ELEMENTS = 1 << 22
 
@@ -515,9 +515,9 @@ def rmsnorm_cuda(fn: Any, x: Any, w: Any, eps: Any, out: Any = None) -> Any:
     if fast is not None and vec and 4 <= d <= 4 * ROWS_THREADS and _prefer_shared(fast, rows_smem):
         grid = max(1, min(-(-rows // ROWS_R), _sm_count()))
         launchers["rows"] = lambda: fast((grid,), (ROWS_THREADS,), args, shared_mem=rows_smem)
-    key = (rows, d, bool(vec))
+    key = (rows, d, "rows" in launchers)
     choice = _CHOICE.get(key)
-    if choice not in launchers:
+    if choice is None:
         small = rows * d < TUNE_MIN_ELEMENTS or len(launchers) == 1
         choice = _CHOICE[key] = ("rows" if "rows" in launchers else "general") if small else _fastest(launchers, key)
     launchers[choice]()

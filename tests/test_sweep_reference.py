@@ -173,6 +173,35 @@ def test_planted_wrong_rounding_is_caught(tmp_path):
     assert not np.array_equal(got, definition("sqrt", x, None, "cuda"))
 
 
+def test_sweep_loop_with_a_fused_reference(host_lib, monkeypatch):
+    """The sweep's fused branch (counts folded, counterexamples named) driven on the host by the same source."""
+    import falsification.sweep as sw
+    from falsification.sweep import ReferenceProvider, compare_chunk
+
+    def provider(op, env, device, reference="auto", operand=None):
+        name = sw._FUSED_NAMES[sw.get_kernel(op).reference]
+
+        def ref(x):
+            return host_ref(host_lib, "float64", name, x, np.full_like(x, operand or 0), env)
+
+        def fused(nat, x, want_reference=False):
+            r = ref(x)
+            h, mx, nb = compare_chunk(nat, r, None, 0, exact=True)
+            return h, mx, nb, (r if want_reference else None)
+
+        return ReferenceProvider("host-compiled float64 route", lambda x: (ref(x), None), False, fused)
+
+    monkeypatch.setattr(sw, "reference_provider", provider)
+    ok = sw.sweep("add", device="host", lo=0x7F000000, hi=0x80800000, operand=0x3F800000, chunk=1 << 20)
+    assert ok["disagreements"] == 0 and ok["comparison"].startswith("reference and comparison")
+    assert sum(ok["histogram"].values()) == ok["elements"] == 0x01800000
+    bad = sw.sweep("relu", device="host", lo=0x7F000000, hi=0x80800000, variant="nan_as_number", chunk=1 << 20)
+    assert bad["disagreements"] == (1 << 23) - 1  # every NaN input returns 0 instead of the canonical NaN
+    first = bad["first_counterexamples"][0]
+    assert first == {"input": "0x7F800001", "native": "0x00000000", "reference": "0x7FFFFFFF", "ulp": "nan-mismatch"}
+    assert len(bad["first_counterexamples"]) == 8
+
+
 # -- on the device: the sweep with fused references --------------------------------------------------
 
 needs_cuda = pytest.mark.skipif(not CUDA_OK, reason="no CUDA device")

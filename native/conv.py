@@ -34,6 +34,7 @@ import numpy as np
 
 from native.builds import Build, register_builds
 from native.elementwise import launch_plan
+from native.workloads import register_workload
 from obligations.core.device import array_module, resolve_device
 from obligations.core.entrypoints import entry_point
 from obligations.core.symbolic import all_of, as_type, cdiv, select, smax, smin
@@ -1782,3 +1783,39 @@ def smooth_max_pool2d_backward(
     dx = xp.empty(tuple(x.shape), dtype=xp.float32)
     _launch("smoothpool_bwd", 2, int(dx.size), (dy, x, dx, _pool_meta(xp, plan)), (bf,))
     return dx
+
+
+@register_workload("conv")
+def _workload() -> int:
+    """Every conv/pool CUDA build once or more on small shapes (for compute-sanitizer): launches made."""
+    import cupy
+
+    rng = np.random.default_rng(0)
+
+    def r(*shape: int) -> Any:
+        return cupy.asarray(rng.uniform(-2, 2, shape).astype(np.float32))
+
+    launches = 0
+    for xs, ws, win in (
+        ((1, 2, 7), (4, 2, 3), {"stride": 2, "padding": 1, "dilation": 2, "groups": 1}),
+        ((2, 4, 6, 5), (6, 2, 3, 2), {"stride": (2, 1), "padding": (1, 1), "dilation": (1, 2), "groups": 2}),
+        ((1, 2, 4, 3, 5), (2, 1, 2, 2, 3), {"stride": (1, 2, 1), "padding": (1, 0, 1), "dilation": 1, "groups": 2}),
+    ):
+        x, w = r(*xs), r(*ws)
+        y = conv(x, w, r(ws[0]), device="cuda", **win)
+        conv(x, w, None, device="cuda", **win)
+        conv_backward(x, w, y, device="cuda", **win)
+        im2col(x, ws[2:], bias_row=True, device="cuda", **win)
+        launches += 6
+    x = r(2, 3, 6, 7)
+    for pool in ({"kernel": 3, "stride": 1, "padding": 1}, {"kernel": (2, 3), "stride": (2, 1), "padding": (1, 0)}):
+        y, arg = max_pool2d(x, device="cuda", **pool)
+        dy = r(*y.shape)
+        max_pool2d_backward(dy, arg, x.shape, device="cuda", **pool)
+        avg_pool2d(x, device="cuda", **pool)
+        avg_pool2d_backward(dy, x.shape, device="cuda", **pool)
+        smooth_max_pool2d(x, beta=3.0, device="cuda", **pool)
+        smooth_max_pool2d_backward(dy, x, beta=3.0, device="cuda", **pool)
+        launches += 6
+    cupy.cuda.runtime.deviceSynchronize()
+    return launches

@@ -19,6 +19,7 @@ import numpy as np
 
 from native.builds import Build, register_builds
 from native.elementwise import launch_plan
+from native.workloads import register_workload
 from obligations.core.device import array_module, resolve_device
 from obligations.core.entrypoints import entry_point
 from obligations.core.symbolic import all_of, as_type, smax
@@ -458,3 +459,30 @@ def rmsnorm_backward(x: Any, weight: Any, dy: Any, eps: float = 1e-6, device: st
     """(dx, dw) of :func:`rmsnorm` in the spec's order."""
     dx, dw, _ = _norm_bwd("rmsnorm", x, weight, dy, eps, device)
     return dx, dw
+
+
+@register_workload("norm")
+def _workload() -> int:
+    """Every norm/softmax CUDA build on small rows, with and without masks (for compute-sanitizer): launches."""
+    import cupy
+
+    rng = np.random.default_rng(0)
+    launches = 0
+    for rows, length in ((1, 1), (3, 17), (300, 40)):
+        x = cupy.asarray(rng.uniform(-3, 3, (rows, length)).astype(np.float32))
+        dy = cupy.asarray(rng.uniform(-1, 1, (rows, length)).astype(np.float32))
+        w = cupy.asarray(rng.uniform(-1, 1, length).astype(np.float32))
+        mask = cupy.asarray(rng.random((rows, length)) < 0.6)
+        for m in (None, mask):
+            softmax(x, m, device="cuda")
+            log_softmax(x, m, device="cuda")
+            softmax_backward(x, dy, m, device="cuda")
+            log_softmax_backward(x, dy, m, device="cuda")
+            launches += 4
+        layernorm(x, w, w, device="cuda")
+        rmsnorm(x, w, device="cuda")
+        layernorm_backward(x, w, dy, device="cuda")
+        rmsnorm_backward(x, w, dy, device="cuda")
+        launches += 6
+    cupy.cuda.runtime.deviceSynchronize()
+    return launches

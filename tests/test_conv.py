@@ -28,7 +28,7 @@ def test_contract_holds_on_host():
     }
     assert not bad, bad
     skipped = {it["id"] for it in res["items"] if it["status"] == "skipped"}
-    assert not skipped, skipped
+    assert skipped == {"CONV-SANITIZE"}, skipped  # compute-sanitizer runs on cuda
     assert not res["unchecked_entry_points"], res["unchecked_entry_points"]
     insensitive = [it["id"] for it in res["items"] if (it.get("evidence") or {}).get("order_insensitive")]
     assert not insensitive, insensitive

@@ -22,7 +22,7 @@ def _bits(a: np.ndarray) -> np.ndarray:
 def test_contract_holds_on_host():
     res = check_contract(CONTRACT, device="host")
     bad = {it["id"]: it["status"] for it in res["items"] if it["status"] not in ("proved", "exhausted", "passed")}
-    assert not bad, bad
+    assert bad == {"NORM-SANITIZE": "skipped"}, bad  # compute-sanitizer runs on cuda
     assert not res["unchecked_entry_points"], res["unchecked_entry_points"]
     insensitive = [it["id"] for it in res["items"] if (it.get("evidence") or {}).get("order_insensitive")]
     assert not insensitive, insensitive

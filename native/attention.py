@@ -1195,6 +1195,7 @@ def _builds() -> Iterator[Build]:
                 approximate=True,
                 fused=True,
                 index_bits=bits,
+                tensor_cores=kind in TENSOR_CORE_KERNELS,
             )
 
 

@@ -58,6 +58,9 @@ class Build:
     # f32 atomic adds flush subnormal inputs and results whatever -ftz says (PTX ISA: atom/red .add.f32); a build
     # that uses them declares it, and its contract models the flush (the reductions family's cuda-atomic-flush).
     flushes_atomics: bool = False
+    # Tensor-core products (mma/wmma/wgmma) do not round like f32 FMAs (products exact, sums aligned and truncated);
+    # a build that uses them declares it, and its contract bounds them with a stated tensor-core model.
+    tensor_cores: bool = False
 
 
 _ENUMERATORS: dict[str, Callable[[], Iterator[Build]]] = {}

@@ -190,6 +190,22 @@ def register_sass_rule(rule: PtxRule) -> PtxRule:
     return rule
 
 
+register_rule(
+    PtxRule(
+        "no-mma",
+        "no tensor-core product (mma, wmma, wgmma) unless the build declares tensor cores (its bound models them)",
+        lambda b, r: True,
+        lambda op, b: op.startswith(("mma.", "wmma.mma", "wgmma.mma")) and not b.tensor_cores,
+    )
+)
+register_sass_rule(
+    PtxRule(
+        "sass-mma",
+        "no tensor-core instruction (HMMA, IMMA, HGMMA, ...) unless the build declares tensor cores",
+        lambda b, r: True,
+        lambda op, b: ("MMA" in op.split(".")[0] or op.startswith("HGMMA")) and not b.tensor_cores,
+    )
+)
 register_sass_rule(
     PtxRule(
         "sass-atomic-ftz",

@@ -170,3 +170,27 @@ def test_contract_holds_on_cuda_and_the_figures_are_measured():
     for k in perf:
         assert by[k]["status"] in ("passed", "violated"), (k, by[k]["status"], by[k]["reason"])
         assert by[k]["evidence"]["ratio"] > 0
+
+
+def test_undeclared_tensor_cores_are_caught_by_the_audit():
+    """The float16 forward declares tensor cores; undeclared, the same build breaks no-mma (and sass-mma)."""
+    from dataclasses import replace
+
+    from native.builds import all_builds
+    from native.ptx import PtxUnavailable, SassUnavailable
+    from obligations.audit import audit_build, audit_sass
+
+    build = next(b for b in all_builds("attention") if b.name == "fwd16-hd64")
+    assert build.tensor_cores and not any(b.tensor_cores for b in all_builds("attention") if "fwd16" not in b.name)
+    try:
+        _, found = audit_build(replace(build, tensor_cores=False))
+    except PtxUnavailable as exc:
+        pytest.skip(str(exc))
+    assert any(f.rule == "no-mma" for f in found)
+    assert not audit_build(build)[1]
+    try:
+        _, found, mix = audit_sass(replace(build, tensor_cores=False))
+    except (SassUnavailable, RuntimeError) as exc:
+        pytest.skip(f"no SASS here: {exc}")
+    assert any(f.rule == "sass-mma" for f in found) and mix["HMMA"] > 0
+    assert not audit_sass(build)[1]

@@ -80,6 +80,10 @@ def test_each_rule_is_caught_by_some_planted_build():
         # Compiled by the fmad/ftz routes (their options) but claimed as nvrtc-ieee builds (its promise).
         "no-contraction": _elementwise("muladd", route="nvrtc-fmad"),
         "no-ftz": _elementwise("add", route="nvrtc-ftz"),
+        # The float16 attention forward (mma.sync) without its tensor-core declaration.
+        "no-mma": dataclasses.replace(
+            next(b for b in all_builds("attention") if b.name == "fwd16-hd64"), tensor_cores=False
+        ),
     }
     assert set(planted) == set(RULES)
     for rule, build in planted.items():

@@ -85,13 +85,13 @@ def find_config(start: str | Path | None = None) -> KcConfig:
 
 
 def _convert(path: Path, table: Any) -> dict[str, Any]:
-    from obligations.contract import did_you_mean
-
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [tool.kc] must be a table")
     out = {}
     for key, value in table.items():
         if key not in CONFIG_KEYS:
+            from obligations.contract import did_you_mean  # only for the message: sympy & co. load in ~0.5 s
+
             raise ConfigError(f"{path}: [tool.kc]: unknown key {key!r}{did_you_mean(key, CONFIG_KEYS)}")
         try:
             out[key] = CONFIG_KEYS[key][1](value)

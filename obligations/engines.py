@@ -41,7 +41,16 @@ from obligations.core.results import (
 )
 from obligations.statements import Evaluation, evaluate_statement, kernel_of
 
-__all__ = ["Job", "Engine", "register_engine", "get_engine", "ENGINES", "evaluate_statement", "Evaluation"]
+__all__ = [
+    "Job",
+    "Engine",
+    "register_engine",
+    "get_engine",
+    "ENGINES",
+    "evaluate_statement",
+    "Evaluation",
+    "fresh_z3_context",
+]
 
 DEFAULT_RLIMIT = 50_000_000
 MAX_RLIMIT = (1 << 32) - 1  # Z3 keeps rlimit in 32 bits: 2**32 would mean "no limit", 2**32 + 1 would mean 1
@@ -193,6 +202,7 @@ class Z3Engine(Engine):
     name = "z3"
 
     def discharge(self, job: Job) -> Outcome:
+        fresh_z3_context()
         c, item = job.contract, job.item
         names = _used_symbols(c, item)
         env = plans.symbolic_env(c.symbols, set(names))
@@ -252,17 +262,18 @@ def z3_bool(e: Any) -> Any:
     return z3.BoolVal(bool(e)) if isinstance(e, bool | np.bool_) else e
 
 
-_RLIMIT_SEEN = [0]
+def fresh_z3_context() -> None:
+    """Give the item a new main Z3 context, so that its solving (and rlimit use) does not depend on what
+    earlier items left in the process (term ids, learned state): the same item spends the same rlimit."""
+    z3.z3._main_ctx = None  # z3.main_ctx() makes a new Context at its next use; the old one is freed with its terms
 
 
 def _rlimit_used(s: z3.Solver) -> int | None:
-    """Resource units this check spent (Z3's 'rlimit count' is cumulative over the process)."""
+    """Resource units spent in the item's own context (Z3's 'rlimit count'; the vacuity check included)."""
     st = s.statistics()
     for k in st.keys():
         if k == "rlimit count":
-            total = int(st.get_key_value(k))
-            used, _RLIMIT_SEEN[0] = total - _RLIMIT_SEEN[0], max(total, _RLIMIT_SEEN[0])
-            return max(used, 0)
+            return int(st.get_key_value(k))
     return None
 
 

@@ -29,7 +29,15 @@ from obligations.core import symbolic as sym
 from obligations.core.evidence import RegimeEvidence
 from obligations.core.plans import plan_regimes, regime_of
 from obligations.core.results import Outcome, error, proved, unknown, violated
-from obligations.engines import DEFAULT_RLIMIT, Engine, Job, domain_constraints, register_engine, z3_bool
+from obligations.engines import (
+    DEFAULT_RLIMIT,
+    Engine,
+    Job,
+    domain_constraints,
+    fresh_z3_context,
+    register_engine,
+    z3_bool,
+)
 from obligations.statements import kernel_of
 
 __all__ = ["RegimesEngine", "plan_regimes", "regime_of"]
@@ -52,6 +60,7 @@ class RegimesEngine(Engine):
 
     def discharge(self, job: Job) -> Outcome:
         """Prove the regimes cover the domain and find a minimal witness per regime."""
+        fresh_z3_context()
         c, item = job.contract, job.item
         kernel = kernel_of(c, item)
         if kernel is None or "plan" not in kernel:

@@ -169,3 +169,24 @@ def test_counterexamples_replay_concretely_through_the_runtime_guard(tmp_path, b
     buggy = getattr(gemm_bugs, bug)(**plan_args)
     assert buggy.accepts(cex["a_bytes"], cex["b_bytes"], cex["c_bytes"])
     assert buggy.a_offset(cex["i"], cex["p"]) * cex["elem_size"] + cex["elem_size"] > cex["a_bytes"]
+
+
+def test_each_z3_item_runs_in_its_own_context_and_reports_that_contexts_rlimit_use(monkeypatch):
+    import z3
+
+    import obligations.engines as engines
+
+    contexts = []
+    real = engines.fresh_z3_context
+
+    def spy() -> None:
+        real()
+        contexts.append(z3.main_ctx())
+
+    monkeypatch.setattr(engines, "fresh_z3_context", spy)
+    entry = check_contract(GEMM, only=["PO-GEMM-02-A-z3", "PO-GEMM-02-B-z3"])
+    assert [it["status"] for it in entry["items"]] == ["proved", "proved"]
+    assert len(contexts) == 2 and contexts[0] is not contexts[1]
+    # the count is the item's own context's: a later item does not inherit the earlier one's units
+    used = [it["evidence"]["rlimit_used"] for it in entry["items"]]
+    assert all(0 < u < it["evidence"]["rlimit"] for u, it in zip(used, entry["items"], strict=True))

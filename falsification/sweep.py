@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 
 from falsification.agreement import NAN_MISMATCH, ulp_distance
-from falsification.float32_inputs import BatchSpec, generate_bits
 from native.elementwise import get_kernel, run_flat
 from native.fused_reference import fused_approx_reference, has_fused_reference
 from native.nvrtc import get_route
@@ -337,6 +336,8 @@ def chunk_inputs(xp: Any, *, lo: int, total: int, chunk: int, sample: int | None
     while done < total:
         m = min(chunk, total - done)
         if sample is not None:
+            from falsification.float32_inputs import BatchSpec, generate_bits  # Hypothesis: only for samples
+
             yield generate_bits(BatchSpec(seed=seed + done, size=m, mix="uniform"), 1, xp)[0]
         else:
             if base is None or base.size != m:

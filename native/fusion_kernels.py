@@ -191,13 +191,14 @@ kc_fused_rmsnorm_rows(const float* __restrict__ x, const float* __restrict__ w, 
     __shared__ float rsh[KC_R];
     const long long tiles = (rows + KC_R - 1) / KC_R;
     const long long j = (long long)threadIdx.x;
-    float4 nxt[KC_R];
+    float4 nxt[KC_R];  // always assigned (zero when unused): no stale value stays live across a trip
+    const float4 kc_zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     long long t = (long long)blockIdx.x;
     if (t < tiles) {
         #pragma unroll
         for (unsigned r = 0; r < KC_R; ++r) {
             const long long row = t * KC_R + r;
-            if (j < q && row < rows) nxt[r] = ((const float4*)(x + row * d))[j];
+            nxt[r] = (j < q && row < rows) ? ((const float4*)(x + row * d))[j] : kc_zero4;
         }
     }
     for (; t < tiles; t += gridDim.x) {
@@ -227,15 +228,21 @@ kc_fused_rmsnorm_rows(const float* __restrict__ x, const float* __restrict__ w, 
                 const float v = __fadd_rn(ms, eps[row * eps_stride]);
                 rsh[threadIdx.x] = (float)(1.0 / sqrt((double)v));
             }
-        }
-        if (nt < tiles) {  // warps 1..31: in flight while warp 0 folds (after the fold in program order, so the
-            #pragma unroll  // registers of nxt are free during the fold)
+        } else if (nt < tiles) {  // warps 1..31: their share of the next tile, in flight while warp 0 folds (the
+            #pragma unroll        // other branch: nxt holds no register during the fold)
             for (unsigned r = 0; r < KC_R; ++r) {
                 const long long row = nt * KC_R + r;
-                if (j < q && row < rows) nxt[r] = ((const float4*)(x + row * d))[j];
+                nxt[r] = (j < q && row < rows) ? ((const float4*)(x + row * d))[j] : kc_zero4;
             }
         }
         __syncthreads();
+        if (threadIdx.x < 32 && nt < tiles) {  // warp 0's share, after its fold
+            #pragma unroll
+            for (unsigned r = 0; r < KC_R; ++r) {
+                const long long row = nt * KC_R + r;
+                nxt[r] = (j < q && row < rows) ? ((const float4*)(x + row * d))[j] : kc_zero4;
+            }
+        }
         if (j < q) {
             #pragma unroll
             for (unsigned r = 0; r < KC_R; ++r) {

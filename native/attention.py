@@ -492,24 +492,46 @@ __device__ __forceinline__ void zero(float (&acc)[8][N]) {
         for (unsigned j = 0; j < N; ++j) acc[i][j] = 0.0f;
     }
 }
-// Rows [r0, r0 + ROWS) of a (rows, HD) tensor transposed into shared memory: dst[d * ld + r] (zero outside).
+// Rows [r0, r0 + ROWS) of a (rows, HD) tensor transposed into shared memory: dst[d * ld + r] (zero outside);
+// float4 global loads where HD is a multiple of 4 (every row then starts 16-byte aligned).
 template <unsigned ROWS>
 __device__ __forceinline__ void load_t(float* dst, unsigned ld, const T* __restrict__ src, long long base,
                                        long long r0, long long end) {
-    for (unsigned e = threadIdx.x; e < ROWS * HDP; e += NT) {
-        const unsigned r = e % ROWS, d = e / ROWS;
-        const long long j = r0 + r;
-        dst[IX(d, ld, r)] = (j < end && d < HD) ? src[(base + j) * HD + d] : 0.0f;
+    if (HD % 4 == 0) {
+        for (unsigned e = threadIdx.x; e < ROWS * (HDP / 4); e += NT) {
+            const unsigned r = e % ROWS, d = e / ROWS * 4;
+            const long long j = r0 + r;
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (j < end && d < HD) x = *reinterpret_cast<const float4*>(src + (base + j) * HD + d);
+            float* p = dst + IX(d, ld, r);
+            p[0] = x.x; p[ld] = x.y; p[2 * ld] = x.z; p[3 * ld] = x.w;
+        }
+    } else {
+        for (unsigned e = threadIdx.x; e < ROWS * HDP; e += NT) {
+            const unsigned r = e % ROWS, d = e / ROWS;
+            const long long j = r0 + r;
+            dst[IX(d, ld, r)] = (j < end && d < HD) ? src[(base + j) * HD + d] : 0.0f;
+        }
     }
 }
 // The same rows row-major: dst[r * ld + d].
 template <unsigned ROWS>
 __device__ __forceinline__ void load_r(float* dst, unsigned ld, const T* __restrict__ src, long long base,
                                        long long r0, long long end) {
-    for (unsigned e = threadIdx.x; e < ROWS * HDP; e += NT) {
-        const unsigned r = e / HDP, d = e % HDP;
-        const long long j = r0 + r;
-        dst[IX(r, ld, d)] = (j < end && d < HD) ? src[(base + j) * HD + d] : 0.0f;
+    if (HD % 4 == 0) {
+        for (unsigned e = threadIdx.x; e < ROWS * (HDP / 4); e += NT) {
+            const unsigned r = e / (HDP / 4), d = e % (HDP / 4) * 4;
+            const long long j = r0 + r;
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (j < end && d < HD) x = *reinterpret_cast<const float4*>(src + (base + j) * HD + d);
+            *reinterpret_cast<float4*>(dst + IX(r, ld, d)) = x;
+        }
+    } else {
+        for (unsigned e = threadIdx.x; e < ROWS * HDP; e += NT) {
+            const unsigned r = e / HDP, d = e % HDP;
+            const long long j = r0 + r;
+            dst[IX(r, ld, d)] = (j < end && d < HD) ? src[(base + j) * HD + d] : 0.0f;
+        }
     }
 }
 // Max and sum over the 16 threads that share a row (xor butterfly: every lane gets the same value).

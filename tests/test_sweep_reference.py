@@ -271,3 +271,63 @@ def test_cuda_sweep_catches_planted_bug():
     assert (
         r["first_counterexamples"][0]["input"].startswith("0x7F8") or r["first_counterexamples"][0]["input"] > "0x7F8"
     )
+
+
+# -- compile time: NVRTC disk cache and CuPy reductions without CUB (host, with a stand-in CuPy) ------------
+
+
+def _fake_cupy(calls: list) -> object:
+    import types
+
+    def compile_using_nvrtc(source, options=(), arch=None):
+        calls.append((source, tuple(options), arch))
+        return (f"// ptx of {len(source)} chars for {arch}", {})
+
+    cupy = types.ModuleType("cupy")
+    cupy.__version__ = "0.test"
+    cupy.cuda = types.SimpleNamespace(
+        compiler=types.SimpleNamespace(compile_using_nvrtc=compile_using_nvrtc, _get_arch=lambda: "90"),
+        nvrtc=types.SimpleNamespace(getVersion=lambda: (13, 0)),
+    )
+    accel: dict = {}
+    cupy._core = types.SimpleNamespace(
+        set_routine_accelerators=lambda v: accel.__setitem__("routine", list(v)),
+        set_reduction_accelerators=lambda v: accel.__setitem__("reduction", list(v)),
+    )
+    cupy.accel = accel
+    return cupy
+
+
+def test_nvrtc_binaries_are_cached_on_disk(tmp_path, monkeypatch):
+    import sys
+
+    from native import nvrtc
+
+    calls: list = []
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(calls))
+    nvrtc._arch.cache_clear()
+    monkeypatch.setenv("KC_KERNEL_CACHE", str(tmp_path))
+    opts = ("-ftz=false",)
+    first = nvrtc._binary("kernel A", opts)
+    again = nvrtc._binary("kernel A", opts)  # what a later process gets: read back, not compiled
+    assert first == again and len(calls) == 1 and len(list(tmp_path.glob("*.bin"))) == 1
+    nvrtc._binary("kernel A", ("-ftz=true",))  # other options: another entry
+    nvrtc._binary("kernel B", opts)
+    assert len(calls) == 3 and len(list(tmp_path.glob("*.bin"))) == 3
+    monkeypatch.setenv("KC_KERNEL_CACHE", "0")  # off: compiled every time
+    nvrtc._binary("kernel A", opts)
+    assert len(calls) == 4
+    nvrtc._arch.cache_clear()
+
+
+def test_cupy_reductions_without_cub_unless_asked(monkeypatch):
+    from obligations.core import device
+
+    fake = _fake_cupy([])
+    monkeypatch.delenv("CUPY_ACCELERATORS", raising=False)
+    device._plain_reductions.__wrapped__(fake)
+    assert fake.accel == {"routine": [], "reduction": []}
+    asked = _fake_cupy([])
+    monkeypatch.setenv("CUPY_ACCELERATORS", "cub")
+    device._plain_reductions.__wrapped__(asked)
+    assert asked.accel == {}  # an explicit CUPY_ACCELERATORS is respected

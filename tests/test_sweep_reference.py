@@ -216,11 +216,11 @@ def test_cuda_fused_reference_equals_softfloat(op):
     from native.sweep_compare import sweep_exact_chunk
 
     x = dense_unary()
-    for route in ("float64", "softfloat"):
-        for env in NON_FLUSHING:
-            xd = cupy.asarray(x)
+    xd = cupy.asarray(x)
+    for env in NON_FLUSHING:
+        want = definition(op, x, None, env)
+        for route in ("float64", "softfloat"):
             *_, ref = sweep_exact_chunk(xd, xd, op, 0, route, sf.get_env(env), want_reference=True)
-            want = definition(op, x, None, env)
             got = cupy.asnumpy(ref)
             assert np.array_equal(got, want), (route, env, _diff(x, None, got, want))
 
@@ -236,10 +236,10 @@ def test_cuda_fused_binary_reference_equals_softfloat(op):
     x, c = operands(2, seed=9, n_random=100000)
     for cv in (0x3F800000, 0x00000001, 0x7F7FFFFF, 0xBF7FFFFF, 0x33800000, 0x7FC00001, 0x00000000):
         cc = np.full_like(c, cv)
+        want = definition(op, x, cc, "cuda")
+        xd = cupy.asarray(x)
         for route in ("float64", "softfloat"):
-            xd = cupy.asarray(x)
             *_, ref = sweep_exact_chunk(xd, xd, op, cv, route, sf.get_env("cuda"), want_reference=True)
-            want = definition(op, x, cc, "cuda")
             got = cupy.asnumpy(ref)
             assert np.array_equal(got, want), (route, hex(cv), _diff(x, cc, got, want))
 

@@ -9,7 +9,9 @@ returns a printable :class:`CUDAProgram`. :class:`CUDAExecutor` binds inputs and
 dispatch table once and runs the steps in order: fused chains through the shared :class:`KernelCache`
 (NVRTC, route ``nvrtc-ieee``) or their host model, GEMM-shaped and reduction nodes through the unfused
 reference executor's kernels (``native.ir.run_node``: ``native.gemm``'s guarded GEMM, ``native.reductions``),
-aliases as views, and host-fallback nodes by the denotation.
+aliases as views, and host-fallback nodes by the denotation. Before the chains, :data:`PATTERNS` (masked softmax,
+RMSNorm's six ops) become ``pattern`` steps, and rmsnorm, RoPE and embedding run the pre-written kernels of
+:mod:`native.fusion_kernels`. ``storage="float16"`` stores every value as binary16, each op rounding to it.
 """
 
 from __future__ import annotations

@@ -154,6 +154,20 @@ def test_masked_softmax_and_six_op_rmsnorm_are_one_pattern_step_each():
     assert not [s for s in nf.compile_subgraph(g).steps if s.kind == "pattern"]  # no payload: exponent unknown
 
 
+def test_pattern_near_misses_are_left_alone():
+    b = GraphBuilder()
+    x = b.add("input", (), (2, 3))
+    m = b.add("input", (), (2, 3))
+    a = b.add("add", (x, m), (2, 3))
+    s = b.add("softmax", (a,), (2, 3), axis=-1)
+    b.add("add", (s, a), (2, 3))  # the add is read outside the softmax: no masked-softmax pattern
+    b.add("softmax", (b.add("add", (x, m), (2, 3)),), (2, 3), axis=0)  # not the last axis
+    g, p = b.build()
+    prog = nf.compile_subgraph(g, payload=p)
+    assert not [st for st in prog.steps if st.kind == "pattern"]
+    assert sf.program_violations(prog.spec(), cg.fusable) == []
+
+
 def test_fp16_chain_rounds_after_every_op():
     from falsification.fusion_tests import _bits16, fp16_reference
 

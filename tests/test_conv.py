@@ -83,6 +83,17 @@ def test_planted_plan_off_by_one_is_caught(tmp_path):
     assert {k: v["status"] for k, v in got.items()} == {"CONV-AXIS-size-z3": "violated", "CONV-AXIS-enum": "violated"}
 
 
+def test_planted_im2col_decode_is_caught(tmp_path):
+    path = contract_variant(
+        CONTRACT,
+        tmp_path,
+        "plan: native.conv:im2col2d_plan",
+        "plan: tests.planted.conv_bugs:im2col2d_plan_kh_for_kw",
+    )
+    # Z3 answers unknown on this plan within its limits (nonlinear remainders): the enumeration refutes it.
+    assert check_items(path, ["IM2COL-rows-enum"])["IM2COL-rows-enum"]["status"] == "violated"
+
+
 def test_guard_refuses_undersized_and_invalid_calls():
     x = np.zeros((1, 2, 5, 5), np.float32)
     with pytest.raises(ValueError):

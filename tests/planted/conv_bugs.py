@@ -19,6 +19,7 @@ __all__ = [
     "smooth_max_pool2d_backward_unnormalised",
     "im2col_pad_off_by_one",
     "conv_im2col_drops_bias",
+    "im2col2d_plan_kh_for_kw",
 ]
 
 
@@ -145,3 +146,33 @@ def conv_im2col_drops_bias(
 ) -> Any:
     """BUG: the bias row is left out of the GEMM."""
     return nc.conv_im2col(x, w, None, stride, padding, dilation, groups, device=device)
+
+
+class _Im2colKhForKw(nc.Im2colPlan):
+    """BUG: the window column is decoded with kh where kw belongs (r mod kh)."""
+
+    def b(self, r: Any) -> Any:
+        """r mod kh (wrong: the row-major (ci, a, b) column is r mod kw)."""
+        return nc.as_type(r, "int64") % self.conv.axes[0].kernel
+
+
+def im2col2d_plan_kh_for_kw(
+    batch: Any,
+    c_in: Any,
+    height: Any,
+    width: Any,
+    c_out: Any,
+    groups: Any,
+    kh: Any,
+    kw: Any,
+    sh: Any,
+    sw: Any,
+    ph: Any,
+    pw: Any,
+    dh: Any,
+    dw: Any,
+    bias: Any,
+) -> nc.Im2colPlan:
+    """BUG: :func:`native.conv.im2col2d_plan` with the column decode taken modulo kh."""
+    p = nc.im2col2d_plan(batch, c_in, height, width, c_out, groups, kh, kw, sh, sw, ph, pw, dh, dw, bias)
+    return _Im2colKhForKw(**{f: getattr(p, f) for f in nc.Im2colPlan.__dataclass_fields__})

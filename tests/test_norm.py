@@ -142,7 +142,12 @@ def test_cuda_sources_match_the_host_path_under_sanitizers():
 @needs_cuda
 @pytest.mark.cuda
 def test_contract_holds_on_cuda():
-    res = check_contract(CONTRACT, device="cuda")
+    from ruamel.yaml import YAML
+
+    data = YAML(typ="safe").load(CONTRACT.read_text())
+    items = data["obligations"] + data.get("falsification", [])
+    # compute-sanitizer items are evidenced by `kc check --device cuda` itself (each tool is a fresh process)
+    res = check_contract(CONTRACT, device="cuda", only=[it["id"] for it in items if it.get("method") != "sanitize"])
     bad = {
         it["id"]: (it["status"], it.get("reason"))
         for it in res["items"]

@@ -29,7 +29,7 @@ from obligations.core import entrypoints
 from obligations.core.evidence import FORMAT as EVIDENCE_FORMAT
 from obligations.core.results import Outcome, Status, error, skipped
 from obligations.engines import Job, get_engine
-from obligations.isolation import Executor, item_timeout, make_executor
+from obligations.isolation import HOST_METHODS, Executor, Prefetcher, item_timeout, make_executor
 
 __all__ = [
     "check_contract",
@@ -180,6 +180,7 @@ class RunOptions:
     done: Mapping[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
     log: Callable[[Contract, dict[str, Any]], None] | None = None
     maxfail: int | None = None
+    jobs: int = 0  # worker processes running host-only items ahead (0: every item in order, in this process)
 
 
 def check_contract(
@@ -193,8 +194,9 @@ def check_contract(
     options: RunOptions | None = None,
     executor: Executor | None = None,
     failures: list[int] | None = None,
+    prefetcher: Prefetcher | None = None,
 ) -> dict[str, Any]:
-    """Check one contract and return its entry of the JSON result."""
+    """Check one contract and return its entry of the JSON result (items a ``prefetcher`` ran are taken from it)."""
     contract = path if isinstance(path, Contract) else load_contract(path)
     options = options or RunOptions()
     own = executor is None
@@ -235,11 +237,16 @@ def check_contract(
                     progress("start", item)
                 t0 = time.perf_counter()
                 try:
-                    fields = executor.run(contract, item, item_timeout(item, profile, options.item_timeout))
+                    ahead = prefetcher.take(contract, item) if prefetcher is not None else None
+                    if ahead is None:
+                        fields = executor.run(contract, item, item_timeout(item, profile, options.item_timeout))
+                        seconds = round(time.perf_counter() - t0, 4)
+                    else:
+                        fields, seconds = ahead
                 except KeyboardInterrupt:  # stop here; the caller writes what was checked so far
                     entry["interrupted"] = item["id"]
                     break
-                record = _record(contract, item, fields, device, seed, round(time.perf_counter() - t0, 4))
+                record = _record(contract, item, fields, device, seed, seconds)
                 if options.log:
                     options.log(contract, record)
             called |= {_call_of(c) for c in record.get("entry_points") or []}
@@ -402,7 +409,15 @@ def check_paths(
         partial(item_fields, device=device, profile=profile, seed=seed),
         {"device": device, "profile": profile, "seed": seed},
     )
+    prefetcher = None
     try:
+        if options.jobs > 0:
+            prefetcher = Prefetcher(options.jobs, executor.fields, {"device": device, "profile": profile, "seed": seed})
+            for contract in todo:
+                for item in contract.items:
+                    wanted = (not only or selected(item["id"], only)) and item_method(item) in HOST_METHODS
+                    if wanted and (contract.id, contract.sha256, item["id"]) not in options.done:
+                        prefetcher.submit(contract, item, item_timeout(item, profile, options.item_timeout))
         for contract in todo:
             if only and not any(selected(it["id"], only) for it in contract.items):
                 continue
@@ -416,6 +431,7 @@ def check_paths(
                 options=options,
                 executor=executor,
                 failures=failures,
+                prefetcher=prefetcher,
             )
             contracts.append(entry)
             if "interrupted" in entry:
@@ -427,6 +443,8 @@ def check_paths(
     except KeyboardInterrupt:
         interrupted = True
     finally:
+        if prefetcher is not None:
+            prefetcher.close()
         executor.close()
     summary = summarize(contracts)
     project = Path(todo[0].path).resolve().parent if todo else Path.cwd()

@@ -189,6 +189,15 @@ def _check_options(p: argparse.ArgumentParser) -> None:
         help="run items in a worker process replaced after a timeout or a fault (auto: on cuda)",
     )
     p.add_argument(
+        "--jobs",
+        "-j",
+        type=int,
+        metavar="N",
+        default=None,
+        help="worker processes that run the host-only items (z3, enumerate, sympy, regimes, audit) ahead while the "
+        "rest runs in order (default: cores - 1, at most 4; 0: none)",
+    )
+    p.add_argument(
         "-x",
         "--exitfirst",
         dest="maxfail",
@@ -276,6 +285,7 @@ def _check(args: argparse.Namespace) -> int:
     from obligations.console import Reporter
     from obligations.contract import load_contracts
     from obligations.core.device import device_info
+    from obligations.isolation import default_jobs
     from obligations.runlog import LogError, RunLog
 
     _split_only(args)
@@ -330,6 +340,7 @@ def _check(args: argparse.Namespace) -> int:
         item_timeout=args.item_timeout,
         isolate=args.isolate,
         maxfail=args.maxfail,
+        jobs=default_jobs() if args.jobs is None else max(0, args.jobs),
         done=resumed.done if resumed else {},
         log=log.record if log else None,
     )

@@ -4,6 +4,10 @@ A worker process (``python -m obligations.isolation``) runs items one at a time 
 Past its limit an item's worker is killed and the item is ``error (timeout)``; a worker that dies (a
 segfault, ``os._exit``) or whose CUDA context is broken after an item (an illegal address poisons every
 later launch) is replaced, so one faulting kernel costs one item and the run goes on.
+
+A :class:`Prefetcher` runs the host-only items (proofs, enumerations, audits: :data:`HOST_METHODS`) ahead of
+the run in ``jobs`` such workers, while the run goes on in order with the items that use the device; the
+run then takes their records where it reaches them, so the output keeps the contract's order.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import select
 import signal
 import subprocess
@@ -18,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +38,9 @@ __all__ = [
     "EXECUTORS",
     "make_executor",
     "timeout_record",
+    "HOST_METHODS",
+    "Prefetcher",
+    "default_jobs",
 ]
 
 # Seconds an item may run before it is stopped, per profile (an item's ``timeout_s`` or --item-timeout win).
@@ -212,6 +221,57 @@ EXECUTORS: dict[str, Callable[[RecordFn, dict[str, Any]], Executor]] = {
     "none": lambda fields, _settings: InProcess(fields),
     "process": WorkerPool,
 }
+
+
+# Methods whose items never touch the device and depend on no other item's run: safe to run ahead, in parallel.
+HOST_METHODS = frozenset({"z3", "enumerate", "sympy", "regimes", "audit", "assume"})
+
+
+def default_jobs() -> int:
+    """Prefetch workers by default: one core is the run's own; at most 4 (each worker holds its imports)."""
+    return max(1, min(4, (os.cpu_count() or 2) - 1))
+
+
+class Prefetcher:
+    """Runs host-only items ahead in ``jobs`` worker processes; ``take`` hands a record to the in-order run."""
+
+    def __init__(self, jobs: int, fields: RecordFn, settings: dict[str, Any]):
+        self._free: queue.Queue[WorkerPool] = queue.Queue()
+        self._workers = [WorkerPool(fields, settings) for _ in range(jobs)]
+        for w in self._workers:
+            self._free.put(w)
+        self._threads = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="kc-prefetch")
+        self._futures: dict[tuple[str, str, str], Future[tuple[dict[str, Any], float]]] = {}
+
+    def submit(self, contract: Any, item: dict[str, Any], limit: float | None) -> None:
+        """Queue ``item`` of ``contract`` to run in the next free worker."""
+        key = (str(contract.path), contract.sha256, item["id"])
+        self._futures[key] = self._threads.submit(self._run, contract, item, limit)
+
+    def _run(self, contract: Any, item: dict[str, Any], limit: float | None) -> tuple[dict[str, Any], float]:
+        worker = self._free.get()
+        try:
+            t0 = time.perf_counter()
+            fields = worker.run(contract, item, limit)
+            return fields, round(time.perf_counter() - t0, 4)
+        finally:
+            self._free.put(worker)
+
+    def take(self, contract: Any, item: dict[str, Any]) -> tuple[dict[str, Any], float] | None:
+        """The (record fields, seconds the item ran) of a submitted item, waiting for it; None if not submitted."""
+        fut = self._futures.pop((str(contract.path), contract.sha256, item["id"]), None)
+        return None if fut is None else fut.result()
+
+    def close(self) -> None:
+        """Drop what has not started and stop every worker."""
+        for fut in self._futures.values():
+            fut.cancel()
+        self._futures.clear()
+        for w in self._workers:
+            w.close()
+        self._threads.shutdown(wait=False, cancel_futures=True)
+        for w in self._workers:  # a worker a thread was still waiting on when it was closed
+            w.close()
 
 
 def _cuda_healthy(device: str) -> tuple[bool, str]:

@@ -68,7 +68,7 @@ def test_worker_process_is_replaced_after_a_hang_and_a_dying_process(tmp_path, m
             "--device",
             "host",
             "--item-timeout",
-            "2",
+            "6",  # a replaced worker's start counts in its item's limit: room for a loaded machine
             "--isolate",
             "process",
             "--json",
@@ -110,3 +110,34 @@ def test_on_the_device_an_oob_write_and_a_never_returning_kernel_cost_one_item_e
     assert items["FT-CUDA-HANG"]["status"] == "error" and items["FT-CUDA-HANG"]["reason"].startswith("timeout")
     assert all(items[i]["status"] == "passed" for i in OK), {i: items[i]["reason"] for i in OK}
     assert len(log.read_text().splitlines()) == 1 + len(items) + 1  # header, one line per item, end
+
+
+def test_host_only_items_run_ahead_in_workers_with_the_same_records_in_the_same_order(tmp_path):
+    gemm = ROOT / "contracts" / "gemm-cublas-v1.yaml"
+    out = {}
+    for jobs in ("0", "2"):
+        out[jobs] = tmp_path / f"r{jobs}.json"
+        assert main(["check", str(gemm), "--device", "host", "-j", jobs, "--json", str(out[jobs]), "-q"]) == 0
+    seq, ahead = (json.loads(out[j].read_text())["contracts"][0]["items"] for j in ("0", "2"))
+    assert [(i["id"], i["status"], i["method"]) for i in seq] == [(i["id"], i["status"], i["method"]) for i in ahead]
+    assert {i["method"] for i in ahead} >= {"z3", "enumerate", "falsify"}
+    # an item run ahead keeps the seconds it ran in its worker, not the time the run waited for it
+    assert all(0 < i["seconds"] < 60 for i in ahead)
+
+
+def test_a_prefetched_item_past_its_limit_is_error_timeout_and_close_stops_every_worker(monkeypatch):
+    from obligations.contract import load_contract
+    from obligations.isolation import Prefetcher
+
+    contract = load_contract(FAULTS)
+    pre = Prefetcher(2, None, {"device": "host", "profile": "quick", "seed": 0})
+    try:
+        pre.submit(contract, contract.item("FT-HANG"), 1.0)
+        pre.submit(contract, contract.item("FT-OK-1"), 30.0)
+        fields, seconds = pre.take(contract, contract.item("FT-HANG"))
+        assert fields["status"] == "error" and fields["reason"].startswith("timeout") and 0.9 < seconds < 20
+        assert pre.take(contract, contract.item("FT-OK-1"))[0]["status"] == "passed"
+        assert pre.take(contract, contract.item("FT-OK-2")) is None  # never submitted: the run does it itself
+    finally:
+        pre.close()
+    assert all(w.proc is None for w in pre._workers)

@@ -8,12 +8,13 @@ Registered names and their ``params``:
   tolerance is NVIDIA's documented bound as pieces (:func:`spec.libm.parse_tolerance`); an empty list means
   no documented bound (measured, reported ``skipped``). Violated with the worst input; error where the
   float64 reference breaks its own window on the sampled self-check, or ambiguous inputs overflow.
-* ``libm.settlement`` {functions, per_class} (host) -- the MPFR tier against an independent evaluation
-  (NumPy/SciPy float64 rounded once, where its window decides) on edge classes and a dense seeded sample.
-* ``libm.window`` {functions, n} (host) -- the float64 tier's window logic: on a dense sample, every input
-  the window calls decided rounds as MPFR does (host float64 with the same window, NumPy's libm standing
-  in for CUDA's double functions), and the ambiguous fraction is small.
-* ``libm.table`` {} (host) -- the documented-bounds table: every function has one item per environment,
+* ``libm.settlement`` {functions, per_function} (CPU work on any device) -- the MPFR tier against an
+  independent evaluation (NumPy float64 rounded once, where its window decides) on edge classes and a
+  dense seeded sample.
+* ``libm.window`` {functions, n} (CPU work on any device) -- the float64 tier's window logic: on a dense
+  sample, every input the window calls decided rounds as MPFR does (host float64 with the same window,
+  NumPy's libm standing in for CUDA's double functions), and the ambiguous fraction is small.
+* ``libm.table`` {} (any device) -- the documented-bounds table: every function has one item per environment,
   every tolerance parses, and the source is named in the contract's references.
 """
 
@@ -72,7 +73,7 @@ def merge_settled(fn: spec.LibmFunction, env: str, pieces: Sequence[spec.Piece],
                 worst_av = max(worst_av or (0, 0), (0x7F800000, x))
             continue
         ref = spec.settle(fn, x, env)
-        d = spec.ulp_distance(g, ref)
+        d = spec.ulp_distance(g, ref, env == "cuda-ftz")
         hist[spec.bucket_of(d)] += 1
         if ((g | ref) & 0x7FFFFFFF) == 0 and g != ref:
             zero_sign += 1
@@ -97,6 +98,7 @@ def merge_settled(fn: spec.LibmFunction, env: str, pieces: Sequence[spec.Piece],
         "judged": judged,
         "zero_sign_mismatch": zero_sign,
         "settled_by_mpfr": settled,
+        "settled_by_series": raw.get("series_ties", 0),
         "settle_seconds": round(time.perf_counter() - t0, 3),
     }
 
@@ -106,7 +108,8 @@ def reference_selfcheck(fn: spec.LibmFunction, env: str, samples: np.ndarray) ->
     bad: list[dict[str, Any]] = []
     checked = 0
     for xo, yd in samples:
-        xb = int(np.array([xo], np.float64).astype(np.float32).view(np.uint32)[0])
+        with np.errstate(invalid="ignore"):
+            xb = int(np.array([xo], np.float64).astype(np.float32).view(np.uint32)[0])
         if env == "cuda-ftz":
             xb = int(spec.daz_bits(np.array([xb], np.uint32))[0])
         x = _f32(xb)
@@ -186,6 +189,8 @@ def audit_function(name: str, env: str, tolerance: Any, *, lo: int = 0, hi: int 
         "ambiguous": raw["ambiguous_total"],
         "ambiguous_overflow": raw["ambiguous_overflow"],
         "settled_by_mpfr": merged["settled_by_mpfr"],
+        "settled_by_series": merged["settled_by_series"],
+        "ulp_metric": "flushed number line (+-0 adjacent to +-FLT_MIN)" if env == "cuda-ftz" else "binary32 keys",
         "reference": "float64 (CUDA double function) rounded once; ambiguous inputs settled with MPFR (gmpy2)",
         "window_double_ulps": fn.window_ulps,
         "window_double_abs": None
@@ -298,7 +303,7 @@ def _float64_tier(fn: spec.LibmFunction, xb: np.ndarray) -> tuple[np.ndarray, np
     return spec.reference_with_window(y, spec.window(fn, x, y))
 
 
-@register_test("libm.settlement", devices=("host",))
+@register_test("libm.settlement")
 @guarded(skip=(spec.SettlementError, ImportError))
 def libm_settlement(ctx: FalsifyContext) -> Outcome:
     """MPFR settlement against the host float64 tier where its window decides, on edge classes and a sample."""
@@ -329,7 +334,7 @@ def libm_settlement(ctx: FalsifyContext) -> Outcome:
     return engine.outcome_passed(ctx, cases, None, **ev)
 
 
-@register_test("libm.window", devices=("host",))
+@register_test("libm.window")
 @guarded(skip=(spec.SettlementError, ImportError))
 def libm_window(ctx: FalsifyContext) -> Outcome:
     """The window logic: inputs the window calls decided round as MPFR does; ambiguous ones are few."""
@@ -364,7 +369,7 @@ def libm_window(ctx: FalsifyContext) -> Outcome:
     return engine.outcome_passed(ctx, cases, None, **ev)
 
 
-@register_test("libm.table", devices=("host",))
+@register_test("libm.table")
 def libm_table(ctx: FalsifyContext) -> Outcome:
     """The documented-bounds table: one audit item per function and environment, bounds parse, source named."""
     items = [i for i in ctx.contract.get("falsification", []) if i.get("test") == "libm.audit"]
@@ -468,15 +473,16 @@ def reduce_host(
             wva = max(wva or v, v)
     # ULP-judged inputs
     up = ~ab
-    w = spec.window(fn, xo, yd)
-    r, amb = spec.reference_with_window(yd, w, ftz=ftz)
+    xr = spec.f32_bits_to_f64(spec.daz_bits(xb)) if ftz else xo
+    r, amb, rule = spec.float64_tier(fn, xo, xr, yd, ftz)
     amb = amb & up
+    ties = int((rule & up).sum())
     for i in np.flatnonzero(amb):
         amb_x.append((int(xb[i]), int(gb[i])))
     use = up & ~amb
     zs = int((use & (((gb | r) & 0x7FFFFFFF) == 0) & (gb != r)).sum())
     for i in np.flatnonzero(use):
-        d = spec.ulp_distance(int(gb[i]), int(r[i]))
+        d = spec.ulp_distance(int(gb[i]), int(r[i]), ftz)
         hist[spec.HIST_KEYS.index(spec.bucket_of(d))] += 1
         pk = (min(d, 0xFFFFFFFF), int(xb[i]))
         mx = max(mx or pk, pk)
@@ -506,6 +512,7 @@ def reduce_host(
         "violation_list": np.array(vlist, np.uint32).reshape(-1, 2),
         "zero_sign_mismatch": zs,
         "judged": judged,
+        "series_ties": ties,
         "samples": np.zeros((0, 2)),
         "kernel_ms": 0.0,
         "compile_s": 0.0,

@@ -52,6 +52,7 @@ OUT_FIELDS: tuple[str, ...] = (
     "zero_sign_mismatch",
     "samples",
     "judged",
+    "series_ties",
 )
 _OUT = {k: i for i, k in enumerate(OUT_FIELDS)}
 
@@ -91,13 +92,18 @@ __device__ __forceinline__ unsigned kc_flush(unsigned b, int ftz) {
     return (ftz && (b & 0x7F800000u) == 0u) ? (b & 0x80000000u) : b;
 }
 __device__ __forceinline__ bool kc_nan32(unsigned b) { return (b & 0x7FFFFFFFu) > 0x7F800000u; }
-__device__ __forceinline__ unsigned kc_dist(unsigned a, unsigned b) {
+// Key of a binary32 on its number line; under ftz the flushed line (no subnormals, +-0 next to +-FLT_MIN).
+__device__ __forceinline__ long long kc_key(unsigned a, int ftz) {
+    unsigned m = a & 0x7FFFFFFFu;
+    if (ftz) m = m >= 0x00800000u ? m - 0x007FFFFFu : 0u;
+    return (a & 0x80000000u) ? -(long long)m : (long long)m;
+}
+__device__ __forceinline__ unsigned kc_dist(unsigned a, unsigned b, int ftz) {
     bool na = kc_nan32(a), nb = kc_nan32(b);
     if (na && nb) return 0u;
     if (na || nb) return 0xFFFFFFFFu;
-    long long ka = (a & 0x80000000u) ? -(long long)(a & 0x7FFFFFFFu) : (long long)(a & 0x7FFFFFFFu);
-    long long kb = (b & 0x80000000u) ? -(long long)(b & 0x7FFFFFFFu) : (long long)(b & 0x7FFFFFFFu);
-    long long d = ka - kb; d = d < 0 ? -d : d;
+    long long d = kc_key(a, ftz) - kc_key(b, ftz);
+    d = d < 0 ? -d : d;
     return d > 0xFFFFFFFEll ? 0xFFFFFFFEu : (unsigned)d;
 }
 __device__ __forceinline__ int kc_piece(const double* P, int np, double x) {
@@ -133,9 +139,9 @@ _KERNEL = r"""
 extern "C" __global__ void __NAME__(u64 base, u64 n, int ftz, const double* P, int np, double K,
                                     double abs_thr, double abs_err, u64* out, unsigned* amb, unsigned amb_cap,
                                     unsigned* viol, unsigned viol_cap, double* samples, unsigned sample_cap,
-                                    unsigned sample_mod) {
+                                    unsigned sample_mod, double tie_t, double tie_c, int tie_dir) {
     u64 h[10] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-    u64 mx = 0, mxj = 0, mxa = 0, nviol = 0, wv = 0, wva = 0, zs = 0, judged = 0;
+    u64 mx = 0, mxj = 0, mxa = 0, nviol = 0, wv = 0, wva = 0, zs = 0, judged = 0, ties = 0;
     u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         unsigned xb = (unsigned)(base + i);
@@ -192,9 +198,15 @@ extern "C" __global__ void __NAME__(u64 base, u64 n, int ftz, const double* P, i
             unsigned rh = kc_flush(kc_rn32(__dadd_ru(yd, w), &t2), ftz);
             bool bz = ((rl | rh) & 0x7FFFFFFFu) == 0u;
             am = (rl != rh && !bz) || t1 || t2;
+            // an exact tie y == c x at a tiny x: the series remainder's known sign decides (spec.libm.tiny_tie)
+            if (am && t0 && tie_t > 0.0 && xd != 0.0 && fabs(xd) < tie_t && yd == tie_c * xd) {
+                r = ((yd > 0.0) == (tie_dir < 0)) ? rl : rh;
+                am = false;
+                ties++;
+            }
         }
         if (am) { kc_push(out, __AMB__, amb, amb_cap, xb, gb); continue; }
-        unsigned d = kc_dist(gb, r);
+        unsigned d = kc_dist(gb, r, ftz);
         if (((gb | r) & 0x7FFFFFFFu) == 0u && gb != r) zs++;
         int bucket = d == 0xFFFFFFFFu ? 8 : d <= 4u ? (int)d : d <= 8u ? 5 : d <= 16u ? 6 : 7;
         h[bucket]++;
@@ -212,7 +224,7 @@ extern "C" __global__ void __NAME__(u64 base, u64 n, int ftz, const double* P, i
         }
     }
     for (int j = 0; j < 10; ++j) h[j] = kc_wsum(h[j]);
-    nviol = kc_wsum(nviol); zs = kc_wsum(zs); judged = kc_wsum(judged);
+    nviol = kc_wsum(nviol); zs = kc_wsum(zs); judged = kc_wsum(judged); ties = kc_wsum(ties);
     mx = kc_wmax(mx); mxj = kc_wmax(mxj); mxa = kc_wmax(mxa); wv = kc_wmax(wv); wva = kc_wmax(wva);
     if ((threadIdx.x & 31) == 0) {
         for (int j = 0; j < 10; ++j) if (h[j]) atomicAdd(&out[j], h[j]);
@@ -224,6 +236,7 @@ extern "C" __global__ void __NAME__(u64 base, u64 n, int ftz, const double* P, i
         if (wva) atomicMax(&out[15], wva);
         if (zs) atomicAdd(&out[18], zs);
         if (judged) atomicAdd(&out[20], judged);
+        if (ties) atomicAdd(&out[21], ties);
     }
 }
 """
@@ -329,6 +342,7 @@ def sweep_function(
     sample_cap = 4096
     samples = cupy.zeros(2 * sample_cap, dtype=cupy.float64)
     thr, aerr = fn.double_abs or (0.0, 0.0)
+    tie = fn.tiny_tie or (0.0, 0.0, 0)
     start, stop = cupy.cuda.Event(), cupy.cuda.Event()
     start.record()
     chunks = 0
@@ -355,6 +369,9 @@ def sweep_function(
                 samples,
                 np.uint32(sample_cap),
                 np.uint32(sample_mod),
+                np.float64(tie[0]),
+                np.float64(tie[1]),
+                np.int32(tie[2]),
             ),
         )
         chunks += 1
@@ -388,6 +405,7 @@ def sweep_function(
         "violation_list": v,
         "zero_sign_mismatch": res["zero_sign_mismatch"],
         "judged": res["judged"],
+        "series_ties": res["series_ties"],
         "samples": s,
         "kernel_ms": round(kernel_ms, 3),
         "compile_s": round(compile_s, 3),

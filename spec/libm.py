@@ -55,6 +55,7 @@ __all__ = [
     "f32_bits_to_f64",
     "round_f64_to_f32",
     "reference_with_window",
+    "float64_tier",
     "window",
     "daz_bits",
     "ftz_bits",
@@ -62,6 +63,7 @@ __all__ = [
     "mp_value",
     "abs_error_exceeds",
     "SettlementError",
+    "round_mpfr_to_bits",
 ]
 
 ENVS: tuple[str, ...] = ("cuda", "cuda-ftz")
@@ -82,6 +84,9 @@ class LibmFunction:
     mp: str  # key into the MPFR evaluators
     double_abs: tuple[float, float] | None = None  # (|x| threshold, absolute error of the double beyond it)
     intrinsic: bool = False
+    # (T, c, dir): for 0 < |x| < T, f(x) = c x (1 + d) with sign(d) = dir and |d| far below an ulp, so an
+    # exact tie y == c x resolves toward zero (dir -1) or away (dir +1) without MPFR (j1: x/2 - x^3/16 ...).
+    tiny_tie: tuple[float, float, int] | None = None
 
     @property
     def window_ulps(self) -> float:
@@ -129,7 +134,7 @@ STANDARD: tuple[LibmFunction, ...] = (
     _f("normcdff", "normcdf", 5),
     _f("normcdfinvf", "normcdfinv", 8),
     _f("j0f", "j0", 7, double_abs=_BESSEL_ABS),
-    _f("j1f", "j1", 7, double_abs=_BESSEL_ABS),
+    _f("j1f", "j1", 7, double_abs=_BESSEL_ABS, tiny_tie=(2.0**-60, 0.5, -1)),
     _f("y0f", "y0", 7, double_abs=_BESSEL_ABS),
     _f("y1f", "y1", 7, double_abs=_BESSEL_ABS),
 )
@@ -285,8 +290,10 @@ def piece_index(pieces: Sequence[Piece], x: float) -> int:
 # -- binary32 keys, ULP distance, histogram -------------------------------------------------------------------
 
 
-def _key(b: int) -> int:
+def _key(b: int, ftz: bool = False) -> int:
     mag = b & 0x7FFFFFFF
+    if ftz:  # the flushed number line: no subnormals, +-0 adjacent to +-FLT_MIN
+        mag = mag - 0x007FFFFF if mag >= 0x00800000 else 0
     return -mag if b & 0x80000000 else mag
 
 
@@ -294,14 +301,18 @@ def _is_nan(b: int) -> bool:
     return (b & 0x7FFFFFFF) > 0x7F800000
 
 
-def ulp_distance(a: int, b: int) -> int:
-    """ULP distance of binary32 bits ``a`` and ``b``: key distance, NaN vs NaN 0, NaN vs number NAN_MISMATCH."""
+def ulp_distance(a: int, b: int, ftz: bool = False) -> int:
+    """ULP distance of binary32 bits ``a`` and ``b``: key distance, NaN vs NaN 0, NaN vs number NAN_MISMATCH.
+
+    ``ftz`` (env cuda-ftz): distance on the flushed number line, where subnormals read as zero and +-0 is
+    one ulp from +-FLT_MIN (a result flushed at the FLT_MIN boundary is one ulp off, not 2^23).
+    """
     na, nb = _is_nan(a), _is_nan(b)
     if na and nb:
         return 0
     if na or nb:
         return NAN_MISMATCH
-    return abs(_key(a) - _key(b))
+    return abs(_key(a, ftz) - _key(b, ftz))
 
 
 def bucket_of(d: int) -> str:
@@ -364,26 +375,51 @@ def window(fn: LibmFunction, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return w
 
 
-def reference_with_window(y: np.ndarray, w: np.ndarray, ftz: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """(RN32(y) bits, ambiguous mask): ambiguous where RN32 of y - W and y + W differ, or either end is a tie.
-
-    ``ftz``: the three roundings are flushed (env cuda-ftz) before they are compared.
-    """
+def _rounded_ends(y: np.ndarray, w: np.ndarray, ftz: bool) -> tuple[np.ndarray, ...]:
     y = np.asarray(y, dtype=np.float64)
     with np.errstate(all="ignore"):
-        lo = y - w
-        hi = y + w
-        lo = np.nextafter(lo, -np.inf)  # directed: the rounded sum may lie inside the true interval
-        hi = np.nextafter(hi, np.inf)
-    r, _ = round_f64_to_f32(y)
+        lo = np.nextafter(y - w, -np.inf)  # directed: the rounded sum may lie inside the true interval
+        hi = np.nextafter(y + w, np.inf)
+    r, t0 = round_f64_to_f32(y)
     rl, tl = round_f64_to_f32(lo)
     rh, th = round_f64_to_f32(hi)
     if ftz:
         r, rl, rh = ftz_bits(r), ftz_bits(rl), ftz_bits(rh)
     both_zero = ((rl & 0x7FFFFFFF) == 0) & ((rh & 0x7FFFFFFF) == 0)
-    finite = np.isfinite(y)
-    amb = finite & (((rl != rh) & ~both_zero) | tl | th)
+    amb = np.isfinite(y) & (((rl != rh) & ~both_zero) | tl | th)
+    return r, t0, rl, rh, amb
+
+
+def reference_with_window(y: np.ndarray, w: np.ndarray, ftz: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(RN32(y) bits, ambiguous mask): ambiguous where RN32 of y - W and y + W differ, or either end is a tie.
+
+    ``ftz``: the three roundings are flushed (env cuda-ftz) before they are compared.
+    """
+    r, _, _, _, amb = _rounded_ends(y, w, ftz)
     return r, amb
+
+
+def float64_tier(
+    fn: LibmFunction, x_in: np.ndarray, x_read: np.ndarray, y: np.ndarray, ftz: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(reference bits, ambiguous mask, tie-rule mask) of the float64 tier, as the device computes it.
+
+    ``x_in`` the input as given (for the window's range), ``x_read`` as the environment reads it (flushed
+    under cuda-ftz), ``y`` the double function's value at ``x_read``. Where ``fn.tiny_tie`` applies (an exact
+    tie ``y == c x`` at a tiny x) the known sign of the series remainder decides the rounding.
+    """
+    y = np.asarray(y, dtype=np.float64)
+    r, t0, rl, rh, amb = _rounded_ends(y, window(fn, x_in, y), ftz)
+    rule = np.zeros(y.shape, bool)
+    if fn.tiny_tie is not None:
+        big_t, c, direction = fn.tiny_tie
+        xr = np.asarray(x_read, dtype=np.float64)
+        with np.errstate(all="ignore"):
+            rule = amb & t0 & (xr != 0) & (np.abs(xr) < big_t) & (y == c * xr)
+        pick_lo = (y > 0) == (direction < 0)
+        r = np.where(rule, np.where(pick_lo, rl, rh), r).astype(np.uint32)
+        amb = amb & ~rule
+    return r, amb, rule
 
 
 def daz_bits(b: np.ndarray) -> np.ndarray:
@@ -451,6 +487,45 @@ def _native_value(ctx: Any, name: str, x: Any) -> Any:
     return getattr(ctx, _NATIVE[name])(x)
 
 
+def _div(c: Any, a: Any, b: Any) -> Any:
+    """a / b in context c (gmpy2 2.2's ``context.div`` ignores the context's precision)."""
+    with c:
+        return a / b
+
+
+def round_mpfr_to_bits(v: Any) -> int:
+    """binary32 bits of RN32(v) for an mpfr ``v``, by exact rational arithmetic (subnormals, overflow to inf)."""
+    if v.is_nan():
+        return 0x7FFFFFFF
+    sign = 0x80000000 if v.is_signed() else 0
+    if v.is_infinite():
+        return sign | 0x7F800000
+    if v.is_zero():
+        return sign
+    n, d = v.as_integer_ratio()
+    n = abs(int(n))
+    d = int(d)
+    e = n.bit_length() - d.bit_length()  # 2^e <= n/d < 2^(e+2)
+    if n < d << e if e >= 0 else (n << -e) < d:
+        e -= 1
+    while (n >= d << (e + 1)) if e + 1 >= 0 else ((n << -(e + 1)) >= d):
+        e += 1
+    q = max(e, -126) - 23  # exponent of one unit in the last place
+    num, den = (n, d << q) if q >= 0 else (n << -q, d)
+    r, rem = divmod(num, den)
+    if 2 * rem > den or (2 * rem == den and r & 1):
+        r += 1
+    if r >= 1 << 24:
+        r >>= 1  # exact: r == 2^24
+        q += 1
+    if r >= 1 << 23:
+        biased = q + 23 + 127
+        if biased >= 255:
+            return sign | 0x7F800000
+        return sign | (biased << 23) | (r - (1 << 23))
+    return sign | r
+
+
 def _sinpi_cospi(g: Any, name: str, x: Any, p: int) -> tuple[Any, bool]:
     """(value at precision p, exact): sin(pi x) or cos(pi x) after the exact reduction x mod 2."""
     ctx = g.context(precision=max(p, 300))
@@ -471,13 +546,13 @@ def _inverse_f(g: Any, name: str, c: Any, t: Any) -> Any:
         return c.erf(t)
     if name == "erfcinv":
         return c.erfc(t)
-    return c.div(c.erfc(c.div(c.minus(t), c.sqrt(2))), 2)
+    return _div(c, c.erfc(_div(c, c.minus(t), c.sqrt(2))), 2)
 
 
 def _inverse_df(g: Any, name: str, c: Any, t: Any) -> Any:
     if name == "normcdfinv":
-        return c.div(c.exp(c.minus(c.div(c.mul(t, t), 2))), c.sqrt(c.mul(2, c.const_pi())))
-    k = c.mul(c.div(2, c.sqrt(c.const_pi())), c.exp(c.minus(c.mul(t, t))))
+        return _div(c, c.exp(c.minus(_div(c, c.mul(t, t), 2))), c.sqrt(c.mul(2, c.const_pi())))
+    k = c.mul(_div(c, 2, c.sqrt(c.const_pi())), c.exp(c.minus(c.mul(t, t))))
     return k if name == "erfinv" else c.minus(k)
 
 
@@ -505,7 +580,7 @@ def _invert(g: Any, name: str, y: Any, p: int) -> tuple[Any, Any]:
     t = g.mpfr(_initial_root(name, float(y)), p)
     close = 0
     for _ in range(200):
-        step = ctx.div(ctx.sub(_inverse_f(g, name, ctx, t), y), _inverse_df(g, name, ctx, t))
+        step = _div(ctx, ctx.sub(_inverse_f(g, name, ctx, t), y), _inverse_df(g, name, ctx, t))
         if step.is_nan() or step.is_infinite():
             raise _NotYet
         t = ctx.sub(t, step)
@@ -580,6 +655,8 @@ def _special(fn: LibmFunction, x: float) -> float | None:
         if math.isinf(x):
             return math.copysign(0.0, x)
         return None
+    if name == "rsqrt" and x == 0:
+        return math.copysign(math.inf, x)  # IEEE 754 rSqrt(-0) = -inf (MPFR's rec_sqrt(-0) is +inf)
     if name == "normcdf" and math.isinf(x):
         return 1.0 if x > 0 else 0.0
     if name in ("sinpi", "cospi") and math.isinf(x):
@@ -609,9 +686,9 @@ def mp_value(fn: LibmFunction, x: float, p: int = 160) -> tuple[Any, Any]:
             else:
                 c = g.context(precision=p + 16)
                 if name == "rcbrt":
-                    v = c.div(1, c.cbrt(xm))
+                    v = _div(c, 1, c.cbrt(xm))
                 elif name == "normcdf":
-                    v = c.div(c.erfc(c.div(c.minus(xm), c.sqrt(2))), 2)
+                    v = _div(c, c.erfc(_div(c, c.minus(xm), c.sqrt(2))), 2)
                 else:
                     raise SettlementError(f"no MPFR form for {name!r}")
                 exact = False
@@ -641,7 +718,7 @@ def settle(fn: LibmFunction, xb: int, env: str = "cuda") -> int:
     p = 96
     while p <= 4096:
         lo, hi = mp_value(fn, x, p)
-        a, b = _to_bits32(ieee.plus(lo)), _to_bits32(ieee.plus(hi))
+        a, b = round_mpfr_to_bits(lo), round_mpfr_to_bits(hi)
         if a == b or ((a | b) & 0x7FFFFFFF) == 0:
             return _finish(b, env)
         p *= 2
@@ -660,5 +737,6 @@ def abs_error_exceeds(fn: LibmFunction, xb: int, got_bits: int, bound: float, en
         return not (lo == hi == got)
     c = g.context(precision=256)
     gm = g.mpfr(got, 64)
-    err = max(abs(c.sub(gm, lo)), abs(c.sub(hi, gm)))
+    with c:
+        err = max(abs(gm - lo), abs(hi - gm))
     return bool(err > bound)

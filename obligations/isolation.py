@@ -262,6 +262,11 @@ class Prefetcher:
         fut = self._futures.pop((str(contract.path), contract.sha256, item["id"]), None)
         return None if fut is None else fut.result()
 
+    def drain(self) -> None:
+        """Wait until every submitted item has finished (its record stays to be taken): a quiet machine."""
+        for fut in list(self._futures.values()):
+            fut.exception()
+
     def close(self) -> None:
         """Drop what has not started and stop every worker."""
         for fut in self._futures.values():

@@ -134,6 +134,8 @@ def test_a_prefetched_item_past_its_limit_is_error_timeout_and_close_stops_every
     try:
         pre.submit(contract, contract.item("FT-HANG"), 1.0)
         pre.submit(contract, contract.item("FT-OK-1"), 30.0)
+        pre.drain()  # returns once both have finished; their records are still there to take
+        assert len(pre._futures) == 2 and all(f.done() for f in pre._futures.values())
         fields, seconds = pre.take(contract, contract.item("FT-HANG"))
         assert fields["status"] == "error" and fields["reason"].startswith("timeout") and 0.9 < seconds < 20
         assert pre.take(contract, contract.item("FT-OK-1"))[0]["status"] == "passed"
@@ -141,3 +143,17 @@ def test_a_prefetched_item_past_its_limit_is_error_timeout_and_close_stops_every
     finally:
         pre.close()
     assert all(w.proc is None for w in pre._workers)
+
+
+def test_a_measure_item_waits_for_the_prefetch_workers_to_be_idle(monkeypatch):
+    from obligations.check import RunOptions, check_paths
+    from obligations.isolation import Prefetcher
+
+    order = []
+    real_drain, real_take = Prefetcher.drain, Prefetcher.take
+    monkeypatch.setattr(Prefetcher, "drain", lambda self: (order.append("drain"), real_drain(self))[1])
+    monkeypatch.setattr(Prefetcher, "take", lambda self, c, i: (order.append(i["id"]), real_take(self, c, i))[1])
+    gemm = ROOT / "contracts" / "gemm-cublas-v1.yaml"
+    result = check_paths([gemm], only=["PO-GEMM-02-A-z3", "PO-GEMM-04"], options=RunOptions(jobs=1))
+    assert [it["id"] for it in result["contracts"][0]["items"]] == ["PO-GEMM-02-A-z3", "PO-GEMM-04"]
+    assert order == ["PO-GEMM-02-A-z3", "drain", "PO-GEMM-04"]

@@ -335,6 +335,7 @@ def test_cuda_kernel_reduction_equals_the_host_form(name, env):
     fn = spec.get_function(name)
     tol = {
         "j0f": [{"where": {"abs_x_lt": 8}, "ulp": 9}, {"where": {"abs_x_ge": 8}, "abs": 2.2e-6}],
+        "j1f": [{"where": {"abs_x_lt": 8}, "ulp": 9}, {"where": {"abs_x_ge": 8}, "abs": 2.2e-6}],
         "__logf": [{"where": {"x_in": [0.5, 2]}, "abs_log2": -21.41}, {"where": {"x_outside": [0.5, 2]}, "ulp": 3}],
         "__expf": [{"ulp_linear": [2, 1.173]}],
     }.get(name, [{"ulp": 1}])

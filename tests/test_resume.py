@@ -43,7 +43,8 @@ def test_the_results_log_has_one_flushed_line_per_finished_item(tmp_path, monkey
         return real(*args, **kwargs)
 
     monkeypatch.setattr(check, "item_fields", spy)
-    assert main(["check", str(GEMM), "--device", "host", "--only", *QUICK, "--log", str(log), "-q"]) == 0
+    # -j 0: every item in this process, where the spy sees it (with -j the proofs run in worker processes)
+    assert main(["check", str(GEMM), "--device", "host", "-j", "0", "--only", *QUICK, "--log", str(log), "-q"]) == 0
     assert seen == [1, 2, 3, 4]  # header, then one line per finished item
     events = _lines(log)
     assert events[0]["log"] == "kc-results-log/1" and events[0]["seed"] == 0
@@ -52,7 +53,7 @@ def test_the_results_log_has_one_flushed_line_per_finished_item(tmp_path, monkey
 
 def test_ctrl_c_writes_the_partial_result_and_resume_finishes_it_without_redoing(tmp_path, monkeypatch, capsys):
     log, partial, resumed, full = (tmp_path / n for n in ("log.jsonl", "partial.json", "resumed.json", "full.json"))
-    argv = ["check", str(GEMM), "--device", "host", "--only", *QUICK, "-q"]
+    argv = ["check", str(GEMM), "--device", "host", "-j", "0", "--only", *QUICK, "-q"]  # in process: spied on
     assert main([*argv, "--json", str(full)]) == 0
     real = check.item_fields
     calls: list[str] = []
@@ -75,7 +76,7 @@ def test_ctrl_c_writes_the_partial_result_and_resume_finishes_it_without_redoing
     monkeypatch.setattr(
         check, "item_fields", lambda contract, item, **kw: (calls.append(item["id"]), real(contract, item, **kw))[1]
     )
-    assert main(["check", "--resume", str(log), "--json", str(resumed), "-q"]) == 0
+    assert main(["check", "--resume", str(log), "-j", "0", "--json", str(resumed), "-q"]) == 0
     assert calls == QUICK[2:]  # the finished items were not run again
     # z3's rlimit_used depends on what ran before in the same process (its global context): a measurement
     volatile = VOLATILE | {"rlimit_used"}

@@ -217,7 +217,8 @@ def bitwise(ctx: FalsifyContext) -> Outcome:
     name = ctx.params.get("impl", _IMPL[op])
     if ctx.device != "host" and op in HOST_ONLY:
         return skipped(
-            f"{op} on CUDA uses libdevice expf/logf: claimed within its bound (norm.error_bound), not bitwise",
+            f"runs on host (on CUDA {op} uses libdevice expf/logf: claimed within its bound by norm.error_bound, "
+            f"not bitwise); this run is on {ctx.device}",
             **engine.evidence(ctx),
         )
     impl = resolve(name)

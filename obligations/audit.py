@@ -219,7 +219,9 @@ register_sass_rule(
 _SASS_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)\b(.*?);")
 # Opcode families recorded for every build (what the SASS shows beyond the rules: the compiler's own FTZ inside
 # its IEEE division/square-root sequences, special-function units, tensor cores, double-precision arithmetic).
-_MIX = {"FTZ": lambda op: ".FTZ" in op, "MUFU": lambda op: op.startswith("MUFU"), "HMMA": lambda op: "MMA" in op}
+# (HFMA2.MMA is a register move on the FMA pipe, not a tensor-core instruction.)
+_MIX = {"FTZ": lambda op: ".FTZ" in op, "MUFU": lambda op: op.startswith("MUFU")}
+_MIX["HMMA"] = lambda op: "MMA" in op.split(".")[0]
 _MIX["DFMA/DADD/DMUL"] = lambda op: op.startswith(("DFMA", "DADD", "DMUL"))
 
 

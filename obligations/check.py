@@ -289,10 +289,10 @@ def summarize(contracts: list[dict[str, Any]]) -> dict[str, int]:
             counts[it["status"]] += 1
     counts["unchecked_entry_points"] = sum(len(c.get("unchecked_entry_points") or []) for c in contracts)
     items = [it for c in contracts for it in c["items"]]
-    # Skipped only because the item's test or engine runs on cuda and this run is on the host (README: --strict).
-    counts["skipped_cuda_only"] = sum(
-        it["status"] == "skipped" and bool(_CUDA_ONLY.search(it.get("reason") or "")) for it in items
-    )
+    # Skipped only because the item's test or engine runs on the other device (README: --strict): cuda-only items
+    # on a host run, host-only items (a claim about the host path) on a cuda run.
+    counts["skipped_cuda_only"] = sum(_other_device(it) == ("cuda", "host") for it in items)
+    counts["skipped_host_only"] = sum(_other_device(it) == ("host", "cuda") for it in items)
     # A named assumption (method assume) is a declared premise, reported as assumed; --strict does not fail on it.
     counts["skipped_assumed"] = sum(it["status"] == "skipped" and it.get("claim") == "assumed" for it in items)
     counts["unreached_regimes"] = sum(len((it.get("evidence") or {}).get("regimes_unreached") or []) for it in items)
@@ -300,15 +300,21 @@ def summarize(contracts: list[dict[str, Any]]) -> dict[str, int]:
     return counts
 
 
-_CUDA_ONLY = re.compile(r"\bruns on cuda\b[^;]*; this run is on host")
+_OTHER_DEVICE = re.compile(r"\bruns on (cuda|host)\b[^;]*; this run is on (host|cuda)\b")
+
+
+def _other_device(item: dict[str, Any]) -> tuple[str, str] | None:
+    """(where the item runs, where this run is) for an item skipped only because those differ, else None."""
+    m = _OTHER_DEVICE.search(item.get("reason") or "") if item["status"] == "skipped" else None
+    return (m.group(1), m.group(2)) if m and m.group(1) != m.group(2) else None
 
 
 def exit_code(summary: dict[str, int], strict: bool = False) -> int:
-    """0 unless violated/errored; ``strict`` also fails unknown, skips (other than cuda-only ones on the host and
-    named assumptions), gaps in coverage or order."""
+    """0 unless violated/errored; ``strict`` also fails unknown, skips (other than items that run only on the
+    other device and named assumptions), gaps in coverage or order."""
     bad = summary["violated"] + summary["error"]
     if strict:
-        excused = summary.get("skipped_cuda_only", 0) + summary.get("skipped_assumed", 0)
+        excused = sum(summary.get(k, 0) for k in ("skipped_cuda_only", "skipped_host_only", "skipped_assumed"))
         bad += summary["unknown"] + summary["skipped"] - excused
         bad += sum(summary.get(k, 0) for k in ("unchecked_entry_points", "unreached_regimes", "order_insensitive"))
     return 1 if bad else 0

@@ -190,3 +190,10 @@ def test_audit_engine_records_sass_on_a_device_run_or_says_why_not(monkeypatch):
         both = get_engine("audit").discharge(Job(contract, item))
         assert both.status.value == "passed" and both.evidence.sass["builds"] == len(all_builds("reductions"))
         assert both.evidence.sass["rules_applied"]["sass-atomic-ftz"] == len(all_builds("reductions"))
+
+
+def test_the_opcode_mix_counts_tensor_core_instructions_not_register_moves():
+    from obligations.audit import _MIX
+
+    assert _MIX["HMMA"]("HMMA.16816.F32") and _MIX["HMMA"]("HGMMA.64x128x16.F32")
+    assert not _MIX["HMMA"]("HFMA2.MMA")  # a register move on the FMA pipe

@@ -147,6 +147,11 @@ def test_strict_does_not_count_cuda_only_skips_on_the_host_but_counts_every_othe
     other = {"status": "skipped", "reason": "not applicable: no PTX backend"}
     assert exit_code(_summary(cuda_only, sanit), strict=True) == 0
     assert exit_code(_summary(cuda_only, other), strict=True) == 1
+    # symmetric on a device run: an item that runs on the host only is skipped there, and excused the same way
+    host_only = {"status": "skipped", "reason": "runs on host (the host path's claim); this run is on cuda"}
+    assert _summary(host_only)["skipped_host_only"] == 1 and exit_code(_summary(host_only), strict=True) == 0
+    same = {"status": "skipped", "reason": "runs on cuda; this run is on cuda"}  # not a device mismatch
+    assert exit_code(_summary(same), strict=True) == 1
     # a named assumption is a declared premise (reported as assumed): strict does not fail on it...
     assumption = {"status": "skipped", "claim": "assumed", "reason": "assumed, not checked: cuFFT accuracy"}
     assert _summary(assumption)["skipped_assumed"] == 1 and exit_code(_summary(assumption), strict=True) == 0

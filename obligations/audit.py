@@ -87,12 +87,16 @@ class Finding:
 RULES: dict[str, PtxRule] = {}
 
 
-def register_rule(rule: PtxRule) -> PtxRule:
-    """Add a rule by name (names are unique)."""
-    if rule.name in RULES:
-        raise ValueError(f"audit rule {rule.name!r} registered twice")
-    RULES[rule.name] = rule
+def _register(table: dict[str, PtxRule], rule: PtxRule, level: str) -> PtxRule:
+    if rule.name in table:
+        raise ValueError(f"{level} audit rule {rule.name!r} registered twice")
+    table[rule.name] = rule
     return rule
+
+
+def register_rule(rule: PtxRule) -> PtxRule:
+    """Add a PTX rule by name (names are unique)."""
+    return _register(RULES, rule, "PTX")
 
 
 def _promise(route: Route) -> Promise:
@@ -184,10 +188,7 @@ SASS_RULES: dict[str, PtxRule] = {}
 
 def register_sass_rule(rule: PtxRule) -> PtxRule:
     """Add a SASS rule by name (the same shape as a PTX rule; ``breaks`` sees SASS opcodes)."""
-    if rule.name in SASS_RULES:
-        raise ValueError(f"SASS audit rule {rule.name!r} registered twice")
-    SASS_RULES[rule.name] = rule
-    return rule
+    return _register(SASS_RULES, rule, "SASS")
 
 
 register_rule(

@@ -26,6 +26,7 @@ import numpy as np
 from obligations import __version__
 from obligations.contract import Contract, ContractError, load_contract, load_contracts
 from obligations.core import entrypoints
+from obligations.core.device import use_plain_reductions
 from obligations.core.evidence import FORMAT as EVIDENCE_FORMAT
 from obligations.core.results import Outcome, Status, error, skipped
 from obligations.engines import Job, get_engine
@@ -106,6 +107,8 @@ def item_fields(
     contract: Contract, item: dict[str, Any], *, device: str = "host", profile: str = "quick", seed: int = 0
 ) -> dict[str, Any]:
     """The outcome fields of one item's record and the entry points its check called (JSON, for workers too)."""
+    if device == "cuda":
+        use_plain_reductions()
     with entrypoints.recording() as calls:
         outcome = run_item(contract, item, device=device, profile=profile, seed=seed)
     return {**outcome.to_json(), "entry_points": [c.to_json() for c in sorted(calls)]}

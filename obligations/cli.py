@@ -688,6 +688,10 @@ def _sweep(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     try:
+        if device == "cuda":
+            from obligations.core.device import use_plain_reductions
+
+            use_plain_reductions()
         with _working(f"kc sweep {args.op} ({args.fmt}, {device})"):
             report = sweep(args.op, args.env, device=device, fmt=args.fmt, **kwargs)
     except (KeyError, ValueError) as e:

@@ -331,3 +331,25 @@ def test_cupy_reductions_without_cub_unless_asked(monkeypatch):
     monkeypatch.setenv("CUPY_ACCELERATORS", "cub")
     device._plain_reductions.__wrapped__(asked)
     assert asked.accel == {}  # an explicit CUPY_ACCELERATORS is respected
+
+
+def test_the_library_leaves_cupys_accelerators_alone_only_kc_on_cuda_opts_in(monkeypatch):
+    import sys
+
+    from obligations import check
+    from obligations.core import device
+
+    fake = _fake_cupy([])
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.delenv("CUPY_ACCELERATORS", raising=False)
+    monkeypatch.setattr(device, "resolve_device", lambda d: d)
+    device._plain_reductions.cache_clear()
+    try:
+        assert device.array_module("cuda") is fake and fake.accel == {}  # a user of native keeps CuPy's defaults
+        monkeypatch.setattr(check, "run_item", lambda *a, **k: check.skipped("probe"))
+        check.item_fields(None, {"id": "X"}, device="host")
+        assert fake.accel == {}
+        check.item_fields(None, {"id": "X"}, device="cuda")  # a kc check item on cuda opts in
+        assert fake.accel == {"routine": [], "reduction": []}
+    finally:
+        device._plain_reductions.cache_clear()

@@ -18,6 +18,7 @@ __all__ = [
     "array_module",
     "to_host",
     "to_device",
+    "use_plain_reductions",
 ]
 
 DEVICES: tuple[str, ...] = ("host", "cuda")
@@ -94,8 +95,18 @@ def array_module(device: str) -> ModuleType:
         return np
     import cupy
 
-    _plain_reductions(cupy)
     return cupy
+
+
+def use_plain_reductions() -> None:
+    """For kc's own runs on cuda (check items, sweeps): CuPy's reduction kernels instead of CUB's.
+
+    A process-wide CuPy setting, so the library never sets it on import or use: only the ``kc`` commands
+    that run on the device opt in (a user's program that imports ``native`` keeps CuPy's defaults).
+    """
+    import cupy
+
+    _plain_reductions(cupy)
 
 
 @functools.cache

@@ -34,6 +34,8 @@ from obligations.isolation import HOST_METHODS, Executor, Prefetcher, item_timeo
 
 __all__ = [
     "check_contract",
+    "merge_results",
+    "gate_status",
     "check_paths",
     "selected",
     "run_item",
@@ -271,17 +273,67 @@ def check_contract(
                 contract.data["family"], called, devices=(device,), modules=_kernel_modules(contract)
             )
         ]
-    gate = contract.data["qa_gate"]
-    statuses = {it["id"]: it["status"] for it in entry["items"]}
-    required = [statuses.get(i) for i in gate["requires"]]
-    entry["qa_gate_status"] = (
-        "not evaluated"
-        if any(s is None for s in required)
-        else "passed"
-        if all(s in ("proved", "exhausted", "passed") for s in required)
-        else "not passed"
-    )
+    entry["qa_gate_status"] = gate_status(entry)
     return entry
+
+
+def gate_status(entry: dict[str, Any]) -> str:
+    """The contract entry's QA gate: passed when every required item has evidence (proved, exhausted, passed)."""
+    statuses = {it["id"]: it["status"] for it in entry["items"]}
+    required = [statuses.get(i) for i in entry["qa_gate"]["requires"]]
+    if any(s is None for s in required):
+        return "not evaluated"
+    return "passed" if all(s in ("proved", "exhausted", "passed") for s in required) else "not passed"
+
+
+def merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from several runs (per-contract runs, or a host and a device run of the same contracts).
+
+    The primary run is the first one on cuda (else the first): its provenance heads the result and, for an item
+    that several runs evidenced, its record wins. A contract in several runs must be the same file (sha256);
+    an item a run skipped only because it runs on the other device takes the record of a run that ran it.
+    Each item names the run it came from (``from_run``, an index into ``provenance.merged_runs``); gates,
+    unchecked entry points (per device, so their union) and the summary are recomputed.
+    """
+    if len(results) == 1:
+        return results[0]
+    primary = next((k for k, r in enumerate(results) if _run_device(r) == "cuda"), 0)
+    order = [k for k in range(len(results)) if k != primary] + [primary]  # the primary run's records last: they win
+    entries: dict[str, dict[str, Any]] = {}
+    for run in order:
+        for c in results[run]["contracts"]:
+            items = [{**it, "from_run": run} for it in c["items"]]
+            old = entries.get(c["id"])
+            if old is None:
+                entries[c["id"]] = {**c, "items": items}
+                continue
+            if old["sha256"] != c["sha256"]:
+                raise ValueError(f"contract {c['id']!r} differs between the runs (sha256): not the same file")
+            by_id = {it["id"]: it for it in old["items"]}
+            for it in items:
+                prev = by_id.get(it["id"])
+                if prev is not None and _other_device(it) is not None and _other_device(prev) is None:
+                    continue  # this run could not run the item; keep the record of the run that did
+                by_id[it["id"]] = it
+            old["items"] = list(by_id.values())
+            unchecked = (old.get("unchecked_entry_points") or []) + (c.get("unchecked_entry_points") or [])
+            old["unchecked_entry_points"] = [
+                json.loads(s) for s in sorted({json.dumps(u, sort_keys=True) for u in unchecked})
+            ]
+    contracts = list(entries.values())
+    for c in contracts:
+        c["qa_gate_status"] = gate_status(c)
+    merged = dict(results[primary])
+    merged["provenance"] = {**results[primary]["provenance"], "merged_runs": [r["provenance"] for r in results]}
+    merged["contracts"] = contracts
+    merged["summary"] = summarize(contracts)
+    merged["exit_code"] = max(r["exit_code"] for r in results)
+    return merged
+
+
+def _run_device(result: dict[str, Any]) -> str | None:
+    device = (result.get("provenance") or {}).get("device")
+    return device.get("kind") if isinstance(device, dict) else device
 
 
 def summarize(contracts: list[dict[str, Any]]) -> dict[str, int]:

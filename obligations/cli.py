@@ -506,6 +506,8 @@ def _report(args: argparse.Namespace) -> int:
         return EXIT_FAILED if problems else EXIT_OK
     if args.source:
         try:
+            from obligations.check import merge_results
+
             result = merge_results([reporting.load_result(src) for src in args.source])
         except (OSError, ValueError) as e:
             print(f"kc: error: {e}", file=sys.stderr)
@@ -530,28 +532,6 @@ def _report(args: argparse.Namespace) -> int:
     for path in written:
         print(f"wrote {path}")
     return EXIT_OK
-
-
-def merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """One result from several runs: contracts concatenated (a contract may appear once), summary recomputed."""
-    from obligations.check import summarize
-
-    if len(results) == 1:
-        return results[0]
-    seen: set[str] = set()
-    contracts = []
-    for r in results:
-        for c in r["contracts"]:
-            if c["id"] in seen:
-                raise ValueError(f"contract {c['id']!r} appears in more than one result")
-            seen.add(c["id"])
-            contracts.append(c)
-    merged = dict(results[0])
-    merged["provenance"] = {**results[0]["provenance"], "merged_runs": [r["provenance"] for r in results]}
-    merged["contracts"] = contracts
-    merged["summary"] = summarize(contracts)
-    merged["exit_code"] = max(r["exit_code"] for r in results)
-    return merged
 
 
 # -- explain / new ------------------------------------------------------------------------------------

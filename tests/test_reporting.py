@@ -458,3 +458,63 @@ def test_not_adopted_seed_claims_are_listed_with_their_reason_and_never_get_a_st
     # the claim is declared scope, not an item: no status word is attached to it
     line = next(ln for ln in md.splitlines() if "SEED-9" in ln)
     assert not any(s in line for s in ("passed", "skipped", "proved", "violated"))
+
+
+def _run(device: str, items: list[dict], sha: str = "a" * 64) -> dict:
+    contract = {
+        "id": "m-v1",
+        "version": "1.0.0",
+        "family": "probe",
+        "path": "contracts/m-v1.yaml",
+        "sha256": sha,
+        "qa_gate": {"id": "G", "requires": ["H", "D"]},
+        "items": items,
+        "unchecked_entry_points": [],
+    }
+    return {"provenance": {"device": {"kind": device}, "profile": "full"}, "contracts": [contract], "exit_code": 0}
+
+
+def test_a_host_and_a_device_run_of_one_contract_merge_item_by_item():
+    from obligations.check import merge_results
+
+    host = _run(
+        "host",
+        [
+            {"id": "H", "status": "passed", "reason": None},
+            {"id": "D", "status": "skipped", "reason": "test 'p.d' runs on cuda; this run is on host"},
+            {"id": "Z", "status": "proved", "reason": "host z3"},
+        ],
+    )
+    cuda = _run(
+        "cuda",
+        [
+            {"id": "H", "status": "skipped", "reason": "test 'p.h' runs on host; this run is on cuda"},
+            {"id": "D", "status": "passed", "reason": None},
+            {"id": "Z", "status": "proved", "reason": "device z3"},
+        ],
+    )
+    for runs in ([host, cuda], [cuda, host]):  # the cuda run is the primary one whatever the order
+        merged = merge_results(runs)
+        c = merged["contracts"][0]
+        items = {it["id"]: it for it in c["items"]}
+        assert [it["id"] for it in c["items"]] == ["H", "D", "Z"]
+        assert items["H"]["status"] == items["D"]["status"] == "passed"  # each from the run that ran it
+        assert items["Z"]["reason"] == "device z3" and runs[items["Z"]["from_run"]] is cuda
+        assert c["qa_gate_status"] == "passed" and merged["summary"]["skipped"] == 0
+        assert merged["provenance"]["device"]["kind"] == "cuda" and len(merged["provenance"]["merged_runs"]) == 2
+    with pytest.raises(ValueError, match="differs between the runs"):
+        merge_results([host, _run("cuda", [], sha="b" * 64)])
+
+
+def test_a_merged_items_page_names_the_run_it_came_from():
+    from obligations.check import merge_results
+    from obligations.reporting.markdown import render_contract_markdown
+
+    host = _run("host", [{"id": "H", "status": "passed", "method": "falsify", "reason": None}])
+    cuda = _run(
+        "cuda", [{"id": "H", "status": "skipped", "method": "falsify", "reason": "runs on host; this run is on cuda"}]
+    )
+    host["provenance"]["commit"], cuda["provenance"]["commit"] = "1" * 40, "2" * 40
+    merged = merge_results([host, cuda])
+    md = render_contract_markdown(merged, merged["contracts"][0])
+    assert "| Device | host |" in md and "| Run | host, profile full, commit 1111111111 |" in md

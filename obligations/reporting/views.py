@@ -80,8 +80,13 @@ def item_view(
         tol = item.get("tolerance")
         facts.append(Fact("Agreement", str(item["agreement"]) + (f", tolerance {tol}" if tol is not None else "")))
     facts.extend(evidence_facts(item.get("evidence")))
+    runs = provenance.get("merged_runs") or []
+    run = runs[item["from_run"]] if isinstance(item.get("from_run"), int) and item["from_run"] < len(runs) else None
     if item.get("method") in RUNS_ON_DEVICE and item.get("status") != "skipped":
-        facts.append(Fact("Device", _device_text(provenance)))
+        facts.append(Fact("Device", _device_text(run or provenance)))
+    if run is not None:  # a merged result: which of its runs this record comes from
+        commit = str(run.get("commit") or "?")[:10]
+        facts.append(Fact("Run", f"{_device_text(run)}, profile {run.get('profile')}, commit {commit}"))
     if item.get("seconds") is not None:
         facts.append(Fact("Time", f"{float(item['seconds']):.3g} s"))
     loc = item.get("location") or {}

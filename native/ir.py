@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from native import conv, gemm
 from native import elementwise as ew
-from native import gemm
 from native import reductions as red
 from obligations.core.device import array_module, resolve_device, to_host
 from spec.gemm import error_bound as gemm_error_bound
@@ -226,39 +226,22 @@ def _im2col(node: Node, a: dict, x: Any, device: str) -> Any:
 
 @register_executor("conv2d")
 def _conv2d(node: Node, a: dict, args: list, entry: Any, device: str) -> Any:
-    xp = _xp(device)
+    # The conv family's direct kernel: bitwise to spec.conv, which is the IR's meaning of conv2d.
     x = args[0]
     w, b = _dev(entry["weight"], device), _dev(entry["bias"], device)
-    cols = _im2col(node, a, x, device)
-    w2 = xp.ascontiguousarray(w.reshape(w.shape[0], -1))
-    if cols.ndim == 2:
-        y = gemm.matmul(w2, cols, device=device)
-    else:
-        y = xp.stack([gemm.matmul(w2, xp.ascontiguousarray(c), device=device) for c in cols])
-    y = y.reshape(node.out_shape)
-    return _kernel("add", y, b.reshape(-1, 1, 1), device=device)
-
-
-# -- pooling, softmax, layer norm: compositions of the kernels above ------------------------------------
+    x4 = _xp(device).ascontiguousarray(x.reshape((-1,) + tuple(x.shape[-3:])))
+    y = conv.conv2d(x4, w, b, _pair(a["stride"]), _pair(a["padding"]), _pair(a["dilation"]), device=device)
+    return y.reshape(node.out_shape)
 
 
 @register_executor("pool")
 def _pool(node: Node, a: dict, args: list, entry: Any, device: str) -> Any:
-    xp = _xp(device)
-    is_max = a["mode"] == "max"
-    taps = _taps(
-        args[0],
-        _pair(a["kernel"]),
-        _pair(a["stride"]),
-        _pair(a["padding"]),
-        (1, 1),
-        -np.inf if is_max else 0.0,
-        node.out_shape[-2:],
-        device,
-    )
-    stacked = xp.ascontiguousarray(xp.stack(taps, axis=-1))
-    fn = red.fold_max if is_max else red.mean  # IEEE maximum fold / fold sum then one division by kh*kw
-    return fn(stacked, axis=-1, device=device)
+    # The pool family's kernels (bitwise to spec.conv's max/avg pooling, the IR's meaning of pool).
+    k, st, p = _pair(a["kernel"]), _pair(a["stride"]), _pair(a["padding"])
+    x = _xp(device).ascontiguousarray(args[0])
+    if a["mode"] == "max":
+        return conv.max_pool2d(x, k, st, p, device=device)[0]
+    return conv.avg_pool2d(x, k, st, p, device=device)
 
 
 def _last(x: Any, ax: int, device: str) -> Any:

@@ -371,3 +371,43 @@ def test_rank0_elementwise_nodes_keep_their_shape_and_agree_with_the_denotation(
     want = denote_all(graph, payload, inputs).value[-1]
     assert got.shape == () and np.asarray(want).shape == ()
     assert np.asarray(got).tobytes() == np.asarray(want, dtype=np.float32).tobytes()
+
+
+@pytest.mark.parametrize(
+    ("kind", "family", "fn", "attrs", "shape", "entry"),
+    [
+        (
+            "conv2d",
+            "conv",
+            "conv",
+            {"out_channels": 1, "kernel": [1, 1]},
+            (1, 2, 2),
+            {"weight": (1, 1, 1, 1), "bias": (1,)},
+        ),
+        ("pool", "conv", "max_pool2d", {"mode": "max", "kernel": [1, 1]}, (1, 2, 2), None),
+        ("pool", "conv", "avg_pool2d", {"mode": "avg", "kernel": [1, 1]}, (1, 2, 2), None),
+        ("softmax", "norm", "softmax", {"axis": -1}, (2, 2), None),
+        ("layernorm", "norm", "layernorm", {"eps": 1e-5}, (2, 2), {"weight": (2,), "bias": (2,)}),
+        ("rmsnorm", "norm", "rmsnorm", {"eps": 1e-6}, (2, 2), {"weight": (2,)}),
+    ],
+)
+def test_ops_with_a_kernel_family_mean_that_familys_spec(monkeypatch, kind, family, fn, attrs, shape, entry):
+    """One meaning per op: the IR evaluates these ops by calling the family spec (a stand-in shows through)."""
+    import importlib
+    import sys
+
+    from spec.ir.checks import node_attrs
+    from spec.ir.graph import Attrs, Node
+    from spec.ir.ops import get_op
+
+    importlib.import_module("spec.ir.denote")
+    denote_mod = sys.modules["spec.ir.denote"]
+    spec_mod = importlib.import_module(f"spec.{family}")
+    marker = np.full(((1,) if kind == "conv2d" else ()) + shape, 0x3F800000, dtype=np.uint32)  # conv: (N, CO, H, W)
+    stand_in = (lambda *a, **k: (marker, None)) if fn == "max_pool2d" else (lambda *a, **k: marker)
+    monkeypatch.setattr(spec_mod, fn, stand_in)
+    node = Node(1, (0,), kind, shape, Attrs(attrs))
+    payload = None if entry is None else {k: np.ones(v, np.float32) for k, v in entry.items()}
+    x = np.zeros(shape, np.uint32)
+    got = denote_mod.EVALUATORS[kind](node, node_attrs(node, get_op(kind)), [x], payload)
+    assert got.shape == shape and np.array_equal(got.reshape(-1), marker.reshape(-1))

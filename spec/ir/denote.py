@@ -27,13 +27,15 @@ from typing import Any
 
 import numpy as np
 
+from spec import conv as sconv
+from spec import norm as snorm
 from spec import rng as srng
 from spec import softfloat as sf
 from spec.elementwise import RefOp, get_reference
 from spec.ir.checks import IRError, check_well_formed, node_attrs
 from spec.ir.graph import Graph, Node, Payload, format_shape
 from spec.ir.ops import ELEMENTWISE_OP_NAMES, get_op
-from spec.reductions import NEG_INF, fold_left, fold_max, mean_of
+from spec.reductions import fold_left, mean_of
 
 __all__ = [
     "Ok",
@@ -270,103 +272,55 @@ def _pair(v: Any) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else (v[0], v[1])
 
 
-def _windows(
-    x: np.ndarray,
-    kernel: tuple[int, int],
-    stride: tuple[int, int],
-    padding: tuple[int, int],
-    dilation: tuple[int, int],
-    pad_bits: int,
-    out_hw: tuple[int, int],
-) -> list[np.ndarray]:
-    """The taps of every window, in row-major (ki, kj) order: each (..., Ho, Wo), from the padded input."""
-    ph, pw = padding
-    padded = np.full(x.shape[:-2] + (x.shape[-2] + 2 * ph, x.shape[-1] + 2 * pw), pad_bits, dtype=np.uint32)
-    padded[..., ph : ph + x.shape[-2], pw : pw + x.shape[-1]] = x
-    taps = []
-    for ki in range(kernel[0]):
-        for kj in range(kernel[1]):
-            r0, c0 = ki * dilation[0], kj * dilation[1]
-            taps.append(
-                _c(
-                    padded[
-                        ...,
-                        r0 : r0 + stride[0] * (out_hw[0] - 1) + 1 : stride[0],
-                        c0 : c0 + stride[1] * (out_hw[1] - 1) + 1 : stride[1],
-                    ]
-                )
-            )
-    return taps
-
-
 @register_evaluator("conv2d")
 def _conv2d(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
-    x, w, b = args[0], bits(entry["weight"]), bits(entry["bias"])
-    k = _pair(a["kernel"])
-    out = node.out_shape
-    taps = _windows(x, k, _pair(a["stride"]), _pair(a["padding"]), _pair(a["dilation"]), 0, out[-2:])
-    cin = x.shape[-3]
-    acc = _full(out, 0)
-    for ci in range(cin):
-        for t, tap in enumerate(taps):
-            ki, kj = divmod(t, k[1])
-            xv = _bc(tap[..., ci : ci + 1, :, :], out)
-            wv = _bc(w[:, ci, ki, kj].reshape(-1, 1, 1), out)
-            acc = sf.add(acc, sf.mul(wv, xv, env=ENV), env=ENV)
-    return sf.add(acc, _bc(b.reshape(-1, 1, 1), out), env=ENV)
+    # One meaning per op: the IR's conv2d is the conv family's spec (spec.conv.conv, rank 2, groups 1), which
+    # native.conv's direct kernel matches bit for bit (contracts/conv-pool-v1.yaml).
+    x = args[0]
+    lead = x.shape[:-3]
+    y = sconv.conv(
+        x.reshape((-1,) + x.shape[-3:]),
+        bits(entry["weight"]),
+        bits(entry["bias"]),
+        stride=_pair(a["stride"]),
+        padding=_pair(a["padding"]),
+        dilation=_pair(a["dilation"]),
+    )
+    return _c(y.reshape(lead + y.shape[1:]))
 
 
 @register_evaluator("pool")
 def _pool(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
-    k = _pair(a["kernel"])
-    is_max = a["mode"] == "max"
-    out = node.out_shape
-    taps = _windows(args[0], k, _pair(a["stride"]), _pair(a["padding"]), (1, 1), NEG_INF if is_max else 0, out[-2:])
-    acc = _full(out, NEG_INF if is_max else 0)
-    for tap in taps:
-        acc = sf.maximum(acc, tap, env=ENV) if is_max else sf.add(acc, tap, env=ENV)
-    return acc if is_max else np.asarray(mean_of(acc, k[0] * k[1], env=ENV), dtype=np.uint32).reshape(out)
+    # The pool family's spec: IEEE maximum fold from -Inf, or fold from +0 then one division by kh * kw.
+    k, st, p = _pair(a["kernel"]), _pair(a["stride"]), _pair(a["padding"])
+    if a["mode"] == "max":
+        return _c(sconv.max_pool2d(args[0], k, st, p)[0])
+    return _c(sconv.avg_pool2d(args[0], k, st, p))
 
 
 # -- normalisations -------------------------------------------------------------------------------------
+
+
+# The normalisations are the norm family's spec (spec.norm: the same folds, the same once-rounded exp and
+# rsqrt), which native.norm's host path matches bit for bit (contracts/norm-softmax-v1.yaml).
 
 
 @register_evaluator("softmax")
 def _softmax(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
     ax = a["axis"] % args[0].ndim
     x = _to_last(args[0], ax)
-    m = _bc(_axis_fold(fold_max, x)[..., None], x.shape)
-    e = _approx(np.exp, sf.sub(x, m, env=ENV).reshape(-1)).reshape(x.shape)
-    s = _bc(_axis_fold(fold_left, e)[..., None], x.shape)
-    return _c(np.moveaxis(sf.div(e, s, env=ENV), -1, ax))
-
-
-def _mean_last(x: np.ndarray) -> np.ndarray:
-    total = _axis_fold(fold_left, x)
-    return _bc(
-        np.asarray(mean_of(total, x.shape[-1], env=ENV), dtype=np.uint32).reshape(total.shape)[..., None], x.shape
-    )
-
-
-def _rsqrt_eps(v: np.ndarray, eps: float) -> np.ndarray:
-    ve = sf.add(v, _full(v.shape, _f32_bits(eps)), env=ENV)
-    return _approx(_REAL["rsqrt"], ve.reshape(-1)).reshape(v.shape)
+    return _c(np.moveaxis(snorm.softmax(x).reshape(x.shape), -1, ax))
 
 
 @register_evaluator("layernorm")
 def _layernorm(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
     x = args[0]
-    d = sf.sub(x, _mean_last(x), env=ENV)
-    r = _rsqrt_eps(_mean_last(sf.mul(d, d, env=ENV)), a["eps"])
-    y = sf.mul(sf.mul(d, r, env=ENV), _bc(bits(entry["weight"]), x.shape), env=ENV)
-    return sf.add(y, _bc(bits(entry["bias"]), x.shape), env=ENV)
+    return _c(snorm.layernorm(x, bits(entry["weight"]), bits(entry["bias"]), a["eps"]).reshape(x.shape))
 
 
 @register_evaluator("rmsnorm")
 def _rmsnorm(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
-    x = args[0]
-    r = _rsqrt_eps(_mean_last(sf.mul(x, x, env=ENV)), a["eps"])
-    return sf.mul(sf.mul(x, r, env=ENV), _bc(bits(entry["weight"]), x.shape), env=ENV)
+    return _c(snorm.rmsnorm(args[0], bits(entry["weight"]), a["eps"]).reshape(args[0].shape))
 
 
 @register_evaluator("embedding")

@@ -167,13 +167,17 @@ def instructions(ptx: str) -> list[tuple[int, str, str]]:
     return out
 
 
-def audit_build(build: Build, rules: dict[str, PtxRule] | None = None) -> tuple[list[str], list[Finding]]:
-    """Compile one build to PTX and apply every rule that applies: (rules applied, findings)."""
+def _compile_options(build: Build) -> tuple[Route, tuple[str, ...]]:
     route = get_route(build.route)
-    options = route.flags.options() if route.flags else ("-ftz=true",)
-    insns = instructions(compile_ptx(build.source, options))
+    return route, route.flags.options() if route.flags else ("-ftz=true",)
+
+
+def _apply_rules(
+    build: Build, route: Route, insns: list[tuple[int, str, str]], rules: dict[str, PtxRule]
+) -> tuple[list[str], list[Finding]]:
+    """Every rule that applies to ``build``, run over its instructions: (rules applied, findings)."""
     applied, findings = [], []
-    for rule in (rules or RULES).values():
+    for rule in rules.values():
         if not rule.applies(build, route):
             continue
         applied.append(rule.name)
@@ -181,6 +185,12 @@ def audit_build(build: Build, rules: dict[str, PtxRule] | None = None) -> tuple[
         if bad:
             findings.append(Finding(build.name, build.route, rule.name, rule.promise, bad))
     return applied, findings
+
+
+def audit_build(build: Build, rules: dict[str, PtxRule] | None = None) -> tuple[list[str], list[Finding]]:
+    """Compile one build to PTX and apply every rule that applies: (rules applied, findings)."""
+    route, options = _compile_options(build)
+    return _apply_rules(build, route, instructions(compile_ptx(build.source, options)), rules or RULES)
 
 
 SASS_RULES: dict[str, PtxRule] = {}
@@ -238,19 +248,10 @@ def sass_instructions(sass: str) -> list[tuple[int, str, str]]:
 
 def audit_sass(build: Build, rules: dict[str, PtxRule] | None = None) -> tuple[list[str], list[Finding], Counter]:
     """Compile one build to sm_90 machine code, disassemble it and apply the SASS rules: (applied, findings, mix)."""
-    route = get_route(build.route)
-    options = route.flags.options() if route.flags else ("-ftz=true",)
+    route, options = _compile_options(build)
     insns = sass_instructions(disassemble(compile_cubin(build.source, options)))
     mix = Counter({k: sum(f(op) for _, op, _ in insns) for k, f in _MIX.items()})
-    applied, findings = [], []
-    for rule in (rules or SASS_RULES).values():
-        if not rule.applies(build, route):
-            continue
-        applied.append(rule.name)
-        bad = tuple((n, text) for n, op, text in insns if rule.breaks(op, build))
-        if bad:
-            findings.append(Finding(build.name, build.route, rule.name, rule.promise, bad))
-    return applied, findings, mix
+    return (*_apply_rules(build, route, insns, rules or SASS_RULES), mix)
 
 
 def _sass_wanted(job: Job) -> bool:

@@ -4,13 +4,14 @@ embedding.
 Every kernel computes the denotation's operations in the denotation's order (or, for masked softmax, the unfused
 executor's: add, then softmax as ``native.ir`` runs it), each rounded to binary32, so the fused form changes no bit:
 
-* ``rmsnorm`` (the IR op, and the six-op pattern pow -> reduceMean -> add -> rsqrt -> mul -> mul): persistent
-  blocks of 128 threads (8 per SM), each looping over rows. A block stages its row in shared memory (coalesced,
-  ``float4`` when the row is 16-byte aligned) and, for rows of at most 4096 floats, loads its *next* row into
-  registers while thread 0 folds ``x_k * x_k`` left to right from +0 (``spec.reductions.fold_left``, the
-  denotation's order: the fold is a dependent chain of adds, so memory traffic overlaps it instead of a tree
-  reordering it), divides by ``float(d)``,
-  adds the row's eps, takes ``1 / sqrt`` in double rounded once to binary32 (the denotation's "real function
+* ``rmsnorm`` (the IR op, and the six-op pattern pow -> reduceMean -> add -> rsqrt -> mul -> mul): two kernels, one
+  order. The fast one (``rmsnorm_rows``, 16-byte aligned rows with d % 4 == 0; :func:`rmsnorm_rows_plan`) gives each
+  block of 256 threads two rows, copied into shared memory by ``cp.async``; lane r of warp 0 folds row r's
+  ``x_k * x_k`` left to right from +0 (``spec.reductions.fold_left``, the denotation's order: the fold is a dependent
+  chain of adds, so other blocks' memory traffic overlaps it instead of a tree reordering it). The general one
+  (persistent blocks of 128 threads, 8 per SM, any row) stages its row in shared memory and loads its next row into
+  registers while thread 0 folds. Both divide by ``float(d)``,
+  add the row's eps, take ``1 / sqrt`` in double rounded once to binary32 (the denotation's "real function
   rounded once": IEEE double sqrt and division, as NumPy computes it), and every thread writes ``(x * r) * w``
   from shared memory. The weight is read with a row stride (0: one weight row broadcast) and eps with an eps
   stride (0: one scalar), so the six-op pattern's broadcast operands need no copy.
@@ -37,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from obligations.core.symbolic import all_of, as_type, smin
+from obligations.core.symbolic import all_of, as_type, cdiv, smin
 
 __all__ = [
     "ROUTE",
@@ -63,6 +64,7 @@ __all__ = [
     "rmsnorm_choice",
     "ROWS_R",
     "ROWS_THREADS",
+    "rmsnorm_rows_plan",
 ]
 
 ROUTE = "nvrtc-ieee"
@@ -172,99 +174,82 @@ kc_fused_rmsnorm(const float* __restrict__ x, const float* __restrict__ w, long 
 }
 """
 
-# The fast RMSNorm path (rows of d <= 4096 floats, d % 4 == 0, 16-byte aligned): one persistent block of 1024
-# threads per SM takes KC_R rows at a time. The rows sit in shared memory with a padded stride (q + 1 float4), lane r
-# of warp 0 folds row r left to right (KC_R independent chains in one warp: the fold's issue cost is shared by the
-# rows, its latency is one add per element), while warps 1..31 hold the next KC_R rows in registers (loads in flight
-# during the fold); then every thread writes (x * r) * w from shared memory.
+# The fast RMSNorm path (16-byte aligned rows, d % 4 == 0): block b takes rows b*KC_R .. b*KC_R + KC_R - 1 (one
+# launch covers the rows, no persistent loop). Its rows land in shared memory by cp.async (16 bytes per copy, no
+# register staging, all of a block's copies in flight at once) at a padded stride (q + 1 float4: the folding lanes hit
+# different banks); lane r of warp 0 folds row r left to right; then every thread writes (x * r) * w from shared
+# memory. Several blocks share an SM (2 rows each: ~33 KB of shared memory for d = 4096), so one block's fold, a
+# dependent chain of d adds, overlaps the others' loads and stores: the kernel runs at the copy bandwidth's pace
+# instead of the fold's. KC_COPY16/KC_COPY_WAIT are the asynchronous copy (a host emulator defines them as a copy).
 _RMSNORM_ROWS = """\
-#define KC_R 10
-#define KC_T 1024
+#define KC_R 2
+#define KC_T 256
+#ifndef KC_COPY16
+#define KC_COPY16(dst, src) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\\n" \\
+    :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src))
+#define KC_COPY_WAIT() asm volatile("cp.async.wait_all;\\n" ::)
+#endif
 #define KC_FOLD4(v) acc = __fadd_rn(acc, __fmul_rn(v.x, v.x)); acc = __fadd_rn(acc, __fmul_rn(v.y, v.y)); \\
     acc = __fadd_rn(acc, __fmul_rn(v.z, v.z)); acc = __fadd_rn(acc, __fmul_rn(v.w, v.w));
-extern "C" __global__ void __launch_bounds__(1024, 1)
+extern "C" __global__ void __launch_bounds__(256)
 kc_fused_rmsnorm_rows(const float* __restrict__ x, const float* __restrict__ w, long long w_stride,
                       const float* __restrict__ eps, long long eps_stride, float* __restrict__ y, long long rows,
                       long long d) {
     extern __shared__ float4 sm4[];
-    const long long q = d >> 2, s4 = q + 1, ju = (long long)threadIdx.x;  // q <= 1024; padded row stride
     __shared__ float rsh[KC_R];
-    const long long tiles = (rows + KC_R - 1) / KC_R;
-    const long long j = (long long)threadIdx.x;
-    float4 nxt[KC_R];  // always assigned (zero when unused): no stale value stays live across a trip
-    const float4 kc_zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    long long t = (long long)blockIdx.x;
-    if (t < tiles) {
-        #pragma unroll
-        for (unsigned r = 0; r < KC_R; ++r) {
-            const long long row = t * KC_R + r;
-            nxt[r] = (j < q && row < rows) ? ((const float4*)(x + row * d))[j] : kc_zero4;
+    const long long q = d >> 2, s4 = q + 1;  // padded row stride (rmsnorm_rows_plan: smem_index)
+    const long long row0 = (long long)blockIdx.x * KC_R;
+    #pragma unroll
+    for (unsigned r = 0; r < KC_R; ++r) {
+        const long long row = row0 + r;
+        if (row < rows) {
+            const float4* x4 = (const float4*)(x + row * d);
+            for (long long j = threadIdx.x; j < q; j += KC_T) KC_COPY16(sm4 + r * s4 + j, x4 + j);
         }
     }
-    for (; t < tiles; t += gridDim.x) {
-        #pragma unroll
-        for (unsigned r = 0; r < KC_R; ++r) {
-            if (j < q && t * KC_R + r < rows) sm4[r * s4 + ju] = nxt[r];
+    KC_COPY_WAIT();
+    __syncthreads();
+    if (threadIdx.x < KC_R && row0 + threadIdx.x < rows) {  // the left fold, one row per lane
+        const long long row = row0 + threadIdx.x;
+        const float4* rr = sm4 + (long long)threadIdx.x * s4;
+        float acc = 0.0f;
+        float4 a0 = rr[0], a1 = rr[1];  // reads run two float4 ahead of the adds: the pad and the extra float4 of
+        const float4* p = rr + 2;       // the buffer keep them inside it (smem_index(KC_R - 1, q + 1) < smem_float4)
+        unsigned left = (unsigned)q;
+        #pragma unroll 2
+        for (; left >= 2; left -= 2, p += 2) {
+            const float4 b0 = p[0], b1 = p[1];
+            KC_FOLD4(a0) KC_FOLD4(a1)
+            a0 = b0;
+            a1 = b1;
         }
-        __syncthreads();
-        const long long nt = t + gridDim.x;
-        if (threadIdx.x < 32) {
-            if (threadIdx.x < KC_R && t * KC_R + threadIdx.x < rows) {
-                const long long row = t * KC_R + threadIdx.x;
-                const float4* rr = sm4 + ju * s4;
-                float acc = 0.0f;
-                float4 a0 = rr[0], a1 = rr[1];  // the padding float4 (and the next row) make these reads safe
-                const float4* p = rr + 2;
-                unsigned left = (unsigned)q;  // q <= 1024
-                #pragma unroll 2
-                for (; left >= 2; left -= 2, p += 2) {
-                    const float4 b0 = p[0], b1 = p[1];
-                    KC_FOLD4(a0) KC_FOLD4(a1)
-                    a0 = b0;
-                    a1 = b1;
-                }
-                if (left) { KC_FOLD4(a0) }
-                const float ms = __fdiv_rn(acc, (float)d);
-                const float v = __fadd_rn(ms, eps[row * eps_stride]);
-                rsh[threadIdx.x] = (float)(1.0 / sqrt((double)v));
-            }
-        } else if (nt < tiles) {  // warps 1..31: their share of the next tile, in flight while warp 0 folds (the
-            #pragma unroll        // other branch: nxt holds no register during the fold)
-            for (unsigned r = 0; r < KC_R; ++r) {
-                const long long row = nt * KC_R + r;
-                nxt[r] = (j < q && row < rows) ? ((const float4*)(x + row * d))[j] : kc_zero4;
-            }
-        }
-        __syncthreads();
-        if (threadIdx.x < 32 && nt < tiles) {  // warp 0's share, after its fold
-            #pragma unroll
-            for (unsigned r = 0; r < KC_R; ++r) {
-                const long long row = nt * KC_R + r;
-                nxt[r] = (j < q && row < rows) ? ((const float4*)(x + row * d))[j] : kc_zero4;
+        if (left) { KC_FOLD4(a0) }
+        const float ms = __fdiv_rn(acc, (float)d);
+        const float v = __fadd_rn(ms, eps[row * eps_stride]);
+        rsh[threadIdx.x] = (float)(1.0 / sqrt((double)v));
+    }
+    __syncthreads();
+    #pragma unroll
+    for (unsigned r = 0; r < KC_R; ++r) {
+        const long long row = row0 + r;
+        if (row < rows) {
+            const float rr = rsh[r];
+            for (long long j = threadIdx.x; j < q; j += KC_T) {
+                const float4 a = sm4[r * s4 + j], g = ((const float4*)(w + row * w_stride))[j];
+                float4 o;
+                o.x = __fmul_rn(__fmul_rn(a.x, rr), g.x);
+                o.y = __fmul_rn(__fmul_rn(a.y, rr), g.y);
+                o.z = __fmul_rn(__fmul_rn(a.z, rr), g.z);
+                o.w = __fmul_rn(__fmul_rn(a.w, rr), g.w);
+                ((float4*)(y + row * d))[j] = o;
             }
         }
-        if (j < q) {
-            #pragma unroll
-            for (unsigned r = 0; r < KC_R; ++r) {
-                const long long row = t * KC_R + r;
-                if (row < rows) {
-                    const float rr = rsh[r];
-                    const float4 a = sm4[r * s4 + ju], g = ((const float4*)(w + row * w_stride))[j];
-                    float4 o;
-                    o.x = __fmul_rn(__fmul_rn(a.x, rr), g.x);
-                    o.y = __fmul_rn(__fmul_rn(a.y, rr), g.y);
-                    o.z = __fmul_rn(__fmul_rn(a.z, rr), g.z);
-                    o.w = __fmul_rn(__fmul_rn(a.w, rr), g.w);
-                    ((float4*)(y + row * d))[j] = o;
-                }
-            }
-        }
-        __syncthreads();  // shared memory is refilled by the next trip
     }
 }
 """
-ROWS_R = 10
-ROWS_THREADS = 1024
+ROWS_R = 2
+ROWS_THREADS = 256
+ROWS_MAX_SHARED = 232448  # sm_90's largest opt-in dynamic shared memory per block (227 KiB)
 
 _MASKED_SOFTMAX = """\
 __device__ __forceinline__ float kc_maximum(float a, float b) {
@@ -385,6 +370,42 @@ def rmsnorm_plan(rows: Any, d: Any, block: Any = RMSNORM_BLOCK, max_grid: Any = 
     return row_plan(rows, d, block, max_grid)
 
 
+def rmsnorm_rows_plan(rows: Any, d: Any, tile_rows: Any = ROWS_R, block: Any = ROWS_THREADS) -> dict:
+    """The fast RMSNorm kernel's plan: block b takes rows b * tile_rows + r (r < tile_rows), grid = ceil(rows /
+    tile_rows); row ``row``'s float4 j (j < q = d / 4) sits at shared float4 r * (q + 1) + j; accepted while d % 4 == 0,
+    4 <= d <= MAX_ROW and rows <= 2^31 - 1; element (row, k) at int64(row) * d + k."""
+    rows64, d64 = as_type(rows, "int64"), as_type(d, "int64")
+    q = d64 // 4
+    stride = q + 1
+    accepts = all_of(rows64 >= 1, rows64 <= 2147483647, d64 >= 4, d64 <= MAX_ROW, d64 % 4 == 0, tile_rows >= 1)
+
+    def row_of(b: Any, r: Any) -> Any:
+        """The row lane r of block b folds (and the block's threads write): int64(b) * tile_rows + r."""
+        return as_type(b, "int64") * tile_rows + as_type(r, "int64")
+
+    def offset(row: Any, k: Any) -> Any:
+        """Element (row, k)'s index, computed as the kernel does: int64(row) * d + k."""
+        return as_type(row, "int64") * d64 + as_type(k, "int64")
+
+    def smem_index(r: Any, j: Any) -> Any:
+        """Float4 j of the block's row r in shared memory: r * (q + 1) + j."""
+        return as_type(r, "int64") * stride + as_type(j, "int64")
+
+    return {
+        "grid": cdiv(rows64, tile_rows),
+        "block": block,
+        "tile_rows": tile_rows,
+        "q": q,
+        "smem_float4": tile_rows * stride + 1,
+        "shared_bytes": 16 * (tile_rows * stride + 1),
+        "total": rows64 * d64,
+        "accepts": accepts,
+        "row_of": row_of,
+        "offset": offset,
+        "smem_index": smem_index,
+    }
+
+
 _SM_COUNT: list[int] = []
 
 
@@ -493,9 +514,10 @@ def _fastest(launchers: dict[str, Any], key: tuple[int, int, bool]) -> str:
 
 def rmsnorm_cuda(fn: Any, x: Any, w: Any, eps: Any, out: Any = None) -> Any:
     """Launch on CuPy arrays: ``fn`` is the general kernel or the pair (general, rows) whose rows kernel takes
-    16-byte aligned rows of d <= 4096 floats with d % 4 == 0; ``w`` broadcasts to x's shape, ``eps`` is a scalar or
-    one value per row. Both kernels fold in the same order (the results are the same bits); for a large shape the
-    faster one is chosen once by timing both (:data:`TUNING`), for a small one the rows kernel when it applies."""
+    16-byte aligned rows with d % 4 == 0 (:func:`rmsnorm_rows_plan`); ``w`` broadcasts to x's shape, ``eps`` is a
+    scalar or one value per row. Both kernels fold in the same order (the results are the same bits); for a large
+    shape the faster one is chosen once by timing both (:data:`TUNING`), for a small one the rows kernel when it
+    applies."""
     import cupy
 
     general, fast = fn if isinstance(fn, tuple) else (fn, None)
@@ -512,16 +534,15 @@ def rmsnorm_cuda(fn: Any, x: Any, w: Any, eps: Any, out: Any = None) -> Any:
     vec = d % 4 == 0 and ws % 4 == 0 and all(int(a.data.ptr) % 16 == 0 for a in (x, y, wa))
     args = (x, wa, np.int64(ws), ea, np.int64(es), y, np.int64(rows), np.int64(d))
     gen_smem = 16 * (d // 4 + 5)  # the row, its tail and 4 float4 the fold may read past it
-    rows_smem = 16 * (ROWS_R * (d // 4 + 1) + 1)  # the rows at a padded stride and one float4 read past them
+    plan = rmsnorm_rows_plan(rows, d)
     _prefer_shared(general, gen_smem)
     launchers = {
         "general": lambda: general(
             (_persistent_grid(rows),), (RMSNORM_BLOCK,), (*args, np.int32(vec)), shared_mem=gen_smem
         )
     }
-    if fast is not None and vec and 4 <= d <= 4 * ROWS_THREADS and _prefer_shared(fast, rows_smem):
-        grid = max(1, min(-(-rows // ROWS_R), _sm_count()))
-        launchers["rows"] = lambda: fast((grid,), (ROWS_THREADS,), args, shared_mem=rows_smem)
+    if fast is not None and vec and plan["accepts"] and _prefer_shared(fast, plan["shared_bytes"]):
+        launchers["rows"] = lambda: fast((plan["grid"],), (ROWS_THREADS,), args, shared_mem=plan["shared_bytes"])
     key = (rows, d, "rows" in launchers)
     choice = _CHOICE.get(key)
     if choice is None:

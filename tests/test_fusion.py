@@ -52,6 +52,21 @@ def test_host_run_evidences_every_host_item_and_says_why_for_the_rest():
             "plan: native.fusion_codegen:fused_plan",
             "plan: tests.planted.fusion_bugs:fused_plan_int32",
         ),
+        (
+            "FUSION-RMSNORM-rows-plan-z3",
+            "plan: native.fusion_kernels:rmsnorm_rows_plan",
+            "plan: tests.planted.fusion_bugs:rmsnorm_rows_plan_unpadded",
+        ),
+        (
+            "FUSION-RMSNORM-rows-plan-enum",
+            "plan: native.fusion_kernels:rmsnorm_rows_plan",
+            "plan: tests.planted.fusion_bugs:rmsnorm_rows_plan_unpadded",
+        ),
+        (
+            "FUSION-RMSNORM-rows-cover-z3",
+            "plan: native.fusion_kernels:rmsnorm_rows_plan",
+            "plan: tests.planted.fusion_bugs:rmsnorm_rows_plan_floor_grid",
+        ),
         ("FUSION-EQ-denotation", "params: {max_examples: 200}", "params: {max_examples: 200, variant: reorder}"),
         ("FUSION-EQ-denotation", "params: {max_examples: 200}", "params: {max_examples: 5, variant: no_rounding}"),
         ("FUSION-EQ-denotation", "params: {max_examples: 200}", "params: {max_examples: 200, planner: first_read}"),

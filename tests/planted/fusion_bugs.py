@@ -7,9 +7,16 @@ from typing import Any
 
 from native import elementwise as ew
 from native import fusion as nf
+from native import fusion_kernels as fk
 from spec.ir.graph import Graph
 
-__all__ = ["extend_across_consumers", "compile_multi_consumer", "fused_plan_int32"]
+__all__ = [
+    "extend_across_consumers",
+    "compile_multi_consumer",
+    "fused_plan_int32",
+    "rmsnorm_rows_plan_unpadded",
+    "rmsnorm_rows_plan_floor_grid",
+]
 
 
 def extend_across_consumers(
@@ -28,3 +35,17 @@ def compile_multi_consumer(graph: Graph, outputs: Any = None, **kw: Any) -> nf.C
 def fused_plan_int32(n: Any, block: Any = ew.DEFAULT_BLOCK, max_grid: Any = ew.DEFAULT_MAX_GRID) -> dict:
     """BUG: the generated kernels' plan with a 32-bit grid-stride index (the seed's `int idx`)."""
     return ew.launch_plan(n, block, max_grid, index_bits=32)
+
+
+def rmsnorm_rows_plan_unpadded(rows: Any, d: Any) -> dict:
+    """BUG: the fast RMSNorm plan with shared rows at stride q (no pad float4): the fold's read-ahead leaves the
+    buffer."""
+    p = fk.rmsnorm_rows_plan(rows, d)
+    q, t = p["q"], p["tile_rows"]
+    return {**p, "smem_float4": t * q + 1, "smem_index": lambda r, j: r * q + j}
+
+
+def rmsnorm_rows_plan_floor_grid(rows: Any, d: Any) -> dict:
+    """BUG: the fast RMSNorm plan with grid = rows // tile_rows: a partial last tile has no block."""
+    p = fk.rmsnorm_rows_plan(rows, d)
+    return {**p, "grid": rows // p["tile_rows"]}

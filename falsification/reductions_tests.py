@@ -5,15 +5,17 @@ for planted bugs; every impl takes ``(x, device=...)``):
 
 * ``reductions.fold_bitwise`` {op: sum|max|mean, max_dim, max_elements, max_fold} — fold kernels over the
   whole buffer, rows, columns and each axis of 3-d tensors, bitwise against the softfloat fold (any input
-  bits). A case has at most ``max_elements`` elements and folds at most ``max_fold`` of them per output
-  (the softfloat fold is sequential in its length); the full profile scales all three.
+  bits), evaluated by the route ``spec.reductions`` proves exact (float32-numpy under env cuda). A case has
+  at most ``max_elements`` elements and folds at most ``max_fold`` of them per output; the full profile scales
+  all three.
 * ``reductions.tree_bitwise`` {impl=native.reductions:tree_sum, max_n} — bitwise against the softfloat
   evaluation of the stated tree (:func:`native.reductions.pass_grids`).
 * ``reductions.determinism`` {impl, runs=5, n} — ``runs`` evaluations of one input bit-identical.
 * ``reductions.nonreproducible`` {impl=native.reductions:atomic_sum, runs=20, n} — measures how many
   distinct results ``runs`` evaluations give; the documented non-reproducibility must show (>= 2).
 * ``reductions.error_bound`` {impl, order: fold|tree|atomic} — |s - sum x| <= gamma_h sum|x| (+ the
-  atomic flush term) against an exactly rounded float64 sum (math.fsum) with its 2^-53 margin.
+  atomic flush term) against an exactly rounded float64 sum (``spec.reductions.exact_sum``, what math.fsum
+  returns) with its 2^-53 margin.
 * ``reductions.scatter_bitwise`` {max_src, max_out} — deterministic scatter-add against the reference.
 * ``reductions.empty`` {} — sum +0 (every order), mean NaN, max -Inf, also along a zero-length axis.
 * ``reductions.bandwidth`` {n=2^28, reps=20} (cuda, measure) — tree sum read bandwidth vs cupy.sum;
@@ -25,7 +27,6 @@ must name the kind the check applies (bitwise, error_bound, determinism), and th
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,7 +46,11 @@ from obligations.core.plans import regime_of, resolve
 from obligations.core.results import Outcome
 from spec import reductions as ref
 
-__all__ = ["moderate_floats", "absorbing_floats", "MIX_NAMES"]
+__all__ = ["moderate_floats", "absorbing_floats", "MIX_NAMES", "ROUTE"]
+
+# The references' route: the float32-numpy route where spec.reductions proves it exact (env cuda, a host whose
+# binary32 unit passes the edge-class check), else the softfloat; the evidence names the route taken.
+ROUTE = "auto"
 
 
 def _bits(a: Any) -> np.ndarray:
@@ -105,9 +110,9 @@ def _fold_reference(op: str, x3: np.ndarray) -> np.ndarray:
     """
     last = np.ascontiguousarray(np.moveaxis(x3, 1, 2))
     if op == "max":
-        return ref.fold_max(last)
-    s = ref.fold_left(last)
-    return ref.mean_of(s, x3.shape[1]) if op == "mean" else s
+        return ref.fold_max(last, route=ROUTE)
+    s = ref.fold_left(last, route=ROUTE)
+    return ref.mean_of(s, x3.shape[1], route=ROUTE) if op == "mean" else s
 
 
 @st.composite
@@ -191,7 +196,7 @@ def fold_bitwise(ctx: FalsifyContext) -> Outcome:
         **_fold_alternative(op),
         build={
             "op": op,
-            "reference": "spec.reductions fold (softfloat on the host, env cuda)",
+            "reference": f"spec.reductions fold on the host, env cuda: {ref.route_name('cuda', ROUTE)}",
             "max_elements": max_elements,
             "max_fold": max_fold,
             "route": red.ROUTE if ctx.device == "cuda" else "host float32 in fold order",
@@ -232,8 +237,8 @@ def _tree_values(case: tuple) -> dict[str, int]:
 def _tree_bits(bits: Any, block: int, max_grid: int, op: str) -> np.ndarray:
     """The softfloat evaluation of the stated tree (then the one division of the mean) over input bits."""
     n = int(bits.size)
-    total = ref.tree_sum(to_host(bits), red.pass_grids(n, block, max_grid), block)
-    return np.asarray(ref.mean_of(total, n) if op == "mean" else total, dtype=np.uint32).reshape(-1)
+    total = ref.tree_sum(to_host(bits), red.pass_grids(n, block, max_grid), block, route=ROUTE)
+    return np.asarray(ref.mean_of(total, n, route=ROUTE) if op == "mean" else total, dtype=np.uint32).reshape(-1)
 
 
 def _other_tree_bits(bits: Any, block: int, max_grid: int, op: str) -> np.ndarray:
@@ -287,6 +292,7 @@ def tree_bitwise(ctx: FalsifyContext) -> Outcome:
         build={
             "impl": name,
             "op": op,
+            "reference": f"spec.reductions tree_sum on the host, env cuda: {ref.route_name('cuda', ROUTE)}",
             "tree": {
                 "block": red.BLOCK,
                 "max_grid": red.MAX_GRID,
@@ -351,6 +357,12 @@ def nonreproducible(ctx: FalsifyContext) -> Outcome:
 # -- error bounds ------------------------------------------------------------------------------------------
 
 
+EXACT_SUM = (
+    "spec.reductions.exact_sum: the exactly rounded float64 sum (what math.fsum returns), in integers "
+    "(per-exponent bins summed exactly by np.bincount, combined as Python ints, one correctly rounded division)"
+)
+
+
 def _depth(order: str, n: int) -> int:
     grids = red.pass_grids(n)
     if order == "fold":
@@ -370,11 +382,11 @@ def error_bound(ctx: FalsifyContext) -> Outcome:
     worst = {"ratio": 0.0}
 
     def reference(x: Any) -> Expected:
-        xs = to_host(x).astype(np.float64)
+        xs = to_host(x)
         n = int(xs.size)
-        exact = math.fsum(xs)
+        exact, total_abs = ref.exact_sum(xs)
         flush = red.pass_grids(n)[0] * 2.0**-126 if order == "atomic" else 0.0
-        bound = ref.gamma(_depth(order, n)) * math.fsum(np.abs(xs)) + 2.0**-53 * abs(exact) + flush
+        bound = ref.gamma(_depth(order, n)) * total_abs + 2.0**-53 * abs(exact) + flush
         return Expected(value=np.array([exact]), bound=np.array([bound]))
 
     def observe(j: Judgement) -> None:
@@ -400,7 +412,7 @@ def error_bound(ctx: FalsifyContext) -> Outcome:
         decode=lambda rp: tuple(rp.values[:2]),
         describe=_case_json(("seed", "n")),
         observe=observe,
-        build={"impl": name, "order": order, "u": "2^-24", "reference": "math.fsum (exactly rounded float64)"},
+        build={"impl": name, "order": order, "u": "2^-24", "reference": EXACT_SUM},
     )
     return engine.run(ctx, check, lambda: {"worst_error_over_bound": worst["ratio"]})
 
@@ -428,7 +440,7 @@ def scatter_bitwise(ctx: FalsifyContext) -> Outcome:
         name=name,
         inputs=inputs,
         native=lambda a: _bits(impl(a[0].view(xp.float32), a[1], a[2].view(xp.float32), device=ctx.device)),
-        reference=lambda a: Expected(bits=_bits(ref.scatter_add(*a).view(xp.float32))),
+        reference=lambda a: Expected(bits=ref.scatter_add(*(to_host(v) for v in a), route=ROUTE)),
         agreement=engine.item_agreement(ctx, "bitwise"),
         cases=st.tuples(
             st.integers(0, 2**32 - 1), st.integers(1, 40), st.integers(0, max_src), st.sampled_from(MIX_NAMES)
@@ -436,9 +448,15 @@ def scatter_bitwise(ctx: FalsifyContext) -> Outcome:
         encode=lambda c: (c[0], c[1], c[2], MIX_NAMES.index(c[3])),
         decode=lambda rp: (rp.values[0], rp.values[1], rp.values[2], _mix(rp.values[3])),
         describe=_case_json(("seed", "n_out", "m", "mix")),
-        alternative=lambda a: Expected(bits=_bits(ref.scatter_add(a[0], a[1][::-1], a[2][::-1]).view(xp.float32))),
+        alternative=lambda a: Expected(
+            bits=ref.scatter_add(to_host(a[0]), to_host(a[1])[::-1], to_host(a[2])[::-1], route=ROUTE)
+        ),
         alternative_name="duplicates in decreasing source index",
-        build={"impl": name, "order": "duplicates in increasing source index"},
+        build={
+            "impl": name,
+            "order": "duplicates in increasing source index",
+            "reference": f"spec.reductions scatter_add on the host, env cuda: {ref.route_name('cuda', ROUTE)}",
+        },
     )
     return engine.run(ctx, check, lambda: {"duplicates_added": stats["duplicates"]})
 

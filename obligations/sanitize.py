@@ -3,8 +3,10 @@
 For each tool the item names (default memcheck, racecheck, initcheck, synccheck) the engine runs
 ``compute-sanitizer --tool TOOL python -m native.workloads --run WORKLOAD`` in a fresh process and
 records the tool's verdict: its error count from the ``ERROR SUMMARY`` line and the exit status. Any
-error is a violation. Off the device the item is ``skipped (no CUDA device)``; where the tool is absent,
-``skipped`` saying so — never passed.
+error is a violation. The tools run side by side (one process each, at most :func:`parallel_tools` at a
+time): each is its own process and CUDA context, so no tool sees another's launches, and an item takes
+about its slowest tool's time rather than the sum. Off the device the item is ``skipped (no CUDA
+device)``; where the tool is absent, ``skipped`` saying so — never passed.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from obligations.core.evidence import SanitizeEvidence
 from obligations.core.results import Outcome, error, passed, skipped, violated
 from obligations.engines import Engine, Job, register_engine
 
-__all__ = ["SanitizeEngine", "TOOLS", "run_tool"]
+__all__ = ["SanitizeEngine", "TOOLS", "run_tool", "run_tools", "parallel_tools"]
 
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 # memcheck/initcheck/synccheck: "ERROR SUMMARY: 0 errors"; racecheck: "RACECHECK SUMMARY: 0 hazards displayed
@@ -59,6 +62,25 @@ def run_tool(tool: str, workload: str, modules: tuple[str, ...] = (), timeout_s:
     }
 
 
+def parallel_tools(n_tools: int) -> int:
+    """How many tools run at once: all of them where the machine has a core for each, else fewer (at least 1)."""
+    return max(1, min(n_tools, (os.cpu_count() or 1) - 1))
+
+
+def run_tools(tools: tuple[str, ...], workload: str, modules: tuple[str, ...] = ()) -> dict[str, dict]:
+    """Each tool's verdict (as :func:`run_tool`, a timeout as exit "timeout"), the tools run side by side."""
+
+    def one(tool: str) -> dict:
+        try:
+            return run_tool(tool, workload, modules)
+        except subprocess.TimeoutExpired:
+            return {"errors": None, "exit": "timeout"}
+
+    with ThreadPoolExecutor(max_workers=parallel_tools(len(tools)), thread_name_prefix="kc-sanitize") as pool:
+        results = list(pool.map(one, tools))
+    return dict(zip(tools, results, strict=True))
+
+
 @register_engine
 class SanitizeEngine(Engine):
     """Run the item's workload under each sanitizer tool; any reported error refutes the item."""
@@ -74,12 +96,7 @@ class SanitizeEngine(Engine):
             return skipped(f"runs on cuda (compute-sanitizer); this run is on {job.device}")
         if shutil.which("compute-sanitizer") is None:
             return skipped("compute-sanitizer is not on PATH on this machine")
-        verdicts = {}
-        for tool in tools:
-            try:
-                verdicts[tool] = run_tool(tool, workload, tuple(params.get("modules") or ()))
-            except subprocess.TimeoutExpired:
-                verdicts[tool] = {"errors": None, "exit": "timeout"}
+        verdicts = run_tools(tools, workload, tuple(params.get("modules") or ()))
         evidence = SanitizeEvidence(
             cases=len(tools),
             workload=workload,

@@ -169,3 +169,105 @@ def test_scatter_refuses_a_call_beyond_the_key_space():
     plan = red.scatter_plan(1 << 40, 1 << 40)
     assert not plan.admissible and red.scatter_plan(1 << 31, 1 << 31).admissible
     assert int(red.scatter_plan(5, 3).key(2, 4)) == 14
+
+
+# -- the float32-numpy route: exact by construction, checked against the softfloat (the definition) --------
+
+
+def _dense(rows: int, cols: int, seed: int) -> np.ndarray:
+    """Edge operands everywhere (each edge value in every row) mixed with the batch generator's mixes."""
+    from falsification.float32_inputs import BatchSpec, generate_bits
+
+    parts = [np.resize(ref.EDGES, rows * cols).reshape(rows, cols)]
+    for k, mix in enumerate(("balanced", "special", "subnormal", "correlated", "uniform")):
+        parts.append(generate_bits(BatchSpec(seed=seed + k, size=rows * cols, mix=mix), 1)[0].reshape(rows, cols))
+    x = np.concatenate(parts, axis=0)
+    return np.random.default_rng(seed).permuted(x, axis=1)  # edges at every position of a row
+
+
+def test_float32_route_equals_the_softfloat_on_edges_and_a_dense_sample():
+    assert ref.float32_route_ok()
+    x = _dense(40, 70, 1)
+    assert ref.route_for(x, "cuda", "auto") == "float32-numpy"
+    for cols in (0, 1, 2, 7, 70):
+        part = np.ascontiguousarray(x[:, :cols])
+        sums = ref.fold_left(part)
+        assert np.array_equal(sums, ref.fold_left(part, route="auto")), cols
+        assert np.array_equal(ref.fold_max(part), ref.fold_max(part, route="auto")), cols
+        assert np.array_equal(ref.mean_of(sums, cols), ref.mean_of(sums, cols, route="auto")), cols
+        init = x[:, 0]
+        assert np.array_equal(ref.fold_left(part, init=init), ref.fold_left(part, init=init, route="auto")), cols
+    flat = x.reshape(-1)
+    for n, grids, block in ((1, [1], 8), (300, [2, 1], 16), (flat.size, [8, 1], 32), (flat.size, [3, 2, 1], 4)):
+        a, b = ref.tree_sum(flat[:n], grids, block), ref.tree_sum(flat[:n], grids, block, route="auto")
+        assert int(a) == int(b), (n, grids, block)
+    idx = np.random.default_rng(2).integers(0, 50, flat.size // 4)
+    out0, src = flat[:50], flat[50 : 50 + idx.size]
+    assert np.array_equal(ref.scatter_add(out0, idx, src), ref.scatter_add(out0, idx, src, route="auto"))
+
+
+def test_float32_route_serves_only_the_envs_it_is_exact_for():
+    x = np.zeros((2, 3), np.uint32)
+    for env in ("ieee", "x86-sse", "x86-sse-ftz", "cuda-ftz"):
+        assert ref.route_for(x, env, "auto") == "softfloat", env
+    assert ref.route_for(x, "cuda", "softfloat") == "softfloat"
+    with pytest.raises(ValueError):
+        ref.route_for(x, "cuda", "fast")
+
+
+@pytest.mark.parametrize("bug", ["ftz", "payload", "daz"])
+def test_a_float32_route_wrong_in_one_edge_class_is_refused(monkeypatch, bug):
+    """A host whose binary32 unit flushes subnormal results or inputs, or a route that keeps NaN payloads:
+    the edge check fails, so the folds take the softfloat route (and the evidence says so)."""
+    good = ref._add32
+
+    def planted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        a, b = np.asarray(a, np.uint32), np.asarray(b, np.uint32)
+        sub = lambda u: ((u & 0x7F800000) == 0) & ((u & 0x7FFFFF) != 0)  # noqa: E731
+        if bug == "payload":
+            with np.errstate(all="ignore"):
+                return (a.view(np.float32) + b.view(np.float32)).view(np.uint32)
+        if bug == "daz":
+            a = np.where(sub(a), a & np.uint32(0x80000000), a).astype(np.uint32)
+            return good(a, b)
+        r = good(a, b)
+        return np.where(sub(r), r & np.uint32(0x80000000), r).astype(np.uint32)
+
+    monkeypatch.setattr(ref, "_add32", planted)
+    ref.float32_route_ok.cache_clear()
+    try:
+        assert not ref.float32_route_ok()
+        assert ref.route_for(np.zeros(1, np.uint32), "cuda", "auto") == "softfloat"
+        assert ref.route_name("cuda") == ref.ROUTES["softfloat"]
+    finally:
+        ref.float32_route_ok.cache_clear()
+
+
+def test_exact_sum_is_math_fsum():
+    import math
+
+    rng = np.random.default_rng(3)
+    cases = [
+        np.zeros(0, np.float32),
+        np.array([2.0**127, 2.0**-149, -(2.0**127)], np.float32),
+        np.array([1.0, 2.0**-24, 2.0**-24, -1.0], np.float32),
+        (rng.uniform(-1, 1, 100_000) * np.exp2(rng.integers(-149, 128, 100_000))).astype(np.float32),
+        _dense(8, 64, 4).reshape(-1).view(np.float32),
+        np.array([np.inf, 1.0], np.float32),
+    ]
+    for x in cases:
+        x = x[np.isfinite(x)] if x.size > 3 else x
+        with np.errstate(all="ignore"):
+            x64 = x.astype(np.float64)
+        want = (math.fsum(x64), math.fsum(np.abs(x64)))
+        assert ref.exact_sum(x) == want, x[:4]
+
+
+def test_fold_evidence_names_the_reference_route(monkeypatch):
+    it = _items(CONTRACT, ["RED-FOLD-sum", "RED-TREE-bitwise", "RED-TREE-bound"])
+    assert "float32-numpy (exact:" in it["RED-FOLD-sum"]["evidence"]["reference"]
+    assert "float32-numpy (exact:" in it["RED-TREE-bitwise"]["evidence"]["reference"]
+    assert "exact_sum" in it["RED-TREE-bound"]["evidence"]["reference"]
+    monkeypatch.setattr(ref, "float32_route_ok", lambda: False)
+    it = _items(CONTRACT, ["RED-FOLD-mean"])["RED-FOLD-mean"]
+    assert it["status"] == "passed" and it["evidence"]["reference"].endswith(ref.ROUTES["softfloat"])

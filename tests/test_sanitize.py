@@ -48,3 +48,41 @@ def test_planted_out_of_bounds_write_is_caught_and_a_clean_workload_passes():
         Job(CONTRACT, _item("reductions", ["memcheck", "racecheck"]), device="cuda")
     )
     assert good.status.value == "passed", (good.reason, good.counterexample)
+
+
+def test_tools_run_side_by_side_and_each_keeps_its_verdict(monkeypatch):
+    """Four tools of 0.3 s each take about 0.3 s together; a planted error in one tool is that tool's violation."""
+    import os
+    import subprocess
+    import threading
+    import time
+
+    from obligations import sanitize
+
+    live, peak = [0], [0]
+    lock = threading.Lock()
+
+    def fake(tool: str, workload: str, modules: tuple = (), timeout_s: float = 600.0) -> dict:
+        with lock:
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+        time.sleep(0.3)
+        with lock:
+            live[0] -= 1
+        if tool == "initcheck":
+            raise subprocess.TimeoutExpired("compute-sanitizer", timeout_s)
+        bad = tool == "racecheck"
+        return {"errors": 3 if bad else 0, "exit": 86 if bad else 0, "seconds": 0.3, "tail": []}
+
+    monkeypatch.setattr(sanitize, "run_tool", fake)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/" + name)
+    t0 = time.perf_counter()
+    out = get_engine("sanitize").discharge(Job(CONTRACT, _item("reductions", list(sanitize.TOOLS)), device="cuda"))
+    assert time.perf_counter() - t0 < 0.9 and peak[0] == 4
+    assert out.status.value == "violated"
+    assert set(out.counterexample) == {"racecheck", "initcheck"}
+    assert out.counterexample["racecheck"]["errors"] == 3 and out.counterexample["initcheck"]["exit"] == "timeout"
+    assert list(out.evidence.verdicts) == list(sanitize.TOOLS)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert sanitize.parallel_tools(4) == 1

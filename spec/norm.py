@@ -15,7 +15,10 @@ float64 rounded once to binary32 (the graph IR's ``approx`` convention, spec/ir/
   c = fold(g * xh) / n; dx = r * (g - xh * c); dw = fold over rows of dy * xh.
 
 Without a mask and with weight/bias payloads, softmax, layernorm and rmsnorm are the IR's ``softmax``,
-``layernorm`` and ``rmsnorm``. :func:`softmax_f64` is the real-valued softmax for the error bounds.
+``layernorm`` and ``rmsnorm``. :func:`softmax_f64` is the real-valued softmax for the error bounds; the
+``*_backward_f64`` functions are the real-valued backward passes (the exact gradients, eps included) evaluated
+in float64 from the same float32 inputs, in the kernels' order of operations, so that their own rounding is
+the kernels' derivation with u = 2^-53 (falsification/norm_tests.py adds it to each bound).
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ __all__ = [
     "rmsnorm",
     "rmsnorm_backward",
     "softmax_f64",
+    "softmax_backward_f64",
+    "log_softmax_backward_f64",
+    "layernorm_backward_f64",
+    "rmsnorm_backward_f64",
     "real_once",
 ]
 
@@ -196,3 +203,54 @@ def softmax_f64(x: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         e = np.where(ok, np.exp(x64 - np.where(np.isfinite(m), m, 0.0)), 0.0)
         s = e.sum(axis=-1, keepdims=True)
         return np.where(s > 0, e / np.where(s > 0, s, 1.0), 0.0)
+
+
+def _f64_rows(*arrays: Any) -> list[np.ndarray]:
+    return [np.asarray(a, np.float32).astype(np.float64) for a in arrays]
+
+
+def softmax_backward_f64(y: np.ndarray, dy: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    """Real dx = y (dy - sum_allowed dy y) in float64 of float32 y, dy (masked entries 0)."""
+    y64, g64 = _f64_rows(y, dy)
+    ok = _allowed(y64, mask)
+    dot = np.where(ok, g64 * y64, 0.0).sum(-1, keepdims=True)
+    return np.where(ok, y64 * (g64 - dot), 0.0)
+
+
+def log_softmax_backward_f64(y: np.ndarray, dy: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    """Real dx = dy - exp(y) sum_allowed dy in float64 of float32 y, dy (masked entries 0)."""
+    y64, g64 = _f64_rows(y, dy)
+    ok = _allowed(y64, mask)
+    t = np.where(ok, g64, 0.0).sum(-1, keepdims=True)
+    with np.errstate(all="ignore"):
+        return np.where(ok, g64 - np.exp(y64) * t, 0.0)
+
+
+def _norm_backward_f64(
+    x: np.ndarray, w: np.ndarray, dy: np.ndarray, eps: float, centred: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    x64, w64, g64 = _f64_rows(x, w, dy)
+    n = x64.shape[-1]
+    d = x64 - x64.sum(-1, keepdims=True) / n if centred else x64
+    r = 1.0 / np.sqrt((d * d).sum(-1, keepdims=True) / n + float(np.float32(eps)))
+    xh = d * r
+    g = g64 * w64
+    c = (g * xh).sum(-1, keepdims=True) / n
+    inner = (g - g.sum(-1, keepdims=True) / n) - xh * c if centred else g - xh * c
+    rows_g, rows_xh = g64.reshape(-1, n), xh.reshape(-1, n)
+    return r * inner, (rows_g * rows_xh).sum(0), rows_g.sum(0)
+
+
+def layernorm_backward_f64(
+    x: np.ndarray, w: np.ndarray, dy: np.ndarray, eps: float = 1e-5
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Real (dx, dw, db) of layernorm in float64 of float32 inputs: r ((g - mean g) - xh mean(g xh)), g = dy w."""
+    return _norm_backward_f64(x, w, dy, eps, True)
+
+
+def rmsnorm_backward_f64(
+    x: np.ndarray, w: np.ndarray, dy: np.ndarray, eps: float = 1e-6
+) -> tuple[np.ndarray, np.ndarray]:
+    """Real (dx, dw) of RMSNorm in float64 of float32 inputs: r (g - xh mean(g xh)), g = dy w."""
+    dx, dw, _ = _norm_backward_f64(x, w, dy, eps, False)
+    return dx, dw

@@ -7,9 +7,10 @@ through ``cupy.RawKernel`` cannot keep subnormals (cupy/cupy#8382). This module 
 those flags promise, so a contract can check a kernel against exactly what its compilation implies. The
 stock route stays available as a named route whose environment is ``cuda-ftz``.
 
-Compiled binaries are kept on disk (``KC_KERNEL_CACHE``, default ``~/.cache/kernel-contracts/nvrtc``; ``0``
-turns it off), keyed by the source, the options, the architecture and the CuPy and NVRTC versions, so a
-process does not pay NVRTC again for a kernel an earlier one built (CuPy's own kernels have CuPy's cache).
+Compiled binaries are kept on disk, on by default: ``KC_KERNEL_CACHE`` (``0`` turns it off), else
+``$XDG_CACHE_HOME/kernel-contracts/nvrtc`` (``~/.cache/kernel-contracts/nvrtc``). Entries are keyed by the
+source, the options, the architecture and the CuPy and NVRTC versions, so a process does not pay NVRTC again
+for a kernel an earlier one built (CuPy's own kernels have CuPy's cache, ``CUPY_CACHE_DIR``).
 """
 
 from __future__ import annotations
@@ -165,10 +166,19 @@ def _compile_cached(source: str, name: str, route_name: str) -> Callable[..., An
 
 
 def _cache_dir() -> Path | None:
+    """The on-disk NVRTC cache: ``KC_KERNEL_CACHE`` (``0``: off), else the per-user cache directory."""
     where = os.environ.get("KC_KERNEL_CACHE", "")
     if where == "0":
         return None
-    return Path(where) if where else Path.home() / ".cache" / "kernel-contracts" / "nvrtc"
+    if where:
+        return Path(where)
+    # On by default so every `kc sweep` / `kc check` after the first loads its kernels instead of compiling them.
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    try:
+        root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
+    except RuntimeError:  # no home directory (a bare container user): compile every time, never fail
+        return None
+    return root / "kernel-contracts" / "nvrtc"
 
 
 def _binary(source: str, options: tuple[str, ...]) -> Any:

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import sympy
 
 from obligations.core import symbolic as sym
 from obligations.core.symbolic import BoolTerm, Term
@@ -70,14 +69,25 @@ def _int_cdiv(a: int, b: int) -> int:
     return -((-a) // b)
 
 
+def _sympy() -> Any:
+    """The sympy module, imported on first rendering: parsing and evaluation never need it (seconds to import)."""
+    import sympy
+
+    return sympy
+
+
+def _cast_renderer(ty: str) -> Callable[[Any], Any]:
+    return lambda x: _sympy().Function(ty)(x)
+
+
 # Whitelisted functions: name -> (arity, implementation over Terms/ints, sympy renderer).
 FUNCTIONS: dict[str, tuple[int, Callable[..., Any], Callable[..., Any]]] = {
-    "min": (2, _lit_or_term(sym.smin, min), lambda a, b: sympy.Min(a, b)),
-    "max": (2, _lit_or_term(sym.smax, max), lambda a, b: sympy.Max(a, b)),
-    "cdiv": (2, _lit_or_term(sym.cdiv, _int_cdiv), lambda a, b: sympy.ceiling(a / b)),
-    "select": (3, sym.select, lambda c, a, b: sympy.Piecewise((a, _as_bool(c)), (b, True))),
-    "implies": (2, sym.implies, lambda a, b: sympy.Implies(_as_bool(a), _as_bool(b))),
-    **{t: (1, _cast(t), sympy.Function(t)) for t in sym.TYPES},
+    "min": (2, _lit_or_term(sym.smin, min), lambda a, b: _sympy().Min(a, b)),
+    "max": (2, _lit_or_term(sym.smax, max), lambda a, b: _sympy().Max(a, b)),
+    "cdiv": (2, _lit_or_term(sym.cdiv, _int_cdiv), lambda a, b: _sympy().ceiling(a / b)),
+    "select": (3, sym.select, lambda c, a, b: _sympy().Piecewise((a, _as_bool(c)), (b, True))),
+    "implies": (2, sym.implies, lambda a, b: _sympy().Implies(_as_bool(a), _as_bool(b))),
+    **{t: (1, _cast(t), _cast_renderer(t)) for t in sym.TYPES},
 }
 
 _CMP = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
@@ -114,11 +124,11 @@ class Expr:
 
     def to_latex(self) -> str:
         """LaTeX rendering of the expression."""
-        return sympy.latex(self.to_sympy())
+        return _sympy().latex(self.to_sympy())
 
     def to_text(self) -> str:
         """Unicode rendering of the expression."""
-        return sympy.pretty(self.to_sympy(), use_unicode=True)
+        return _sympy().pretty(self.to_sympy(), use_unicode=True)
 
 
 def parse(source: str) -> Expr:
@@ -457,57 +467,68 @@ def _as_bool(e: Any) -> Any:
     from sympy.logic.boolalg import Boolean
 
     if isinstance(e, AppliedUndef) and not isinstance(e, Boolean):
-        return type(e.func.__name__, (sympy.Function, Boolean), {})(*e.args)
+        return type(e.func.__name__, (_sympy().Function, Boolean), {})(*e.args)
     return e
 
 
 class _Sympy(ast.NodeVisitor):
+    def __init__(self) -> None:
+        self.sp = _sympy()
+
     def visit_Constant(self, node: ast.Constant) -> Any:
-        return sympy.true if node.value is True else sympy.false if node.value is False else sympy.Integer(node.value)
+        return (
+            self.sp.true
+            if node.value is True
+            else self.sp.false
+            if node.value is False
+            else self.sp.Integer(node.value)
+        )
 
     def visit_Name(self, node: ast.Name) -> Any:
-        return sympy.Symbol(node.id, integer=True)
+        return self.sp.Symbol(node.id, integer=True)
 
     def visit_BoolOp(self, node: ast.BoolOp) -> Any:
         vals = [_as_bool(self.visit(v)) for v in node.values]
-        return sympy.And(*vals) if isinstance(node.op, ast.And) else sympy.Or(*vals)
+        return self.sp.And(*vals) if isinstance(node.op, ast.And) else self.sp.Or(*vals)
 
     def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
         v = self.visit(node.operand)
-        return sympy.Not(_as_bool(v)) if isinstance(node.op, ast.Not) else (-v if isinstance(node.op, ast.USub) else v)
+        return (
+            self.sp.Not(_as_bool(v)) if isinstance(node.op, ast.Not) else (-v if isinstance(node.op, ast.USub) else v)
+        )
 
     def visit_BinOp(self, node: ast.BinOp) -> Any:
         a, b = self.visit(node.left), self.visit(node.right)
         op = node.op
         if isinstance(op, ast.Add):
-            return sympy.Add(a, b, evaluate=False)
+            return self.sp.Add(a, b, evaluate=False)
         if isinstance(op, ast.Sub):
-            return sympy.Add(a, sympy.Mul(-1, b, evaluate=False), evaluate=False)
+            return self.sp.Add(a, self.sp.Mul(-1, b, evaluate=False), evaluate=False)
         if isinstance(op, ast.Mult):
-            return sympy.Mul(a, b, evaluate=False)
+            return self.sp.Mul(a, b, evaluate=False)
         if isinstance(op, ast.Pow):
-            return sympy.Pow(a, b, evaluate=False)
+            return self.sp.Pow(a, b, evaluate=False)
         if isinstance(op, ast.FloorDiv):
-            return sympy.Function("tdiv")(a, b)
-        return sympy.Function("trem")(a, b)
+            return self.sp.Function("tdiv")(a, b)
+        return self.sp.Function("trem")(a, b)
 
     def visit_Compare(self, node: ast.Compare) -> Any:
-        rel = {"<": sympy.Lt, "<=": sympy.Le, ">": sympy.Gt, ">=": sympy.Ge, "==": sympy.Eq, "!=": sympy.Ne}
+        rel = {"<": self.sp.Lt, "<=": self.sp.Le, ">": self.sp.Gt, ">=": self.sp.Ge, "==": self.sp.Eq, "!=": self.sp.Ne}
         left = self.visit(node.left)
         parts = []
         for op, comp in zip(node.ops, node.comparators, strict=True):
             right = self.visit(comp)
             parts.append(rel[_CMP[type(op)]](left, right, evaluate=False))
             left = right
-        return parts[0] if len(parts) == 1 else sympy.And(*parts, evaluate=False)
+        return parts[0] if len(parts) == 1 else self.sp.And(*parts, evaluate=False)
 
     def visit_IfExp(self, node: ast.IfExp) -> Any:
         test = _as_bool(self.visit(node.test))
-        return sympy.Piecewise((self.visit(node.body), test), (self.visit(node.orelse), True))
+        return self.sp.Piecewise((self.visit(node.body), test), (self.visit(node.orelse), True))
 
     def visit_Call(self, node: ast.Call) -> Any:
         args = [self.visit(a) for a in node.args]
         name = node.func.id
         if name in FUNCTIONS:
             return FUNCTIONS[name][2](*args)
-        return sympy.Function(name)(*args)
+        return self.sp.Function(name)(*args)

@@ -320,6 +320,29 @@ def test_nvrtc_binaries_are_cached_on_disk(tmp_path, monkeypatch):
     nvrtc._arch.cache_clear()
 
 
+def test_the_nvrtc_cache_is_on_by_default_in_the_per_user_cache_dir(tmp_path, monkeypatch):
+    import sys
+
+    from native import nvrtc
+
+    monkeypatch.delenv("KC_KERNEL_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert nvrtc._cache_dir() == tmp_path / "xdg" / "kernel-contracts" / "nvrtc"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/dir")  # the XDG spec says: ignore a relative path
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert nvrtc._cache_dir() == tmp_path / "home" / ".cache" / "kernel-contracts" / "nvrtc"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert nvrtc._cache_dir() == tmp_path / "home" / ".cache" / "kernel-contracts" / "nvrtc"
+    # With nothing set, a second process (here: a second call) reads the binary back instead of compiling.
+    calls: list = []
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(calls))
+    nvrtc._arch.cache_clear()
+    nvrtc._binary("kernel A", ("-ftz=false",))
+    nvrtc._binary("kernel A", ("-ftz=false",))
+    assert len(calls) == 1 and len(list((tmp_path / "home" / ".cache" / "kernel-contracts" / "nvrtc").glob("*.bin")))
+    nvrtc._arch.cache_clear()
+
+
 def test_cupy_reductions_without_cub_unless_asked(monkeypatch):
     from obligations.core import device
 

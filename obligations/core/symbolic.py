@@ -28,11 +28,6 @@ from typing import Any
 
 import numpy as np
 
-try:  # launch-time plans run with ints on machines without z3 (the GPU image); only proofs need it
-    import z3
-except ImportError:  # pragma: no cover - exercised on the device machine
-    z3 = None
-
 __all__ = [
     "MachineType",
     "TYPES",
@@ -176,7 +171,17 @@ def is_symbolic(x: Any) -> bool:
 
 
 def _is_z3(e: Any) -> bool:
+    # A Z3 expression exists only once z3 is imported: launch-time plans (ints, `kc sweep`) never import it,
+    # and machines without z3 (the GPU image) run them all the same; only proofs need it.
+    z3 = sys.modules.get("z3")
     return z3 is not None and isinstance(e, z3.ExprRef)
+
+
+def _z3() -> Any:
+    """The z3 module (imported on first symbolic use, after :func:`_is_z3` saw a Z3 value or a symbol is made)."""
+    import z3
+
+    return z3
 
 
 def _and(*es: Any) -> Any:
@@ -184,6 +189,7 @@ def _and(*es: Any) -> Any:
     if not es:
         return True
     if any(_is_z3(e) for e in es):
+        z3 = _z3()
         return z3.And(*[z3.BoolVal(e) if isinstance(e, bool | np.bool_) else e for e in es])
     out = es[0]
     for e in es[1:]:
@@ -193,6 +199,7 @@ def _and(*es: Any) -> Any:
 
 def _or(*es: Any) -> Any:
     if any(_is_z3(e) for e in es):
+        z3 = _z3()
         return z3.Or(*[z3.BoolVal(bool(e)) if isinstance(e, bool | np.bool_) else e for e in es])
     out = es[0]
     for e in es[1:]:
@@ -202,7 +209,7 @@ def _or(*es: Any) -> Any:
 
 def _not(e: Any) -> Any:
     if _is_z3(e):
-        return z3.Not(e)
+        return _z3().Not(e)
     if isinstance(e, np.ndarray):
         return ~e
     return not e
@@ -210,6 +217,7 @@ def _not(e: Any) -> Any:
 
 def _ite(c: Any, a: Any, b: Any) -> Any:
     if _is_z3(c) or _is_z3(a) or _is_z3(b):
+        z3 = _z3()
         c = z3.BoolVal(bool(c)) if isinstance(c, bool | np.bool_) else c
         return z3.If(c, a, b)
     if isinstance(c, np.ndarray) or isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
@@ -312,7 +320,7 @@ def _lift_bool(x: Any) -> BoolTerm:
         return x
     if (
         isinstance(x, bool | np.bool_)
-        or (_is_z3(x) and z3.is_bool(x))
+        or (_is_z3(x) and _z3().is_bool(x))
         or (isinstance(x, np.ndarray) and x.dtype in (np.bool_, object))
     ):
         return BoolTerm(x)
@@ -333,7 +341,7 @@ class Term:
     @classmethod
     def symbol(cls, name: str, ty: MachineType | str) -> Term:
         """A fresh Z3 symbol of machine type ``ty`` (its range is a domain constraint, added by the engine)."""
-        return cls(z3.Int(name), ty)
+        return cls(_z3().Int(name), ty)
 
     def _coerce(self, other: Any) -> Term:
         if isinstance(other, Term):
@@ -467,8 +475,9 @@ class Term:
 def _tdiv(a: Any, b: Any) -> Any:
     """C truncating division on any carrier (undefined divisor 0 is guarded by a side-condition)."""
     if _is_z3(a) and isinstance(b, int) and b > 0:
-        return z3.If(a >= 0, a / b, -((-a) / b))
+        return _z3().If(a >= 0, a / b, -((-a) / b))
     if _is_z3(a) or _is_z3(b):
+        z3 = _z3()
         a = z3.IntVal(a) if isinstance(a, int) else a
         b = z3.IntVal(b) if isinstance(b, int) else b
         abs_a = z3.If(a >= 0, a, -a)

@@ -14,11 +14,13 @@ Registered names and their ``params``:
   downloads) and imported back: the import is well formed and shape-checked and its denotation equals
   ``spec(g)`` bit for bit; a drawn unsupported op in the model fails at its node index. Skipped (with the
   reason) where the ``onnx`` package is absent.
-* ``graphspec.executor_agreement`` {max_examples} (devices: cuda) — every node of drawn lowered models
+* ``graphspec.executor_agreement`` {max_examples, families} (devices: cuda) — every node of drawn lowered models
   run by :mod:`native.ir` on the device from the denotation's parent values agrees with the denotation
   by the op's rule in ``native.ir.AGREEMENT`` (bitwise for exact elementwise ops, data movement and
   folds; the elementwise contract's ulp bounds for exp/tanh/sigmoid; the GEMM contract's bound for
-  linear/conv2d; the stated relative bounds for softmax and layer norm), and the whole graph runs.
+  linear/conv2d; the stated relative bounds for softmax and layer norm; the attention contract's
+  spec.attention.forward_bound for attention), and the whole graph runs. ``families`` narrows the drawn model
+  families (default: all).
 """
 
 from __future__ import annotations
@@ -141,11 +143,30 @@ def _dag(draw: Any) -> gs.Graph:
     return b.build(last).as_block("dag")
 
 
+@st.composite
+def _attention(draw: Any) -> gs.Graph:
+    # Self-attention over x (B, H, L, D): q, k, v are Linear projections of x; a group of query heads per KV head is
+    # made by concatenating projections along the head axis (GQA/MQA); masks and the scale are drawn.
+    bsz, heads = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    seq, d = draw(st.integers(1, 5)), draw(st.integers(1, 4))
+    b = gs.DagBuilder((bsz, heads, seq, d))
+    qs = [b.apply(gs.Linear(d, d), b.input) for _ in range(draw(st.integers(1, 2)))]
+    q = qs[0] if len(qs) == 1 else b.concat(*qs, axis=1)
+    k, v = (b.apply(gs.Linear(d, d), b.input) for _ in range(2))
+    lens = draw(st.one_of(st.none(), st.lists(st.integers(0, seq), min_size=bsz, max_size=bsz)))
+    scale = draw(st.sampled_from([None, None, 0.25, 2.0]))
+    out = b.attention(q, k, v, causal=draw(st.booleans()), scale=scale, kv_lens=lens)
+    if draw(st.booleans()):
+        out = b.apply(gs.Linear(d, draw(st.integers(1, 3))), out)
+    return b.build(out).as_block("attention")
+
+
 _FAMILIES: dict[str, Callable[[], st.SearchStrategy[gs.Graph]]] = {
     "mlp": _mlp,
     "residual": _residual,
     "dag": _dag,
     "cnn": _cnn,
+    "attention": _attention,
 }
 
 
@@ -417,9 +438,11 @@ def executor_agreement(ctx: FalsifyContext) -> Outcome:
         nir.run_graph(low.graph, low.payload, case.x, ctx.device)
         return None
 
-    bad, cases = run_cases(ctx, graphspec_models(specials=False), check)
+    families = tuple(ctx.params.get("families", tuple(_FAMILIES)))
+    bad, cases = run_cases(ctx, graphspec_models(families=families, specials=False), check)
     ev = {
         "device": ctx.device,
+        "families": list(families),
         "seed": ctx.seed,
         "nodes_checked": stats["nodes"],
         "by_rule": stats["by_rule"],

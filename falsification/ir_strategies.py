@@ -254,6 +254,31 @@ def _conv_pool(draw: Any, b: GraphBuilder, shapes: list[Shape]) -> None:
         _add(b, shapes, "pool", (len(shapes) - 1,), (2, ho // 2, wo // 2), mode=mode, kernel=(2, 2), stride=(2, 2))
 
 
+def _attention(draw: Any, b: GraphBuilder, shapes: list[Shape]) -> None:
+    # q (B, Hkv * group, Lq, D), k and v (B, Hkv, Lk, D): an existing node of the shape or a fresh const each;
+    # causal, a scale and a kv_lens operand (a const of integers in [0, Lk]) each drawn or left out.
+    bsz, hkv, group = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 3))
+    lq, lk, d = draw(st.integers(0, 3)), draw(st.integers(0, 3)), draw(st.integers(1, 3))
+    q_shape, kv_shape = (bsz, hkv * group, lq, d), (bsz, hkv, lk, d)
+    ids = []
+    for s in (q_shape, kv_shape, kv_shape):
+        p = _pick(draw, shapes, lambda t, s=s: t == s)
+        if p is None or draw(st.booleans()):
+            _add(b, shapes, "const", (), s, params={"value": draw(f32_arrays(s))})
+            p = len(shapes) - 1
+        ids.append(p)
+    attrs: dict[str, Any] = {}
+    if draw(st.booleans()):
+        attrs["causal"] = True
+    if draw(st.booleans()):
+        attrs["scale"] = draw(st.sampled_from((0.5, 1.0, 3.0)))
+    if draw(st.booleans()):
+        lens = np.array(draw(st.lists(st.integers(0, lk), min_size=bsz, max_size=bsz)), np.float32)
+        _add(b, shapes, "const", (), (bsz,), params={"value": lens})
+        ids.append(len(shapes) - 1)
+    _add(b, shapes, "attention", tuple(ids), q_shape, **attrs)
+
+
 TEMPLATES: dict[str, Template] = {
     "relu": _unary("relu"),
     "add": _binary("add"),
@@ -292,6 +317,7 @@ TEMPLATES: dict[str, Template] = {
     "rmsnorm": _norm("rmsnorm"),
     "random": _random,
     "conv_pool": _conv_pool,
+    "attention": _attention,
 }
 DEFAULT_TEMPLATES: tuple[str, ...] = tuple(TEMPLATES)
 

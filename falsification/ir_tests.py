@@ -20,6 +20,11 @@ Registered names and their ``params`` (``variant`` plants a bug; the project's t
 * ``ir.planted_defects`` {max_nodes} -- into every accepted SSA graph of ``max_nodes`` nodes plant, at every
   node, each defect (a forward parent, an out-of-bounds parent, a wrong declared shape, a wrong arity, an
   id/index mismatch): the first error must be of the planted kind, at the planted node.
+* ``ir.attention_domain`` {} -- bounded exhaustive, one domain per op: every attention node over q, k, v (and
+  kv_lens) shapes of a small space (ranks 3..4, batch 0..2, heads 0..4 over 0..3, sequences 0..2, head dims
+  0, 1, 128, 129, each dimension of k/v/kv_lens also off by one, and batch * heads_q at the grid limit) is
+  accepted by ``check_inferred_shapes`` iff ``native.attention.attention`` (host path: its plan's guard) accepts
+  the same shapes, and an accepted node denotes to its declared shape.
 * ``ir.worked_examples`` {} -- the seed's golden examples: input + const + add denotes to bits
   [0x3F59999A, 0x3D4CCCCC]; the tiny Linear-ReLU-Linear network denotes as its fold definition.
 """
@@ -445,6 +450,98 @@ def planted_defects(ctx: FalsifyContext) -> Outcome:
             **ev,
         )
     return passed(cases=sum(counts.values()), **ev)
+
+
+# -- attention: the IR's shape rule and the family's guard accept the same shapes --------------------------
+
+
+def attention_shape_cases() -> Iterator[tuple[tuple[int, ...], ...]]:
+    """(q, k, v[, kv_lens]) shapes: a small grid of dimensions, each k/v/kv_lens dimension also off by one."""
+    grid = itertools.product(range(3), range(5), range(4), (0, 2), (0, 1), (0, 1, 128, 129))
+    for b, hq, hkv, lq, lk, d in grid:
+        q, k = (b, hq, lq, d), (b, hkv, lk, d)
+        yield q, k, k
+        yield q, k, k, (b,)
+        if b and hq and hkv and d == 1:  # the admissible corner: perturb one dimension at a time
+            yield q[1:], k, k
+            yield q, k, k, (b + 1,)
+            for i in range(4):
+                bent = tuple(x + (j == i) for j, x in enumerate(k))
+                yield q, bent, k
+                yield q, k, bent
+    yield (1, 65535, 0, 1), (1, 1, 0, 1), (1, 1, 0, 1)  # batch * heads_q at the kernels' grid-y limit
+    yield (1, 65536, 0, 1), (1, 1, 0, 1), (1, 1, 0, 1)
+    yield (3, 21846, 0, 1), (3, 2, 0, 1), (3, 2, 0, 1)
+
+
+def _ir_accepts(shapes: tuple[tuple[int, ...], ...]) -> tuple[bool, Graph]:
+    nodes = [Node(i, (), "input", s) for i, s in enumerate(shapes)]
+    nodes.append(Node(len(shapes), tuple(range(len(shapes))), "attention", shapes[0]))
+    g = Graph(tuple(nodes))
+    return not check_inferred_shapes(g), g
+
+
+def _family_accepts(shapes: tuple[tuple[int, ...], ...], crashes: list) -> bool:
+    from native.attention import AttentionShapeError, attention
+
+    q, k, v = (np.zeros(s, np.float32) for s in shapes[:3])
+    lens = np.zeros(shapes[3], np.int64) if len(shapes) == 4 else None
+    try:
+        out, _ = attention(q, k, v, kv_lens=lens, device="host")
+    except AttentionShapeError:
+        return False
+    except ZeroDivisionError:
+        # native.attention's plan divides by heads_kv before its guard looks at it: a refusal, kept in the evidence.
+        crashes.append([list(s) for s in shapes])
+        return False
+    return tuple(out.shape) == shapes[0]
+
+
+def attention_domain_run(
+    ir_accepts: Callable[[tuple[tuple[int, ...], ...]], tuple[bool, Graph]] = _ir_accepts,
+) -> tuple[dict, dict | None]:
+    """Every case of :func:`attention_shape_cases`: (counts, the first disagreement or None)."""
+    counts: dict[str, Any] = {"cases": 0, "accepted": 0}
+    crashes: list = []
+    for shapes in attention_shape_cases():
+        counts["cases"] += 1
+        counts["family_zero_division"] = len(crashes)
+        ir_ok, g = ir_accepts(shapes)
+        fam_ok = _family_accepts(shapes, crashes)
+        if ir_ok != fam_ok:
+            return counts, {
+                "shapes": [list(s) for s in shapes],
+                "ir": ir_ok,
+                "family": fam_ok,
+                "why": f"the IR {'accepts' if ir_ok else 'refuses'} and native.attention "
+                f"{'accepts' if fam_ok else 'refuses'} q, k, v{', kv_lens' * (len(shapes) == 4)} "
+                f"{[list(s) for s in shapes]}",
+            }
+        if ir_ok:
+            counts["accepted"] += 1
+            ins = tuple(np.zeros(s, np.float32) for s in shapes)
+            res = denote_all(g, Payload(), ins)
+            if not isinstance(res, Ok) or res.value[-1].shape != shapes[0]:
+                return counts, {"shapes": [list(s) for s in shapes], "why": f"accepted but does not denote: {res}"}
+    counts["family_zero_division"] = len(crashes)
+    return counts, None
+
+
+@register_test("ir.attention_domain", devices=("host", "cuda"))
+@guarded()
+def attention_domain(ctx: FalsifyContext) -> Outcome:
+    """The IR's attention shape rule accepts exactly the shapes the attention family's guard accepts."""
+    t0 = time.perf_counter()
+    counts, cex = attention_domain_run()
+    ev = {
+        "accepted": counts["accepted"],
+        "family_zero_division": counts.get("family_zero_division", 0),
+        "family": "native.attention.attention (host path)",
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+    if cex is not None:
+        return violated({**cex, "replay": _replay(ctx)}, cex["why"], cases_run=counts["cases"], **ev)
+    return passed(cases=counts["cases"], **ev)
 
 
 @register_test("ir.worked_examples", devices=("host", "cuda"))

@@ -77,6 +77,10 @@ _STEP_OF_CATEGORY = {
 }
 
 
+# attention: one SPECIAL node, a barrier; in a fused program it is evaluated by the denotation (host fallback, as every
+# special op outside SPECIAL_OPS), while the unfused executor (native.ir) runs it on native.attention's kernels.
+sf.register_category(sf.SPECIAL, "attention")
+
 # pre-written kernel -> (source, function): the IR ops rmsnorm, rope, embedding and the masked-softmax pattern
 PREWRITTEN: dict[str, tuple[str, str]] = dict(fk.SOURCES)
 SPECIAL_OPS = ("rope", "embedding")  # SpecialKernelSteps on the device

@@ -3,9 +3,10 @@
 ``run_graph(graph, payload, inputs, device)`` checks well-formedness first, then evaluates node after node
 in id order. Each op is one entry of :data:`EXECUTORS`: elementwise ops are the kernels of
 :mod:`native.elementwise` (CUDA through NVRTC on ``"cuda"``, their NumPy host paths on ``"host"``),
-reductions and the folds inside pooling, softmax and layer norm are :mod:`native.reductions`, linear,
-matmul and conv2d (through im2col) are :mod:`native.gemm` (cuBLAS on ``"cuda"``, its host model on
-``"host"``); data movement is array indexing on the device. Devices resolve through
+reductions and the folds inside softmax and layer norm are :mod:`native.reductions`, linear and matmul are
+:mod:`native.gemm` (cuBLAS on ``"cuda"``, its host model on ``"host"``), conv2d and pool are
+:mod:`native.conv`'s kernels, attention is :mod:`native.attention`'s (its CUDA kernels on ``"cuda"``, its
+host path on ``"host"``); data movement is array indexing on the device. Devices resolve through
 :func:`obligations.core.device.resolve_device` (``"cuda"`` without a GPU raises, never a silent host run).
 
 This is the baseline a fusion backend is later checked against. How each op's result relates to the
@@ -22,13 +23,15 @@ from typing import Any
 
 import numpy as np
 
+from native import attention as attn
 from native import conv, gemm
 from native import elementwise as ew
 from native import reductions as red
 from obligations.core.device import array_module, resolve_device, to_host
+from spec import attention as sattn
 from spec.gemm import error_bound as gemm_error_bound
 from spec.ir.checks import check_well_formed, node_attrs
-from spec.ir.denote import normalise_inputs
+from spec.ir.denote import EvalError, attention_operands, kv_lens_of, normalise_inputs
 from spec.ir.graph import Graph, Node, Payload
 from spec.ir.ops import ELEMENTWISE_OP_NAMES, get_op
 
@@ -273,6 +276,27 @@ def _layernorm(node: Node, a: dict, args: list, entry: Any, device: str) -> Any:
     return _kernel("add", y, b, device=device)
 
 
+# -- attention: native.attention's kernels ------------------------------------------------------------------
+
+
+def _kv_lens(node: Node, lens: Any, seq_k: int) -> np.ndarray:
+    """The 4th operand as int64 key lengths (checked as the denotation checks them; ExecError names the node)."""
+    try:
+        return kv_lens_of(np.asarray(to_host(lens), np.float32), seq_k)
+    except EvalError as e:
+        raise ExecError(f"node {node.id} ({node.kind}): {e}") from None
+
+
+@register_executor("attention")
+def _attention(node: Node, a: dict, args: list, entry: Any, device: str) -> Any:
+    # The attention family's kernels (tiled online softmax, key tiles of native.attention.BC): within
+    # spec.attention.forward_bound of the float64 SDPA that the IR's attention means (AGREEMENT["attention"]).
+    q, k, v = (_xp(device).ascontiguousarray(x) for x in args[:3])
+    lens = _kv_lens(node, args[3], int(k.shape[2])) if len(args) == 4 else None
+    out, _ = attn.attention(q, k, v, causal=bool(a["causal"]), kv_lens=lens, scale=a["scale"], device=device)
+    return out
+
+
 # -- running ----------------------------------------------------------------------------------------------
 
 
@@ -436,6 +460,21 @@ def _layernorm_agree(node: Node, a: dict, parents: list, entry: Any, got: np.nda
     return (np.isnan(g) & np.isnan(w)) | ok
 
 
+def _attention_agree(node: Node, a: dict, parents: list, entry: Any, got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Both within attention-v1's forward bound (ATT-FWD-bound: spec.attention.forward_bound, u_out = 2^-24) of the
+    float64 SDPA, with the executor's key tiles (native.attention.BC): the denotation is that SDPA rounded once."""
+    lens = parents[3] if len(parents) == 4 else None
+    q, k, v, kv = attention_operands(parents[0], parents[1], parents[2], lens)
+    tiles = -(-int(parents[1].shape[2]) // attn.BC)
+    exact, bound = sattn.forward_bound(
+        q, k, v, causal=bool(a["causal"]), kv_lens=kv, scale=a["scale"], tiles=tiles, tile_keys=attn.BC
+    )
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    with np.errstate(all="ignore"):
+        ok = (np.abs(g - exact) <= bound) & (np.abs(w - exact) <= bound)
+    return (np.isnan(g) & np.isnan(w)) | ok
+
+
 _BITWISE = Agreement("bitwise", "bit for bit", _bitwise)
 AGREEMENT: dict[str, Agreement] = {
     **{
@@ -471,6 +510,12 @@ AGREEMENT: dict[str, Agreement] = {
     ),
     "layernorm": Agreement(
         "relative", "|got - want| <= 10 u |d r w| + 3 u |want| + 2^-146 (rsqrt as 1/sqrt)", _layernorm_agree
+    ),
+    "attention": Agreement(
+        "error-bound",
+        "both within spec.attention.forward_bound (attention-v1 ATT-FWD-bound, u_out = 2^-24, tiles of "
+        "native.attention.BC keys) of the float64 SDPA",
+        _attention_agree,
     ),
 }
 

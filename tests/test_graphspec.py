@@ -235,3 +235,74 @@ def test_cuda_executor_runs_the_doc_models() -> None:
     assert ex.device == "cuda"
     want = denote(low.graph, low.payload, x, low.output).value
     assert np.allclose(ex.host(low.output), want, rtol=1e-5, atol=1e-6)
+
+
+# -- attention: the family's op in GraphSpec, the executor and the agreement rule ------------------------------
+
+
+def _attention_model(causal: bool = True, lens: tuple[int, ...] | None = (0, 3)) -> gs.Graph:
+    b = gs.DagBuilder((2, 1, 5, 3))
+    q = b.concat(b.apply(gs.Linear(3, 3), b.input), b.apply(gs.Linear(3, 3), b.input), axis=1)  # 2 query heads
+    k, v = b.apply(gs.Linear(3, 3), b.input), b.apply(gs.Linear(3, 3), b.input)  # per KV head (GQA)
+    return b.build(b.attention(q, k, v, causal=causal, kv_lens=lens)).as_block("attention")
+
+
+def test_attention_lowers_to_the_ir_op_and_the_host_executor_agrees_per_node() -> None:
+    g = _attention_model()
+    low = gs.lower(g)
+    att = low.graph.nodes[low.output]
+    assert att.kind == "attention" and len(att.parents) == 4 and g.out_shape == (2, 2, 5, 3)
+    assert low.graph.nodes[att.parents[3]].kind == "const"  # kv_lens lowers to the op's 4th operand
+    x = np.random.default_rng(4).standard_normal(g.in_shape).astype(np.float32)
+    want = denote_all(low.graph, low.payload, x).value
+    assert np.array_equal(_u(want[low.output]), _u(gs.spec(g)(gs.init_params(g), x)))
+    assert not _u(want[low.output][0]).any() and _u(want[low.output][1]).any()  # kv_len 0: rows of +0
+    ex = nir.run_graph(low.graph, low.payload, x, "host")
+    for n in low.graph.nodes[1:]:
+        parents = [want[p] for p in n.parents]
+        got = np.asarray(nir.run_node(n, parents, low.payload.get(n.id), "host"))
+        assert nir.agree(n, parents, low.payload.get(n.id), got, want[n.id]).all(), n
+    assert ex.host(low.output).shape == g.out_shape
+
+
+def test_attention_shape_errors_name_the_dag_step() -> None:
+    b = gs.DagBuilder((1, 2, 4, 3))
+    q = b.concat(b.input, b.input, b.input, axis=1)  # 6 heads
+    k = b.concat(b.input, b.input, axis=1)  # 4 heads: 6 is not a multiple
+    with pytest.raises(gs.GraphSpecShapeError, match=r"DAG step 2 \(attention.*not a positive multiple of heads_kv 4"):
+        b.attention(q, k, k)
+    with pytest.raises(gs.GraphSpecShapeError, match=r"kv_lens \[5\] must lie in \[0, 4\]"):
+        b.attention(b.input, b.input, b.input, kv_lens=[5])
+
+
+def _mask_after_softmax(node, a, args, entry, device):  # noqa: ANN001, ANN202
+    # BUG: softmax over every key, then the mask applied to the probabilities (no renormalisation).
+    from spec import attention as sa
+
+    q, k, v = (np.asarray(x, np.float64) for x in args[:3])
+    lens = None if len(args) < 4 else np.asarray(args[3]).astype(np.int64)
+    p = sa.probs(q, k, scale=a["scale"]) * sa.mask(q.shape[0], q.shape[2], k.shape[2], a["causal"], lens)
+    return np.einsum("bhij,bhjd->bhid", p, np.repeat(v, q.shape[1] // v.shape[1], axis=1)).astype(np.float32)
+
+
+def test_planted_attention_executor_bug_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(nir.EXECUTORS, "attention", _mask_after_softmax)
+    out = T.executor_agreement(_ctx("graphspec.executor_agreement", seed=3, families=["attention"]))
+    assert out.status == "violated" and out.counterexample["op"] == "attention", out.reason
+    assert out.counterexample["rule"] == "error-bound"
+
+
+def test_attention_agreement_is_the_attention_contracts_bound() -> None:
+    yaml = pytest.importorskip("ruamel.yaml")
+    doc = yaml.YAML(typ="safe").load((CONTRACTS / "attention-v1.yaml").read_text())
+    fwd = next(it for it in doc["falsification"] + doc["obligations"] if it["id"] == "ATT-FWD-bound")
+    assert fwd["tolerance"].startswith("spec.attention.forward_bound (u_out = 2^-24")
+    assert "spec.attention.forward_bound" in nir.AGREEMENT["attention"].statement
+    assert "u_out = 2^-24" in nir.AGREEMENT["attention"].statement
+
+
+@cuda
+@needs_cuda
+def test_cuda_executor_agrees_on_attention_models() -> None:
+    out = T.executor_agreement(_ctx("graphspec.executor_agreement", device="cuda", seed=7, families=["attention"]))
+    assert out.status == "passed" and out.evidence.details["by_rule"].get("error-bound"), out.reason

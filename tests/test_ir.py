@@ -26,7 +26,7 @@ ISSUE_OPS = (
     "input const reshape flatten concat permute add sub mul_elem sqrt inv maxElem minElem broadcastTo "
     "reduceSum reduceMean sum linear conv2d relu tanh sigmoid softmax layernorm randUniform bernoulliMask "
     "matmul bmm silu gelu neg div pow rsqrt sin cos rmsnorm pool expand slice transpose embedding "
-    "rope"
+    "rope attention"
 ).split()
 
 
@@ -411,3 +411,119 @@ def test_ops_with_a_kernel_family_mean_that_familys_spec(monkeypatch, kind, fami
     x = np.zeros(shape, np.uint32)
     got = denote_mod.EVALUATORS[kind](node, node_attrs(node, get_op(kind)), [x], payload)
     assert got.shape == shape and np.array_equal(got.reshape(-1), marker.reshape(-1))
+
+
+# -- attention: the attention family's op --------------------------------------------------------------------
+
+
+def _attention_graph(q, k, lens=None, declared=None, **attrs):  # noqa: ANN001, ANN202
+    b = GraphBuilder()
+    ids = [b.add("input", (), q), b.add("input", (), k), b.add("input", (), k)]
+    if lens is not None:
+        ids.append(b.add("const", (), (len(lens),), params={"value": np.asarray(lens, np.float32)}))
+    b.add("attention", tuple(ids), q if declared is None else declared, **attrs)
+    return b.build()
+
+
+def test_attention_means_the_attention_familys_spec(monkeypatch):
+    """The IR's attention calls spec.attention.sdpa (a stand-in shows through), rounded once to binary32."""
+    import spec.attention as sa
+
+    seen = {}
+
+    def stand_in(q, k, v, **kw):  # noqa: ANN001, ANN003, ANN202
+        seen.update(kw, shapes=(q.shape, k.shape, v.shape))
+        return np.full(q.shape, 1.0 + 2.0**-30)  # rounds to 1.0 in binary32
+
+    monkeypatch.setattr(sa, "sdpa", stand_in)
+    g, p = _attention_graph((1, 4, 2, 3), (1, 2, 5, 3), lens=[4], causal=True, scale=0.5)
+    ins = [np.ones(s, np.float32) for s in ((1, 4, 2, 3), (1, 2, 5, 3), (1, 2, 5, 3))]
+    got = denote(g, p, ins).value
+    assert np.array_equal(got.view(np.uint32), np.full((1, 4, 2, 3), 0x3F800000, np.uint32))
+    assert seen["causal"] is True and seen["scale"] == 0.5 and seen["kv_lens"].tolist() == [4]
+    assert seen["shapes"] == ((1, 4, 2, 3), (1, 2, 5, 3), (1, 2, 5, 3))  # GQA: k, v as given, the spec groups
+
+
+def test_attention_denotes_the_float64_sdpa_rounded_once_and_the_host_kernel_agrees():
+    import native.ir as nir
+    import spec.attention as sa
+
+    rng = np.random.default_rng(5)
+    for lk in (0, 3, 70):
+        g, p = _attention_graph((2, 4, 3, 2), (2, 2, lk, 2), lens=[min(2, lk), lk], causal=True)
+        ins = [rng.standard_normal(n.out_shape).astype(np.float32) for n in g.nodes[:3]]
+        want = denote_all(g, p, ins).value
+        if lk:
+            ref = sa.sdpa(*(x.astype(np.float64) for x in ins), causal=True, kv_lens=np.array([min(2, lk), lk]))
+            assert np.array_equal(want[-1], ref.astype(np.float32))
+        else:
+            assert not want[-1].view(np.uint32).any()  # no key: every row is fully masked, +0
+        node = g.nodes[-1]
+        got = np.asarray(nir.run_graph(g, p, ins, "host").host(node.id))
+        assert nir.agree(node, [want[i] for i in node.parents], None, got, want[-1]).all()
+
+
+@pytest.mark.parametrize(
+    ("q", "k", "lens", "declared", "needle"),
+    [
+        ((1, 3, 2, 4), (1, 2, 2, 4), None, None, "heads_q 3 is not a positive multiple of heads_kv 2"),
+        ((1, 2, 2, 129), (1, 1, 2, 129), None, None, "head dim 129 is not in 1..128"),
+        ((2, 2, 4), (2, 2, 4), None, None, "attention needs q (B, Hq, Lq, D)"),
+        ((1, 2, 2, 4), (2, 2, 2, 4), None, None, "with q's B and D"),
+        ((2, 2, 2, 4), (2, 1, 3, 4), [1, 2, 3], None, "kv_lens operand must have shape [2]"),
+        ((1, 2, 2, 4), (1, 1, 3, 4), None, (1, 2, 3, 4), "declared shape differs"),
+    ],
+)
+def test_attention_shape_errors_name_the_node(q, k, lens, declared, needle):
+    g, _ = _attention_graph(q, k, lens, declared)
+    errs = check_inferred_shapes(g)
+    node = len(g.nodes) - 1
+    assert errs and errs[0].node == node and errs[0].op == "attention", errs
+    assert needle in str(errs[0]) and f"node {node} (attention)" in str(errs[0])
+
+
+def test_attention_arity_and_kv_lens_values_are_errors_at_the_node():
+    b = GraphBuilder()
+    x = b.add("input", (), (1, 1, 2, 2))
+    b.add("attention", (x, x), (1, 1, 2, 2))
+    errs = check_well_formed(b.build()[0])
+    assert errs[0].kind == "arity" and "takes 3 or 4 parents, got 2" in str(errs[0])
+    g, p = _attention_graph((1, 1, 2, 2), (1, 1, 3, 2), lens=[2.5])
+    res = denote(g, p, [np.zeros((1, 1, 2, 2), np.float32)] + [np.zeros((1, 1, 3, 2), np.float32)] * 2)
+    assert res.kind == "value" and res.node == 4 and "kv_lens value 2.5 is not an integer in [0, 3]" in str(res)
+
+
+def test_attention_json_round_trip():
+    g, p = _attention_graph((1, 2, 2, 3), (1, 1, 4, 3), lens=[3], causal=True, scale=0.25)
+    back = from_json(to_json(g, p))
+    assert not back.errors and back.graph == g and back.payload == p
+
+
+def test_planted_attention_rule_that_forgets_gqa_grouping_is_caught(monkeypatch):
+    real = ops.attention_plan
+
+    def no_groups(batch, heads_q, heads_kv, seq_q, seq_k, head_dim):  # noqa: ANN001, ANN202
+        plan = real(batch, heads_q, heads_kv, seq_q, seq_k, head_dim)
+        # BUG: any heads_kv <= heads_q accepted (the "multiple of" condition dropped)
+        valid = (batch >= 1) & (heads_kv >= 1) & (heads_q >= heads_kv) & (head_dim >= 1) & (head_dim <= 128)
+        return {**plan, "valid": valid & (plan["grid_y"] <= 65535)}
+
+    monkeypatch.setattr(ops, "attention_plan", no_groups)
+    items = _items(["IR-SHAPE-attention-z3", "IR-SHAPE-attention-family"])
+    assert {v["status"] for v in items.values()} == {"violated"}
+
+
+def test_planted_attention_rule_that_reads_one_kv_head_per_query_head_is_caught(monkeypatch):
+    real = ops.attention_plan
+
+    def no_grouping(batch, heads_q, heads_kv, seq_q, seq_k, head_dim):  # noqa: ANN001, ANN202
+        plan = real(batch, heads_q, heads_kv, seq_q, seq_k, head_dim)
+        return {**plan, "kv_head": lambda h: h}  # BUG: query head h reads KV head h
+
+    monkeypatch.setattr(ops, "attention_plan", no_grouping)
+    assert _items(["IR-SHAPE-attention-z3"])["IR-SHAPE-attention-z3"]["status"] == "violated"
+
+
+def test_attention_domain_is_the_familys():
+    counts, cex = T.attention_domain_run()
+    assert cex is None and counts["accepted"] > 100 and counts["cases"] > counts["accepted"]

@@ -4,12 +4,13 @@ API summary (stable; names are added, never renamed):
 
 * :mod:`spec.ir.ops` -- ``OPS`` registry of :class:`OpKind` (name, arity, category, attrs, payload kind,
   shape rule, meaning); ``get_op(name)``, ``op_names()``; plan-style shape arithmetic ``conv_plan``,
-  ``pool_plan``, ``slice_plan``, ``concat_plan``, ``broadcast_plan``, ``reshape_plan``, ``numel``.
+  ``pool_plan``, ``slice_plan``, ``concat_plan``, ``broadcast_plan``, ``reshape_plan``, ``attention_plan``,
+  ``numel``.
   Op tags are strings: "input", "const", "reshape", "flatten", "concat", "permute", "transpose", "slice",
   "broadcastTo", "expand", "add", "sub", "mul_elem", "div", "maxElem", "minElem", "sqrt", "inv", "neg",
   "abs", "relu", "pow", "rsqrt", "exp", "log", "sin", "cos", "tanh", "sigmoid", "silu", "gelu",
   "reduceSum", "reduceMean", "sum", "linear", "matmul", "bmm", "conv2d", "pool", "softmax", "layernorm",
-  "rmsnorm", "embedding", "rope", "randUniform", "bernoulliMask".
+  "rmsnorm", "attention", "embedding", "rope", "randUniform", "bernoulliMask".
 * :mod:`spec.ir.graph` -- frozen ``Node(id, parents, kind, out_shape, attrs)``, ``Graph(nodes)``,
   ``Payload({node_id: {tensor name: array}})`` (kinds in ``PAYLOAD_KINDS``: const {value}, linear
   {weight (out, in), bias (out,)}, conv2d {weight (Cout, Cin, kh, kw), bias (Cout,)}, norm {weight, bias},

@@ -139,7 +139,7 @@ def check_well_formed(graph: Graph) -> list[IRError]:
             elif p >= i:
                 errs.append(IRError("forward-parent", i, node.kind, f"parent {p} is not earlier than node {i}"))
         k = len(node.parents)
-        if (op.arity is None and k < 1) or (op.arity is not None and k != op.arity):
+        if not op.accepts_arity(k):
             errs.append(IRError("arity", i, node.kind, f"{node.kind} takes {op.arity_text()} parents, got {k}"))
         if any(d < 0 for d in node.out_shape):
             errs.append(

@@ -27,11 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from spec import attention as sattn
 from spec import conv as sconv
 from spec import norm as snorm
 from spec import rng as srng
 from spec import softfloat as sf
-from spec.elementwise import RefOp, get_reference
+from spec.elementwise import RefOp, bits_to_f64, f64_to_f32_bits, get_reference
 from spec.ir.checks import IRError, check_well_formed, node_attrs
 from spec.ir.graph import Graph, Node, Payload, format_shape
 from spec.ir.ops import ELEMENTWISE_OP_NAMES, get_op
@@ -49,6 +50,8 @@ __all__ = [
     "floats",
     "normalise_inputs",
     "rope_tables",
+    "attention_operands",
+    "kv_lens_of",
 ]
 
 ENV = "cuda"
@@ -321,6 +324,50 @@ def _layernorm(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
 @register_evaluator("rmsnorm")
 def _rmsnorm(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
     return _c(snorm.rmsnorm(args[0], bits(entry["weight"]), a["eps"]).reshape(args[0].shape))
+
+
+# -- attention ------------------------------------------------------------------------------------------
+
+
+def kv_lens_of(lens: Any, seq_k: int, where: str = "attention") -> np.ndarray:
+    """An attention node's kv_lens operand (float32 values) as int64 key lengths; EvalError unless each is an
+    integer in [0, seq_k]."""
+    f = np.asarray(lens, np.float64).reshape(-1)
+    ok = np.isfinite(f) & (f == np.floor(f)) & (f >= 0) & (f <= seq_k)
+    if not ok.all():
+        bad = float(f[int(np.argmin(ok))])
+        raise EvalError(f"{where}: kv_lens value {bad!r} is not an integer in [0, {seq_k}]")
+    return f.astype(np.int64)
+
+
+def attention_operands(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, lens: np.ndarray | None, where: str = "attention"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """q, k, v (float64) and kv_lens (int64 or None) of an attention node, as spec.attention's functions take them.
+
+    kv_lens (the optional 4th operand, float32) must hold integers in [0, Lk] (EvalError otherwise). With no key at
+    all (Lk = 0) every row is fully masked: one blocked key is appended (blocked keys weigh exactly 0 in the
+    family's meaning), because spec.attention's row max needs a non-empty key axis.
+    """
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    b, lk = k.shape[0], k.shape[2]
+    kv = None if lens is None else kv_lens_of(lens, lk, where)
+    if lk == 0:
+        pad = np.zeros(k.shape[:2] + (1,) + k.shape[3:], np.float64)
+        k, v, kv = pad, pad, np.zeros(b, np.int64)
+    return q, k, v, kv
+
+
+@register_evaluator("attention")
+def _attention(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
+    # One meaning per op: the attention family's spec, spec.attention.sdpa (float64; the family has no binary32
+    # spec), called here and rounded once to binary32. native.attention's kernels agree with it within
+    # spec.attention.forward_bound (contracts/attention-v1.yaml, ATT-FWD-bound), the IR executor's rule too.
+    q, k, v = (bits_to_f64(np.asarray(x, np.uint32)) for x in args[:3])
+    q, k, v, lens = attention_operands(q, k, v, floats(args[3]) if len(args) == 4 else None)
+    y = sattn.sdpa(q, k, v, causal=bool(a["causal"]), kv_lens=lens, scale=a["scale"])
+    u = f64_to_f32_bits(np.asarray(y, np.float64))
+    return _c(np.where(np.isnan(y), np.uint32(0x7FFFFFFF), u).astype(np.uint32))
 
 
 @register_evaluator("embedding")

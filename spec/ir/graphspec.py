@@ -42,7 +42,7 @@ from spec.ir.denote import bits as _bits
 from spec.ir.denote import floats as _floats
 from spec.ir.graph import Graph as IRGraph
 from spec.ir.graph import GraphBuilder, Node, Payload
-from spec.ir.ops import get_op
+from spec.ir.ops import ShapeRuleError, get_op
 
 __all__ = [
     "Shape",
@@ -551,6 +551,28 @@ class DagBuilder:
     def concat(self, *vals: Value, axis: int = -1) -> Value:
         """Concatenation along ``axis``, in argument order."""
         return self.node("concat", *vals, axis=axis)
+
+    def attention(
+        self,
+        q: Value,
+        k: Value,
+        v: Value,
+        *,
+        causal: bool = False,
+        scale: float | None = None,
+        kv_lens: Sequence[int] | None = None,
+    ) -> Value:
+        """The IR's attention (the attention family's op) on q (B, Hq, Lq, D), k and v (B, Hkv, Lk, D).
+
+        ``kv_lens`` (B key lengths in [0, Lk], fixed when the graph is built) lowers to a const node, the op's 4th
+        operand; ``scale`` defaults to 1/sqrt(D).
+        """
+        attrs: dict[str, Any] = {"causal": bool(causal)}
+        if scale is not None:
+            attrs["scale"] = float(scale)
+        if kv_lens is not None:
+            attrs["kv_lens"] = tuple(int(n) for n in kv_lens)
+        return self.node("attention", q, k, v, **attrs)
 
     def build(self, out: Value) -> Dag:
         """The DAG with output ``out``."""
@@ -1098,6 +1120,38 @@ def _binary_dag_op(name: str, ir_kind: str) -> DagOp:
     )
 
 
+def _attention_ir_attrs(a: Mapping[str, Any]) -> dict[str, Any]:
+    """The IR attributes of an attention DAG step (kv_lens is an operand there, not an attribute)."""
+    return {k: a[k] for k in ("causal", "scale") if k in a}
+
+
+def _attention_shape(shapes: tuple[Shape, ...], attrs: Mapping[str, Any]) -> Shape:
+    # The IR op's own shape rule (one rule for both surfaces), then the fixed key lengths against Lk.
+    lens = attrs.get("kv_lens")
+    ins = tuple(shapes) + (() if lens is None else ((len(lens),),))
+    op = get_op("attention")
+    try:
+        out = op.shape_rule(ins, {"causal": False, "scale": None, **_attention_ir_attrs(attrs)}, ())
+    except ShapeRuleError as exc:
+        raise GraphSpecShapeError(str(exc)) from None
+    if lens is not None and not all(0 <= n <= shapes[1][2] for n in lens):
+        raise GraphSpecShapeError(f"attention kv_lens {list(lens)} must lie in [0, {shapes[1][2]}] (Lk)")
+    return out
+
+
+def _attention_forward(xs: tuple[np.ndarray, ...], a: Mapping[str, Any]) -> np.ndarray:
+    lens = a.get("kv_lens")
+    ins = xs + (() if lens is None else (np.asarray(lens, np.float32),))
+    return _op("attention", ins, xs[0].shape, **_attention_ir_attrs(a))
+
+
+def _attention_lower(b: GraphBuilder, ids: tuple[int, ...], shape: Shape, a: Mapping[str, Any]) -> int:
+    lens = a.get("kv_lens")
+    if lens is not None:
+        ids = ids + (b.add("const", (), (len(lens),), params={"value": np.asarray(lens, np.float32)}),)
+    return b.add("attention", ids, shape, **_attention_ir_attrs(a))
+
+
 for _dag in (
     _binary_dag_op("add", "add"),
     _binary_dag_op("sub", "sub"),
@@ -1109,5 +1163,6 @@ for _dag in (
         lambda b, ids, shape, a: b.add("concat", ids, shape, axis=a.get("axis", -1)),
         None,
     ),
+    DagOp("attention", _attention_shape, _attention_forward, _attention_lower, 3),
 ):
     DAG_OPS[_dag.name] = _dag

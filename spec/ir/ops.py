@@ -7,8 +7,9 @@ reads (parameters live outside the graph, keyed by node id), its shape rule and 
 Shape rules take the parents' *declared* shapes (each already checked against its own inference earlier in
 id order), the node's attributes and its declared shape, and return the inferred shape or raise
 :class:`ShapeRuleError`. The per-dimension arithmetic (convolution/pool output sizes, slices, concat,
-broadcast, element counts) is written plan-style in :func:`conv_plan`, :func:`pool_plan`,
-:func:`slice_plan`, :func:`concat_plan`, :func:`broadcast_plan`, :func:`reshape_plan` and :func:`numel`:
+broadcast, element counts, attention heads) is written plan-style in :func:`conv_plan`, :func:`pool_plan`,
+:func:`slice_plan`, :func:`concat_plan`, :func:`broadcast_plan`, :func:`reshape_plan`, :func:`attention_plan`
+and :func:`numel`:
 the shape rules call them with ints, and ``contracts/graph-ir-v1.yaml`` calls the same functions with Z3
 terms (one source, two meanings). Nothing in them branches on a dimension with ``if``.
 """
@@ -40,6 +41,9 @@ __all__ = [
     "concat_plan",
     "broadcast_plan",
     "reshape_plan",
+    "attention_plan",
+    "ATTENTION_HEAD_DIM_MAX",
+    "ATTENTION_GRID_Y_MAX",
 ]
 
 # IR elementwise op -> the spec.elementwise operation (and native.elementwise kernel) that gives it meaning:
@@ -84,10 +88,11 @@ class AttrSpec:
 
 @dataclass(frozen=True)
 class OpKind:
-    """One op of the vocabulary: arity (None = one or more), attributes, payload kind, shape rule, meaning."""
+    """One op of the vocabulary: arity (None = one or more; a tuple = one of those counts), attributes, payload kind,
+    shape rule, meaning."""
 
     name: str
-    arity: int | None
+    arity: int | tuple[int, ...] | None
     category: str
     shape_rule: Callable[[tuple[Shape, ...], Mapping[str, Any], Shape], Shape]
     meaning: str
@@ -99,8 +104,16 @@ class OpKind:
         return tuple(a.name for a in self.attrs)
 
     def arity_text(self) -> str:
-        """The arity as a readable string ('2', '>= 1')."""
+        """The arity as a readable string ('2', '>= 1', '3 or 4')."""
+        if isinstance(self.arity, tuple):
+            return " or ".join(str(k) for k in self.arity)
         return ">= 1" if self.arity is None else str(self.arity)
+
+    def accepts_arity(self, k: int) -> bool:
+        """Whether a node of this op may have ``k`` parents."""
+        if isinstance(self.arity, tuple):
+            return k in self.arity
+        return k >= 1 if self.arity is None else k == self.arity
 
 
 OPS: dict[str, OpKind] = {}
@@ -213,6 +226,40 @@ def reshape_plan(a0: Any, a1: Any, a2: Any, b0: Any, b1: Any) -> dict[str, Any]:
     na = numel(a0, a1, a2)
     nb = numel(b0, b1)
     return {"na": na, "nb": nb, "accepts": all_of(na == nb, na <= MAX_NUMEL)}
+
+
+# The attention family's admissible calls (native.attention.attention_plan; spec cannot import native, so the two
+# limits are restated here and the contract item IR-SHAPE-attention-family enumerates both guards side by side).
+ATTENTION_HEAD_DIM_MAX = 128  # native.attention.HEAD_DIM_MAX
+ATTENTION_GRID_Y_MAX = 65535  # batch * heads_q is the kernels' grid y (native.attention.MAX_GRID_Y)
+
+
+def attention_plan(batch: Any, heads_q: Any, heads_kv: Any, seq_q: Any, seq_k: Any, head_dim: Any) -> dict[str, Any]:
+    """Attention shapes q (batch, heads_q, seq_q, head_dim), k and v (batch, heads_kv, seq_k, head_dim): GQA groups.
+
+    Accepted iff heads_q is a positive multiple of heads_kv (group = heads_q / heads_kv query heads per KV head),
+    1 <= head_dim <= 128 and batch * heads_q <= 65535 (the family's kernels); query head h reads KV head h // group.
+    """
+    hkv = smax(heads_kv, 1)
+    group = heads_q // hkv
+    grid_y = as_type(batch, "int64") * heads_q
+    valid = all_of(
+        batch >= 1,
+        heads_kv >= 1,
+        heads_q >= heads_kv,
+        heads_q % hkv == 0,
+        head_dim >= 1,
+        head_dim <= ATTENTION_HEAD_DIM_MAX,
+        seq_q >= 0,
+        seq_k >= 0,
+        grid_y <= ATTENTION_GRID_Y_MAX,
+    )
+
+    def kv_head(h: Any) -> Any:
+        """The KV head query head h reads."""
+        return h // smax(group, 1)
+
+    return {"valid": valid, "group": group, "grid_y": grid_y, "kv_head": kv_head}
 
 
 # -- shape rules over whole shapes (ints) ----------------------------------------------------------------
@@ -416,6 +463,35 @@ def _rope(ins: tuple[Shape, ...], attrs: Mapping[str, Any], declared: Shape) -> 
     return s
 
 
+def _attention(ins: tuple[Shape, ...], attrs: Mapping[str, Any], declared: Shape) -> Shape:
+    q, k, v = ins[:3]
+    if len(q) != 4 or len(k) != 4 or len(v) != 4:
+        _fail(f"attention needs q (B, Hq, Lq, D), k and v (B, Hkv, Lk, D): got q {list(q)}, k {list(k)}, v {list(v)}")
+    if k != v or q[0] != k[0] or q[3] != k[3]:
+        _fail(
+            f"attention: k and v must both be (B, Hkv, Lk, D) with q's B and D: got q {list(q)}, k {list(k)}, "
+            f"v {list(v)}"
+        )
+    b, hq, lq, d = q
+    hkv, lk = k[1], k[2]
+    if not attention_plan(b, hq, hkv, lq, lk, d)["valid"]:
+        # The plan decides; these name which of its conditions fails.
+        why = [
+            msg
+            for bad, msg in (
+                (hkv < 1 or hq < hkv or hq % max(hkv, 1), f"heads_q {hq} is not a positive multiple of heads_kv {hkv}"),
+                (not 1 <= d <= ATTENTION_HEAD_DIM_MAX, f"head dim {d} is not in 1..{ATTENTION_HEAD_DIM_MAX}"),
+                (b < 1, f"batch {b} < 1"),
+                (b * hq > ATTENTION_GRID_Y_MAX, f"batch * heads_q = {b * hq} > {ATTENTION_GRID_Y_MAX}"),
+            )
+            if bad
+        ]
+        _fail(f"attention (q {list(q)}, k {list(k)}): {'; '.join(why) or 'shapes outside the attention plan'}")
+    if len(ins) == 4 and ins[3] != (b,):
+        _fail(f"attention: the kv_lens operand must have shape [{b}] (one key length per batch), got {list(ins[3])}")
+    return q
+
+
 # -- the registry -----------------------------------------------------------------------------------------
 
 _A = AttrSpec
@@ -600,6 +676,18 @@ for _op in (
         "w = payload[id]",
         (_A("eps", "float", 1e-6),),
         payload="rmsnorm",
+    ),
+    OpKind(
+        "attention",
+        (3, 4),
+        "nn",
+        _attention,
+        "softmax(q k^T * scale + mask) v over q (B, Hq, Lq, D), k and v (B, Hkv, Lk, D): query head h reads KV "
+        "head h // (Hq / Hkv) (GQA/MQA); scale = attr or 1/sqrt(D); key j allowed for row i iff j < kv_lens[b] "
+        "(optional 4th operand (B,), integers in [0, Lk]) and, if causal, j <= i; blocked keys weigh exactly 0, a "
+        "row with none allowed is +0. The family has only a float64 spec: spec.attention.sdpa in float64, rounded "
+        "once to binary32 (RNE), NaN 0x7FFFFFFF; kernels agree within spec.attention.forward_bound, not bitwise",
+        (_A("causal", "bool", False), _A("scale", "float", None)),
     ),
     OpKind(
         "embedding",

@@ -2,17 +2,51 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import re
 import shutil
+import subprocess
+import sys
+from typing import Any
 
 import numpy as np
 import pytest
 
+from falsification import norm_tests as nt
 from native import norm as nn
 from obligations.check import check_contract
 from spec import norm as sn
 from tests.contract_helpers import CONTRACTS, check_items, contract_variant, needs_cuda
 
 CONTRACT = CONTRACTS / "norm-softmax-v1.yaml"
+DOC = CONTRACTS.parent / "docs" / "norm.md"
+
+
+# -- planted backward bugs (named by the contract variants below as tests.test_norm:<name>) ----------------------
+
+
+def layernorm_backward_no_mean(
+    x: Any, weight: Any, dy: Any, eps: float = 1e-5, device: str = "auto"
+) -> tuple[Any, Any, Any]:
+    """BUG: dx = r (g - xh mean(g xh)): the mean-of-gradient term mean(g) is missing (dw, db right)."""
+    x, w, g = (np.asarray(a, np.float32) for a in (x, weight, dy))
+    d = x - x.mean(-1, keepdims=True)
+    r = (1 / np.sqrt((d * d).mean(-1, keepdims=True) + np.float32(eps))).astype(np.float32)
+    xh, gw = d * r, g * w
+    dx = (r * (gw - xh * (gw * xh).mean(-1, keepdims=True))).astype(np.float32)
+    _, dw, db = nn.layernorm_backward(x, w, g, eps, device="host")
+    return dx, dw, db
+
+
+def rmsnorm_backward_no_rsqrt_term(
+    x: Any, weight: Any, dy: Any, eps: float = 1e-6, device: str = "auto"
+) -> tuple[Any, Any]:
+    """BUG: dx = r g: the term through the rsqrt's derivative, -r xh mean(g xh), is missing (dw right)."""
+    x, w, g = (np.asarray(a, np.float32) for a in (x, weight, dy))
+    r = (1 / np.sqrt((x * x).mean(-1, keepdims=True) + np.float32(eps))).astype(np.float32)
+    _, dw = nn.rmsnorm_backward(x, w, g, eps, device="host")
+    return (r * (g * w)).astype(np.float32), dw
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -58,6 +92,139 @@ def test_planted_bug_is_caught(tmp_path, items, old, new):
     path = contract_variant(CONTRACT, tmp_path, old, new, count=-1)
     got = check_items(path, items)
     assert {k: v["status"] for k, v in got.items()} == dict.fromkeys(items, "violated")
+
+
+@pytest.mark.parametrize(
+    ("item", "old", "new"),
+    [
+        (
+            "SOFTMAX-BWD-bound",
+            'impl: "native.norm:softmax_backward"',
+            'impl: "tests.planted.norm_bugs:softmax_backward_no_diagonal"',
+        ),
+        (
+            "LAYERNORM-BWD-bound",
+            'impl: "native.norm:layernorm_backward"',
+            'impl: "tests.test_norm:layernorm_backward_no_mean"',
+        ),
+        (
+            "RMSNORM-BWD-bound",
+            'impl: "native.norm:rmsnorm_backward"',
+            'impl: "tests.test_norm:rmsnorm_backward_no_rsqrt_term"',
+        ),
+    ],
+)
+def test_planted_backward_bug_is_caught_by_its_bound(tmp_path, item, old, new):
+    """A softmax backward without the Jacobian's diagonal, a layernorm backward without mean(g), an RMSNorm
+    backward without the rsqrt-derivative term: each violates its float64 error-bound item."""
+    got = check_items(contract_variant(CONTRACT, tmp_path, old, new, count=-1), [item])
+    assert got[item]["status"] == "violated", got[item].get("reason")
+
+
+@pytest.mark.parametrize("op", ["softmax_bwd", "layernorm_bwd", "rmsnorm_bwd"])
+def test_planted_loose_bound_is_caught_by_the_tightness_item(monkeypatch, op):
+    """A backward bound formula 8x too loose (every output) passes its bound item but violates its -tight item."""
+    item = {"softmax_bwd": "SOFTMAX", "layernorm_bwd": "LAYERNORM", "rmsnorm_bwd": "RMSNORM"}[op] + "-BWD-bound"
+    true_bound = nt._BOUNDS[op]
+
+    def loose(i: Any, tol: float) -> tuple[np.ndarray, np.ndarray]:
+        value, bound = true_bound.fn(i, tol)
+        return value, 8 * bound
+
+    monkeypatch.setitem(nt._BOUNDS, op, dataclasses.replace(true_bound, fn=loose))
+    got = check_items(CONTRACT, [item, f"{item}-tight"])
+    assert got[item]["status"] == "passed", got[item].get("reason")
+    tight = got[f"{item}-tight"]
+    assert tight["status"] == "violated", tight.get("reason")
+    assert min(tight["evidence"]["lowest_worst_ratio"]) < tight["tolerance"], tight["evidence"]
+
+
+@pytest.mark.parametrize(
+    ("planted", "items"),
+    [
+        ("underflow", ["SOFTMAX-BWD-bound", "LAYERNORM-BWD-bound", "RMSNORM-BWD-bound"]),
+        # RMSNorm's fold terms are dominated by the rsqrt's e_xh carried into every product (e_xh ~ (n + 2) u |XH|),
+        # so dropping them leaves a bound the kernel still meets: its tightness item bounds that slack (8x)
+        ("folds", ["SOFTMAX-BWD-bound", "LAYERNORM-BWD-bound"]),
+    ],
+)
+def test_planted_too_tight_bound_is_caught(monkeypatch, planted, items):
+    """Backward bounds without their underflow terms (tiny = 0) or their folds' rounding (gamma_k = 0) are too
+    tight: the bound items see the shipped kernels' subnormal products and fold errors beyond them."""
+    if planted == "underflow":
+        monkeypatch.setattr(nt, "KERNEL", dataclasses.replace(nt.KERNEL, tiny=0.0))
+    else:
+        monkeypatch.setattr(nt, "_gamma", lambda k, u=nt.U: np.zeros(np.shape(k)) if np.ndim(k) else 0.0)
+    got = check_items(CONTRACT, items)
+    assert {k: v["status"] for k, v in got.items()} == dict.fromkeys(items, "violated")
+
+
+def _vjp(f: Any, x: np.ndarray, dy: np.ndarray, h: float = 1e-6) -> np.ndarray:
+    """dy^T J_f(x) by central differences in float64."""
+    out = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        e = np.zeros_like(x)
+        e[idx] = h
+        out[idx] = np.sum(dy * (f(x + e) - f(x - e))) / (2 * h)
+    return out
+
+
+def test_float64_backward_specs_are_the_gradients():
+    """The *_backward_f64 specs equal central-difference VJPs of the float64 forward (eps included)."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 6)).astype(np.float32)
+    w = rng.standard_normal(6).astype(np.float32)
+    dy = rng.standard_normal((3, 6)).astype(np.float32)
+    x64, w64, g64 = (a.astype(np.float64) for a in (x, w, dy))
+    mask = rng.random((3, 6)) < 0.7
+    y = sn.softmax_f64(x64, mask).astype(np.float32)
+    got = sn.softmax_backward_f64(y, dy, mask)
+    want = _vjp(lambda z: sn.softmax_f64(z, mask), x64, g64)  # at y rounded to float32: compare loosely
+    assert np.allclose(got, want, atol=1e-6)
+    eps = float(np.float32(1e-5))
+
+    def ln(z: np.ndarray, centred: bool = True) -> np.ndarray:
+        d = z - z.mean(-1, keepdims=True) if centred else z
+        return d / np.sqrt((d * d).mean(-1, keepdims=True) + eps) * w64
+
+    dx, dw, db = sn.layernorm_backward_f64(x, w, dy, 1e-5)
+    assert np.allclose(dx, _vjp(ln, x64, g64), rtol=1e-6, atol=1e-7)
+    xh = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + eps)
+    assert np.allclose(dw, (g64 * xh).sum(0)) and np.allclose(db, g64.sum(0))
+    eps = float(np.float32(1e-6))
+    dx, dw = sn.rmsnorm_backward_f64(x, w, dy, 1e-6)
+    assert np.allclose(dx, _vjp(lambda z: ln(z, False), x64, g64), rtol=1e-6, atol=1e-7)
+
+
+def test_backward_bound_evidence_reports_the_worst_ratio():
+    """The backward bound items report the worst error/bound, by output, and no element without a bound."""
+    items = ["SOFTMAX-BWD-bound", "LAYERNORM-BWD-bound", "RMSNORM-BWD-bound", "LAYERNORM-BWD-bound-tight"]
+    got = check_items(CONTRACT, items)
+    for item in items[:3]:
+        ev = got[item]["evidence"]
+        assert got[item]["status"] == "passed" and 0 < ev["worst_error_over_bound"] <= 1, (item, ev)
+        assert ev["elements_without_bound"] == 0
+    assert set(got["LAYERNORM-BWD-bound"]["evidence"]["worst_error_over_bound_by_output"]) == {"dx", "dw", "db"}
+    tight = got["LAYERNORM-BWD-bound-tight"]["evidence"]
+    assert tight["outputs"] == ["dx", "dw", "db"] and min(tight["lowest_worst_ratio"]) >= 0.0625
+
+
+def test_docs_python_blocks_run(tmp_path):
+    """docs/norm.md's python blocks run as written."""
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
+    assert blocks
+    for k, code in enumerate(blocks):
+        script = tmp_path / f"block{k}.py"
+        script.write_text(code)
+        done = subprocess.run(
+            [sys.executable, str(script)],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(DOC.parent.parent)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, f"block {k}:\n{done.stdout}\n{done.stderr}"
 
 
 def test_fully_masked_row_is_documented_value():

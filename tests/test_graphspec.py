@@ -306,3 +306,18 @@ def test_attention_agreement_is_the_attention_contracts_bound() -> None:
 def test_cuda_executor_agrees_on_attention_models() -> None:
     out = T.executor_agreement(_ctx("graphspec.executor_agreement", device="cuda", seed=7, families=["attention"]))
     assert out.status == "passed" and out.evidence.details["by_rule"].get("error-bound"), out.reason
+
+
+def test_onnx_attention_is_not_imported_and_fails_at_its_node() -> None:
+    """ONNX Attention (additive/boolean masks, softcap, 3-D head packing) is no trivial map to the IR's op: refused."""
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    from spec.ir.onnx import OnnxImportError, import_onnx
+
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2, 3, 4]) for n in "qkv"]
+    out = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3, 4])]
+    nodes = [helper.make_node("Relu", ["q"], ["a"], name="r"), helper.make_node("Attention", ["a", "k", "v"], ["y"])]
+    with pytest.raises(OnnxImportError) as exc:
+        import_onnx(helper.make_model(helper.make_graph(nodes, "g", vi, out)))
+    assert (exc.value.index, exc.value.op_type) == (1, "Attention")

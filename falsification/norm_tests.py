@@ -495,7 +495,8 @@ def norm_backward_error(
     e_dw = e_h.sum(0) + _gamma(rows - 1, u) * (g2 * h2 + e_h).sum(0)
     e_db = _gamma(rows - 1, u) * g2.sum(0)
     # where the forward's rsqrt has no finite bound (rho >= 1) the derivation is vacuous: +Inf, never NaN (Inf x 0)
-    return tuple(np.where(np.isnan(e), np.inf, e) for e in (e_dx, e_dw, e_db))  # type: ignore[return-value]
+    e_dx, e_dw, e_db = (np.where(np.isnan(e), np.inf, e) for e in (e_dx, e_dw, e_db))
+    return e_dx, e_dw, e_db
 
 
 def softmax_backward_bound(

@@ -3,7 +3,8 @@
 Registered names and their ``params``:
 
 * ``graphspec.lowering_meaning`` {lower=spec.ir.graphspec:lower, max_examples} — on Hypothesis-drawn
-  GraphSpec models (MLP chains, conv chains, residual blocks, DAGs with sharing and multi-input nodes),
+  GraphSpec models (MLP chains, conv chains, residual blocks, DAGs with sharing and multi-input nodes,
+  self-attention DAGs with GQA heads and masks),
   drawn parameters and inputs (special values included): the lowered graph passes ``check_well_formed``,
   ``check_inferred_shapes`` and ``check_payload``, its output node has the model's output shape, and
   ``denote(lower(g, p), x) == spec(g)(p, x)`` bit for bit. ``lower`` names the lowering under test (the

@@ -32,7 +32,7 @@ from hypothesis import seed as hseed
 from hypothesis import strategies as st
 from hypothesis.errors import HypothesisException
 
-from falsification.agreement import NAN_MISMATCH, Agreement, Expected, make_agreement
+from falsification.agreement import NAN_MISMATCH, Agreement, Expected, make_agreement, max_finite
 from falsification.profiles import Budget
 from falsification.registry import FalsifyContext, Replay, get_test
 from obligations.core.device import DeviceUnavailable
@@ -232,9 +232,9 @@ def judge(check: Check, inputs: Any) -> Judgement:
             bad |= c.bad
             dists.append(c.distance)
             if c.distance is not None and n:
-                finite = c.distance[c.distance < NAN_MISMATCH]
-                if finite.size:
-                    max_ulp = max(max_ulp or 0, int(finite.max()))
+                m = max_finite(c.distance)
+                if m is not None:
+                    max_ulp = max(max_ulp or 0, m)
     count = int(bad.sum()) if n else 0
     first_bad = int(xp.argmax(bad)) if count else None
     return Judgement(n, bad, first_bad, count, max_ulp, first.guard_ok, natives[-1], expected, dists, inputs)

@@ -13,7 +13,10 @@ Two layers, both public:
   so a seed replays bit-for-bit on either device. The expansion mixes uniform bit patterns, TestFloat-
   style exponent-class x significand-pattern operands, the special table, random subnormals, and
   correlated operand tuples (addition ties, multiplication ties, near-cancellation, fma-sensitive
-  triples where ``z = -fl(x*y)`` exposes contraction).
+  triples where ``z = -fl(x*y)`` exposes contraction). On CuPy the expansion is one fused CUDA kernel
+  (:data:`GENERATE_SOURCE`, the same integer arithmetic written once in C++: one launch per batch instead of
+  ~150 array operations); the array code stays the definition, and the test suite compiles the kernel's very
+  source for the host and checks it bit for bit against the array code for every mix, arity and size class.
 
 Example::
 
@@ -54,6 +57,9 @@ __all__ = [
     "splitmix64",
     "generate_bits",
     "layout_arrays",
+    "GENERATE_SOURCE",
+    "FUSED_MAX_ARITY",
+    "set_fused",
 ]
 
 SPECIALS: dict[str, int] = {
@@ -371,7 +377,9 @@ def _correlate(xp: ModuleType, ops: list, row: Any, weights: tuple[int, ...]) ->
         from spec.elementwise import bits_to_f64, f64_to_f32_bits  # flush-free on CuPy too
 
         with np.errstate(all="ignore"):
-            p = f64_to_f32_bits(bits_to_f64(out[0]) * bits_to_f64(out[1])) ^ xp.uint32(0x80000000)
+            prod = bits_to_f64(out[0]) * bits_to_f64(out[1])
+            # A NaN product becomes the one quiet NaN (its payload would be the platform's NaN rule).
+            p = xp.where(xp.isnan(prod), xp.uint32(0x7FC00000), f64_to_f32_bits(prod)) ^ xp.uint32(0x80000000)
         p = xp.where((p & xp.uint32(0x7F800000)) == 0, p & xp.uint32(0x80000000), p)
         out.append(xp.where(chosen & (kind >= 2), p, ops[2]).astype(xp.uint32))
     out += ops[len(out) :]
@@ -385,6 +393,8 @@ def generate_bits(spec: BatchSpec, arity: int, xp: ModuleType = np, size: int | 
     """
     n = spec.size if size is None else size
     weights = MIXES[spec.mix]
+    if xp is not np and _FUSED["on"] and 0 < arity <= FUSED_MAX_ARITY:
+        return _explicit(spec, _generate_fused(spec.seed, n, arity, weights, xp), n, arity)
     idx = xp.arange(n, dtype=xp.uint64)
     ops = []
     for k in range(arity):
@@ -393,11 +403,184 @@ def generate_bits(spec: BatchSpec, arity: int, xp: ModuleType = np, size: int | 
         ops.append(_single(xp, h, g, weights))
     if weights[4] and n:
         ops = _correlate(xp, ops, splitmix64(idx + xp.uint64(_key(spec.seed, 99))), weights)
+    return _explicit(spec, ops, n, arity)
+
+
+def _explicit(spec: BatchSpec, ops: list, n: int, arity: int) -> list:
+    """Write the spec's explicit elements over the generated operands (later entries win)."""
     if n:
         for pos, bits in spec.explicit:
             for k in range(arity):
                 ops[k][pos % n] = bits[k % len(bits)]
     return ops
+
+
+# -- the fused CUDA generator -------------------------------------------------------------------------
+
+FUSED_MAX_ARITY = 4
+_FUSED = {"on": True}
+
+
+def set_fused(on: bool) -> None:
+    """Use the fused CUDA generator for CuPy (True, the default) or the array code (False)."""
+    _FUSED["on"] = bool(on)
+
+
+def _table(name: str, values: tuple[int, ...]) -> str:
+    body = ", ".join(f"0x{v:08X}u" for v in values)
+    return f"KC_GEN_TABLE g_u32 {name}[{len(values)}] = {{{body}}};\n#define {name}_N {len(values)}ull\n"
+
+
+# The array code's operations, in the same order and widths (u32(v) = low 32 bits; `%` on uint64).
+GENERATE_SOURCE = (
+    r"""
+typedef unsigned int g_u32;
+typedef unsigned long long g_u64;
+#ifdef KC_GEN_HOST
+#include <cmath>
+#include <cstring>
+#define KC_GEN_DEV static inline
+#define KC_GEN_TABLE static const
+static inline double kc_gen_bits_f64(g_u64 b) { double d; std::memcpy(&d, &b, 8); return d; }
+static inline g_u64 kc_gen_f64_bits(double d) { g_u64 b; std::memcpy(&b, &d, 8); return b; }
+static inline g_u32 kc_gen_f2u(float f) { g_u32 u; std::memcpy(&u, &f, 4); return u; }
+static inline float kc_gen_d2f(double d) { return (float)d; }
+static inline g_u32 kc_gen_rint_u32(double x) { return (g_u32)std::nearbyint(x); }  // x in [0, 2^23]
+#else
+#define KC_GEN_DEV __device__ __forceinline__
+#define KC_GEN_TABLE __device__ const
+KC_GEN_DEV double kc_gen_bits_f64(g_u64 b) { return __longlong_as_double((long long)b); }
+KC_GEN_DEV g_u64 kc_gen_f64_bits(double d) { return (g_u64)__double_as_longlong(d); }
+KC_GEN_DEV g_u32 kc_gen_f2u(float f) { return __float_as_uint(f); }
+KC_GEN_DEV float kc_gen_d2f(double d) { return __double2float_rn(d); }
+KC_GEN_DEV g_u32 kc_gen_rint_u32(double x) { return __double2uint_rn(x); }
+#endif
+"""
+    + _table("KC_GEN_EXP", EXPONENT_CLASSES)
+    + _table("KC_GEN_SIG", SIGNIFICAND_PATTERNS)
+    + _table("KC_GEN_SPECIAL", SPECIAL_BITS)
+    + r"""
+KC_GEN_DEV g_u64 kc_gen_splitmix(g_u64 x) {
+    g_u64 z = x + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// _single: category by the top byte of h, operand fields from g.
+KC_GEN_DEV g_u32 kc_gen_single(g_u64 h, g_u64 g, long long c0, long long c1, long long c2, long long c3) {
+    const long long sel = (long long)(h >> 56);
+    const g_u32 sign = ((g_u32)(g >> 63)) << 31;
+    const g_u32 uniform = (g_u32)h;
+    g_u32 e = KC_GEN_EXP[(g >> 8) % KC_GEN_EXP_N];
+    g_u32 sig = KC_GEN_SIG[(g >> 24) % KC_GEN_SIG_N];
+    const g_u32 rand_sig = ((g_u32)g) & 0x7FFFFFu;
+    if ((g & 3ull) == 0ull) e = ((g_u32)(g >> 40)) & 0xFFu;
+    if (((g >> 2) & 3ull) == 0ull) sig = rand_sig;
+    const g_u32 testfloat = sign | (e << 23) | sig;
+    const g_u32 special = KC_GEN_SPECIAL[(g >> 16) % KC_GEN_SPECIAL_N];
+    const g_u32 small = ((g_u32)(g >> 8)) & 0xFFu;
+    const g_u64 sub_kind = (g >> 4) & 3ull;
+    const g_u32 subm =
+        sub_kind == 0ull ? small + 1u : (sub_kind == 1ull ? 0x7FFFFFu - small : (rand_sig > 1u ? rand_sig : 1u));
+    const g_u32 subnormal = sign | subm;
+    if (sel < c0) return uniform;
+    if (sel < c1) return testfloat;
+    if (sel < c2) return special;
+    return sel < c3 ? subnormal : testfloat;
+}
+
+// bits_to_f64: the exact binary64 value of binary32 bits (fields, no float32 operation: no flushing).
+KC_GEN_DEV double kc_gen_f64(g_u32 x) {
+    const g_u32 e = (x >> 23) & 0xFFu, f = x & 0x7FFFFFu;
+    double v;
+    if (e == 0xFFu) v = kc_gen_bits_f64(f ? 0x7FF8000000000000ull : 0x7FF0000000000000ull);
+    else if (e == 0u) v = (double)f * kc_gen_bits_f64(0x36A0000000000000ull);  // 2^-149
+    else v = kc_gen_bits_f64(((g_u64)(e - 127u + 1023u) << 52) | ((g_u64)f << 29));
+    return (x >> 31) ? -v : v;
+}
+
+// f64_to_f32_bits (r not NaN): round to nearest-even, subnormal results by rint(|r| 2^149).
+KC_GEN_DEV g_u32 kc_gen_f32_bits(double r) {
+    const double a = r < 0.0 ? -r : r;
+    const g_u32 sign = (g_u32)(kc_gen_f64_bits(r) >> 63) << 31;
+    if (a < kc_gen_bits_f64(0x3810000000000000ull)) {  // 2^-126
+        return sign | kc_gen_rint_u32(a * kc_gen_bits_f64(0x4940000000000000ull));  // 2^149, exact
+    }
+    return kc_gen_f2u(kc_gen_d2f(r));
+}
+
+// _correlate on one element's operands x[0..arity).
+KC_GEN_DEV void kc_gen_correlate(g_u32* x, int arity, g_u64 row, long long c3) {
+    const bool chosen = (long long)(row >> 56) >= c3;
+    const g_u64 kind = (row >> 8) & 3ull;
+    const g_u32 j = (g_u32)((row >> 16) % 23ull + 1ull);
+    const g_u32 e0 = (g_u32)((row >> 24) % 200ull + 30ull);
+    const g_u32 s0 = ((g_u32)((row >> 40) & 1ull)) << 31;
+    const g_u32 s1 = ((g_u32)((row >> 41) & 1ull)) << 31;
+    const g_u32 m0 = (g_u32)(row & 0x7FFFFFull);
+    const g_u32 a = x[0];
+    const g_u32 tie_a = s0 | (e0 << 23) | m0;
+    const g_u32 tie_b = s1 | ((e0 - 24u) << 23);
+    const g_u32 mt_a = s0 | (e0 << 23) | (1u << (23u - j));
+    const g_u32 mt_b = s1 | (127u << 23) | (1u << ((j > 1u ? j : 1u) - 1u));
+    const g_u32 near_b = (a ^ 0x80000000u) + (g_u32)((row >> 48) & 7ull);
+    const g_u32 new0 = kind == 0ull ? tie_a : (kind == 1ull ? mt_a : a);
+    const g_u32 new1 = kind == 0ull ? tie_b : (kind == 1ull ? mt_b : near_b);
+    x[0] = chosen ? new0 : a;
+    if (arity >= 2) x[1] = chosen ? new1 : x[1];
+    if (arity >= 3) {
+        const double prod = kc_gen_f64(x[0]) * kc_gen_f64(x[1]);
+        g_u32 p = (prod != prod ? 0x7FC00000u : kc_gen_f32_bits(prod)) ^ 0x80000000u;
+        if ((p & 0x7F800000u) == 0u) p &= 0x80000000u;
+        if (chosen && kind >= 2ull) x[2] = p;
+    }
+}
+
+KC_GEN_DEV void kc_gen_element(g_u64 i, int arity, const g_u64* keys, g_u64 kc, long long c0, long long c1,
+                               long long c2, long long c3, int correlate, g_u32* x) {
+    for (int k = 0; k < arity; ++k) {
+        x[k] = kc_gen_single(kc_gen_splitmix(i + keys[2 * k]), kc_gen_splitmix(i + keys[2 * k + 1]), c0, c1, c2, c3);
+    }
+    if (correlate) kc_gen_correlate(x, arity, kc_gen_splitmix(i + kc), c3);
+}
+
+#ifndef KC_GEN_HOST
+extern "C" __global__ void kc_generate_bits(long long n, int arity, g_u64 k0, g_u64 k1, g_u64 k2, g_u64 k3, g_u64 k4,
+                                            g_u64 k5, g_u64 k6, g_u64 k7, g_u64 kc, long long c0, long long c1,
+                                            long long c2, long long c3, int correlate, g_u32* out) {
+    const g_u64 keys[8] = {k0, k1, k2, k3, k4, k5, k6, k7};
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        g_u32 x[4];
+        kc_gen_element((g_u64)i, arity, keys, kc, c0, c1, c2, c3, correlate, x);
+        for (int k = 0; k < arity; ++k) out[(long long)k * n + i] = x[k];
+    }
+}
+#endif
+"""
+)
+
+
+def generate_args(seed: int, n: int, arity: int, weights: tuple[int, ...]) -> tuple[list[int], int, list[int], int]:
+    """(operand keys h0, g0, h1, g1, ... padded to 8, correlation key, cumulative weights c0..c3, correlate?)."""
+    keys = [_key(seed, j) for j in range(1, 2 * arity + 1)] + [0] * (2 * FUSED_MAX_ARITY - 2 * arity)
+    c = [int(v) for v in np.cumsum(weights)[:4]]
+    return keys, _key(seed, 99), c, int(bool(weights[4]) and n > 0)
+
+
+def _generate_fused(seed: int, n: int, arity: int, weights: tuple[int, ...], xp: ModuleType) -> list:
+    """generate_bits' operands (before explicit elements) by the fused kernel: one launch."""
+    from native.nvrtc import compile_function
+
+    out = xp.empty((arity, n), dtype=xp.uint32)
+    if n:
+        fn = compile_function(GENERATE_SOURCE, "kc_generate_bits", "nvrtc-ieee")
+        keys, kc, c, corr = generate_args(seed, n, arity, weights)
+        blocks = min(max((n + 255) // 256, 1), 8192)
+        args = (np.int64(n), np.int32(arity), *(np.uint64(k) for k in keys), np.uint64(kc))
+        fn((blocks,), (256,), (*args, *(np.int64(v) for v in c), np.int32(corr), out))
+    return [out[k] for k in range(arity)]
 
 
 def layout_arrays(ops: list, layout: str, xp: ModuleType = np) -> list:

@@ -7,6 +7,7 @@ Every problem is a :class:`Diagnostic` with file, line and column, printed by ``
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import importlib
 import inspect
@@ -18,9 +19,8 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedOrderedMap, CommentedSeq
 from ruamel.yaml.composer import Composer, ComposerError, MaxDepthExceededError, ReusedAnchorWarning
@@ -33,6 +33,9 @@ from obligations import expr as exprlang
 from obligations import statements
 from obligations.core import plans
 from obligations.core import symbolic as sym
+
+if TYPE_CHECKING:
+    import jsonschema
 
 __all__ = [
     "Diagnostic",
@@ -523,17 +526,22 @@ def _schema() -> dict[str, Any]:
     return _SCHEMA
 
 
-# JSON Schema's "integer" admits 1.0 and 1e300; a contract's integers are YAML integers.
-_Validator = jsonschema.validators.extend(
-    jsonschema.Draft7Validator,
-    type_checker=jsonschema.Draft7Validator.TYPE_CHECKER.redefine(
-        "integer", lambda _checker, v: isinstance(v, int) and not isinstance(v, bool)
-    ),
-)
+@functools.cache
+def _validator_class() -> Any:
+    """The schema validator, built on first use: only validation needs jsonschema (workers only parse)."""
+    import jsonschema
+
+    # JSON Schema's "integer" admits 1.0 and 1e300; a contract's integers are YAML integers.
+    return jsonschema.validators.extend(
+        jsonschema.Draft7Validator,
+        type_checker=jsonschema.Draft7Validator.TYPE_CHECKER.redefine(
+            "integer", lambda _checker, v: isinstance(v, int) and not isinstance(v, bool)
+        ),
+    )
 
 
 def _diagnose(c: Contract, known_ids: set[str] | None, imports: bool = True) -> Iterator[Diagnostic]:
-    validator = _Validator(_schema())
+    validator = _validator_class()(_schema())
     schema_errors = sorted(validator.iter_errors(c.data), key=lambda e: list(map(str, e.absolute_path)))
     for err in schema_errors:
         yield _schema_diagnostic(c, err)

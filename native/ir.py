@@ -3,8 +3,8 @@
 ``run_graph(graph, payload, inputs, device)`` checks well-formedness first, then evaluates node after node
 in id order. Each op is one entry of :data:`EXECUTORS`: elementwise ops are the kernels of
 :mod:`native.elementwise` (CUDA through NVRTC on ``"cuda"``, their NumPy host paths on ``"host"``),
-reductions and the folds inside softmax and layer norm are :mod:`native.reductions`, linear and matmul are
-:mod:`native.gemm` (cuBLAS on ``"cuda"``, its host model on ``"host"``), conv2d and pool are
+reductions are :mod:`native.reductions`, softmax, layernorm and rmsnorm :mod:`native.norm`'s kernels, linear and
+matmul are :mod:`native.gemm` (cuBLAS on ``"cuda"``, its host model on ``"host"``), conv2d and pool are
 :mod:`native.conv`'s kernels, attention is :mod:`native.attention`'s (its CUDA kernels on ``"cuda"``, its
 host path on ``"host"``); data movement is array indexing on the device. Devices resolve through
 :func:`obligations.core.device.resolve_device` (``"cuda"`` without a GPU raises, never a silent host run).
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from native import attention as attn
-from native import conv, gemm
+from native import conv, gemm, norm
 from native import elementwise as ew
 from native import reductions as red
 from obligations.core.device import array_module, resolve_device, to_host
@@ -253,27 +253,24 @@ def _last(x: Any, ax: int, device: str) -> Any:
 
 @register_executor("softmax")
 def _softmax(node: Node, a: dict, args: list, entry: Any, device: str) -> Any:
+    # The norm family's kernel (native.norm.softmax: IEEE max fold, exp(x - m), fold sum, e / s in index order: the
+    # ops of spec.norm.softmax, the IR's meaning; libdevice expf on the GPU, hence AGREEMENT["softmax"]'s bound).
     xp = _xp(device)
     ax = a["axis"] % args[0].ndim
-    x = _last(args[0], ax, device)
-    m = red.fold_max(x, axis=-1, device=device)[..., None]
-    e = _kernel("exp", _kernel("sub", x, m, device=device), device=device)
-    s = red.fold_sum(e, axis=-1, device=device)[..., None]
-    return xp.ascontiguousarray(xp.moveaxis(_kernel("div", e, s, device=device), -1, ax))
+    return xp.ascontiguousarray(xp.moveaxis(norm.softmax(_last(args[0], ax, device), device=device), -1, ax))
 
 
 @register_executor("layernorm")
 def _layernorm(node: Node, a: dict, args: list, entry: Any, device: str) -> Any:
-    x = args[0]
+    # The norm family's kernel (native.norm.layernorm: bitwise spec.norm.layernorm on host and CUDA, the IR's meaning).
     w, b = _dev(entry["weight"], device), _dev(entry["bias"], device)
-    d = _kernel("sub", x, red.mean(x, axis=-1, device=device)[..., None], device=device)
-    var = red.mean(_kernel("mul", d, d, device=device), axis=-1, device=device)[..., None]
-    eps = _xp(device).full(var.shape, np.float32(a["eps"]), dtype=_xp(device).float32)
-    # rsqrt as 1 / sqrt (two correctly rounded kernels): the one place the executor rounds twice where the
-    # denotation rounds once (AGREEMENT["layernorm"] states the resulting bound).
-    r = _kernel("inv", _kernel("sqrt", _kernel("add", var, eps, device=device), device=device), device=device)
-    y = _kernel("mul", _kernel("mul", d, r, device=device), w, device=device)
-    return _kernel("add", y, b, device=device)
+    return norm.layernorm(args[0], w, b, a["eps"], device=device).reshape(args[0].shape)
+
+
+@register_executor("rmsnorm")
+def _rmsnorm(node: Node, a: dict, args: list, entry: Any, device: str) -> Any:
+    # The norm family's kernel (native.norm.rmsnorm: bitwise spec.norm.rmsnorm on host and CUDA, the IR's meaning).
+    return norm.rmsnorm(args[0], _dev(entry["weight"], device), a["eps"], device=device).reshape(args[0].shape)
 
 
 # -- attention: native.attention's kernels ------------------------------------------------------------------
@@ -449,17 +446,6 @@ def _softmax_agree(node: Node, a: dict, parents: list, entry: Any, got: np.ndarr
     return (np.isnan(g) & np.isnan(w)) | (np.abs(g - w) <= rel * np.abs(w) + 2.0**-146)
 
 
-def _layernorm_agree(node: Node, a: dict, parents: list, entry: Any, got: np.ndarray, want: np.ndarray) -> np.ndarray:
-    x = parents[0].astype(np.float64)
-    d = x - x.mean(axis=-1, keepdims=True)
-    r = 1.0 / np.sqrt((d * d).mean(axis=-1, keepdims=True) + np.float32(a["eps"]))
-    mag = np.abs(d * r * np.asarray(entry["weight"], np.float64))
-    g, w = got.astype(np.float64), want.astype(np.float64)
-    with np.errstate(all="ignore"):
-        ok = np.abs(g - w) <= 10 * U * mag + 3 * U * np.abs(w) + 2.0**-146
-    return (np.isnan(g) & np.isnan(w)) | ok
-
-
 def _attention_agree(node: Node, a: dict, parents: list, entry: Any, got: np.ndarray, want: np.ndarray) -> np.ndarray:
     """Both within attention-v1's forward bound (ATT-FWD-bound: spec.attention.forward_bound, u_out = 2^-24) of the
     float64 SDPA, with the executor's key tiles (native.attention.BC): the denotation is that SDPA rounded once."""
@@ -493,6 +479,8 @@ AGREEMENT: dict[str, Agreement] = {
             "reduceMean",
             "sum",
             "pool",
+            "layernorm",  # native.norm's kernels are bitwise spec.norm (norm-softmax-v1 LAYERNORM-bitwise)
+            "rmsnorm",  # (RMSNORM-bitwise)
         )
     },
     **{k: _BITWISE for k, v in _KERNEL_NAMES.items() if v not in ULP_BOUNDS and k != "gelu"},
@@ -507,9 +495,6 @@ AGREEMENT: dict[str, Agreement] = {
     ),
     "softmax": Agreement(
         "relative", "|got - want| <= (12 u + 2.5 gamma_(n-1)) |want| + 2^-146 (exp 2 ulp)", _softmax_agree
-    ),
-    "layernorm": Agreement(
-        "relative", "|got - want| <= 10 u |d r w| + 3 u |want| + 2^-146 (rsqrt as 1/sqrt)", _layernorm_agree
     ),
     "attention": Agreement(
         "error-bound",

@@ -413,6 +413,45 @@ def test_ops_with_a_kernel_family_mean_that_familys_spec(monkeypatch, kind, fami
     assert got.shape == shape and np.array_equal(got.reshape(-1), marker.reshape(-1))
 
 
+@pytest.mark.parametrize(
+    ("kind", "module", "fn", "attrs", "shape", "entry"),
+    [
+        (
+            "conv2d",
+            "conv",
+            "conv2d",
+            {"out_channels": 1, "kernel": [1, 1]},
+            (1, 1, 2, 2),
+            {"weight": (1, 1, 1, 1), "bias": (1,)},
+        ),
+        ("pool", "conv", "max_pool2d", {"mode": "max", "kernel": [1, 1]}, (1, 2, 2), None),
+        ("pool", "conv", "avg_pool2d", {"mode": "avg", "kernel": [1, 1]}, (1, 2, 2), None),
+        ("softmax", "norm", "softmax", {"axis": -1}, (2, 2), None),
+        ("layernorm", "norm", "layernorm", {"eps": 1e-5}, (2, 2), {"weight": (2,), "bias": (2,)}),
+        ("rmsnorm", "norm", "rmsnorm", {"eps": 1e-6}, (2, 2), {"weight": (2,)}),
+    ],
+)
+def test_the_reference_executor_runs_these_ops_on_the_familys_kernels(
+    monkeypatch, kind, module, fn, attrs, shape, entry
+):
+    """One kernel per op: the executor's conv2d, pool, softmax, layernorm and rmsnorm are the family's native entry
+    points (a stand-in shows through), not compositions of elementwise and fold kernels."""
+    import importlib
+
+    from native import ir as nir
+    from spec.ir.graph import Attrs, Node
+
+    native_mod = importlib.import_module(f"native.{module}")
+    marker = np.full(shape, 7.0, np.float32)
+    stand_in = (lambda *a, **k: (marker, None)) if fn == "max_pool2d" else (lambda *a, **k: marker)
+    monkeypatch.setattr(native_mod, fn, stand_in)
+    node = Node(1, (0,), kind, shape, Attrs(attrs))
+    payload = None if entry is None else {k: np.ones(v, np.float32) for k, v in entry.items()}
+    x = np.zeros((1, 1, 2, 2) if kind == "conv2d" else shape, np.float32)
+    got = nir.run_node(node, [x], payload, "host")
+    assert np.array_equal(np.asarray(got), marker)
+
+
 # -- attention: the attention family's op --------------------------------------------------------------------
 
 

@@ -1232,6 +1232,8 @@ def _checked_plan(q: Any, k: Any, v: Any, kv_lens: Any) -> AttentionPlan:
         )
     b, hq, lq, d = (int(x) for x in q.shape)
     hkv, lk = int(k.shape[1]), int(k.shape[2])
+    if hkv < 1:  # the plan divides by Hkv (its own guard says Hkv >= 1): refuse before it runs on ints
+        raise AttentionShapeError(f"attention plan rejects B={b} Hq={hq} Hkv={hkv} Lq={lq} Lk={lk} D={d}: Hkv < 1")
     plan = attention_plan(b, hq, hkv, lq, lk, d, elem_size=q.dtype.itemsize)
     nb = [int(a.size) * a.dtype.itemsize for a in (q, k, v, q)]
     if not plan.accepts(*nb):

@@ -95,7 +95,7 @@ def probs(q: Any, k: Any, *, causal: bool = False, kv_lens: Any = None, scale: f
     """A = softmax over allowed entries, rows with none allowed all zero (float64)."""
     s = _scores(q, k, scale)
     ok = mask(s.shape[0], s.shape[2], s.shape[3], causal, kv_lens)
-    m = np.where(ok, s, -np.inf).max(axis=-1, keepdims=True)
+    m = np.where(ok, s, -np.inf).max(axis=-1, keepdims=True, initial=-np.inf)  # Lk = 0: no keys, rows of zeros
     with np.errstate(all="ignore"):
         w = np.where(ok, np.exp(s - np.where(np.isfinite(m), m, 0)), 0.0)
     lsum = w.sum(axis=-1, keepdims=True)
@@ -147,11 +147,11 @@ def _weight_log_error(
     # log2 units, fl(dot sl) with sl = fl(fp32(scale) log2(e)): one more.
     r = (1 + U32) ** (3 if tensor_core else 2)
     ds = a * g_dot * r + np.abs(s) * (r - 1)
-    hi = np.where(ok, s, -np.inf).max(axis=-1)
-    lo = np.where(ok, s, np.inf).min(axis=-1)
+    hi = np.where(ok, s, -np.inf).max(axis=-1, initial=-np.inf)  # Lk = 0: no keys, nothing to bound
+    lo = np.where(ok, s, np.inf).min(axis=-1, initial=np.inf)
     with np.errstate(all="ignore"):
-        rng = np.where(np.isfinite(hi), hi - lo, 0.0) + 2 * np.where(ok, ds, 0).max(axis=-1)
-    big = np.where(ok, ds, 0).max(axis=-1)
+        rng = np.where(np.isfinite(hi), hi - lo, 0.0) + 2 * np.where(ok, ds, 0).max(axis=-1, initial=0.0)
+    big = np.where(ok, ds, 0).max(axis=-1, initial=0.0)
     return big + 2 * U32 * rng + EXP_ULP + (EXP_ULP + 2 * U32) * tiles, ds, s
 
 

@@ -106,8 +106,18 @@ def test_guard_rejects_bad_shapes_and_lengths():
         na.attention(q, k, k)  # 3 query heads over 2 KV heads
     with pytest.raises(na.AttentionShapeError):
         na.attention(q[:, :2], k, k, kv_lens=[6])
+    with pytest.raises(na.AttentionShapeError):
+        na.attention(q, k[:, :0], k[:, :0])  # no KV heads: refused, not a ZeroDivisionError
     assert na.attention_plan(1, 4, 2, 10, 10, 64).accepts(10**6, 10**6, 10**6, 10**6)
     assert not na.attention_plan(1, 4, 2, 10, 10, 64).accepts(10, 10**6, 10**6, 10**6)
+
+
+def test_spec_with_no_keys_is_rows_of_zeros_with_a_finite_bound():
+    q = np.ones((1, 2, 3, 4))
+    k = np.zeros((1, 1, 0, 4))
+    assert np.array_equal(sa.sdpa(q, k, k), np.zeros((1, 2, 3, 4)))
+    exact, bound = sa.forward_bound(q, k, k)
+    assert np.array_equal(exact, np.zeros((1, 2, 3, 4))) and np.all(np.isfinite(bound))
 
 
 def test_spec_gradients_match_finite_differences():

@@ -23,32 +23,6 @@ CONTRACT = CONTRACTS / "norm-softmax-v1.yaml"
 DOC = CONTRACTS.parent / "docs" / "norm.md"
 
 
-# -- planted backward bugs (named by the contract variants below as tests.test_norm:<name>) ----------------------
-
-
-def layernorm_backward_no_mean(
-    x: Any, weight: Any, dy: Any, eps: float = 1e-5, device: str = "auto"
-) -> tuple[Any, Any, Any]:
-    """BUG: dx = r (g - xh mean(g xh)): the mean-of-gradient term mean(g) is missing (dw, db right)."""
-    x, w, g = (np.asarray(a, np.float32) for a in (x, weight, dy))
-    d = x - x.mean(-1, keepdims=True)
-    r = (1 / np.sqrt((d * d).mean(-1, keepdims=True) + np.float32(eps))).astype(np.float32)
-    xh, gw = d * r, g * w
-    dx = (r * (gw - xh * (gw * xh).mean(-1, keepdims=True))).astype(np.float32)
-    _, dw, db = nn.layernorm_backward(x, w, g, eps, device="host")
-    return dx, dw, db
-
-
-def rmsnorm_backward_no_rsqrt_term(
-    x: Any, weight: Any, dy: Any, eps: float = 1e-6, device: str = "auto"
-) -> tuple[Any, Any]:
-    """BUG: dx = r g: the term through the rsqrt's derivative, -r xh mean(g xh), is missing (dw right)."""
-    x, w, g = (np.asarray(a, np.float32) for a in (x, weight, dy))
-    r = (1 / np.sqrt((x * x).mean(-1, keepdims=True) + np.float32(eps))).astype(np.float32)
-    _, dw = nn.rmsnorm_backward(x, w, g, eps, device="host")
-    return (r * (g * w)).astype(np.float32), dw
-
-
 def _bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
 
@@ -105,12 +79,12 @@ def test_planted_bug_is_caught(tmp_path, items, old, new):
         (
             "LAYERNORM-BWD-bound",
             'impl: "native.norm:layernorm_backward"',
-            'impl: "tests.test_norm:layernorm_backward_no_mean"',
+            'impl: "tests.planted.norm_bugs:layernorm_backward_no_mean"',
         ),
         (
             "RMSNORM-BWD-bound",
             'impl: "native.norm:rmsnorm_backward"',
-            'impl: "tests.test_norm:rmsnorm_backward_no_rsqrt_term"',
+            'impl: "tests.planted.norm_bugs:rmsnorm_backward_no_rsqrt_term"',
         ),
     ],
 )

@@ -14,6 +14,8 @@ __all__ = [
     "rmsnorm_no_eps",
     "layernorm_unbiased_variance",
     "log_softmax_backward_no_exp",
+    "layernorm_backward_no_mean",
+    "rmsnorm_backward_no_rsqrt_term",
 ]
 
 
@@ -54,3 +56,26 @@ def log_softmax_backward_no_exp(y: Any, dy: Any, mask: Any = None, device: str =
     ok = np.ones(y.shape, bool) if mask is None else np.broadcast_to(np.asarray(mask, bool), y.shape)
     t = np.where(ok, dy, 0).sum(-1, keepdims=True, dtype=np.float32)
     return np.where(ok, dy - y * t, 0).astype(np.float32)
+
+
+def layernorm_backward_no_mean(
+    x: Any, weight: Any, dy: Any, eps: float = 1e-5, device: str = "auto"
+) -> tuple[Any, Any, Any]:
+    """BUG: dx = r (g - xh mean(g xh)): the mean-of-gradient term mean(g) is missing (dw, db right)."""
+    x, w, g = (np.asarray(a, np.float32) for a in (x, weight, dy))
+    d = x - x.mean(-1, keepdims=True)
+    r = (1 / np.sqrt((d * d).mean(-1, keepdims=True) + np.float32(eps))).astype(np.float32)
+    xh, gw = d * r, g * w
+    dx = (r * (gw - xh * (gw * xh).mean(-1, keepdims=True))).astype(np.float32)
+    _, dw, db = nn.layernorm_backward(x, w, g, eps, device="host")
+    return dx, dw, db
+
+
+def rmsnorm_backward_no_rsqrt_term(
+    x: Any, weight: Any, dy: Any, eps: float = 1e-6, device: str = "auto"
+) -> tuple[Any, Any]:
+    """BUG: dx = r g: the term through the rsqrt's derivative, -r xh mean(g xh), is missing (dw right)."""
+    x, w, g = (np.asarray(a, np.float32) for a in (x, weight, dy))
+    r = (1 / np.sqrt((x * x).mean(-1, keepdims=True) + np.float32(eps))).astype(np.float32)
+    _, dw = nn.rmsnorm_backward(x, w, g, eps, device="host")
+    return (r * (g * w)).astype(np.float32), dw

@@ -182,8 +182,12 @@ kc_fused_rmsnorm(const float* __restrict__ x, const float* __restrict__ w, long 
 # dependent chain of d adds, overlaps the others' loads and stores: the kernel runs at the copy bandwidth's pace
 # instead of the fold's. KC_COPY16/KC_COPY_WAIT are the asynchronous copy (a host emulator defines them as a copy).
 _RMSNORM_ROWS = """\
+#ifndef KC_R
 #define KC_R 2
+#endif
+#ifndef KC_T
 #define KC_T 256
+#endif
 #ifndef KC_COPY16
 #define KC_COPY16(dst, src) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\\n" \\
     :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src))
@@ -191,7 +195,7 @@ _RMSNORM_ROWS = """\
 #endif
 #define KC_FOLD4(v) acc = __fadd_rn(acc, __fmul_rn(v.x, v.x)); acc = __fadd_rn(acc, __fmul_rn(v.y, v.y)); \\
     acc = __fadd_rn(acc, __fmul_rn(v.z, v.z)); acc = __fadd_rn(acc, __fmul_rn(v.w, v.w));
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(KC_T)
 kc_fused_rmsnorm_rows(const float* __restrict__ x, const float* __restrict__ w, long long w_stride,
                       const float* __restrict__ eps, long long eps_stride, float* __restrict__ y, long long rows,
                       long long d) {

@@ -143,3 +143,19 @@ def test_cuda_contract_passes_and_prints_figures():
 def test_cuda_truncation_is_caught(tmp_path):
     path = _variant(tmp_path, "params: {format: binary32}", "params: {format: binary32, variant: truncate}")
     assert _items(path, ["FALSIFY-XFER-001"], "cuda")["FALSIFY-XFER-001"]["status"] == "violated"
+
+
+def test_bulk_nan_statistics_come_from_the_judged_bulk_case():
+    """The evidence's NaN counts (taken from the bulk case's judgement) equal a separate upload of the bulk."""
+    from falsification.profiles import budget_for
+    from falsification.transfer_tests import bulk_inputs, h2d_disagreements
+
+    it = _items(CONTRACT, ["FALSIFY-XFER-002"])["FALSIFY-XFER-002"]
+    assert it["status"] == "passed"
+    x = np.concatenate(
+        [edge_inputs("binary16"), bulk_inputs("binary16", budget_for("transfer.h2d_rounding", "quick").bulk, 0)]
+    )
+    res = h2d_disagreements(x, "binary16", "host", None)
+    ev = it["evidence"]
+    assert (ev["nan_inputs"], ev["nan_payload_equal"]) == (res["nan_inputs"], res["nan_payload_equal"])
+    assert ev["bulk_inputs"] + ev["edge_inputs"] == x.size and ev["nan_inputs"] > 0

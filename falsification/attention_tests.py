@@ -21,8 +21,10 @@ Registered names and their ``params``:
 from __future__ import annotations
 
 import itertools
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -42,6 +44,7 @@ __all__ = ["SYMPY_OPS", "case_inputs", "CASE_KEYS"]
 CASE_KEYS = ("seed", "batch", "heads_kv", "group", "seq_q", "seq_k", "head_dim", "causal", "lens", "mag", "tile")
 _LENS = ("full", "random", "empty")  # key padding: none, random lengths, some batch with kv_len = 0
 _MAGS = (0.5, 2.0, 6.0)
+_HEAD_DIMS = (1, 4, 7, 16, 64, 96)  # the drawn head dims; each is a kernel build of its own on the device
 
 
 @st.composite
@@ -53,7 +56,7 @@ def _cases(draw: Any, max_seq: int) -> dict:
         "group": draw(st.sampled_from([1, 2, 3])),
         "seq_q": draw(st.integers(1, max_seq)),
         "seq_k": draw(st.integers(1, max_seq)),
-        "head_dim": draw(st.sampled_from([1, 4, 7, 16, 64, 96])),
+        "head_dim": draw(st.sampled_from(_HEAD_DIMS)),
         "causal": draw(st.booleans()),
         "lens": draw(st.sampled_from(range(len(_LENS)))),
         "mag": draw(st.sampled_from(range(len(_MAGS)))),
@@ -175,6 +178,43 @@ def _worst(seen: dict) -> Callable[[engine.Judgement], None]:
     return observe
 
 
+def _forward_kinds(storage: str) -> Callable[[int], tuple[str, ...]]:
+    return lambda hd: ("fwd16",) if storage == "float16" else ("fwd",)
+
+
+def _vjp_kinds(hd: int) -> tuple[str, ...]:
+    from native import attention as na
+
+    tiled = bool(na.attention_plan(1, 1, 1, 1, 1, hd).tiled_vjp)
+    return ("fwd", "dq", "dkdv") if tiled else ("fwd", "row_dq", "row_dv", "row_dk")
+
+
+def precompile(device: str, kinds_of: Callable[[int], tuple[str, ...]], head_dims: Iterable[int] = _HEAD_DIMS) -> int:
+    """Compile the kernels an item's cases launch (every head dim it draws) side by side, into the NVRTC disk cache.
+
+    Each (kernel, head dim) is a build of its own that costs about a second of NVRTC, which releases the GIL: a
+    pool of threads builds them at once instead of one per case as the cases first reach them (the launches
+    then load them from the cache). Nothing on the host, or where the disk cache is off. Returns the count.
+    """
+    if device != "cuda":
+        return 0
+    from native import attention as na
+    from native import nvrtc
+
+    if nvrtc._cache_dir() is None:
+        return 0
+    options = nvrtc.get_route(na.ROUTE).flags.options()
+    jobs = sorted({(kind, hd) for hd in head_dims for kind in kinds_of(hd)})
+    nvrtc._arch()  # the device's architecture, asked once here (CUDA initialised in this thread first)
+
+    def build(job: tuple[str, int]) -> None:
+        nvrtc._binary(na.kernel_source(job[0], job[1], na.V_LOAD)[0], options)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), (os.cpu_count() or 2) - 1))) as pool:
+        list(pool.map(build, jobs))
+    return len(jobs)
+
+
 def _check(
     ctx: FalsifyContext,
     name: str,
@@ -214,6 +254,8 @@ def forward_bound(ctx: FalsifyContext) -> Outcome:
     storage = ctx.params.get("storage", "float32")
     dtype = {"float32": np.float32, "float16": np.float16}[storage]
     u_out = {"float32": sa.U32, "float16": sa.U16}[storage]
+    if ctx.replay is None:
+        precompile(ctx.device, _forward_kinds(storage))
 
     def native(x: dict) -> list:
         c = x["case"]
@@ -259,6 +301,8 @@ def vjp_bound(ctx: FalsifyContext) -> Outcome:
     name = ctx.params.get("impl_vjp", "native.attention:attention_vjp")
     impl = resolve(name)
     fwd = resolve(ctx.params.get("impl", "native.attention:attention"))
+    if ctx.replay is None:
+        precompile(ctx.device, _vjp_kinds)
 
     def native(x: dict) -> list:
         c = x["case"]

@@ -204,3 +204,44 @@ def test_undeclared_tensor_cores_are_caught_by_the_audit():
         pytest.skip(f"no SASS here: {exc}")
     assert any(f.rule == "sass-mma" for f in found) and mix["HMMA"] > 0
     assert not audit_sass(build)[1]
+
+
+def test_precompile_builds_every_kernel_the_cases_launch_side_by_side(monkeypatch, tmp_path):
+    """On cuda the attention items build each (kernel, head dim) the cases can launch, at once, into the cache."""
+    import threading
+    import time
+
+    from falsification import attention_tests as at
+    from native import attention as na
+    from native import nvrtc
+
+    assert at.precompile("host", at._vjp_kinds) == 0
+    built, live, peak = [], [0], [0]
+    lock = threading.Lock()
+
+    def fake_binary(source: str, options: tuple) -> bytes:
+        with lock:
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+            built.append(source)
+        time.sleep(0.05)
+        with lock:
+            live[0] -= 1
+        return b""
+
+    monkeypatch.setattr(nvrtc, "_binary", fake_binary)
+    monkeypatch.setattr(nvrtc, "_arch", lambda: "90")
+    monkeypatch.setattr(nvrtc, "_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(at.os, "cpu_count", lambda: 16)
+    n = at.precompile("cuda", at._vjp_kinds)
+    want = set()
+    for hd in at._HEAD_DIMS:
+        tiled = bool(na.attention_plan(1, 1, 1, 1, 1, hd).tiled_vjp)
+        for kind in ("fwd", "dq", "dkdv") if tiled else ("fwd", "row_dq", "row_dv", "row_dk"):
+            want.add(na.kernel_source(kind, hd, na.V_LOAD)[0])
+    assert n == len(want) == len(built) and set(built) == want and peak[0] > 1
+    assert {hd for hd in at._HEAD_DIMS if not na.attention_plan(1, 1, 1, 1, 1, hd).tiled_vjp} == {96}
+    built.clear()
+    assert at.precompile("cuda", at._forward_kinds("float16")) == len(at._HEAD_DIMS) == len(built)
+    monkeypatch.setattr(nvrtc, "_cache_dir", lambda: None)
+    assert at.precompile("cuda", at._vjp_kinds) == 0

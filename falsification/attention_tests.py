@@ -241,6 +241,8 @@ def _check(
         observe=_worst(seen),
         output_names=outputs,
         build={"impl": name, "reference": "spec.attention (float64 SDPA)"},
+        # The float64 references (NumPy einsum, GIL released) are computed ahead in threads, in order of the cases.
+        reference_threads=max(0, min(8, (os.cpu_count() or 1) - 1)),
     )
     return engine.run(ctx, check, lambda: {"worst_error_over_bound": seen["worst"]})
 

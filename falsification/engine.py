@@ -21,8 +21,12 @@ there). :func:`run` does the rest, the same way for every family:
 from __future__ import annotations
 
 import contextlib
+import queue
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -61,6 +65,7 @@ __all__ = [
     "time_ms",
     "witness_cases",
     "regime_counts",
+    "set_pipelined",
 ]
 
 C = TypeVar("C")
@@ -144,6 +149,9 @@ class Check(Generic[C]):
     regime_of: Callable[[C], list[str]] | None = None  # the plan regimes a case selects
     alternative: Callable[[Any], Any] | None = None  # the reference under another order (order-sensitive inputs)
     alternative_name: str = ""  # what that other order is, for the evidence
+    # Threads that materialise cases and evaluate the reference ahead of the judging (pipelined runs; 0: none).
+    # Only for checks whose inputs and reference are pure host code that releases the GIL (NumPy float64).
+    reference_threads: int = 0
 
 
 @dataclass(frozen=True)
@@ -207,8 +215,11 @@ def evidence_dict(outcome: Outcome) -> dict[str, Any]:
     return dict(ev.to_json()) if hasattr(ev, "to_json") else dict(ev)
 
 
-def judge(check: Check, inputs: Any) -> Judgement:
-    """Run native (``runs`` times for determinism) and reference once and judge every output element."""
+def judge(check: Check, inputs: Any, reference: Callable[[], Any] | None = None) -> Judgement:
+    """Run native (``runs`` times for determinism) and reference once and judge every output element.
+
+    ``reference``: the reference's result, already being computed (called where ``check.reference`` would be).
+    """
     ag = check.agreement
     try:
         first = _native_outputs(check.native(inputs))
@@ -220,7 +231,8 @@ def judge(check: Check, inputs: Any) -> Judgement:
     if ag.runs > 1:
         expected, natives = [Expected(bits=b) for b in first.outputs], later
     else:
-        expected, natives = _expected(check.reference(inputs)), [first.outputs]
+        ref = reference() if reference is not None else check.reference(inputs)
+        expected, natives = _expected(ref), [first.outputs]
     operands = check.operands(inputs) if check.operands is not None else None
     n = int(first.outputs[0].size) if first.outputs else 0
     xp = _ns(first.outputs[0]) if first.outputs else np
@@ -543,8 +555,11 @@ class _Search(Generic[C]):
     regimes: dict[str, int] = field(default_factory=dict)  # plan regime -> cases judged in it
     order_sensitive: int = 0  # cases whose bits the check's alternative order changes
 
-    def one(self, case: C) -> None:
-        """Judge one case; raise _Disagreement on a failure (Hypothesis then shrinks it)."""
+    def one(self, case: C, prepared: Future[tuple[Any, Any]] | None = None) -> None:
+        """Judge one case; raise _Disagreement on a failure (Hypothesis then shrinks it).
+
+        ``prepared``: the case's (inputs, reference result) being computed ahead (see :func:`_prepare`).
+        """
         check, b = self.check, self.budget
         if self.unsafe is not None:  # never launch again after a write past the end: report that case
             raise self.unsafe
@@ -558,7 +573,10 @@ class _Search(Generic[C]):
             self.skipped += 1  # budget spent before any failure: stop evaluating, let Hypothesis finish
             return
         ts = time.perf_counter()
-        j = judge(check, check.inputs(case))
+        if prepared is None:
+            j = judge(check, check.inputs(case))
+        else:
+            j = judge(check, prepared.result()[0], lambda: prepared.result()[1])
         self.eval_s += time.perf_counter() - ts
         if self.clock is None:  # the budget's clock starts after the first case (compiles and warm-up excluded)
             self.clock = time.perf_counter()
@@ -641,21 +659,153 @@ def witness_cases(ctx: FalsifyContext, check: Check[C]) -> tuple[C, ...]:
     return tuple(check.from_witness(values) for values in ctx.witnesses.values())
 
 
-def _explore(ctx: FalsifyContext, search: _Search[C]) -> _Disagreement | None:
-    """Explicit cases, then the seeded Hypothesis search; its shrunk failure, else an explicit one, else None."""
-    check = search.check
-    explicit_failure: _Disagreement | None = None
-    try:
-        # regime witnesses, then the explicit cases; a failure here still lets the search shrink one
-        for case in (*witness_cases(ctx, check), *check.explicit):
+_PIPELINE = {"on": True}
+
+
+def set_pipelined(on: bool) -> None:
+    """Draw Hypothesis' cases in a thread beside the judging (True, the default), or inside it (False)."""
+    _PIPELINE["on"] = bool(on)
+
+
+class _Drawn:
+    """Hypothesis' cases drawn in a thread by a body that only records them (see :func:`_explore`)."""
+
+    def __init__(self, ctx: FalsifyContext, check: Check[C], max_examples: int) -> None:
+        self._cases: queue.Queue[Any] = queue.Queue()
+        self._end, self._stop = object(), threading.Event()
+        self.failed = False
+        self._thread = threading.Thread(
+            target=self._produce, args=(ctx, check, max_examples), name="kc-hypothesis", daemon=True
+        )
+        self._thread.start()
+
+    def _produce(self, ctx: FalsifyContext, check: Check[C], max_examples: int) -> None:
+        def record(case: C) -> None:
+            if not self._stop.is_set():
+                self._cases.put(case)
+
+        try:
+            with _no_local_constants():
+                _hypothesis(ctx, check, max_examples, record)()
+        except BaseException:  # e.g. a strategy error: the serial search meets it again and reports it
+            self.failed = True
+        finally:
+            self._cases.put(self._end)
+
+    def __iter__(self) -> Iterator[Any]:
+        while (case := self._cases.get()) is not self._end:
+            yield case
+
+    def close(self) -> None:
+        """Stop recording and wait for the thread (Hypothesis' state is shared with a serial run after it)."""
+        self._stop.set()
+        self._thread.join()
+
+
+def _prepare(check: Check[C], case: C) -> tuple[Any, Any]:
+    """(inputs, reference result) of a case, computed in a reference thread."""
+    inputs = check.inputs(case)
+    return inputs, check.reference(inputs)
+
+
+def _judge_in_order(
+    search: _Search[C], cases: Iterable[C], pool: ThreadPoolExecutor | None, judged: list[int] | None = None
+) -> None:
+    """Judge ``cases`` in order, raising at the first failure; ``judged[0]`` counts the cases that passed. With
+    ``pool``, up to twice its threads' worth of cases are materialised and referenced ahead."""
+    count = judged if judged is not None else [0]
+    if pool is None:
+        for case in cases:
             search.one(case)
-    except _Disagreement as exc:
-        explicit_failure = exc
-    if check.cases is None or search.unsafe is not None:
-        return explicit_failure  # a write past the end is reported as found: no further launches
+            count[0] += 1
+        return
+    window = 2 * search.check.reference_threads
+    ahead: deque[tuple[C, Future[tuple[Any, Any]]]] = deque()
+    source = iter(cases)
+    while True:
+        while len(ahead) < window and (case := next(source, _NONE)) is not _NONE:
+            ahead.append((case, pool.submit(_prepare, search.check, case)))
+        if not ahead:
+            return
+        case, fut = ahead.popleft()
+        search.one(case, fut)
+        count[0] += 1
+
+
+_NONE: Any = object()
+
+
+def _resuming(one: Callable[[C], None], passed_draws: int, pending: _Disagreement | None) -> Callable[[C], None]:
+    """The serial body after a pipelined start: the first ``passed_draws`` draws were judged (and passed), the next
+    is the judged failure ``pending`` (raised again, not judged twice); every later call is judged."""
+    calls = [0]
+
+    def body(case: C) -> None:
+        calls[0] += 1
+        if calls[0] <= passed_draws:
+            return
+        if calls[0] == passed_draws + 1 and pending is not None:
+            try:
+                same = bool(case == pending.case)
+            except Exception:  # a case type without a boolean equality: judge it
+                same = False
+            if same:
+                raise pending
+        one(case)
+
+    return body
+
+
+def _explore(ctx: FalsifyContext, search: _Search[C]) -> _Disagreement | None:
+    """Explicit cases, then the seeded Hypothesis search; its shrunk failure, else an explicit one, else None.
+
+    Pipelined (the default): a thread draws Hypothesis' cases with a body that only records them while this
+    thread judges the explicit cases, then the drawn ones in order. While every example passes, Hypothesis'
+    draws depend only on the seed and the strategy (every outcome is "valid"), so the recorded cases are exactly
+    those the judging body would be given, in the same order, and a passing run judges the same cases. At a
+    failure the serial search runs as before with a body that skips the draws already judged and raises the
+    judged failure again on its draw, so Hypothesis shrinks it exactly as in a serial run: each case is judged
+    once and the outcome and evidence are the serial search's.
+    """
+    check = search.check
+    pipelined = _PIPELINE["on"]
+    drawn = _Drawn(ctx, check, search.budget.max_examples) if pipelined and check.cases is not None else None
+    pool = (
+        ThreadPoolExecutor(max_workers=check.reference_threads, thread_name_prefix="kc-reference")
+        if pipelined and check.reference_threads > 0
+        else None
+    )
+    explicit_failure: _Disagreement | None = None
+    passed_draws, pending = 0, None
+    try:
+        try:
+            # regime witnesses, then the explicit cases; a failure here still lets the search shrink one
+            _judge_in_order(search, (*witness_cases(ctx, check), *check.explicit), pool)
+        except _Disagreement as exc:
+            explicit_failure = exc
+        if check.cases is None or search.unsafe is not None:
+            return explicit_failure  # a write past the end is reported as found: no further launches
+        if drawn is not None:
+            judged = [0]
+            try:
+                if explicit_failure is None:
+                    _judge_in_order(search, drawn, pool, judged)
+                    if not drawn.failed:
+                        return None
+            except _Disagreement as exc:
+                pending = exc
+            passed_draws = judged[0]
+            drawn.close()
+            if search.unsafe is not None:
+                return search.unsafe  # no further launches after a write past the end: report that case
+    finally:
+        if drawn is not None:
+            drawn.close()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
     try:
         with _no_local_constants():
-            _hypothesis(ctx, check, search.budget.max_examples, search.one)()
+            _hypothesis(ctx, check, search.budget.max_examples, _resuming(search.one, passed_draws, pending))()
     except _Disagreement as exc:
         return search.unsafe or exc
     return explicit_failure

@@ -30,7 +30,7 @@ from obligations.core.device import use_plain_reductions
 from obligations.core.evidence import FORMAT as EVIDENCE_FORMAT
 from obligations.core.results import Outcome, Status, error, skipped
 from obligations.engines import Job, get_engine
-from obligations.isolation import HOST_METHODS, Executor, Prefetcher, item_timeout, make_executor
+from obligations.isolation import HOST_METHODS, Executor, Prefetcher, item_timeout, known_witnesses, make_executor
 
 __all__ = [
     "check_contract",
@@ -228,6 +228,7 @@ def check_contract(
     if progress:
         progress("contract", entry)
     called: set[entrypoints.Call] = set()
+    records: dict[str, dict[str, Any]] = {}  # this run's records by item id (regimes witnesses for later items)
     try:
         for item in contract.items:
             if wanted is not None and not selected(item["id"], wanted):
@@ -246,7 +247,8 @@ def check_contract(
                         prefetcher.drain()  # host-side timings (wrapper overheads) are skewed by busy workers
                     ahead = prefetcher.take(contract, item) if prefetcher is not None else None
                     if ahead is None:
-                        fields = executor.run(contract, item, item_timeout(item, profile, options.item_timeout))
+                        limit = item_timeout(item, profile, options.item_timeout)
+                        fields = executor.run(contract, item, limit, known_witnesses(contract, item, records))
                         seconds = round(time.perf_counter() - t0, 4)
                     else:
                         fields, seconds = ahead
@@ -257,6 +259,7 @@ def check_contract(
                 if options.log:
                     options.log(contract, record)
             called |= {_call_of(c) for c in record.get("entry_points") or []}
+            records[item["id"]] = record
             entry["items"].append(record)
             if record["status"] in ("violated", "error"):
                 failures[0] += 1

@@ -41,6 +41,8 @@ __all__ = [
     "HOST_METHODS",
     "Prefetcher",
     "default_jobs",
+    "known_witnesses",
+    "seed_witnesses",
 ]
 
 # Seconds an item may run before it is stopped, per profile (an item's ``timeout_s`` or --item-timeout win).
@@ -92,13 +94,38 @@ def _alarm(seconds: float | None) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
+def known_witnesses(contract: Any, item: dict[str, Any], records: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """{regimes item id: its witnesses} for ``item``'s ``witnesses:``, where that regimes item's record is at hand
+    (proved, with witnesses), so whoever runs ``item`` need not solve the same optimisation again."""
+    rid = item.get("witnesses")
+    rec = records.get(str(rid)) if rid else None
+    if rec is None or rec.get("status") != "proved":
+        return {}
+    w = (rec.get("evidence") or {}).get("witnesses")
+    return {str(rid): w} if w else {}
+
+
+def seed_witnesses(contract: Any, witnesses: dict[str, Any]) -> None:
+    """Put regimes items' witnesses (from their records) in the falsify engine's per-process cache."""
+    from obligations import engines
+
+    for rid, w in witnesses.items():
+        engines._WITNESSES.setdefault((contract.path, contract.sha256, rid), dict(w))
+
+
 @dataclass
 class Executor:
-    """Runs one item of a contract and returns its record fields (see obligations.check.item_fields)."""
+    """Runs one item of a contract and returns its record fields (see obligations.check.item_fields).
+
+    ``witnesses``: regimes items' witnesses already found in this run ({regimes item id: witnesses}), handed to
+    the process that runs the item (the regimes item ran in another process, a prefetch worker).
+    """
 
     fields: RecordFn
 
-    def run(self, contract: Any, item: dict[str, Any], limit: float | None) -> dict[str, Any]:
+    def run(
+        self, contract: Any, item: dict[str, Any], limit: float | None, witnesses: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -108,7 +135,10 @@ class Executor:
 class InProcess(Executor):
     """Items run in this process; a Python-level hang is stopped by a SIGALRM timer (main thread only)."""
 
-    def run(self, contract: Any, item: dict[str, Any], limit: float | None) -> dict[str, Any]:
+    def run(
+        self, contract: Any, item: dict[str, Any], limit: float | None, witnesses: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        seed_witnesses(contract, witnesses or {})
         try:
             with _alarm(limit):
                 return self.fields(contract, item)
@@ -169,13 +199,16 @@ class WorkerPool(Executor):
         line, _, self._buf = self._buf.partition(b"\n")
         return line
 
-    def run(self, contract: Any, item: dict[str, Any], limit: float | None) -> dict[str, Any]:
+    def run(
+        self, contract: Any, item: dict[str, Any], limit: float | None, witnesses: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         proc = self.proc if self.proc is not None and self.proc.poll() is None else self._start()
         request = {
             **self.settings,
             "path": str(Path(contract.path).resolve()),
             "sha256": contract.sha256,
             "item": item["id"],
+            "witnesses": witnesses or {},
         }
         t0 = time.monotonic()
         try:
@@ -317,6 +350,7 @@ def _worker() -> int:
                 "reason": f"{req['path']} changed during the run",
             }
         else:
+            seed_witnesses(contract, req.get("witnesses") or {})
             fields = item_fields(
                 contract, contract.item(req["item"]), device=req["device"], profile=req["profile"], seed=req["seed"]
             )

@@ -157,3 +157,31 @@ def test_a_measure_item_waits_for_the_prefetch_workers_to_be_idle(monkeypatch):
     result = check_paths([gemm], only=["PO-GEMM-02-A-z3", "PO-GEMM-04"], options=RunOptions(jobs=1))
     assert [it["id"] for it in result["contracts"][0]["items"]] == ["PO-GEMM-02-A-z3", "PO-GEMM-04"]
     assert order == ["PO-GEMM-02-A-z3", "drain", "PO-GEMM-04"]
+
+
+def test_a_regimes_items_witnesses_reach_the_items_that_name_it_without_a_second_solve(monkeypatch):
+    """A regimes item's record (proved, with witnesses) seeds the falsify items' witnesses: one solve, same evidence."""
+    from obligations import engines
+    from obligations.check import check_contract as check
+
+    contract = ROOT / "contracts" / "reductions-v1.yaml"
+    ids = ["RED-TREE-regimes", "RED-TREE-bitwise"]
+    solves = []
+    regimes = engines.get_engine("regimes")
+    real = type(regimes).discharge
+
+    def counting(self, job):
+        solves.append(job.item["id"])
+        return real(self, job)
+
+    monkeypatch.setattr(type(regimes), "discharge", counting)
+    engines._WITNESSES.clear()
+    seeded = {it["id"]: it for it in check(contract, only=ids, device="host")["items"]}
+    assert solves == ["RED-TREE-regimes"]
+    engines._WITNESSES.clear()
+    solves.clear()
+    alone = check(contract, only=["RED-TREE-bitwise"], device="host")["items"][0]
+    assert solves == ["RED-TREE-regimes"]  # without the regimes item's record the falsify item solves it itself
+    a, b = seeded["RED-TREE-bitwise"]["evidence"], alone["evidence"]
+    assert a["regimes_reached"] == b["regimes_reached"] and a["cases"] == b["cases"]
+    engines._WITNESSES.clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import fnmatch
 import importlib.metadata
@@ -243,12 +244,13 @@ def check_contract(
                     progress("start", item)
                 t0 = time.perf_counter()
                 try:
-                    if prefetcher is not None and item_method(item) == "measure":
-                        prefetcher.drain()  # host-side timings (wrapper overheads) are skewed by busy workers
-                    ahead = prefetcher.take(contract, item) if prefetcher is not None else None
+                    # host-side timings (wrapper overheads) are skewed by busy workers: a measure item runs alone
+                    measure = prefetcher is not None and item_method(item) == "measure"
+                    ahead = prefetcher.take(contract, item) if prefetcher is not None and not measure else None
                     if ahead is None:
                         limit = item_timeout(item, profile, options.item_timeout)
-                        fields = executor.run(contract, item, limit, known_witnesses(contract, item, records))
+                        with prefetcher.quiet() if measure else contextlib.nullcontext():
+                            fields = executor.run(contract, item, limit, known_witnesses(contract, item, records))
                         seconds = round(time.perf_counter() - t0, 4)
                     else:
                         fields, seconds = ahead

@@ -275,6 +275,8 @@ class Prefetcher:
             self._free.put(w)
         self._threads = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="kc-prefetch")
         self._futures: dict[tuple[str, str, str], Future[tuple[dict[str, Any], float]]] = {}
+        self._gate = threading.Condition()
+        self._paused, self._busy = False, 0
 
     def submit(self, contract: Any, item: dict[str, Any], limit: float | None) -> None:
         """Queue ``item`` of ``contract`` to run in the next free worker."""
@@ -282,6 +284,10 @@ class Prefetcher:
         self._futures[key] = self._threads.submit(self._run, contract, item, limit)
 
     def _run(self, contract: Any, item: dict[str, Any], limit: float | None) -> tuple[dict[str, Any], float]:
+        with self._gate:
+            while self._paused:  # a measure item is running: no new item starts until it is done
+                self._gate.wait()
+            self._busy += 1
         worker = self._free.get()
         try:
             t0 = time.perf_counter()
@@ -289,6 +295,26 @@ class Prefetcher:
             return fields, round(time.perf_counter() - t0, 4)
         finally:
             self._free.put(worker)
+            with self._gate:
+                self._busy -= 1
+                self._gate.notify_all()
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        """While inside: no item starts, after the ones running have finished (a measure item's quiet machine).
+
+        Unlike :meth:`drain`, the items still queued wait for the end of the block instead of all running first.
+        """
+        with self._gate:
+            self._paused = True
+            while self._busy:
+                self._gate.wait()
+        try:
+            yield
+        finally:
+            with self._gate:
+                self._paused = False
+                self._gate.notify_all()
 
     def take(self, contract: Any, item: dict[str, Any]) -> tuple[dict[str, Any], float] | None:
         """The (record fields, seconds the item ran) of a submitted item, waiting for it; None if not submitted."""
@@ -302,6 +328,9 @@ class Prefetcher:
 
     def close(self) -> None:
         """Drop what has not started and stop every worker."""
+        with self._gate:
+            self._paused = False
+            self._gate.notify_all()
         for fut in self._futures.values():
             fut.cancel()
         self._futures.clear()

@@ -150,13 +150,63 @@ def test_a_measure_item_waits_for_the_prefetch_workers_to_be_idle(monkeypatch):
     from obligations.isolation import Prefetcher
 
     order = []
-    real_drain, real_take = Prefetcher.drain, Prefetcher.take
-    monkeypatch.setattr(Prefetcher, "drain", lambda self: (order.append("drain"), real_drain(self))[1])
+    real_quiet, real_take = Prefetcher.quiet, Prefetcher.take
+    monkeypatch.setattr(Prefetcher, "quiet", lambda self: (order.append("quiet"), real_quiet(self))[1])
     monkeypatch.setattr(Prefetcher, "take", lambda self, c, i: (order.append(i["id"]), real_take(self, c, i))[1])
     gemm = ROOT / "contracts" / "gemm-cublas-v1.yaml"
     result = check_paths([gemm], only=["PO-GEMM-02-A-z3", "PO-GEMM-04"], options=RunOptions(jobs=1))
     assert [it["id"] for it in result["contracts"][0]["items"]] == ["PO-GEMM-02-A-z3", "PO-GEMM-04"]
-    assert order == ["PO-GEMM-02-A-z3", "drain", "PO-GEMM-04"]
+    assert order == ["PO-GEMM-02-A-z3", "quiet"]
+
+
+def test_quiet_waits_for_the_running_items_only_and_holds_back_the_queued_ones():
+    """Inside quiet(): nothing runs (the in-flight item finished first); queued items start after the block."""
+    import threading
+    import time
+
+    from obligations.isolation import Prefetcher
+
+    log, lock = [], threading.Lock()
+
+    def fields(contract, item):  # not used: the pool's workers are replaced by the stand-in below
+        raise AssertionError
+
+    pre = Prefetcher(1, fields, {"device": "host", "profile": "quick", "seed": 0})
+
+    class Stand:
+        def run(self, contract, item, limit):
+            with lock:
+                log.append(("start", item["id"]))
+            time.sleep(0.2)
+            with lock:
+                log.append(("end", item["id"]))
+            return {"status": "passed"}
+
+        def close(self):
+            pass
+
+    pre._workers = [Stand()]
+    pre._free.get()
+    pre._free.put(pre._workers[0])
+
+    class C:
+        path, sha256 = "c.yaml", "0"
+
+    try:
+        for k in range(3):
+            pre.submit(C, {"id": f"i{k}"}, None)
+        time.sleep(0.05)  # i0 is running
+        with pre.quiet():
+            with lock:
+                inside = list(log)
+            time.sleep(0.3)
+            with lock:
+                assert log == inside  # nothing started or ended while quiet
+        assert inside == [("start", "i0"), ("end", "i0")]
+        for k in range(3):
+            assert pre.take(C, {"id": f"i{k}"})[0]["status"] == "passed"
+    finally:
+        pre.close()
 
 
 def test_a_regimes_items_witnesses_reach_the_items_that_name_it_without_a_second_solve(monkeypatch):

@@ -291,3 +291,34 @@ def test_cuda_exhaustive_sweep(op):
         figure(f"sweep.{op}.float64ref", seconds=f["seconds"], disagreements=f["disagreements"])
     if os.environ.get("KC_STRICT_SWEEP", "1") == "1" and op != "gelu":
         assert r["disagreements"] == 0, r["first_counterexamples"]
+
+
+def test_precompile_builds_each_kernel_the_contracts_items_launch_once(monkeypatch, tmp_path):
+    """On cuda the first elementwise item builds every (kernel, route) of the contract's items side by side."""
+    from pathlib import Path
+
+    from falsification import elementwise_tests as et
+    from falsification.registry import FalsifyContext
+    from native import elementwise as ne
+    from native import nvrtc
+    from obligations.contract import load_contract
+
+    contract = load_contract(Path(__file__).resolve().parent.parent / "contracts" / "elementwise-float32-v1.yaml")
+    ctx = FalsifyContext(device="cuda", profile="full", seed=0, item={"id": "x"}, contract=contract.data)
+    assert et.precompile(FalsifyContext(device="host", profile="full", seed=0, item={"id": "x"})) == 0
+    built = []
+    monkeypatch.setattr(nvrtc, "_binary", lambda src, opts: built.append((src, opts)) or b"")
+    monkeypatch.setattr(nvrtc, "_arch", lambda: "90")
+    monkeypatch.setattr(nvrtc, "_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(et, "_BUILT", set())
+    n = et.precompile(ctx)
+    want = set()
+    for item in et._items(contract.data):
+        p = item.get("params") or {}
+        if str(item.get("test", "")).startswith("elementwise.") and "op" in p:
+            route = nvrtc.get_route(p.get("route", "nvrtc-ieee"))
+            if route.flags is not None:
+                src, _ = ne.kernel_source(p["op"], None, ne.kernel_plan(p["op"], 1))
+                want.add((src, route.flags.options()))
+    assert n == len(built) == len(want) > 20 and set(built) == want
+    assert et.precompile(ctx) == 0  # once per process

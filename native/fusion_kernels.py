@@ -217,17 +217,23 @@ kc_fused_rmsnorm_rows(const float* __restrict__ x, const float* __restrict__ w, 
         const long long row = row0 + threadIdx.x;
         const float4* rr = sm4 + (long long)threadIdx.x * s4;
         float acc = 0.0f;
-        float4 a0 = rr[0], a1 = rr[1];  // reads run two float4 ahead of the adds: the pad and the extra float4 of
-        const float4* p = rr + 2;       // the buffer keep them inside it (smem_index(KC_R - 1, q + 1) < smem_float4)
+        // Shared loads run four float4 ahead of the add chain (a dependent add per element: ~30 cycles of load
+        // latency hide behind 16 adds); the pad float4 and the buffer's 3 extra keep them inside it
+        // (smem_index(KC_R - 1, q + 3) < smem_float4).
+        float4 a0 = rr[0], a1 = rr[1], a2 = rr[2], a3 = rr[3];
+        const float4* p = rr + 4;
         unsigned left = (unsigned)q;
-        #pragma unroll 2
-        for (; left >= 2; left -= 2, p += 2) {
-            const float4 b0 = p[0], b1 = p[1];
-            KC_FOLD4(a0) KC_FOLD4(a1)
+        for (; left >= 4; left -= 4, p += 4) {
+            const float4 b0 = p[0], b1 = p[1], b2 = p[2], b3 = p[3];
+            KC_FOLD4(a0) KC_FOLD4(a1) KC_FOLD4(a2) KC_FOLD4(a3)
             a0 = b0;
             a1 = b1;
+            a2 = b2;
+            a3 = b3;
         }
-        if (left) { KC_FOLD4(a0) }
+        if (left > 0) { KC_FOLD4(a0) }
+        if (left > 1) { KC_FOLD4(a1) }
+        if (left > 2) { KC_FOLD4(a2) }
         const float ms = __fdiv_rn(acc, (float)d);
         const float v = __fadd_rn(ms, eps[row * eps_stride]);
         rsh[threadIdx.x] = (float)(1.0 / sqrt((double)v));
@@ -376,8 +382,9 @@ def rmsnorm_plan(rows: Any, d: Any, block: Any = RMSNORM_BLOCK, max_grid: Any = 
 
 def rmsnorm_rows_plan(rows: Any, d: Any, tile_rows: Any = ROWS_R, block: Any = ROWS_THREADS) -> dict:
     """The fast RMSNorm kernel's plan: block b takes rows b * tile_rows + r (r < tile_rows), grid = ceil(rows /
-    tile_rows); row ``row``'s float4 j (j < q = d / 4) sits at shared float4 r * (q + 1) + j; accepted while d % 4 == 0,
-    4 <= d <= MAX_ROW and rows <= 2^31 - 1; element (row, k) at int64(row) * d + k."""
+    tile_rows); row ``row``'s float4 j (j < q = d / 4) sits at shared float4 r * (q + 1) + j, and the fold reads up to
+    j = q + 3 (four float4 ahead); accepted while d % 4 == 0, 4 <= d <= MAX_ROW and rows <= 2^31 - 1; element (row,
+    k) at int64(row) * d + k."""
     rows64, d64 = as_type(rows, "int64"), as_type(d, "int64")
     q = d64 // 4
     stride = q + 1
@@ -400,8 +407,8 @@ def rmsnorm_rows_plan(rows: Any, d: Any, tile_rows: Any = ROWS_R, block: Any = R
         "block": block,
         "tile_rows": tile_rows,
         "q": q,
-        "smem_float4": tile_rows * stride + 1,
-        "shared_bytes": 16 * (tile_rows * stride + 1),
+        "smem_float4": tile_rows * stride + 3,
+        "shared_bytes": 16 * (tile_rows * stride + 3),
         "total": rows64 * d64,
         "accepts": accepts,
         "row_of": row_of,

@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
             launch(grid, 128, 16 * (b / 4 + 5), [&] {
                 kc_fused_rmsnorm(x.data(), w.data(), c, ep.data(), e, y.data(), a, b, (int)(b % 4 == 0)); });
         } else {
-            launch(grid, 256, 16 * (2 * (b / 4 + 1) + 1), [&] {
+            launch(grid, 256, 16 * (2 * (b / 4 + 1) + 3), [&] {
                 kc_fused_rmsnorm_rows(x.data(), w.data(), c, ep.data(), e, y.data(), a, b); });
         }
         wr("y.bin", y);

@@ -42,7 +42,7 @@ def rmsnorm_rows_plan_unpadded(rows: Any, d: Any) -> dict:
     buffer."""
     p = fk.rmsnorm_rows_plan(rows, d)
     q, t = p["q"], p["tile_rows"]
-    return {**p, "smem_float4": t * q + 1, "smem_index": lambda r, j: r * q + j}
+    return {**p, "smem_float4": t * q + 3, "smem_index": lambda r, j: r * q + j}
 
 
 def rmsnorm_rows_plan_floor_grid(rows: Any, d: Any) -> dict:

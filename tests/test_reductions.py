@@ -165,6 +165,18 @@ def test_scatter_key_overflow_is_caught_by_z3(tmp_path, plan):
     assert it["status"] == "violated", (it["status"], it["reason"])
 
 
+def test_host_scatter_keeps_the_bits_of_outputs_no_source_reaches():
+    """An untouched output keeps its NaN payload (the spec copies ``out``); a NaN sum is the canonical NaN."""
+    from spec import reductions as sr
+
+    out = np.array([0x7FC00001, 0xFFC00002, 0x3F800000], np.uint32)
+    src = np.array([0x7FA00003], np.uint32)  # a signalling NaN with a payload, added to output 1
+    got = red.scatter_add(out.view(np.float32), [1], src.view(np.float32), device="host").view(np.uint32)
+    want = sr.scatter_add(out, np.array([1]), src)
+    assert got[0] == want[0] == 0x7FC00001
+    assert got[1] == want[1] == 0x7FFFFFFF and got[2] == want[2] == 0x3F800000
+
+
 def test_scatter_refuses_a_call_beyond_the_key_space():
     plan = red.scatter_plan(1 << 40, 1 << 40)
     assert not plan.admissible and red.scatter_plan(1 << 31, 1 << 31).admissible

@@ -181,13 +181,11 @@ kc_fused_rmsnorm(const float* __restrict__ x, const float* __restrict__ w, long 
 # memory. Several blocks share an SM (2 rows each: ~33 KB of shared memory for d = 4096), so one block's fold, a
 # dependent chain of d adds, overlaps the others' loads and stores: the kernel runs at the copy bandwidth's pace
 # instead of the fold's. KC_COPY16/KC_COPY_WAIT are the asynchronous copy (a host emulator defines them as a copy).
-_RMSNORM_ROWS = """\
-#ifndef KC_R
-#define KC_R 2
-#endif
-#ifndef KC_T
-#define KC_T 256
-#endif
+ROWS_R = 2  # rows per block of the fast RMSNorm kernel (KC_R) ...
+ROWS_THREADS = 256  # ... and its threads per block (KC_T): the source's defaults and rmsnorm_rows_plan's
+_RMSNORM_ROWS = (
+    (f"#ifndef KC_R\n#define KC_R {ROWS_R}\n#endif\n#ifndef KC_T\n#define KC_T {ROWS_THREADS}\n#endif\n")
+    + """\
 #ifndef KC_COPY16
 #define KC_COPY16(dst, src) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\\n" \\
     :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src))
@@ -257,9 +255,7 @@ kc_fused_rmsnorm_rows(const float* __restrict__ x, const float* __restrict__ w, 
     }
 }
 """
-ROWS_R = 2
-ROWS_THREADS = 256
-ROWS_MAX_SHARED = 232448  # sm_90's largest opt-in dynamic shared memory per block (227 KiB)
+)
 
 _MASKED_SOFTMAX = """\
 __device__ __forceinline__ float kc_maximum(float a, float b) {

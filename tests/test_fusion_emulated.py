@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
             launch(grid, 128, 16 * (b / 4 + 5), [&] {
                 kc_fused_rmsnorm(x.data(), w.data(), c, ep.data(), e, y.data(), a, b, (int)(b % 4 == 0)); });
         } else {
-            launch(grid, 256, 16 * (2 * (b / 4 + 1) + 3), [&] {
+            launch(grid, ROWS_T, 16 * (ROWS_R * (b / 4 + 1) + 3), [&] {  // rmsnorm_rows_plan's shared_bytes
                 kc_fused_rmsnorm_rows(x.data(), w.data(), c, ep.data(), e, y.data(), a, b); });
         }
         wr("y.bin", y);
@@ -139,7 +139,8 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for a, b in _SHARED.items():
             text = text.replace(a, b)
         src += text + "\n"
-    (d / "k.cpp").write_text(src + _MAIN)
+    rows_kernel = f"#define ROWS_T {fk.ROWS_THREADS}\n#define ROWS_R {fk.ROWS_R}\n"  # the launcher's block shape
+    (d / "k.cpp").write_text(src + rows_kernel + _MAIN)
     cmd = ["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-pthread", "-w", "-o", str(d / "k"), str(d / "k.cpp")]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode:

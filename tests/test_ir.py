@@ -373,25 +373,30 @@ def test_rank0_elementwise_nodes_keep_their_shape_and_agree_with_the_denotation(
     assert np.asarray(got).tobytes() == np.asarray(want, dtype=np.float32).tobytes()
 
 
-@pytest.mark.parametrize(
-    ("kind", "family", "fn", "attrs", "shape", "entry"),
-    [
-        (
-            "conv2d",
-            "conv",
-            "conv",
-            {"out_channels": 1, "kernel": [1, 1]},
-            (1, 2, 2),
-            {"weight": (1, 1, 1, 1), "bias": (1,)},
-        ),
-        ("pool", "conv", "max_pool2d", {"mode": "max", "kernel": [1, 1]}, (1, 2, 2), None),
-        ("pool", "conv", "avg_pool2d", {"mode": "avg", "kernel": [1, 1]}, (1, 2, 2), None),
-        ("softmax", "norm", "softmax", {"axis": -1}, (2, 2), None),
-        ("layernorm", "norm", "layernorm", {"eps": 1e-5}, (2, 2), {"weight": (2,), "bias": (2,)}),
-        ("rmsnorm", "norm", "rmsnorm", {"eps": 1e-6}, (2, 2), {"weight": (2,)}),
-    ],
-)
-def test_ops_with_a_kernel_family_mean_that_familys_spec(monkeypatch, kind, family, fn, attrs, shape, entry):
+# Ops with a kernel family: (op, family, its spec function, its native entry point, attrs, shape, payload shapes)
+_FAMILY_OPS = [
+    (
+        "conv2d",
+        "conv",
+        "conv",
+        "conv2d",
+        {"out_channels": 1, "kernel": [1, 1]},
+        (1, 2, 2),
+        {"weight": (1, 1, 1, 1), "bias": (1,)},
+    ),
+    ("pool", "conv", "max_pool2d", "max_pool2d", {"mode": "max", "kernel": [1, 1]}, (1, 2, 2), None),
+    ("pool", "conv", "avg_pool2d", "avg_pool2d", {"mode": "avg", "kernel": [1, 1]}, (1, 2, 2), None),
+    ("softmax", "norm", "softmax", "softmax", {"axis": -1}, (2, 2), None),
+    ("layernorm", "norm", "layernorm", "layernorm", {"eps": 1e-5}, (2, 2), {"weight": (2,), "bias": (2,)}),
+    ("rmsnorm", "norm", "rmsnorm", "rmsnorm", {"eps": 1e-6}, (2, 2), {"weight": (2,)}),
+]
+_OP_NAMES = ("kind", "family", "spec_fn", "native_fn", "attrs", "shape", "entry")
+
+
+@pytest.mark.parametrize(_OP_NAMES, _FAMILY_OPS)
+def test_ops_with_a_kernel_family_mean_that_familys_spec(
+    monkeypatch, kind, family, spec_fn, native_fn, attrs, shape, entry
+):
     """One meaning per op: the IR evaluates these ops by calling the family spec (a stand-in shows through)."""
     import importlib
     import sys
@@ -404,8 +409,8 @@ def test_ops_with_a_kernel_family_mean_that_familys_spec(monkeypatch, kind, fami
     denote_mod = sys.modules["spec.ir.denote"]
     spec_mod = importlib.import_module(f"spec.{family}")
     marker = np.full(((1,) if kind == "conv2d" else ()) + shape, 0x3F800000, dtype=np.uint32)  # conv: (N, CO, H, W)
-    stand_in = (lambda *a, **k: (marker, None)) if fn == "max_pool2d" else (lambda *a, **k: marker)
-    monkeypatch.setattr(spec_mod, fn, stand_in)
+    stand_in = (lambda *a, **k: (marker, None)) if spec_fn == "max_pool2d" else (lambda *a, **k: marker)
+    monkeypatch.setattr(spec_mod, spec_fn, stand_in)
     node = Node(1, (0,), kind, shape, Attrs(attrs))
     payload = None if entry is None else {k: np.ones(v, np.float32) for k, v in entry.items()}
     x = np.zeros(shape, np.uint32)
@@ -413,26 +418,9 @@ def test_ops_with_a_kernel_family_mean_that_familys_spec(monkeypatch, kind, fami
     assert got.shape == shape and np.array_equal(got.reshape(-1), marker.reshape(-1))
 
 
-@pytest.mark.parametrize(
-    ("kind", "module", "fn", "attrs", "shape", "entry"),
-    [
-        (
-            "conv2d",
-            "conv",
-            "conv2d",
-            {"out_channels": 1, "kernel": [1, 1]},
-            (1, 1, 2, 2),
-            {"weight": (1, 1, 1, 1), "bias": (1,)},
-        ),
-        ("pool", "conv", "max_pool2d", {"mode": "max", "kernel": [1, 1]}, (1, 2, 2), None),
-        ("pool", "conv", "avg_pool2d", {"mode": "avg", "kernel": [1, 1]}, (1, 2, 2), None),
-        ("softmax", "norm", "softmax", {"axis": -1}, (2, 2), None),
-        ("layernorm", "norm", "layernorm", {"eps": 1e-5}, (2, 2), {"weight": (2,), "bias": (2,)}),
-        ("rmsnorm", "norm", "rmsnorm", {"eps": 1e-6}, (2, 2), {"weight": (2,)}),
-    ],
-)
+@pytest.mark.parametrize(_OP_NAMES, _FAMILY_OPS)
 def test_the_reference_executor_runs_these_ops_on_the_familys_kernels(
-    monkeypatch, kind, module, fn, attrs, shape, entry
+    monkeypatch, kind, family, spec_fn, native_fn, attrs, shape, entry
 ):
     """One kernel per op: the executor's conv2d, pool, softmax, layernorm and rmsnorm are the family's native entry
     points (a stand-in shows through), not compositions of elementwise and fold kernels."""
@@ -441,14 +429,13 @@ def test_the_reference_executor_runs_these_ops_on_the_familys_kernels(
     from native import ir as nir
     from spec.ir.graph import Attrs, Node
 
-    native_mod = importlib.import_module(f"native.{module}")
+    native_mod = importlib.import_module(f"native.{family}")
     marker = np.full(shape, 7.0, np.float32)
-    stand_in = (lambda *a, **k: (marker, None)) if fn == "max_pool2d" else (lambda *a, **k: marker)
-    monkeypatch.setattr(native_mod, fn, stand_in)
+    stand_in = (lambda *a, **k: (marker, None)) if native_fn == "max_pool2d" else (lambda *a, **k: marker)
+    monkeypatch.setattr(native_mod, native_fn, stand_in)
     node = Node(1, (0,), kind, shape, Attrs(attrs))
     payload = None if entry is None else {k: np.ones(v, np.float32) for k, v in entry.items()}
-    x = np.zeros((1, 1, 2, 2) if kind == "conv2d" else shape, np.float32)
-    got = nir.run_node(node, [x], payload, "host")
+    got = nir.run_node(node, [np.zeros(shape, np.float32)], payload, "host")
     assert np.array_equal(np.asarray(got), marker)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import fnmatch
 import importlib.metadata
@@ -31,7 +30,15 @@ from obligations.core.device import use_plain_reductions
 from obligations.core.evidence import FORMAT as EVIDENCE_FORMAT
 from obligations.core.results import Outcome, Status, error, skipped
 from obligations.engines import Job, get_engine
-from obligations.isolation import HOST_METHODS, Executor, Prefetcher, item_timeout, known_witnesses, make_executor
+from obligations.isolation import (
+    QUIET_METHODS,
+    Executor,
+    Prefetcher,
+    item_key,
+    item_timeout,
+    known_witnesses,
+    make_executor,
+)
 
 __all__ = [
     "check_contract",
@@ -244,14 +251,13 @@ def check_contract(
                     progress("start", item)
                 t0 = time.perf_counter()
                 try:
-                    # host-side timings (wrapper overheads) are skewed by busy workers: a measure item runs alone
-                    measure = prefetcher is not None and item_method(item) == "measure"
-                    ahead = prefetcher.take(contract, item) if prefetcher is not None and not measure else None
+                    ahead = prefetcher.take(contract, item) if prefetcher is not None else None
                     if ahead is None:
                         limit = item_timeout(item, profile, options.item_timeout)
-                        with prefetcher.quiet() if measure else contextlib.nullcontext():
-                            fields = executor.run(contract, item, limit, known_witnesses(contract, item, records))
+                        fields = executor.run(contract, item, limit, known_witnesses(contract, item, records))
                         seconds = round(time.perf_counter() - t0, 4)
+                        if prefetcher is not None:
+                            prefetcher.publish(item_key(contract, item["id"]), fields)
                     else:
                         fields, seconds = ahead
                 except KeyboardInterrupt:  # stop here; the caller writes what was checked so far
@@ -480,12 +486,7 @@ def check_paths(
     prefetcher = None
     try:
         if options.jobs > 0:
-            prefetcher = Prefetcher(options.jobs, executor.fields, {"device": device, "profile": profile, "seed": seed})
-            for contract in todo:
-                for item in contract.items:
-                    wanted = (not only or selected(item["id"], only)) and item_method(item) in HOST_METHODS
-                    if wanted and (contract.id, contract.sha256, item["id"]) not in options.done:
-                        prefetcher.submit(contract, item, item_timeout(item, profile, options.item_timeout))
+            prefetcher = _start_prefetcher(todo, only, device, profile, seed, options, executor, progress)
         for contract in todo:
             if only and not any(selected(it["id"], only) for it in contract.items):
                 continue
@@ -532,9 +533,73 @@ def check_paths(
         result["interrupted"] = True
     if stopped:
         result["stopped"] = f"--maxfail {options.maxfail} reached"
-    if getattr(executor, "started", 0):
-        result["provenance"]["workers_started"] = executor.started
+    started = getattr(executor, "started", 0) + (prefetcher.started if prefetcher is not None else 0)
+    if started:
+        result["provenance"]["workers_started"] = started
     return result
+
+
+def _witness_source(
+    contract: Contract,
+    item: dict[str, Any],
+    position: Mapping[tuple[str, str, str], int],
+    done: Mapping[tuple[str, str, str], Any],
+    only: list[str] | None,
+) -> tuple[str, str, str] | None:
+    """The key of the regimes item whose witnesses ``item`` gets in order (checked earlier in this run), or None."""
+    rid = item.get("witnesses")
+    if not rid:
+        return None
+    dep = item_key(contract, str(rid))
+    if (contract.id, contract.sha256, str(rid)) in done:
+        return dep if not only or selected(str(rid), only) else None
+    return dep if position.get(dep, len(position)) < position[item_key(contract, item["id"])] else None
+
+
+def _start_prefetcher(
+    todo: list[Contract],
+    only: list[str] | None,
+    device: str,
+    profile: str,
+    seed: int,
+    options: RunOptions,
+    executor: Executor,
+    progress: ProgressFn | None,
+) -> Prefetcher:
+    """Run the items that time the machine first, alone; then queue every other item for ``options.jobs`` workers.
+
+    Measure items run before any worker exists (host-side wrapper overheads and bandwidths are skewed by busy
+    workers); their records wait in the prefetcher to be taken in order. A KeyboardInterrupt propagates.
+    """
+    wanted = [
+        (c, it)
+        for c in todo
+        for it in c.items
+        if (not only or selected(it["id"], only)) and (c.id, c.sha256, it["id"]) not in options.done
+    ]
+    quiet = [(c, it) for c, it in wanted if item_method(it) in QUIET_METHODS]
+    measured = []
+    if quiet and progress:
+        progress("note", {"text": f"timing {len(quiet)} measure item(s) first, on a quiet machine"})
+    for contract, item in quiet:
+        if progress:
+            progress("start", item)
+        t0 = time.perf_counter()
+        fields = executor.run(contract, item, item_timeout(item, profile, options.item_timeout), {})
+        measured.append((item_key(contract, item["id"]), fields, round(time.perf_counter() - t0, 4)))
+    prefetcher = Prefetcher(options.jobs, executor.fields, {"device": device, "profile": profile, "seed": seed})
+    for key, fields, seconds in measured:
+        prefetcher.done(key, fields, seconds)
+    for (cid, sha, item_id), record in options.done.items():  # resumed records still hand out their witnesses
+        for c in todo:
+            if (c.id, c.sha256) == (cid, sha):
+                prefetcher.publish(item_key(c, item_id), record)
+    position = {item_key(c, it["id"]): n for n, (c, it) in enumerate(wanted)}
+    for contract, item in wanted:
+        if item_method(item) not in QUIET_METHODS:
+            after = _witness_source(contract, item, position, options.done, only)
+            prefetcher.submit(contract, item, item_timeout(item, profile, options.item_timeout), after)
+    return prefetcher
 
 
 def _finite(value: Any) -> Any:

@@ -109,6 +109,9 @@ class Reporter:
         if event == "contract":
             if self.verbosity >= 0:
                 self.print(f"{data['id']} {data['version']}  ({data['path']})")
+        elif event == "note":
+            if self.verbosity >= 0:
+                self.print(str(data["text"]))
         elif event == "start":
             if self.bar is not None:
                 self.bar.update(self.bar.task_ids[0], current=data["id"])

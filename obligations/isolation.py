@@ -5,9 +5,10 @@ Past its limit an item's worker is killed and the item is ``error (timeout)``; a
 segfault, ``os._exit``) or whose CUDA context is broken after an item (an illegal address poisons every
 later launch) is replaced, so one faulting kernel costs one item and the run goes on.
 
-A :class:`Prefetcher` runs the host-only items (proofs, enumerations, audits: :data:`HOST_METHODS`) ahead of
-the run in ``jobs`` such workers, while the run goes on in order with the items that use the device; the
-run then takes their records where it reaches them, so the output keeps the contract's order.
+A :class:`Prefetcher` runs items ahead of the run in ``jobs`` such workers (on CUDA they share the GPU), while
+the run goes on in order, taking their records where it reaches them and running itself any item no worker
+has started, so the output keeps the contract's order. The items that time the machine
+(:data:`QUIET_METHODS`) run first, before any worker starts.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ __all__ = [
     "make_executor",
     "timeout_record",
     "HOST_METHODS",
+    "QUIET_METHODS",
+    "item_key",
     "Prefetcher",
     "default_jobs",
     "known_witnesses",
@@ -256,17 +259,33 @@ EXECUTORS: dict[str, Callable[[RecordFn, dict[str, Any]], Executor]] = {
 }
 
 
-# Methods whose items never touch the device and depend on no other item's run: safe to run ahead, in parallel.
+# Methods whose items time the machine: they run first, alone, before any worker starts (a quiet machine).
+QUIET_METHODS = frozenset({"measure"})
+
+# Methods whose items never touch the device (kept for callers that select host-only work).
 HOST_METHODS = frozenset({"z3", "enumerate", "sympy", "regimes", "audit", "assume"})
+
+Key = tuple[str, str, str]
+
+
+def item_key(contract: Any, item_id: str) -> Key:
+    """The key of one item of one contract version: (path, sha256, item id)."""
+    return (str(contract.path), contract.sha256, item_id)
 
 
 def default_jobs() -> int:
-    """Prefetch workers by default: one core is the run's own; at most 4 (each worker holds its imports)."""
-    return max(1, min(4, (os.cpu_count() or 2) - 1))
+    """Workers by default: one core is the run's own; at most 15 (each worker holds its imports, ~0.5 GB)."""
+    return max(1, min(15, (os.cpu_count() or 2) - 1))
 
 
 class Prefetcher:
-    """Runs host-only items ahead in ``jobs`` worker processes; ``take`` hands a record to the in-order run."""
+    """Runs items ahead in ``jobs`` worker processes; the in-order run takes their records where it reaches them.
+
+    An item no worker has started yet when the run reaches it is the run's own (:meth:`take` returns None), so
+    the run never waits on a queue and is never slower than running in order. An item that names a regimes
+    item's ``witnesses`` earlier in the run waits for that item's record (:meth:`publish`) and gets its
+    witnesses, as it would in order; the records are the same as in order.
+    """
 
     def __init__(self, jobs: int, fields: RecordFn, settings: dict[str, Any]):
         self._free: queue.Queue[WorkerPool] = queue.Queue()
@@ -274,71 +293,111 @@ class Prefetcher:
         for w in self._workers:
             self._free.put(w)
         self._threads = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="kc-prefetch")
-        self._futures: dict[tuple[str, str, str], Future[tuple[dict[str, Any], float]]] = {}
-        self._gate = threading.Condition()
-        self._paused, self._busy = False, 0
+        self._futures: dict[Key, Future[tuple[dict[str, Any], float]]] = {}
+        self._published: dict[Key, dict[str, Any]] = {}
+        self._events: dict[Key, threading.Event] = {}
+        self._lock = threading.Lock()
+        self._closed = False
 
-    def submit(self, contract: Any, item: dict[str, Any], limit: float | None) -> None:
-        """Queue ``item`` of ``contract`` to run in the next free worker."""
-        key = (str(contract.path), contract.sha256, item["id"])
-        self._futures[key] = self._threads.submit(self._run, contract, item, limit)
+    def _event(self, key: Key) -> threading.Event:
+        with self._lock:
+            return self._events.setdefault(key, threading.Event())
 
-    def _run(self, contract: Any, item: dict[str, Any], limit: float | None) -> tuple[dict[str, Any], float]:
-        with self._gate:
-            while self._paused:  # a measure item is running: no new item starts until it is done
-                self._gate.wait()
-            self._busy += 1
-        worker = self._free.get()
+    def publish(self, key: Key, fields: dict[str, Any]) -> None:
+        """Make an item's record fields available to the items waiting for its witnesses."""
+        with self._lock:
+            self._published[key] = fields
+        self._event(key).set()
+
+    def submit(self, contract: Any, item: dict[str, Any], limit: float | None, after: Key | None = None) -> None:
+        """Queue ``item`` of ``contract`` for the next free worker; ``after``: the regimes item whose witnesses it
+        takes (it must be earlier in the run: submitted before it, or run by the in-order run before it)."""
+        key = item_key(contract, item["id"])
+        self._futures[key] = self._threads.submit(self._run, contract, item, limit, after)
+
+    def _run(
+        self, contract: Any, item: dict[str, Any], limit: float | None, after: Key | None
+    ) -> tuple[dict[str, Any], float]:
+        key = item_key(contract, item["id"])
+        fields: dict[str, Any] = {
+            "status": "error",
+            "claim": "none",
+            "evidence": {"kind": "none"},
+            "counterexample": None,
+            "entry_points": [],
+            "reason": "the run stopped before this item finished",
+        }
         try:
-            t0 = time.perf_counter()
-            fields = worker.run(contract, item, limit)
-            return fields, round(time.perf_counter() - t0, 4)
+            witnesses: dict[str, Any] = {}
+            if after is not None:
+                self._event(after).wait()
+                with self._lock:
+                    done = self._published.get(after)
+                if done is not None:
+                    witnesses = known_witnesses(contract, item, {after[2]: done})
+            if self._closed:
+                return fields, 0.0
+            worker = self._free.get()
+            try:
+                t0 = time.perf_counter()
+                fields = worker.run(contract, item, limit, witnesses)
+                return fields, round(time.perf_counter() - t0, 4)
+            finally:
+                self._free.put(worker)
         finally:
-            self._free.put(worker)
-            with self._gate:
-                self._busy -= 1
-                self._gate.notify_all()
+            self.publish(key, fields)
 
-    @contextlib.contextmanager
-    def quiet(self) -> Iterator[None]:
-        """While inside: no item starts, after the ones running have finished (a measure item's quiet machine).
-
-        Unlike :meth:`drain`, the items still queued wait for the end of the block instead of all running first.
-        """
-        with self._gate:
-            self._paused = True
-            while self._busy:
-                self._gate.wait()
-        try:
-            yield
-        finally:
-            with self._gate:
-                self._paused = False
-                self._gate.notify_all()
+    def done(self, key: Key, fields: dict[str, Any], seconds: float) -> None:
+        """Hand over a record the run made before the workers started (a measure item): :meth:`take` returns it."""
+        fut: Future[tuple[dict[str, Any], float]] = Future()
+        fut.set_result((fields, seconds))
+        self._futures[key] = fut
+        self.publish(key, fields)
 
     def take(self, contract: Any, item: dict[str, Any]) -> tuple[dict[str, Any], float] | None:
-        """The (record fields, seconds the item ran) of a submitted item, waiting for it; None if not submitted."""
-        fut = self._futures.pop((str(contract.path), contract.sha256, item["id"]), None)
-        return None if fut is None else fut.result()
+        """The (record fields, seconds the item ran) of a submitted item, waiting while a worker runs it; None if
+        it was never submitted or no worker has started it (it is withdrawn: the run does it itself)."""
+        fut = self._futures.pop(item_key(contract, item["id"]), None)
+        if fut is None or fut.cancel():
+            return None
+        return fut.result()
+
+    @property
+    def started(self) -> int:
+        """Worker processes started so far (first starts and replacements)."""
+        return sum(getattr(w, "started", 0) for w in self._workers)
 
     def drain(self) -> None:
-        """Wait until every submitted item has finished (its record stays to be taken): a quiet machine."""
+        """Wait until every submitted item has finished (its record stays to be taken)."""
         for fut in list(self._futures.values()):
             fut.exception()
 
     def close(self) -> None:
         """Drop what has not started and stop every worker."""
-        with self._gate:
-            self._paused = False
-            self._gate.notify_all()
+        self._closed = True
         for fut in self._futures.values():
             fut.cancel()
         self._futures.clear()
+        with self._lock:
+            events = list(self._events.values())
+        for ev in events:  # a thread waiting for witnesses that will not come
+            ev.set()
         for w in self._workers:
             w.close()
         self._threads.shutdown(wait=False, cancel_futures=True)
         for w in self._workers:  # a worker a thread was still waiting on when it was closed
             w.close()
+
+
+def _release_device_memory() -> None:
+    """Give the item's cached device and pinned blocks back: many workers share one GPU's memory."""
+    if "cupy" not in sys.modules:
+        return
+    import cupy
+
+    with contextlib.suppress(Exception):  # a broken context is _cuda_healthy's to report
+        cupy.get_default_memory_pool().free_all_blocks()
+        cupy.get_default_pinned_memory_pool().free_all_blocks()
 
 
 def _cuda_healthy(device: str) -> tuple[bool, str]:
@@ -383,6 +442,7 @@ def _worker() -> int:
             fields = item_fields(
                 contract, contract.item(req["item"]), device=req["device"], profile=req["profile"], seed=req["seed"]
             )
+        _release_device_memory()
         healthy, why = _cuda_healthy(req["device"])
         answers.write(json.dumps({"fields": fields, "healthy": healthy, "why": why}, default=str) + "\n")
         answers.flush()

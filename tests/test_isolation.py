@@ -71,6 +71,8 @@ def test_worker_process_is_replaced_after_a_hang_and_a_dying_process(tmp_path, m
             "6",  # a replaced worker's start counts in its item's limit: room for a loaded machine
             "--isolate",
             "process",
+            "-j",
+            "0",  # one worker process: started once, replaced twice
             "--json",
             str(out),
             "-q",
@@ -112,7 +114,7 @@ def test_on_the_device_an_oob_write_and_a_never_returning_kernel_cost_one_item_e
     assert len(log.read_text().splitlines()) == 1 + len(items) + 1  # header, one line per item, end
 
 
-def test_host_only_items_run_ahead_in_workers_with_the_same_records_in_the_same_order(tmp_path):
+def test_items_run_ahead_in_workers_with_the_same_records_in_the_same_order(tmp_path):
     gemm = ROOT / "contracts" / "gemm-cublas-v1.yaml"
     out = {}
     for jobs in ("0", "2"):
@@ -121,8 +123,14 @@ def test_host_only_items_run_ahead_in_workers_with_the_same_records_in_the_same_
     seq, ahead = (json.loads(out[j].read_text())["contracts"][0]["items"] for j in ("0", "2"))
     assert [(i["id"], i["status"], i["method"]) for i in seq] == [(i["id"], i["status"], i["method"]) for i in ahead]
     assert {i["method"] for i in ahead} >= {"z3", "enumerate", "falsify"}
+    falsify = [i["id"] for i in seq if i["method"] == "falsify"]
+    assert [_cases(seq, i) for i in falsify] == [_cases(ahead, i) for i in falsify]
     # an item run ahead keeps the seconds it ran in its worker, not the time the run waited for it
     assert all(0 < i["seconds"] < 60 for i in ahead)
+
+
+def _cases(items: list[dict], item_id: str):
+    return next((i["evidence"] or {}).get("cases") for i in items if i["id"] == item_id)
 
 
 def test_a_prefetched_item_past_its_limit_is_error_timeout_and_close_stops_every_worker(monkeypatch):
@@ -145,66 +153,90 @@ def test_a_prefetched_item_past_its_limit_is_error_timeout_and_close_stops_every
     assert all(w.proc is None for w in pre._workers)
 
 
-def test_a_measure_item_waits_for_the_prefetch_workers_to_be_idle(monkeypatch):
+def test_measure_items_run_first_before_any_worker_starts(monkeypatch):
     from obligations.check import RunOptions, check_paths
-    from obligations.isolation import Prefetcher
+    from obligations.isolation import InProcess, Prefetcher
 
     order = []
-    real_quiet, real_take = Prefetcher.quiet, Prefetcher.take
-    monkeypatch.setattr(Prefetcher, "quiet", lambda self: (order.append("quiet"), real_quiet(self))[1])
-    monkeypatch.setattr(Prefetcher, "take", lambda self, c, i: (order.append(i["id"]), real_take(self, c, i))[1])
+    real_init, real_run = Prefetcher.__init__, InProcess.run
+
+    def init(self, *a, **k):
+        order.append("workers")
+        real_init(self, *a, **k)
+
+    monkeypatch.setattr(Prefetcher, "__init__", init)
+    monkeypatch.setattr(InProcess, "run", lambda self, c, i, *a: (order.append(i["id"]), real_run(self, c, i, *a))[1])
     gemm = ROOT / "contracts" / "gemm-cublas-v1.yaml"
     result = check_paths([gemm], only=["PO-GEMM-02-A-z3", "PO-GEMM-04"], options=RunOptions(jobs=1))
     assert [it["id"] for it in result["contracts"][0]["items"]] == ["PO-GEMM-02-A-z3", "PO-GEMM-04"]
-    assert order == ["PO-GEMM-02-A-z3", "quiet"]
+    assert order[:2] == ["PO-GEMM-04", "workers"]  # the measure item ran alone, first; the output keeps the order
 
 
-def test_quiet_waits_for_the_running_items_only_and_holds_back_the_queued_ones():
-    """Inside quiet(): nothing runs (the in-flight item finished first); queued items start after the block."""
-    import threading
-    import time
+class _Stand:
+    """A worker stand-in: logs what it runs (and the witnesses it is given), each item taking ``delay`` seconds."""
 
+    def __init__(self, delay: float):
+        import threading
+
+        self.delay, self.log, self.lock = delay, [], threading.Lock()
+
+    def run(self, contract, item, limit, witnesses=None):
+        import time
+
+        with self.lock:
+            self.log.append(("start", item["id"], witnesses))
+        time.sleep(self.delay)
+        return {"status": "passed", "evidence": {"kind": "test"}}
+
+    def close(self):
+        pass
+
+
+def _prefetcher_with(stand):
     from obligations.isolation import Prefetcher
 
-    log, lock = [], threading.Lock()
-
-    def fields(contract, item):  # not used: the pool's workers are replaced by the stand-in below
-        raise AssertionError
-
-    pre = Prefetcher(1, fields, {"device": "host", "profile": "quick", "seed": 0})
-
-    class Stand:
-        def run(self, contract, item, limit):
-            with lock:
-                log.append(("start", item["id"]))
-            time.sleep(0.2)
-            with lock:
-                log.append(("end", item["id"]))
-            return {"status": "passed"}
-
-        def close(self):
-            pass
-
-    pre._workers = [Stand()]
+    pre = Prefetcher(1, None, {"device": "host", "profile": "quick", "seed": 0})
+    pre._workers = [stand]
     pre._free.get()
-    pre._free.put(pre._workers[0])
+    pre._free.put(stand)
+    return pre
 
-    class C:
-        path, sha256 = "c.yaml", "0"
 
+class _C:
+    path, sha256 = "c.yaml", "0"
+
+
+def test_an_item_no_worker_has_started_is_the_runs_own_and_a_started_one_is_waited_for():
+    import time
+
+    stand = _Stand(0.3)
+    pre = _prefetcher_with(stand)
     try:
         for k in range(3):
-            pre.submit(C, {"id": f"i{k}"}, None)
-        time.sleep(0.05)  # i0 is running
-        with pre.quiet():
-            with lock:
-                inside = list(log)
-            time.sleep(0.3)
-            with lock:
-                assert log == inside  # nothing started or ended while quiet
-        assert inside == [("start", "i0"), ("end", "i0")]
-        for k in range(3):
-            assert pre.take(C, {"id": f"i{k}"})[0]["status"] == "passed"
+            pre.submit(_C, {"id": f"i{k}"}, None)
+        time.sleep(0.05)  # i0 is running in the one worker; i1 and i2 are queued
+        assert pre.take(_C, {"id": "i1"}) is None  # withdrawn: the run does it itself, never waits on a queue
+        assert pre.take(_C, {"id": "i0"})[0]["status"] == "passed"  # running: waited for
+        assert pre.take(_C, {"id": "i2"})[0]["status"] == "passed"
+        assert [e[1] for e in stand.log] == ["i0", "i2"]
+    finally:
+        pre.close()
+
+
+def test_an_item_that_takes_witnesses_waits_for_its_regimes_items_record_and_gets_them():
+    import time
+
+    from obligations.isolation import item_key
+
+    stand = _Stand(0.0)
+    pre = _prefetcher_with(stand)
+    try:
+        pre.submit(_C, {"id": "uses", "witnesses": "R"}, None, after=item_key(_C, "R"))
+        time.sleep(0.2)
+        assert stand.log == []  # still waiting for R's record (the run is checking R itself)
+        pre.publish(item_key(_C, "R"), {"status": "proved", "evidence": {"witnesses": {"small": {"x": 1}}}})
+        assert pre.take(_C, {"id": "uses"})[0]["status"] == "passed"
+        assert stand.log == [("start", "uses", {"R": {"small": {"x": 1}}})]
     finally:
         pre.close()
 
@@ -235,3 +267,15 @@ def test_a_regimes_items_witnesses_reach_the_items_that_name_it_without_a_second
     a, b = seeded["RED-TREE-bitwise"]["evidence"], alone["evidence"]
     assert a["regimes_reached"] == b["regimes_reached"] and a["cases"] == b["cases"]
     engines._WITNESSES.clear()
+
+
+def test_items_run_ahead_get_the_witnesses_of_a_regimes_item_checked_earlier_in_the_run():
+    from obligations.check import RunOptions, check_paths
+
+    contract = ROOT / "contracts" / "reductions-v1.yaml"
+    ids = ["RED-TREE-regimes", "RED-TREE-bitwise"]
+    runs = [check_paths([contract], only=ids, options=RunOptions(jobs=j))["contracts"][0]["items"] for j in (0, 2)]
+    seq, ahead = ({i["id"]: i for i in items} for items in runs)
+    assert seq["RED-TREE-regimes"]["status"] == ahead["RED-TREE-regimes"]["status"] == "proved"
+    a, b = seq["RED-TREE-bitwise"]["evidence"], ahead["RED-TREE-bitwise"]["evidence"]
+    assert a["regimes_reached"] == b["regimes_reached"] and a["cases"] == b["cases"]

@@ -31,6 +31,7 @@ from obligations.core.evidence import FORMAT as EVIDENCE_FORMAT
 from obligations.core.results import Outcome, Status, error, skipped
 from obligations.engines import Job, get_engine
 from obligations.isolation import (
+    HOST_METHODS,
     QUIET_METHODS,
     Executor,
     Prefetcher,
@@ -38,6 +39,7 @@ from obligations.isolation import (
     item_timeout,
     known_witnesses,
     make_executor,
+    split_cores,
 )
 
 __all__ = [
@@ -56,6 +58,7 @@ __all__ = [
     "RunOptions",
     "item_fields",
     "raised_at",
+    "write_timeline",
 ]
 
 EXIT_INTERRUPTED = 130  # the shell's code for a run stopped by Ctrl-C (SIGINT)
@@ -193,7 +196,8 @@ class RunOptions:
     done: Mapping[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
     log: Callable[[Contract, dict[str, Any]], None] | None = None
     maxfail: int | None = None
-    jobs: int = 0  # worker processes running host-only items ahead (0: every item in order, in this process)
+    jobs: int = 0  # worker processes running items ahead (0: every item in order, by the run itself)
+    timeline: str | Path | None = None  # write where and when each item ran here (Chrome trace JSON)
 
 
 def check_contract(
@@ -208,8 +212,10 @@ def check_contract(
     executor: Executor | None = None,
     failures: list[int] | None = None,
     prefetcher: Prefetcher | None = None,
+    ran: Callable[[tuple[str, str, str], str, float, float], None] | None = None,
 ) -> dict[str, Any]:
-    """Check one contract and return its entry of the JSON result (items a ``prefetcher`` ran are taken from it)."""
+    """Check one contract and return its entry of the JSON result (items a ``prefetcher`` ran are taken from it;
+    ``ran`` hears (item key, "run", start, end) of each item run here)."""
     contract = path if isinstance(path, Contract) else load_contract(path)
     options = options or RunOptions()
     own = executor is None
@@ -256,6 +262,8 @@ def check_contract(
                         limit = item_timeout(item, profile, options.item_timeout)
                         fields = executor.run(contract, item, limit, known_witnesses(contract, item, records))
                         seconds = round(time.perf_counter() - t0, 4)
+                        if ran is not None:
+                            ran(item_key(contract, item["id"]), "run", t0, t0 + seconds)
                         if prefetcher is not None:
                             prefetcher.publish(item_key(contract, item["id"]), fields)
                     else:
@@ -484,9 +492,11 @@ def check_paths(
         {"device": device, "profile": profile, "seed": seed},
     )
     prefetcher = None
+    events: list[tuple[tuple[str, str, str], str, float, float]] = []
+    ran_fn = (lambda key, lane, t0, t1: events.append((key, lane, t0, t1))) if options.timeline else None
     try:
         if options.jobs > 0:
-            prefetcher = _start_prefetcher(todo, only, device, profile, seed, options, executor, progress)
+            prefetcher = _start_prefetcher(todo, only, device, profile, seed, options, executor, progress, ran_fn)
         for contract in todo:
             if only and not any(selected(it["id"], only) for it in contract.items):
                 continue
@@ -501,6 +511,7 @@ def check_paths(
                 executor=executor,
                 failures=failures,
                 prefetcher=prefetcher,
+                ran=ran_fn,
             )
             contracts.append(entry)
             if "interrupted" in entry:
@@ -515,6 +526,8 @@ def check_paths(
         if prefetcher is not None:
             prefetcher.close()
         executor.close()
+    if options.timeline:
+        write_timeline(options.timeline, events)
     summary = summarize(contracts)
     project = Path(todo[0].path).resolve().parent if todo else Path.cwd()
     result = {
@@ -565,11 +578,14 @@ def _start_prefetcher(
     options: RunOptions,
     executor: Executor,
     progress: ProgressFn | None,
+    ran: Callable[[tuple[str, str, str], str, float, float], None] | None,
 ) -> Prefetcher:
-    """Run the items that time the machine first, alone; then queue every other item for ``options.jobs`` workers.
+    """Start ``options.jobs`` workers on the run's items; the measure items run first, on a quiet GPU.
 
-    Measure items run before any worker exists (host-side wrapper overheads and bandwidths are skewed by busy
-    workers); their records wait in the prefetcher to be taken in order. A KeyboardInterrupt propagates.
+    While the measure items run (host-side wrapper overheads and bandwidths are skewed by busy neighbours) the
+    workers take only host-only items (proofs, enumerations: no GPU use), kept off a few CPUs the measuring
+    process has to itself; on fewer than 4 CPUs nothing runs beside them. Then every other item is queued.
+    Measure records wait in the prefetcher to be taken in order. A KeyboardInterrupt propagates.
     """
     wanted = [
         (c, it)
@@ -577,29 +593,68 @@ def _start_prefetcher(
         for it in c.items
         if (not only or selected(it["id"], only)) and (c.id, c.sha256, it["id"]) not in options.done
     ]
-    quiet = [(c, it) for c, it in wanted if item_method(it) in QUIET_METHODS]
-    measured = []
-    if quiet and progress:
-        progress("note", {"text": f"timing {len(quiet)} measure item(s) first, on a quiet machine"})
-    for contract, item in quiet:
-        if progress:
-            progress("start", item)
-        t0 = time.perf_counter()
-        fields = executor.run(contract, item, item_timeout(item, profile, options.item_timeout), {})
-        measured.append((item_key(contract, item["id"]), fields, round(time.perf_counter() - t0, 4)))
-    prefetcher = Prefetcher(options.jobs, executor.fields, {"device": device, "profile": profile, "seed": seed})
-    for key, fields, seconds in measured:
-        prefetcher.done(key, fields, seconds)
+    position = {item_key(c, it["id"]): n for n, (c, it) in enumerate(wanted)}
+    prefetcher = Prefetcher(
+        options.jobs, executor.fields, {"device": device, "profile": profile, "seed": seed}, ran=ran
+    )
     for (cid, sha, item_id), record in options.done.items():  # resumed records still hand out their witnesses
         for c in todo:
             if (c.id, c.sha256) == (cid, sha):
                 prefetcher.publish(item_key(c, item_id), record)
-    position = {item_key(c, it["id"]): n for n, (c, it) in enumerate(wanted)}
-    for contract, item in wanted:
-        if item_method(item) not in QUIET_METHODS:
+
+    def submit(group: list[tuple[Contract, dict[str, Any]]]) -> None:
+        for contract, item in group:
             after = _witness_source(contract, item, position, options.done, only)
             prefetcher.submit(contract, item, item_timeout(item, profile, options.item_timeout), after)
+
+    quiet = [(c, it) for c, it in wanted if item_method(it) in QUIET_METHODS]
+    beside = [(c, it) for c, it in wanted if item_method(it) in HOST_METHODS]
+    rest = [(c, it) for c, it in wanted if item_method(it) not in QUIET_METHODS | HOST_METHODS]
+    cores = split_cores() if quiet else None
+    if cores is not None:
+        prefetcher.pin(cores[1])
+        submit(beside)
+    if quiet and progress:
+        where = f"; proofs run beside them on {len(cores[1])} other CPUs" if cores else ""
+        progress("note", {"text": f"timing {len(quiet)} measure item(s) first, on a quiet GPU{where}"})
+    for contract, item in quiet:
+        if progress:
+            progress("start", item)
+        key = item_key(contract, item["id"])
+        t0 = time.perf_counter()
+        fields = executor.run(contract, item, item_timeout(item, profile, options.item_timeout), {})
+        t1 = time.perf_counter()
+        if ran is not None:
+            ran(key, "run", t0, t1)
+        prefetcher.done(key, fields, round(t1 - t0, 4))
+    prefetcher.pin(None)
+    submit(rest if cores is not None else [(c, it) for c, it in wanted if item_method(it) not in QUIET_METHODS])
     return prefetcher
+
+
+def write_timeline(path: str | Path, events: list[tuple[tuple[str, str, str], str, float, float]]) -> None:
+    """Write where and when each item ran as a Chrome trace (chrome://tracing, Perfetto): one row per lane."""
+    from obligations.atomic import write_text_atomic
+
+    origin = min((e[2] for e in events), default=0.0)
+    lanes = sorted({lane for _, lane, _, _ in events}, key=lambda n: (n != "run", len(n), n))
+    tid = {lane: n for n, lane in enumerate(lanes)}
+    trace: list[dict[str, Any]] = [
+        {"name": "thread_name", "ph": "M", "pid": 1, "tid": tid[lane], "args": {"name": lane}} for lane in lanes
+    ]
+    trace += [
+        {
+            "name": item_id,
+            "cat": Path(path_).stem,
+            "ph": "X",
+            "pid": 1,
+            "tid": tid[lane],
+            "ts": round((t0 - origin) * 1e6),
+            "dur": round((t1 - t0) * 1e6),
+        }
+        for (path_, _sha, item_id), lane, t0, t1 in events
+    ]
+    write_text_atomic(path, json.dumps({"traceEvents": trace, "displayTimeUnit": "ms"}) + "\n")
 
 
 def _finite(value: Any) -> Any:

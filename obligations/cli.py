@@ -194,8 +194,8 @@ def _check_options(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         default=None,
-        help="worker processes that run the host-only items (z3, enumerate, sympy, regimes, audit) ahead while the "
-        "rest runs in order (default: cores - 1, at most 4; 0: none)",
+        help="worker processes that run items ahead while the run takes their records in order; measure items run "
+        "first on a quiet GPU (default: cores - 1, at most 15; 0: none)",
     )
     p.add_argument(
         "-x",
@@ -209,6 +209,12 @@ def _check_options(p: argparse.ArgumentParser) -> None:
         "--maxfail", type=int, metavar="N", dest="maxfail", default=None, help="stop after N violated or errored items"
     )
     p.add_argument("--durations", type=int, metavar="N", default=None, help="print the N slowest items (0: all)")
+    p.add_argument(
+        "--timeline",
+        metavar="FILE",
+        default=None,
+        help="write where (the run or worker N) and when each item ran, as a Chrome trace (Perfetto)",
+    )
     _verbosity_options(p)
     _search_path_option(p)
 
@@ -341,6 +347,7 @@ def _check(args: argparse.Namespace) -> int:
         isolate=args.isolate,
         maxfail=args.maxfail,
         jobs=default_jobs() if args.jobs is None else max(0, args.jobs),
+        timeline=args.timeline,
         done=resumed.done if resumed else {},
         log=log.record if log else None,
     )

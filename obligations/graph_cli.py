@@ -16,9 +16,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["configure", "run", "check_file", "show_file"]
 
@@ -86,6 +87,8 @@ def check_file(args: argparse.Namespace) -> int:
 
 
 def _preview(v: np.ndarray, bits: bool) -> str:
+    import numpy as np
+
     flat = v.reshape(-1)
     vals = ", ".join(str(np.float32(x)) for x in flat[:_PREVIEW]) + (", ..." if flat.size > _PREVIEW else "")
     out = f"[{vals}]"
@@ -146,6 +149,8 @@ def show_file(args: argparse.Namespace) -> int:
     if not isinstance(ins, dict):
         print(f"trace: {ins}")
         return EXIT_FAILED
+    import numpy as np
+
     print("trace:")
     values: list[np.ndarray] = []
     for n in g.nodes:

@@ -44,6 +44,9 @@ __all__ = [
     "item_key",
     "Prefetcher",
     "default_jobs",
+    "all_cores",
+    "pin_process",
+    "split_cores",
     "known_witnesses",
     "seed_witnesses",
 ]
@@ -157,11 +160,21 @@ class WorkerPool(Executor):
         self.settings = settings
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0
+        self.cores: frozenset[int] | None = None  # CPUs the worker may run on (None: all)
         self._buf = b""
+
+    def pin(self, cores: frozenset[int] | None) -> None:
+        """Keep the worker (every thread of it, and a replacement) on ``cores``; None: every CPU again."""
+        self.cores = cores
+        if self.proc is not None and self.proc.poll() is None:
+            pin_process(self.proc.pid, cores)
 
     def _start(self) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        env.pop("KC_WORKER_CORES", None)
+        if self.cores:
+            env["KC_WORKER_CORES"] = ",".join(map(str, sorted(self.cores)))  # pinned before it imports anything
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "obligations.isolation"],
             stdin=subprocess.PIPE,
@@ -246,6 +259,36 @@ class WorkerPool(Executor):
         return answer["fields"]
 
 
+def all_cores() -> frozenset[int]:
+    """The CPUs this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return frozenset(os.sched_getaffinity(0))
+    return frozenset(range(os.cpu_count() or 1))
+
+
+def pin_process(pid: int, cores: frozenset[int] | None) -> None:
+    """Put every thread of process ``pid`` on ``cores`` (None: all of this process's CPUs); no-op off Linux."""
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    target = cores or all_cores()
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        tids = [pid]
+    for tid in tids:
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(tid, target)
+
+
+def split_cores(measure: int | None = None) -> tuple[frozenset[int], frozenset[int]] | None:
+    """(CPUs kept for the measuring process, the rest) while measure items run beside proofs; None under 4 CPUs."""
+    cores = sorted(all_cores())
+    if len(cores) < 4:
+        return None
+    keep = measure if measure is not None else max(2, len(cores) // 4)
+    return frozenset(cores[:keep]), frozenset(cores[keep:])
+
+
 def make_executor(mode: str, fields: RecordFn, settings: dict[str, Any]) -> Executor:
     """The executor named ``mode`` (see EXECUTORS); ``auto``: a worker on cuda, in process on the host."""
     if mode == "auto":
@@ -287,11 +330,18 @@ class Prefetcher:
     witnesses, as it would in order; the records are the same as in order.
     """
 
-    def __init__(self, jobs: int, fields: RecordFn, settings: dict[str, Any]):
+    def __init__(
+        self,
+        jobs: int,
+        fields: RecordFn,
+        settings: dict[str, Any],
+        ran: Callable[[Key, str, float, float], None] | None = None,
+    ):
         self._free: queue.Queue[WorkerPool] = queue.Queue()
         self._workers = [WorkerPool(fields, settings) for _ in range(jobs)]
         for w in self._workers:
             self._free.put(w)
+        self._ran = ran  # (key, lane, start, end) of each item a worker ran: the run's timeline
         self._threads = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="kc-prefetch")
         self._futures: dict[Key, Future[tuple[dict[str, Any], float]]] = {}
         self._published: dict[Key, dict[str, Any]] = {}
@@ -341,7 +391,10 @@ class Prefetcher:
             try:
                 t0 = time.perf_counter()
                 fields = worker.run(contract, item, limit, witnesses)
-                return fields, round(time.perf_counter() - t0, 4)
+                t1 = time.perf_counter()
+                if self._ran is not None:
+                    self._ran(key, f"worker {self._workers.index(worker) + 1}", t0, t1)
+                return fields, round(t1 - t0, 4)
             finally:
                 self._free.put(worker)
         finally:
@@ -361,6 +414,11 @@ class Prefetcher:
         if fut is None or fut.cancel():
             return None
         return fut.result()
+
+    def pin(self, cores: frozenset[int] | None) -> None:
+        """Keep every worker on ``cores`` (None: every CPU again)."""
+        for w in self._workers:
+            w.pin(cores)
 
     @property
     def started(self) -> int:
@@ -414,6 +472,9 @@ def _cuda_healthy(device: str) -> tuple[bool, str]:
 
 def _worker() -> int:
     """Serve item requests on stdin; answer each on the original stdout (the item's prints go to stderr)."""
+    cores = os.environ.get("KC_WORKER_CORES")
+    if cores and hasattr(os, "sched_setaffinity"):  # before the imports start thread pools
+        os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
     from obligations.check import item_fields
     from obligations.contract import import_test_modules, parse_contract
 

@@ -153,23 +153,86 @@ def test_a_prefetched_item_past_its_limit_is_error_timeout_and_close_stops_every
     assert all(w.proc is None for w in pre._workers)
 
 
-def test_measure_items_run_first_before_any_worker_starts(monkeypatch):
+def _submits_and_runs(monkeypatch, cores):
+    """(events in order: ("submit", id) to the workers, ("run", id) by the run itself) of a gemm run with -j 1."""
+    from obligations import check
     from obligations.check import RunOptions, check_paths
     from obligations.isolation import InProcess, Prefetcher
 
     order = []
-    real_init, real_run = Prefetcher.__init__, InProcess.run
+    real_submit, real_run = Prefetcher.submit, InProcess.run
 
-    def init(self, *a, **k):
-        order.append("workers")
-        real_init(self, *a, **k)
+    def submit(self, contract, item, *a, **k):
+        order.append(("submit", item["id"]))
+        real_submit(self, contract, item, *a, **k)
 
-    monkeypatch.setattr(Prefetcher, "__init__", init)
-    monkeypatch.setattr(InProcess, "run", lambda self, c, i, *a: (order.append(i["id"]), real_run(self, c, i, *a))[1])
+    monkeypatch.setattr(check, "split_cores", lambda: cores)
+    monkeypatch.setattr(Prefetcher, "submit", submit)
+    monkeypatch.setattr(
+        InProcess, "run", lambda self, c, i, *a: (order.append(("run", i["id"])), real_run(self, c, i, *a))[1]
+    )
     gemm = ROOT / "contracts" / "gemm-cublas-v1.yaml"
-    result = check_paths([gemm], only=["PO-GEMM-02-A-z3", "PO-GEMM-04"], options=RunOptions(jobs=1))
-    assert [it["id"] for it in result["contracts"][0]["items"]] == ["PO-GEMM-02-A-z3", "PO-GEMM-04"]
-    assert order[:2] == ["PO-GEMM-04", "workers"]  # the measure item ran alone, first; the output keeps the order
+    ids = ["PO-GEMM-02-A-z3", "PO-GEMM-04", "FALSIFY-CUBLAS-001"]
+    result = check_paths([gemm], only=ids, options=RunOptions(jobs=1))
+    assert [it["id"] for it in result["contracts"][0]["items"]] == ids  # the output keeps the contract's order
+    return order
+
+
+def test_measure_items_run_first_alone_when_no_cpus_can_be_kept_for_them(monkeypatch):
+    order = _submits_and_runs(monkeypatch, None)
+    assert order[:3] == [("run", "PO-GEMM-04"), ("submit", "PO-GEMM-02-A-z3"), ("submit", "FALSIFY-CUBLAS-001")]
+
+
+def test_only_host_only_items_run_beside_the_measure_items_on_the_other_cpus(monkeypatch):
+    from obligations.isolation import Prefetcher
+
+    pins = []
+    monkeypatch.setattr(Prefetcher, "pin", lambda self, cores: pins.append(cores))
+    order = _submits_and_runs(monkeypatch, (frozenset({0}), frozenset({1})))
+    assert order[:3] == [("submit", "PO-GEMM-02-A-z3"), ("run", "PO-GEMM-04"), ("submit", "FALSIFY-CUBLAS-001")]
+    assert pins == [frozenset({1}), None]  # the proofs' workers kept off CPU 0, then given every CPU back
+
+
+def test_split_cores_keeps_a_quarter_for_the_measuring_process_and_none_under_4_cpus(monkeypatch):
+    from obligations import isolation
+
+    monkeypatch.setattr(isolation, "all_cores", lambda: frozenset(range(16)))
+    keep, rest = isolation.split_cores()
+    assert keep == frozenset(range(4)) and rest == frozenset(range(4, 16))
+    monkeypatch.setattr(isolation, "all_cores", lambda: frozenset({0, 1}))
+    assert isolation.split_cores() is None
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_a_pinned_worker_runs_on_its_cpus_only_and_gets_every_cpu_back():
+    from obligations.check import item_fields
+    from obligations.contract import load_contract
+    from obligations.isolation import WorkerPool, all_cores
+
+    contract = load_contract(FAULTS)
+    one = frozenset({min(all_cores())})
+    w = WorkerPool(item_fields, {"device": "host", "profile": "quick", "seed": 0})
+    try:
+        w.pin(one)
+        assert w.run(contract, contract.item("FT-OK-1"), 60)["status"] == "passed"
+        tasks = os.listdir(f"/proc/{w.proc.pid}/task")
+        assert all(os.sched_getaffinity(int(t)) == one for t in tasks)  # every thread, pinned before its imports
+        w.pin(None)
+        assert all(os.sched_getaffinity(int(t)) == all_cores() for t in os.listdir(f"/proc/{w.proc.pid}/task"))
+    finally:
+        w.close()
+
+
+def test_the_timeline_says_where_and_when_each_item_ran(tmp_path):
+    tl = tmp_path / "t.json"
+    gemm = ROOT / "contracts" / "gemm-cublas-v1.yaml"
+    assert main(["check", str(gemm), "--device", "host", "-j", "2", "--timeline", str(tl), "-q"]) == 0
+    events = json.loads(tl.read_text())["traceEvents"]
+    lanes = {e["args"]["name"] for e in events if e["ph"] == "M"}
+    ran = [e for e in events if e["ph"] == "X"]
+    assert lanes <= {"run", "worker 1", "worker 2"} and "worker 1" in lanes
+    assert len({e["name"] for e in ran}) == len(ran) == 25  # each of gemm's 25 items ran once, somewhere
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in ran)
 
 
 class _Stand:

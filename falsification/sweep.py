@@ -33,7 +33,13 @@ from falsification.agreement import NAN_MISMATCH, ulp_distance
 from native.elementwise import get_kernel, run_flat
 from native.fused_reference import fused_approx_reference, has_fused_reference
 from native.nvrtc import get_route
-from native.sweep_compare import EXACT_OPS, compare_chunk_fused, exact_route_supports, sweep_exact_chunk
+from native.sweep_compare import (
+    EXACT_OPS,
+    bit_patterns,
+    compare_chunk_fused,
+    exact_route_supports,
+    sweep_exact_chunk,
+)
 from obligations.core.device import array_module, resolve_device
 from spec import softfloat as sf
 from spec.elementwise import array_namespace, bits_to_f64, canonical_nan, get_reference, round_f64_to_f32
@@ -339,6 +345,8 @@ def chunk_inputs(xp: Any, *, lo: int, total: int, chunk: int, sample: int | None
             from falsification.float32_inputs import BatchSpec, generate_bits  # Hypothesis: only for samples
 
             yield generate_bits(BatchSpec(seed=seed + done, size=m, mix="uniform"), 1, xp)[0]
+        elif xp is not np:
+            yield bit_patterns(lo + done, m)  # a raw kernel: no CuPy ufunc, so no cupyx/SciPy import
         else:
             if base is None or base.size != m:
                 base = xp.arange(m, dtype=xp.uint32)

@@ -28,6 +28,7 @@ __all__ = [
     "EXACT_SOURCE",
     "EXACT_OPS",
     "EXACT_ROUTES",
+    "bit_patterns",
     "compare_chunk_fused",
     "exact_route_supports",
     "exact_source",
@@ -106,6 +107,37 @@ def compare_chunk_fused(nat: Any, ref: Any, alt: Any, bound: int, *, exact: bool
         )
     got = out.get().astype(np.int64)
     return got[:5], int(got[6]), int(got[5])
+
+
+_PATTERNS_SOURCE = r"""
+extern "C" __global__ void kc_bit_patterns(unsigned int* out, unsigned int first, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        out[i] = first + (unsigned int)i;  // the caller keeps first + n <= 2^32: no wrap
+}
+"""
+
+
+def bit_patterns(first: int, n: int) -> Any:
+    """The uint32 bit patterns first, first + 1, ..., first + n - 1 on the GPU (first + n <= 2^32).
+
+    One raw kernel, not ``arange + first``: a CuPy ufunc's first call imports cupyx, and with it SciPy
+    (~0.5 s of a fresh ``kc sweep``'s start-up on the device).
+    """
+    if not (0 <= first and 0 <= n and first + n <= 1 << 32):
+        raise ValueError(f"bit patterns [{first}, {first + n}) leave the 32-bit range")
+    import cupy
+
+    out = cupy.empty(n, dtype=cupy.uint32)
+    if n:
+        _patterns_kernel()((min((n + 255) // 256, 8192),), (256,), (out, np.uint32(first), np.int64(n)))
+    return out
+
+
+@functools.cache
+def _patterns_kernel() -> Any:
+    import cupy
+
+    return cupy.RawKernel(_PATTERNS_SOURCE, "kc_bit_patterns")
 
 
 @functools.cache

@@ -47,6 +47,7 @@ __all__ = [
     "all_cores",
     "pin_process",
     "split_cores",
+    "THREAD_POOL_VARS",
     "known_witnesses",
     "seed_witnesses",
 ]
@@ -161,6 +162,7 @@ class WorkerPool(Executor):
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0
         self.cores: frozenset[int] | None = None  # CPUs the worker may run on (None: all)
+        self.threads: int | None = None  # size of the worker's BLAS/OpenMP thread pools (None: the libraries')
         self._buf = b""
 
     def pin(self, cores: frozenset[int] | None) -> None:
@@ -175,6 +177,9 @@ class WorkerPool(Executor):
         env.pop("KC_WORKER_CORES", None)
         if self.cores:
             env["KC_WORKER_CORES"] = ",".join(map(str, sorted(self.cores)))  # pinned before it imports anything
+        if self.threads:
+            for var in THREAD_POOL_VARS:  # a variable the user set wins
+                env.setdefault(var, str(self.threads))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "obligations.isolation"],
             stdin=subprocess.PIPE,
@@ -321,6 +326,11 @@ def default_jobs() -> int:
     return max(1, min(15, (os.cpu_count() or 2) - 1))
 
 
+# The thread-pool sizes of NumPy's BLAS and OpenMP code: N workers each starting one thread per CPU would run
+# N x CPUs threads on CPUs threads' worth of cores (the float64 references of GEMM, attention and conv use BLAS).
+THREAD_POOL_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
+
+
 class Prefetcher:
     """Runs items ahead in ``jobs`` worker processes; the in-order run takes their records where it reaches them.
 
@@ -340,6 +350,7 @@ class Prefetcher:
         self._free: queue.Queue[WorkerPool] = queue.Queue()
         self._workers = [WorkerPool(fields, settings) for _ in range(jobs)]
         for w in self._workers:
+            w.threads = max(1, len(all_cores()) // jobs)  # the workers share the CPUs: so do their thread pools
             self._free.put(w)
         self._ran = ran  # (key, lane, start, end) of each item a worker ran: the run's timeline
         self._threads = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="kc-prefetch")
@@ -393,7 +404,7 @@ class Prefetcher:
                 fields = worker.run(contract, item, limit, witnesses)
                 t1 = time.perf_counter()
                 if self._ran is not None:
-                    self._ran(key, f"worker {self._workers.index(worker) + 1}", t0, t1)
+                    self._ran(key, f"worker {next(n for n, w in enumerate(self._workers) if w is worker) + 1}", t0, t1)
                 return fields, round(t1 - t0, 4)
             finally:
                 self._free.put(worker)

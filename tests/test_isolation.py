@@ -342,3 +342,23 @@ def test_items_run_ahead_get_the_witnesses_of_a_regimes_item_checked_earlier_in_
     assert seq["RED-TREE-regimes"]["status"] == ahead["RED-TREE-regimes"]["status"] == "proved"
     a, b = seq["RED-TREE-bitwise"]["evidence"], ahead["RED-TREE-bitwise"]["evidence"]
     assert a["regimes_reached"] == b["regimes_reached"] and a["cases"] == b["cases"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads a process's environment from /proc")
+def test_workers_share_the_cpus_in_their_thread_pools_and_a_users_setting_wins(monkeypatch):
+    from obligations.check import item_fields
+    from obligations.contract import load_contract
+    from obligations.isolation import THREAD_POOL_VARS, WorkerPool
+
+    contract = load_contract(FAULTS)
+    monkeypatch.setenv("MKL_NUM_THREADS", "7")
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    w = WorkerPool(item_fields, {"device": "host", "profile": "quick", "seed": 0})
+    w.threads = 3
+    try:
+        assert w.run(contract, contract.item("FT-OK-1"), 60)["status"] == "passed"
+        env = dict(kv.split("=", 1) for kv in open(f"/proc/{w.proc.pid}/environ").read().split("\0") if "=" in kv)
+        assert env["OPENBLAS_NUM_THREADS"] == "3" and env["MKL_NUM_THREADS"] == "7"
+        assert set(THREAD_POOL_VARS) <= set(env)
+    finally:
+        w.close()

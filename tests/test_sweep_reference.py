@@ -376,3 +376,26 @@ def test_the_library_leaves_cupys_accelerators_alone_only_kc_on_cuda_opts_in(mon
         assert fake.accel == {"routine": [], "reduction": []}
     finally:
         device._plain_reductions.cache_clear()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA_OK, reason="no CUDA device")
+@pytest.mark.parametrize(("first", "n"), [(0, 0), (0, 1000), ((1 << 32) - 777, 777), ((1 << 31) - 5, 3_000_001)])
+def test_the_sweeps_device_bit_patterns_are_the_range_itself(first, n):
+    from falsification.sweep import chunk_inputs
+    from native.sweep_compare import bit_patterns
+
+    want = (np.arange(n, dtype=np.uint64) + first).astype(np.uint32)
+    np.testing.assert_array_equal(bit_patterns(first, n).get(), want)
+    import cupy
+
+    chunks = list(chunk_inputs(cupy, lo=first, total=n, chunk=1 << 20, sample=None, seed=0))
+    got = np.concatenate([c.get() for c in chunks]) if chunks else np.zeros(0, np.uint32)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_bit_patterns_refuse_a_range_past_2_to_the_32():
+    from native.sweep_compare import bit_patterns
+
+    with pytest.raises(ValueError, match="32-bit range"):
+        bit_patterns((1 << 32) - 3, 4)

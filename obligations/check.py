@@ -261,7 +261,7 @@ def check_contract(
                     if ahead is None:
                         limit = item_timeout(item, profile, options.item_timeout)
                         fields = executor.run(contract, item, limit, known_witnesses(contract, item, records))
-                        seconds = round(time.perf_counter() - t0, 4)
+                        seconds = round(executor.seconds(time.perf_counter() - t0), 4)
                         if ran is not None:
                             ran(item_key(contract, item["id"]), "run", t0, t0 + seconds)
                         if prefetcher is not None:
@@ -626,7 +626,7 @@ def _start_prefetcher(
         t1 = time.perf_counter()
         if ran is not None:
             ran(key, "run", t0, t1)
-        prefetcher.done(key, fields, round(t1 - t0, 4))
+        prefetcher.done(key, fields, round(executor.seconds(t1 - t0), 4))
     prefetcher.pin(None)
     submit(rest if cores is not None else [(c, it) for c, it in wanted if item_method(it) not in QUIET_METHODS])
     return prefetcher

@@ -135,6 +135,11 @@ class Executor:
     ) -> dict[str, Any]:
         raise NotImplementedError
 
+    def seconds(self, wall: float) -> float:
+        """The seconds the last item ran, given the caller's ``wall`` time around :meth:`run` (a worker's start
+        and its loading of the contract are not the item's time)."""
+        return wall
+
     def close(self) -> None:
         """Release what the executor holds (a worker process)."""
 
@@ -153,6 +158,14 @@ class InProcess(Executor):
             return {**timeout_record(limit or 0, "stopped in process"), "entry_points": []}
 
 
+# Seconds a worker may take to start (import the run's modules) or to load a contract and its test modules.
+WORKER_START_S = 300.0
+
+
+class WorkerStartError(RuntimeError):
+    """A worker process died or hung before it was ready for its first item."""
+
+
 class WorkerPool(Executor):
     """Items run in a worker process, replaced after a timeout, a crash or a broken CUDA context."""
 
@@ -164,6 +177,8 @@ class WorkerPool(Executor):
         self.cores: frozenset[int] | None = None  # CPUs the worker may run on (None: all)
         self.threads: int | None = None  # size of the worker's BLAS/OpenMP thread pools (None: the libraries')
         self._buf = b""
+        self._item_seconds: float | None = None
+        self._closed = False
 
     def pin(self, cores: frozenset[int] | None) -> None:
         """Keep the worker (every thread of it, and a replacement) on ``cores``; None: every CPU again."""
@@ -189,41 +204,76 @@ class WorkerPool(Executor):
         )
         self.started += 1
         self._buf = b""
+        if self._closed:
+            self._kill()
+            raise WorkerStartError("the run stopped")
+        # The item's limit starts once the worker has imported the run's modules: a start is not the item's time.
+        try:
+            ready = self._read_line(time.monotonic() + WORKER_START_S)
+        except ItemTimeout:
+            ready = None
+        if ready is None or self._closed or json.loads(ready).get("ready") is not True:
+            self._kill()
+            raise WorkerStartError(f"a worker process did not start within {WORKER_START_S:g} s")
         return self.proc
 
     def _kill(self) -> None:
-        if self.proc is not None:
+        proc, self.proc = self.proc, None  # the run's thread and a prefetch thread may both get here
+        if proc is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                os.killpg(proc.pid, signal.SIGKILL)
             with contextlib.suppress(Exception):
-                self.proc.wait(timeout=10)
-            for stream in (self.proc.stdin, self.proc.stdout):
+                proc.wait(timeout=10)
+            for stream in (proc.stdin, proc.stdout):
                 with contextlib.suppress(Exception):
                     stream.close()
-        self.proc = None
 
     def close(self) -> None:
+        self._closed = True  # a start under way in another thread kills its process instead of keeping it
         self._kill()
 
     def _read_line(self, deadline: float | None) -> bytes | None:
-        assert self.proc is not None and self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
+        proc = self.proc
+        if proc is None or proc.stdout is None:  # closed by another thread (the run is stopping)
+            return None
+        try:
+            fd = proc.stdout.fileno()
+        except ValueError:  # its pipe was closed meanwhile
+            return None
         while b"\n" not in self._buf:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, _, _ = select.select([fd], [], [], wait)
-            if not ready:
-                raise ItemTimeout()
-            chunk = os.read(fd, 1 << 16)
+            try:
+                ready, _, _ = select.select([fd], [], [], wait)
+                if not ready:
+                    raise ItemTimeout()
+                chunk = os.read(fd, 1 << 16)
+            except (OSError, ValueError):  # the pipe was closed by another thread (the run is stopping)
+                return None
             if not chunk:
                 return None
             self._buf += chunk
         line, _, self._buf = self._buf.partition(b"\n")
         return line
 
+    def seconds(self, wall: float) -> float:
+        """The last item's own seconds (from its worker's "loaded" line to its answer) where it answered."""
+        return wall if self._item_seconds is None else min(wall, self._item_seconds)
+
     def run(
         self, contract: Any, item: dict[str, Any], limit: float | None, witnesses: dict[str, Any] | None = None
     ) -> dict[str, Any]:
-        proc = self.proc if self.proc is not None and self.proc.poll() is None else self._start()
+        self._item_seconds: float | None = None
+        try:
+            proc = self.proc if self.proc is not None and self.proc.poll() is None else self._start()
+        except WorkerStartError as e:
+            return {
+                "status": "error",
+                "claim": "none",
+                "evidence": {"kind": "none"},
+                "counterexample": None,
+                "entry_points": [],
+                "reason": str(e),
+            }
         request = {
             **self.settings,
             "path": str(Path(contract.path).resolve()),
@@ -236,7 +286,11 @@ class WorkerPool(Executor):
             assert proc.stdin is not None
             proc.stdin.write(json.dumps(request).encode() + b"\n")
             proc.stdin.flush()
-            line = self._read_line(None if not limit else t0 + limit)
+            # loading the contract and its test modules (once per worker) is not the item's time
+            line = self._read_line(t0 + WORKER_START_S)
+            if line is not None:
+                t0 = time.monotonic()
+                line = self._read_line(None if not limit else t0 + limit)
         except ItemTimeout:
             self._kill()
             return {**timeout_record(limit or 0, "worker process killed and replaced"), "entry_points": []}
@@ -257,6 +311,7 @@ class WorkerPool(Executor):
                 "entry_points": [],
                 "reason": f"the worker process died running this item ({how}); it was replaced",
             }
+        self._item_seconds = time.monotonic() - t0
         answer = json.loads(line)
         if not answer.get("healthy", True):
             self._kill()  # a broken CUDA context would fail every later item: the next item gets a new worker
@@ -405,7 +460,7 @@ class Prefetcher:
                 t1 = time.perf_counter()
                 if self._ran is not None:
                     self._ran(key, f"worker {next(n for n, w in enumerate(self._workers) if w is worker) + 1}", t0, t1)
-                return fields, round(t1 - t0, 4)
+                return fields, round(worker.seconds(t1 - t0), 4)
             finally:
                 self._free.put(worker)
         finally:
@@ -494,12 +549,19 @@ def _worker() -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     contracts: dict[str, Any] = {}
+    from falsification.registry import load_builtin_tests
+
+    load_builtin_tests()  # what the first falsify item would import (Hypothesis, the test modules): not its time
+    answers.write(json.dumps({"ready": True}) + "\n")
+    answers.flush()
     for line in sys.stdin:
         req = json.loads(line)
         contract = contracts.get(req["path"])
         if contract is None:
             contract = contracts[req["path"]] = parse_contract(req["path"])
             import_test_modules(contract)
+        answers.write(json.dumps({"loaded": True}) + "\n")  # the item's time limit starts here
+        answers.flush()
         if contract.sha256 != req["sha256"]:
             fields = {
                 "status": "error",

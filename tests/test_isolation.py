@@ -68,7 +68,7 @@ def test_worker_process_is_replaced_after_a_hang_and_a_dying_process(tmp_path, m
             "--device",
             "host",
             "--item-timeout",
-            "6",  # a replaced worker's start counts in its item's limit: room for a loaded machine
+            "6",
             "--isolate",
             "process",
             "-j",
@@ -251,6 +251,9 @@ class _Stand:
         time.sleep(self.delay)
         return {"status": "passed", "evidence": {"kind": "test"}}
 
+    def seconds(self, wall):
+        return wall
+
     def close(self):
         pass
 
@@ -362,3 +365,11 @@ def test_workers_share_the_cpus_in_their_thread_pools_and_a_users_setting_wins(m
         assert set(THREAD_POOL_VARS) <= set(env)
     finally:
         w.close()
+
+
+def test_a_workers_start_and_contract_loading_are_not_the_items_time(tmp_path):
+    out = tmp_path / "r.json"
+    argv = ["check", str(FAULTS), "--device", "host", "--only", "FT-OK-*", "--item-timeout", "0.2", "-j", "2"]
+    assert main([*argv, "--isolate", "process", "--json", str(out), "-q"]) == 0
+    items = _items(out)
+    assert all(items[i]["status"] == "passed" and items[i]["seconds"] < 0.2 for i in OK)  # workers start in ~0.3 s

@@ -373,3 +373,61 @@ def test_a_workers_start_and_contract_loading_are_not_the_items_time(tmp_path):
     assert main([*argv, "--isolate", "process", "--json", str(out), "-q"]) == 0
     items = _items(out)
     assert all(items[i]["status"] == "passed" and items[i]["seconds"] < 0.2 for i in OK)  # workers start in ~0.3 s
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the workers through /proc")
+def test_ctrl_c_stops_a_run_with_workers_writes_the_partial_result_and_leaves_no_worker(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    out, mark = tmp_path / "r.json", uuid.uuid4().hex
+    env = {**os.environ, "KC_TEST_MARK": mark}
+    argv = [
+        "check",
+        str(FAULTS),
+        "--device",
+        "host",
+        "--only",
+        "FT-OK-1",
+        "--only",
+        "FT-HANG",
+        "--only",
+        "FT-OK-2",
+        "-j",
+        "2",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "obligations.cli", *argv, "--item-timeout", "120", "--json", str(out)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    time.sleep(1.0)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(_marked(mark)) < 3:  # the run and its two workers are up
+        time.sleep(0.2)
+    time.sleep(1.0)  # FT-HANG is hanging in a worker
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    result = json.loads(out.read_text())
+    assert result["interrupted"] is True and result["exit_code"] == 130
+    time.sleep(0.5)
+    assert _marked(mark) == []  # no worker outlives the run
+
+
+def _marked(mark: str) -> list[int]:
+    """Pids of live processes whose environment holds KC_TEST_MARK=mark."""
+    pids = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        except OSError:
+            continue
+        if f"KC_TEST_MARK={mark}".encode() in env and state != "Z":
+            pids.append(int(pid))
+    return pids

@@ -259,7 +259,9 @@ def test_run_item_turns_any_non_outcome_into_an_error(monkeypatch, result, reaso
 def test_keyboard_interrupt_stops_the_run_and_writes_the_partial_result(tmp_path, monkeypatch, capsys):
     contract = _user_contract(tmp_path, monkeypatch, "raise KeyboardInterrupt")
     out = tmp_path / "r.json"
-    assert main(["check", str(contract), "--device", "host", "--json", str(out)]) == 130
+    # -j 0: the item runs in this process, so its KeyboardInterrupt is the run's (tests/test_isolation.py sends a
+    # real SIGINT to a run with workers)
+    assert main(["check", str(contract), "--device", "host", "-j", "0", "--json", str(out)]) == 130
     result = json.loads(out.read_text())
     assert result["interrupted"] is True and result["exit_code"] == 130
     (entry,) = result["contracts"]

@@ -818,4 +818,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m obligations.cli` runs this file as __main__, a second module object: the commands that
+    # graph_cli and libm_audit register go to obligations.cli, so run that module's main.
+    from obligations.cli import main as _registered_main
+
+    sys.exit(_registered_main())

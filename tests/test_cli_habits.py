@@ -290,3 +290,10 @@ def test_html_reports_have_an_index_a_coloured_gate_and_no_sympy_internals(tmp_p
         r = render_statement(text)
         shown = " ".join(filter(None, (r.latex, r.unicode, r.mathml))).lower()
         assert not any(w in shown for w in ("tdiv", "trem", "piecewise")), (text, shown)
+
+
+def test_python_m_obligations_cli_has_every_command_kc_has():
+    # run as __main__ the module is a second copy: commands registered by other modules must still be there
+    for cmd in ("graph", "audit-libm"):
+        proc = _kc(cmd, "--help")
+        assert proc.returncode == 0 and f"usage: kc {cmd}" in proc.stdout, proc.stderr[-2000:]

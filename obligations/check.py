@@ -495,7 +495,7 @@ def check_paths(
     events: list[tuple[tuple[str, str, str], str, float, float]] = []
     ran_fn = (lambda key, lane, t0, t1: events.append((key, lane, t0, t1))) if options.timeline else None
     try:
-        if options.jobs > 0:
+        if options.jobs > 0 and _worth_workers(todo, only, options):
             prefetcher = _start_prefetcher(todo, only, device, profile, seed, options, executor, progress, ran_fn)
         for contract in todo:
             if only and not any(selected(it["id"], only) for it in contract.items):
@@ -550,6 +550,20 @@ def check_paths(
     if started:
         result["provenance"]["workers_started"] = started
     return result
+
+
+def _worth_workers(todo: list[Contract], only: list[str] | None, options: RunOptions) -> bool:
+    """Whether workers can overlap anything: at least two items to run besides the measure items (a worker's
+    start costs about a second; one item is the run's own anyway)."""
+    runs = (
+        1
+        for c in todo
+        for it in c.items
+        if (not only or selected(it["id"], only))
+        and (c.id, c.sha256, it["id"]) not in options.done
+        and item_method(it) not in QUIET_METHODS
+    )
+    return next(runs, 0) + next(runs, 0) >= 2
 
 
 def _witness_source(

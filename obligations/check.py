@@ -15,7 +15,7 @@ import sys
 import sysconfig
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -552,17 +552,20 @@ def check_paths(
     return result
 
 
+def _to_run(
+    todo: list[Contract], only: list[str] | None, done: Mapping[tuple[str, str, str], Any]
+) -> Iterator[tuple[Contract, dict[str, Any]]]:
+    """(contract, item) of every item this run checks: selected by ``only`` and not resumed from ``done``."""
+    for c in todo:
+        for it in c.items:
+            if (not only or selected(it["id"], only)) and (c.id, c.sha256, it["id"]) not in done:
+                yield c, it
+
+
 def _worth_workers(todo: list[Contract], only: list[str] | None, options: RunOptions) -> bool:
     """Whether workers can overlap anything: at least two items to run besides the measure items (a worker's
     start costs about a second; one item is the run's own anyway)."""
-    runs = (
-        1
-        for c in todo
-        for it in c.items
-        if (not only or selected(it["id"], only))
-        and (c.id, c.sha256, it["id"]) not in options.done
-        and item_method(it) not in QUIET_METHODS
-    )
+    runs = (1 for _, it in _to_run(todo, only, options.done) if item_method(it) not in QUIET_METHODS)
     return next(runs, 0) + next(runs, 0) >= 2
 
 
@@ -601,12 +604,7 @@ def _start_prefetcher(
     process has to itself; on fewer than 4 CPUs nothing runs beside them. Then every other item is queued.
     Measure records wait in the prefetcher to be taken in order. A KeyboardInterrupt propagates.
     """
-    wanted = [
-        (c, it)
-        for c in todo
-        for it in c.items
-        if (not only or selected(it["id"], only)) and (c.id, c.sha256, it["id"]) not in options.done
-    ]
+    wanted = list(_to_run(todo, only, options.done))
     position = {item_key(c, it["id"]): n for n, (c, it) in enumerate(wanted)}
     prefetcher = Prefetcher(
         options.jobs, executor.fields, {"device": device, "profile": profile, "seed": seed}, ran=ran

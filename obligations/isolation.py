@@ -39,6 +39,7 @@ __all__ = [
     "EXECUTORS",
     "make_executor",
     "timeout_record",
+    "error_fields",
     "HOST_METHODS",
     "QUIET_METHODS",
     "item_key",
@@ -71,15 +72,21 @@ def item_timeout(item: dict[str, Any], profile: str, override: float | None = No
     return PROFILE_TIMEOUT_S.get(profile)
 
 
-def timeout_record(seconds: float, how: str) -> dict[str, Any]:
-    """The outcome fields of an item stopped at its limit."""
+def error_fields(reason: str, **evidence: Any) -> dict[str, Any]:
+    """The record fields of an item the run could not run to an outcome (no claim, no entry point reached)."""
     return {
         "status": "error",
         "claim": "none",
-        "evidence": {"kind": "none", "timeout_s": seconds},
+        "evidence": {"kind": "none", **evidence},
         "counterexample": None,
-        "reason": f"timeout: the item ran past its limit of {seconds:g} s ({how})",
+        "entry_points": [],
+        "reason": reason,
     }
+
+
+def timeout_record(seconds: float, how: str) -> dict[str, Any]:
+    """The outcome fields of an item stopped at its limit."""
+    return error_fields(f"timeout: the item ran past its limit of {seconds:g} s ({how})", timeout_s=seconds)
 
 
 @contextlib.contextmanager
@@ -155,7 +162,7 @@ class InProcess(Executor):
             with _alarm(limit):
                 return self.fields(contract, item)
         except ItemTimeout:
-            return {**timeout_record(limit or 0, "stopped in process"), "entry_points": []}
+            return timeout_record(limit or 0, "stopped in process")
 
 
 # Seconds a worker may take to start (import the run's modules) or to load a contract and its test modules.
@@ -266,14 +273,7 @@ class WorkerPool(Executor):
         try:
             proc = self.proc if self.proc is not None and self.proc.poll() is None else self._start()
         except WorkerStartError as e:
-            return {
-                "status": "error",
-                "claim": "none",
-                "evidence": {"kind": "none"},
-                "counterexample": None,
-                "entry_points": [],
-                "reason": str(e),
-            }
+            return error_fields(str(e))
         request = {
             **self.settings,
             "path": str(Path(contract.path).resolve()),
@@ -293,7 +293,7 @@ class WorkerPool(Executor):
                 line = self._read_line(None if not limit else t0 + limit)
         except ItemTimeout:
             self._kill()
-            return {**timeout_record(limit or 0, "worker process killed and replaced"), "entry_points": []}
+            return timeout_record(limit or 0, "worker process killed and replaced")
         except BrokenPipeError:
             line = None
         except BaseException:  # Ctrl-C while waiting: the worker goes with the run
@@ -303,14 +303,7 @@ class WorkerPool(Executor):
             code = proc.wait(timeout=10)
             self._kill()
             how = f"signal {-code}" if code < 0 else f"exit code {code}"
-            return {
-                "status": "error",
-                "claim": "none",
-                "evidence": {"kind": "none", "worker_exit": code},
-                "counterexample": None,
-                "entry_points": [],
-                "reason": f"the worker process died running this item ({how}); it was replaced",
-            }
+            return error_fields(f"the worker process died running this item ({how}); it was replaced", worker_exit=code)
         self._item_seconds = time.monotonic() - t0
         answer = json.loads(line)
         if not answer.get("healthy", True):
@@ -365,7 +358,7 @@ EXECUTORS: dict[str, Callable[[RecordFn, dict[str, Any]], Executor]] = {
 # Methods whose items time the machine: they run first, alone, before any worker starts (a quiet machine).
 QUIET_METHODS = frozenset({"measure"})
 
-# Methods whose items never touch the device (kept for callers that select host-only work).
+# Methods whose items never touch the device: they run beside the measure items, on the other CPUs.
 HOST_METHODS = frozenset({"z3", "enumerate", "sympy", "regimes", "audit", "assume"})
 
 Key = tuple[str, str, str]
@@ -404,8 +397,9 @@ class Prefetcher:
     ):
         self._free: queue.Queue[WorkerPool] = queue.Queue()
         self._workers = [WorkerPool(fields, settings) for _ in range(jobs)]
+        threads = max(1, len(all_cores()) // jobs)  # the workers share the CPUs: so do their thread pools
         for w in self._workers:
-            w.threads = max(1, len(all_cores()) // jobs)  # the workers share the CPUs: so do their thread pools
+            w.threads = threads
             self._free.put(w)
         self._ran = ran  # (key, lane, start, end) of each item a worker ran: the run's timeline
         self._threads = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="kc-prefetch")
@@ -435,14 +429,7 @@ class Prefetcher:
         self, contract: Any, item: dict[str, Any], limit: float | None, after: Key | None
     ) -> tuple[dict[str, Any], float]:
         key = item_key(contract, item["id"])
-        fields: dict[str, Any] = {
-            "status": "error",
-            "claim": "none",
-            "evidence": {"kind": "none"},
-            "counterexample": None,
-            "entry_points": [],
-            "reason": "the run stopped before this item finished",
-        }
+        fields: dict[str, Any] = error_fields("the run stopped before this item finished")
         try:
             witnesses: dict[str, Any] = {}
             if after is not None:
@@ -563,14 +550,7 @@ def _worker() -> int:
         answers.write(json.dumps({"loaded": True}) + "\n")  # the item's time limit starts here
         answers.flush()
         if contract.sha256 != req["sha256"]:
-            fields = {
-                "status": "error",
-                "claim": "none",
-                "evidence": {"kind": "none"},
-                "counterexample": None,
-                "entry_points": [],
-                "reason": f"{req['path']} changed during the run",
-            }
+            fields = error_fields(f"{req['path']} changed during the run")
         else:
             seed_witnesses(contract, req.get("witnesses") or {})
             fields = item_fields(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -118,6 +119,210 @@ def _transfer() -> int:
             launches += 1
     cupy.cuda.runtime.deviceSynchronize()
     return launches
+
+
+# -- wave-2 families: small shapes at each plan regime's witness (tails, partial tiles, boundaries) -----------
+
+
+@register_workload("attention")
+def _attention(device: str = "cuda") -> int:
+    """Forward (float32 and float16) and VJP (tiled and row kernels) on one row, a partial tile, GQA, masks."""
+    from native import attention as att
+
+    xp = _xp(device)
+    rng = np.random.default_rng(0)
+    launches = 0
+    # (B, Hq, Hkv, Lq, Lk, D): one row and one key; a partial query tile past BR rows with a key tail past BC
+    # (tiled VJP, D 64); GQA with D 80 (padded to 128: the row VJP kernels); an empty query.
+    for b, hq, hkv, lq, lk, d in ((1, 1, 1, 1, 1, 64), (1, 2, 1, att.BR + 3, att.BC + 5, 64), (2, 4, 2, 5, 7, 80),
+                                  (1, 1, 1, 0, 3, 16)):
+        q = xp.asarray(rng.standard_normal((b, hq, lq, d)).astype(np.float32))
+        k, v = (xp.asarray(rng.standard_normal((b, hkv, lk, d)).astype(np.float32)) for _ in range(2))
+        lens = np.minimum(np.arange(b) + lk // 2, lk)  # a length at and one below the key count
+        for causal, kv_lens in ((False, None), (True, lens)):
+            out, lse = att.attention(q, k, v, causal=causal, kv_lens=kv_lens, device=device)
+            dout = xp.asarray(rng.standard_normal(out.shape).astype(np.float32))
+            att.attention_vjp(q, k, v, out, lse, dout, causal=causal, kv_lens=kv_lens, device=device)
+            att.attention(q.astype(np.float16), k.astype(np.float16), v.astype(np.float16), causal=causal,
+                          kv_lens=kv_lens, device=device)
+            launches += 4
+    _sync(device)
+    return launches
+
+
+@register_workload("fft")
+def _fft(device: str = "cuda") -> int:
+    """Spectral multiply, conv and VJP: odd and even grids (the Nyquist bin), modes below and at the bin count."""
+    from native import fft
+
+    xp = _xp(device)
+    rng = np.random.default_rng(0)
+    launches = 0
+    for batch, grid, win, wout, modes in ((1, 1, 1, 1, 1), (1, 2, 1, 1, 2), (2, 7, 3, 2, 2), (2, 8, 2, 3, 5)):
+        x = xp.asarray(rng.standard_normal((batch, grid, win)).astype(np.float32))
+        wr, wi = (xp.asarray(rng.standard_normal((modes, win, wout)).astype(np.float32)) for _ in range(2))
+        dy = xp.asarray(rng.standard_normal((batch, grid, wout)).astype(np.float32))
+        fft.spectral_conv(x, wr, wi, modes, device=device)
+        fft.spectral_conv_vjp(x, wr, wi, modes, dy, device=device)
+        launches += 3
+    _sync(device)
+    return launches
+
+
+@register_workload("scan")
+def _scan(device: str = "cuda") -> int:
+    """Forward (sequential and chunked, float32 and float64) and VJP: one step, one partial chunk, whole chunks, a
+    partial last chunk."""
+    from native import scan
+
+    xp = _xp(device)
+    rng = np.random.default_rng(0)
+    launches = 0
+    for length, dd, nn, chunk in ((1, 1, 1, 2), (3, 2, 3, 4), (8, 3, 2, 4), (11, 2, 3, 4)):
+        x, raw = (xp.asarray(rng.standard_normal((length, dd)).astype(np.float32)) for _ in range(2))
+        A = xp.asarray(-rng.uniform(0.5, 2, (dd, nn)).astype(np.float32))
+        B, C = (xp.asarray(rng.standard_normal((length, nn)).astype(np.float32)) for _ in range(2))
+        Dk = xp.asarray(rng.standard_normal(dd).astype(np.float32))
+        dy = xp.asarray(rng.standard_normal((length, dd)).astype(np.float32))
+        for build in (scan.ScanBuild(), scan.ScanBuild(ftype="double")):
+            for order in ("sequential", "chunked"):
+                scan.selective_scan(x, raw, A, B, C, Dk, order=order, chunk=chunk, device=device, build=build)
+                launches += 3
+            scan.selective_scan_vjp(x, raw, A, B, C, Dk, dy, chunk=chunk, device=device, build=build)
+            launches += 5
+    _sync(device)
+    return launches
+
+
+@register_workload("fusion")
+def _fusion() -> int:
+    """The example programs (generated chains, cuBLAS steps, patterns) and every pre-written kernel at its plan's
+    edges: RMSNorm rows and general (d % 4 != 0, a partial tile), masked softmax, RoPE, embedding with the last
+    table row and an index equal to the table size (rejected by the guard)."""
+    import cupy
+
+    from native import fusion as nf
+    from native import fusion_kernels as fk
+    from native.nvrtc import compile_function
+
+    rng = np.random.default_rng(0)
+    launches = 0
+    for g, p in (*nf.example_graphs().values(), *nf.fp16_example_graphs().values()):
+        x = [rng.standard_normal(g[i].out_shape).astype(np.float32) for i in g.input_ids()]
+        nf.run_program(g, p, x, "cuda")
+        launches += len(nf.compile_subgraph(g).steps)
+    fns = {k: compile_function(*fk.SOURCES[k], fk.ROUTE) for k in fk.SOURCES}
+
+    def r(*shape: int) -> Any:
+        return cupy.asarray(rng.standard_normal(shape).astype(np.float32))
+
+    for rows, d in ((1, 1), (3, 4), (3, 7), (5, 12), (2, 300)):
+        x, w = r(rows, d), r(d)
+        fk.rmsnorm_cuda((fns["rmsnorm"], fns["rmsnorm_rows"]), x, w, 1e-6)
+        fk.rmsnorm_cuda(fns["rmsnorm"], x, w, 1e-6)
+        fk.masked_softmax_cuda(fns["masked_softmax"], x, cupy.zeros((rows, d), cupy.float32))
+        launches += 3
+    for t_len, dim in ((1, 2), (3, 8)):
+        half = dim // 2
+        c, s = r(t_len, half), r(t_len, half)
+        fk.rope_cuda(fns["rope"], r(2, t_len, dim), c, s)
+        launches += 1
+    table = r(5, 3)
+    fk.embedding_cuda(fns["embedding"], cupy.asarray(np.array([0, 4, 2], np.float32)), table)
+    try:
+        fk.embedding_cuda(fns["embedding"], cupy.asarray(np.array([5], np.float32)), table)
+    except ValueError:
+        pass  # the guard's rejection one past the table: the error flag, never a read
+    launches += 2
+    cupy.cuda.runtime.deviceSynchronize()
+    return launches
+
+
+@register_workload("gemm")
+def _gemm() -> int:
+    """cuBLAS through the guarded GEMM: every transpose pair, an empty and a one-element product."""
+    import cupy
+
+    from native import gemm
+
+    rng = np.random.default_rng(0)
+    launches = 0
+    for m, n, k in ((1, 1, 1), (5, 3, 7), (0, 2, 3)):
+        for ta in (False, True):
+            for tb in (False, True):
+                a = cupy.asarray(rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32))
+                b = cupy.asarray(rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32))
+                gemm.matmul(a, b, trans_a=ta, trans_b=tb)
+                launches += 1
+    cupy.cuda.runtime.deviceSynchronize()
+    return launches
+
+
+@register_workload("halfprec")
+def _halfprec() -> int:
+    """Every binary16/bfloat16 op's sweep kernel over a small operand range (the first 4096 pairs)."""
+    from native import halfprec
+    from spec.halfprec import FORMATS, OPS
+
+    launches = 0
+    for fmt in sorted(FORMATS):
+        for op in OPS:
+            halfprec.sweep_op(op, fmt, lo=0, hi=4096)
+            launches += 1
+    return launches
+
+
+@register_workload("libm")
+def _libm() -> int:
+    """The sweep and values kernels of a few libm functions under both environments on a small input range."""
+    from native import libm
+
+    launches = 0
+    specials = np.array([0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 1, 0x3F800000, 0xC2B00000], np.uint32)
+    for name in ("expf", "logf", "sinf", "__expf"):
+        for env in sorted(libm.ROUTES):
+            libm.sweep_function(name, env, lo=0x3F000000, hi=0x3F000000 + 4096)
+            libm.values(name, env, specials)
+            launches += 2
+    return launches
+
+
+@register_workload("ir")
+def _ir() -> int:
+    """The unfused executor (one kernel per op) on the fusion family's example graphs it runs and a softmax graph."""
+    from native import fusion as nf
+    from native.ir import run_graph, supported_ops
+    from spec.ir.graph import GraphBuilder
+
+    b = GraphBuilder()
+    x = b.add("input", (), (3, 5))
+    s = b.add("softmax", (b.add("mul_elem", (x, x), (3, 5)),), (3, 5), axis=-1)
+    b.add("reduceSum", (b.add("transpose", (s,), (5, 3), dim0=0, dim1=1),), (5, 1), axis=-1, keepdim=True)
+    graphs = [*nf.example_graphs().values(), b.build()]
+    ops = {*supported_ops(), "input"}
+    rng = np.random.default_rng(0)
+    launches = 0
+    for g, p in graphs:
+        if {n.kind for n in g.nodes} <= ops:
+            ins = [rng.standard_normal(g[i].out_shape).astype(np.float32) for i in g.input_ids()]
+            run_graph(g, p, ins, "cuda")
+            launches += len(g.nodes)
+    return launches
+
+
+def _xp(device: str) -> Any:
+    if device == "host":
+        return np
+    import cupy
+
+    return cupy
+
+
+def _sync(device: str) -> None:
+    if device != "host":
+        import cupy
+
+        cupy.cuda.runtime.deviceSynchronize()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -86,3 +86,21 @@ def test_tools_run_side_by_side_and_each_keeps_its_verdict(monkeypatch):
     assert list(out.evidence.verdicts) == list(sanitize.TOOLS)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     assert sanitize.parallel_tools(4) == 1
+
+
+def test_every_gpu_family_has_a_sanitize_item_on_a_registered_workload():
+    """Every contract whose family launches kernels (builds, cuBLAS, half-precision sweeps, the IR executor) names
+    a sanitize item, and its workload is registered: the device run has sanitizer evidence for every family."""
+    from native import workloads
+    from native.builds import families, load_native_modules
+
+    load_native_modules()
+    gpu = set(families()) | {"gemm", "halfprec", "ir"}
+    seen = {}
+    for path in sorted((ROOT / "contracts").glob("*.yaml")):
+        c = load_contract(path, check=False)
+        for it in c.data.get("obligations") or []:
+            if it.get("method") == "sanitize":
+                seen[c.data["family"]] = (it.get("params") or {}).get("workload", c.data["family"])
+    assert gpu <= set(seen), sorted(gpu - set(seen))
+    assert set(seen.values()) <= set(workloads.workloads()), sorted(set(seen.values()) - set(workloads.workloads()))

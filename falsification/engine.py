@@ -40,6 +40,7 @@ from falsification.agreement import NAN_MISMATCH, Agreement, Expected, make_agre
 from falsification.profiles import Budget
 from falsification.registry import FalsifyContext, Replay, get_test
 from obligations.core.device import DeviceUnavailable
+from obligations.core.plans import split_witnesses
 from obligations.core.results import Outcome, error, passed, skipped, violated
 
 __all__ = [
@@ -64,7 +65,9 @@ __all__ = [
     "WARMUP",
     "time_ms",
     "witness_cases",
+    "rejected_cases",
     "regime_counts",
+    "boundary_counts",
     "set_pipelined",
 ]
 
@@ -122,7 +125,11 @@ class Check(Generic[C]):
     map a case to and from the integers of a replay; ``describe`` is a case's JSON in a counterexample.
     ``budget_stop``: stop evaluating new draws once the budget's seconds are spent (no failure pending).
     ``from_witness(values)``: the case a plan regime's witness (plan values) launches, run before the explicit
-    cases; ``regime_of(case)``: the regimes a case selects (counted in ``regimes_reached``).
+    cases (None: a witness this check cannot build, left unreached); ``regime_of(case)``: the regimes a case
+    selects (counted in ``regimes_reached``). A guard's boundary witnesses (``"<conjunct> @accept"`` and
+    ``"@reject"``) become cases the same way: an accepted one is judged like any case, a rejected one must make
+    the native call raise one of ``refuses`` (the entry point's guard exception) and fails if it runs or raises
+    anything else; each is counted in ``boundaries_reached``.
     ``alternative(inputs)``: the reference under another evaluation order; the engine counts the cases whose
     bits it changes (``order_sensitive_cases``), and flags ``order_insensitive`` where none did.
     """
@@ -147,6 +154,7 @@ class Check(Generic[C]):
     unit: str = "cases"  # "elements": the evidence also says elements, batches and elements_per_s
     from_witness: Callable[[Mapping[str, int]], C] | None = None  # a plan regime's witness values -> a case
     regime_of: Callable[[C], list[str]] | None = None  # the plan regimes a case selects
+    refuses: tuple[type[BaseException], ...] = ()  # what the entry point's guard raises on a rejected input
     alternative: Callable[[Any], Any] | None = None  # the reference under another order (order-sensitive inputs)
     alternative_name: str = ""  # what that other order is, for the evidence
     # Threads that materialise cases and evaluate the reference ahead of the judging (pipelined runs; 0: none).
@@ -169,11 +177,13 @@ class Judgement:
     distances: list
     inputs: Any
     raised: str | None = None
+    refused: str | None = None  # a rejected boundary witness the guard did not refuse: the boundary and what happened
 
     @property
     def failed(self) -> bool:
-        """True when an element disagrees, the kernel wrote past the end, or the native call raised."""
-        return self.first_bad is not None or not self.guard_ok or self.raised is not None
+        """True when an element disagrees, the kernel wrote past the end, the native call raised, or a rejected
+        boundary witness was not refused."""
+        return self.first_bad is not None or not self.guard_ok or self.raised is not None or self.refused is not None
 
 
 def _flat(a: Any) -> Any:
@@ -467,6 +477,8 @@ def _encode(check: Check[C], case: C) -> Replay | None:
 def _counterexample(ctx: FalsifyContext, check: Check[C], case: C, j: Judgement) -> tuple[dict, Replay | None, str]:
     """(counterexample, replay case, kind) of a failing case, element-minimised where the check allows."""
     base: dict[str, Any] = {"case": check.describe(case), "seed": ctx.seed}
+    if j.refused is not None:
+        return {**base, "kind": "guard", "detail": j.refused}, None, "guard"
     if j.raised is not None:
         ce = {**base, "kind": "raised", "detail": f"the native call raised {j.raised}"}
         return ce, _encode(check, case), "raised"
@@ -511,6 +523,7 @@ _WHAT = {
     "position_dependent": "a batch disagrees (position-dependent)",
     "out_of_bounds_write": "the kernel wrote past the end of its output",
     "raised": "the native call raised",
+    "guard": "an input past a guard's limit was not refused",
 }
 
 
@@ -553,6 +566,7 @@ class _Search(Generic[C]):
     clock: float | None = None
     unsafe: _Disagreement | None = None  # a case whose kernel wrote past its output
     regimes: dict[str, int] = field(default_factory=dict)  # plan regime -> cases judged in it
+    boundaries: dict[str, int] = field(default_factory=dict)  # boundary witness -> 1 once run (refused, if rejected)
     order_sensitive: int = 0  # cases whose bits the check's alternative order changes
 
     def one(self, case: C, prepared: Future[tuple[Any, Any]] | None = None) -> None:
@@ -598,6 +612,31 @@ class _Search(Generic[C]):
                 self.unsafe = exc
             raise exc
 
+    def boundary(self, name: str, case: C) -> None:
+        """Judge an accepted boundary witness like any case, and count its boundary reached."""
+        self.boundaries[name] = self.boundaries.get(name, 0) + 1
+        self.one(case)
+
+    def refuse(self, name: str, case: C) -> None:
+        """Run a rejected boundary witness: the native call must raise the check's guard exception (counted
+        reached); raise _Disagreement if it runs, or raises anything else (no further launches then)."""
+        check = self.check
+        try:
+            check.native(check.inputs(case))
+        except DeviceUnavailable:
+            raise
+        except check.refuses:
+            self.boundaries[name] = self.boundaries.get(name, 0) + 1
+            return
+        except Exception as exc:
+            what = f"the call raised {type(exc).__name__}: {exc}, not the guard's {_names(check.refuses)}"
+        else:
+            what = f"the entry point ran it instead of raising {_names(check.refuses)}"
+        self.failing = True
+        j = Judgement(0, None, None, 0, None, True, [], [], [], None, refused=f"{name}: {what}")
+        self.unsafe = _Disagreement(case, j)  # an input past the guard ran: launch nothing more
+        raise self.unsafe
+
     def evidence(self, ctx: FalsifyContext, extra: Mapping[str, Any]) -> dict[str, Any]:
         """The run's evidence: the engine's keys, the check's build description, then ``extra``."""
         b, rate = self.budget, round(self.cases / self.eval_s, 1) if self.eval_s else None
@@ -620,10 +659,13 @@ class _Search(Generic[C]):
         )
         if self.check.unit == "elements":
             ev.update(elements=self.cases, batches=self.draws, elements_per_s=rate)
-        if ctx.witnesses or self.check.regime_of is not None:
-            names = list(dict.fromkeys([*ctx.witnesses, *self.regimes]))
+        regime_w, accept, reject = split_witnesses(ctx.witnesses)
+        if regime_w or self.check.regime_of is not None:
+            names = list(dict.fromkeys([*regime_w, *self.regimes]))
             ev["regimes_reached"] = {r: self.regimes.get(r, 0) for r in names}
             ev["regimes_unreached"] = [r for r in names if not self.regimes.get(r)]
+        if accept or reject:
+            ev.update(_boundary_evidence([*accept, *reject], self.boundaries))
         if self.check.alternative is not None:
             ev.update(
                 order_alternative=self.check.alternative_name,
@@ -650,13 +692,36 @@ def _order_sensitive(check: Check, j: Judgement) -> bool:
     return False
 
 
-def witness_cases(ctx: FalsifyContext, check: Check[C]) -> tuple[C, ...]:
-    """The check's cases for the context's regime witnesses (plan values per regime), in regime order."""
-    if not ctx.witnesses:
-        return ()
+def _names(types: tuple[type[BaseException], ...]) -> str:
+    return " or ".join(t.__name__ for t in types) or "(no exception declared)"
+
+
+def _boundary_evidence(names: Iterable[str], reached: Mapping[str, int]) -> dict[str, Any]:
+    counts = {n: int(reached.get(n, 0)) for n in names}
+    return {"boundaries_reached": counts, "boundaries_unreached": [n for n, k in counts.items() if not k]}
+
+
+def _built(check: Check[C], witnesses: Mapping[str, Mapping[str, int]]) -> list[tuple[str, C]]:
+    """(witness name, case) for each witness the check can build (``from_witness`` None: it cannot)."""
+    if not witnesses:
+        return []
     if check.from_witness is None:
         raise ValueError(f"{check.name}: the item names regime witnesses but the check has no from_witness")
-    return tuple(check.from_witness(values) for values in ctx.witnesses.values())
+    return [(name, case) for name, values in witnesses.items() if (case := check.from_witness(values)) is not None]
+
+
+def witness_cases(ctx: FalsifyContext, check: Check[C]) -> tuple[C, ...]:
+    """The check's cases for the context's regime witnesses (plan values per regime), in regime order; a guard's
+    accepted boundary witnesses are not among them (they run first, see :func:`rejected_cases` for the others)."""
+    return tuple(case for _, case in _built(check, split_witnesses(ctx.witnesses)[0]))
+
+
+def rejected_cases(ctx: FalsifyContext, check: Check[C]) -> tuple[list[tuple[str, C]], list[tuple[str, C]]]:
+    """(accepted, rejected) boundary witnesses of the context as (name, case); rejected ones need ``refuses``."""
+    _, accept, reject = split_witnesses(ctx.witnesses)
+    if reject and not check.refuses:
+        raise ValueError(f"{check.name}: the item names rejected boundary witnesses but the check declares no refuses")
+    return _built(check, accept), _built(check, reject)
 
 
 _PIPELINE = {"on": True}
@@ -779,7 +844,13 @@ def _explore(ctx: FalsifyContext, search: _Search[C]) -> _Disagreement | None:
     passed_draws, pending = 0, None
     try:
         try:
-            # regime witnesses, then the explicit cases; a failure here still lets the search shrink one
+            # rejected boundary witnesses (the guard must refuse them), accepted ones, regime witnesses, then the
+            # explicit cases; a failure here still lets the search shrink one (not after an input past a guard ran)
+            accepted, rejected = rejected_cases(ctx, check)
+            for name, case in rejected:
+                search.refuse(name, case)
+            for name, case in accepted:
+                search.boundary(name, case)
             _judge_in_order(search, (*witness_cases(ctx, check), *check.explicit), pool)
         except _Disagreement as exc:
             explicit_failure = exc
@@ -820,6 +891,7 @@ def run(ctx: FalsifyContext, check: Check[C], extra: Callable[[], Mapping[str, A
     search = _Search(check, ctx.budget)
     try:
         witness_cases(ctx, check)
+        rejected_cases(ctx, check)
     except ValueError as exc:
         return error(str(exc), **evidence(ctx, check.agreement, **check.build))
     try:
@@ -933,9 +1005,21 @@ def replay(
     return test.run(ctx)
 
 
+def boundary_counts(ctx: FalsifyContext, reached: Iterable[str]) -> dict[str, Any]:
+    """``boundaries_reached``/``boundaries_unreached`` evidence of a test that runs its boundary witnesses itself
+    (``reached``: the names of those that ran, the rejected ones refused by the guard); {} where there are none."""
+    _, accept, reject = split_witnesses(ctx.witnesses)
+    if not accept and not reject:
+        return {}
+    done: dict[str, int] = {}
+    for name in reached:
+        done[name] = done.get(name, 0) + 1
+    return _boundary_evidence([*accept, *reject], done)
+
+
 def regime_counts(ctx: FalsifyContext, selected: Iterable[Iterable[str]]) -> dict[str, Any]:
     """``regimes_reached``/``regimes_unreached`` evidence of a test that runs its cases itself (one list per case)."""
-    counts: dict[str, int] = {r: 0 for r in ctx.witnesses}
+    counts: dict[str, int] = {r: 0 for r in split_witnesses(ctx.witnesses)[0]}
     for names in selected:
         for r in names:
             counts[r] = counts.get(r, 0) + 1

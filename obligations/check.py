@@ -370,6 +370,9 @@ def summarize(contracts: list[dict[str, Any]]) -> dict[str, int]:
     # A named assumption (method assume) is a declared premise, reported as assumed; --strict does not fail on it.
     counts["skipped_assumed"] = sum(it["status"] == "skipped" and it.get("claim") == "assumed" for it in items)
     counts["unreached_regimes"] = sum(len((it.get("evidence") or {}).get("regimes_unreached") or []) for it in items)
+    counts["unreached_boundaries"] = sum(
+        len((it.get("evidence") or {}).get("boundaries_unreached") or []) for it in items
+    )
     counts["order_insensitive"] = sum(bool((it.get("evidence") or {}).get("order_insensitive")) for it in items)
     return counts
 
@@ -390,7 +393,10 @@ def exit_code(summary: dict[str, int], strict: bool = False) -> int:
     if strict:
         excused = sum(summary.get(k, 0) for k in ("skipped_cuda_only", "skipped_host_only", "skipped_assumed"))
         bad += summary["unknown"] + summary["skipped"] - excused
-        bad += sum(summary.get(k, 0) for k in ("unchecked_entry_points", "unreached_regimes", "order_insensitive"))
+        bad += sum(
+            summary.get(k, 0)
+            for k in ("unchecked_entry_points", "unreached_regimes", "unreached_boundaries", "order_insensitive")
+        )
     return 1 if bad else 0
 
 

@@ -856,6 +856,20 @@ def _expressions(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
                         exprlang.parse(part)
                     except exprlang.ExprError as err:
                         yield Diagnostic(c.path, *c.expression_position(path, err.col, part), err.message)
+        for j, entry in enumerate(item.get("boundaries") or []):  # regimes: guards whose limits get witnesses
+            text = entry.get("guard") if isinstance(entry, dict) else entry
+            path = (key, idx, "boundaries", j, "guard") if isinstance(entry, dict) else (key, idx, "boundaries", j)
+            try:
+                e = exprlang.parse(str(text))
+            except exprlang.ExprError as err:
+                yield Diagnostic(c.path, *c.expression_position(path, err.col, str(text)), err.message)
+                continue
+            for n in sorted(e.names() - names - quantities - {"True", "False"}):
+                msg = f"unknown name {n!r} in a boundaries guard (not a symbol or plan quantity)"
+                yield Diagnostic(c.path, *c.expression_position(path, _find_name(str(text), n), str(text)), msg)
+            for n in sorted(e.called() - callables - set(exprlang.FUNCTIONS)):
+                msg = f"unknown function {n!r} in a boundaries guard (not a builtin or plan function)"
+                yield Diagnostic(c.path, *c.expression_position(path, _find_name(str(text), n), str(text)), msg)
 
 
 def _expressions_syntax(c: Contract) -> Iterator[Diagnostic]:

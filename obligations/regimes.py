@@ -11,9 +11,21 @@ For an item ``method: regimes`` the engine
    the smallest input that reaches it (a launch knob such as ``max_grid`` may shrink to reach a loop
    with few elements: the test launches with the same plan call).
 
+3. for each conjunct of each guard the item names under ``boundaries:`` (an expression over the symbols and
+   the plan's quantities, e.g. ``admissible`` or ``accepts(a_bytes, b_bytes, c_bytes)``; or a mapping
+   ``{guard: <expression>, bound: {...}}`` whose bound overrides the item's for that guard), asks Z3 for the
+   smallest input on each side of the conjunct's limit: ``accept``, the guard holds with the conjunct exactly
+   at its limit (``x <= y`` at ``x == y``, ``i < n`` at ``i == n - 1``; under the item's ``given`` and the
+   plan's side-conditions, like a regime's witness), and ``reject``, every other conjunct of the guard holds
+   and this one is one past its limit (``x == y + 1``, ``i == n``: an index equal to a table size).
+
 The witnesses are evidence and, for the falsification items that name this item under ``witnesses:``,
-explicit cases (``FalsifyContext.witnesses``). A regime with no witness is a violation: the plan names a
-path the bounds cannot reach.
+explicit cases (``FalsifyContext.witnesses``; a boundary witness is named ``"<conjunct> @accept"`` or
+``"<conjunct> @reject"``, see :func:`obligations.core.plans.boundary_name`): an accepted one runs and is
+judged like any case, a rejected one must be refused by the entry point's guard. A regime with no witness is a
+violation (the plan names a path the bounds cannot reach), and so is a conjunct with no accepted witness at its
+limit, or with no rejected one where only the bounds exclude it. A conjunct that no input of the domain
+violates while the others hold (implied by them) has no rejected witness, and the evidence says so.
 """
 
 from __future__ import annotations
@@ -27,7 +39,7 @@ from obligations import expr as exprlang
 from obligations.core import plans
 from obligations.core import symbolic as sym
 from obligations.core.evidence import RegimeEvidence
-from obligations.core.plans import plan_regimes, regime_of
+from obligations.core.plans import boundary_name, plan_regimes, regime_of
 from obligations.core.results import Outcome, error, proved, unknown, violated
 from obligations.engines import (
     DEFAULT_RLIMIT,
@@ -40,7 +52,7 @@ from obligations.engines import (
 )
 from obligations.statements import kernel_of
 
-__all__ = ["RegimesEngine", "plan_regimes", "regime_of"]
+__all__ = ["RegimesEngine", "guard_specs", "plan_regimes", "regime_of"]
 
 
 def _bounds(contract: Any, item: Mapping[str, Any], env: Mapping[str, Any]) -> list[Any]:
@@ -59,7 +71,7 @@ class RegimesEngine(Engine):
     name = "regimes"
 
     def discharge(self, job: Job) -> Outcome:
-        """Prove the regimes cover the domain and find a minimal witness per regime."""
+        """Prove the regimes cover the domain, find a minimal witness per regime and per guard boundary side."""
         fresh_z3_context()
         c, item = job.contract, job.item
         kernel = kernel_of(c, item)
@@ -68,16 +80,27 @@ class RegimesEngine(Engine):
         fn = plans.resolve(kernel["plan"])
         params = [p for p in plans.plan_parameters(fn) if p in c.symbols]
         rlimit = int(item.get("rlimit", DEFAULT_RLIMIT))
+        guards = guard_specs(item)
+        named = {n for text in [item.get("given") or "", *(g for g, _ in guards)] if text for n in _names(text)}
+        wanted = set(params) | set(item.get("bound") or {}) | {n for _, b in guards for n in b}
         with sym.tracking() as tracker:
-            env = plans.symbolic_env(c.symbols, set(params) | set(item.get("bound") or {}))
-            regimes = plan_regimes(plans.quantities(plans.call_plan(fn, env)))
+            env = plans.symbolic_env(c.symbols, wanted | (named & set(c.symbols)))
+            qs = plans.quantities(plans.call_plan(fn, env))
+            regimes = plan_regimes(qs)
             given = sym.BoolTerm(True)
             if item.get("given"):
-                given = exprlang.parse(item["given"]).evaluate(env)
+                given = exprlang.parse(item["given"]).evaluate({**env, **qs})
+            n_plan = len(tracker.conditions)  # the coverage claim keeps the plan's and the given's own conditions
+            guard_terms = [(text, bound, exprlang.parse(text).evaluate({**env, **qs})) for text, bound in guards]
         if not regimes:
             return error(f"plan {kernel['plan']} names no regimes")
-        conds = [z3_bool(tracker.conditions[i].expr) for i in range(len(tracker.conditions))]
-        domain = domain_constraints(c, {n: v for n, v in env.items() if n in c.symbols}) + [z3_bool(given.expr)]
+        for text, _, term in guard_terms:
+            if not isinstance(term, sym.BoolTerm) or not z3.is_expr(term.expr):
+                return error(f"boundaries: {text!r} is not a condition over the symbols (it is {term!r})")
+        all_conds = [z3_bool(x.expr) for x in tracker.conditions]
+        conds = all_conds[:n_plan]
+        domain_only = domain_constraints(c, {n: v for n, v in env.items() if n in c.symbols})
+        domain = domain_only + [z3_bool(given.expr)]
         any_regime = z3.Or(*[z3_bool(sym.all_of(r).expr) for r in regimes.values()])
         s = z3.Solver()
         s.set("rlimit", rlimit)
@@ -105,10 +128,105 @@ class RegimesEngine(Engine):
                 continue
             m = opt.model()
             witnesses[name] = {n: _value(m, v) for n, v in env.items()}
-        evidence = RegimeEvidence(regimes=sorted(regimes), plan=kernel["plan"], rlimit=rlimit, witnesses=witnesses)
+        # Boundaries: every symbol is minimised (the item's order first), so a witness is one definite input.
+        b_order = order + sorted(n for n in env if n not in order and c.symbols[n]["type"] != "bool")
+        boundaries: dict[str, dict[str, Any]] = {}
+        for text, bound, term in guard_terms:
+            parts = _conjuncts(term.expr)
+            bounds = _bounds(c, {"bound": {**(item.get("bound") or {}), **bound}}, env)
+            for k, conj in enumerate(parts):
+                label = " ".join(str(conj).split())
+                if label in boundaries:
+                    continue
+                at, past = _limits(conj)
+                others = parts[:k] + parts[k + 1 :]
+                accept = _smallest([*domain, *bounds, z3_bool(term.expr), *all_conds, at], env, b_order)
+                reject = _smallest([*domain_only, *bounds, *others, past], env, b_order)
+                info: dict[str, Any] = {"guard": text, "accept": isinstance(accept, dict)}
+                info["reject"] = isinstance(reject, dict)
+                implied = reject == "unsat" and _smallest([*domain_only, *others, past], env, []) == "unsat"
+                if implied:  # the other conjuncts already refuse everything past this limit: nothing to witness
+                    info["implied"] = "no input of the domain is one past this limit while the other conjuncts hold"
+                for side, found in (("accept", accept), ("reject", reject)):
+                    if isinstance(found, dict):
+                        witnesses[boundary_name(label, side)] = found
+                    elif not implied:
+                        why = "; the bounds exclude it" if side == "reject" and found == "unsat" else ""
+                        missing.append(f"{boundary_name(label, side)} ({found}{why})")
+                boundaries[label] = info
+        evidence = RegimeEvidence(
+            regimes=sorted(regimes),
+            plan=kernel["plan"],
+            rlimit=rlimit,
+            witnesses=witnesses,
+            boundaries=boundaries or None,
+        )
         if missing:
-            return violated({"unreached": missing}, f"regimes with no witness within the bounds: {missing}", evidence)
+            return violated(
+                {"unreached": missing}, f"regimes or boundaries with no witness within the bounds: {missing}", evidence
+            )
         return proved(evidence)
+
+
+def guard_specs(item: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The item's ``boundaries:`` as (guard expression, bound override) pairs."""
+    out = []
+    for entry in item.get("boundaries") or []:
+        if isinstance(entry, Mapping):
+            out.append((str(entry["guard"]), dict(entry.get("bound") or {})))
+        else:
+            out.append((str(entry), {}))
+    return out
+
+
+def _names(text: str) -> set[str]:
+    e = exprlang.parse(text)
+    return e.names()
+
+
+def _conjuncts(e: Any) -> list[Any]:
+    """The conjuncts of a Z3 condition (nested ``And`` flattened, constant true parts dropped)."""
+    if z3.is_and(e):
+        return [x for ch in e.children() for x in _conjuncts(ch)]
+    return [] if z3.is_true(e) else [e]
+
+
+def _limits(e: Any) -> tuple[Any, Any]:
+    """(the conjunct exactly at its limit, the conjunct one past it) for an integer comparison; else (e, not e)."""
+    kids = e.children()
+    if len(kids) == 2 and all(z3.is_arith(k) for k in kids):
+        d = kids[0] - kids[1]
+        for op, at, past in (
+            (z3.Z3_OP_LE, 0, 1),
+            (z3.Z3_OP_LT, -1, 0),
+            (z3.Z3_OP_GE, 0, -1),
+            (z3.Z3_OP_GT, 1, 0),
+        ):
+            if z3.is_app_of(e, op):
+                return d == at, d == past
+        if z3.is_eq(e):
+            return e, z3.Or(d == 1, d == -1)
+    if z3.is_distinct(e) and len(kids) == 2 and all(z3.is_arith(k) for k in kids):
+        d = kids[0] - kids[1]
+        return z3.Or(d == 1, d == -1), kids[0] == kids[1]
+    if z3.is_not(e) and z3.is_eq(kids[0]) and all(z3.is_arith(k) for k in kids[0].children()):
+        a, b = kids[0].children()
+        return z3.Or(a - b == 1, a - b == -1), kids[0]
+    return e, z3.Not(e)
+
+
+def _smallest(constraints: list[Any], env: Mapping[str, Any], order: list[str]) -> dict[str, int | bool] | str:
+    """The lexicographically smallest point (over ``order``) satisfying ``constraints``, or the solver's answer."""
+    opt = z3.Optimize()
+    opt.set("timeout", 60_000)
+    opt.add(*constraints)
+    for sname in order:
+        opt.minimize(env[sname].expr)
+    res = opt.check()
+    if res != z3.sat:
+        return str(res)
+    m = opt.model()
+    return {n: _value(m, v) for n, v in env.items()}
 
 
 def _value(model: z3.ModelRef, term: Any) -> int | bool:

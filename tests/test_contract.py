@@ -49,6 +49,12 @@ def test_shipped_contracts_are_valid():
             "and q < m",
             "unknown name 'q'",
         ),
+        (
+            "    minimize: [m, n, k, lda, ldb, ldc]\n",
+            '    minimize: [m, n, k, lda, ldb, ldc]\n    boundaries: ["accepts(a_bytes, b_bytes, q_bytes)"]\n',
+            "boundaries:",
+            "unknown name 'q_bytes' in a boundaries guard",
+        ),
         ("depends_on: []", "depends_on: [training-gpu-kernel-v1]", "depends_on:", "no contract with id"),
         ("FALSIFY-CUBLAS-011]", "FALSIFY-CUBLAS-012]", "FALSIFY-CUBLAS-012]", "unknown item 'FALSIFY-CUBLAS-012'"),
         (

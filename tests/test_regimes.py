@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from obligations.check import check_contract
-from obligations.core.plans import regime_of
+import numpy as np
+
+from falsification import engine
+from falsification.registry import FalsifyContext
+from obligations.check import check_contract, exit_code, summarize
+from obligations.core.plans import boundary_side, regime_of, split_witnesses
 from tests.planted import regime_plans
 
 CONTRACT = """\
@@ -20,6 +24,7 @@ symbols:
   n: {{type: int64, min: 0, max: 4294967296}}
   block: {{type: int32, values: [32, 256]}}
   max_grid: {{type: int32, min: 1, max: 65536}}
+  size: {{type: int64, min: 0}}
 obligations:
   - {{id: R, type: invariant, property: p, method: regimes, minimize: [n, max_grid, block]{bound}}}
 falsification: []
@@ -55,3 +60,77 @@ def test_planted_unreachable_regime_is_violated(tmp_path):
     assert item["status"] == "violated"
     # n <= 1000 under a 65536-block cap reaches neither the cap nor a second trip.
     assert item["counterexample"]["unreached"] == ["grid_stride", "grid_capped"]
+
+
+# The regimes are stated where the guard accepts (given), so every regime witness is a valid call too; the
+# rejected side of a boundary ignores the given.
+GUARDED = ', given: "fits(size)", boundaries: ["fits(size)", "n <= size and n <= size + 1"]'
+
+
+def test_boundaries_give_the_smallest_input_at_each_limit_and_one_past_it(tmp_path):
+    item = _check(tmp_path, "guarded_plan", GUARDED)
+    assert item["status"] == "proved", item["reason"]
+    w = item["evidence"]["witnesses"]
+    small = {"block": 32, "max_grid": 1}
+    assert w["n <= size @accept"] == {"n": 0, "size": 0, **small}  # accepted exactly at the limit
+    assert w["n <= size @reject"] == {"n": 1, "size": 0, **small}  # one past it, the other conjunct holding
+    # an index equal to the table size is the rejected side of a strict bound
+    assert w["n < 1048576 @accept"]["n"] == 1048575 and w["n < 1048576 @reject"]["n"] == 1048576
+    b = item["evidence"]["boundaries"]
+    assert b["n <= size"] == {"guard": "fits(size)", "accept": True, "reject": True}
+    # n <= size + 1 cannot fail while n <= size holds: implied, no rejected witness needed, not a violation
+    assert b["n <= size + 1"]["reject"] is False and "implied" in b["n <= size + 1"]
+    assert "n <= size + 1 @reject" not in w and "n <= size + 1 @accept" not in w  # at its limit n <= size fails
+    regimes, accept, reject = split_witnesses(w)
+    assert set(regimes) == {"empty", "one_trip", "grid_stride"} and boundary_side("one_trip") is None
+    assert all(boundary_side(n) == "reject" for n in reject) and len(accept) == 2
+
+
+def test_planted_dead_limit_has_no_accepted_witness_and_is_violated(tmp_path):
+    item = _check(tmp_path, "dead_limit_plan", ', boundaries: ["fits(size)"]')
+    assert item["status"] == "violated"
+    assert item["counterexample"]["unreached"] == ["n <= size @accept (unsat)"]
+
+
+class GuardRefused(ValueError):
+    """The guard of the toy entry point below."""
+
+
+def _copy_check(slack: int, build_all: bool = True) -> engine.Check:
+    """A toy entry point copying the first n elements of a buffer of ``size``; its guard accepts n <= size + slack."""
+
+    def native(inputs: tuple[np.ndarray, int]) -> np.ndarray:
+        buf, n = inputs
+        if not (n <= buf.size + slack and n < 1 << 20):
+            raise GuardRefused(f"n={n} size={buf.size}")
+        return np.resize(buf, n) if n > buf.size else buf[:n].copy()  # past the end: reads what is not there
+
+    return engine.Check(
+        name="toy copy",
+        inputs=lambda case: (np.arange(case[1], dtype=np.float32), case[0]),
+        native=native,
+        reference=lambda inputs: inputs[0][: inputs[1]].copy(),
+        agreement=engine.make_agreement("bitwise"),
+        from_witness=lambda w: (w["n"], w["size"]) if build_all or w["n"] < 1000 else None,
+        refuses=(GuardRefused,),
+    )
+
+
+def test_falsify_runs_boundary_witnesses_and_catches_an_off_by_one_guard(tmp_path):
+    w = _check(tmp_path, "guarded_plan", GUARDED)["evidence"]["witnesses"]
+    ctx = FalsifyContext(device="host", profile="quick", seed=0, item={"id": "TOY", "test": "x"}, witnesses=w)
+    out = engine.run(ctx, _copy_check(0))
+    assert out.status.value == "passed", out.reason
+    assert out.evidence["boundaries_unreached"] == [] and out.evidence["boundaries_reached"]["n <= size @reject"] == 1
+    assert out.evidence["regimes_reached"] == {"empty": 0, "one_trip": 0, "grid_stride": 0}  # no regime_of here
+    # planted: the guard accepts one past the end; the rejected witness (n = size + 1) runs and is caught
+    bad = engine.run(ctx, _copy_check(1))
+    assert bad.status.value == "violated" and bad.counterexample["kind"] == "guard"
+    assert bad.counterexample["detail"].startswith("n <= size @reject: the entry point ran it")
+    # a witness the check cannot build stays unreached, and --strict fails on it
+    part = engine.run(ctx, _copy_check(0, build_all=False))
+    assert part.status.value == "passed"
+    assert part.evidence["boundaries_unreached"] == ["n < 1048576 @accept", "n < 1048576 @reject"]
+    record = {"status": "passed", "evidence": engine.evidence_dict(part)}
+    s = summarize([{"items": [record], "unchecked_entry_points": []}])
+    assert s["unreached_boundaries"] == 2 and exit_code(s) == 0 and exit_code(s, strict=True) == 1

@@ -219,6 +219,8 @@ class RegimeEvidence(Evidence):
     plan: str | None = None
     rlimit: int | None = None
     witnesses: Mapping[str, Mapping[str, Any]] | None = None
+    # guard conjunct -> {guard, accept: witness found, reject: witness found, implied: why none is needed}
+    boundaries: Mapping[str, Mapping[str, Any]] | None = None
 
 
 @register_evidence

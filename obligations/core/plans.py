@@ -19,6 +19,10 @@ __all__ = [
     "symbolic_env",
     "plan_regimes",
     "regime_of",
+    "BOUNDARY_SIDES",
+    "boundary_name",
+    "boundary_side",
+    "split_witnesses",
 ]
 
 
@@ -96,3 +100,31 @@ def regime_of(plan_fn: Callable[..., Any], values: Mapping[str, Any]) -> list[st
     """Names of the regimes the plan selects for concrete ``values`` (launch-time ints)."""
     qs = quantities(call_plan(plan_fn, values))
     return [name for name, cond in plan_regimes(qs).items() if bool(cond)]
+
+
+# A boundary witness of a regimes item sits on one side of one guard conjunct's limit: "accept" (the guard accepts,
+# the conjunct exactly at its limit) or "reject" (every other conjunct holds, this one is one past its limit). Its
+# name in the item's ``witnesses`` is the conjunct's text and the side, so the witnesses travel as one mapping.
+BOUNDARY_SIDES: tuple[str, ...] = ("accept", "reject")
+_SIDE_MARK = " @"
+
+
+def boundary_name(conjunct: str, side: str) -> str:
+    """The witness name of ``conjunct``'s boundary on ``side`` ("accept" or "reject")."""
+    if side not in BOUNDARY_SIDES:
+        raise ValueError(f"boundary side {side!r} is not one of {BOUNDARY_SIDES}")
+    return f"{conjunct}{_SIDE_MARK}{side}"
+
+
+def boundary_side(name: str) -> str | None:
+    """The side of a boundary witness name ("accept" or "reject"), or None for a regime's witness."""
+    head, mark, side = name.rpartition(_SIDE_MARK)
+    return side if mark and head and side in BOUNDARY_SIDES else None
+
+
+def split_witnesses(witnesses: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(regime witnesses, accepted boundary witnesses, rejected boundary witnesses) of a regimes item's witnesses."""
+    parts: dict[str | None, dict[str, Any]] = {None: {}, "accept": {}, "reject": {}}
+    for name, values in witnesses.items():
+        parts[boundary_side(name)][name] = values
+    return parts[None], parts["accept"], parts["reject"]

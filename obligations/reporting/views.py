@@ -191,10 +191,22 @@ def coverage_facts(contract: Mapping[str, Any]) -> list[Fact]:
                 f"{n}: {json.dumps(wit[n], sort_keys=True)}" if n in wit else f"{n}: no witness" for n in names
             )
             facts.append(Fact(f"Regimes ({it['id']}, {it['status']})", reached or "none"))
+            for label, b in (ev.get("boundaries") or {}).items():
+                sides = [
+                    f"{side}: {json.dumps(wit[f'{label} @{side}'], sort_keys=True)}"
+                    if f"{label} @{side}" in wit
+                    else f"{side}: {b.get('implied') or 'no witness'}"
+                    for side in ("accept", "reject")
+                ]
+                facts.append(Fact(f"Boundary {label} of {b.get('guard')} ({it['id']})", "; ".join(sides)))
         regimes_run = ev.get("regimes_reached")
         if isinstance(regimes_run, Mapping):
             text = ", ".join(f"{k}: {v}" for k, v in sorted(regimes_run.items()))
             facts.append(Fact(f"Cases per regime ({it['id']})", text or "none"))
+        bounds_run = ev.get("boundaries_reached")
+        if isinstance(bounds_run, Mapping):
+            text = ", ".join(f"{k}: {'run' if v else 'NOT RUN'}" for k, v in bounds_run.items())
+            facts.append(Fact(f"Boundary witnesses ({it['id']})", text or "none"))
         if "order_sensitive_cases" in ev:
             n = ev["order_sensitive_cases"]
             text = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from obligations.core.symbolic import cdiv, smax, smin
+from obligations.core.symbolic import all_of, cdiv, smax, smin
 
 
 def loop_plan(n: Any, block: Any = 256, max_grid: Any = 65536) -> dict:
@@ -29,4 +29,18 @@ def unreachable_plan(n: Any, block: Any = 256, max_grid: Any = 65536) -> dict:
     """Planted: a 'capped' regime (grid hits max_grid) that the item's bounds cannot reach."""
     q = loop_plan(n, block, max_grid)
     q["regimes"] = {**q["regimes"], "grid_capped": q["grid"] == max_grid}
+    return q
+
+
+def guarded_plan(n: Any, block: Any = 256, max_grid: Any = 65536) -> dict:
+    """A grid-stride loop with a guard on its buffer: ``fits(size)`` accepts n <= size and n < 2^20."""
+    q = loop_plan(n, block, max_grid)
+    q["fits"] = lambda size: all_of(n <= size, n < (1 << 20))
+    return q
+
+
+def dead_limit_plan(n: Any, block: Any = 256, max_grid: Any = 65536) -> dict:
+    """Planted: a guard whose ``n <= size`` never accepts at its limit (another conjunct refuses n == size)."""
+    q = loop_plan(n, block, max_grid)
+    q["fits"] = lambda size: all_of(n <= size, n != size)
     return q

@@ -27,18 +27,29 @@ from falsification.engine import Check
 from falsification.registry import FalsifyContext, register_test
 from native import fft as nf
 from obligations.core.device import to_host
+from obligations.core.plans import regime_of
 from obligations.core.results import Outcome
 from spec import fft as sf
 
 __all__ = ["draw_case"]
 
 
-def draw_case(seed: int, log2n: int, batch: int, win: int, wout: int, modes_pick: int) -> dict[str, Any]:
-    """x (batch, n, win), weights (modes, win, wout), dy, directions; modes in 1..bins from ``modes_pick``."""
-    rng = np.random.default_rng(seed)
+def case_dims(seed: int, log2n: int, batch: int, win: int, wout: int, modes_pick: int, *exact: int) -> tuple[int, int]:
+    """(n, modes) of a case: n = 2^log2n and modes in 1..bins from ``modes_pick``; a regime or boundary witness's
+    case carries its own (grid, modes) as two more elements (any grid; modes may be past the bins)."""
+    if exact:
+        return int(exact[0]), int(exact[1])
     n = 1 << log2n
+    return n, 1 + modes_pick % (n // 2 + 1)
+
+
+def draw_case(*case: int) -> dict[str, Any]:
+    """x (batch, n, win), weights (modes, win, wout), dy, directions for a case (seed, log2n, batch, win, wout,
+    modes_pick[, grid, modes]); see :func:`case_dims`."""
+    seed, _, batch, win, wout = case[:5]
+    rng = np.random.default_rng(seed)
+    n, modes = case_dims(*case)
     bins = n // 2 + 1
-    modes = 1 + modes_pick % bins
     f = np.float32
     return {
         "n": n,
@@ -299,9 +310,22 @@ def multiply_bitwise(ctx: FalsifyContext) -> Outcome:
             "order": list(nf.MULTIPLY_ORDER),
             "route": nf.ROUTE if ctx.device == "cuda" else "host float32, same order",
         },
-        **_common(ctx),
+        from_witness=_from_witness,
+        regime_of=_regimes_of,
+        refuses=(ValueError,),
+        **{**_common(ctx), "decode": lambda rp: tuple(rp.values)},
     )
     return engine.run(ctx, check)
+
+
+def _from_witness(v: Any) -> tuple:
+    """A regime or boundary witness (batch, grid, win, wout, modes) as a case carrying its exact grid and modes."""
+    return (0, 0, int(v["batch"]), int(v["win"]), int(v["wout"]), 0, int(v["grid"]), int(v["modes"]))
+
+
+def _regimes_of(c: tuple) -> list[str]:
+    n, modes = case_dims(*c)
+    return regime_of(nf.spectral_plan, {"batch": c[2], "grid": n, "win": c[3], "wout": c[4], "modes": modes})
 
 
 @register_test("fft.conv_dft")

@@ -8,7 +8,8 @@ project's tests name planted ones):
 * ``scan.discretize_bound`` {softplus, max_len} — delta, a, b within their derived float32 bounds.
 * ``scan.sequential_bitwise`` {max_len} — the sequential order's h and y bitwise the float32 spec.
 * ``scan.chunked_bound`` {combine, chunk, max_len} — chunked h, y within gamma_K of the float64 sequential
-  states, K from the chunk depth.
+  states, K from the chunk depth; a regimes item's witnesses (length, lanes, chunk) run first with their own
+  chunk (cases (seed, L, D, N, chunk)), a rejected guard boundary (chunk 0, no lane) must raise ValueError.
 * ``scan.vjp_spec`` {softplus, max_len} — the float64 build's VJP against the spec's gradients.
 * ``scan.vjp_fd`` {max_len} — native float64 VJP against central finite differences of the float64 spec.
 * ``scan.performance`` {lengths, lanes} (cuda, measure) — chunked vs sequential kernel vs a CuPy loop.
@@ -28,6 +29,7 @@ from falsification.engine import Check, Judgement
 from falsification.registry import FalsifyContext, register_test
 from native import scan as ns
 from obligations.core.device import to_host
+from obligations.core.plans import regime_of
 from obligations.core.results import Outcome
 from spec import scan as ss
 
@@ -205,20 +207,20 @@ def chunked_bound(ctx: FalsifyContext) -> Outcome:
     worst = {"ratio": 0.0}
 
     def inputs(c: tuple) -> tuple:
-        x, raw, A, B, C, Dk = draw_inputs(*c)
+        x, raw, A, B, C, Dk = draw_inputs(*c[:4])
         _, a, b = ns.discretize(*_dev(ctx, (x, raw, A, B)), device=ctx.device)
-        return to_host(a), to_host(b), C, x, Dk
+        return to_host(a), to_host(b), C, x, Dk, _chunk_of(c, chunk)
 
     def native(inp: tuple) -> list:
-        a, b, C, x, Dk = _dev(ctx, inp)
-        h = ns.states(a, b, order="chunked", chunk=chunk, device=ctx.device, build=build)
+        a, b, C, x, Dk = _dev(ctx, inp[:5])
+        h = ns.states(a, b, order="chunked", chunk=inp[5], device=ctx.device, build=build)
         y = ns.output(C, h, x, Dk, device=ctx.device)
         return _cat([to_host(h), to_host(y)])
 
     def reference(inp: tuple) -> list:
-        a, b, C, x, Dk = (v.astype(np.float64) for v in inp)
+        a, b, C, x, Dk = (v.astype(np.float64) for v in inp[:5])
         L, _, N = a.shape
-        K = chunk_depth(L, chunk)
+        K = chunk_depth(L, max(inp[5], 1))
         h, H = ss.states_f64(a, b), ss.state_magnitudes(a, b)
         y = np.einsum("tn,tdn->td", C, h) + Dk[None] * x
         Y = np.einsum("tn,tdn->td", np.abs(C), H) + np.abs(Dk[None] * x)
@@ -244,9 +246,24 @@ def chunked_bound(ctx: FalsifyContext) -> Outcome:
             bound_name="gamma_K H, K = 5 chunk + 2 cdiv(L, chunk) + 2; y: gamma_{K+N+2}(|C| H + |D x|)",
         ),
         build={"combine": build.combine, "chunk": chunk},
-        **_common(max_len),
+        from_witness=_from_witness,
+        regime_of=lambda c: regime_of(
+            ns.chunk_plan, {"length": c[1], "lanes": c[2] * c[3], "chunk": _chunk_of(c, chunk)}
+        ),
+        refuses=(ValueError,),
+        **{**_common(max_len), "decode": lambda rp: tuple(rp.values)},
     )
     return engine.run(ctx, check, lambda: {"worst_error_over_bound": worst["ratio"]})
+
+
+def _chunk_of(c: tuple, default: int) -> int:
+    """A case's chunk: a witness case carries its own (5th element), a drawn case runs the item's."""
+    return int(c[4]) if len(c) > 4 else default
+
+
+def _from_witness(values: Any) -> tuple:
+    """A regime or boundary witness (length, lanes, chunk) as the case (seed 0, L, D = lanes, N = 1, chunk)."""
+    return (0, int(values["length"]), int(values["lanes"]), 1, int(values["chunk"]))
 
 
 _GRADS = ("x", "raw", "A", "B", "C", "D")

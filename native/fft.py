@@ -79,6 +79,17 @@ class SpectralPlan:
         """The thread that writes Z[b, k, o]."""
         return self.z_index(b, k, o)
 
+    def regimes(self) -> dict[str, Any]:
+        """The multiply's paths: an odd or even grid (the even one has a Nyquist bin, weighted once by the inverse),
+        with bins past ``modes`` zeroed or every bin kept (modes == bins: the Nyquist bin multiplied)."""
+        odd, kept = self.grid % 2 == 1, self.modes == self.bins
+        return {
+            "odd_grid_tail_zeroed": all_of(odd, self.modes < self.bins),
+            "odd_grid_all_kept": all_of(odd, kept),
+            "even_grid_nyquist_zeroed": all_of(self.grid % 2 == 0, self.modes < self.bins),
+            "even_grid_nyquist_kept": all_of(self.grid % 2 == 0, kept),
+        }
+
 
 def spectral_plan(batch: Any, grid: Any, win: Any, wout: Any, modes: Any) -> SpectralPlan:
     """Sizes of one spectral multiply; valid: positive sizes, 1 <= modes <= bins, every buffer <= 2^40 elements."""

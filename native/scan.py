@@ -93,6 +93,17 @@ class ChunkPlan:
         """Offset of chunk ``c``'s composite / carried state for lane ``j`` (int64)."""
         return as_type(c, "int64") * self.lanes + j
 
+    def regimes(self) -> dict[str, Any]:
+        """The chunked order's paths: no step, one chunk shorter than ``chunk``, whole chunks only, and several
+        chunks of which the last is partial (the fold and apply loops stop at ``end(c) < start(c) + chunk``)."""
+        L, k = as_type(self.length, "int64"), as_type(self.chunk, "int64")
+        return {
+            "empty": L == 0,
+            "one_partial_chunk": all_of(L > 0, L < k),
+            "whole_chunks": all_of(L > 0, L % smax(k, 1) == 0),
+            "partial_last_chunk": all_of(L > k, L % smax(k, 1) != 0),
+        }
+
 
 def chunk_plan(length: Any, lanes: Any, chunk: Any = CHUNK) -> ChunkPlan:
     """Chunks of ``chunk`` steps over ``length``; admissible: lanes >= 1, chunk >= 1, length * lanes <= 2^40."""

@@ -1,23 +1,28 @@
 """Import ONNX models (a stated op subset) into the graph IR plus its Payload.
 
 ``import_onnx(model)`` takes a ``onnx.ModelProto`` or a path. Every graph input needs a static float32
-shape; initializers become payload tensors (Gemm / MatMul weights, Conv and LayerNormalization
-parameters) or ``const`` nodes. Each ONNX node maps to IR nodes through one entry of
-:data:`ONNX_OPS`; a node whose op is not there, or whose attributes ask for something the IR op does not
-mean, raises :class:`OnnxImportError` naming the node (index, name, op type) and why: nothing is dropped
-or approximated silently. :data:`REFUSED` lists ops refused on purpose because the closest IR op means
-something else (ONNX ``Max`` propagates NaN where the IR's ``maxElem`` drops it).
+shape; initializers become payload tensors (Gemm / MatMul weights, Conv and normalisation parameters) or
+``const`` nodes. Each ONNX node maps to IR nodes of the same meaning through one entry of :data:`ONNX_OPS`
+(often several IR nodes: explicit broadcasts, paddings, window taps; docs/graphs.md lists the mappings);
+a node whose op is not there, or whose attributes ask for something the IR does not mean, raises
+:class:`OnnxImportError` naming the node (index, name, op type) and the attribute or operand: nothing is
+dropped or approximated silently. :data:`REFUSED` lists ops refused on purpose with the reason.
+
+Constant folding: a node whose inputs are all constants is evaluated at import (ONNX's reference) when it
+only moves or selects values or computes on integers (shapes, axes, indices), and Shape/Size of a tensor
+of static shape is its shape, so exporters' ``Shape -> Gather -> Concat -> Reshape`` chains become constant
+targets. Float arithmetic on constants is imported, never folded, so it keeps the IR's meaning.
 
 Where a parameter is absent (Gemm without C, MatMul, Conv without B, LayerNormalization without B), the IR
 node gets a bias of -0.0: ``v + (-0.0) == v`` bit for bit for every binary32 v (both zeros and NaN
-included), so the added node changes no value. ONNX broadcasting of Add/Sub/Mul/Div operands is made
-explicit with ``broadcastTo`` nodes (bit copies). Shapes come from the IR ops' own shape rules.
+included), so the added node changes no value. Shapes come from the IR ops' own shape rules.
 
 The ``onnx`` package is needed only to read models (``pip install onnx``, in the ``test`` extra).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,10 +54,11 @@ class Imported:
     payload: Payload
     output: int
     tensors: Mapping[str, int] = field(default_factory=dict)
+    outputs: tuple[int, ...] = ()
 
 
 class _Ctx:
-    """Import state: the builder, tensor name -> IR node id, initializer arrays, and the node being imported."""
+    """Import state: the builder, tensor name -> IR node id, constants (initializers and folded values), the node."""
 
     def __init__(self) -> None:
         self.b = GraphBuilder()
@@ -78,20 +84,56 @@ class _Ctx:
             raise self.fail(f"{kind}: {exc}") from None
         return self.b.add(kind, parents, shape, params=params, **attrs)
 
+    def const(self, arr: np.ndarray) -> int:
+        """A const node holding ``arr`` (float32)."""
+        a = np.ascontiguousarray(arr, dtype=np.float32)
+        return self.b.add("const", (), a.shape, params={"value": a})
+
+    def scalar(self, v: float) -> int:
+        """A rank-0 const node (broadcast where it is used)."""
+        return self.const(np.asarray(v, np.float32))
+
+    def reshape(self, nid: int, shape: tuple[int, ...]) -> int:
+        """``nid`` reshaped (no node when the shape is already ``shape``)."""
+        shape = tuple(int(d) for d in shape)
+        return nid if self.shape(nid) == shape else self.emit("reshape", (nid,), shape=shape)
+
+    def broadcast_to(self, nid: int, shape: tuple[int, ...]) -> int:
+        """``nid`` broadcast (NumPy rules, a bit copy) to ``shape``."""
+        shape = tuple(int(d) for d in shape)
+        return nid if self.shape(nid) == shape else self.emit("broadcastTo", (nid,), shape=shape)
+
+    def broadcast_all(self, ids: list[int]) -> list[int]:
+        """The operands broadcast to their common shape (ONNX multidirectional broadcasting made explicit)."""
+        try:
+            shape = tuple(int(d) for d in np.broadcast_shapes(*(self.shape(i) for i in ids)))
+        except ValueError:
+            shapes = ", ".join(str(list(self.shape(i))) for i in ids)
+            raise self.fail(f"operand shapes {shapes} do not broadcast") from None
+        return [self.broadcast_to(i, shape) for i in ids]
+
     def value(self, name: str) -> int:
-        """The IR node of tensor ``name`` (an initializer used as data becomes a const node)."""
+        """The IR node of tensor ``name`` (a float32 constant used as data becomes a const node)."""
         if name in self.ids:
             return self.ids[name]
         if name in self.inits:
-            arr = self.inits[name].astype(np.float32)
-            self.ids[name] = self.b.add("const", (), arr.shape, params={"value": arr})
+            arr = self.inits[name]
+            if arr.dtype != np.float32:
+                raise self.fail(f"input {name!r} is a {arr.dtype} constant where float32 data is expected")
+            self.ids[name] = self.const(arr)
             return self.ids[name]
         raise self.fail(f"input {name!r} is neither a graph input, an initializer nor an earlier node's output")
 
     def init(self, name: str, what: str) -> np.ndarray:
-        """Initializer ``name`` as a float32 array (refused if the parameter is computed in the graph)."""
+        """Constant ``name`` as a float32 array (refused if the parameter is computed from graph inputs)."""
         if name not in self.inits:
-            raise self.fail(f"{what} {name!r} must be an initializer (a constant parameter)")
+            raise self.fail(f"{what} {name!r} must be a constant (an initializer or folded from constants)")
+        return np.asarray(self.inits[name]).astype(np.float32)
+
+    def consts(self, name: str, what: str) -> np.ndarray:
+        """Constant ``name`` as it is (integer shapes, axes, pads), or a refusal naming the input."""
+        if name not in self.inits:
+            raise self.fail(f"{what} {name!r} must be a constant (an initializer or folded from constants)")
         return self.inits[name]
 
 
@@ -129,25 +171,28 @@ def _plain(v: Any) -> Any:
 
 
 NEG_ZERO = np.float32(-0.0)
+NEG_INF = np.float32(-np.inf)
 
 
 def _neg_zero(n: int) -> np.ndarray:
     return np.full((n,), NEG_ZERO, dtype=np.float32)
 
 
+def _prod(dims: Any) -> int:
+    return int(np.prod(tuple(dims), dtype=np.int64))
+
+
 # -- op mappings ----------------------------------------------------------------------------------------
 
-OnnxOp = Callable[[_Ctx, Any], int]
+OnnxOp = Callable[[_Ctx, Any], Any]
 ONNX_OPS: dict[str, OnnxOp] = {}
 REFUSED: dict[str, str] = {
-    "Max": "ONNX Max propagates NaN; the IR's maxElem is C fmaxf (drops a NaN operand): refused, not remapped",
-    "Min": "ONNX Min propagates NaN; the IR's minElem is C fminf (drops a NaN operand): refused, not remapped",
-    "Dropout": "dropout is randomness: the IR's is explicit (bernoulliMask with a seed), ONNX's is not seeded",
+    "Erf": "the IR has no erf op (no binary32 reference for it yet)",
 }
 
 
 def onnx_op(*names: str) -> Callable[[OnnxOp], OnnxOp]:
-    """Decorator: the importer of ONNX op types ``names``."""
+    """Decorator: the importer of ONNX op types ``names`` (returns an IR node id, or a tuple for several outputs)."""
 
     def deco(fn: OnnxOp) -> OnnxOp:
         for n in names:
@@ -162,6 +207,16 @@ def supported_onnx_ops() -> tuple[str, ...]:
     return tuple(sorted(ONNX_OPS))
 
 
+def _input(node: Any, i: int) -> str:
+    """Name of the node's i-th input, or '' where it is absent."""
+    return node.input[i] if len(node.input) > i else ""
+
+
+def _single_output(ctx: _Ctx, node: Any, what: str) -> None:
+    if len(node.output) > 1 and any(node.output[1:]):
+        raise ctx.fail(f"{what}: only the first output is supported (outputs {list(node.output)})")
+
+
 _UNARY = {
     "Relu": "relu",
     "Tanh": "tanh",
@@ -172,6 +227,8 @@ _UNARY = {
     "Neg": "neg",
     "Abs": "abs",
     "Reciprocal": "inv",
+    "Sin": "sin",
+    "Cos": "cos",
 }
 
 
@@ -187,33 +244,116 @@ def _identity(ctx: _Ctx, node: Any) -> int:
     return ctx.value(node.input[0])
 
 
-_BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul_elem", "Div": "div"}
+@onnx_op("Dropout")
+def _dropout(ctx: _Ctx, node: Any) -> int:
+    # Inference Dropout is the identity (ONNX: training_mode absent or false); training would need the IR's explicit,
+    # seeded bernoulliMask, which ONNX's unseeded op cannot give.
+    a = _only(node, {"seed": None, "ratio": None}, ctx)
+    if _input(node, 2):
+        mode = ctx.consts(node.input[2], "Dropout training_mode")
+        if bool(np.asarray(mode).reshape(-1)[0]):
+            raise ctx.fail("Dropout training_mode=true is randomness without a seed the IR can state; refused")
+    del a
+    _single_output(ctx, node, "Dropout (the mask output)")
+    return ctx.value(node.input[0])
+
+
+_BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul_elem", "Div": "div", "Pow": "pow"}
 
 
 @onnx_op(*_BINARY)
 def _binary(ctx: _Ctx, node: Any) -> int:
     _only(node, {}, ctx)
-    a, b = ctx.value(node.input[0]), ctx.value(node.input[1])
-    try:
-        shape = tuple(int(d) for d in np.broadcast_shapes(ctx.shape(a), ctx.shape(b)))
-    except ValueError:
-        raise ctx.fail(f"operand shapes {list(ctx.shape(a))} and {list(ctx.shape(b))} do not broadcast") from None
-    a, b = (p if ctx.shape(p) == shape else ctx.emit("broadcastTo", (p,), shape=shape) for p in (a, b))
+    ex = node.input[1]
+    if node.op_type == "Pow" and ex in ctx.inits and ex not in ctx.ids and ctx.inits[ex].dtype.kind in "iu":
+        e = np.asarray(ctx.inits[ex])
+        if not np.array_equal(e.astype(np.float32).astype(e.dtype), e):
+            raise ctx.fail(f"Pow exponent {ex!r}: integers beyond binary32's exact range")
+        ctx.ids[ex] = ctx.const(e.astype(np.float32))  # an integer exponent, exactly a binary32 value
+    a, b = ctx.broadcast_all([ctx.value(node.input[0]), ctx.value(ex)])
     return ctx.emit(_BINARY[node.op_type], (a, b))
+
+
+def _stack_reduce(ctx: _Ctx, parts: list[int], mode: str) -> int:
+    """max over equal-shape parts (IEEE maximum fold, NaN propagates): the IR pool over a stacked last axis."""
+    shape = ctx.shape(parts[0])
+    m = _prod(shape)
+    cols = [ctx.reshape(p, (1, m, 1)) for p in parts]
+    st = cols[0] if len(cols) == 1 else ctx.emit("concat", tuple(cols), axis=2)
+    t = len(parts)
+    if mode == "max":
+        y = ctx.emit("pool", (st,), mode="max", kernel=(1, t), stride=(1, t), padding=(0, 0))
+    else:
+        y = ctx.emit("reduceSum", (st,), axis=2, keepdim=True)
+    return ctx.reshape(y, shape)
+
+
+def _max_of(ctx: _Ctx, ids: list[int]) -> int:
+    return _stack_reduce(ctx, ctx.broadcast_all(ids), "max")
+
+
+def _min_of(ctx: _Ctx, ids: list[int]) -> int:
+    # min(a, b) == -max(-a, -b) exactly: neg is a sign flip, the maximum fold picks one operand's bits.
+    ids = ctx.broadcast_all(ids)
+    return ctx.emit("neg", (_stack_reduce(ctx, [ctx.emit("neg", (i,)) for i in ids], "max"),))
+
+
+@onnx_op("Max", "Min")
+def _maxmin(ctx: _Ctx, node: Any) -> int:
+    # ONNX Max/Min propagate NaN: the IR's pool max (IEEE maximum fold), not maxElem (C fmaxf drops a NaN operand).
+    _only(node, {}, ctx)
+    ids = [ctx.value(n) for n in node.input if n]
+    return (_max_of if node.op_type == "Max" else _min_of)(ctx, ids)
+
+
+@onnx_op("Clip")
+def _clip(ctx: _Ctx, node: Any) -> int:
+    _only(node, {}, ctx)
+    x = ctx.value(node.input[0])
+    if _input(node, 1):
+        x = _max_of(ctx, [x, ctx.value(node.input[1])])
+    if _input(node, 2):
+        x = _min_of(ctx, [x, ctx.value(node.input[2])])
+    return x
 
 
 @onnx_op("Gemm")
 def _gemm(ctx: _Ctx, node: Any) -> int:
-    a = _only(node, {"alpha": (1.0,), "beta": (1.0,), "transA": (0,), "transB": (0, 1)}, ctx)
+    a = _only(node, {"alpha": None, "beta": None, "transA": (0, 1), "transB": (0, 1)}, ctx)
+    alpha, beta = float(a.get("alpha", 1.0)), float(a.get("beta", 1.0))
     x = ctx.value(node.input[0])
     if len(ctx.shape(x)) != 2:
         raise ctx.fail(f"Gemm input A must be 2-D, got {list(ctx.shape(x))}")
-    w = ctx.init(node.input[1], "Gemm B")
-    w = w if a.get("transB", 0) else w.T
-    c = ctx.init(node.input[2], "Gemm C") if len(node.input) > 2 and node.input[2] else _neg_zero(w.shape[0])
-    if c.shape != (w.shape[0],):
-        raise ctx.fail(f"Gemm C of shape {list(c.shape)}: only a bias vector of length N={w.shape[0]} is supported")
-    return ctx.emit("linear", (x,), {"weight": np.ascontiguousarray(w), "bias": c}, out_features=int(w.shape[0]))
+    if a.get("transA", 0):
+        x = ctx.emit("permute", (x,), perm=(1, 0))
+    c_name = _input(node, 2)
+    if node.input[1] in ctx.inits:
+        w = ctx.init(node.input[1], "Gemm B")
+        w = w if a.get("transB", 0) else w.T
+        n = int(w.shape[0])
+        vec = c_name in ctx.inits and ctx.inits[c_name].shape == (n,) and alpha == 1.0 and beta == 1.0
+        bias = ctx.inits[c_name].astype(np.float32) if vec else _neg_zero(n)
+        y = ctx.emit("linear", (x,), {"weight": np.ascontiguousarray(w), "bias": bias}, out_features=n)
+        if vec:
+            return y
+    else:
+        b = ctx.value(node.input[1])
+        if a.get("transB", 0):
+            b = ctx.emit("permute", (b,), perm=(1, 0))
+        y = ctx.emit("matmul", (x, b))
+    # ONNX: alpha * (A B) + beta * C, each product and the sum rounded in binary32
+    if alpha != 1.0:
+        y = ctx.emit("mul_elem", ctx.broadcast_all([y, ctx.scalar(alpha)]))
+    if c_name:
+        c = ctx.value(c_name)
+        if beta != 1.0:
+            c = ctx.emit("mul_elem", ctx.broadcast_all([c, ctx.scalar(beta)]))
+        try:
+            c = ctx.broadcast_to(c, ctx.shape(y))
+        except OnnxImportError:
+            raise ctx.fail(f"Gemm C of shape {list(ctx.shape(c))} does not broadcast to {list(ctx.shape(y))}") from None
+        y = ctx.emit("add", (y, c))
+    return y
 
 
 @onnx_op("MatMul")
@@ -222,54 +362,133 @@ def _matmul(ctx: _Ctx, node: Any) -> int:
     x = ctx.value(node.input[0])
     if node.input[1] in ctx.inits and ctx.inits[node.input[1]].ndim == 2 and len(ctx.shape(x)) >= 1:
         w = ctx.inits[node.input[1]].T  # x @ B == linear with W = B^T and a -0.0 bias (changes no value)
+        if ctx.shape(x)[-1] != w.shape[1]:
+            raise ctx.fail(f"MatMul {list(ctx.shape(x))} @ {list(w.T.shape)}: inner dimensions differ")
         return ctx.emit(
             "linear",
             (x,),
             {"weight": np.ascontiguousarray(w), "bias": _neg_zero(w.shape[0])},
             out_features=int(w.shape[0]),
         )
-    return ctx.emit("matmul", (x, ctx.value(node.input[1])))
+    y = ctx.value(node.input[1])
+    sa, sb = ctx.shape(x), ctx.shape(y)
+    if not sa or not sb:
+        raise ctx.fail(f"MatMul of a scalar operand ({list(sa)} @ {list(sb)})")
+    # numpy.matmul: a 1-D left operand is a row (axis removed after), a 1-D right operand a column
+    xa = ctx.reshape(x, (1,) + sa) if len(sa) == 1 else x
+    yb = ctx.reshape(y, sb + (1,)) if len(sb) == 1 else y
+    sa2, sb2 = ctx.shape(xa), ctx.shape(yb)
+    if sa2[-1] != sb2[-2]:
+        raise ctx.fail(f"MatMul {list(sa)} @ {list(sb)}: inner dimensions {sa2[-1]} and {sb2[-2]} differ")
+    try:
+        batch = tuple(int(d) for d in np.broadcast_shapes(sa2[:-2], sb2[:-2]))
+    except ValueError:
+        raise ctx.fail(f"MatMul {list(sa)} @ {list(sb)}: batch dimensions do not broadcast") from None
+    xa = ctx.broadcast_to(xa, batch + sa2[-2:])
+    yb = ctx.broadcast_to(yb, batch + sb2[-2:])
+    out = ctx.emit("matmul", (xa, yb))
+    want = batch + ((sa2[-2],) if len(sa) > 1 else ()) + ((sb2[-1],) if len(sb) > 1 else ())
+    return ctx.reshape(out, want) if ctx.shape(out) != want else out
 
 
-def _sym_pads(ctx: _Ctx, pads: Any, what: str) -> tuple[int, int]:
-    p = tuple(int(v) for v in (pads or (0, 0, 0, 0)))
-    if len(p) != 4 or p[0] != p[2] or p[1] != p[3]:
-        raise ctx.fail(f"{what} pads {list(p)}: only symmetric 2-d padding (top == bottom, left == right)")
-    return p[0], p[1]
+# -- windows: Conv and the pools --------------------------------------------------------------------------
 
 
-@onnx_op("Conv")
-def _conv(ctx: _Ctx, node: Any) -> int:
-    a = _only(
-        node,
-        {
-            "kernel_shape": None,
-            "strides": None,
-            "pads": None,
-            "dilations": None,
-            "group": (1,),
-            "auto_pad": ("NOTSET",),
-        },
-        ctx,
-    )
-    x = ctx.value(node.input[0])
-    w = ctx.init(node.input[1], "Conv W")
-    if w.ndim != 4:
-        raise ctx.fail(f"only 2-d convolution is supported (weight {list(w.shape)})")
-    b = ctx.init(node.input[2], "Conv B") if len(node.input) > 2 and node.input[2] else _neg_zero(w.shape[0])
-    kernel = tuple(int(v) for v in a.get("kernel_shape", w.shape[2:]))
-    if kernel != tuple(w.shape[2:]):
-        raise ctx.fail(f"kernel_shape {list(kernel)} differs from the weight's {list(w.shape[2:])}")
-    return ctx.emit(
-        "conv2d",
-        (x,),
-        {"weight": w, "bias": b},
-        out_channels=int(w.shape[0]),
-        kernel=kernel,
-        stride=tuple(a.get("strides", (1, 1))),
-        padding=_sym_pads(ctx, a.get("pads"), "Conv"),
-        dilation=tuple(a.get("dilations", (1, 1))),
-    )
+@dataclass(frozen=True)
+class _Window:
+    """One window sweep per spatial axis: kernel, stride, dilation, begin/end pads, output length."""
+
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    dilation: tuple[int, ...]
+    begin: tuple[int, ...]
+    end: tuple[int, ...]
+    out: tuple[int, ...]
+
+
+def _window(ctx: _Ctx, a: Mapping[str, Any], spatial: tuple[int, ...], kernel: tuple[int, ...]) -> _Window:
+    """ONNX's window arithmetic (auto_pad, pads, ceil_mode) as explicit pads and output sizes per axis."""
+    r = len(spatial)
+    if len(kernel) != r:
+        raise ctx.fail(f"kernel_shape {list(kernel)} has {len(kernel)} axes; the input has {r} spatial axes")
+    stride = tuple(int(v) for v in a.get("strides", (1,) * r))
+    dil = tuple(int(v) for v in a.get("dilations", (1,) * r))
+    pads = tuple(int(v) for v in a.get("pads", (0,) * (2 * r)))
+    if len(stride) != r or len(dil) != r or len(pads) != 2 * r:
+        raise ctx.fail(f"strides {list(stride)}, dilations {list(dil)} or pads {list(pads)} do not match {r} axes")
+    if min(stride + dil + kernel, default=1) < 1 or min(pads, default=0) < 0:
+        raise ctx.fail(f"strides {list(stride)}, dilations {list(dil)}, kernel {list(kernel)} or pads {list(pads)} < 0")
+    auto = _plain(a.get("auto_pad", "NOTSET"))
+    ceil = bool(a.get("ceil_mode", 0))
+    begin, end, out = list(pads[:r]), list(pads[r:]), []
+    for i in range(r):
+        span = dil[i] * (kernel[i] - 1) + 1
+        if auto in ("SAME_UPPER", "SAME_LOWER"):
+            o = -(-spatial[i] // stride[i])
+            total = max((o - 1) * stride[i] + span - spatial[i], 0)
+            lo = total // 2 if auto == "SAME_UPPER" else total - total // 2
+            begin[i], end[i] = lo, total - lo
+        elif auto == "VALID":
+            begin[i], end[i] = 0, 0
+        elif auto != "NOTSET":
+            raise ctx.fail(f"attribute auto_pad={auto!r} is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID")
+        padded = spatial[i] + begin[i] + end[i]
+        if padded < span:
+            raise ctx.fail(
+                f"window of span {span} (kernel {kernel[i]}, dilation {dil[i]}) does not fit the padded spatial size "
+                f"{padded} (size {spatial[i]} + pads {begin[i]} + {end[i]})"
+            )
+        o = (padded - span) // stride[i] + 1
+        if ceil and (padded - span) % stride[i]:
+            o += 1
+            if (o - 1) * stride[i] >= spatial[i] + begin[i]:  # the last window must start inside the input
+                o -= 1
+        out.append(o)
+    return _Window(kernel, stride, dil, tuple(begin), tuple(end), tuple(out))
+
+
+def _pad_axis(ctx: _Ctx, x: int, axis: int, before: int, after: int, value: float) -> int:
+    """x padded along ``axis`` with ``before``/``after`` copies of ``value`` (concat with const nodes)."""
+    s = ctx.shape(x)
+    parts = []
+    if before:
+        parts.append(ctx.const(np.full(s[:axis] + (before,) + s[axis + 1 :], value, np.float32)))
+    parts.append(x)
+    if after:
+        parts.append(ctx.const(np.full(s[:axis] + (after,) + s[axis + 1 :], value, np.float32)))
+    return parts[0] if len(parts) == 1 else ctx.emit("concat", tuple(parts), axis=axis)
+
+
+def _crop_axis(ctx: _Ctx, x: int, axis: int, start: int, stop: int) -> int:
+    s = ctx.shape(x)
+    if start == 0 and stop == s[axis]:
+        return x
+    return ctx.emit("slice", (x,), axis=axis, start=start, stop=stop, step=1)
+
+
+def _taps(ctx: _Ctx, x: int, w: _Window, fill: float) -> tuple[list[int], list[tuple[int, ...]]]:
+    """Every window tap of x (N, C, *spatial) as a node (N, C, *out), in row-major tap order, and its offsets.
+
+    x is padded explicitly with ``fill`` so that every tap of every window lies inside the padded array (the end
+    pad grows for ceil_mode windows that overhang it); tap t of axis i reads padded index o * stride + t * dilation.
+    """
+    sp = ctx.shape(x)[2:]
+    r = len(sp)
+    for i in range(r):
+        need = (w.out[i] - 1) * w.stride[i] + w.dilation[i] * (w.kernel[i] - 1) + 1
+        end = max(w.end[i], need - sp[i] - w.begin[i])
+        x = _pad_axis(ctx, x, 2 + i, w.begin[i], end, fill)
+    taps, offsets = [], []
+    for off in itertools.product(*(range(k) for k in w.kernel)):
+        t = x
+        for i, ti in enumerate(off):
+            start = ti * w.dilation[i]
+            stop = start + (w.out[i] - 1) * w.stride[i] + 1
+            if start != 0 or stop != ctx.shape(t)[2 + i] or w.stride[i] != 1:
+                t = ctx.emit("slice", (t,), axis=2 + i, start=start, stop=stop, step=w.stride[i])
+        taps.append(t)
+        offsets.append(off)
+    return taps, offsets
 
 
 @onnx_op("MaxPool", "AveragePool")
@@ -278,43 +497,315 @@ def _pool(ctx: _Ctx, node: Any) -> int:
         "kernel_shape": None,
         "strides": None,
         "pads": None,
-        "auto_pad": ("NOTSET",),
-        "ceil_mode": (0,),
+        "auto_pad": None,
+        "ceil_mode": (0, 1),
+        "dilations": None,
     }
     if node.op_type == "MaxPool":
-        allowed.update({"storage_order": (0,), "dilations": ((1, 1),)})
-    a = _only(node, {**allowed, "count_include_pad": (0, 1)}, ctx)
-    if len(node.output) > 1:
-        raise ctx.fail("the Indices output of MaxPool is not supported")
-    pad = _sym_pads(ctx, a.get("pads"), node.op_type)
-    if node.op_type == "AveragePool" and any(pad) and not a.get("count_include_pad", 0):
-        raise ctx.fail(
-            "AveragePool with padding and count_include_pad=0 divides by the unpadded count; the IR's "
-            "avg pool counts the padding (count_include_pad=1)"
-        )
+        allowed["storage_order"] = (0, 1)
+    else:
+        allowed["count_include_pad"] = (0, 1)
+    a = _only(node, allowed, ctx)
+    _single_output(ctx, node, "MaxPool (the Indices output)")
+    x = ctx.value(node.input[0])
+    s = ctx.shape(x)
+    if len(s) < 3:
+        raise ctx.fail(f"{node.op_type} needs (N, C, spatial...) with at least one spatial axis, got {list(s)}")
     kernel = tuple(int(v) for v in a["kernel_shape"])
-    return ctx.emit(
-        "pool",
-        (ctx.value(node.input[0]),),
-        mode="max" if node.op_type == "MaxPool" else "avg",
-        kernel=kernel,
-        stride=tuple(a.get("strides", (1, 1))),
-        padding=pad,
+    w = _window(ctx, a, s[2:], kernel)
+    r = len(s) - 2
+    mode = "max" if node.op_type == "MaxPool" else "avg"
+    include = bool(a.get("count_include_pad", 0))
+    half = all(2 * p <= k for p, k in zip(w.begin, kernel, strict=True))
+    simple = w.begin == w.end and all(d == 1 for d in w.dilation) and half
+    simple = simple and all(
+        o == (n + 2 * p - k) // st + 1 for o, n, p, k, st in zip(w.out, s[2:], w.begin, kernel, w.stride, strict=True)
     )
+    simple = simple and (mode == "max" or include or not any(w.begin))
+    if simple and r in (1, 2):
+        # the IR's pool op: max is the IEEE maximum fold from -Inf, avg the fold from +0 / (kh kw) (pads counted)
+        lift = r == 1
+        xi = ctx.reshape(x, s[:2] + (1,) + s[2:]) if lift else x
+        pair = (lambda v: (1, v[0])) if lift else (lambda v: tuple(v))
+        y = ctx.emit(
+            "pool",
+            (xi,),
+            mode=mode,
+            kernel=pair(kernel),
+            stride=pair(w.stride),
+            padding=(0, w.begin[0]) if lift else tuple(w.begin),
+        )
+        return ctx.reshape(y, s[:2] + w.out) if lift else y
+    # every other window: explicit taps, then the IR's max fold (pool over the stacked taps) or sum / count
+    taps, offsets = _taps(ctx, x, w, float(NEG_INF) if mode == "max" else 0.0)
+    if mode == "max":
+        return _stack_reduce(ctx, taps, "max")
+    total = _stack_reduce(ctx, taps, "sum")
+    count = np.zeros(w.out, np.float64)
+    for off in offsets:
+        ok = np.ones(w.out, bool)
+        for i, ti in enumerate(off):
+            pos = np.arange(w.out[i]) * w.stride[i] + ti * w.dilation[i] - w.begin[i]  # index into x
+            lo, hi = (-w.begin[i], s[2 + i] + w.end[i]) if include else (0, s[2 + i])
+            shape = [1] * r
+            shape[i] = w.out[i]
+            ok = ok & ((pos >= lo) & (pos < hi)).reshape(shape)
+        count += ok
+    cnt = ctx.const(np.broadcast_to(count.astype(np.float32), s[:2] + w.out).copy())
+    return ctx.emit("div", (total, cnt))
 
 
-@onnx_op("Softmax")
+@onnx_op("GlobalAveragePool", "GlobalMaxPool")
+def _global_pool(ctx: _Ctx, node: Any) -> int:
+    _only(node, {}, ctx)
+    x = ctx.value(node.input[0])
+    s = ctx.shape(x)
+    if len(s) < 3:
+        raise ctx.fail(f"{node.op_type} needs (N, C, spatial...), got {list(s)}")
+    flat = ctx.reshape(x, s[:2] + (_prod(s[2:]),))
+    if node.op_type == "GlobalAveragePool":
+        y = ctx.emit("reduceMean", (flat,), axis=2, keepdim=True)
+    else:
+        m = _prod(s[:2])
+        y = ctx.emit(
+            "pool", (ctx.reshape(flat, (1, m, _prod(s[2:]))),), mode="max", kernel=(1, _prod(s[2:])), stride=(1, 1)
+        )
+    return ctx.reshape(y, s[:2] + (1,) * (len(s) - 2))
+
+
+@onnx_op("Conv")
+def _conv(ctx: _Ctx, node: Any) -> int:
+    a = _only(
+        node,
+        {"kernel_shape": None, "strides": None, "pads": None, "dilations": None, "group": None, "auto_pad": None},
+        ctx,
+    )
+    x = ctx.value(node.input[0])
+    w = ctx.init(node.input[1], "Conv W")
+    s = ctx.shape(x)
+    if w.ndim not in (3, 4) or len(s) != w.ndim:
+        raise ctx.fail(f"only 1-d and 2-d convolution are supported (input {list(s)}, weight {list(w.shape)})")
+    b = ctx.init(node.input[2], "Conv B") if _input(node, 2) else _neg_zero(w.shape[0])
+    kernel = tuple(int(v) for v in a.get("kernel_shape", w.shape[2:]))
+    if kernel != tuple(w.shape[2:]):
+        raise ctx.fail(f"kernel_shape {list(kernel)} differs from the weight's {list(w.shape[2:])}")
+    win = _window(ctx, a, s[2:], kernel)
+    group = int(a.get("group", 1))
+    if group < 1 or s[1] % group or w.shape[0] % group or w.shape[1] * group != s[1]:
+        raise ctx.fail(f"group={group} does not divide input channels {s[1]} and weight {list(w.shape)}")
+    lift = w.ndim == 3
+    if lift:  # 1-d as 2-d with a unit height
+        x = ctx.reshape(x, s[:2] + (1,) + s[2:])
+        w = w[:, :, None, :]
+    r = 2
+    k2 = tuple(w.shape[2:])
+    st = (1,) + win.stride if lift else win.stride
+    dl = (1,) + win.dilation if lift else win.dilation
+    bg = (0,) + win.begin if lift else win.begin
+    en = (0,) + win.end if lift else win.end
+    # asymmetric pads: pad explicitly with zeros (the conv's own zero padding), then convolve unpadded
+    pad = tuple(min(p, q) for p, q in zip(bg, en, strict=True))
+    for i in range(r):
+        x = _pad_axis(ctx, x, 2 + i, bg[i] - pad[i], en[i] - pad[i], 0.0)
+    cin = w.shape[1]
+    cout_g = w.shape[0] // group
+    outs = []
+    for g in range(group):
+        xg = x if group == 1 else _crop_axis(ctx, x, 1, g * cin, (g + 1) * cin)
+        wg = np.ascontiguousarray(w[g * cout_g : (g + 1) * cout_g])
+        outs.append(
+            ctx.emit(
+                "conv2d",
+                (xg,),
+                {"weight": wg, "bias": np.ascontiguousarray(b[g * cout_g : (g + 1) * cout_g])},
+                out_channels=int(cout_g),
+                kernel=k2,
+                stride=st,
+                padding=pad,
+                dilation=dl,
+            )
+        )
+    y = outs[0] if group == 1 else ctx.emit("concat", tuple(outs), axis=1)
+    return ctx.reshape(y, s[:2][:1] + (w.shape[0],) + win.out) if lift else y
+
+
+# -- normalisations and softmax ----------------------------------------------------------------------------
+
+
+@onnx_op("Softmax", "LogSoftmax")
 def _softmax(ctx: _Ctx, node: Any) -> int:
     a = _only(node, {"axis": None}, ctx)
     x = ctx.value(node.input[0])
     rank = len(ctx.shape(x))
+    axis = int(a.get("axis", -1 if ctx.opset >= 13 else 1))
+    if not -rank <= axis < max(rank, 1):
+        raise ctx.fail(f"attribute axis={axis} is out of range for rank {rank}")
+    s = ctx.shape(x)
+    if ctx.opset < 13:  # opsets 1..12 coerce to 2-d at axis: softmax over the flattened trailing axes
+        ax = axis % max(rank, 1)
+        x2 = ctx.reshape(x, (_prod(s[:ax]), _prod(s[ax:])))
+        return ctx.reshape(_softmax_last(ctx, node, x2, 1), s)
+    return _softmax_last(ctx, node, x, axis % max(rank, 1))
+
+
+def _softmax_last(ctx: _Ctx, node: Any, x: int, axis: int) -> int:
+    if node.op_type == "Softmax":
+        return ctx.emit("softmax", (x,), axis=axis)
+    # LogSoftmax: (x - m) - log(fold(exp(x - m))), m the IEEE max along the axis; each op rounded as the IR states
+    s = ctx.shape(x)
+    perm = tuple(i for i in range(len(s)) if i != axis) + (axis,)
+    xt = ctx.emit("permute", (x,), perm=perm) if axis != len(s) - 1 else x
+    st = ctx.shape(xt)
+    rows, n = _prod(st[:-1]), st[-1]
+    m = ctx.emit("pool", (ctx.reshape(xt, (1, rows, n)),), mode="max", kernel=(1, n), stride=(1, 1))
+    d = ctx.emit("sub", (xt, ctx.broadcast_to(ctx.reshape(m, st[:-1] + (1,)), st)))
+    lse = ctx.emit("log", (ctx.emit("reduceSum", (ctx.emit("exp", (d,)),), axis=-1, keepdim=True),))
+    y = ctx.emit("sub", (d, ctx.broadcast_to(lse, st)))
+    if axis != len(s) - 1:
+        inv = tuple(int(i) for i in np.argsort(perm))
+        y = ctx.emit("permute", (y,), perm=inv)
+    return y
+
+
+@onnx_op("LayerNormalization")
+def _layernorm(ctx: _Ctx, node: Any) -> Any:
+    a = _only(node, {"axis": None, "epsilon": None, "stash_type": (1,)}, ctx)
+    x = ctx.value(node.input[0])
+    s = ctx.shape(x)
+    rank = len(s)
     axis = int(a.get("axis", -1))
-    if ctx.opset < 13 and axis % max(rank, 1) != rank - 1:
-        raise ctx.fail(
-            f"opset {ctx.opset} Softmax coerces to 2-d at axis {axis}; only the last axis maps to the "
-            "IR's softmax (use opset >= 13)"
-        )
-    return ctx.emit("softmax", (x,), axis=axis)
+    if not -rank <= axis < rank:
+        raise ctx.fail(f"attribute axis={axis} is out of range for rank {rank}")
+    axis %= rank
+    inner = _prod(s[axis:])
+    w = ctx.init(node.input[1], "LayerNormalization Scale")
+    b = ctx.init(node.input[2], "LayerNormalization B") if _input(node, 2) else _neg_zero(inner)
+    eps = float(np.float32(a.get("epsilon", 1e-5)))
+    try:
+        wf = np.broadcast_to(w, s[axis:]).reshape(inner).astype(np.float32)
+        bf = np.broadcast_to(b, s[axis:]).reshape(inner).astype(np.float32)
+    except ValueError:
+        raise ctx.fail(f"Scale {list(w.shape)} or B {list(b.shape)} does not broadcast to {list(s[axis:])}") from None
+    # normalising axes axis.. == the last axis of the (outer, inner) reshape: the same row-major fold
+    x2 = ctx.reshape(x, (_prod(s[:axis]), inner))
+    y = ctx.reshape(ctx.emit("layernorm", (x2,), {"weight": wf, "bias": bf}, eps=eps), s)
+    if not (len(node.output) > 1 and any(node.output[1:])):
+        return y
+    # Mean and InvStdDev: the layernorm's own mu = fold(x)/n and r = rsqrt(fold(d d)/n + eps) (rounded once)
+    stat = s[:axis] + (1,) * (rank - axis)
+    mu = ctx.emit("reduceMean", (x2,), axis=1, keepdim=True)
+    d = ctx.emit("sub", (x2, ctx.broadcast_to(mu, ctx.shape(x2))))
+    var = ctx.emit("reduceMean", (ctx.emit("mul_elem", (d, d)),), axis=1, keepdim=True)
+    r = ctx.emit("rsqrt", (ctx.emit("add", ctx.broadcast_all([var, ctx.scalar(eps)])),))
+    return (y, ctx.reshape(mu, stat), ctx.reshape(r, stat))
+
+
+@onnx_op("RMSNormalization")
+def _rmsnorm(ctx: _Ctx, node: Any) -> int:
+    a = _only(node, {"axis": None, "epsilon": None, "stash_type": (1,)}, ctx)
+    x = ctx.value(node.input[0])
+    s = ctx.shape(x)
+    rank = len(s)
+    axis = int(a.get("axis", -1))
+    if not -rank <= axis < rank:
+        raise ctx.fail(f"attribute axis={axis} is out of range for rank {rank}")
+    axis %= rank
+    inner = _prod(s[axis:])
+    w = ctx.init(node.input[1], "RMSNormalization scale")
+    try:
+        wf = np.broadcast_to(w, s[axis:]).reshape(inner).astype(np.float32)
+    except ValueError:
+        raise ctx.fail(f"scale {list(w.shape)} does not broadcast to {list(s[axis:])}") from None
+    x2 = ctx.reshape(x, (_prod(s[:axis]), inner))
+    y = ctx.emit("rmsnorm", (x2,), {"weight": wf}, eps=float(np.float32(a.get("epsilon", 1e-5))))
+    return ctx.reshape(y, s)
+
+
+@onnx_op("BatchNormalization")
+def _batchnorm(ctx: _Ctx, node: Any) -> int:
+    # inference form: y = (x - mean) / sqrt(var + eps) * scale + B, per channel (axis 1), each op rounded in order
+    a = _only(node, {"epsilon": None, "momentum": None, "training_mode": (0,), "spatial": (1,)}, ctx)
+    _single_output(ctx, node, "BatchNormalization (training outputs)")
+    x = ctx.value(node.input[0])
+    s = ctx.shape(x)
+    if len(s) < 2:
+        raise ctx.fail(f"BatchNormalization needs (N, C, ...), got {list(s)}")
+    cshape = (1, s[1]) + (1,) * (len(s) - 2)
+
+    def chan(i: int, what: str) -> int:
+        v = ctx.init(node.input[i], f"BatchNormalization {what}").astype(np.float32)
+        if v.shape != (s[1],):
+            raise ctx.fail(f"BatchNormalization {what} has shape {list(v.shape)}, not [{s[1]}]")
+        return ctx.broadcast_to(ctx.const(v.reshape(cshape)), s)
+
+    eps = float(np.float32(a.get("epsilon", 1e-5)))
+    scale, bias, mean, var = (chan(i, n) for i, n in ((1, "scale"), (2, "B"), (3, "input_mean"), (4, "input_var")))
+    den = ctx.emit("sqrt", (ctx.emit("add", (var, ctx.broadcast_to(ctx.scalar(eps), s))),))
+    y = ctx.emit("div", (ctx.emit("sub", (x, mean)), den))
+    return ctx.emit("add", (ctx.emit("mul_elem", (y, scale)), bias))
+
+
+@onnx_op("Gelu")
+def _gelu(ctx: _Ctx, node: Any) -> int:
+    a = _only(node, {"approximate": ("tanh", "none")}, ctx)
+    if _plain(a.get("approximate", "none")) != "tanh":
+        raise ctx.fail("attribute approximate='none' (erf GELU): the IR's gelu is the tanh approximation; refused")
+    return ctx.emit("gelu", (ctx.value(node.input[0]),))
+
+
+# -- reductions ---------------------------------------------------------------------------------------------
+
+
+def _axes(ctx: _Ctx, node: Any, a: Mapping[str, Any], rank: int) -> tuple[int, ...] | None:
+    """The reduced axes (from the attribute or, opset >= 13/18, the second input), normalised; None = all."""
+    if "axes" in a:
+        raw = list(a["axes"])
+    elif _input(node, 1):
+        raw = [int(v) for v in np.asarray(ctx.consts(node.input[1], f"{node.op_type} axes")).reshape(-1)]
+    else:
+        return None
+    if not raw:
+        return None
+    for v in raw:
+        if not -rank <= v < rank:
+            raise ctx.fail(f"axes {raw} out of range for rank {rank}")
+    return tuple(sorted({v % rank for v in raw}))
+
+
+@onnx_op("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin")
+def _reduce(ctx: _Ctx, node: Any) -> int:
+    a = _only(node, {"axes": None, "keepdims": (0, 1), "noop_with_empty_axes": (0, 1)}, ctx)
+    x = ctx.value(node.input[0])
+    s = ctx.shape(x)
+    axes = _axes(ctx, node, a, len(s))
+    if axes is None:
+        if a.get("noop_with_empty_axes", 0):
+            return x
+        axes = tuple(range(len(s)))
+    keep = bool(a.get("keepdims", 1))
+    rest = tuple(i for i in range(len(s)) if i not in axes)
+    final = tuple(1 if i in axes else d for i, d in enumerate(s)) if keep else tuple(s[i] for i in rest)
+    if not s:
+        return x
+    # the reduced axes moved last and merged: one fold over them in row-major order
+    xt = ctx.emit("permute", (x,), perm=rest + axes) if rest + axes != tuple(range(len(s))) else x
+    rows, n = _prod(s[i] for i in rest), _prod(s[i] for i in axes)
+    if n == 0 and node.op_type in ("ReduceMax", "ReduceMin"):  # ONNX: the identity of the fold, -Inf / +Inf
+        return ctx.const(np.full(final, -np.inf if node.op_type == "ReduceMax" else np.inf, np.float32))
+    flat = ctx.reshape(xt, (1, rows, n))
+    if node.op_type == "ReduceSum":
+        y = ctx.emit("reduceSum", (flat,), axis=2, keepdim=True)
+    elif node.op_type == "ReduceMean":
+        y = ctx.emit("reduceMean", (flat,), axis=2, keepdim=True)
+    elif node.op_type == "ReduceMax":
+        y = ctx.emit("pool", (flat,), mode="max", kernel=(1, n), stride=(1, 1))
+    else:
+        neg = ctx.emit("neg", (flat,))
+        y = ctx.emit("neg", (ctx.emit("pool", (neg,), mode="max", kernel=(1, n), stride=(1, 1)),))
+    return ctx.reshape(y, final)
+
+
+# -- data movement -------------------------------------------------------------------------------------------
 
 
 @onnx_op("Flatten")
@@ -322,29 +813,59 @@ def _flatten(ctx: _Ctx, node: Any) -> int:
     a = _only(node, {"axis": None}, ctx)
     x = ctx.value(node.input[0])
     s = ctx.shape(x)
-    ax = int(a.get("axis", 1)) % (len(s) + 1)
-    shape = (int(np.prod(s[:ax], dtype=np.int64)), int(np.prod(s[ax:], dtype=np.int64)))
-    return ctx.emit("reshape", (x,), shape=shape)
+    rank = len(s)
+    axis = int(a.get("axis", 1))
+    if not -rank <= axis <= rank:
+        raise ctx.fail(f"attribute axis={axis} is out of range [-{rank}, {rank}] for rank {rank}")
+    ax = axis + rank if axis < 0 else axis  # ONNX: a negative axis counts from the back, -1 == rank - 1
+    return ctx.reshape(x, (_prod(s[:ax]), _prod(s[ax:])))
 
 
 @onnx_op("Reshape")
 def _reshape(ctx: _Ctx, node: Any) -> int:
-    _only(node, {"allowzero": (0,)}, ctx)
+    a = _only(node, {"allowzero": (0, 1)}, ctx)
     x = ctx.value(node.input[0])
-    if node.input[1] not in ctx.inits:
-        raise ctx.fail("the target shape must be an initializer")
-    want = [int(v) for v in ctx.inits[node.input[1]].reshape(-1)]
+    want = [int(v) for v in np.asarray(ctx.consts(node.input[1], "Reshape shape")).reshape(-1)]
     s = ctx.shape(x)
-    want = [s[i] if v == 0 else v for i, v in enumerate(want)]
-    if want.count(-1) > 1:
-        raise ctx.fail(f"target shape {want} has more than one -1")
+    if not a.get("allowzero", 0):
+        if any(v == 0 and i >= len(s) for i, v in enumerate(want)):
+            raise ctx.fail(f"target shape {want}: a 0 copies an input dimension the input {list(s)} lacks")
+        want = [s[i] if v == 0 else v for i, v in enumerate(want)]
+    if want.count(-1) > 1 or any(v < -1 for v in want):
+        raise ctx.fail(f"target shape {want} has more than one -1 or a negative dimension")
     if -1 in want:
-        rest = int(np.prod([v for v in want if v != -1], dtype=np.int64))
-        total = int(np.prod(s, dtype=np.int64))
+        rest = _prod([v for v in want if v != -1])
+        total = _prod(s)
         if rest == 0 or total % rest:
             raise ctx.fail(f"cannot reshape {list(s)} to {want}")
         want[want.index(-1)] = total // rest
-    return ctx.emit("reshape", (x,), shape=tuple(want))
+    return ctx.reshape(x, tuple(want))
+
+
+@onnx_op("Squeeze", "Unsqueeze")
+def _squeeze(ctx: _Ctx, node: Any) -> int:
+    a = _only(node, {"axes": None}, ctx)
+    x = ctx.value(node.input[0])
+    s = ctx.shape(x)
+    if "axes" in a:
+        raw = [int(v) for v in a["axes"]]
+    elif _input(node, 1):
+        raw = [int(v) for v in np.asarray(ctx.consts(node.input[1], f"{node.op_type} axes")).reshape(-1)]
+    else:
+        raw = None
+    if node.op_type == "Squeeze":
+        axes = [i for i, d in enumerate(s) if d == 1] if raw is None else [v % max(len(s), 1) for v in raw]
+        if any(s[i] != 1 for i in axes):
+            raise ctx.fail(f"Squeeze axes {raw} of {list(s)}: a squeezed axis is not of length 1")
+        return ctx.reshape(x, tuple(d for i, d in enumerate(s) if i not in axes))
+    if raw is None:
+        raise ctx.fail("Unsqueeze needs axes")
+    out_rank = len(s) + len(raw)
+    axes = sorted(v % out_rank for v in raw)
+    shape, it = [], iter(s)
+    for i in range(out_rank):
+        shape.append(1 if i in axes else next(it))
+    return ctx.reshape(x, tuple(shape))
 
 
 @onnx_op("Transpose")
@@ -358,36 +879,217 @@ def _transpose(ctx: _Ctx, node: Any) -> int:
 @onnx_op("Concat")
 def _concat(ctx: _Ctx, node: Any) -> int:
     a = _only(node, {"axis": None}, ctx)
-    return ctx.emit("concat", tuple(ctx.value(n) for n in node.input), axis=int(a["axis"]))
+    ids = [ctx.value(n) for n in node.input if n]
+    ids = [i for i in ids if _prod(ctx.shape(i)) or len(ids) == 1]  # empty operands add nothing
+    return ids[0] if len(ids) == 1 else ctx.emit("concat", tuple(ids), axis=int(a["axis"]))
 
 
-@onnx_op("LayerNormalization")
-def _layernorm(ctx: _Ctx, node: Any) -> int:
-    a = _only(node, {"axis": None, "epsilon": None, "stash_type": (1,)}, ctx)
+@onnx_op("Expand")
+def _expand(ctx: _Ctx, node: Any) -> int:
+    _only(node, {}, ctx)
     x = ctx.value(node.input[0])
-    if int(a.get("axis", -1)) % len(ctx.shape(x)) != len(ctx.shape(x)) - 1:
-        raise ctx.fail(f"LayerNormalization over axes from {a['axis']}: only the last axis is supported")
-    if len(node.output) > 1 and any(node.output[1:]):
-        raise ctx.fail("the Mean / InvStdDev outputs are not supported")
-    w = ctx.init(node.input[1], "LayerNormalization Scale")
-    b = (
-        ctx.init(node.input[2], "LayerNormalization B")
-        if len(node.input) > 2 and node.input[2]
-        else _neg_zero(w.shape[-1])
+    want = tuple(int(v) for v in np.asarray(ctx.consts(node.input[1], "Expand shape")).reshape(-1))
+    try:
+        shape = tuple(int(d) for d in np.broadcast_shapes(ctx.shape(x), want))
+    except ValueError:
+        raise ctx.fail(f"Expand {list(ctx.shape(x))} to {list(want)}: shapes do not broadcast") from None
+    return ctx.broadcast_to(x, shape)
+
+
+def _slice_bounds(start: int, end: int, step: int, dim: int) -> range:
+    return range(*slice(start, end, step).indices(dim))
+
+
+@onnx_op("Slice")
+def _slice(ctx: _Ctx, node: Any) -> int:
+    _only(node, {}, ctx)
+    x = ctx.value(node.input[0])
+    s = ctx.shape(x)
+    starts = [int(v) for v in np.asarray(ctx.consts(node.input[1], "Slice starts")).reshape(-1)]
+    ends = [int(v) for v in np.asarray(ctx.consts(node.input[2], "Slice ends")).reshape(-1)]
+    axes = (
+        [int(v) for v in np.asarray(ctx.consts(node.input[3], "Slice axes")).reshape(-1)]
+        if _input(node, 3)
+        else list(range(len(starts)))
     )
-    return ctx.emit("layernorm", (x,), {"weight": w, "bias": b}, eps=float(np.float32(a.get("epsilon", 1e-5))))
+    steps = (
+        [int(v) for v in np.asarray(ctx.consts(node.input[4], "Slice steps")).reshape(-1)]
+        if _input(node, 4)
+        else [1] * len(starts)
+    )
+    for st, en, ax, sp in zip(starts, ends, axes, steps, strict=True):
+        if not -len(s) <= ax < len(s):
+            raise ctx.fail(f"Slice axis {ax} out of range for rank {len(s)}")
+        if sp == 0:
+            raise ctx.fail("Slice step 0")
+        ax %= len(s)
+        dim = ctx.shape(x)[ax]
+        st = max(-(2**62), min(st, 2**62))
+        en = max(-(2**62), min(en, 2**62))
+        idx = _slice_bounds(st, en, sp, dim)
+        if sp > 0:
+            lo = idx.start if len(idx) else 0
+            hi = idx[-1] + 1 if len(idx) else 0
+            x = ctx.emit("slice", (x,), axis=ax, start=lo, stop=hi, step=sp) if (lo, hi, sp) != (0, dim, 1) else x
+        else:  # a negative step: the picked positions one by one, concatenated (bit copies)
+            parts = [ctx.emit("slice", (x,), axis=ax, start=i, stop=i + 1, step=1) for i in idx]
+            if not parts:
+                raise ctx.fail(f"Slice with step {sp} selects nothing on axis {ax}")
+            x = parts[0] if len(parts) == 1 else ctx.emit("concat", tuple(parts), axis=ax)
+    return x
+
+
+@onnx_op("Split")
+def _split(ctx: _Ctx, node: Any) -> tuple[int, ...]:
+    a = _only(node, {"axis": None, "split": None, "num_outputs": None}, ctx)
+    x = ctx.value(node.input[0])
+    s = ctx.shape(x)
+    ax = int(a.get("axis", 0)) % len(s)
+    if "split" in a:
+        sizes = [int(v) for v in a["split"]]
+    elif _input(node, 1):
+        sizes = [int(v) for v in np.asarray(ctx.consts(node.input[1], "Split split")).reshape(-1)]
+    else:
+        k = int(a.get("num_outputs", len(node.output)))
+        each = -(-s[ax] // k)
+        sizes = [min(each, s[ax] - i * each) for i in range(k)]
+    if sum(sizes) != s[ax] or len(sizes) != len(node.output) or min(sizes) < 0:
+        raise ctx.fail(f"split sizes {sizes} do not cover axis {ax} of {list(s)} in {len(node.output)} outputs")
+    outs, start = [], 0
+    for n in sizes:
+        outs.append(ctx.emit("slice", (x,), axis=ax, start=start, stop=start + n, step=1))
+        start += n
+    return tuple(outs)
+
+
+@onnx_op("Pad")
+def _pad(ctx: _Ctx, node: Any) -> int:
+    a = _only(node, {"mode": ("constant",)}, ctx)
+    del a
+    x = ctx.value(node.input[0])
+    s = ctx.shape(x)
+    pads = [int(v) for v in np.asarray(ctx.consts(node.input[1], "Pad pads")).reshape(-1)]
+    value = 0.0
+    if _input(node, 2):
+        cv = np.asarray(ctx.consts(node.input[2], "Pad constant_value")).reshape(-1)
+        value = float(cv[0]) if cv.size else 0.0
+    axes = (
+        [int(v) % len(s) for v in np.asarray(ctx.consts(node.input[3], "Pad axes")).reshape(-1)]
+        if _input(node, 3)
+        else list(range(len(s)))
+    )
+    if len(pads) != 2 * len(axes):
+        raise ctx.fail(f"pads {pads} do not match {len(axes)} axes")
+    for i, ax in enumerate(axes):
+        lo, hi = pads[i], pads[len(axes) + i]
+        dim = ctx.shape(x)[ax]
+        x = _crop_axis(ctx, x, ax, max(-lo, 0), dim - max(-hi, 0))  # negative pads crop
+        x = _pad_axis(ctx, x, ax, max(lo, 0), max(hi, 0), value)
+    return x
+
+
+@onnx_op("Gather")
+def _gather(ctx: _Ctx, node: Any) -> int:
+    a = _only(node, {"axis": None}, ctx)
+    x = ctx.value(node.input[0])
+    s = ctx.shape(x)
+    ax = int(a.get("axis", 0))
+    if not -len(s) <= ax < len(s):
+        raise ctx.fail(f"attribute axis={ax} is out of range for rank {len(s)}")
+    ax %= len(s)
+    idx = np.asarray(ctx.consts(node.input[1], "Gather indices"), np.int64)
+    flat = idx.reshape(-1)
+    if ((flat < -s[ax]) | (flat >= s[ax])).any():
+        raise ctx.fail(f"Gather index out of range for axis {ax} of length {s[ax]}")
+    parts = [ctx.emit("slice", (x,), axis=ax, start=int(i) % s[ax], stop=int(i) % s[ax] + 1, step=1) for i in flat]
+    if not parts:
+        raise ctx.fail("Gather with no index")
+    y = parts[0] if len(parts) == 1 else ctx.emit("concat", tuple(parts), axis=ax)
+    return ctx.reshape(y, s[:ax] + idx.shape + s[ax + 1 :])
+
+
+@onnx_op("Cast")
+def _cast(ctx: _Ctx, node: Any) -> int:
+    import onnx
+
+    a = _only(node, {"to": None, "saturate": None, "round_mode": None}, ctx)
+    if int(a["to"]) != onnx.TensorProto.FLOAT:
+        raise ctx.fail(f"attribute to={a['to']}: only a cast to float32 of a float32 tensor is the identity")
+    return ctx.value(node.input[0])
 
 
 @onnx_op("Constant")
-def _constant(ctx: _Ctx, node: Any) -> int:
+def _constant(ctx: _Ctx, node: Any) -> int | None:
     import onnx
 
-    a = _only(node, {"value": None}, ctx)
-    arr = onnx.numpy_helper.to_array(a["value"])
-    if arr.dtype != np.float32:
-        ctx.inits[node.output[0]] = arr  # integer constants (shapes) stay initializer-like
-        return -1
-    return ctx.b.add("const", (), arr.shape, params={"value": arr})
+    a = _only(
+        node, {"value": None, "value_float": None, "value_floats": None, "value_int": None, "value_ints": None}, ctx
+    )
+    if "value" in a:
+        arr = onnx.numpy_helper.to_array(a["value"])
+    elif "value_float" in a or "value_floats" in a:
+        arr = np.asarray(a.get("value_float", a.get("value_floats")), np.float32)
+    else:
+        arr = np.asarray(a.get("value_int", a.get("value_ints")), np.int64)
+    ctx.inits[node.output[0]] = arr  # a constant: folded where it is read, a const node where it is data
+    return None
+
+
+# -- constant folding -------------------------------------------------------------------------------------
+
+# Ops folded when every input is a constant: they only move or select values, or compute on integers (shapes,
+# axes, indices), so evaluating them with ONNX's reference gives exactly the values the graph means. Float
+# arithmetic on constants is not folded: it is imported (const nodes and IR ops) and means what the IR says.
+_MOVE_OPS = frozenset(
+    "Identity Reshape Transpose Concat Gather Slice Squeeze Unsqueeze Expand Split Tile Where ConstantOfShape "
+    "Flatten".split()
+)
+_INT_OPS = frozenset(
+    "Add Sub Mul Div Neg Abs Equal Less Greater LessOrEqual GreaterOrEqual Not And Or Range Min Max Floor Ceil "
+    "ReduceProd ReduceSum ReduceMax ReduceMin Cast Mod Sign Trilu".split()
+)
+
+
+def _fold(ctx: _Ctx, node: Any) -> bool:
+    """Fold ``node`` into ctx.inits when it is Shape/Size of a tensor of static shape, or a foldable op of
+    constants; return whether it was folded."""
+    if node.op_type in ("Shape", "Size") and node.input[0] in ctx.ids:
+        shape = ctx.shape(ctx.ids[node.input[0]])
+        if node.op_type == "Size":
+            ctx.inits[node.output[0]] = np.asarray(_prod(shape), np.int64)
+            return True
+        a = _attrs(node)
+        lo, hi = int(a.get("start", 0)), int(a.get("end", len(shape)))
+        ctx.inits[node.output[0]] = np.asarray(shape[slice(lo, hi)], np.int64)
+        return True
+    ins = [n for n in node.input if n]
+    if node.op_type == "Constant" or not ins or not all(n in ctx.inits and n not in ctx.ids for n in ins):
+        return False
+    arrays = [np.asarray(ctx.inits[n]) for n in ins]
+    exact = node.op_type in _MOVE_OPS or (node.op_type in _INT_OPS and all(a.dtype.kind in "iub" for a in arrays))
+    if node.op_type == "Cast" and all(a.dtype.kind in "iub" for a in arrays):
+        exact = True  # checked below: the cast result must convert back to the same integers
+    if not exact:
+        return False
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    feed = {n: np.asarray(ctx.inits[n]) for n in ins}
+    try:
+        ev = ReferenceEvaluator(node, opsets={"": ctx.opset})
+        outs = ev.run(None, feed)
+    except Exception as e:  # noqa: BLE001 - ONNX's reference refusing the node is a refusal at this node
+        raise ctx.fail(f"constant folding failed: {type(e).__name__}: {e}") from None
+    for name, val in zip(node.output, outs, strict=False):
+        val = np.asarray(val)
+        if node.op_type == "Cast" and val.dtype.kind == "f":
+            src = arrays[0]
+            if not np.array_equal(val.astype(src.dtype), src):
+                raise ctx.fail("constant Cast to a float type is not exact for these values")
+        if name:
+            ctx.inits[name] = val
+    del onnx
+    return True
 
 
 # -- the import -----------------------------------------------------------------------------------------
@@ -429,18 +1131,27 @@ def import_onnx(model: Any) -> Imported:
         ctx.node, ctx.index = node, i
         if node.domain not in ("", "ai.onnx"):
             raise ctx.fail(f"operator domain {node.domain!r} is not supported")
+        if _fold(ctx, node):
+            continue
         if node.op_type in REFUSED:
             raise ctx.fail(f"unsupported operator: {REFUSED[node.op_type]}")
         fn = ONNX_OPS.get(node.op_type)
         if fn is None:
             raise ctx.fail(f"unsupported operator {node.op_type!r} (supported: {', '.join(supported_onnx_ops())})")
-        nid = fn(ctx, node)
-        if nid >= 0:
-            ctx.ids[node.output[0]] = nid
-    if len(g.output) != 1:
-        raise OnnxImportError(f"the model has {len(g.output)} outputs; exactly one is supported")
-    name = g.output[0].name
-    if name not in ctx.ids:
-        raise OnnxImportError(f"output {name!r} is not computed by the graph")
+        got = fn(ctx, node)
+        if got is None:
+            continue
+        for name, nid in zip(node.output, got if isinstance(got, tuple) else (got,), strict=False):
+            if name:
+                ctx.ids[name] = nid
+    outs = []
+    for vi in g.output:
+        if vi.name not in ctx.ids and vi.name in ctx.inits and ctx.inits[vi.name].dtype == np.float32:
+            ctx.ids[vi.name] = ctx.const(ctx.inits[vi.name])
+        if vi.name not in ctx.ids:
+            raise OnnxImportError(f"output {vi.name!r} is not computed by the graph")
+        outs.append(ctx.ids[vi.name])
+    if not outs:
+        raise OnnxImportError("the model has no output")
     graph, payload = ctx.b.build()
-    return Imported(graph, payload, ctx.ids[name], dict(ctx.ids))
+    return Imported(graph, payload, outs[0], dict(ctx.ids), tuple(outs))

@@ -398,13 +398,17 @@ def _spatial(ins: tuple[Shape, ...], what: str) -> Shape:
     return s
 
 
-def _pair(v: Any) -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else (v[0], v[1])
+def _pair(v: Any, what: str = "attribute") -> tuple[int, int]:
+    if isinstance(v, int):
+        return (v, v)
+    if len(v) != 2:
+        _fail(f"{what} {list(v)} must be one int or two (height, width): the op is 2-d")
+    return (v[0], v[1])
 
 
 def _conv2d(ins: tuple[Shape, ...], attrs: Mapping[str, Any], declared: Shape) -> Shape:
     s = _spatial(ins, "conv2d")
-    k, st, p, d = (_pair(attrs[n]) for n in ("kernel", "stride", "padding", "dilation"))
+    k, st, p, d = (_pair(attrs[n], n) for n in ("kernel", "stride", "padding", "dilation"))
     hw = []
     for i in range(2):
         plan = conv_plan(s[-2 + i], k[i], st[i], p[i], d[i])
@@ -419,10 +423,15 @@ def _conv2d(ins: tuple[Shape, ...], attrs: Mapping[str, Any], declared: Shape) -
 
 def _pool(ins: tuple[Shape, ...], attrs: Mapping[str, Any], declared: Shape) -> Shape:
     s = _spatial(ins, "pool")
-    k, st, p = (_pair(attrs[n]) for n in ("kernel", "stride", "padding"))
+    k, st, p = (_pair(attrs[n], n) for n in ("kernel", "stride", "padding"))
     hw = []
     for i in range(2):
         plan = pool_plan(s[-2 + i], k[i], st[i], p[i])
+        if not plan["valid"] and 2 * p[i] > k[i]:
+            _fail(
+                f"pool padding {p[i]} is more than half the kernel {k[i]} (the rule: 2 * padding <= kernel) on "
+                f"spatial axis {i} of {list(s)}"
+            )
         if not plan["valid"]:
             _fail(
                 f"pool window (kernel {k[i]}, stride {st[i]}, padding {p[i]}) does not fit spatial size "

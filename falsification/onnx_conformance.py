@@ -1,0 +1,431 @@
+"""ONNX's own node test cases (``onnx.backend.test.case.node``) run through ``spec.ir.onnx`` and the denotation.
+
+Each case is one ONNX node with inputs and expected outputs computed by ONNX's NumPy reference. For every op the
+importer maps (``spec.ir.onnx.supported_onnx_ops()``) the float32 cases are imported, denoted in binary32 and
+compared output by output with the expected arrays. A case is recorded as
+
+* ``bitwise``: every output equal bit for bit (NaN matches NaN);
+* ``within``: not bitwise, but every element inside the op's stated tolerance (:data:`TOLERANCES`);
+* ``refused``: the importer raised ``OnnxImportError`` (the reason names the node and what it refuses);
+* ``mismatch``: imported, but an output is outside the tolerance or of another shape (a silent wrong answer);
+* ``error``: the denotation failed on an imported graph.
+
+Only the case modules of the supported ops are imported (``collect_testcases()`` would build all ~1900 cases, about
+15 s); they are built once per process. ONNX's pool modules compute their expected outputs with a pure-Python
+reference (about 10 s), so their float32 cases are read from ``tests/fixtures/onnx_node_cases_pool.npz`` (written by
+:func:`write_fixture`, the onnx version recorded in it) when that version is the installed one. Graph inputs after
+the first are promoted to initializers, as exported
+models carry their weights; the first stays a graph input. The table in ``docs/graphs.md`` is :func:`table_markdown`
+of :func:`run_conformance` (``tests/test_onnx_conformance.py`` keeps it current).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "CaseResult",
+    "Tolerance",
+    "TOLERANCES",
+    "CASE_MODULES",
+    "load_cases",
+    "promote_inputs",
+    "run_case",
+    "run_conformance",
+    "summary",
+    "table_markdown",
+    "ulp_distance",
+    "write_fixture",
+    "FIXTURE",
+    "LOW_PRECISION",
+]
+
+U = 2.0**-24
+TINY = 2.0**-126  # an absolute floor: below the smallest normal, relative rounding statements do not hold
+
+# ONNX op type -> the case modules of onnx.backend.test.case.node that hold its cases (default: op_type.lower()).
+CASE_MODULES: dict[str, tuple[str, ...]] = {
+    "BatchNormalization": ("batch_normalization",),
+    "Range": ("rangeop",),
+    "Max": ("max",),
+    "Min": ("min",),
+}
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """One case's outcome: its name, ONNX op type, status and the reason or measure behind it."""
+
+    name: str
+    op_type: str
+    status: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """An op's stated tolerance: ``statement`` in words, ``check(inputs, got, want, mag) -> bool array`` per element
+    (``mag()`` is the imported graph denoted on |operands|: |A||B| for the contractions, sum |x| for the pools)."""
+
+    statement: str
+    check: Callable[[list[np.ndarray], np.ndarray, np.ndarray, Callable[[], np.ndarray]], np.ndarray]
+
+
+def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Ulp distance of two binary32 arrays (the distance of their monotone integer keys; NaN vs NaN is 0)."""
+
+    def key(x: np.ndarray) -> np.ndarray:
+        u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.int64)
+        return np.where(u & 0x80000000, -(u & 0x7FFFFFFF), u)
+
+    d = np.abs(key(a) - key(b))
+    return np.where(np.isnan(a) & np.isnan(b), 0, d)
+
+
+def _ulps(n: int) -> Tolerance:
+    def check(ins: list[np.ndarray], got: np.ndarray, want: np.ndarray, mag: Any) -> np.ndarray:
+        return ulp_distance(got, want) <= n
+
+    return Tolerance(f"within {n} ulp of ONNX's value (each side within a few ulp of the real value)", check)
+
+
+def _relative(k: Callable[[list[np.ndarray], np.ndarray], float], what: str) -> Tolerance:
+    """|got - want| <= 2 gamma_k (|want| + max |B|) + TINY: relative to the value (B, a norm's offset, where given)."""
+
+    def check(ins: list[np.ndarray], got: np.ndarray, want: np.ndarray, mag: Any) -> np.ndarray:
+        n = k(ins, want)
+        gamma = n * U / (1 - n * U)
+        g, w = got.astype(np.float64), want.astype(np.float64)
+        off = float(np.max(np.abs(ins[2]))) if len(ins) > 2 and ins[2].size else 0.0  # a norm's B: cancellation
+        with np.errstate(all="ignore"):
+            ok = np.abs(g - w) <= 2 * gamma * (np.abs(w) + off) + TINY
+        return ok | (np.isnan(g) & np.isnan(w)) | (g == w)
+
+    return Tolerance(f"|got - want| <= 2 gamma_n (|want| + max abs B) + 2^-126, n = {what}", check)
+
+
+def _dot(k: Callable[[list[np.ndarray], np.ndarray], float], what: str) -> Tolerance:
+    """Both sides within gamma_k * (|A||B|) of the exact value: |got - want| <= 2 gamma_k mag, mag from |inputs|."""
+
+    def check(ins: list[np.ndarray], got: np.ndarray, want: np.ndarray, mag: Any) -> np.ndarray:
+        n = k(ins, want) + 2  # + alpha/beta scaling and the bias add
+        gamma = n * U / (1 - n * U)
+        m = np.abs(np.asarray(mag(), np.float64))
+        g, w = got.astype(np.float64), want.astype(np.float64)
+        with np.errstate(all="ignore"):
+            ok = np.abs(g - w) <= 2 * gamma * m * (1 + 4 * gamma) + TINY
+        return ok | (np.isnan(g) & np.isnan(w)) | (g == w)
+
+    return Tolerance(
+        f"|got - want| <= 2 gamma_(n+2) m + 2^-126, n = {what}, m the op on |operands| (both within the GEMM bound)",
+        check,
+    )
+
+
+_BIT = Tolerance("bit for bit (NaN matches NaN)", lambda ins, got, want, mag: ulp_distance(got, want) == 0)
+
+
+def _last_k(ins: list[np.ndarray], want: np.ndarray) -> float:
+    return float(ins[0].shape[-1]) if ins[0].ndim else 1.0
+
+
+def _numel_in(ins: list[np.ndarray], want: np.ndarray) -> float:
+    return float(max(ins[0].size // max(want.size, 1), 1))
+
+
+def _conv_k(ins: list[np.ndarray], want: np.ndarray) -> float:
+    return float(np.prod(ins[1].shape[1:])) if len(ins) > 1 else 1.0
+
+
+def _norm_k(ins: list[np.ndarray], want: np.ndarray) -> float:
+    return float(ins[0].size) + 8.0
+
+
+TOLERANCES: dict[str, Tolerance] = {}
+for _op in (
+    "Abs Add Sub Mul Div Neg Relu Sqrt Reciprocal Identity Flatten Reshape Transpose Concat Constant MaxPool "
+    "Squeeze Unsqueeze Slice Expand Dropout Split Pad Max Min Clip Gather Cast"
+).split():
+    TOLERANCES[_op] = _BIT
+for _op, _n in (("Exp", 2), ("Log", 2), ("Tanh", 2), ("Sigmoid", 4), ("Sin", 2), ("Cos", 2), ("Pow", 4), ("Erf", 4)):
+    TOLERANCES[_op] = _ulps(_n)
+TOLERANCES.update(
+    {
+        "MatMul": _dot(lambda ins, w: float(ins[0].shape[-1]), "the inner dimension"),
+        "Gemm": _dot(lambda ins, w: float(max(ins[0].shape)), "the inner dimension"),
+        "Conv": _dot(_conv_k, "Cin kh kw"),
+        "AveragePool": _dot(_numel_in, "the window size"),
+        "GlobalAveragePool": _dot(_numel_in, "H W"),
+        "ReduceSum": _dot(_numel_in, "the reduced count"),
+        "ReduceMean": _dot(_numel_in, "the reduced count"),
+        "Softmax": _relative(lambda ins, w: float(max(ins[0].shape)) + 12, "the axis length + 12 (exp, division)"),
+        "LogSoftmax": _relative(lambda ins, w: float(max(ins[0].shape)) + 12, "the axis length + 12"),
+        "LayerNormalization": _relative(_norm_k, "the element count + 8"),
+        "RMSNormalization": _relative(_norm_k, "the element count + 8"),
+        "BatchNormalization": _relative(lambda ins, w: 8.0, "8 (sub, add, sqrt, div, mul, add)"),
+        "Gelu": _ulps(8),
+    }
+)
+
+
+# -- the cases ------------------------------------------------------------------------------------------
+
+_CACHE: dict[str, list[Any]] = {}
+FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "onnx_node_cases_pool.npz"
+FIXTURE_MODULES = ("averagepool", "maxpool")
+
+# Cases whose expected values ONNX writes with fewer digits than binary32 has (the reason, the absolute tolerance).
+LOW_PRECISION: dict[str, tuple[str, float]] = {
+    "test_averagepool_2d_ceil_last_window_starts_on_pad": (
+        "expected values written with 4 decimals (within 1e-4)",
+        1e-4,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class _Case:
+    """A node test case read back from the fixture (the fields of onnx's TestCase that are used here)."""
+
+    name: str
+    model: Any
+    data_sets: list[tuple[list[np.ndarray], list[np.ndarray]]]
+
+
+def _build_module(mod: str) -> list[Any]:
+    import onnx.backend.test.case.node as node_cases
+
+    before = len(node_cases._NodeTestCases)
+    node_cases._TargetOpType = None
+    try:
+        importlib.import_module(f"onnx.backend.test.case.node.{mod}")
+    except ImportError:
+        return []
+    return list(node_cases._NodeTestCases[before:])
+
+
+def write_fixture(path: Path = FIXTURE) -> int:
+    """Write the float32 cases of FIXTURE_MODULES (model bytes, inputs, outputs) with the onnx version; the count."""
+    import onnx
+
+    d: dict[str, np.ndarray] = {"onnx_version": np.frombuffer(onnx.__version__.encode(), np.uint8)}
+    n = 0
+    for mod in FIXTURE_MODULES:
+        for c in _CACHE.setdefault(mod, _build_module(mod)):
+            if not _float32_case(c):
+                continue
+            ins, outs = c.data_sets[0]
+            d[f"{c.name}/model"] = np.frombuffer(c.model.SerializeToString(), np.uint8)
+            for i, a in enumerate(ins):
+                d[f"{c.name}/in{i}"] = a
+            for i, a in enumerate(outs):
+                d[f"{c.name}/out{i}"] = a
+            n += 1
+    np.savez_compressed(path, **d)
+    return n
+
+
+def _fixture_cases() -> list[Any] | None:
+    """The fixture's cases, or None when it is absent or was written by another onnx version."""
+    import onnx
+
+    if not FIXTURE.exists():
+        return None
+    with np.load(FIXTURE) as z:
+        if bytes(z["onnx_version"]).decode() != onnx.__version__:
+            return None
+        names = sorted({k.split("/")[0] for k in z.files if "/" in k})
+        out = []
+        for name in names:
+            ins = [z[f"{name}/in{i}"] for i in range(64) if f"{name}/in{i}" in z.files]
+            outs = [z[f"{name}/out{i}"] for i in range(64) if f"{name}/out{i}" in z.files]
+            out.append(_Case(name, onnx.load_from_string(bytes(z[f"{name}/model"])), [(ins, outs)]))
+    return out
+
+
+def load_cases(op_types: Iterable[str]) -> dict[str, list[Any]]:
+    """ONNX's node test cases of ``op_types`` (TestCase objects), by op type; each case module built once."""
+    out: dict[str, list[Any]] = {}
+    for op in op_types:
+        cases: list[Any] = []
+        for mod in CASE_MODULES.get(op, (op.lower(),)):
+            if mod not in _CACHE and mod in FIXTURE_MODULES:
+                fixed = _fixture_cases()
+                if fixed is not None:
+                    for m in FIXTURE_MODULES:
+                        _CACHE[m] = [c for c in fixed if c.name.startswith(f"test_{m}")]
+            if mod not in _CACHE:
+                _CACHE[mod] = _build_module(mod)
+            cases += [c for c in _CACHE[mod] if c.model.graph.node[0].op_type == op]
+        out[op] = cases
+    return out
+
+
+def _float32_case(case: Any) -> bool:
+    """Every input and output is an array; the first input and every output are float32."""
+    ins, outs = case.data_sets[0]
+    if not all(isinstance(a, np.ndarray) for a in list(ins) + list(outs)) or not ins or not outs:
+        return False
+    return ins[0].dtype == np.float32 and all(o.dtype == np.float32 for o in outs)
+
+
+def promote_inputs(model: Any, inputs: list[np.ndarray]) -> Any:
+    """The model with every graph input after the first made an initializer holding its test value."""
+    import onnx
+    from onnx import numpy_helper
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    keep = list(g.input)[:1]
+    for vi, arr in zip(list(g.input)[1:], inputs[1:], strict=False):
+        g.initializer.append(numpy_helper.from_array(np.asarray(arr), vi.name))
+    del g.input[:]
+    g.input.extend(keep)
+    return m
+
+
+def _magnitude(imp: Any, x: np.ndarray, k: int) -> np.ndarray:
+    """Output k of the imported graph denoted on |x| with every constant and parameter made |.|: |A||B|, sum |x|."""
+    from spec.ir.denote import denote_all
+    from spec.ir.graph import Payload
+
+    payload = Payload({i: {n: np.abs(v) for n, v in e.items()} for i, e in imp.payload.entries.items()})
+    res = denote_all(imp.graph, payload, [np.abs(x)])
+    return np.asarray(res.value[imp.outputs[k]], np.float64) if hasattr(res, "value") else np.full(1, np.inf)
+
+
+def run_case(case: Any) -> CaseResult:
+    """Import, denote and compare one case."""
+    from spec.ir.denote import denote_all
+    from spec.ir.onnx import OnnxImportError, import_onnx
+
+    op = case.model.graph.node[0].op_type
+    ins, outs = (list(x) for x in case.data_sets[0])
+    try:
+        imp = import_onnx(promote_inputs(case.model, ins))
+    except OnnxImportError as e:
+        return CaseResult(case.name, op, "refused", str(e))
+    res = denote_all(imp.graph, imp.payload, [ins[0]])
+    if not hasattr(res, "value"):
+        return CaseResult(case.name, op, "error", str(res))
+    tol = TOLERANCES.get(op, _BIT)
+    worst = "bitwise"
+    for k, want in enumerate(outs):
+        if k >= len(imp.outputs):
+            return CaseResult(case.name, op, "mismatch", f"output {k} not imported")
+        got = np.asarray(res.value[imp.outputs[k]], np.float32)
+        if got.shape != want.shape:
+            return CaseResult(case.name, op, "mismatch", f"output {k}: shape {list(got.shape)} != {list(want.shape)}")
+        if (ulp_distance(got, want) == 0).all():
+            continue
+        if case.name in LOW_PRECISION:
+            why, atol = LOW_PRECISION[case.name]
+            if (np.abs(got.astype(np.float64) - want) <= atol).all():
+                worst = "within"
+                continue
+        ok = tol.check(ins, got, want, lambda k=k: _magnitude(imp, ins[0], k))
+        if not ok.all():
+            i = int(np.argmin(ok.reshape(-1)))
+            return CaseResult(
+                case.name,
+                op,
+                "mismatch",
+                f"output {k}[{i}]: {got.reshape(-1)[i]!r} vs {want.reshape(-1)[i]!r} "
+                f"({int(ulp_distance(got, want).reshape(-1)[i])} ulp; tolerance: {tol.statement})",
+            )
+        worst = "within"
+    why = LOW_PRECISION[case.name][0] if case.name in LOW_PRECISION else tol.statement
+    return CaseResult(case.name, op, worst, "" if worst == "bitwise" else why)
+
+
+def run_conformance(op_types: Iterable[str] | None = None) -> list[CaseResult]:
+    """Every float32 case of ``op_types`` (default: the importer's supported ops), in op then case order."""
+    from spec.ir.onnx import supported_onnx_ops
+
+    ops = sorted(op_types) if op_types is not None else list(supported_onnx_ops())
+    out: list[CaseResult] = []
+    with np.errstate(all="ignore"):
+        for cases in load_cases(ops).values():
+            for case in sorted(cases, key=lambda c: c.name):
+                if _float32_case(case):
+                    out.append(run_case(case))
+    return out
+
+
+def summary(results: Iterable[CaseResult]) -> dict[str, int]:
+    """Counts by status."""
+    counts = {"bitwise": 0, "within": 0, "refused": 0, "mismatch": 0, "error": 0}
+    for r in results:
+        counts[r.status] += 1
+    return counts
+
+
+def table_markdown(results: list[CaseResult]) -> str:
+    """The conformance table: one row per op (counts by status), then every refusal and mismatch with its reason."""
+    by_op: dict[str, list[CaseResult]] = {}
+    for r in results:
+        by_op.setdefault(r.op_type, []).append(r)
+    lines = [
+        "| ONNX op | cases | bitwise | within tolerance | refused | mismatch | tolerance |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for op, rs in sorted(by_op.items()):
+        c = summary(rs)
+        tol = _cell(TOLERANCES.get(op, _BIT).statement)
+        lines.append(
+            f"| {op} | {len(rs)} | {c['bitwise']} | {c['within']} | {c['refused']} | {c['mismatch'] + c['error']} "
+            f"| {tol} |"
+        )
+    c = summary(results)
+    n = len(results)
+    passed = c["bitwise"] + c["within"]
+    lines.append(
+        f"| **all** | {n} | {c['bitwise']} | {c['within']} | {c['refused']} | {c['mismatch'] + c['error']} | "
+        f"{passed}/{n} pass ({100.0 * passed / max(n, 1):.1f}%) |"
+    )
+    odd = [r for r in results if r.status not in ("bitwise", "within")]
+    if odd:
+        lines += ["", "| case | status | reason |", "| --- | --- | --- |"]
+        lines += [f"| {r.name} | {r.status} | {_cell(r.detail)} |" for r in odd]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def by_status(results: Iterable[CaseResult]) -> Mapping[str, list[str]]:
+    """Case names by status."""
+    out: dict[str, list[str]] = {}
+    for r in results:
+        out.setdefault(r.status, []).append(r.name)
+    return out
+
+
+def write_docs(path: Path | None = None) -> None:
+    """Rewrite the conformance table between its markers in docs/graphs.md."""
+    doc = path or Path(__file__).resolve().parent.parent / "docs" / "graphs.md"
+    begin, end = "<!-- onnx-conformance:begin -->", "<!-- onnx-conformance:end -->"
+    text = doc.read_text()
+    head, rest = text.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    doc.write_text(f"{head}{begin}\n{table_markdown(run_conformance())}{end}{tail}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    if "--write-fixture" in sys.argv:
+        print(f"{write_fixture()} cases written to {FIXTURE}")
+    if "--write-docs" in sys.argv:
+        write_docs()
+    if len(sys.argv) == 1:
+        res = run_conformance()
+        print(table_markdown(res))

@@ -34,8 +34,9 @@ from falsification import engine
 from falsification.agreement import Expected
 from falsification.engine import WARMUP, Check, time_ms
 from falsification.registry import FalsifyContext, Replay, guarded, register_test
+from native.attention import AttentionShapeError
 from obligations.core.evidence import SympyEvidence
-from obligations.core.plans import resolve
+from obligations.core.plans import regime_of, resolve
 from obligations.core.results import Outcome, error, proved, violated
 from spec import attention as sa
 
@@ -130,10 +131,31 @@ def _decode(rp: Replay) -> dict:
     return c
 
 
+def _from_witness(seed: int, w: Any) -> dict:
+    """The case of a regime or guard-boundary witness of ATT-REGIMES (its heads_q kept where no group gives it)."""
+    from native.attention import BC
+
+    hq, hkv = int(w["heads_q"]), int(w["heads_kv"])
+    c = {"seed": seed, "batch": int(w["batch"]), "heads_kv": hkv, "seq_q": int(w["seq_q"]), "seq_k": int(w["seq_k"])}
+    c.update(head_dim=int(w["head_dim"]), causal=False, lens=0, mag=1, tile=BC)
+    c["group"] = hq // hkv if hkv >= 1 and hq % hkv == 0 else 1
+    if hkv * c["group"] != hq:
+        c["heads_q"] = hq  # a refused witness: no whole group of query heads per KV head
+    return c
+
+
+def _regimes(c: dict) -> list[str]:
+    from native import attention as na
+
+    hq = c.get("heads_q", c["heads_kv"] * c["group"])
+    values = {"batch": c["batch"], "heads_q": hq, "heads_kv": c["heads_kv"], "seq_q": c["seq_q"]}
+    return regime_of(na.attention_plan, {**values, "seq_k": c["seq_k"], "head_dim": c["head_dim"]})
+
+
 def case_inputs(c: dict, dtype: Any = np.float32) -> dict[str, Any]:
     """q, k, v, dout, kv_lens of a case (seeded; fully masked rows where lens is "empty")."""
     rng = np.random.default_rng(c["seed"])
-    b, hkv, hq = c["batch"], c["heads_kv"], c["heads_kv"] * c["group"]
+    b, hkv, hq = c["batch"], c["heads_kv"], c.get("heads_q", c["heads_kv"] * c["group"])
     lq, lk, d, mag = c["seq_q"], c["seq_k"], c["head_dim"], _MAGS[c["mag"]]
     q = (rng.uniform(-1, 1, (b, hq, lq, d)) * mag).astype(dtype)
     k = (rng.uniform(-1, 1, (b, hkv, lk, d)) * mag).astype(dtype)
@@ -172,7 +194,7 @@ def _worst(seen: dict) -> Callable[[engine.Judgement], None]:
         for nat, e in zip(j.native, j.expected, strict=True):
             with np.errstate(all="ignore"):
                 r = np.abs(np.asarray(nat, np.float64) - e.value) / e.bound
-            if r.size:
+            if r.size and not np.isnan(r).all():  # an empty or all-NaN ratio (no keys: 0/0) adds nothing
                 seen["worst"] = max(seen["worst"], float(np.nanmax(r)))
 
     return observe
@@ -241,6 +263,9 @@ def _check(
         observe=_worst(seen),
         output_names=outputs,
         build={"impl": name, "reference": "spec.attention (float64 SDPA)"},
+        from_witness=lambda w: _from_witness(ctx.seed, w),
+        regime_of=_regimes,
+        refuses=(AttentionShapeError,),
         # The float64 references (NumPy einsum, GIL released) are computed ahead in threads, in order of the cases.
         reference_threads=max(0, min(8, (os.cpu_count() or 1) - 1)),
     )

@@ -27,8 +27,9 @@ from falsification.agreement import Expected
 from falsification.engine import Check, Judgement
 from falsification.float32_inputs import MIXES, BatchSpec, generate_bits
 from falsification.registry import FalsifyContext, register_test
+from native.norm import RowsRefused, row_plan
 from obligations.core.device import array_module, to_host
-from obligations.core.plans import resolve
+from obligations.core.plans import regime_of, resolve
 from obligations.core.results import Outcome, skipped
 from spec import norm as ref
 
@@ -232,6 +233,12 @@ def _check(
         ),
         encode=lambda c: c.ints(),
         decode=lambda rp: NormCase(*rp.values[:5]),
+        # NORM-REGIMES' witnesses: rows and length from the plan, masked (5/8) where there are elements
+        from_witness=lambda w: NormCase(
+            ctx.seed, 0, int(w["rows"]), int(w["length"]), 5 if w["rows"] and w["length"] else 8
+        ),
+        regime_of=lambda c: regime_of(row_plan, {"rows": c.rows, "length": c.length}),
+        refuses=(RowsRefused,),
         describe=lambda c: {
             "seed": c.seed,
             "mix": mixes[c.mix],

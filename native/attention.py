@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from native.builds import Build, register_builds
-from obligations.core.symbolic import all_of, as_type, cdiv, select, smin
+from obligations.core.symbolic import all_of, as_type, cdiv, negate, select, smin
 
 __all__ = [
     "BR",
@@ -116,6 +116,22 @@ class AttentionPlan:
             self.kv_elems <= v_bytes // es,
             self.q_elems <= o_bytes // es,
         )
+
+    def regimes(self) -> dict[str, Any]:
+        """Code paths a call selects: no query rows, no keys (every row fully masked), one block of rows and one
+        key tile or several, each with the tiled VJP (hd_pad 64) or the one-row-per-thread one; and GQA."""
+        rows = all_of(self.seq_q >= 1, self.seq_k >= 1)
+        one = all_of(rows, self.grid_q == 1, self.tiles_k == 1, self.tiles_q == 1)
+        many = all_of(rows, negate(all_of(self.grid_q == 1, self.tiles_k == 1, self.tiles_q == 1)))
+        return {
+            "empty_queries": self.seq_q == 0,
+            "no_keys": all_of(self.seq_q >= 1, self.seq_k == 0),
+            "one_tile_tiled": all_of(one, self.tiled_vjp),
+            "one_tile_rowwise": all_of(one, negate(self.tiled_vjp)),
+            "multi_tile_tiled": all_of(many, self.tiled_vjp),
+            "multi_tile_rowwise": all_of(many, negate(self.tiled_vjp)),
+            "grouped_heads": all_of(rows, self.group > 1),
+        }
 
     def row(self, bx: Any, t: Any) -> Any:
         """Query (or, in dK/dV, key) row ``t`` of block bx, in the kernel's long long."""

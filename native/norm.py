@@ -29,6 +29,7 @@ __all__ = [
     "ROUTE",
     "RowPlan",
     "row_plan",
+    "RowsRefused",
     "softmax",
     "log_softmax",
     "softmax_backward",
@@ -46,6 +47,10 @@ F32 = np.float32
 CANONICAL_NAN = np.uint32(0x7FFFFFFF)
 
 
+class RowsRefused(ValueError):
+    """Raised before any launch when the row plan's guard refuses a shape (empty last axis, > 2^40 elements)."""
+
+
 @dataclass(frozen=True)
 class RowPlan:
     """rows x length elements, row-major; ``admissible``: at most MAX_ELEMENTS; offsets int64."""
@@ -54,10 +59,19 @@ class RowPlan:
     length: Any
     elems: Any
     admissible: Any
+    shape_ok: Any  # the part of the guard a call with real arrays reaches: rows >= 0, a non-empty last axis
 
     def offset(self, r: Any, k: Any) -> Any:
         """Offset of element k of row r."""
         return as_type(r, "int64") * self.length + k
+
+    def regimes(self) -> dict[str, Any]:
+        """Paths a call selects: no rows (nothing launched), rows of one element, rows of several."""
+        return {
+            "no_rows": self.rows == 0,
+            "unit_rows": all_of(self.rows >= 1, self.length == 1),
+            "rows": all_of(self.rows >= 1, self.length >= 2),
+        }
 
     def accepts(self, x_len: Any, y_len: Any) -> Any:
         """The guard: admissible and both buffers hold rows * length elements."""
@@ -67,8 +81,9 @@ class RowPlan:
 def row_plan(rows: Any, length: Any) -> RowPlan:
     """The row layout: the product checked by division before it is formed."""
     r64, l64 = as_type(rows, "int64"), as_type(length, "int64")
-    ok = all_of(rows >= 0, length >= 1, r64 <= MAX_ELEMENTS // smax(l64, 1))
-    return RowPlan(r64, l64, r64 * l64, ok)
+    shape_ok = all_of(rows >= 0, length >= 1)
+    ok = all_of(shape_ok, r64 <= MAX_ELEMENTS // smax(l64, 1))
+    return RowPlan(r64, l64, r64 * l64, ok, shape_ok)
 
 
 # -- CUDA sources ----------------------------------------------------------------------------------------
@@ -291,7 +306,7 @@ def _rows(x: Any, device: str) -> _Rows:
     length = int(x.shape[-1]) if x.ndim else 1
     rows = int(x.size) // max(length, 1)
     if not row_plan(rows, length).accepts(int(x.size), int(x.size)):
-        raise ValueError(f"rows of shape {tuple(x.shape)} refused by the row plan (empty last axis or > 2^40)")
+        raise RowsRefused(f"rows of shape {tuple(x.shape)} refused by the row plan (empty last axis or > 2^40)")
     return _Rows(dev, xp, x, rows, length)
 
 

@@ -99,8 +99,7 @@ class RegimesEngine(Engine):
                 return error(f"boundaries: {text!r} is not a condition over the symbols (it is {term!r})")
         all_conds = [z3_bool(x.expr) for x in tracker.conditions]
         conds = all_conds[:n_plan]
-        domain_only = domain_constraints(c, {n: v for n, v in env.items() if n in c.symbols})
-        domain = domain_only + [z3_bool(given.expr)]
+        domain = domain_constraints(c, {n: v for n, v in env.items() if n in c.symbols}) + [z3_bool(given.expr)]
         any_regime = z3.Or(*[z3_bool(sym.all_of(r).expr) for r in regimes.values()])
         s = z3.Solver()
         s.set("rlimit", rlimit)
@@ -131,20 +130,30 @@ class RegimesEngine(Engine):
         # Boundaries: every symbol is minimised (the item's order first), so a witness is one definite input.
         b_order = order + sorted(n for n in env if n not in order and c.symbols[n]["type"] != "bool")
         boundaries: dict[str, dict[str, Any]] = {}
+        declared = domain_constraints(c, {n: v for n, v in env.items() if n in c.symbols})
         for text, bound, term in guard_terms:
             parts = _conjuncts(term.expr)
             bounds = _bounds(c, {"bound": {**(item.get("bound") or {}), **bound}}, env)
+            # A guard's own bound replaces the declared range of its symbols (e.g. head_dim up to one past the
+            # guard's 128): the rejected side of a limit the declared domain also states is searched there.
+            domain_r = _domain_without(c, env, set(bound))  # the rejected side: no given
+            domain_g = domain_r + [z3_bool(given.expr)]
             for k, conj in enumerate(parts):
-                label = " ".join(str(conj).split())
+                full = " ".join(str(conj).split())
+                # the conjunct's own text where it reads (head_dim <= 128), else the guard and its position
+                label = full if len(full) <= 48 else f"{text} #{k}"
                 if label in boundaries:
                     continue
                 at, past = _limits(conj)
                 others = parts[:k] + parts[k + 1 :]
-                accept = _smallest([*domain, *bounds, z3_bool(term.expr), *all_conds, at], env, b_order)
-                reject = _smallest([*domain_only, *bounds, *others, past], env, b_order)
+                accept = _smallest([*domain_g, *bounds, z3_bool(term.expr), *all_conds, at], env, b_order)
+                reject = _smallest([*domain_r, *bounds, *others, past], env, b_order)
                 info: dict[str, Any] = {"guard": text, "accept": isinstance(accept, dict)}
+                if full != label:
+                    info["conjunct"] = full
                 info["reject"] = isinstance(reject, dict)
-                implied = reject == "unsat" and _smallest([*domain_only, *others, past], env, []) == "unsat"
+                # implied: the declared domain has no input past this limit where the others hold (no bounds)
+                implied = reject == "unsat" and _smallest([*declared, *others, past], env, []) == "unsat"
                 if implied:  # the other conjuncts already refuse everything past this limit: nothing to witness
                     info["implied"] = "no input of the domain is one past this limit while the other conjuncts hold"
                 for side, found in (("accept", accept), ("reject", reject)):
@@ -166,6 +175,16 @@ class RegimesEngine(Engine):
                 {"unreached": missing}, f"regimes or boundaries with no witness within the bounds: {missing}", evidence
             )
         return proved(evidence)
+
+
+def _domain_without(c: Any, env: Mapping[str, Any], widened: set[str]) -> list[Any]:
+    """The symbols' declared domain, where the ``widened`` ones keep only their machine type's range."""
+    out = domain_constraints(c, {n: v for n, v in env.items() if n not in widened})
+    for n in widened & set(env):
+        if c.symbols[n]["type"] != "bool":
+            t = sym.machine_type(c.symbols[n]["type"])
+            out += [env[n].expr >= t.lo, env[n].expr <= t.hi]
+    return out
 
 
 def guard_specs(item: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:

@@ -223,9 +223,8 @@ def vjp_bound(
     ke, ve = _expand(k, hq), _expand(v, hq)
     out, out_b = forward_bound(q, k, v, causal=causal, kv_lens=kv_lens, scale=scale, tiles=tiles)
     with np.errstate(all="ignore"):
-        lse = np.log(np.where(ok, np.exp(s - np.where(ok, s, -np.inf).max(-1, keepdims=True)), 0).sum(-1)) + np.where(
-            ok, s, -np.inf
-        ).max(-1)
+        top = np.where(ok, s, -np.inf).max(-1, keepdims=True, initial=-np.inf)  # Lk = 0: no keys (ATT-REGIMES)
+        lse = np.log(np.where(ok, np.exp(s - top), 0).sum(-1)) + top[..., 0]
     lse = np.where(np.isfinite(lse), lse, 0.0)
     gl = gamma(lk + tiles)
     dlse = big_a + 2 * gl + 2 * U32 * (np.log(lk + 1) + 1) + 2 * U32 * np.abs(lse)

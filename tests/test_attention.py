@@ -43,6 +43,13 @@ def test_shipped_contract_holds_on_host():
     assert by["ATT-MERGE-identity"]["evidence"]["unguarded_alpha_at_n0"] == "nan"
     for iid in ("ATT-FWD-bound", "ATT-VJP-bound", "ATT-UNTILED", "ATT-MASKED-ROW", "ATT-AUDIT"):
         assert by[iid]["status"] == "passed", iid
+    w = by["ATT-REGIMES"]["evidence"]["witnesses"]  # the guard's limits: at and one past, each run by the items
+    assert w["head_dim <= 128 @accept"]["head_dim"] == 128 and w["head_dim <= 128 @reject"]["head_dim"] == 129
+    assert w["batch*heads_q <= 65535 @reject"]["batch"] * w["batch*heads_q <= 65535 @reject"]["heads_q"] == 65536
+    for iid in ("ATT-FWD-bound", "ATT-FWD16-bound", "ATT-VJP-bound"):
+        ev = by[iid]["evidence"]
+        assert ev["regimes_unreached"] == [] and ev["boundaries_unreached"] == [], iid
+        assert ev["boundaries_reached"]["head_dim <= 128 @reject"] == 1, iid
     for iid in ("ATT-PERF-fwd32", "ATT-PERF-fwd16", "ATT-PERF-vjp32"):
         assert by[iid]["status"] == "skipped" and "cuda" in by[iid]["reason"]
 
@@ -72,6 +79,21 @@ def test_planted_bug_through_the_contract_item(tmp_path):
     path = tmp_path / "attention-v1.yaml"
     path.write_text(text)
     assert _items(path, ["ATT-MERGE-identity"])["ATT-MERGE-identity"]["status"] == "violated"
+
+
+def test_planted_off_by_one_head_dim_guard_is_caught_by_the_rejected_boundary_witness():
+    # ATT-REGIMES' witnesses at and one past the head-dim limit (test_shipped_contract_holds_on_host: Z3 finds them)
+    shape = {"batch": 1, "heads_q": 1, "heads_kv": 1, "seq_q": 1, "seq_k": 1}
+    w = {"head_dim <= 128 @reject": {**shape, "head_dim": 129}, "head_dim <= 128 @accept": {**shape, "head_dim": 128}}
+    item = {"id": "X", "test": "attention.forward_bound"}
+    for impl, status in (("native.attention:attention", "passed"), (PLANTED_HD, "violated")):
+        ctx = FalsifyContext("host", "quick", 0, {**item, "params": {"impl": impl, "max_examples": 1}}, witnesses=w)
+        o = get_test("attention.forward_bound").run(ctx)
+        assert o.status.value == status, o.reason
+    assert o.counterexample["kind"] == "guard" and o.counterexample["detail"].startswith("head_dim <= 128 @reject")
+
+
+PLANTED_HD = "tests.planted.attention_bugs:attention_head_dim_off_by_one"
 
 
 def test_int32_offsets_would_be_a_violation(tmp_path, monkeypatch):

@@ -36,6 +36,14 @@ def test_contract_holds_on_host():
     assert not insensitive, insensitive
 
 
+def test_planted_guard_without_the_empty_axis_limit_is_caught_by_the_rejected_witness(tmp_path):
+    planted = 'impl: "tests.planted.norm_bugs:softmax_empty_rows"}'
+    path = contract_variant(CONTRACT, tmp_path, 'impl: "native.norm:softmax"}', planted, count=-1)
+    got = check_items(path, ["NORM-REGIMES", "SOFTMAX-host-bitwise"])["SOFTMAX-host-bitwise"]
+    assert got["status"] == "violated" and got["counterexample"]["kind"] == "guard"
+    assert got["counterexample"]["detail"].startswith("length >= 1 @reject")
+
+
 @pytest.mark.parametrize(
     ("items", "old", "new"),
     [

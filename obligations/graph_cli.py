@@ -1,5 +1,8 @@
 """``kc graph``: check and show graph IR files (the JSON form of spec/ir, see docs/graphs.md).
 
+FILE is a graph's JSON form or an ONNX model (``*.onnx``, imported by ``spec.ir.onnx``; a refused node is a load error
+naming it, exit 2; ``--trace`` then needs INPUT).
+
 * ``kc graph check FILE [--output ID]`` -- the compiler checklist, each part reported separately with node
   ids: well-formed, shapes (declared vs inferred), payload, output id. Exit 0 if all pass, 1 if any fails,
   2 if the file does not load (every load error is printed at its node).
@@ -31,10 +34,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     """Add ``check`` and ``show`` under ``kc graph``."""
     sub = p.add_subparsers(dest="graph_command", required=True)
     c = sub.add_parser("check", help="well-formedness, shapes, payload and output id, errors by node")
-    c.add_argument("file", help="a graph in its JSON form")
+    c.add_argument("file", help="a graph in its JSON form, or an ONNX model (*.onnx)")
     c.add_argument("--output", type=int, default=None, help="the intended output id (default: the file's, or last)")
     s = sub.add_parser("show", help="declared vs inferred shapes per node; --trace evaluates step by step")
-    s.add_argument("file", help="a graph in its JSON form")
+    s.add_argument("file", help="a graph in its JSON form, or an ONNX model (*.onnx)")
     s.add_argument(
         "--trace",
         nargs="?",
@@ -62,11 +65,36 @@ def _load(path: str) -> Any:
     return res
 
 
+def _load_onnx(path: str) -> Any:
+    """An ONNX model imported as a LoadResult (output: the model's first output), or None after printing why."""
+    from spec.ir.jsonform import LoadResult
+
+    try:
+        from spec.ir.onnx import OnnxImportError, import_onnx
+    except ImportError as e:  # pragma: no cover - onnx is in the test extra
+        print(f"{path}: reading ONNX needs the onnx package ({e})", file=sys.stderr)
+        return None
+    try:
+        imp = import_onnx(path)
+    except (OnnxImportError, OSError) as e:
+        print(f"{path}: {e}", file=sys.stderr)
+        return None
+    except Exception as e:  # noqa: BLE001 - onnx's own parse errors (DecodeError and the like) at the edge
+        print(f"{path}: not a readable ONNX model: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
+    return LoadResult(imp.graph, imp.payload, None, imp.output)
+
+
+def _load_any(path: str) -> Any:
+    """A graph file: ONNX (by its .onnx suffix) or the JSON form."""
+    return _load_onnx(path) if path.lower().endswith(".onnx") else _load(path)
+
+
 def check_file(args: argparse.Namespace) -> int:
     """Print the checklist for one file; the exit code says whether every part passed."""
     from spec.ir.checks import checklist
 
-    res = _load(args.file)
+    res = _load_any(args.file)
     if res is None:
         return EXIT_INVALID
     output = args.output if args.output is not None else res.output
@@ -114,7 +142,7 @@ def show_file(args: argparse.Namespace) -> int:
     from spec.ir.graph import format_shape
     from spec.ir.ops import get_op
 
-    res = _load(args.file)
+    res = _load_any(args.file)
     if res is None:
         return EXIT_INVALID
     g = res.graph

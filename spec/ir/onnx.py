@@ -55,6 +55,7 @@ class Imported:
     output: int
     tensors: Mapping[str, int] = field(default_factory=dict)
     outputs: tuple[int, ...] = ()
+    constants: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
 class _Ctx:
@@ -1154,4 +1155,4 @@ def import_onnx(model: Any) -> Imported:
     if not outs:
         raise OnnxImportError("the model has no output")
     graph, payload = ctx.b.build()
-    return Imported(graph, payload, outs[0], dict(ctx.ids), tuple(outs))
+    return Imported(graph, payload, outs[0], dict(ctx.ids), tuple(outs), dict(ctx.inits))

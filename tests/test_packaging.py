@@ -1,7 +1,10 @@
 """The wheel is enough (issue 10, item 5): built, installed into a fresh venv, it validates and checks a contract.
 
 Offline: the wheel is built without build isolation and installed with ``--no-deps`` into a venv that sees
-this environment's site-packages (z3, numpy, ruamel.yaml, ... are not downloaded again).
+the running environment's site-packages (z3, numpy, ruamel.yaml, ... are not downloaded again). "The running
+environment" is the one pytest runs in: a venv as the README says, or the system Python as CI's does. A venv
+made with ``--system-site-packages`` from a venv's interpreter sees the *base* Python's packages, not the venv's,
+so the new venv gets a ``.pth`` file naming the running interpreter's site directories instead.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +27,35 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subpr
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"{' '.join(map(str, argv))}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc
+
+
+def _site_dirs() -> list[str]:
+    """The running interpreter's site directories (a venv's own, or the system Python's), user site included."""
+    dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    return [d for d in dict.fromkeys(dirs) if Path(d).is_dir()]
+
+
+def _see_running_site_packages(python: Path) -> None:
+    """Append the running environment's site directories to ``python``'s sys.path (after its own site-packages).
+
+    Plain path lines: the directories' own .pth files (the checkout's editable install among them) stay unread,
+    so ``obligations`` can only come from the wheel installed into the new venv.
+    """
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    Path(purelib).mkdir(parents=True, exist_ok=True)
+    (Path(purelib) / "_kc_test_running_env.pth").write_text("\n".join(_site_dirs()) + "\n")
+
+
+def test_a_venv_made_by_the_test_sees_the_running_environments_packages(tmp_path):
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path)
+    python = venv / "bin" / "python"
+    _see_running_site_packages(python)
+    out = _run([str(python), "-c", "import ruamel.yaml, z3, numpy; print(numpy.__file__)"], tmp_path).stdout
+    assert not Path(out.strip()).is_relative_to(venv)
 
 
 def test_an_installed_wheel_validates_and_checks_a_scaffolded_contract(tmp_path):
@@ -43,8 +76,9 @@ def test_an_installed_wheel_validates_and_checks_a_scaffolded_contract(tmp_path)
     )
     (wheel,) = dist.glob("kernel_contracts-*.whl")
     venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], tmp_path)
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path)
     python = venv / "bin" / "python"
+    _see_running_site_packages(python)
     _run(
         [
             sys.executable,

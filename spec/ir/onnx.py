@@ -87,7 +87,7 @@ class _Ctx:
 
     def const(self, arr: np.ndarray) -> int:
         """A const node holding ``arr`` (float32)."""
-        a = np.ascontiguousarray(arr, dtype=np.float32)
+        a = np.array(arr, dtype=np.float32, order="C")  # (np.ascontiguousarray would make a rank-0 value 1-d)
         return self.b.add("const", (), a.shape, params={"value": a})
 
     def scalar(self, v: float) -> int:

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 
 from falsification import engine
 from falsification.agreement import Expected
-from falsification.engine import WARMUP, Check, time_ms
+from falsification.engine import Check
 from falsification.registry import FalsifyContext, Replay, guarded, register_test
 from native.attention import AttentionShapeError
 from obligations.core.evidence import SympyEvidence
@@ -596,47 +596,47 @@ _WHICH = ("forward_f32", "forward_f16", "vjp_f32")
 @register_test("attention.perf", devices=("cuda",))
 @guarded()
 def perf(ctx: FalsifyContext) -> Outcome:
-    """Our kernel's time against torch's scaled_dot_product_attention (CUDA events, after warm-up)."""
+    """Our kernel's speed against torch's scaled_dot_product_attention: interleaved trials, an interval of the ratio."""
     import torch
     import torch.nn.functional as F
 
+    from falsification import measure
     from native.attention import attention, attention_vjp
 
     which = ctx.params["which"]
     if which not in _WHICH:
         return error(f"params.which must be one of {_WHICH}")
-    want = ctx.tolerance
-    if want is None:
+    if ctx.tolerance is None:
         return error("attention.perf needs the item's tolerance (least ratio torch_ms / ours_ms)")
+    want, source = measure.threshold(ctx)
+    budget = measure.Budget.of(ctx.params)
     dtype = "float16" if which == "forward_f16" else "float32"
     q, k, v, do = _perf_inputs(ctx.params, dtype)
     tq, tk, tv, tdo = (torch.as_tensor(x, device="cuda") for x in (q, k, v, do))
-    iters = int(ctx.params.get("iters", 20))
     if which.startswith("forward"):
-        ours = time_ms(lambda: attention(q, k, v, device="cuda"), iters=iters, warmup=5)
-        theirs = time_ms(lambda: F.scaled_dot_product_attention(tq, tk, tv), iters=iters, warmup=5)
+        comp = measure.Comparison(
+            ours=lambda: attention(q, k, v, device="cuda"),
+            peers={"torch.sdpa": lambda: F.scaled_dot_product_attention(tq, tk, tv)},
+            configs={"torch.sdpa": f"torch {torch.__version__} F.scaled_dot_product_attention, {dtype}, defaults"},
+        )
     else:
         out, lse = attention(q, k, v, device="cuda")
-        ours = time_ms(lambda: attention_vjp(q, k, v, out, lse, do, device="cuda"), iters=iters, warmup=5)
         rq, rk, rv = (t.clone().requires_grad_(True) for t in (tq, tk, tv))
         tout = F.scaled_dot_product_attention(rq, rk, rv)
-        theirs = time_ms(lambda: torch.autograd.grad(tout, (rq, rk, rv), tdo, retain_graph=True), iters=iters, warmup=5)
+        comp = measure.Comparison(
+            ours=lambda: attention_vjp(q, k, v, out, lse, do, device="cuda"),
+            peers={"torch.sdpa backward": lambda: torch.autograd.grad(tout, (rq, rk, rv), tdo, retain_graph=True)},
+            configs={"torch.sdpa backward": f"torch {torch.__version__} autograd of F.scaled_dot_product_attention"},
+        )
+    verdicts = {which: measure.compare(comp, want, ">=", budget, measure.item_seed(ctx.seed, which))}
     torch.cuda.synchronize()
-    ratio = theirs / ours
-    ev = {
-        "which": which,
-        "ours_ms": ours,
-        "torch_ms": theirs,
-        "ratio": ratio,
-        "required_ratio": float(want),
-        "shape": [int(x) for x in q.shape],
-        "dtype": dtype,
-        "timed_iters": iters,
-        "warmup": 5,
-        "torch": torch.__version__,
-        "timer": "CUDA events (falsification.engine.time_ms)",
-        "engine_warmup_default": WARMUP,
-    }
-    if ratio < float(want):
-        return engine.outcome_violated(ctx, {"ratio": ratio}, f"{which}: {ratio:.3f}x torch < {want}x", **ev)
-    return engine.outcome_passed(ctx, iters, **ev)
+    return measure.outcome(
+        ctx,
+        verdicts,
+        f"{which}: torch_ms / ours_ms >= {want:g}",
+        budget,
+        threshold_source=source,
+        shape=[int(x) for x in q.shape],
+        dtype=dtype,
+        torch=torch.__version__,
+    )

@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 
 from falsification import engine
 from falsification.agreement import Expected
-from falsification.engine import Check, time_ms
+from falsification.engine import Check
 from falsification.ir_strategies import DEFAULT_TEMPLATES, GraphCase, f32_arrays, graph_cases
 from falsification.registry import FalsifyContext, guarded, register_test
 from native import fusion as nf
@@ -974,7 +974,21 @@ def golden(ctx: FalsifyContext) -> Outcome:
 # -- performance (device) -------------------------------------------------------------------------------------
 
 
-def perf_chain(n: int) -> dict[str, float]:
+def _resize_chain(n: int) -> tuple[Graph, Payload]:
+    b = GraphBuilder()
+    x = b.add("input", (), (n,))
+    v = b.add("mul_elem", (x, x), (n,))
+    v = b.add("add", (v, x), (n,))
+    v = b.add("relu", (v,), (n,))
+    b.add("neg", (v,), (n,))
+    return b.build()
+
+
+Contenders = tuple[dict[str, Callable[[], Any]], dict[str, str], dict[str, Any]]
+
+
+def perf_chain(n: int) -> Contenders:
+    """The 4-op chain: ours (one fused kernel), cupy.fuse, the unfused executor; configs; side evidence."""
     import cupy
 
     from native.ir import run_node
@@ -994,33 +1008,19 @@ def perf_chain(n: int) -> dict[str, float]:
             vals.append(run_node(node, [vals[q] for q in node.parents], None, "cuda"))
         return vals[-1]
 
-    ours = time_ms(lambda: ex.run([x]), iters=20, warmup=5)
-    fuse = time_ms(lambda: fused_fn(x), iters=20, warmup=5)
-    base = time_ms(unfused, iters=10, warmup=3)
     same = bool(cupy.array_equal(ex.run([x])[4].view(cupy.uint32), unfused().view(cupy.uint32)))
-    return {
-        "ours_ms": ours,
-        "cupy_fuse_ms": fuse,
-        "unfused_ms": base,
-        "vs_cupy_fuse": fuse / ours,
-        "vs_unfused": base / ours,
-        "bitwise_vs_unfused": same,
-        "elements": n,
-        "unfused": "native.ir.run_node per node (run_graph's loop, device inputs)",
-    }
+    return (
+        {"ours": lambda: ex.run([x]), "cupy.fuse": lambda: fused_fn(x), "unfused": unfused},
+        {
+            "cupy.fuse": f"cupy {cupy.__version__} cupy.fuse of the same chain, defaults",
+            "unfused": "native.ir.run_node per node (run_graph's loop, device inputs), four kernels",
+        },
+        {"bitwise_vs_unfused": same, "elements": n},
+    )
 
 
-def _resize_chain(n: int) -> tuple[Graph, Payload]:
-    b = GraphBuilder()
-    x = b.add("input", (), (n,))
-    v = b.add("mul_elem", (x, x), (n,))
-    v = b.add("add", (v, x), (n,))
-    v = b.add("relu", (v,), (n,))
-    b.add("neg", (v,), (n,))
-    return b.build()
-
-
-def perf_mlp(t: int, d: int, f: int) -> dict[str, float]:
+def perf_mlp(t: int, d: int, f: int) -> Contenders:
+    """The SiLU-gated MLP: ours (4 steps), its three GEMMs alone, torch fp32; configs; side evidence."""
     import cupy
     import torch
 
@@ -1043,31 +1043,32 @@ def perf_mlp(t: int, d: int, f: int) -> dict[str, float]:
     xs = cupy.random.RandomState(0).standard_normal((t, d), dtype=cupy.float32)
     dg, du, dd = (cupy.asarray(w[k]) for k in "gud")
     hh = cupy.empty((t, f), cupy.float32)
-    ours = time_ms(lambda: ex.run([xs]), iters=20, warmup=5)
-    gemms = time_ms(
-        lambda: (
+
+    def gemms() -> Any:
+        return (
             gemm.matmul(xs, dg, device="cuda"),
             gemm.matmul(xs, du, device="cuda"),
             gemm.matmul(hh, dd, device="cuda"),
-        ),
-        iters=20,
-        warmup=5,
-    )
+        )
+
     tx, tg, tu, td = (torch.as_tensor(a, device="cuda") for a in (xs, dg, du, dd))
-    torch.backends.cuda.matmul.allow_tf32 = False
-    tmlp = time_ms(lambda: (torch.nn.functional.silu(tx @ tg) * (tx @ tu)) @ td, iters=20, warmup=5)
-    return {
-        "steps": len(prog.steps),
-        "ours_ms": ours,
-        "three_gemms_ms": gemms,
-        "torch_ms": tmlp,
-        "time_over_gemms": ours / gemms,
-        "vs_torch": tmlp / ours,
-        "shape": [t, d, f],
-    }
+    tf32 = torch.backends.cuda.matmul.allow_tf32  # torch's default (False): fp32 GEMMs, as ours
+    return (
+        {
+            "ours": lambda: ex.run([xs]),
+            "three_gemms": gemms,
+            "torch": lambda: (torch.nn.functional.silu(tx @ tg) * (tx @ tu)) @ td,
+        },
+        {
+            "three_gemms": "native.gemm.matmul x3 (the program's GEMMs alone, fp32, CUBLAS_COMPUTE_32F)",
+            "torch": f"torch {torch.__version__} eager fp32, allow_tf32={tf32} (torch's default)",
+        },
+        {"steps": len(prog.steps), "shape": [t, d, f]},
+    )
 
 
-def perf_rmsnorm(t: int, d: int) -> dict[str, float]:
+def perf_rmsnorm(t: int, d: int) -> Contenders:
+    """Fused RMSNorm: ours (the executor's step), a device copy of the same array, torch eager; side evidence."""
     import cupy
     import torch
 
@@ -1083,71 +1084,69 @@ def perf_rmsnorm(t: int, d: int) -> dict[str, float]:
     y = cupy.empty_like(x)
     y2 = cupy.empty_like(x)
     wd, ed = cupy.asarray(w), cupy.full((1,), np.float32(1e-6), cupy.float32)
-    ours = time_ms(lambda: ex.run([x]), iters=50, warmup=5)
-    kernel = time_ms(lambda: fk.rmsnorm_cuda(ex.rmsnorm_kernels(), x, wd, ed, out=y2), iters=50, warmup=5)
-    copy = time_ms(lambda: cupy.copyto(y, x), iters=50, warmup=5)
+    fk.rmsnorm_cuda(ex.rmsnorm_kernels(), x, wd, ed, out=y2)
     same = bool(cupy.array_equal(ex.run([x])[1].view(cupy.uint32), y2.view(cupy.uint32)))
     tx, tw = torch.as_tensor(x, device="cuda"), torch.as_tensor(w, device="cuda")
-    eager = time_ms(lambda: tx * torch.rsqrt(tx.pow(2).mean(-1, keepdim=True) + 1e-6) * tw, iters=20, warmup=5)
-    gbps = 2 * x.nbytes / (ours * 1e6)
-    return {
-        "steps": [s.kind for s in prog.steps],
-        "ours_ms": ours,
-        "kernel_only_ms": kernel,
-        "kernel_equals_step": same,
-        "rmsnorm_kernel": fk.rmsnorm_choice(t, d),
-        "copy_ms": copy,
-        "copy_peer": "cupy.copyto(y, x): the same (T, D) float32 array read once and written once",
-        "torch_eager_ms": eager,
-        "vs_copy_bandwidth": copy / ours,
-        "vs_torch": eager / ours,
-        "ours_GBps": gbps,
-        "copy_GBps": 2 * x.nbytes / (copy * 1e6),
-        "shape": [t, d],
-    }
+    return (
+        {
+            "ours": lambda: ex.run([x]),
+            "copy": lambda: cupy.copyto(y, x),
+            "torch_eager": lambda: tx * torch.rsqrt(tx.pow(2).mean(-1, keepdim=True) + 1e-6) * tw,
+        },
+        {
+            "copy": "cupy.copyto(y, x): the same (T, D) float32 array read once and written once",
+            "torch_eager": f"torch {torch.__version__} eager fp32: x * rsqrt(mean(x^2) + eps) * w",
+        },
+        {
+            "steps": [s.kind for s in prog.steps],
+            "kernel_equals_step": same,
+            "rmsnorm_kernel": fk.rmsnorm_choice(t, d),
+            "bytes_read_and_written": 2 * int(x.nbytes),
+            "shape": [t, d],
+        },
+    )
 
 
-_PERF: dict[str, tuple[Callable[[dict], dict], str, str]] = {
-    "rmsnorm_vs_copy": (
-        lambda p: perf_rmsnorm(int(p.get("t", 8192)), int(p.get("d", 4096))),
-        "vs_copy_bandwidth",
-        ">=",
-    ),
-    "rmsnorm_vs_torch": (lambda p: perf_rmsnorm(int(p.get("t", 8192)), int(p.get("d", 4096))), "vs_torch", ">="),
-    "chain_vs_fuse": (lambda p: perf_chain(int(p.get("n", 1 << 26))), "vs_cupy_fuse", ">="),
-    "chain_vs_unfused": (lambda p: perf_chain(int(p.get("n", 1 << 26))), "vs_unfused", ">="),
-    "mlp_vs_gemms": (
-        lambda p: perf_mlp(int(p.get("t", 4096)), int(p.get("d", 2048)), int(p.get("f", 8192))),
-        "time_over_gemms",
-        "<=",
-    ),
-    "mlp_vs_torch": (
-        lambda p: perf_mlp(int(p.get("t", 4096)), int(p.get("d", 2048)), int(p.get("f", 8192))),
-        "vs_torch",
-        ">=",
-    ),
+def _rms(p: dict) -> Contenders:
+    return perf_rmsnorm(int(p.get("t", 8192)), int(p.get("d", 4096)))
+
+
+def _mlp(p: dict) -> Contenders:
+    return perf_mlp(int(p.get("t", 4096)), int(p.get("d", 2048)), int(p.get("f", 8192)))
+
+
+def _chain(p: dict) -> Contenders:
+    return perf_chain(int(p.get("n", 1 << 26)))
+
+
+# which -> (contenders, the peer, ratio ("speed": peer_ms / ours_ms, "time": ours_ms / peer_ms), direction)
+_PERF: dict[str, tuple[Callable[[dict], Contenders], str, str, str]] = {
+    "rmsnorm_vs_copy": (_rms, "copy", "speed", ">="),
+    "rmsnorm_vs_torch": (_rms, "torch_eager", "speed", ">="),
+    "chain_vs_fuse": (_chain, "cupy.fuse", "speed", ">="),
+    "chain_vs_unfused": (_chain, "unfused", "speed", ">="),
+    "mlp_vs_gemms": (_mlp, "three_gemms", "time", "<="),
+    "mlp_vs_torch": (_mlp, "torch", "speed", ">="),
 }
 
 
 @register_test("fusion.perf", devices=("cuda",))
 @guarded()
 def perf(ctx: FalsifyContext) -> Outcome:
-    """Fused programs against peers in one run (CUDA events after warm-up); the figure must meet the tolerance."""
+    """Fused programs against a peer in the same run: interleaved CUDA-event trials, an interval of the ratio."""
+    from falsification import measure
+
     which = str(ctx.params["which"])
     if which not in _PERF:
         return error(f"params.which must be one of {sorted(_PERF)}")
     if ctx.tolerance is None:
         return error("fusion.perf needs the item's tolerance")
-    fn, figure, rel = _PERF[which]
-    ev = {
-        "which": which,
-        **fn(ctx.params),
-        "timer": "CUDA events (falsification.engine.time_ms)",
-        "required": f"{figure} {rel} {ctx.tolerance}",
-    }
-    ok = ev[figure] >= float(ctx.tolerance) if rel == ">=" else ev[figure] <= float(ctx.tolerance)
-    if not ok:
-        return engine.outcome_violated(
-            ctx, {figure: ev[figure]}, f"{which}: {figure} {ev[figure]:.3f} not {rel} {ctx.tolerance}", **ev
-        )
-    return engine.outcome_passed(ctx, 1, **ev)
+    setup, peer, ratio, direction = _PERF[which]
+    want, source = measure.threshold(ctx)
+    budget = measure.Budget.of(ctx.params)
+    fns, configs, side = setup(ctx.params)
+    comp = measure.Comparison(ours=fns["ours"], peers={peer: fns[peer]}, configs={peer: configs[peer]})
+    verdicts = {which: measure.compare(comp, want, direction, budget, measure.item_seed(ctx.seed, which), ratio=ratio)}
+    figure = f"{peer}_ms / ours_ms" if ratio == "speed" else f"ours_ms / {peer}_ms"
+    claim = f"{which}: {figure} {direction} {want:g}"
+    return measure.outcome(ctx, verdicts, claim, budget, threshold_source=source, **side)

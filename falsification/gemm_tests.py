@@ -26,8 +26,8 @@ own item whose text names what it is compared with.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -564,32 +564,49 @@ def _operands(m: int, n: int, k: int, dtype: str) -> tuple[Any, Any, Any]:
 
 @register_test("gemm.throughput")
 def throughput(ctx: FalsifyContext) -> Outcome:
-    """Isolated GEMM TFLOP/s through the wrapper (cupy.matmul in the same run for comparison)."""
+    """The wrapper's bound call at least ``tolerance`` x the throughput of the strongest library GEMM (same run).
+
+    Peers: cupy.matmul and torch.matmul with their libraries' defaults; the faster is quoted. TFLOP/s of each
+    are recorded (from the median times), never decided on: an absolute floor holds on one GPU model only.
+    """
     if ctx.device != "cuda":
         return skipped(f"runs on cuda; this run is on {ctx.device}", **engine.evidence(ctx))
     import cupy
+    import torch
+
+    from falsification import measure
 
     p = ctx.params
     m, n, k, dtype = int(p["m"]), int(p["n"]), int(p["k"]), p.get("dtype", "float16")
+    want, source = measure.threshold(ctx)
+    budget = measure.Budget.of(p)
     a, b, c = _operands(m, n, k, dtype)
-    ours = time_ms(lambda: ng.matmul(a, b, c=c, device="cuda"))
-    peer = time_ms(lambda: cupy.matmul(a, b))
-    tflops = 2.0 * m * n * k / (ours * 1e-3) / 1e12
-    want = float(ctx.tolerance if ctx.tolerance is not None else p.get("min_tflops", 0))
-    ev = {
-        "timings_ms": {"wrapper": ours, "cupy.matmul": peer},
-        "tflops": tflops,
-        "tflops_cupy_matmul": 2.0 * m * n * k / (peer * 1e-3) / 1e12,
-        "ratio": peer / ours,
-        "shape": [m, k, n],
-        "dtype": dtype,
-        "warmup": WARMUP,
-        "timed_iters": 100,
-        "required_tflops": want,
-    }
-    if tflops <= want:
-        return engine.outcome_violated(ctx, {"tflops": tflops}, f"{tflops:.1f} TFLOP/s <= {want}", **ev)
-    return engine.outcome_passed(ctx, 100, **ev)
+    ta, tb = torch.as_tensor(a, device="cuda"), torch.as_tensor(b, device="cuda")
+    bound = ng.bind_matmul(a, b, c, device="cuda")
+    comp = measure.Comparison(
+        ours=bound,
+        peers={"cupy.matmul": lambda: cupy.matmul(a, b), "torch.matmul": lambda: torch.matmul(ta, tb)},
+        configs={
+            "cupy.matmul": f"cupy {cupy.__version__} cupy.matmul, defaults (CUPY_TF32 unset)",
+            "torch.matmul": f"torch {torch.__version__} torch.matmul, defaults "
+            f"(allow_fp16_reduced_precision_reduction={torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction})",
+        },
+        ours_name="wrapper",
+    )
+    case = f"{m}x{k}x{n}:{dtype}"
+    verdicts = {case: measure.compare(comp, want, ">=", budget, measure.item_seed(ctx.seed, case))}
+    flops = 2.0 * m * n * k
+    tflops = {name: flops / (ms * 1e-3) / 1e12 for name, ms in verdicts[case].extra["median_ms"].items()}
+    return measure.outcome(
+        ctx,
+        verdicts,
+        f"{case}: peer_ms / wrapper_ms >= {want:g} (wrapper: native.gemm.bind_matmul's call)",
+        budget,
+        threshold_source=source,
+        tflops_from_median=tflops,
+        shape=[m, k, n],
+        dtype=dtype,
+    )
 
 
 @register_test("gemm.overhead")
@@ -603,12 +620,14 @@ def overhead(ctx: FalsifyContext) -> Outcome:
         return skipped(f"runs on cuda; this run is on {ctx.device}", **engine.evidence(ctx))
     from cupy.cuda import cublas
 
+    from falsification import measure
+
     name = ctx.params.get("impl", "native.gemm:bind_matmul")
     bind = resolve(name)
-    limit = float(ctx.tolerance if ctx.tolerance is not None else 1.02)
+    limit, source = measure.threshold(ctx) if ctx.tolerance is not None else (1.02, "default")
+    budget = measure.Budget.of(ctx.params)
     gc = ng.get_context("cuda")
     gc._ensure_bound()
-    rows, worst = {}, 0.0
     alpha, beta = np.array(1.0, np.float32), np.array(0.0, np.float32)
     # The peer is the cheapest raw call: handle, scalars, enums and device pointers resolved once.
     handle, p_alpha, p_beta, op_n, c32, algo = (
@@ -620,6 +639,7 @@ def overhead(ctx: FalsifyContext) -> Outcome:
         ng.GEMM_DEFAULT,
     )
     gemm_ex = cublas.gemmEx
+    cases, side = {}, {}
     for m, k, n, dtype in ctx.params.get("shapes", [[4096, 1024, 4096, "float16"]]):
         a, b, c = _operands(m, n, k, dtype)
         t, pa, pb, pc = ng.DATA_TYPES[dtype], a.data.ptr, b.data.ptr, c.data.ptr
@@ -632,38 +652,31 @@ def overhead(ctx: FalsifyContext) -> Outcome:
         def per_call(a: Any = a, b: Any = b, c: Any = c) -> None:
             ng.matmul(a, b, c=c, device="cuda")
 
-        ratios, per_call_ratios, tw, tr = [], [], [], []
-        for _ in range(5):  # interleaved rounds: clocks and caches drift alike for all
-            tr.append(time_ms(raw))
-            tw.append(time_ms(bound))
-            ratios.append(tw[-1] / tr[-1])
-            per_call_ratios.append(time_ms(per_call) / tr[-1])
-        ratio = statistics.median(ratios)
-        worst = max(worst, ratio)
-        rows[f"{m}x{k}x{n}:{dtype}"] = {
-            "wrapper_ms": statistics.median(tw),
-            "raw_ms": statistics.median(tr),
-            "ratio": ratio,
-            "matmul_per_call_ratio": statistics.median(per_call_ratios),
-            "host_us_wrapper": host_us(bound),
-            "host_us_raw": host_us(raw),
-            "host_us_matmul_per_call": host_us(per_call),
-        }
-    ev = {
-        "impl": name,
-        "timings_ms": rows,
-        "ratio": worst,
-        "limit": limit,
-        "goal": 1.01,
-        "warmup": WARMUP,
-        "method": "CUDA events over 100 back-to-back calls, median of 5 interleaved rounds; host_us_*: "
-        "enqueue cost per call while a spin kernel holds the GPU",
-    }
-    if worst >= limit:
-        return engine.outcome_violated(
-            ctx, {"ratio": worst}, f"{name}: wrapper overhead ratio {worst:.4f} >= {limit}", **ev
+        key = f"{m}x{k}x{n}:{dtype}"
+        cases[key] = measure.Comparison(
+            ours=bound,
+            peers={"cublas.gemmEx": raw},
+            configs={"cublas.gemmEx": "raw cupy.cuda.cublas.gemmEx, same handle, CUBLAS_COMPUTE_32F, default algo"},
+            ours_name="wrapper",
         )
-    return engine.outcome_passed(ctx, len(rows) * 5, **ev)
+        raw_ms = time_ms(raw, iters=20, warmup=3)
+        side[key] = {  # not claimed: the per-call API's ratio and the host enqueue costs
+            "matmul_per_call_ratio": time_ms(per_call, iters=20, warmup=3) / raw_ms,
+            "host_us_wrapper": host_us(bound, spin_cycles=50_000_000),
+            "host_us_raw": host_us(raw, spin_cycles=50_000_000),
+        }
+    verdicts = measure.compare_cases(cases, limit, "<=", budget, ctx.seed, ratio="time")
+    return measure.outcome(
+        ctx,
+        verdicts,
+        f"{name}: wrapper_ms / raw_ms <= {limit:g} for every shape",
+        budget,
+        impl=name,
+        threshold_source=source,
+        goal=1.01,
+        alongside=side,
+        host_us_method="enqueue cost per call while a spin kernel holds the GPU",
+    )
 
 
 # The contract's MFU formula: 6 P tokens / (T_step * peak), peak 148 TFLOP/s, tokens = batch rows.
@@ -676,41 +689,59 @@ def mfu(n_params: int, tokens: int, step_s: float, peak: float = PEAK_FLOPS) -> 
     return 6 * n_params * tokens / step_s / peak
 
 
-def _measure_step(ctx: FalsifyContext, steps: int = 5) -> dict[str, Any]:
-    """Step time and MFU of the small model (MLP 1024-4096-1024, batch 4096) on CUDA."""
-    import cupy
-
-    model = SmallModel("cuda", ctx.seed, **_MFU_MODEL)
-    model.step(1e-4)
-    cupy.cuda.Device().synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        model.step(1e-4)
-    cupy.cuda.Device().synchronize()
-    step_s = (time.perf_counter() - t0) / steps
-    n_params = sum(int(v.size) for v in model.dev.values())
-    tokens = _MFU_MODEL["batch"]
-    return {
-        "small_model_step_s": step_s,
-        "parameters": n_params,
-        "tokens_per_step": tokens,
-        "steps_timed": steps,
-        "model": "MLP 1024-4096-1024, batch 4096, fp16 GEMMs, loss by the tree-order mean",
-        "mfu_vs_148_tflops": mfu(n_params, tokens, step_s),
-        "achieved_tflops": 6 * n_params * tokens / step_s / 1e12,
-    }
-
-
 @register_test("gemm.mfu_floor", devices=("cuda",))
 def mfu_floor(ctx: FalsifyContext) -> Outcome:
-    """MFU of the small model's training step (the contract's formula) at least the item's tolerance."""
-    floor = float(ctx.tolerance if ctx.tolerance is not None else 0.025)
-    ev = {**_measure_step(ctx), "floor": floor}
-    if ev["mfu_vs_148_tflops"] < floor:
-        return engine.outcome_violated(
-            ctx,
-            {"mfu": ev["mfu_vs_148_tflops"], "step_s": ev["small_model_step_s"]},
-            f"MFU {ev['mfu_vs_148_tflops']:.4f} < {floor}",
-            **ev,
-        )
-    return engine.outcome_passed(ctx, ev["steps_timed"], **ev)
+    """MFU of the small model's training step (the contract's formula) at least the item's tolerance.
+
+    Decided on an interval: per-trial MFU of one timed step (CUDA events), the median's bootstrap interval against
+    the floor (falsification.measure.sequential).
+    """
+    import cupy
+
+    from falsification import measure
+
+    floor, source = measure.threshold(ctx) if ctx.tolerance is not None else (0.025, "default")
+    budget = measure.Budget.of(ctx.params)
+    model = SmallModel("cuda", ctx.seed, **_MFU_MODEL)
+    for _ in range(budget.warmup):
+        model.step(1e-4)
+    n_params = sum(int(v.size) for v in model.dev.values())
+    tokens = _MFU_MODEL["batch"]
+
+    def draw(k: int) -> list[float]:
+        out = []
+        for _ in range(k):
+            start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record()
+            model.step(1e-4)
+            stop.record()
+            stop.synchronize()
+            out.append(cupy.cuda.get_elapsed_time(start, stop) * 1e-3)
+        return out
+
+    steps: list[float] = []
+
+    def values_of(records: list[float]) -> list[float]:
+        steps[:] = records
+        return [mfu(n_params, tokens, s) for s in records]
+
+    v = measure.sequential(draw, floor, ">=", budget, measure.item_seed(ctx.seed, "mfu"), values_of=values_of)
+    step_s = float(np.median(steps))
+    v = dataclasses.replace(
+        v,
+        extra={
+            "median_step_s": step_s,
+            "achieved_tflops": 6 * n_params * tokens / step_s / 1e12,
+            "peak_flops_in_formula": PEAK_FLOPS,
+        },
+    )
+    return measure.outcome(
+        ctx,
+        {"mfu": v},
+        f"MFU = 6 P tokens / (T_step * 148 TFLOP/s) >= {floor:g}",
+        budget,
+        threshold_source=source,
+        parameters=n_params,
+        tokens_per_step=tokens,
+        model="MLP 1024-4096-1024, batch 4096, fp16 GEMMs, loss by the tree-order mean",
+    )

@@ -28,7 +28,7 @@ from obligations.contract import Contract, ContractError, load_contract, load_co
 from obligations.core import entrypoints
 from obligations.core.device import use_plain_reductions
 from obligations.core.evidence import FORMAT as EVIDENCE_FORMAT
-from obligations.core.results import Outcome, Status, error, skipped
+from obligations.core.results import Outcome, Status, apply_expectation, error, skipped
 from obligations.engines import Job, get_engine
 from obligations.isolation import (
     HOST_METHODS,
@@ -96,7 +96,7 @@ def run_item(
             f"the check returned {type(outcome).__name__}, not an Outcome (a registered test must "
             "return passed/violated/skipped/... from obligations.core.results)"
         )
-    return outcome
+    return apply_expectation(outcome, item)  # ``expect: violated``: a reproduced finding is not a failure
 
 
 def raised_at(exc: BaseException) -> str | None:
@@ -387,12 +387,13 @@ def _other_device(item: dict[str, Any]) -> tuple[str, str] | None:
 
 
 def exit_code(summary: dict[str, int], strict: bool = False) -> int:
-    """0 unless violated/errored; ``strict`` also fails unknown, skips (other than items that run only on the
-    other device and named assumptions), gaps in coverage or order."""
+    """0 unless violated/errored; ``strict`` also fails unknown, inconclusive, skips (other than items that run only
+    on the other device and named assumptions), gaps in coverage or order. An expected violation (``expect:
+    violated``, reproduced) never fails the run; an expected one that held is an error."""
     bad = summary["violated"] + summary["error"]
     if strict:
         excused = sum(summary.get(k, 0) for k in ("skipped_cuda_only", "skipped_host_only", "skipped_assumed"))
-        bad += summary["unknown"] + summary["skipped"] - excused
+        bad += summary["unknown"] + summary.get("inconclusive", 0) + summary["skipped"] - excused
         bad += sum(
             summary.get(k, 0)
             for k in ("unchecked_entry_points", "unreached_regimes", "unreached_boundaries", "order_insensitive")

@@ -18,6 +18,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from obligations.core.results import Status
+
 __all__ = [
     "CiOutcome",
     "STATUS_POLICY",
@@ -54,6 +56,10 @@ STATUS_POLICY: dict[str, tuple[CiOutcome, CiOutcome]] = {
     "violated": (_FAIL, _FAIL),
     "error": (CiOutcome("error", "error", "fail", "error"),) * 2,
     "unknown": (CiOutcome("skipped", "warning", "review", "warning"), _FAIL),
+    # a measurement whose interval straddles its threshold: not a pass; --strict fails it
+    "inconclusive": (CiOutcome("skipped", "warning", "review", "warning"), _FAIL),
+    # a declared finding reproduced (``expect: violated``, pytest's xfail): reported, never a failure
+    "violated_expected": (CiOutcome("skipped", "note", "informational", "notice"),) * 2,
     "skipped": (CiOutcome("skipped", "note", "notApplicable", "notice"), _FAIL),
 }
 
@@ -341,7 +347,7 @@ def step_summary(result: Mapping[str, Any], *, strict: bool = False) -> str:
     summary = result.get("summary") or {}
     tool = result.get("tool") or {}
     device = (result.get("provenance") or {}).get("device") or {}
-    order = ["proved", "exhausted", "passed", "violated", "unknown", "skipped", "error"]
+    order = [s.value for s in Status]
     keys = order + [k for k in summary if k not in order]
     lines = [
         f"## kernel-contracts {tool.get('version', '')}: `kc check` exit {result.get('exit_code', '?')}",

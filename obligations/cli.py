@@ -395,7 +395,7 @@ def _print_summary(result: dict[str, Any], out: Any, tail: str = "") -> None:
 
     total = sum(s.get(k.value, 0) for k in Status)  # items by status; the other counts are coverage flags
     # skipped_cuda_only is a part of skipped (items a host run cannot check), not another status
-    words = {"skipped_cuda_only": "of the skipped need cuda"}
+    words = {"skipped_cuda_only": "of the skipped need cuda", "violated_expected": "violated (expected)"}
     parts = ", ".join(f"{v} {words.get(k, k.replace('_', ' '))}" for k, v in s.items() if v)
     print(f"{total} items: {parts}{tail}", file=out)
 

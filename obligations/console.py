@@ -19,7 +19,9 @@ _STATUS_COLOURS = {
     "passed": "32",
     "violated": "31",
     "error": "31",
+    "violated_expected": "35",
     "unknown": "33",
+    "inconclusive": "33",
     "skipped": "90",
 }
 
@@ -125,7 +127,8 @@ class Reporter:
         failing = status in ("violated", "error")
         if self.verbosity < 0 and not failing:
             return
-        line = f"  {status:<10} {data['id']:<24} {data['method']:<9} {data['seconds']:>7.2f}s"
+        word = "violated (expected)" if status == "violated_expected" else status
+        line = f"  {word:<10} {data['id']:<24} {data['method']:<9} {data['seconds']:>7.2f}s"
         detail = data.get("reason") or _evidence_line(data)
         if detail:
             line += f"  {detail if self.verbosity > 0 or len(detail) <= 300 else detail[:297] + '...'}"
@@ -148,6 +151,12 @@ def _evidence_line(item: dict[str, Any]) -> str:
         return f"z3 unsat, rlimit {ev['rlimit_used']}/{ev['rlimit']}"
     if item["status"] == "exhausted":
         return f"{ev.get('points_in_given', ev.get('points'))} points in the given of {ev.get('points')} enumerated"
+    if item["status"] == "passed" and isinstance(ev.get("cases_measured"), dict):
+        return "; ".join(
+            f"{k}: {m['interval']['estimate']:.4g} in [{m['interval']['low']:.4g}, {m['interval']['high']:.4g}] "
+            f"{m['direction']} {m['threshold']:g} ({m['trials']} trials)"
+            for k, m in ev["cases_measured"].items()
+        )
     if item["status"] == "passed":
         return f"{ev.get('cases')} cases" + (f", seed {ev['seed']}" if "seed" in ev else "")
     return ""

@@ -182,7 +182,7 @@ def test_emit_github_only_under_actions(result: dict, tmp_path: Path) -> None:
     assert out.getvalue().count("::error ") == 2
     text = summary.read_text()
     assert text.startswith("previous step\n"), "the summary must be appended, not overwritten"
-    assert "| 3 | 1 | 5 | 1 | 1 | 2 | 1 |" in text
+    assert "| 3 | 1 | 5 | 1 | 0 | 1 | 0 | 2 | 1 |" in text  # violated_expected and inconclusive: 0
     assert "`kc check contracts/gemm-cublas-v1.yaml --only FT-GEMM-004 --device cuda --seed 0`" in text
 
 

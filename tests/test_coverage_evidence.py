@@ -14,6 +14,7 @@ from native import reductions as red
 from obligations.check import check_contract, exit_code, summarize
 from obligations.contract import load_contract
 from obligations.core import entrypoints
+from obligations.core.plans import regime_of
 from obligations.engines import _regime_witnesses
 from spec import reductions as ref
 from tests.planted import coverage_bugs
@@ -63,7 +64,10 @@ def test_planted_main_loop_reorder_is_caught_only_by_the_main_loop_witness(devic
     found = _run_tree(device, PLANTED_TREE, True)
     assert found.status.value == "violated", found.reason
     case = found.counterexample["case"]
-    assert (case["n"], case["block"], case["max_grid"]) == (225, 32, 1)
+    # The property, not one machine's values: the refuting case is in the main-loop regime (the host finds the
+    # witness (225, 32, 1); an H200 run reported (512, 32, 2), also a main-loop case).
+    args = {k: int(case[k]) for k in ("n", "block", "max_grid")}
+    assert "main_loop" in regime_of(red.tree_plan, args), (args, regime_of(red.tree_plan, args))
 
 
 def test_index_type_is_read_from_the_plan_and_the_audit_index_rule_passes_on_it():

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -19,6 +21,7 @@ __all__ = [
     "to_host",
     "to_device",
     "use_plain_reductions",
+    "library_defaults",
 ]
 
 DEVICES: tuple[str, ...] = ("host", "cuda")
@@ -119,11 +122,48 @@ def _plain_reductions(cupy: ModuleType) -> None:
     """
     if "CUPY_ACCELERATORS" in os.environ:
         return
+    _CUPY_DEFAULTS.update(_accelerators(cupy))
     try:
         cupy._core.set_routine_accelerators([])
         cupy._core.set_reduction_accelerators([])
     except (AttributeError, TypeError, ValueError):  # a CuPy without the switch: keep its defaults
-        pass
+        _CUPY_DEFAULTS.clear()
+
+
+# CuPy's own accelerators as the process started (before use_plain_reductions): what a peer runs with.
+_CUPY_DEFAULTS: dict[str, list[Any]] = {}
+
+
+def _accelerators(cupy: ModuleType) -> dict[str, list[Any]]:
+    """CuPy's accelerators now ({"routine": [...], "reduction": [...]}); CUB (CuPy's default) where unreadable."""
+    acc = getattr(cupy._core, "_accelerator", None)
+    out = {}
+    for kind in ("routine", "reduction"):
+        get = getattr(acc, f"get_{kind}_accelerators", None) or getattr(cupy._core, f"get_{kind}_accelerators", None)
+        out[kind] = list(get()) if callable(get) else ["cub"]
+    return out
+
+
+@contextlib.contextmanager
+def library_defaults() -> Iterator[dict[str, list[Any]]]:
+    """CuPy with its own defaults (CUB reductions where CuPy enables them) for a peer's calls, then kc's again.
+
+    kc's switch to plain reductions (:func:`use_plain_reductions`) is for kc's own kernels; a peer a
+    measurement compares with runs as a user of that library would run it. Yields the accelerators in effect.
+    """
+    import cupy
+
+    if not _CUPY_DEFAULTS:  # kc's switch is off (or CUPY_ACCELERATORS set): CuPy runs as configured already
+        yield _accelerators(cupy)
+        return
+    now = _accelerators(cupy)
+    cupy._core.set_routine_accelerators(_CUPY_DEFAULTS["routine"])
+    cupy._core.set_reduction_accelerators(_CUPY_DEFAULTS["reduction"])
+    try:
+        yield _accelerators(cupy)
+    finally:
+        cupy._core.set_routine_accelerators(now["routine"])
+        cupy._core.set_reduction_accelerators(now["reduction"])
 
 
 def to_host(a: Any) -> np.ndarray:

@@ -16,10 +16,12 @@ __all__ = [
     "passed",
     "violated",
     "unknown",
+    "inconclusive",
     "skipped",
     "error",
     "assumed",
     "with_evidence_kind",
+    "apply_expectation",
 ]
 
 
@@ -30,7 +32,11 @@ class Status(StrEnum):
     EXHAUSTED = "exhausted"
     PASSED = "passed"
     VIOLATED = "violated"
+    # A violation the contract declares (``expect: violated``, with its reason): counted apart, not a failure.
+    VIOLATED_EXPECTED = "violated_expected"
     UNKNOWN = "unknown"
+    # A measurement whose interval still straddles its threshold after the measuring budget: not a pass.
+    INCONCLUSIVE = "inconclusive"
     SKIPPED = "skipped"
     ERROR = "error"
 
@@ -125,6 +131,11 @@ def unknown(reason: str, evidence: Evidence | None = None, /, **details: Any) ->
     return Outcome(Status.UNKNOWN, "none", _evidence(evidence, details), None, reason)
 
 
+def inconclusive(reason: str, evidence: Evidence | None = None, /, **details: Any) -> Outcome:
+    """A measurement that neither cleared nor missed its threshold within its budget (the interval in evidence)."""
+    return Outcome(Status.INCONCLUSIVE, "none", _evidence(evidence, details), None, reason)
+
+
 def skipped(reason: str, evidence: Evidence | None = None, /, **details: Any) -> Outcome:
     """Not checked, with the reason; never counted as passing."""
     return Outcome(Status.SKIPPED, "none", _evidence(evidence, details), None, reason)
@@ -138,3 +149,30 @@ def error(reason: str, evidence: Evidence | None = None, /, **details: Any) -> O
 def assumed(name: str, reason: str) -> Outcome:
     """A named assumption: reported as such, never counted as proved."""
     return Outcome(Status.SKIPPED, "assumed", AssumeEvidence(assumption=name), None, reason)
+
+
+def apply_expectation(outcome: Outcome, item: dict[str, Any]) -> Outcome:
+    """``outcome`` under the item's ``expect: violated`` (pytest's strict xfail); unchanged without one.
+
+    A reproduced violation becomes ``violated_expected`` (its counterexample and evidence kept); an item that
+    holds (proved, exhausted, passed) is an ``error``: the expectation is stale (the vendor fixed something), and
+    the contract must be updated. Other statuses (skipped, unknown, inconclusive, error) pass through.
+    """
+    if item.get("expect") != "violated":
+        return outcome
+    why = str(item.get("expect_reason") or "")
+    if outcome.status is Status.VIOLATED:
+        return replace(
+            outcome,
+            status=Status.VIOLATED_EXPECTED,
+            reason=f"expected violation ({why}): {outcome.reason}",
+        )
+    if outcome.status in (Status.PROVED, Status.EXHAUSTED, Status.PASSED):
+        return replace(
+            outcome,
+            status=Status.ERROR,
+            claim="none",
+            reason=f"expected to be violated ({why}) but it {outcome.status.value}: the expectation is stale, "
+            "update the contract (drop 'expect' or restate the claim)",
+        )
+    return outcome

@@ -189,7 +189,10 @@ def render_index_markdown(result: Mapping[str, Any], *, html: bool = True) -> st
             + " | ".join(str(counts[s]) for s in STATUSES)
             + f" | {_cell(c.get('qa_gate_status') or 'n/a')} | {pages} |"
         )
-    attention = [(c, i) for c in contracts for i in c.get("items", []) if i["status"] in ("violated", "error")]
+    attention = [
+        (c, i) for c in contracts for i in c.get("items", []) if i["status"] in ("violated", "error", "inconclusive")
+    ]
+    expected = [(c, i) for c in contracts for i in c.get("items", []) if i["status"] == "violated_expected"]
     if attention:
         lines += [
             "",
@@ -202,6 +205,13 @@ def render_index_markdown(result: Mapping[str, Any], *, html: bool = True) -> st
             lines.append(
                 f"| {_cell(c['id'])} | [{_cell(i['id'])}]({c['id']}.md#{_anchor(str(i['id']))}) | "
                 f"{_cell(i['status'])} | {_cell(i.get('reason') or '')} |"
+            )
+    if expected:  # declared findings (``expect: violated``), reproduced: shown as such, not as failures
+        lines += ["", "## Expected deviations", "", "| Contract | Item | Reason |", "| --- | --- | --- |"]
+        for c, i in expected:
+            lines.append(
+                f"| {_cell(c['id'])} | [{_cell(i['id'])}]({c['id']}.md#{_anchor(str(i['id']))}) | "
+                f"{_cell(i.get('reason') or '')} |"
             )
     lines += ["", "## Provenance", ""] + _facts_table(provenance_facts(result), ("Provenance", "Value"))
     return "\n".join(lines).rstrip() + "\n"

@@ -22,7 +22,17 @@ __all__ = [
     "claim_label",
 ]
 
-STATUSES: tuple[str, ...] = ("proved", "exhausted", "passed", "violated", "unknown", "skipped", "error")
+STATUSES: tuple[str, ...] = (
+    "proved",
+    "exhausted",
+    "passed",
+    "violated",
+    "violated_expected",
+    "unknown",
+    "inconclusive",
+    "skipped",
+    "error",
+)
 
 
 @dataclass(frozen=True)
@@ -42,7 +52,10 @@ _STATUS_STYLES: dict[str, StatusStyle] = {
         StatusStyle("exhausted", "✔", "#1a7f37", True),
         StatusStyle("passed", "✔", "#2f8f46", True),
         StatusStyle("violated", "✘", "#cf222e", False),
+        # A declared, reproduced finding (``expect: violated``): shown as such, not as a failure and not as a pass.
+        StatusStyle("violated_expected", "✘", "#8250df", False),
         StatusStyle("unknown", "?", "#9a6700", False),
+        StatusStyle("inconclusive", "≈", "#9a6700", False),
         StatusStyle("skipped", "–", "#57606a", False),
         StatusStyle("error", "!", "#cf222e", False),
     )

@@ -44,7 +44,8 @@ from falsification.ir_strategies import DEFAULT_TEMPLATES, GraphCase, f32_arrays
 from falsification.registry import FalsifyContext, guarded, register_test
 from native import fusion as nf
 from native import fusion_codegen as cg
-from obligations.core.plans import resolve
+from native import fusion_kernels as fk
+from obligations.core.plans import regime_of, resolve
 from obligations.core.results import Outcome, error
 from spec import fusion as sf
 from spec.ir.denote import bits, denote_all
@@ -416,6 +417,220 @@ def rmsnorm_bitwise(ctx: FalsifyContext) -> Outcome:
     check = _values_check(ctx, "fused rmsnorm vs denotation", ref, (), (), "spec.ir.denote rmsnorm")
     check = dataclasses.replace(check, cases=_rmsnorm_cases(int(ctx.params.get("max_d", 600))))
     return engine.run(ctx, check)
+
+
+# -- the pre-written and generated kernels at their plans' regime and boundary witnesses ---------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _KernelWitness:
+    """One kernel's witness check: its plan, the case a witness launches, inputs, native call and reference."""
+
+    plan: Callable[..., Any]
+    case: Callable[[Any], tuple]  # witness values -> the case (plan values, in the plan's parameter order)
+    names: tuple[str, ...]  # the case's fields (its plan values)
+    run: Callable[[FalsifyContext, tuple], tuple]  # ctx, case -> (native output, reference output)
+
+
+def _prewritten(kind: str) -> Any:
+    from native.nvrtc import compile_function
+
+    return compile_function(*fk.SOURCES[kind], fk.ROUTE)
+
+
+def _chain_graph(n: int) -> tuple[Graph, Payload]:
+    b = GraphBuilder()
+    x = b.add("input", (), (n,))
+    b.add("neg", (b.add("relu", (b.add("add", (b.add("mul_elem", (x, x), (n,)), x), (n,)),), (n,)),), (n,))
+    return b.build()
+
+
+def _values(seed: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Moderate values of both signs with a few specials (a NaN, +-0, an infinity) where the shape has room."""
+    v = np.random.default_rng(seed).uniform(-3, 3, shape).astype(np.float32).reshape(-1)
+    v[: min(v.size, 4)] = np.array([np.nan, -0.0, np.inf, 0.0], np.float32)[: min(v.size, 4)]
+    return v.reshape(shape)
+
+
+def _run_chain(ctx: FalsifyContext, c: tuple) -> tuple:
+    n, block, max_grid = c
+    x = _values(n, (n,))
+    g, p = _chain_graph(max(n, 1))
+    out = g.nodes[-1].id
+    want = denote_all(g, p, {0: np.resize(x, max(n, 1))}).value[out][:n]
+    kernel = next(s.kernel for s in nf.compile_subgraph(g).steps if s.kind == "fused")
+    if ctx.device == "host":
+        return cg.run_host(kernel, [x]), want
+    import cupy
+
+    from native.elementwise import launch_plan
+    from native.nvrtc import compile_function
+
+    fn = compile_function(kernel.source, kernel.name, cg.ROUTE)
+    plan = launch_plan(n, block, max_grid, index_bits=kernel.index_bits)
+    y = cupy.full(n, np.nan, dtype=cupy.float32)  # written wholly by the kernel
+    fn((int(plan["grid"]),), (int(block),), (cupy.asarray(x), y, np.int64(n)))
+    return _host(y), want
+
+
+def _special_graph(kind: str, shape: tuple[int, ...], **kw: Any) -> tuple[Graph, Payload]:
+    b = GraphBuilder()
+    x = b.add("input", (), shape)
+    if kind == "rope":
+        b.add("rope", (x,), shape, base=10000.0)
+    else:
+        table = kw["table"]
+        b.add("embedding", (x,), shape + (table.shape[1],), params={"table": table}, dim=table.shape[1])
+    return b.build()
+
+
+def _run_rope(ctx: FalsifyContext, c: tuple) -> tuple:
+    n, block, max_grid = c
+    x = _values(n + 1, (n, 2))  # pairs = T * D / 2 = n
+    if n == 0:
+        return np.zeros(0, np.float32), np.zeros(0, np.float32)
+    g, p = _special_graph("rope", (n, 2))
+    want = denote_all(g, p, {0: x}).value[g.nodes[-1].id]
+    if ctx.device == "host":
+        return nf.run_program(g, p, {0: x}, "host")[g.nodes[-1].id], want
+    import cupy
+
+    from spec.ir.denote import floats, rope_tables
+
+    cs, sn = (cupy.asarray(floats(t)) for t in rope_tables(n, 2, 10000.0))  # the tables are binary32 bits
+    y = fk.rope_cuda(_prewritten("rope"), cupy.asarray(x), cs, sn, block=block, max_grid=max_grid)
+    return _host(y), want
+
+
+def _run_embedding(ctx: FalsifyContext, c: tuple) -> tuple:
+    vocab, index = c
+    ids = np.array([0.0, float(index), float(max(vocab - 1, 0))], np.float32)  # the witness's id between two others
+    table = np.arange(max(vocab, 0) * 3, dtype=np.float32).reshape(-1, 3) - 1.5
+    g, p = _special_graph("embedding", ids.shape, table=table)
+    out = g.nodes[-1].id
+    if ctx.device == "host":  # the executor's host path: the denotation, which raises on a bad index
+        got = nf.run_program(g, p, {0: ids}, "host")[out]
+    else:
+        import cupy
+
+        y = fk.embedding_cuda(_prewritten("embedding"), cupy.asarray(ids), cupy.asarray(table))
+        got = _host(y)
+    return got, denote_all(g, p, {0: ids}).value[out]
+
+
+def _run_softmax(ctx: FalsifyContext, c: tuple) -> tuple:
+    from native.ir import run_node
+
+    rows, d, block, _ = c
+    x = _values(rows * 7 + d, (rows, d))
+    mask = np.where(np.arange(d)[None, :] > np.arange(rows)[:, None] % max(d, 1), -np.inf, 0.0).astype(np.float32)
+    g, p = pattern_graph("masked_softmax", rows, d, 0)
+    add, soft = (nd for nd in g.nodes if nd.kind in ("add", "softmax"))
+    xs, ms = _dev(ctx, x), _dev(ctx, mask)
+    want = run_node(soft, [run_node(add, [xs, ms], None, ctx.device)], None, ctx.device)  # the unfused program
+    if ctx.device == "host":
+        return _host(want), _host(want)
+    return _host(fk.masked_softmax_cuda(_prewritten("masked_softmax"), xs, ms, block=block)), _host(want)
+
+
+def _run_rmsnorm(rows_kernel: bool) -> Callable[[FalsifyContext, tuple], tuple]:
+    def run(ctx: FalsifyContext, c: tuple) -> tuple:
+        rows, d = c[0], c[1]
+        x = _values(rows * 5 + d, (rows, d))
+        w = np.random.default_rng(d).uniform(-2, 2, d).astype(np.float32)
+        # The kernels' host model (their order and guard; bitwise the denotation by FUSION-RMSNORM-bitwise): the
+        # softfloat denotation of a 12268-float row takes seconds, too long for every host run.
+        want = fk.rmsnorm_host(x, w, 1e-6)
+        if ctx.device == "host":
+            return want, want
+        fn = (_prewritten("rmsnorm"), _prewritten("rmsnorm_rows")) if rows_kernel else _prewritten("rmsnorm")
+        got = fk.rmsnorm_cuda(fn, _dev(ctx, x), _dev(ctx, w), 1e-6, max_grid=None if rows_kernel else c[3])
+        return _host(got), want
+
+    return run
+
+
+def _dev(ctx: FalsifyContext, a: np.ndarray) -> Any:
+    if ctx.device == "host":
+        return a
+    import cupy
+
+    return cupy.asarray(a)
+
+
+_ELEMENTWISE_PLAN = ("n", "block", "max_grid")
+
+
+def _grid_case(v: Any) -> tuple:
+    return (v["n"], v["block"], v["max_grid"])
+
+
+KERNEL_WITNESSES: dict[str, _KernelWitness] = {
+    "chain": _KernelWitness(cg.fused_plan, _grid_case, _ELEMENTWISE_PLAN, _run_chain),
+    "rope": _KernelWitness(cg.fused_plan, _grid_case, _ELEMENTWISE_PLAN, _run_rope),
+    "embedding": _KernelWitness(
+        fk.embedding_plan, lambda v: (v["vocab"], v["index"]), ("vocab", "index"), _run_embedding
+    ),
+    "masked_softmax": _KernelWitness(
+        fk.row_plan,
+        lambda v: (v["rows"], v["d"], v["block"], v["max_grid"]),
+        ("rows", "d", "block", "max_grid"),
+        _run_softmax,
+    ),
+    "rmsnorm": _KernelWitness(
+        fk.rmsnorm_plan,
+        lambda v: (v["rows"], v["d"], fk.RMSNORM_BLOCK, v["max_grid"]),
+        ("rows", "d", "block", "max_grid"),
+        _run_rmsnorm(False),
+    ),
+    "rmsnorm_rows": _KernelWitness(
+        fk.rmsnorm_rows_plan, lambda v: (v["rows"], v["d"]), ("rows", "d"), _run_rmsnorm(True)
+    ),
+}
+
+
+@register_test("fusion.kernel_witnesses")
+@guarded()
+def kernel_witnesses(ctx: FalsifyContext) -> Outcome:
+    """One fusion kernel ({kernel}: chain, rope, embedding, masked_softmax, rmsnorm, rmsnorm_rows) at each regime and
+    boundary witness of its plan (the item's ``witnesses:``), launched on CUDA at the witness's geometry; on the
+    host the executor's host path (or the kernel's host model) takes the same cases. Bitwise against the IR
+    denotation (masked softmax: the unfused program on the same device; RMSNorm: the kernels' host model, bitwise
+    the denotation by FUSION-RMSNORM-bitwise); a rejected boundary must raise ValueError."""
+    kw = KERNEL_WITNESSES[str(ctx.params.get("kernel", "chain"))]
+    results: dict[tuple, tuple] = {}
+
+    def inputs(case: tuple) -> tuple:
+        results[case] = kw.run(ctx, case)
+        return case
+
+    def native(case: tuple) -> np.ndarray:
+        got = np.ascontiguousarray(results[case][0], np.float32).reshape(-1)
+        return _canon_bits(got)
+
+    def reference(case: tuple) -> Expected:
+        return Expected(bits=_canon_bits(np.ascontiguousarray(results.pop(case)[1], np.float32).reshape(-1)))
+
+    check = Check(
+        name=f"{ctx.params.get('kernel', 'chain')} at its plan's witnesses@{ctx.device}",
+        inputs=inputs,
+        native=native,
+        reference=reference,
+        agreement=engine.item_agreement(ctx, "bitwise"),
+        from_witness=kw.case,
+        regime_of=lambda case: regime_of(kw.plan, dict(zip(kw.names, case, strict=True))),
+        refuses=(ValueError,),
+        describe=lambda case: dict(zip(kw.names, case, strict=True)),
+        build={"kernel": ctx.params.get("kernel", "chain")},
+    )
+    return engine.run(ctx, check)
+
+
+def _canon_bits(a: np.ndarray) -> np.ndarray:
+    """float32 bits with every NaN written 0x7FFFFFFF (the cuda env's NaN)."""
+    bits = a.view(np.uint32).copy()
+    bits[np.isnan(a)] = 0x7FFFFFFF
+    return bits
 
 
 # -- GQA rewrite ------------------------------------------------------------------------------------------

@@ -65,6 +65,7 @@ __all__ = [
     "ROWS_R",
     "ROWS_THREADS",
     "rmsnorm_rows_plan",
+    "embedding_plan",
 ]
 
 ROUTE = "nvrtc-ieee"
@@ -352,10 +353,11 @@ def embedding_source() -> tuple[str, str]:
 
 def row_plan(rows: Any, d: Any, block: Any = ROW_BLOCK, max_grid: Any = 2147483647) -> dict:
     """Rows over blocks: block b takes rows b, b + grid, ... (64-bit row index), grid = min(rows, max_grid);
-    accepted while rows <= 2^31 - 1 and d <= 12288 (the row fits 48 KiB of shared memory); element (row, j) at
-    int64(row) * d + j."""
+    accepted while rows <= 2^31 - 1 and d <= MAX_ROW (the row, and RMSNorm's 4 float4 of pad, fit 48 KiB of
+    shared memory: the launchers refuse a longer row); element (row, j) at int64(row) * d + j. Regimes: a row
+    every thread covers in one pass (d <= block) or a block-strided one."""
     total = as_type(rows, "int64") * as_type(d, "int64")
-    accepts = all_of(rows >= 1, rows <= 2147483647, d >= 1, d <= 12288, max_grid >= 1)
+    accepts = all_of(rows >= 1, rows <= 2147483647, d >= 1, d <= MAX_ROW, max_grid >= 1)
 
     def offset(row: Any, j: Any) -> Any:
         """Element (row, j)'s index, computed as the kernel does: int64(row) * d + j."""
@@ -368,12 +370,28 @@ def row_plan(rows: Any, d: Any, block: Any = ROW_BLOCK, max_grid: Any = 21474836
         "total": total,
         "accepts": accepts,
         "offset": offset,
+        "max_row": MAX_ROW,
+        "regimes": {"one_pass_row": d <= block, "block_strided_row": d > block},
     }
 
 
 def rmsnorm_plan(rows: Any, d: Any, block: Any = RMSNORM_BLOCK, max_grid: Any = 2147483647) -> dict:
-    """The RMSNorm kernel's plan: :func:`row_plan` (persistent: at most 8 blocks per SM, each looping over rows)."""
-    return row_plan(rows, d, block, max_grid)
+    """The general RMSNorm kernel's plan: :func:`row_plan` (persistent: at most 8 blocks per SM, each looping over
+    rows). Its regimes are the kernel's paths: a scalar row (d % 4 != 0, also its vec = 0 launches), a float4 row
+    whose next row is prefetched into registers (q = d / 4 <= 8 block) or one streamed from global memory; the fold's
+    odd float4 pair; a block that loops over several rows (rows > grid)."""
+    plan = row_plan(rows, d, block, max_grid)
+    d64 = as_type(d, "int64")
+    q = d64 // 4
+    vec = d64 % 4 == 0
+    plan["regimes"] = {
+        "scalar_row": d64 % 4 != 0,
+        "vec_prefetched": all_of(vec, q <= 8 * as_type(block, "int64")),
+        "vec_streamed": all_of(vec, q > 8 * as_type(block, "int64")),
+        "fold_odd_pair": q % 2 == 1,
+        "several_rows_per_block": rows > max_grid,
+    }
+    return plan
 
 
 def rmsnorm_rows_plan(rows: Any, d: Any, tile_rows: Any = ROWS_R, block: Any = ROWS_THREADS) -> dict:
@@ -398,7 +416,16 @@ def rmsnorm_rows_plan(rows: Any, d: Any, tile_rows: Any = ROWS_R, block: Any = R
         """Float4 j of the block's row r in shared memory: r * (q + 1) + j."""
         return as_type(r, "int64") * stride + as_type(j, "int64")
 
+    left = q % 4  # the float4 the unrolled fold leaves for its tail (the three `if (left > i)`)
     return {
+        "regimes": {
+            "fold_tail_0": left == 0,
+            "fold_tail_1": left == 1,
+            "fold_tail_2": left == 2,
+            "fold_tail_3": left == 3,
+            "partial_tile": rows64 % tile_rows != 0,
+            "strided_copy": q > as_type(block, "int64"),
+        },
         "grid": cdiv(rows64, tile_rows),
         "block": block,
         "tile_rows": tile_rows,
@@ -410,6 +437,21 @@ def rmsnorm_rows_plan(rows: Any, d: Any, tile_rows: Any = ROWS_R, block: Any = R
         "row_of": row_of,
         "offset": offset,
         "smem_index": smem_index,
+    }
+
+
+def embedding_plan(vocab: Any, index: Any) -> dict:
+    """The embedding kernel's guard on one looked-up ``index`` (an integer id): it reads table row ``index`` only while
+    0 <= index < vocab, else sets the error flag (the launcher raises ValueError). Its grid-stride loop over the
+    n = ids * dim outputs is the generated kernels' (``native.fusion_codegen.fused_plan``). Regimes: the first, an
+    inner and the last row."""
+    return {
+        "accepts": all_of(index >= 0, index < vocab),
+        "regimes": {
+            "first_row": index == 0,
+            "inner_row": all_of(index > 0, index < vocab - 1),
+            "last_row": all_of(index > 0, index == vocab - 1),
+        },
     }
 
 
@@ -462,6 +504,8 @@ def rmsnorm_host(x: np.ndarray, w: np.ndarray, eps: Any) -> np.ndarray:
     x.shape[:-1] + (1,))."""
     x = np.ascontiguousarray(x, F32)
     d = x.shape[-1]
+    if d > MAX_ROW:  # the kernels' guard (rmsnorm_cuda, row_plan), so a program runs on both devices or on neither
+        raise ValueError(f"rmsnorm rows of {d} floats exceed the row kernels' {MAX_ROW} (row_plan)")
     rows = x.reshape(-1, d)
     with np.errstate(all="ignore"):
         acc = np.zeros(rows.shape[0], F32)
@@ -519,12 +563,13 @@ def _fastest(launchers: dict[str, Any], key: tuple[int, int, bool]) -> str:
     return min(times, key=times.__getitem__)
 
 
-def rmsnorm_cuda(fn: Any, x: Any, w: Any, eps: Any, out: Any = None) -> Any:
+def rmsnorm_cuda(fn: Any, x: Any, w: Any, eps: Any, out: Any = None, max_grid: int | None = None) -> Any:
     """Launch on CuPy arrays: ``fn`` is the general kernel or the pair (general, rows) whose rows kernel takes
     16-byte aligned rows with d % 4 == 0 (:func:`rmsnorm_rows_plan`); ``w`` broadcasts to x's shape, ``eps`` is a
     scalar or one value per row. Both kernels fold in the same order (the results are the same bits); for a large
     shape the faster one is chosen once by timing both (:data:`TUNING`), for a small one the rows kernel when it
-    applies."""
+    applies. ``max_grid`` caps the general kernel's persistent grid (:func:`rmsnorm_plan`: a regime witness's
+    blocks that loop over several rows)."""
     import cupy
 
     general, fast = fn if isinstance(fn, tuple) else (fn, None)
@@ -545,7 +590,10 @@ def rmsnorm_cuda(fn: Any, x: Any, w: Any, eps: Any, out: Any = None) -> Any:
     _prefer_shared(general, gen_smem)
     launchers = {
         "general": lambda: general(
-            (_persistent_grid(rows),), (RMSNORM_BLOCK,), (*args, np.int32(vec)), shared_mem=gen_smem
+            (min(_persistent_grid(rows), max_grid or rows),),
+            (RMSNORM_BLOCK,),
+            (*args, np.int32(vec)),
+            shared_mem=gen_smem,
         )
     }
     if fast is not None and vec and plan["accepts"] and _prefer_shared(fast, plan["shared_bytes"]):
@@ -568,8 +616,8 @@ def rmsnorm_choice(rows: int, d: int) -> dict[str, Any]:
     }
 
 
-def masked_softmax_cuda(fn: Any, x: Any, mask: Any) -> Any:
-    """softmax(x + mask) over the last axis (one block per row)."""
+def masked_softmax_cuda(fn: Any, x: Any, mask: Any, block: int = ROW_BLOCK) -> Any:
+    """softmax(x + mask) over the last axis (one block of ``block`` threads per row; :func:`row_plan`)."""
     import cupy
 
     x = cupy.ascontiguousarray(x, dtype=cupy.float32)
@@ -580,19 +628,20 @@ def masked_softmax_cuda(fn: Any, x: Any, mask: Any) -> Any:
     rows = int(x.size // d) if d else 0
     y = cupy.empty_like(x)
     if rows:
-        fn((rows,), (ROW_BLOCK,), (x, m, y, np.int64(d)), shared_mem=4 * d)
+        fn((rows,), (int(block),), (x, m, y, np.int64(d)), shared_mem=4 * d)
     return y
 
 
-def _grid(n: int) -> tuple[tuple[int], tuple[int]]:
+def _grid(n: int, block: int | None = None, max_grid: int | None = None) -> tuple[tuple[int], tuple[int]]:
     from native.elementwise import DEFAULT_BLOCK, DEFAULT_MAX_GRID, launch_plan
 
-    plan = launch_plan(n, DEFAULT_BLOCK, DEFAULT_MAX_GRID, index_bits=64)
+    plan = launch_plan(n, block or DEFAULT_BLOCK, max_grid or DEFAULT_MAX_GRID, index_bits=64)
     return (int(plan["grid"]),), (int(plan["block"]),)
 
 
-def rope_cuda(fn: Any, x: Any, c: Any, s: Any) -> Any:
-    """RoPE of x (..., T, D) with the (T, D/2) tables c, s (float32 arrays of the device)."""
+def rope_cuda(fn: Any, x: Any, c: Any, s: Any, block: int | None = None, max_grid: int | None = None) -> Any:
+    """RoPE of x (..., T, D) with the (T, D/2) tables c, s (float32 arrays of the device); ``block``/``max_grid``:
+    the grid-stride plan's knobs (a regime witness's geometry), default the shipped ones."""
     import cupy
 
     x = cupy.ascontiguousarray(x, dtype=cupy.float32)
@@ -600,13 +649,14 @@ def rope_cuda(fn: Any, x: Any, c: Any, s: Any) -> Any:
     t_len, dim = int(x.shape[-2]), int(x.shape[-1])
     pairs = int(x.size // 2)
     if pairs:
-        grid, block = _grid(pairs)
-        fn(grid, block, (x, c, s, y, np.int64(pairs), np.int64(t_len), np.int64(dim // 2)))
+        grid, blk = _grid(pairs, block, max_grid)
+        fn(grid, blk, (x, c, s, y, np.int64(pairs), np.int64(t_len), np.int64(dim // 2)))
     return y
 
 
-def embedding_cuda(fn: Any, ids: Any, table: Any) -> Any:
-    """table[ids] as a bit copy; ValueError when an index is not an integer in [0, V) (the denotation's error)."""
+def embedding_cuda(fn: Any, ids: Any, table: Any, block: int | None = None, max_grid: int | None = None) -> Any:
+    """table[ids] as a bit copy; ValueError when an index is not an integer in [0, V) (the denotation's error;
+    :func:`embedding_plan`'s guard); ``block``/``max_grid`` as for :func:`rope_cuda`."""
     import cupy
 
     ids = cupy.ascontiguousarray(ids, dtype=cupy.float32)
@@ -616,10 +666,10 @@ def embedding_cuda(fn: Any, ids: Any, table: Any) -> Any:
     err = cupy.zeros((1,), dtype=cupy.uint32)
     n = int(y.size)
     if n:
-        grid, block = _grid(n)
+        grid, blk = _grid(n, block, max_grid)
         fn(
             grid,
-            block,
+            blk,
             (ids, table.view(cupy.uint32), y.view(cupy.uint32), err, np.int64(n), np.int64(dim), np.int64(vocab)),
         )
         if int(err.get()[0]):

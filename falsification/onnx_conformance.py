@@ -22,6 +22,7 @@ of :func:`run_conformance` (``tests/test_onnx_conformance.py`` keeps it current)
 from __future__ import annotations
 
 import importlib
+import itertools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -519,3 +520,87 @@ if __name__ == "__main__":
     if len(sys.argv) == 1:
         res = run_conformance()
         print(table_markdown(res))
+
+
+# -- registered tests (contracts/graph-ir-v1.yaml) ------------------------------------------------------------
+
+# The quick profile's ops: the cheap cases of the ops exporters write most (the full profile and
+# tests/test_onnx_conformance.py run every supported op).
+QUICK_OPS = (
+    "Add Sub Mul Div Relu Sigmoid Tanh Softmax Gemm MatMul Reshape Transpose Concat Flatten Slice Split Gather "
+    "Unsqueeze Squeeze ReduceMean Max Min Clip Dropout Identity"
+).split()
+
+
+def _register() -> None:
+    """Register ir.onnx_conformance and ir.onnx_window (and keep them as module attributes for the tests)."""
+    from falsification.registry import FalsifyContext, guarded, register_test
+    from obligations.core.results import Outcome, passed, skipped, violated
+
+    @register_test("ir.onnx_conformance", devices=("host", "cuda"))
+    @guarded()
+    def onnx_conformance(ctx: FalsifyContext) -> Outcome:
+        """ONNX's float32 node test cases through the importer and the denotation: no mismatch, >= 95% pass."""
+        try:
+            import onnx  # noqa: F401
+        except ImportError as exc:
+            return skipped(f"the onnx package is not installed ({exc})")
+        from spec.ir.onnx import supported_onnx_ops
+
+        ops = list(ctx.params.get("ops") or (QUICK_OPS if ctx.profile == "quick" else supported_onnx_ops()))
+        res = run_conformance(ops)
+        counts = summary(res)
+        ok = counts["bitwise"] + counts["within"]
+        ev = {**counts, "ops": len(ops), "target": 0.95}
+        bad = [r for r in res if r.status in ("mismatch", "error")]
+        if bad:
+            return violated(
+                {"case": bad[0].name, "detail": bad[0].detail},
+                f"{bad[0].name}: {bad[0].detail}",
+                cases_run=len(res),
+                **ev,
+            )
+        if ok < 0.95 * len(res):
+            return violated(
+                {"passed": ok, "cases": len(res)}, f"only {ok}/{len(res)} cases pass", cases_run=len(res), **ev
+            )
+        return passed(cases=len(res), **ev)
+
+    @register_test("ir.onnx_window", devices=("host", "cuda"))
+    @guarded()
+    def onnx_window(ctx: FalsifyContext) -> Outcome:
+        """spec.ir.ops.window_plan's output length equals ONNX's reference arithmetic on a bounded grid."""
+        try:
+            from onnx.reference.ops.op_pool_common import get_output_shape_explicit_padding as ref
+        except ImportError as exc:
+            return skipped(f"the onnx package is not installed ({exc})")
+        from spec.ir.ops import window_plan
+
+        n = 0
+        for size, k, s, d, b, e, c in itertools.product(
+            range(1, 8), range(1, 5), range(1, 4), range(1, 3), range(4), range(4), (False, True)
+        ):
+            p = window_plan(size, k, s, d, b, e, c)
+            if not p["valid"]:
+                continue
+            n += 1
+            want = int(ref([b, e], [size], [k], [s], [d], c)[0][0])
+            if want != p["out"]:
+                cex = {
+                    "size": size,
+                    "kernel": k,
+                    "stride": s,
+                    "dilation": d,
+                    "pad_begin": b,
+                    "pad_end": e,
+                    "ceil": c,
+                    "plan": p["out"],
+                    "onnx": want,
+                }
+                return violated(cex, f"window_plan gives {p['out']} where ONNX's reference gives {want}", cases_run=n)
+        return passed(cases=n, reference="onnx.reference.ops.op_pool_common.get_output_shape_explicit_padding")
+
+    globals().update(onnx_conformance_test=onnx_conformance, onnx_window_test=onnx_window)
+
+
+_register()

@@ -176,3 +176,26 @@ def test_pool_fixture_equals_fresh_cases(tmp_path: Path) -> None:
                 for a, b in zip(f.data_sets[0][0] + f.data_sets[0][1], fresh, strict=True):
                     assert np.array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8)), c.name
     assert not fixed, sorted(fixed)
+
+
+def _ctx(test: str, **params: object):  # type: ignore[no-untyped-def]
+    from falsification.registry import FalsifyContext
+
+    return FalsifyContext("host", "quick", 0, {"id": "X", "test": test, "params": params})
+
+
+def test_registered_items_pass_and_a_planted_window_rule_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    from spec.ir import ops
+
+    assert C.onnx_window_test(_ctx("ir.onnx_window")).status.value == "passed"
+    assert C.onnx_conformance_test(_ctx("ir.onnx_conformance", ops=["Flatten", "Gather"])).status.value == "passed"
+    real = ops.window_plan
+
+    def no_decrement(size, kernel, stride, dilation, pad_begin, pad_end, ceil):  # type: ignore[no-untyped-def]
+        p = real(size, kernel, stride, dilation, pad_begin, pad_end, False)
+        rest = p["padded"] - p["span"]
+        return {**p, "out": p["out"] + (1 if ceil and rest % stride else 0)}  # ceil without ONNX's last-window rule
+
+    monkeypatch.setattr(ops, "window_plan", no_decrement)
+    out = C.onnx_window_test(_ctx("ir.onnx_window"))
+    assert out.status.value == "violated" and "ONNX's reference gives" in out.reason, out

@@ -32,7 +32,7 @@ import numpy as np
 
 from spec.ir.checks import node_attrs
 from spec.ir.graph import Graph, GraphBuilder, Payload
-from spec.ir.ops import ShapeRuleError, get_op
+from spec.ir.ops import ShapeRuleError, get_op, window_plan
 
 __all__ = ["OnnxImportError", "Imported", "ONNX_OPS", "REFUSED", "import_onnx", "supported_onnx_ops"]
 
@@ -433,17 +433,13 @@ def _window(ctx: _Ctx, a: Mapping[str, Any], spatial: tuple[int, ...], kernel: t
             begin[i], end[i] = 0, 0
         elif auto != "NOTSET":
             raise ctx.fail(f"attribute auto_pad={auto!r} is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID")
-        padded = spatial[i] + begin[i] + end[i]
-        if padded < span:
+        plan = window_plan(spatial[i], kernel[i], stride[i], dil[i], begin[i], end[i], ceil)
+        if not plan["valid"]:
             raise ctx.fail(
                 f"window of span {span} (kernel {kernel[i]}, dilation {dil[i]}) does not fit the padded spatial size "
-                f"{padded} (size {spatial[i]} + pads {begin[i]} + {end[i]})"
+                f"{plan['padded']} (size {spatial[i]} + pads {begin[i]} + {end[i]})"
             )
-        o = (padded - span) // stride[i] + 1
-        if ceil and (padded - span) % stride[i]:
-            o += 1
-            if (o - 1) * stride[i] >= spatial[i] + begin[i]:  # the last window must start inside the input
-                o -= 1
+        o = plan["out"]
         out.append(o)
     return _Window(kernel, stride, dil, tuple(begin), tuple(end), tuple(out))
 

@@ -38,6 +38,7 @@ __all__ = [
     "conv_plan",
     "pool_plan",
     "slice_plan",
+    "window_plan",
     "concat_plan",
     "broadcast_plan",
     "reshape_plan",
@@ -178,6 +179,37 @@ def pool_plan(size: Any, kernel: Any, stride: Any, padding: Any) -> dict[str, An
     c = conv_plan(size, kernel, stride, padding, 1)
     valid = all_of(c["valid"], 2 * padding <= kernel)
     return {**c, "valid": valid, "out": select(valid, c["out"], 0)}
+
+
+def window_plan(
+    size: Any, kernel: Any, stride: Any, dilation: Any, pad_begin: Any, pad_end: Any, ceil: Any
+) -> dict[str, Any]:
+    """ONNX's window sweep along one axis (Conv, MaxPool, AveragePool): explicit pads, dilation, ceil_mode.
+
+    span = dilation (kernel - 1) + 1, padded = size + pad_begin + pad_end; out = floor((padded - span) / stride) + 1,
+    or with ceil_mode the ceiling, less one when that last window would start past the input and its begin pad
+    (ONNX's rule). Tap t of window j reads input index j stride + t dilation - pad_begin; the importer pads the input
+    explicitly to padded + extra (extra > 0 only for a ceil_mode window overhanging the end pad).
+    """
+    span = dilation * (kernel - 1) + 1
+    padded = size + pad_begin + pad_end
+    valid = all_of(
+        size >= 1, kernel >= 1, stride >= 1, dilation >= 1, pad_begin >= 0, pad_end >= 0, span <= padded
+    )
+    rest = smax(padded - span, 0)
+    sstep = smax(stride, 1)
+    floor_out = rest // sstep + 1
+    ceil_out = floor_out + select(rest % sstep != 0, 1, 0)
+    late = (ceil_out - 1) * sstep >= size + pad_begin  # the last window would start past the input and its begin pad
+    out = select(valid, select(ceil, ceil_out - select(late, 1, 0), floor_out), 0)
+    need = smax(out - 1, 0) * sstep + span
+    extra = smax(need - padded, 0)
+
+    def tap(j: Any, t: Any) -> Any:
+        """Input index read by tap t of window j (negative or >= size: padding)."""
+        return j * stride + t * dilation - pad_begin
+
+    return {"valid": valid, "out": out, "span": span, "padded": padded, "extra": extra, "tap": tap}
 
 
 def slice_plan(dim: Any, start: Any, stop: Any, step: Any) -> dict[str, Any]:

@@ -45,7 +45,7 @@ from obligations.core.plans import regime_of, resolve
 from obligations.core.results import Outcome
 from spec import reductions as ref
 
-__all__ = ["moderate_floats", "absorbing_floats", "MIX_NAMES", "ROUTE"]
+__all__ = ["moderate_floats", "absorbing_floats", "tie_floats", "tie_windows", "MIX_NAMES", "ROUTE"]
 
 # The references' route: the float32-numpy route where spec.reductions proves it exact (env cuda, a host whose
 # binary32 unit passes the edge-class check), else the softfloat; the evidence names the route taken.
@@ -68,7 +68,25 @@ def moderate_floats(seed: int, n: int, xp: Any = np) -> Any:
     return xp.asarray(v.astype(np.float32))
 
 
-MIX_NAMES: tuple[str, ...] = ("moderate", *sorted(MIXES), "absorb")
+MIX_NAMES: tuple[str, ...] = ("moderate", *sorted(MIXES), "absorb", "ties")
+
+# Candidates that tie under a maximum, three pools: zeros over smaller values (the maximum is +0 or -0, and
+# max(-0, +0) must be +0 in any order), NaNs of several payloads and signs (the result is the canonical NaN,
+# whichever came first), repeated infinities and ones.
+TIE_POOLS: tuple[np.ndarray, ...] = tuple(
+    np.array(p, np.uint32)
+    for p in (
+        [0x00000000, 0x80000000, 0x80000000, 0xBF800000, 0xFF800000],
+        [0x7FC00000, 0xFFC00001, 0x7F800001, 0x7FFFFFFF, 0x00000000, 0x80000000, 0x3F800000],
+        [0x7F800000, 0x7F800000, 0x3F800000, 0x3F800000, 0x80000000, 0x00000000],
+    )
+)
+
+
+def tie_floats(seed: int, n: int, xp: Any = np) -> Any:
+    """Bits drawn from a few candidates only (pool ``seed % 3``), so a window holds several equal maxima or several
+    NaNs: the inputs on which a maximum's choice among equals shows."""
+    return xp.asarray(np.random.default_rng(seed).choice(TIE_POOLS[seed % 3], n))
 
 
 def absorbing_floats(n: int, xp: Any = np) -> Any:
@@ -85,6 +103,8 @@ def _input_bits(seed: int, size: int, mix: str, xp: Any, arity: int = 1) -> list
         return [moderate_floats(seed + j, size, xp).view(xp.uint32) for j in range(arity)]
     if mix == "absorb":
         return [absorbing_floats(size, xp).view(xp.uint32) for _ in range(arity)]
+    if mix == "ties":
+        return [tie_floats(seed + j, size, xp) for j in range(arity)]
     return generate_bits(BatchSpec(seed=seed, size=size, mix=mix), arity, xp)
 
 
@@ -156,6 +176,12 @@ class _Fold:
     dims: tuple[int, int, int]
 
 
+# A maximum's choice among equal candidates: rows, columns and a whole buffer of each tie pool (zeros, NaNs, equal
+# maxima).
+_TIE_WINDOWS = (((5, 9), 1), ((9, 5), 0), ((40,), None))
+_TIE_CASES = tuple((s, shape, axis, "ties") for s in (0, 1, 2) for shape, axis in _TIE_WINDOWS)
+
+
 @register_test("reductions.fold_bitwise")
 def fold_bitwise(ctx: FalsifyContext) -> Outcome:
     """Fold reductions (whole, row, column, N-d axis) bitwise equal to the softfloat left fold."""
@@ -166,13 +192,15 @@ def fold_bitwise(ctx: FalsifyContext) -> Outcome:
     max_dim = int(ctx.params.get("max_dim", 24)) * b.scale
     max_elements = int(ctx.params.get("max_elements", b.max_size))
     max_fold = int(ctx.params.get("max_fold", b.max_fold))
-    stats: dict[str, Any] = {"outputs": 0, "elements": 0, "kinds": set(), "longest_fold": 0}
+    stats: dict[str, Any] = {"outputs": 0, "elements": 0, "kinds": set(), "longest_fold": 0, "tie_windows": 0}
 
     def inputs(case: tuple) -> _Fold:
         seed, shape, axis, mix = case
         size = int(np.prod(shape, dtype=np.int64))
         bits = _input_bits(seed, size, mix, xp)[0].reshape(shape)
         _, _, dims = red._axis_view(bits, axis)
+        if op == "max":
+            stats["tie_windows"] += tie_windows(to_host(bits).reshape(dims))
         stats["longest_fold"] = max(stats["longest_fold"], int(dims[1]))
         stats["elements"] += size
         stats["kinds"].add("whole" if axis is None else f"axis {axis} of {len(shape)}-d")
@@ -188,6 +216,7 @@ def fold_bitwise(ctx: FalsifyContext) -> Outcome:
         reference=lambda f: Expected(bits=_fold_reference(op, to_host(f.bits).reshape(f.dims))),
         agreement=engine.item_agreement(ctx, "bitwise"),
         cases=_fold_cases(max_dim, max_elements, max_fold),
+        explicit=_TIE_CASES if op == "max" else (),
         encode=_fold_encode,
         decode=_fold_decode,
         describe=_case_json(("seed", "shape", "axis", "mix")),
@@ -209,8 +238,22 @@ def fold_bitwise(ctx: FalsifyContext) -> Outcome:
             "outputs": stats["outputs"],
             "elements": stats["elements"],
             "layouts": sorted(stats["kinds"]),
+            **({"tie_windows": stats["tie_windows"]} if op == "max" else {}),
         },
     )
+
+
+def tie_windows(x3: np.ndarray) -> int:
+    """Outputs of an (outer, length, inner) bit array whose window holds several candidates for the maximum: two or
+    more NaNs, or (no NaN) the maximum more than once (+0 and -0 count as equal)."""
+    if x3.size == 0:
+        return 0
+    f = np.asarray(x3, np.uint32).view(np.float32)
+    nans = np.isnan(f).sum(axis=1)
+    with np.errstate(invalid="ignore"):
+        m = np.fmax.reduce(f, axis=1)
+        equal = (f == m[:, None, :]).sum(axis=1)
+    return int(np.sum((nans >= 2) | ((nans == 0) & (equal >= 2))))
 
 
 # -- tree --------------------------------------------------------------------------------------------------

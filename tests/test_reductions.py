@@ -283,3 +283,36 @@ def test_fold_evidence_names_the_reference_route(monkeypatch):
     monkeypatch.setattr(ref, "float32_route_ok", lambda: False)
     it = _items(CONTRACT, ["RED-FOLD-mean"])["RED-FOLD-mean"]
     assert it["status"] == "passed" and it["evidence"]["reference"].endswith(ref.ROUTES["softfloat"])
+
+
+def test_planted_maximum_that_keeps_the_first_of_equal_candidates_is_caught(monkeypatch):
+    """A fold max that keeps its accumulator on a tie (max(-0, +0) = -0 when -0 came first) and passes the first NaN's
+    payload through: the drawn windows of several equal or NaN candidates (mix "ties") refute it."""
+    import numpy as np
+
+    from falsification import reductions_tests as rt
+    from obligations.check import check_contract
+
+    def first_of_equals(x, axis=None, device="auto"):
+        f = np.moveaxis(np.asarray(x, np.float32), -1 if axis is None else axis, -1)
+        f = f.reshape(-1) if axis is None else f
+        acc = np.full(f.shape[:-1], -np.inf, np.float32)
+        for k in range(f.shape[-1]):
+            v = f[..., k]
+            keep = np.isnan(acc) | (~np.isnan(v) & (acc >= v))
+            acc = np.where(keep, acc, v).astype(np.float32)
+        return acc
+
+    monkeypatch.setitem(rt._FOLD_NATIVE, "max", first_of_equals)
+    path = Path(__file__).resolve().parent.parent / "contracts" / "reductions-v1.yaml"
+    item = check_contract(path, only=["RED-FOLD-max"])["items"][0]
+    assert item["status"] == "violated", item.get("reason")
+    # the explicit tie windows alone refute it: each holds several equal (or NaN) candidates
+    for seed, shape, axis, mix in rt._TIE_CASES:
+        bits = rt._input_bits(seed, int(np.prod(shape)), mix, np)[0].reshape(shape)
+        x3 = red._axis_view(bits, axis)[2]
+        assert rt.tie_windows(bits.reshape(x3)) > 0
+    bits = rt._input_bits(0, 45, "ties", np)[0].reshape(5, 9)  # the zeros pool: the maximum is +0
+    want = rt._fold_reference("max", bits.reshape(5, 9, 1))
+    got = first_of_equals(bits.view(np.float32), axis=1).view(np.uint32)
+    assert not np.array_equal(got.reshape(-1), want.reshape(-1))

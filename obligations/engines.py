@@ -7,6 +7,7 @@ reported as a result.
 
 from __future__ import annotations
 
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -18,7 +19,7 @@ import z3
 
 from obligations import expr as exprlang
 from obligations.contract import Contract, import_test_modules
-from obligations.core import plans
+from obligations.core import cancel, plans
 from obligations.core import symbolic as sym
 from obligations.core.evidence import (
     EnumerateEvidence,
@@ -334,32 +335,101 @@ class EnumerateEngine(Engine):
         grid: dict[str, np.ndarray] = {}
         n = 1
         for name, spec in bound.items():
+            cancel.checkpoint()  # a step over millions of rows: stop here when the run stops or the item is late
+            if name not in c.symbols:
+                raise _TooLarge(f"bound names unknown symbol {name!r}")
             env = _array_env(c, grid)
+            decl = c.symbols[name]
+            ty_lo, ty_hi = (0, 1) if decl["type"] == "bool" else _type_range(decl["type"])
             with sym.tracking():
                 if plan_fn is not None and params <= set(grid):
                     env.update(plans.quantities(plans.call_plan(plan_fn, env)))
                 if isinstance(spec, dict):
-                    values = np.asarray(spec["values"], dtype=np.int64)
-                    counts = np.full(n, values.size, dtype=np.int64)
-                    offsets = None
+                    values = _narrow(np.array([int(v) for v in spec["values"]], dtype=object))
+                    lo = None
+                    counts, total = np.full(n, values.size, dtype=np.int64), n * values.size
                 else:
                     lo_s, hi_s = (spec, spec) if not isinstance(spec, list) else spec
-                    lo = np.broadcast_to(np.asarray(_bound_value(lo_s, env), dtype=np.int64), (n,))
-                    hi = np.broadcast_to(np.asarray(_bound_value(hi_s, env), dtype=np.int64), (n,))
-                    counts = np.maximum(hi - lo + 1, 0)
-                    offsets = lo
-            total = int(counts.sum())
-            if total > MAX_ENUMERATION_POINTS:
-                raise _TooLarge(f"enumeration domain has {total} points (limit {MAX_ENUMERATION_POINTS})")
+                    # Values outside the symbol's machine type are no points of its domain: clipped away.
+                    lo = _clipped(_bound_value(lo_s, env, name), n, ty_lo, ty_hi)
+                    hi = _clipped(_bound_value(hi_s, env, name), n, ty_lo, ty_hi)
+                    counts, total = _counts(lo, hi)
+            if counts is None or total > MAX_ENUMERATION_POINTS:
+                raise _TooLarge(
+                    f"enumeration domain has {_count_text(total)} points once {name!r} is expanded "
+                    f"(limit {_count_text(MAX_ENUMERATION_POINTS)})"
+                )
             grid = {k: np.repeat(v, counts) for k, v in grid.items()}
             starts = np.repeat(np.cumsum(counts) - counts, counts)
             within = np.arange(total, dtype=np.int64) - starts
-            if offsets is None:
+            if lo is None:
                 grid[name] = values[within]
             else:
-                grid[name] = np.repeat(offsets, counts) + within
+                grid[name] = _narrow(np.repeat(lo, counts) + within)
             n = total
         return grid, n
+
+
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _type_range(type_name: str) -> tuple[int, int]:
+    t = sym.machine_type(type_name)
+    return t.lo, t.hi
+
+
+def _clipped(v: Any, n: int, lo: int, hi: int) -> np.ndarray:
+    """A bound's values (an int or one per row) clipped to [lo, hi], exact: int64 where they fit, else objects."""
+    if isinstance(v, int | np.integer):
+        c = min(max(int(v), lo), hi)
+        return np.full(n, c, dtype=np.int64 if _I64_MIN <= c <= _I64_MAX else object)
+    arr = np.broadcast_to(np.asarray(v), (n,))
+    if arr.dtype == np.int64:
+        return np.clip(arr, max(lo, _I64_MIN), min(hi, _I64_MAX))
+    if arr.dtype != object:
+        raise _TooLarge(f"a bound is not an integer (it is {arr.dtype})")
+    return _narrow(np.minimum(np.maximum(arr, lo), hi))
+
+
+def _counts(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray | None, int]:
+    """Points per row, max(hi - lo + 1, 0), and their exact total; no count is formed past the point limit."""
+    if lo.dtype == object or hi.dtype == object:
+        exact = np.maximum(hi.astype(object) - lo.astype(object) + 1, 0)
+        total = int(exact.sum()) if exact.size else 0
+        if total > MAX_ENUMERATION_POINTS:
+            return None, total
+        return exact.astype(np.int64), total
+    nonempty = hi >= lo
+    # hi - lo is exact modulo 2**64 and lies in [0, 2**64) where hi >= lo: an int64 subtraction could wrap.
+    span = np.where(nonempty, hi.view(np.uint64) - lo.view(np.uint64), np.uint64(0))
+    if span.size and int(span.max()) >= MAX_ENUMERATION_POINTS:
+        return None, sum(int(d) + 1 for d in span[nonempty].tolist())
+    counts = np.where(nonempty, span.astype(np.int64) + 1, 0)
+    return counts, int(counts.sum())  # n rows <= the limit, each count < the limit: the sum fits int64
+
+
+def _narrow(arr: np.ndarray) -> np.ndarray:
+    """An exact object array as int64 where every value fits (only uint64 values past 2**63 stay objects)."""
+    if arr.dtype != object:
+        return arr
+    if arr.size == 0 or (arr.min() >= _I64_MIN and arr.max() <= _I64_MAX):
+        return arr.astype(np.int64)
+    return arr
+
+
+def _count_text(n: int) -> str:
+    """A point count, exact: digits below 10^9, else a power of ten or two, or the digits and a rounded figure."""
+    if n < 10**9:
+        return str(n)
+    for base in (10, 2):
+        k = round(math.log(n, base))
+        if base**k == n:
+            return f"{base}^{k}"
+    return f"{n} (~{float(n):.3g})"
+
+
+class _TooLarge(ValueError):
+    pass
 
 
 def _in_domain(c: Contract, grid: Mapping[str, np.ndarray], n: int) -> np.ndarray:
@@ -376,15 +446,18 @@ def _in_domain(c: Contract, grid: Mapping[str, np.ndarray], n: int) -> np.ndarra
     return mask
 
 
-class _TooLarge(ValueError):
-    pass
-
-
-def _bound_value(spec: Any, env: Mapping[str, Any]) -> Any:
+def _bound_value(spec: Any, env: Mapping[str, Any], name: str = "") -> Any:
+    """A bound's exact integer value(s): an int, or an array with one value per row of the grid so far."""
+    if isinstance(spec, bool):
+        raise _TooLarge(f"the bound of {name!r} is a condition, not an integer")
     if isinstance(spec, int):
         return spec
     v = exprlang.parse(spec).evaluate(env)
-    return v.expr if isinstance(v, sym.Term) else v
+    if isinstance(v, sym.Term):
+        return v.expr
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    raise _TooLarge(f"the bound {spec!r} of {name!r} is a condition, not an integer")
 
 
 @register_engine

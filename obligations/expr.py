@@ -28,7 +28,7 @@ __all__ = ["ExprError", "Expr", "parse", "FUNCTIONS"]
 
 MAX_LITERAL_BITS = 128
 MAX_SOURCE = 2000
-MAX_DEPTH = 64  # nesting of the syntax tree; deeper statements are rejected, never a RecursionError
+MAX_DEPTH = 64  # nesting of expressions; deeper statements are rejected, never a RecursionError
 
 
 class ExprError(ValueError):
@@ -145,6 +145,8 @@ def parse(source: str) -> Expr:
     for part, _start in reversed(trees[:-1]):  # right-associative: a implies b implies c = a -> (b -> c)
         tree = ast.Call(func=ast.Name(id="implies", ctx=ast.Load()), args=[part, tree], keywords=[])
         ast.copy_location(tree, part)
+    if len(trees) > 1:
+        _check_depth(tree)  # a chain of 'implies' nests its operands once more each
     return Expr(source, tree)
 
 
@@ -199,14 +201,20 @@ def _parse_part(source: str, start: int, end: int) -> ast.expr:
     return tree.body
 
 
-def _check_depth(tree: ast.AST, col: int) -> None:
-    """Reject trees deeper than MAX_DEPTH, walking with an explicit stack (no recursion to overflow)."""
-    stack = [(tree, 1)]
+def _check_depth(tree: ast.AST, col: int = 0) -> None:
+    """Reject expressions nested deeper than MAX_DEPTH, walking with an explicit stack (no recursion).
+
+    The depth is the nesting of expressions (operations, calls, operands): operator and context nodes
+    and brackets add none, so ``(m + (m + ... m))`` with 63 additions is within the limit.
+    """
+    stack = [(tree, 0)]
     while stack:
         node, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise ExprError(f"expression nested too deeply (limit {MAX_DEPTH})", getattr(node, "col_offset", 0) + col)
-        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+        if isinstance(node, ast.expr):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise ExprError(f"expression nested too deeply (limit {MAX_DEPTH})", _col(node) + col)
+        stack.extend((child, depth) for child in ast.iter_child_nodes(node))
 
 
 class _Whitelist(ast.NodeVisitor):

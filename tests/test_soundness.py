@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import z3
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -163,6 +164,154 @@ def test_wall_clock_ceiling_turns_a_long_solve_into_unknown(tmp_path):
     out = get_engine("z3").discharge(Job(contract, item, options={"z3_wall_seconds": 0.001}))
     assert out.status.value in ("unknown", "violated", "proved")  # a 1 ms ceiling may or may not bind
     assert out.evidence["wall_limit_s"] == 0.001
+
+
+# -- issue 25: mixed signed/unsigned operands follow C; enumeration never recurses; exact domain sizes --------
+
+MIXED = """\
+id: mixed-v1
+version: 1.0.0
+family: gemm
+summary: mixed-sign probes
+kernels:
+  k: {entry: "native.gemm:check_buffers"}
+equations: {e: {formula: "x"}}
+symbols:
+  x: {type: int32}
+  u: {type: uint32}
+  w: {type: int64}
+  y: {type: int64}
+  v: {type: uint64}
+falsification: []
+qa_gate: {id: GATE, requires: []}
+obligations: []
+"""
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mixed") / "mixed-v1.yaml"
+    path.write_text(MIXED)
+    return load_contract(path)
+
+
+def _pinned(given: str) -> dict:
+    """The enumeration bound that pins each symbol of ``given`` (``x == -1 and u == 0``) to its value."""
+    out = {}
+    for part in given.split(" and "):
+        name, value = part.split(" == ")
+        out[name] = [int(value), int(value)]
+    return out
+
+
+@pytest.mark.parametrize(
+    "given, prove, holds",
+    [
+        ("x == -1 and u == 0", "x < u", False),  # C: -1 < 0u is false (the int converts to unsigned)
+        ("w == -1 and v == 0", "w < v", False),
+        ("x == -1 and v == 0", "max(x, v) == 0", False),  # C: max(-1, 0ull) is 2**64 - 1
+        ("x == -1 and u == 0", "x > u and x != u and not (x <= u)", True),
+        ("x == -1 and v == 0", "max(x, v) == 18446744073709551615 and min(x, v) == 0", True),
+        ("w == -1 and u == 7", "(w if w < u else u) == -1", True),  # int64 holds every uint32: no conversion
+        ("x == -1 and u == 0", "(x if x < 0 else u) == 4294967295", True),  # ?: converts both branches
+        ("x == -7 and u == 2", "x // u == 2147483644 and x % u == 1", True),  # C divides converted operands
+        ("x == -1 and u == 2", "x + u == 1", True),  # + - * : the exact result fits uint32, equal to C's
+    ],
+)
+@pytest.mark.parametrize("method", ["z3", "enumerate"])
+def test_mixed_sign_operands_follow_cs_usual_arithmetic_conversions(mixed, method, given, prove, holds):
+    extra = {"given": given} if method == "z3" else {"bound": _pinned(given)}
+    out = run_item(mixed, _item(prove, method, **extra))
+    assert out.status.value == (("proved" if method == "z3" else "exhausted") if holds else "violated"), out
+    if not holds:
+        assert out.counterexample["refutes"] and not out.counterexample["prove"], out
+
+
+@pytest.mark.parametrize("method", ["z3", "enumerate"])
+def test_a_wrapping_mixed_sign_sum_is_an_overflow(mixed, method):
+    extra = {"given": "x == -1 and u == 0"} if method == "z3" else {"bound": {"x": [-1, -1], "u": [0, 0]}}
+    out = run_item(mixed, _item("x + u >= 0", method, **extra))  # C: 4294967295u; the wrap is reported
+    assert out.status.value == "violated" and "uint32 overflow in '+'" in out.reason, out
+
+
+def test_a_negative_literal_against_an_unsigned_operand_is_refused(mixed):
+    out = run_item(mixed, _item("u > -1"))  # C would compare with UINT_MAX: always false
+    assert out.status.value == "error" and "literal -1 does not fit uint32" in out.reason, out
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        (np.array([-1, 5, -(2**31)]), np.array([0, 3, 2**32 - 1])),
+        (np.array([-1, 2**62]), np.array([2**64 - 1, 0], dtype=object)),
+    ],
+)
+def test_conversion_agrees_on_the_three_carriers(a, b):
+    ty_b = "uint32" if b.dtype != object else "uint64"
+    ty_a = "int32" if ty_b == "uint32" else "int64"
+    for i in range(len(a)):
+        with sym.tracking():
+            x, y = sym.Term(int(a[i]), ty_a), sym.Term(int(b[i]), ty_b)
+            want = [bool((x < y).expr), int(sym.smax(x, y).expr), int(sym.smin(x, y).expr)]
+            xa, ya = sym.Term(a, ty_a), sym.Term(b, ty_b)
+            got = [bool(np.asarray((xa < ya).expr)[i]), int(sym.smax(xa, ya).expr[i]), int(sym.smin(xa, ya).expr[i])]
+            xz, yz = sym.Term.symbol("x", ty_a), sym.Term.symbol("y", ty_b)
+            s = z3.Solver()
+            s.add(xz.expr == int(a[i]), yz.expr == int(b[i]))
+            assert s.check() == z3.sat
+            m = s.model()
+            zval = [
+                z3.is_true(m.eval((xz < yz).expr)),
+                m.eval(sym.smax(xz, yz).expr).as_long(),
+                m.eval(sym.smin(xz, yz).expr).as_long(),
+            ]
+        bits = 32 if ty_b == "uint32" else 64
+        ca = int(a[i]) % (1 << bits)  # C's conversion of the signed operand
+        assert want == got == zval == [ca < int(b[i]), max(ca, int(b[i])), min(ca, int(b[i]))]
+
+
+@pytest.mark.parametrize("depth", [1, 3, 12])
+def test_enumeration_redoes_nested_wrapped_operations_without_recursion(mixed, depth):
+    prove = "w" + " * 4" * depth + " > w"
+    bound = {"w": [2305843009213693950, 2305843009213693954]}
+    out = run_item(mixed, _item(prove, "enumerate", bound=bound))
+    assert out.status.value == "violated" and "int64 overflow in '*'" in out.reason, out
+    with sym.tracking():
+        t = sym.Term(np.array([2**62, 3]), "int64")
+        for _ in range(200):  # far past any recursion limit's worth of nesting, all on object arrays
+            t = t * 2 + 1 - 1
+    assert int(t.expr[0]) == 2**262 and int(t.expr[1]) == 3 * 2**200
+
+
+@pytest.mark.parametrize(
+    "bound, text",
+    [
+        ({"w": [0, 3], "y": [-4611686018427387904, -1]}, "2^64 points"),
+        ({"w": [0, 3], "y": [-(2**62), 0]}, "18446744073709551620 (~1.84e+19) points"),
+        ({"y": [-(2**63), 2**63 - 1]}, "2^64 points"),
+        ({"w": [0, 10**12 - 1], "y": [0, 10**12 - 1]}, "10^12 points"),
+        ({"w": [0, 1000], "y": ["-w", "w * 2**60"]}, "points once 'y' is expanded"),
+    ],
+)
+def test_enumeration_domain_sizes_are_exact_and_never_reach_numpy_unchecked(mixed, bound, text):
+    out = run_item(mixed, _item("y >= 0", "enumerate", bound=bound))
+    assert out.status.value == "error" and text in out.reason and "limit 30000000" in out.reason, out
+
+
+def test_bounds_outside_the_machine_type_are_clipped_not_an_overflow_error(mixed):
+    out = run_item(mixed, _item("y < -(2**62)", "enumerate", bound={"y": [-(2**63) - 1, -(2**63) + 3]}))
+    assert out.status.value == "exhausted" and out.evidence["points"] == 4, out
+    out = run_item(mixed, _item("v > 2**63", "enumerate", bound={"v": [2**64 - 5, 2**64 + 5]}))
+    assert out.status.value == "exhausted" and out.evidence["points"] == 5, out
+
+
+def test_sixty_nested_operations_are_within_the_depth_limit():
+    parse("(m + " * 60 + "m" + ")" * 60)
+    parse("min(m, " * (MAX_DEPTH - 1) + "m" + ")" * (MAX_DEPTH - 1))
+    with pytest.raises(ExprError, match="nested too deeply"):
+        parse("(m + " * MAX_DEPTH + "m" + ")" * MAX_DEPTH)
+    with pytest.raises(ExprError, match="nested too deeply"):
+        parse("t implies " * MAX_DEPTH + "t")  # the chain nests once per 'implies'
 
 
 # -- the property: every verdict agrees with brute force --------------------------------------------------

@@ -228,21 +228,23 @@ def _ite(c: Any, a: Any, b: Any) -> Any:
 _I64 = np.iinfo(np.int64)
 
 
+def _py(op: str, a: Any, b: Any) -> Any:
+    """``a op b`` on exact carriers (Python ints, Z3 terms, object arrays of Python ints)."""
+    return a + b if op == "+" else a - b if op == "-" else a * b
+
+
 def _exact(op: str, a: Any, b: Any) -> Any:
     """``a op b`` for op in + - * with the mathematical result on every carrier.
 
     Z3 and Python ints are exact. NumPy int64 arrays wrap silently, so each operation checks for
     wrap-around exactly and redoes the operation on Python-int (object) arrays where it happened:
-    enumeration never trusts a wrapped value (a wrapped product can look in range).
+    enumeration never trusts a wrapped value (a wrapped product can look in range). No recursion: an
+    operand already beyond int64 (any depth of nested operations near 2**63) goes straight to objects.
     """
     if not (isinstance(a, np.ndarray) or isinstance(b, np.ndarray)):
-        return a + b if op == "+" else a - b if op == "-" else a * b
+        return _py(op, a, b)
     if _is_object(a) or _is_object(b) or not (_fits_i64(a) and _fits_i64(b)):
-        return (
-            _exact(op, _as_object(a), _as_object(b))
-            if not (_is_object(a) and _is_object(b))
-            else (a + b if op == "+" else a - b if op == "-" else a * b)
-        )
+        return _py(op, _as_object(a), _as_object(b))
     x, y = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
     with np.errstate(over="ignore"):
         if op == "+":
@@ -259,8 +261,19 @@ def _exact(op: str, a: Any, b: Any) -> Any:
             quotient = np.where(special, 0, r) // np.where(special, 1, safe_x)
             wrapped = special | ((x != 0) & (quotient != y))
     if np.any(wrapped):
-        return _exact(op, _as_object(a), _as_object(b))
+        return _py(op, _as_object(a), _as_object(b))
     return r
+
+
+def _convert(value: Any, src: MachineType, dst: MachineType) -> Any:
+    """``value`` of type ``src`` as C converts it to ``dst``, the common type of a usual arithmetic conversion.
+
+    The common type represents every value of ``src`` except where a signed type meets an unsigned one
+    of at least its width: C then takes the value modulo 2**bits (``-1`` becomes ``2**32 - 1``).
+    """
+    if not src.signed or dst.signed or (src.lo >= dst.lo and src.hi <= dst.hi):
+        return value
+    return _ite(value < 0, _exact("+", value, 1 << dst.bits), value)
 
 
 def _is_object(x: Any) -> bool:
@@ -276,7 +289,7 @@ def _fits_i64(x: Any) -> bool:
 def _as_object(x: Any) -> Any:
     """Python-int carrier array (exact, slower) for values the int64 carrier cannot hold."""
     if isinstance(x, np.ndarray):
-        return x if x.dtype == object else np.array([int(v) for v in x.ravel()], dtype=object).reshape(x.shape)
+        return x if x.dtype == object else x.astype(object)  # int64 elements become Python ints
     return int(x)
 
 
@@ -398,8 +411,10 @@ class Term:
             # Python's floor division and C's truncation agree only for a >= 0, b > 0; plans divide sizes.
             ok = _and(a.expr >= 0, b.expr > 0)
             deps |= {t.record(ok, "plan division needs a non-negative dividend and a positive divisor")}
-        q = _tdiv(a.expr, b.expr)
-        value = q if want == "div" else _exact("-", a.expr, _exact("*", b.expr, q))
+        # C divides the converted operands: -1 / 2u is 2147483647u (identity where plan division's check holds).
+        x, y = _convert(a.expr, a.ty, ty), _convert(b.expr, b.ty, ty)
+        q = _tdiv(x, y)
+        value = q if want == "div" else _exact("-", x, _exact("*", y, q))
         return self._checked(value, ty, deps, "'/'" if want == "div" else "'%'")
 
     def __floordiv__(self, o: Any) -> Term:
@@ -425,7 +440,9 @@ class Term:
     # -- comparisons --------------------------------------------------------------------------
     def _cmp(self, other: Any, op: str) -> BoolTerm:
         o = self._coerce(other)
-        a, b = self.expr, o.expr
+        # C compares in the common type: -1 < 0u is false (the int converts to unsigned).
+        ty = _promote(self.ty, o.ty)
+        a, b = _convert(self.expr, self.ty, ty), _convert(o.expr, o.ty, ty)
         if op == "<":
             e = a < b
         elif op == "<=":
@@ -525,7 +542,9 @@ def select(cond: Any, a: Any, b: Any) -> Any:
         ta = Term(int(a), ty)
     ta = ta if ta is not None else tb._coerce(a)
     tb = tb if tb is not None else ta._coerce(b)
-    return Term(_ite(c.expr, ta.expr, tb.expr), _promote(ta.ty, tb.ty), c.deps | ta.deps | tb.deps)
+    ty = _promote(ta.ty, tb.ty)  # C's ?: converts both branches: max(-1, 0ull) is 2**64 - 1
+    value = _ite(c.expr, _convert(ta.expr, ta.ty, ty), _convert(tb.expr, tb.ty, ty))
+    return Term(value, ty, c.deps | ta.deps | tb.deps)
 
 
 def smin(a: Any, b: Any) -> Any:

@@ -555,7 +555,7 @@ def _diagnose(c: Contract, known_ids: set[str] | None, imports: bool = True) -> 
         if imports or check.__name__ not in _IMPORTING:
             yield from check(c, known_ids)
         elif check.__name__ == "_expressions":
-            yield from _expressions_syntax(c)
+            yield from _expression_diagnostics(c, imports=False)
 
 
 def _schema_diagnostic(c: Contract, err: jsonschema.ValidationError) -> Diagnostic:
@@ -775,10 +775,8 @@ def _symbols(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
             yield _d(c, ("symbols", name), "min is greater than max")
 
 
-@semantic_check(imports=True)
+@semantic_check
 def _methods(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
-    from falsification.registry import get_test
-
     for key, idx, item in _sections(c):
         method = item.get("method", "falsify" if key == "falsification" else None)
         pending = "pending" in item
@@ -790,14 +788,30 @@ def _methods(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
             yield _d(c, (key, idx), f"method {method} needs a registered 'test' (or 'pending' with the reason)")
         if method == "assume" and "assumption" not in item:
             yield _d(c, (key, idx), "method assume needs the name of the 'assumption'")
-        if "test" in item and get_test(item["test"]) is None:
-            yield _d(c, (key, idx, "test"), f"no registered falsification test named {item['test']!r}", True)
         if method in ("z3", "enumerate") and item.get("kernel") is None and len(c.data["kernels"]) != 1:
             yield _d(c, (key, idx), "this contract has several kernels: name the item's 'kernel'")
 
 
 @semantic_check(imports=True)
+def _registered_tests(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
+    from falsification.registry import get_test
+
+    for key, idx, item in _sections(c):
+        if "test" in item and get_test(item["test"]) is None:
+            yield _d(c, (key, idx, "test"), f"no registered falsification test named {item['test']!r}", True)
+
+
+@semantic_check(imports=True)
 def _expressions(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
+    yield from _expression_diagnostics(c, imports=True)
+
+
+def _expression_diagnostics(c: Contract, imports: bool) -> Iterator[Diagnostic]:
+    """Statements and bounds: syntax, names, kinds, literals that do not fit, bounds that cannot enumerate.
+
+    Without ``imports`` the plan is not run: its quantities' names and kinds are left to the run with the
+    plan, and everything else is checked with the same messages (``kc validate`` and ``kc check`` agree).
+    """
     for key, idx, item in _sections(c):
         names = set(c.symbols)
         quantities: set[str] = set()
@@ -807,7 +821,8 @@ def _expressions(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
             if item.get("kernel")
             else (next(iter(c.data["kernels"].values())) if len(c.data["kernels"]) == 1 else None)
         )
-        if kernel and "plan" in kernel:
+        known_names = not (kernel and "plan" in kernel)  # without a plan, a name is a symbol or unknown
+        if kernel and "plan" in kernel and imports:
             try:
                 qs = plan_quantity_names(c, kernel["plan"])
             except plans.ResolveError:
@@ -817,6 +832,7 @@ def _expressions(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
                 return
             quantities = {n for n, v in qs.items() if not v} | BUILTIN_QUANTITIES
             callables = {n for n, v in qs.items() if v}
+            known_names = True
         clean = True
         for field_name in ("given", "prove"):
             if field_name not in item:
@@ -827,6 +843,8 @@ def _expressions(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
             except exprlang.ExprError as err:
                 clean = False
                 yield Diagnostic(c.path, *c.expression_position(path, err.col, item[field_name]), err.message)
+                continue
+            if not known_names:
                 continue
             clean = clean and not (e.names() - names - quantities - {"True", "False"}) and not (e.called() - callables)
             for n in sorted(e.names() - names - quantities - {"True", "False"}):
@@ -842,20 +860,12 @@ def _expressions(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
                     f"unknown function {n!r} (not a builtin or plan function)",
                 )
         if clean:
-            # Kinds (integer vs condition) are known only with the plan's values: evaluate once over Z3 symbols.
-            for err in statements.statement_errors(c, item):
+            # Kinds (integer vs condition) and literal fit: evaluate once over Z3 symbols (the plan's values
+            # with imports; opaque without, where every check that needs no plan value is still made).
+            for err in statements.statement_errors(c, item, run_plan=imports):
                 source = item[err.field]
                 yield Diagnostic(c.path, *c.expression_position((key, idx, err.field), err.col, source), err.message)
-        for sname, spec in (item.get("bound") or {}).items():
-            if sname not in names:
-                yield _d(c, (key, idx, "bound", sname), f"bound names unknown symbol {sname!r}")
-            for j, part in enumerate(spec if isinstance(spec, list) else [spec]):
-                if isinstance(part, str):
-                    path = (key, idx, "bound", sname, j) if isinstance(spec, list) else (key, idx, "bound", sname)
-                    try:
-                        exprlang.parse(part)
-                    except exprlang.ExprError as err:
-                        yield Diagnostic(c.path, *c.expression_position(path, err.col, part), err.message)
+        yield from _bound_diagnostics(c, key, idx, item, kernel is not None and "plan" in kernel)
         for j, entry in enumerate(item.get("boundaries") or []):  # regimes: guards whose limits get witnesses
             text = entry.get("guard") if isinstance(entry, dict) else entry
             path = (key, idx, "boundaries", j, "guard") if isinstance(entry, dict) else (key, idx, "boundaries", j)
@@ -864,6 +874,8 @@ def _expressions(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
             except exprlang.ExprError as err:
                 yield Diagnostic(c.path, *c.expression_position(path, err.col, str(text)), err.message)
                 continue
+            if not known_names:
+                continue  # without imports the plan's names are unknown: checked with --import and by kc check
             for n in sorted(e.names() - names - quantities - {"True", "False"}):
                 msg = f"unknown name {n!r} in a boundaries guard (not a symbol or plan quantity)"
                 yield Diagnostic(c.path, *c.expression_position(path, _find_name(str(text), n), str(text)), msg)
@@ -872,17 +884,75 @@ def _expressions(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
                 yield Diagnostic(c.path, *c.expression_position(path, _find_name(str(text), n), str(text)), msg)
 
 
-def _expressions_syntax(c: Contract) -> Iterator[Diagnostic]:
-    """Without imports: every statement parses (names are checked against the plan only with imports)."""
-    for key, idx, item in _sections(c):
-        for field_name in ("given", "prove"):
-            if field_name in item:
-                try:
-                    exprlang.parse(item[field_name])
-                except exprlang.ExprError as err:
-                    yield Diagnostic(
-                        c.path, *c.expression_position((key, idx, field_name), err.col, item[field_name]), err.message
-                    )
+def _bound_diagnostics(c: Contract, key: str, idx: int, item: dict[str, Any], has_plan: bool) -> Iterator[Diagnostic]:
+    """An enumeration bound names symbols, each [lo, hi] is integers over symbols expanded before it, and a
+    literal range is non-empty and meets the symbol's domain (else the item could only be vacuous)."""
+    bound = item.get("bound") or {}
+    symbols = c.symbols
+    method = item.get("method")
+    # Enumeration expands the finite domains the bound leaves out first, then the bound's symbols in its
+    # order; a bound of another method (regimes: Z3 constraints) may use any symbol.
+    ordered = method == "enumerate"
+    expanded = (
+        {n for n, d in symbols.items() if n not in bound and (d["type"] == "bool" or "values" in d)}
+        if ordered
+        else set(symbols)
+    )
+    for sname, spec in bound.items():
+        if sname not in symbols:
+            yield _d(c, (key, idx, "bound", sname), f"bound names unknown symbol {sname!r}")
+            continue
+        parts = spec if isinstance(spec, list) else [spec]
+        literal = all(isinstance(p, int) for p in parts)
+        for j, part in enumerate(parts):
+            if not isinstance(part, str):
+                continue
+            path = (key, idx, "bound", sname, j) if isinstance(spec, list) else (key, idx, "bound", sname)
+            problem = _bound_expression_problem(c, part, sname, expanded, has_plan)
+            if problem is not None:
+                col, message = problem
+                yield Diagnostic(c.path, *c.expression_position(path, col, part), message)
+        if literal and method in ("enumerate", "regimes"):
+            lo, hi = parts[0], parts[-1]
+            d = symbols[sname]
+            dom_lo, dom_hi = (0, 1) if d["type"] == "bool" else _declared_range(d)
+            where = (key, idx, "bound", sname)
+            if lo > hi:
+                yield _d(c, where, f"bound [{lo}, {hi}] of {sname!r} is empty (lo > hi)", True)
+            elif hi < dom_lo or lo > dom_hi:
+                yield _d(
+                    c, where, f"bound [{lo}, {hi}] of {sname!r} lies outside its domain [{dom_lo}, {dom_hi}]", True
+                )
+        expanded.add(sname)
+
+
+def _declared_range(decl: dict[str, Any]) -> tuple[int, int]:
+    t = sym.machine_type(decl["type"])
+    return max(t.lo, decl.get("min", t.lo)), min(t.hi, decl.get("max", t.hi))
+
+
+def _bound_expression_problem(
+    c: Contract, source: str, sname: str, expanded: set[str], has_plan: bool
+) -> tuple[int, str] | None:
+    """(column, message) of the first problem of one bound expression, or None."""
+    try:
+        e = exprlang.parse(source)
+    except exprlang.ExprError as err:
+        return err.col, err.message
+    for n in sorted(e.names() & set(c.symbols)):
+        if n not in expanded:
+            return _find_name(source, n), f"bound of {sname!r} uses {n!r}, which is not enumerated before it"
+    values: dict[str, Any] = {n: v for n, v in plans.symbolic_env(c.symbols).items() if n in expanded}
+    if has_plan:
+        values.update({n: exprlang.OPAQUE for n in (e.names() - set(c.symbols)) | e.called()})
+    try:
+        with sym.tracking():
+            v = e.evaluate(values)
+    except exprlang.ExprError as err:
+        return err.col, err.message
+    if isinstance(v, sym.BoolTerm | bool):
+        return 0, f"bound of {sname!r} is a condition, not an integer"
+    return None
 
 
 def _find_name(source: str, name: str) -> int:

@@ -24,7 +24,7 @@ import numpy as np
 from obligations.core import symbolic as sym
 from obligations.core.symbolic import BoolTerm, Term
 
-__all__ = ["ExprError", "Expr", "parse", "FUNCTIONS"]
+__all__ = ["ExprError", "Expr", "parse", "FUNCTIONS", "Opaque", "OPAQUE"]
 
 MAX_LITERAL_BITS = 128
 MAX_SOURCE = 2000
@@ -41,6 +41,26 @@ class ExprError(ValueError):
 
     def __str__(self) -> str:
         return f"col {self.col + 1}: {self.message}"
+
+
+class Opaque:
+    """A value known only by running the kernel's plan (``kc validate`` without imports): of either kind.
+
+    Every check that involves it is left to the run with the plan; every check that does not (a literal
+    that does not fit its symbol's type, a condition ordered) is made, with the message the run would give.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "OPAQUE"
+
+
+OPAQUE = Opaque()
+
+
+def _opaque(*values: Any) -> bool:
+    return any(v is OPAQUE for v in values)  # 'is': '==' on a Term builds a condition
 
 
 def _cast(ty: str) -> Callable[[Any], Any]:
@@ -335,19 +355,19 @@ class _Evaluator(ast.NodeVisitor):
             raise
         except (TypeError, OverflowError, ValueError, ZeroDivisionError) as e:
             raise ExprError(str(e), _col(node)) from None
-        if not (_is_cond(value) or _is_int(value)):
+        if not (_is_cond(value) or _is_int(value) or value is OPAQUE):
             raise ExprError(f"{ast.unparse(node)!r} is {_kind(value)}, not an integer or a condition", _col(node))
         return value
 
     def cond(self, node: ast.AST) -> Any:
         v = self.visit(node)
-        if not _is_cond(v):
+        if not (_is_cond(v) or v is OPAQUE):
             raise ExprError(f"expected a condition, got {_kind(v)}: {ast.unparse(node)!r}", _col(node))
         return v
 
     def integer(self, node: ast.AST) -> Any:
         v = self.visit(node)
-        if not _is_int(v):
+        if not (_is_int(v) or v is OPAQUE):
             raise ExprError(f"expected an integer, got {_kind(v)}: {ast.unparse(node)!r}", _col(node))
         return v
 
@@ -367,16 +387,22 @@ class _Evaluator(ast.NodeVisitor):
 
     def visit_BoolOp(self, node: ast.BoolOp) -> Any:
         vals = [self.cond(v) for v in node.values]
+        if _opaque(*vals):
+            return OPAQUE
         return sym.all_of(*vals) if isinstance(node.op, ast.And) else sym.any_of(*vals)
 
     def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
+        v = self.cond(node.operand) if isinstance(node.op, ast.Not) else self.integer(node.operand)
+        if v is OPAQUE:
+            return OPAQUE
         if isinstance(node.op, ast.Not):
-            return sym.negate(self.cond(node.operand))
-        v = self.integer(node.operand)
+            return sym.negate(v)
         return -v if isinstance(node.op, ast.USub) else v
 
     def visit_BinOp(self, node: ast.BinOp) -> Any:
         a, b = self.integer(node.left), self.integer(node.right)
+        if _opaque(a, b):
+            return OPAQUE
         op = node.op
         if not isinstance(a, Term) and not isinstance(b, Term):
             return _check_literal(_int_binop(op, int(a), int(b), node), node)
@@ -399,16 +425,24 @@ class _Evaluator(ast.NodeVisitor):
         for op, comp in zip(node.ops, node.comparators, strict=True):
             right = self.visit(comp)
             name = _CMP[type(op)]
+            if _opaque(left, right):
+                parts.append(OPAQUE)
+                left = right
+                continue
             if name in ("==", "!=") and _is_cond(left) != _is_cond(right):
                 raise ExprError(f"'{name}' compares {_kind(left)} with {_kind(right)}", _col(node))
             if name not in ("==", "!=") and not (_is_int(left) and _is_int(right)):
                 raise ExprError(f"'{name}' orders integers only, not {_kind(left)} and {_kind(right)}", _col(node))
             parts.append(_compare(name, left, right))
             left = right
+        if _opaque(*parts):
+            return OPAQUE
         return parts[0] if len(parts) == 1 else sym.all_of(*parts)
 
     def visit_IfExp(self, node: ast.IfExp) -> Any:
         test, body, orelse = self.cond(node.test), self.visit(node.body), self.visit(node.orelse)
+        if _opaque(test, body, orelse):
+            return OPAQUE
         if _is_cond(body) != _is_cond(orelse):
             raise ExprError(f"the branches are {_kind(body)} and {_kind(orelse)}", _col(node))
         return sym.select(test, body, orelse)
@@ -421,10 +455,16 @@ class _Evaluator(ast.NodeVisitor):
                 self.cond(a) if k == "cond" else self.integer(a) if k == "int" else self.visit(a)
                 for a, k in zip(node.args, kinds, strict=True)
             ]
+            if _opaque(*args):
+                return OPAQUE
             if name == "select" and _is_cond(args[1]) != _is_cond(args[2]):
                 raise ExprError(f"select() branches are {_kind(args[1])} and {_kind(args[2])}", _col(node))
             return FUNCTIONS[name][1](*args)
         fn = self.env.get(name)
+        if fn is OPAQUE:
+            for a in node.args:
+                self.visit(a)
+            return OPAQUE
         if not callable(fn):
             raise ExprError(f"unknown function {name!r}", node.col_offset)
         return fn(*[self.visit(a) for a in node.args])

@@ -55,6 +55,8 @@ def kernel_of(contract: Contract, item: Mapping[str, Any]) -> dict[str, Any] | N
 
 
 def _condition(field: str, value: Any) -> sym.BoolTerm:
+    if value is exprlang.OPAQUE:
+        return sym.BoolTerm(True)  # a plan's value: its kind is checked where the plan runs
     if isinstance(value, sym.BoolTerm):
         return value
     if isinstance(value, bool | np.bool_):
@@ -92,13 +94,40 @@ def evaluate_statement(contract: Contract, item: Mapping[str, Any], env: dict[st
     return Evaluation(result["given"], result["prove"], tracker, quantities)
 
 
-def statement_errors(contract: Contract, item: Mapping[str, Any]) -> list[StatementError]:
-    """Kind errors of the item's statements, found by evaluating them once over fresh Z3 symbols."""
+def statement_errors(contract: Contract, item: Mapping[str, Any], *, run_plan: bool = True) -> list[StatementError]:
+    """Kind errors of the item's statements, found by evaluating them once over fresh Z3 symbols.
+
+    Without ``run_plan`` nothing is imported: the plan's quantities are opaque (of either kind), so the
+    errors found are those the run with the plan finds too, with the same message and column.
+    """
     if not any(item.get(f) for f in FIELDS):
         return []
     env = plans.symbolic_env(contract.symbols)
     try:
-        evaluate_statement(contract, item, env)
+        if run_plan:
+            evaluate_statement(contract, item, env)
+        else:
+            _evaluate_offline(contract, item, env)
     except StatementError as e:
         return [e]
     return []
+
+
+def _evaluate_offline(contract: Contract, item: Mapping[str, Any], env: dict[str, Any]) -> None:
+    """Evaluate the statements with every name that is not a symbol opaque (the plan's, known when it runs)."""
+    kernel = kernel_of(contract, item)
+    has_plan = kernel is not None and "plan" in kernel
+    with sym.tracking():
+        for field in FIELDS:
+            if not item.get(field):
+                continue
+            try:
+                e = exprlang.parse(item[field])
+                values = dict(env)
+                if has_plan:  # a called name is the plan's even where a symbol has it too (plan values win)
+                    values.update({n: exprlang.OPAQUE for n in (e.names() - set(env)) | e.called()})
+                _condition(field, e.evaluate(values))
+            except StatementError:
+                raise
+            except exprlang.ExprError as err:
+                raise StatementError(field, err) from None

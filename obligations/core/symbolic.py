@@ -536,10 +536,11 @@ def select(cond: Any, a: Any, b: Any) -> Any:
     tb = b if isinstance(b, Term) else None
     if ta is None and tb is None:
         # Two literal branches take C's type for integer literals: int, or the narrowest wider type.
-        ty = next(
-            t for t in (TYPES["int32"], TYPES["int64"], TYPES["uint64"]) if t.lo <= min(a, b) and max(a, b) <= t.hi
-        )
-        ta = Term(int(a), ty)
+        lo, hi = min(a, b), max(a, b)
+        fitting = [t for t in (TYPES["int32"], TYPES["int64"], TYPES["uint64"]) if t.lo <= lo and hi <= t.hi]
+        if not fitting:
+            raise OverflowError(f"literal branches {a} and {b} fit no one integer type")
+        ta = Term(int(a), fitting[0])
     ta = ta if ta is not None else tb._coerce(a)
     tb = tb if tb is not None else ta._coerce(b)
     ty = _promote(ta.ty, tb.ty)  # C's ?: converts both branches: max(-1, 0ull) is 2**64 - 1

@@ -188,8 +188,23 @@ def _tested_label(item: Mapping[str, Any]) -> str:
     return "parity tested" if item.get("agreement") else "ran"
 
 
+def _measured(cases: Mapping[str, Any]) -> str:
+    """The intervals of a measure item's cases (falsification.measure), one phrase each."""
+    parts = []
+    for name, m in cases.items():
+        i = m.get("interval") or {}
+        parts.append(
+            f"{name}: median ratio {i.get('estimate')} in [{i.get('low')}, {i.get('high')}] "
+            f"({m.get('trials')} trials, {i.get('confidence')} confidence) {m.get('direction')} {m.get('threshold')}"
+        )
+    return "; ".join(parts)
+
+
 def _tested(item: Mapping[str, Any]) -> str:
     ev = _ev(item)
+    if isinstance(ev.get("cases_measured"), Mapping):
+        intervals = _measured(ev["cases_measured"])
+        return f"Measured against peers of the same run, decided on bootstrap intervals: {intervals}"
     cases = ev.get("cases")
     n = f"{_fmt_int(cases)} cases" if cases is not None else "an unstated number of cases"
     seed = f" (seed {ev['seed']})" if "seed" in ev else ""

@@ -29,12 +29,13 @@ from falsification.agreement import Expected
 from falsification.engine import Check
 from falsification.float32_inputs import MIXES, BatchSpec, generate_bits
 from falsification.registry import FalsifyContext, register_test
+from native.conv import ConvRefused, conv_axis_plan, pool2d_plan, tconv_axis_plan
 from obligations.core.device import array_module, to_host
-from obligations.core.plans import resolve
+from obligations.core.plans import regime_of, resolve
 from obligations.core.results import Outcome
 from spec import conv as ref
 
-__all__ = ["ConvCase", "conv_cases", "MIX_NAMES", "U32"]
+__all__ = ["ConvCase", "conv_cases", "MIX_NAMES", "U32", "TIE_MIX", "tie_windows"]
 
 U32 = 2.0**-24
 MIX_NAMES: tuple[str, ...] = ("moderate", *sorted(MIXES))
@@ -157,11 +158,11 @@ def _operands(case: ConvCase, xp: Any, op: str) -> _Operands:
     mix = MIX_NAMES[case.mix]
     if op == "tconv":
         x_shape, w_shape = (case.batch, c_in) + sizes, (c_in, case.cout_g) + kernel
-        outs = tuple(ref.tconv_out_size(*a) for a in case.axes)
+        outs = tuple(max(0, ref.tconv_out_size(*a)) for a in case.axes)  # a refused window: no outputs
         y_shape = (case.batch, c_out) + outs
     else:
         x_shape, w_shape = (case.batch, c_in) + sizes, (c_out, case.cin_g) + kernel
-        outs = tuple(ref.out_size(*a[:5]) for a in case.axes)
+        outs = tuple(max(0, ref.out_size(*a[:5])) for a in case.axes)
         y_shape = (case.batch, c_out) + outs
     shapes = {"x": x_shape, "w": w_shape, "b": (c_out,), "dy": y_shape}
     bits = {k: _bits(case.seed + j, int(np.prod(s)), mix).reshape(s) for j, (k, s) in enumerate(shapes.items())}
@@ -246,6 +247,29 @@ def _conv_alternative(op: str) -> Callable[[_Operands], Expected]:
     return run
 
 
+def _conv_witness(seed: int, w: Any) -> ConvCase:
+    """The rank-1 call of a CONV-AXIS-REGIMES or CONV-TCONV-REGIMES witness (one axis; two output channels, bias)."""
+    axis = (int(w["size"]), int(w["kernel"]), int(w["stride"]), int(w["padding"]), int(w["dilation"]))
+    return ConvCase(seed, 0, 1, 1, 1, 2, 1, ((*axis, int(w.get("out_pad", 0))),))
+
+
+def _conv_regimes(transposed: bool) -> Callable[[ConvCase], list[str]]:
+    """The axis regimes a case selects (every axis' together)."""
+
+    def regimes(c: ConvCase) -> list[str]:
+        out: list[str] = []
+        keys = ("size", "kernel", "stride", "padding", "dilation", "out_pad")
+        for a in c.axes:
+            values = dict(zip(keys, a, strict=True))
+            if not transposed:
+                values.pop("out_pad")
+            names = regime_of(tconv_axis_plan if transposed else conv_axis_plan, values)
+            out += [n for n in names if n not in out]
+        return out
+
+    return regimes
+
+
 def _explicit(ctx: FalsifyContext, transposed: bool) -> tuple[ConvCase, ...]:
     """Boundary windows: the padding is the whole margin, stride on one axis only, dilation past the input."""
     s = ctx.seed
@@ -277,6 +301,9 @@ def conv_bitwise(ctx: FalsifyContext) -> Outcome:
         describe=lambda c: c.describe(),
         alternative=_conv_alternative(op),
         alternative_name="the same sums accumulated exactly in float64 and rounded once",
+        from_witness=lambda w: _conv_witness(ctx.seed, w),
+        regime_of=_conv_regimes(transposed),
+        refuses=(ConvRefused,),
         build={
             "impl": name,
             "op": op,
@@ -297,7 +324,7 @@ class PoolCase:
     """A pooling call: seed, tie-heavy values or a mix, planes, H, W and the window per axis."""
 
     seed: int
-    mix: int  # 0: few distinct values (ties, signed zeros, a NaN sometimes); else a MIX_NAMES index
+    mix: int  # 0: few distinct values (ties, signed zeros, a NaN sometimes); TIE_MIX: several maxima per window
     planes: int
     h: int
     w: int
@@ -321,7 +348,7 @@ def _pool_cases(draw: Any) -> PoolCase:
     w = draw(st.integers(max(1, kw - 2 * pw), kw + 6))
     return PoolCase(
         draw(st.integers(0, 2**32 - 1)),
-        draw(st.integers(0, len(MIX_NAMES))),
+        draw(st.integers(0, TIE_MIX)),
         draw(st.integers(1, 3)),
         h,
         w,
@@ -335,9 +362,41 @@ def _pool_cases(draw: Any) -> PoolCase:
 
 
 _TIE_VALUES = np.array([0.0, -0.0, 1.0, 1.0, 2.0, -1.0, 2.0, 0.5], dtype=np.float32)
+TIE_MIX = len(MIX_NAMES) + 1  # the pooling mix whose windows hold several maxima: equal values, NaNs, both zeros
+# Per plane (in turn): the maximum 3 repeated (1 beside it), NaNs of several payloads among 3s, and +0 / -0 only.
+_TIE_PLANES: tuple[np.ndarray, ...] = (
+    np.array([0x40400000, 0x40400000, 0x40400000, 0x3F800000], dtype=np.uint32),
+    np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0x40400000, 0x40400000], dtype=np.uint32),
+    np.array([0x00000000, 0x80000000], dtype=np.uint32),
+)
+
+
+def _tie_bits(c: PoolCase, n: int, salt: int) -> np.ndarray:
+    """Values where most windows have several candidates for the maximum (the argmax must take the first)."""
+    rng = np.random.default_rng(c.seed + salt)
+    plane = (np.arange(n) // max(c.h * c.w, 1) + c.seed) % len(_TIE_PLANES)
+    out = np.empty(n, dtype=np.uint32)
+    for k, values in enumerate(_TIE_PLANES):
+        at = plane == k
+        out[at] = values[rng.integers(0, len(values), int(at.sum()))]
+    return out
+
+
+def tie_windows(x_bits: np.ndarray, c: PoolCase) -> tuple[int, int]:
+    """(windows whose maximum several real taps share, windows with several NaN taps) of a max pooling."""
+    x = np.asarray(x_bits, dtype=np.uint32).view(np.float32)
+    with np.errstate(invalid="ignore"):  # signalling NaNs widen to float64 quietly
+        taps, real, _ = ref.pool_windows_f64(x, **c.window())
+    y = np.asarray(ref.max_pool2d(x_bits, **c.window())[0]).view(np.float32).astype(np.float64)
+    y = y.reshape(taps.shape[:-1])[..., None]
+    nan = np.isnan(taps) & real[None]
+    top = real[None] & ~np.isnan(taps) & (taps == y) & (np.signbit(taps) == np.signbit(y))
+    return int(np.count_nonzero(top.sum(-1) >= 2)), int(np.count_nonzero(nan.sum(-1) >= 2))
 
 
 def _pool_bits(c: PoolCase, n: int, salt: int) -> np.ndarray:
+    if c.mix == TIE_MIX:
+        return _tie_bits(c, n, salt)
     if c.mix == 0:
         rng = np.random.default_rng(c.seed + salt)
         v = _TIE_VALUES[rng.integers(0, len(_TIE_VALUES), n)]
@@ -350,6 +409,7 @@ def _pool_bits(c: PoolCase, n: int, salt: int) -> np.ndarray:
 @register_test("conv.pool_bitwise")
 def pool_bitwise(ctx: FalsifyContext) -> Outcome:
     """Max / average pooling and their backward bitwise to the spec (max: value and first argmax)."""
+    fields = tuple(PoolCase.__dataclass_fields__)
     op = ctx.params.get("op", "max")
     name = ctx.params.get("impl", _DEFAULT_IMPL[op])
     impl = resolve(name)
@@ -357,9 +417,12 @@ def pool_bitwise(ctx: FalsifyContext) -> Outcome:
 
     def inputs(c: PoolCase) -> dict[str, Any]:
         x = _pool_bits(c, c.planes * c.h * c.w, 0).reshape(c.planes, c.h, c.w)
-        oh, ow = ref.out_size(c.h, c.kh, c.sh, c.ph), ref.out_size(c.w, c.kw, c.sw, c.pw)
+        oh, ow = max(0, ref.out_size(c.h, c.kh, c.sh, c.ph)), max(0, ref.out_size(c.w, c.kw, c.sw, c.pw))
         dy = _bits(c.seed + 7, c.planes * oh * ow, "moderate").reshape(c.planes, oh, ow)
-        return {"case": c, "x": x, "dy": dy, "arg": ref.max_pool2d(x, **c.window())[1]}
+        plan = pool2d_plan(c.planes, c.h, c.w, c.kh, c.kw, c.sh, c.sw, c.ph, c.pw)
+        # a refused witness (POOL-REGIMES' rejected side) has no spec argmax: the guard must refuse it first
+        arg = ref.max_pool2d(x, **c.window())[1] if plan.windows_ok() else np.zeros(dy.shape, np.int64)
+        return {"case": c, "x": x, "dy": dy, "arg": arg}
 
     def native(d: dict[str, Any]) -> Any:
         c, win = d["case"], d["case"].window()
@@ -403,14 +466,14 @@ def pool_bitwise(ctx: FalsifyContext) -> Outcome:
                 return Expected(bits=back)
             if op == "avg":
                 taps, _, _ = ref.pool_windows_f64(x, **win)
-                v = (taps.sum(-1) / (c.kh * c.kw)).reshape(c.planes, -1)
+                v = (taps.sum(-1) / (c.kh * c.kw)).reshape(c.planes, taps.shape[1] * taps.shape[2])
                 return Expected(bits=_round_once(v).reshape(c.planes, *taps.shape[1:3]))
             dy = d["dy"].view(np.float32).astype(np.float64)
             taps, real, idx = ref.pool_windows_f64(x, **win)
             acc = np.zeros((c.planes, c.h * c.w + 1))
             flat = np.where(real, idx, c.h * c.w)
             contrib = np.broadcast_to(dy[..., None], (c.planes, *flat.shape))
-            np.add.at(acc, (slice(None), flat.reshape(-1)), contrib.reshape(c.planes, -1))
+            np.add.at(acc, (slice(None), flat.reshape(-1)), contrib.reshape(c.planes, flat.size))
             return Expected(bits=_round_once(acc[:, :-1] / (c.kh * c.kw)).reshape(c.planes, c.h, c.w))
 
     s = ctx.seed
@@ -418,8 +481,26 @@ def pool_bitwise(ctx: FalsifyContext) -> Outcome:
         PoolCase(s, 0, 2, 5, 5, 3, 3, 1, 1, 1, 1),
         PoolCase(s + 1, 0, 1, 4, 7, 2, 3, 2, 1, 1, 0),
         PoolCase(s + 2, 3, 2, 6, 6, 4, 2, 3, 2, 2, 1),
+        # several maxima per window (equal values, NaNs of several payloads, +0 beside -0): the first one wins
+        PoolCase(s + 3, TIE_MIX, 3, 6, 6, 3, 3, 1, 1, 1, 1),
+        PoolCase(s + 4, TIE_MIX, 3, 5, 7, 2, 3, 2, 2, 0, 1),
     )
-    fields = tuple(PoolCase.__dataclass_fields__)
+    ties = {"windows_with_equal_maxima": 0, "windows_with_several_nans": 0}
+
+    def observe(j: engine.Judgement) -> None:
+        if op == "max":
+            equal, nans = tie_windows(j.inputs["x"], j.inputs["case"])
+            ties["windows_with_equal_maxima"] += equal
+            ties["windows_with_several_nans"] += nans
+
+    def witness(w: Any) -> PoolCase:
+        dims = (int(w[k]) for k in ("planes", "height", "width", "kh", "kw", "sh", "sw", "ph", "pw"))
+        return PoolCase(s, TIE_MIX, *dims)
+
+    def regimes(c: PoolCase) -> list[str]:
+        keys = ("planes", "height", "width", "kh", "kw", "sh", "sw", "ph", "pw")
+        return regime_of(pool2d_plan, dict(zip(keys, (getattr(c, f) for f in fields[2:]), strict=True)))
+
     check = Check(
         name=f"pool {op}",
         inputs=inputs,
@@ -443,8 +524,12 @@ def pool_bitwise(ctx: FalsifyContext) -> Outcome:
             "reference": "spec.conv (softfloat, env cuda)",
             "ties": "first real tap in row-major order (NaN above all, +0 above -0)",
         },
+        observe=observe,
+        from_witness=witness,
+        regime_of=regimes,
+        refuses=(ConvRefused,),
     )
-    return engine.run(ctx, check)
+    return engine.run(ctx, check, (lambda: dict(ties)) if op == "max" else None)
 
 
 # -- error bound and adjoint -------------------------------------------------------------------------------

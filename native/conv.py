@@ -37,12 +37,13 @@ from native.elementwise import launch_plan
 from native.workloads import register_workload
 from obligations.core.device import array_module, resolve_device
 from obligations.core.entrypoints import entry_point
-from obligations.core.symbolic import all_of, as_type, cdiv, select, smax, smin
+from obligations.core.symbolic import all_of, any_of, as_type, cdiv, select, smax, smin
 
 __all__ = [
     "MAX_ELEMENTS",
     "MAX_RANK",
     "ROUTE",
+    "ConvRefused",
     "ConvAxis",
     "conv_axis_plan",
     "TConvAxis",
@@ -92,6 +93,10 @@ F32 = np.float32
 # -- plans ---------------------------------------------------------------------------------------------
 
 
+class ConvRefused(ValueError):
+    """Raised before any launch when a convolution, transposed convolution or pooling plan's guard refuses a call."""
+
+
 @dataclass(frozen=True)
 class ConvAxis:
     """One spatial axis of a convolution window sweep; every quantity int64."""
@@ -113,6 +118,18 @@ class ConvAxis:
     def real(self, i: Any) -> Any:
         """Whether input index ``i`` is a real (unpadded) cell."""
         return all_of(i >= 0, i < self.size)
+
+    def regimes(self) -> dict[str, Any]:
+        """Window sweeps a valid axis selects: dense (no padding, stride or dilation), padded, strided, dilated,
+        one output (the window covers the padded input) and an empty input read only through its padding."""
+        return {
+            "dense": all_of(self.padding == 0, self.stride == 1, self.dilation == 1),
+            "padded": self.padding > 0,
+            "strided": self.stride > 1,
+            "dilated": self.dilation > 1,
+            "one_output": self.out == 1,
+            "all_padding": self.size == 0,
+        }
 
 
 def conv_axis_plan(size: Any, kernel: Any, stride: Any, padding: Any, dilation: Any) -> ConvAxis:
@@ -157,9 +174,24 @@ class TConvAxis:
         """The conv index map this gather inverts: the output of input ``i`` at tap ``t`` is i*s - p + t*d."""
         return as_type(i, "int64") * self.stride - self.padding + as_type(t, "int64") * self.dilation
 
+    def regimes(self) -> dict[str, Any]:
+        """Gathers a valid axis selects: unit (every tap of every output hits), strided (taps between inputs
+        miss), padded (outputs cropped), output-padded (a tail of outputs past the last input) and dilated."""
+        return {
+            "unit": all_of(self.stride == 1, self.padding == 0, self.out_pad == 0, self.dilation == 1),
+            "strided": self.stride > 1,
+            "padded": self.padding > 0,
+            "out_padded": self.out_pad > 0,
+            "dilated": self.dilation > 1,
+        }
+
 
 def tconv_axis_plan(size: Any, kernel: Any, stride: Any, padding: Any, dilation: Any, out_pad: Any) -> TConvAxis:
-    """out = (size - 1) s - 2p + d(k - 1) + out_pad + 1 (PyTorch's rule, 0 <= out_pad < max(s, d)), int64.
+    """out = (size - 1) s - 2p + d(k - 1) + out_pad + 1 with 0 <= out_pad < s, int64.
+
+    PyTorch also admits s <= out_pad < d; there the convolution of the output is not the input size (see
+    CONV-TCONV-inverse-z3) and the entry point's adjoint guard refuses the call, so the plan refuses it too (the
+    boundary witnesses of CONV-TCONV-REGIMES found a plan that accepted what the entry point refused).
 
     ``back``: the convolution output size of ``out`` with the same window, which the contract proves is ``size``.
     """
@@ -172,7 +204,7 @@ def tconv_axis_plan(size: Any, kernel: Any, stride: Any, padding: Any, dilation:
         dilation >= 1,
         padding >= 0,
         out_pad >= 0,
-        out_pad < smax(s64, d64),
+        out_pad < s64,
         raw >= 1,
     )
     out = select(valid, raw, 0)
@@ -429,6 +461,25 @@ class Pool2dPlan:
     def accepts(self, x_len: Any, y_len: Any) -> Any:
         """The guard: valid windows and both buffers at least their sizes."""
         return all_of(self.valid, x_len >= self.x_elems, y_len >= self.y_elems)
+
+    def windows_ok(self) -> Any:
+        """The window part of the guard (each axis' valid, planes >= 0): what a call with real arrays reaches; the
+        2^40-element limits of ``valid`` are proved by the z3 and enumeration items (their calls need 4 TiB)."""
+        return all_of(self.planes >= 0, *(a.valid for a in self.axes))
+
+    def regimes(self) -> dict[str, Any]:
+        """Sweeps a valid pooling selects: no planes, unpadded or padded windows, overlapping windows (a backward
+        input gathers several), gaps (inputs no window covers) and a single window per plane."""
+        a, b = self.axes
+        some = self.planes >= 1
+        return {
+            "no_planes": self.planes == 0,
+            "unpadded": all_of(some, a.padding == 0, b.padding == 0),
+            "padded": all_of(some, any_of(a.padding > 0, b.padding > 0)),
+            "overlapping": all_of(some, any_of(a.stride < a.kernel, b.stride < b.kernel)),
+            "gaps": all_of(some, any_of(a.stride > a.kernel, b.stride > b.kernel)),
+            "one_window": all_of(some, self.out_h == 1, self.out_w == 1),
+        }
 
     def x_offset(self, q: Any, ih: Any, iw: Any) -> Any:
         """Offset of x[plane q, ih, iw]."""
@@ -1016,7 +1067,7 @@ def _guard(
     )
     y_len = int(plan.y_elems) if y_len is None else y_len
     if not plan.accepts(x_len, w_len, b_len, y_len):
-        raise ValueError(
+        raise ConvRefused(
             f"convolution refused by its plan: x {tuple(x_shape)}, w {tuple(w_shape)}, bias {b_len}, "
             f"stride {stride}, padding {padding}, dilation {dilation}, groups {groups}"
         )
@@ -1049,6 +1100,11 @@ def _host_taps(xs: np.ndarray, idx: Sequence[np.ndarray]) -> np.ndarray:
     for d, ix in enumerate(idx):
         axis = out.ndim - len(idx) + d
         size = xs.shape[axis]
+        if size == 0:  # an empty input axis read only through its padding (the plan admits it): every tap is +0
+            shape = list(out.shape)
+            shape[axis] = ix.shape[0]
+            out = np.zeros(shape, dtype=F32)
+            continue
         ok = (ix >= 0) & (ix < size)
         taken = np.take(out, np.where(ok, ix, 0), axis=axis)
         shape = [1] * taken.ndim
@@ -1234,7 +1290,7 @@ def _tconv_axes(
         )
     )
     if not all(bool(a.valid) for a in axes):
-        raise ValueError(
+        raise ConvRefused(
             f"transposed convolution refused by its plan: input {tuple(x_shape)}, kernel {kernel}, "
             f"stride {stride}, padding {padding}, dilation {dilation}, output_padding {output_padding}"
         )
@@ -1405,7 +1461,7 @@ def _pool_guard(shape: Sequence[int], kernel: Any, stride: Any, padding: Any, x_
     planes = int(np.prod(shape[:-2], dtype=np.int64))
     plan = pool2d_plan(planes, shape[-2], shape[-1], k[0], k[1], s[0], s[1], p[0], p[1])
     if not plan.accepts(x_len, int(plan.y_elems)):
-        raise ValueError(f"pooling refused by its plan: input {tuple(shape)}, kernel {k}, stride {s}, padding {p}")
+        raise ConvRefused(f"pooling refused by its plan: input {tuple(shape)}, kernel {k}, stride {s}, padding {p}")
     return plan
 
 

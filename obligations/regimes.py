@@ -146,16 +146,19 @@ class RegimesEngine(Engine):
                     continue
                 at, past = _limits(conj)
                 others = parts[:k] + parts[k + 1 :]
-                accept = _smallest([*domain_g, *bounds, z3_bool(term.expr), *all_conds, at], env, b_order)
-                reject = _smallest([*domain_r, *bounds, *others, past], env, b_order)
+                rejected = [*domain_r, *bounds, *others, past]
+                reject = _smallest(rejected, env, b_order) if _satisfiable(rejected) == "sat" else "unsat"
+                # implied: the declared domain has no input past this limit where the others hold (no bounds); the
+                # domain enforces the limit, so neither side needs a witness
+                implied = reject == "unsat" and _satisfiable([*declared, *others, past]) == "unsat"
+                accepted = [*domain_g, *bounds, z3_bool(term.expr), *all_conds, at]
+                accept = None if implied else _smallest(accepted, env, b_order)
                 info: dict[str, Any] = {"guard": text, "accept": isinstance(accept, dict)}
                 if full != label:
                     info["conjunct"] = full
                 info["reject"] = isinstance(reject, dict)
-                # implied: the declared domain has no input past this limit where the others hold (no bounds)
-                implied = reject == "unsat" and _smallest([*declared, *others, past], env, []) == "unsat"
-                if implied:  # the other conjuncts already refuse everything past this limit: nothing to witness
-                    info["implied"] = "no input of the domain is one past this limit while the other conjuncts hold"
+                if implied:
+                    info["implied"] = "the declared domain has no input past this limit while the other conjuncts hold"
                 for side, found in (("accept", accept), ("reject", reject)):
                     if isinstance(found, dict):
                         witnesses[boundary_name(label, side)] = found
@@ -207,7 +210,7 @@ def _conjuncts(e: Any) -> list[Any]:
     """The conjuncts of a Z3 condition (nested ``And`` flattened, constant true parts dropped)."""
     if z3.is_and(e):
         return [x for ch in e.children() for x in _conjuncts(ch)]
-    return [] if z3.is_true(e) else [e]
+    return [] if z3.is_true(e) or z3.is_true(z3.simplify(e)) else [e]  # constant parts (dilation 1 >= 1) have no limit
 
 
 def _limits(e: Any) -> tuple[Any, Any]:
@@ -232,6 +235,14 @@ def _limits(e: Any) -> tuple[Any, Any]:
         a, b = kids[0].children()
         return z3.Or(a - b == 1, a - b == -1), kids[0]
     return e, z3.Not(e)
+
+
+def _satisfiable(constraints: list[Any]) -> str:
+    """The solver's answer on ``constraints`` ("sat", "unsat" or "unknown")."""
+    s = z3.Solver()
+    s.set("timeout", 60_000)
+    s.add(*constraints)
+    return str(s.check())
 
 
 def _smallest(constraints: list[Any], env: Mapping[str, Any], order: list[str]) -> dict[str, int | bool] | str:

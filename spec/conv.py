@@ -245,8 +245,9 @@ def max_pool2d_backward(dy: np.ndarray, argmax: np.ndarray, x_shape: Sequence[in
     """dx bits: for each output in row-major order, dx[argmax] = dx[argmax] + dy (from +0)."""
     planes = int(np.prod(x_shape[:-2], dtype=np.int64))
     dx = np.full((planes, x_shape[-2] * x_shape[-1]), POS_ZERO, dtype=np.uint32)
-    dys = dy.reshape(planes, -1)
-    args = argmax.reshape(planes, -1)
+    outs = int(np.prod(dy.shape[-2:], dtype=np.int64))  # explicit: with no planes -1 is ambiguous
+    dys = dy.reshape(planes, outs)
+    args = argmax.reshape(planes, outs)
     rows = np.arange(planes)
     for q in range(dys.shape[1]):
         dx[rows, args[:, q]] = _add(dx[rows, args[:, q]], dys[:, q])
@@ -422,7 +423,7 @@ def pool_windows_f64(
     rows, cols = np.broadcast_arrays(rows, cols)  # (OH, OW, kh, kw)
     real = (rows >= 0) & (rows < h) & (cols >= 0) & (cols < w)
     idx = np.where(real, rows * w + cols, 0).reshape(oh, ow, -1)
-    taps = xs.reshape(xs.shape[0], -1)[:, idx]  # (planes, OH, OW, T)
+    taps = xs.reshape(xs.shape[0], h * w)[:, idx]  # (planes, OH, OW, T); h * w, not -1: there may be no planes
     return np.where(real.reshape(oh, ow, -1)[None], taps, 0.0), real.reshape(oh, ow, -1), idx
 
 

@@ -7,6 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
+from falsification.registry import FalsifyContext, get_test
 from native import conv as nc
 from obligations.check import check_contract
 from spec import conv as sc
@@ -70,6 +71,18 @@ def test_contract_holds_on_host():
 def test_planted_kernel_bug_is_caught(tmp_path, item, old, new):
     path = contract_variant(CONTRACT, tmp_path, old, new, count=-1)
     assert check_items(path, [item])[item]["status"] == "violated"
+
+
+def test_tie_cases_put_several_maxima_and_nans_in_a_window_and_a_planted_last_nan_argmax_is_caught():
+    def run(impl: str) -> object:
+        item = {"id": "X", "test": "conv.pool_bitwise", "params": {"op": "max", "impl": impl, "max_examples": 4}}
+        return get_test("conv.pool_bitwise").run(FalsifyContext("host", "quick", 0, item))
+
+    good = run("native.conv:max_pool2d")
+    assert good.status.value == "passed", good.reason
+    assert good.evidence["windows_with_equal_maxima"] > 0 and good.evidence["windows_with_several_nans"] > 0
+    bad = run("tests.planted.conv_bugs:max_pool2d_last_nan")
+    assert bad.status.value == "violated" and "argmax" in str(bad.counterexample)
 
 
 def test_planted_plan_off_by_one_is_caught(tmp_path):

@@ -14,6 +14,7 @@ __all__ = [
     "conv_pad_off_by_one",
     "conv_stride_wrong_axis",
     "max_pool2d_last_tie",
+    "max_pool2d_last_nan",
     "avg_pool2d_exclude_pad",
     "smooth_max_pool2d_counts_padding",
     "smooth_max_pool2d_backward_unnormalised",
@@ -65,7 +66,7 @@ def conv_stride_wrong_axis(
 
 
 def max_pool2d_last_tie(
-    x: Any, kernel: Any, stride: Any = None, padding: Any = 0, device: str = "auto"
+    x: Any, kernel: Any, stride: Any = None, padding: Any = 0, device: str = "auto", nan_only: bool = False
 ) -> tuple[Any, Any]:
     """BUG: ties go to the last row-major argmax."""
     y, arg = nc.max_pool2d(x, kernel, stride, padding, device="host")
@@ -84,8 +85,17 @@ def max_pool2d_last_tie(
                         v = flat[:, ih * int(b.size) + iw]
                         q = oh * int(b.out) + ow
                         same = (v.view(np.uint32) == yb[:, q]) | (np.isnan(v) & np.isnan(yb[:, q].view(np.float32)))
+                        same &= np.isnan(v) | (not nan_only)
                         out[:, q] = np.where(same, ih * int(b.size) + iw, out[:, q])
     return y, out.reshape(arg.shape)
+
+
+def max_pool2d_last_nan(
+    x: Any, kernel: Any, stride: Any = None, padding: Any = 0, device: str = "auto"
+) -> tuple[Any, Any]:
+    """BUG: among several NaNs in a window the last one is the argmax (equal finite maxima still go to the first):
+    only a window with two NaNs tells."""
+    return max_pool2d_last_tie(x, kernel, stride, padding, device, nan_only=True)
 
 
 def avg_pool2d_exclude_pad(x: Any, kernel: Any, stride: Any = None, padding: Any = 0, device: str = "auto") -> Any:

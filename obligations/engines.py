@@ -442,7 +442,11 @@ def _in_domain(c: Contract, grid: Mapping[str, np.ndarray], n: int) -> np.ndarra
         lo, hi = _symbol_range(d)
         mask &= (arr >= lo) & (arr <= hi)
         if "values" in d:
-            mask &= np.isin(arr, d["values"])
+            # Exact on both sides: NumPy would compare 2**64 - 1 in a list with an int64 array as a float.
+            values = _narrow(np.array([int(v) for v in d["values"]], dtype=object))
+            if arr.dtype == object or values.dtype == object:
+                arr, values = arr.astype(object), values.astype(object)
+            mask &= np.isin(arr, values)
     return mask
 
 

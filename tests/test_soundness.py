@@ -311,6 +311,17 @@ def test_bounds_outside_the_machine_type_are_clipped_not_an_overflow_error(mixed
     assert out.status.value == "exhausted" and out.evidence["points"] == 5, out
 
 
+def test_a_declared_value_past_int64_stays_in_the_enumerated_domain(tmp_path):
+    values = "values: [0, 9223372036854775808, 18446744073709551615]"
+    text = MIXED.replace("  v: {type: uint64}\n", f"  v: {{type: uint64, {values}}}\n")
+    path = tmp_path / "mixed-v1.yaml"
+    path.write_text(text)
+    contract = load_contract(path)
+    out = run_item(contract, _item("v + 1 > v", "enumerate"))  # 2**64 - 1 was once left out of the domain
+    assert out.status.value == "violated" and out.counterexample["symbols"] == {"v": 2**64 - 1}, out
+    assert run_item(contract, _item("v // 2 <= 9223372036854775807", "enumerate")).status.value == "exhausted"
+
+
 def test_sixty_nested_operations_are_within_the_depth_limit():
     parse("(m + " * 60 + "m" + ")" * 60)
     parse("min(m, " * (MAX_DEPTH - 1) + "m" + ")" * (MAX_DEPTH - 1))

@@ -734,6 +734,7 @@ class SmoothCase:
 
 
 _SMOOTH_FIELDS = tuple(SmoothCase.__dataclass_fields__)
+_POOL_KEYS = ("planes", "height", "width", "kh", "kw", "sh", "sw", "ph", "pw")  # pool2d_plan's parameters
 
 
 @st.composite
@@ -762,7 +763,7 @@ def _smooth_inputs(c: SmoothCase) -> dict[str, Any]:
     x = (rng.uniform(-1, 1, (c.planes, c.h, c.w)) * 2.0**c.scale).astype(np.float32)
     if c.seed % 3 == 0:  # ties and repeated maxima
         x = np.round(x).astype(np.float32)
-    oh, ow = ref.out_size(c.h, c.kh, c.sh, c.ph), ref.out_size(c.w, c.kw, c.sw, c.pw)
+    oh, ow = max(0, ref.out_size(c.h, c.kh, c.sh, c.ph)), max(0, ref.out_size(c.w, c.kw, c.sw, c.pw))
     dy = rng.uniform(-1, 1, (c.planes, oh, ow)).astype(np.float32)
     v = rng.uniform(-1, 1, x.shape).astype(np.float32)
     return {"case": c, "x": x, "dy": dy, "v": v}
@@ -818,8 +819,8 @@ def smooth_backward_bound(t: dict[str, np.ndarray], dy: np.ndarray, shape: tuple
     mag = np.zeros((planes, h * w + 1))
     cnt = np.zeros(h * w + 1)
     real = t["real"]
-    np.add.at(tot, (slice(None), flat), np.where(real[None], e_q, 0.0).reshape(planes, -1))
-    np.add.at(mag, (slice(None), flat), np.where(real[None], q_abs, 0.0).reshape(planes, -1))
+    np.add.at(tot, (slice(None), flat), np.where(real[None], e_q, 0.0).reshape(planes, flat.size))
+    np.add.at(mag, (slice(None), flat), np.where(real[None], q_abs, 0.0).reshape(planes, flat.size))
     np.add.at(cnt, flat, 1.0)
     bound = tot[:, :-1] + _gamma0(cnt[:-1] - 1)[None] * mag[:, :-1]
     return bound * _SLACK + 2.0**-45 * mag[:, :-1]
@@ -838,6 +839,14 @@ def _smooth_check(ctx: FalsifyContext, name: str, **kw: Any) -> Check:
             SmoothCase(s + 1, 3, 1, 4, 7, 2, 3, 2, 1, 1, 0, 4, 5),
             SmoothCase(s + 2, -2, 2, 6, 6, 4, 2, 3, 2, 2, 1, -3, 3),
         ),
+        # POOL-REGIMES' witnesses (the same plan): beta 1, values in [-1, 1] (seed 0 mod 3: rounded, ties)
+        from_witness=lambda w: SmoothCase(
+            s, 0, *(int(w[k]) for k in ("planes", "height", "width", "kh", "kw", "sh", "sw", "ph", "pw")), 0, 0
+        ),
+        regime_of=lambda c: regime_of(
+            pool2d_plan, dict(zip(_POOL_KEYS, (getattr(c, f) for f in _SMOOTH_FIELDS[2:11]), strict=True))
+        ),
+        refuses=(ConvRefused,),
         **kw,
     )
 

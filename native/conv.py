@@ -1820,7 +1820,7 @@ def smooth_max_pool2d_backward(
         xs = x.reshape(-1, h, w)
         m, s = _host_smooth_stats(xs, plan, bf)
         dys = dy.reshape(m.shape)
-        xf = xs.reshape(xs.shape[0], -1)
+        xf = xs.reshape(xs.shape[0], h * w)  # h * w, not -1: a call with no planes (POOL-REGIMES' no_planes)
         dx = np.zeros(xf.shape, dtype=F32)
         planes = np.arange(xf.shape[0])
         with np.errstate(all="ignore"):

@@ -452,6 +452,6 @@ def smooth_max_pool2d_backward_f64(
     dx = np.zeros((p.shape[0], h * w))
     flat = np.where(real, idx, h * w)  # padded taps to a discarded cell
     acc = np.zeros((p.shape[0], h * w + 1))
-    np.add.at(acc, (slice(None), flat.reshape(-1)), contrib.reshape(p.shape[0], -1))
+    np.add.at(acc, (slice(None), flat.reshape(-1)), contrib.reshape(p.shape[0], flat.size))  # not -1: no planes
     dx[:] = acc[:, : h * w]
     return dx.reshape(tuple(x.shape))

@@ -112,6 +112,14 @@ def _binary(kind: str) -> Template:
     return t
 
 
+def _where(draw: Any, b: GraphBuilder, shapes: list[Shape]) -> None:
+    # the condition is any node of the shape (NaN and -0.0 included: nonzero and zero), the operands two others
+    p = _pick(draw, shapes)
+    c = _pick(draw, shapes, lambda s: s == shapes[p])
+    q = _pick(draw, shapes, lambda s: s == shapes[p])
+    _add(b, shapes, "where", (c, p, q), shapes[p])
+
+
 def _const(draw: Any, b: GraphBuilder, shapes: list[Shape]) -> None:
     s = shapes[_pick(draw, shapes)]
     _add(b, shapes, "const", (), s, params={"value": draw(f32_arrays(s))})
@@ -298,6 +306,8 @@ TEMPLATES: dict[str, Template] = {
     "exp": _unary("exp"),
     "silu": _unary("silu"),
     "gelu": _unary("gelu"),
+    "erf": _unary("erf"),
+    "where": _where,
     "sin": _unary("sin"),
     "cos": _unary("cos"),
     "rsqrt": _unary("rsqrt"),

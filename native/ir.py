@@ -29,11 +29,16 @@ from native import elementwise as ew
 from native import reductions as red
 from obligations.core.device import array_module, resolve_device, to_host
 from spec import attention as sattn
+from spec.fusion import SPECIAL, register_category
 from spec.gemm import error_bound as gemm_error_bound
 from spec.ir.checks import check_well_formed, node_attrs
-from spec.ir.denote import EvalError, attention_operands, kv_lens_of, normalise_inputs
+from spec.ir.denote import EvalError, attention_operands, erf64, kv_lens_of, normalise_inputs
 from spec.ir.graph import Graph, Node, Payload
 from spec.ir.ops import ELEMENTWISE_OP_NAMES, get_op
+
+# erf and where have no generated fused kernel: in a fused program they are host-fallback steps (as attention is),
+# while this unfused executor runs them (CuPy on the device).
+register_category(SPECIAL, "erf", "where")
 
 __all__ = [
     "ExecError",
@@ -122,6 +127,26 @@ def _slice(node: Node, a: dict, args: list, entry: Any, device: str) -> Any:
     idx = [slice(None)] * args[0].ndim
     idx[a["axis"]] = slice(a["start"], a["stop"], a["step"])
     return _xp(device).ascontiguousarray(args[0][tuple(idx)])
+
+
+@register_executor("where")
+def _where(node: Node, a: dict, args: list, entry: Any, device: str) -> Any:
+    xp = _xp(device)
+    cond, x, y = args
+    return xp.ascontiguousarray(xp.where(cond != 0, x, y))  # NaN != 0: a NaN condition picks x, as the denotation
+
+
+@register_executor("erf")
+def _erf(node: Node, a: dict, args: list, entry: Any, device: str) -> Any:
+    # host: the denotation's real erf rounded once (bitwise); CUDA: CuPy's erf on float32, i.e. libdevice erff
+    # (CUDA Math API: at most 2 ulp), hence AGREEMENT["erf"].
+    if device == "host":
+        with np.errstate(all="ignore"):
+            y = erf64(np.asarray(args[0], np.float64)).astype(np.float32)
+        return np.where(np.isnan(y), np.float32(np.nan), y)
+    from cupyx.scipy import special
+
+    return special.erf(args[0]).astype(_xp(device).float32)
 
 
 @register_executor("broadcastTo", "expand")
@@ -393,6 +418,11 @@ def _ulps(node: Node, a: dict, parents: list, entry: Any, got: np.ndarray, want:
     return both_nan | (np.abs(_ulp_key(got) - _ulp_key(want)) <= bound)
 
 
+def _erf_ulps(node: Node, a: dict, parents: list, entry: Any, got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    both_nan = np.isnan(got) & np.isnan(want)
+    return both_nan | (np.abs(_ulp_key(got) - _ulp_key(want)) <= 2)
+
+
 def _gemm_ok(exact: np.ndarray, bound: np.ndarray, got: np.ndarray, want: np.ndarray) -> np.ndarray:
     """Both the executor and the denotation within the GEMM contract's bound of the float64 value."""
     g, w = got.astype(np.float64), want.astype(np.float64)
@@ -475,6 +505,7 @@ AGREEMENT: dict[str, Agreement] = {
             "slice",
             "broadcastTo",
             "expand",
+            "where",
             "reduceSum",
             "reduceMean",
             "sum",
@@ -485,6 +516,7 @@ AGREEMENT: dict[str, Agreement] = {
     },
     **{k: _BITWISE for k, v in _KERNEL_NAMES.items() if v not in ULP_BOUNDS and k != "gelu"},
     **{k: Agreement("ulp", f"within {ULP_BOUNDS[k]} ulp (float32-elementwise-v1)", _ulps) for k in ULP_BOUNDS},
+    "erf": Agreement("ulp", "within 2 ulp (libdevice erff, CUDA Math API; bitwise on the host)", _erf_ulps),
     "linear": Agreement(
         "gemm-bound", "both within spec.gemm.error_bound (beta = 1, C0 = bias) of the float64 value", _linear_agree
     ),

@@ -55,19 +55,23 @@ def test_readme_graph_commands_run(cmd: list[str]) -> None:
 
 
 def test_a_refused_onnx_model_does_not_load_and_names_the_node(tmp_path: Path) -> None:
-    from onnx import TensorProto, helper, save
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper, save
 
     from obligations.cli import main as kc
 
+    inits = [numpy_helper.from_array(np.ones(2, np.float32), n) for n in ("s", "b", "m", "v")]
     g = helper.make_graph(
-        [helper.make_node("Gelu", ["x"], ["y"], name="gelu")],
+        [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], name="bn", training_mode=1)],
         "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3])],
+        inits,
     )
-    path = tmp_path / "gelu.onnx"
-    save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)]), str(path))
+    path = tmp_path / "bn.onnx"
+    save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)]), str(path))
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         code = kc(["graph", "check", str(path)])
-    assert code == 2 and "ONNX node 0 'gelu' (Gelu): attribute approximate='none'" in err.getvalue(), err.getvalue()
+    want = "ONNX node 0 'bn' (BatchNormalization): attribute training_mode=1 is not supported"
+    assert code == 2 and want in err.getvalue(), err.getvalue()

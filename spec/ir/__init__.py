@@ -10,7 +10,7 @@ API summary (stable; names are added, never renamed):
   "broadcastTo", "expand", "add", "sub", "mul_elem", "div", "maxElem", "minElem", "sqrt", "inv", "neg",
   "abs", "relu", "pow", "rsqrt", "exp", "log", "sin", "cos", "tanh", "sigmoid", "silu", "gelu",
   "reduceSum", "reduceMean", "sum", "linear", "matmul", "bmm", "conv2d", "pool", "softmax", "layernorm",
-  "rmsnorm", "attention", "embedding", "rope", "randUniform", "bernoulliMask".
+  "rmsnorm", "attention", "embedding", "rope", "randUniform", "bernoulliMask", "erf", "where".
 * :mod:`spec.ir.graph` -- frozen ``Node(id, parents, kind, out_shape, attrs)``, ``Graph(nodes)``,
   ``Payload({node_id: {tensor name: array}})`` (kinds in ``PAYLOAD_KINDS``: const {value}, linear
   {weight (out, in), bias (out,)}, conv2d {weight (Cout, Cin, kh, kw), bias (Cout,)}, norm {weight, bias},

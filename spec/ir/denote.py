@@ -52,6 +52,7 @@ __all__ = [
     "rope_tables",
     "attention_operands",
     "kv_lens_of",
+    "erf64",
 ]
 
 ENV = "cuda"
@@ -155,7 +156,16 @@ def _silu64(x: Any) -> Any:
     return x * np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
+_ERF = np.frompyfunc(math.erf, 1, 1)
+
+
+def erf64(x: Any) -> Any:
+    """The real erf of float64 values (math.erf elementwise), as the erf op's denotation rounds it once."""
+    return np.asarray(_ERF(np.asarray(x, np.float64)), dtype=np.float64)
+
+
 _REAL: dict[str, Callable[..., Any]] = {
+    "erf": erf64,
     "pow": np.power,
     "rsqrt": lambda x: 1.0 / np.sqrt(x),
     "sin": np.sin,
@@ -207,6 +217,12 @@ def _slice(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
     idx = [slice(None)] * x.ndim
     idx[a["axis"]] = slice(a["start"], a["stop"], a["step"])
     return _c(x[tuple(idx)])
+
+
+@register_evaluator("where")
+def _where(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
+    cond, x, y = args
+    return _c(np.where(floats(cond) != 0, x, y))
 
 
 @register_evaluator("broadcastTo", "expand")

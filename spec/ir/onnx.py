@@ -187,9 +187,7 @@ def _prod(dims: Any) -> int:
 
 OnnxOp = Callable[[_Ctx, Any], Any]
 ONNX_OPS: dict[str, OnnxOp] = {}
-REFUSED: dict[str, str] = {
-    "Erf": "the IR has no erf op (no binary32 reference for it yet)",
-}
+REFUSED: dict[str, str] = {}
 
 
 def onnx_op(*names: str) -> Callable[[OnnxOp], OnnxOp]:
@@ -230,6 +228,7 @@ _UNARY = {
     "Reciprocal": "inv",
     "Sin": "sin",
     "Cos": "cos",
+    "Erf": "erf",
 }
 
 
@@ -745,9 +744,26 @@ def _batchnorm(ctx: _Ctx, node: Any) -> int:
 @onnx_op("Gelu")
 def _gelu(ctx: _Ctx, node: Any) -> int:
     a = _only(node, {"approximate": ("tanh", "none")}, ctx)
-    if _plain(a.get("approximate", "none")) != "tanh":
-        raise ctx.fail("attribute approximate='none' (erf GELU): the IR's gelu is the tanh approximation; refused")
-    return ctx.emit("gelu", (ctx.value(node.input[0]),))
+    x = ctx.value(node.input[0])
+    if _plain(a.get("approximate", "none")) == "tanh":
+        return ctx.emit("gelu", (x,))
+    # ONNX: 0.5 * x * (1 + erf(x / sqrt(2))), evaluated left to right, each op rounded
+    s = ctx.shape(x)
+    z = ctx.emit("erf", (ctx.emit("div", (x, ctx.broadcast_to(ctx.scalar(np.sqrt(np.float32(2.0))), s))),))
+    one = ctx.emit("add", (ctx.broadcast_to(ctx.scalar(1.0), s), z))
+    half = ctx.emit("mul_elem", (ctx.broadcast_to(ctx.scalar(0.5), s), x))
+    return ctx.emit("mul_elem", (half, one))
+
+
+@onnx_op("Where")
+def _where(ctx: _Ctx, node: Any) -> int:
+    _only(node, {}, ctx)
+    c = node.input[0]
+    if c not in ctx.inits:
+        raise ctx.fail(f"Where condition {c!r} computed from data (the IR has no comparison op: constant masks only)")
+    cond = ctx.const(np.asarray(ctx.inits[c]).astype(bool).astype(np.float32))
+    ids = ctx.broadcast_all([cond, ctx.value(node.input[1]), ctx.value(node.input[2])])
+    return ctx.emit("where", tuple(ids))
 
 
 # -- reductions ---------------------------------------------------------------------------------------------

@@ -627,6 +627,15 @@ for _op in (
     OpKind("sigmoid", 1, "elementwise", _same, f"1 / (1 + e^-x); {_APPROX}"),
     OpKind("silu", 1, "elementwise", _same, f"x / (1 + e^-x); {_APPROX}"),
     OpKind("gelu", 1, "elementwise", _same, f"tanh-approximation GELU (spec.elementwise); {_APPROX}"),
+    OpKind("erf", 1, "elementwise", _same, f"the error function erf x (C erf); {_APPROX}"),
+    OpKind(
+        "where",
+        3,
+        "elementwise",
+        _same,
+        "a where cond != 0 else b (cond, a, b of equal shapes; a NaN cond counts as nonzero): a bit copy of one "
+        "operand per element (ONNX Where with a float 0/1 condition)",
+    ),
     # reductions
     OpKind(
         "reduceSum",

@@ -55,8 +55,6 @@ def kernel_of(contract: Contract, item: Mapping[str, Any]) -> dict[str, Any] | N
 
 
 def _condition(field: str, value: Any) -> sym.BoolTerm:
-    if value is exprlang.OPAQUE:
-        return sym.BoolTerm(True)  # a plan's value: its kind is checked where the plan runs
     if isinstance(value, sym.BoolTerm):
         return value
     if isinstance(value, bool | np.bool_):
@@ -126,7 +124,9 @@ def _evaluate_offline(contract: Contract, item: Mapping[str, Any], env: dict[str
                 values = dict(env)
                 if has_plan:  # a called name is the plan's even where a symbol has it too (plan values win)
                     values.update({n: exprlang.OPAQUE for n in (e.names() - set(env)) | e.called()})
-                _condition(field, e.evaluate(values))
+                value = e.evaluate(values)
+                if value is not exprlang.OPAQUE:  # a plan's value: its kind is checked where the plan runs
+                    _condition(field, value)
             except StatementError:
                 raise
             except exprlang.ExprError as err:

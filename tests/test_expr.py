@@ -129,3 +129,21 @@ def test_implies_has_a_function_form_beside_the_infix_keyword():
 
     assert ast.unparse(parse("implies(m > 0, m >= 0)").tree) == "implies(m > 0, m >= 0)"
     assert ast.unparse(parse("m > 0 implies implies(m > 1, m > 0)").tree) == "implies(m > 0, implies(m > 1, m > 0))"
+
+
+def test_opaque_plan_values_defer_only_the_checks_that_involve_them():
+    """kc validate without imports: a plan's value is opaque; every check that needs no plan value is made."""
+    from obligations.expr import OPAQUE
+
+    with sym.tracking():
+        env = {"q": OPAQUE, "f": OPAQUE, "t": sym.BoolTerm(z3.Bool("t")), "m": sym.Term.symbol("m", "int32")}
+        for deferred in ["q < t", "q + 1 > 0", "f(t, m) and not q", "(q if t else m) == 1", "max(q, m) > 0"]:
+            assert parse(deferred).evaluate(env) is OPAQUE, deferred
+        for source, message in [
+            ("q + (t < 1)", "orders integers only"),
+            ("f(m * 4294967296)", "literal 4294967296 does not fit int32"),
+            ("q and (m if t else t)", "the branches are an integer and a condition"),
+            ("max(q, t) > 0", "expected an integer, got a condition"),
+        ]:
+            with pytest.raises(ExprError, match=message):
+                parse(source).evaluate(env)

@@ -273,6 +273,8 @@ def _convert(value: Any, src: MachineType, dst: MachineType) -> Any:
     """
     if not src.signed or dst.signed or (src.lo >= dst.lo and src.hi <= dst.hi):
         return value
+    if isinstance(value, np.integer):
+        value = int(value)  # a NumPy scalar cannot hold value + 2**64
     return _ite(value < 0, _exact("+", value, 1 << dst.bits), value)
 
 

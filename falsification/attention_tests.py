@@ -44,7 +44,8 @@ __all__ = ["SYMPY_OPS", "case_inputs", "CASE_KEYS"]
 
 CASE_KEYS = ("seed", "batch", "heads_kv", "group", "seq_q", "seq_k", "head_dim", "causal", "lens", "mag", "tile")
 _LENS = ("full", "random", "empty")  # key padding: none, random lengths, some batch with kv_len = 0
-_MAGS = (0.5, 2.0, 6.0)
+_MAGS = (0.5, 2.0, 6.0, 2.0)
+_TIED = 3  # mag 3: keys repeat with period 3, so every query row has its maximum score several times in every tile
 _HEAD_DIMS = (1, 4, 7, 16, 64, 96)  # the drawn head dims; each is a kernel build of its own on the device
 
 
@@ -118,6 +119,19 @@ _EXPLICIT = (
         "mag": 2,
         "tile": 32,
     },
+    {  # ties: every row's maximum score recurs in every key tile (keys of period 3 over 3 tiles)
+        "seed": 5,
+        "batch": 1,
+        "heads_kv": 1,
+        "group": 1,
+        "seq_q": 5,
+        "seq_k": 130,
+        "head_dim": 16,
+        "causal": False,
+        "lens": 0,
+        "mag": _TIED,
+        "tile": 32,
+    },
 )
 
 
@@ -159,6 +173,8 @@ def case_inputs(c: dict, dtype: Any = np.float32) -> dict[str, Any]:
     lq, lk, d, mag = c["seq_q"], c["seq_k"], c["head_dim"], _MAGS[c["mag"]]
     q = (rng.uniform(-1, 1, (b, hq, lq, d)) * mag).astype(dtype)
     k = (rng.uniform(-1, 1, (b, hkv, lk, d)) * mag).astype(dtype)
+    if c["mag"] == _TIED:  # equal maxima within and across tiles: the running maximum meets its equal
+        k = np.ascontiguousarray(k[:, :, np.arange(lk) % min(lk, 3)])
     v = rng.uniform(-1, 1, (b, hkv, lk, d)).astype(dtype)
     dout = rng.uniform(-1, 1, (b, hq, lq, d)).astype(np.float32)
     lens = {"full": np.full(b, lk), "random": rng.integers(0, lk + 1, b), "empty": np.array([0] + [lk] * (b - 1))}[

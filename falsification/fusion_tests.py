@@ -523,6 +523,10 @@ def _run_softmax(ctx: FalsifyContext, c: tuple) -> tuple:
 
     rows, d, block, _ = c
     x = _values(rows * 7 + d, (rows, d))
+    if rows >= 3:  # rows 0..2: several +-0 maxima, several NaNs, repeated infinities (reductions' tie pools)
+        from falsification.reductions_tests import tie_floats
+
+        x[:3] = np.stack([tie_floats(r, d) for r in range(3)]).view(np.float32)
     mask = np.where(np.arange(d)[None, :] > np.arange(rows)[:, None] % max(d, 1), -np.inf, 0.0).astype(np.float32)
     g, p = pattern_graph("masked_softmax", rows, d, 0)
     add, soft = (nd for nd in g.nodes if nd.kind in ("add", "softmax"))
@@ -618,6 +622,8 @@ def kernel_witnesses(ctx: FalsifyContext) -> Outcome:
         reference=reference,
         agreement=engine.item_agreement(ctx, "bitwise"),
         from_witness=kw.case,
+        # masked softmax: rows of several equal or NaN candidates for the row maximum (one-pass and block-strided)
+        explicit=((3, 5, 32, 65536), (3, 40, 32, 65536)) if ctx.params.get("kernel") == "masked_softmax" else (),
         regime_of=lambda case: regime_of(kw.plan, dict(zip(kw.names, case, strict=True))),
         refuses=(ValueError,),
         describe=lambda case: dict(zip(kw.names, case, strict=True)),

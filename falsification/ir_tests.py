@@ -25,6 +25,10 @@ Registered names and their ``params`` (``variant`` plants a bug; the project's t
   0, 1, 128, 129, each dimension of k/v/kv_lens also off by one, and batch * heads_q at the grid limit) is
   accepted by ``check_inferred_shapes`` iff ``native.attention.attention`` (host path: its plan's guard) accepts
   the same shapes, and an accepted node denotes to its declared shape.
+* ``ir.shape_witnesses`` {rule: slice|conv|pool} -- the rule's plan's regime and guard-boundary witnesses (the item's
+  ``witnesses:``): an accepted one's output length, from the shape rule and from the denotation of a node on an
+  input of that size, equals an independent count (a Python slice; windows whose last tap fits the padded input),
+  and a slice's values are NumPy's; a rejected one (one past a limit) is refused with ShapeRuleError.
 * ``ir.worked_examples`` {} -- the seed's golden examples: input + const + add denotes to bits
   [0x3F59999A, 0x3D4CCCCC]; the tiny Linear-ReLU-Linear network denotes as its fold definition.
 """
@@ -47,8 +51,9 @@ from obligations.core.results import Outcome, error, passed, violated
 from spec.ir import rewrites as rw
 from spec.ir.checks import check_inferred_shapes, check_payload, check_shapes, check_well_formed
 from spec.ir.denote import Ok, denote_all, eval_node, normalise_inputs
-from spec.ir.graph import Graph, Node, Payload
+from spec.ir.graph import Graph, GraphBuilder, Node, Payload
 from spec.ir.jsonform import from_json, to_json
+from spec.ir.ops import ShapeRuleError, conv_plan, get_op, pool_plan, slice_plan
 
 __all__ = ["enumerate_graphs", "oracle_defect", "rewrite_failure", "generated_failure", "PLANTS"]
 
@@ -542,6 +547,87 @@ def attention_domain(ctx: FalsifyContext) -> Outcome:
     if cex is not None:
         return violated({**cex, "replay": _replay(ctx)}, cex["why"], cases_run=counts["cases"], **ev)
     return passed(cases=counts["cases"], **ev)
+
+
+def _slice_lengths(c: tuple) -> tuple[np.ndarray, np.ndarray]:
+    dim, start, stop, step = c
+    attrs = {"axis": 0, "start": start, "stop": stop, "step": step}
+    out = get_op("slice").shape_rule(((dim,),), attrs, ())[0]  # ShapeRuleError past a limit
+    g = GraphBuilder()
+    g.add("slice", (g.add("input", (), (dim,)),), (out,), **attrs)
+    graph, payload = g.build()
+    x = np.arange(dim, dtype=np.float32) + np.float32(0.5)
+    got = denote_all(graph, payload, {0: x}).value[1]
+    want = x[start:stop:step]
+    return np.array([out, got.size, *got.view(np.uint32)], np.uint32), np.array(
+        [want.size, want.size, *want.view(np.uint32)], np.uint32
+    )
+
+
+def _window_count(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
+    """Windows j >= 0 whose last tap j stride + dilation (kernel - 1) lies inside the padded input (counted)."""
+    j = 0
+    while j * stride + dilation * (kernel - 1) <= size + 2 * padding - 1:
+        j += 1
+    return j
+
+
+def _window_lengths(op: str) -> Callable[[tuple], tuple[np.ndarray, np.ndarray]]:
+    def run(c: tuple) -> tuple[np.ndarray, np.ndarray]:
+        size, kernel, stride, padding, dilation = c if op == "conv2d" else (*c, 1)
+        attrs: dict[str, Any] = {"kernel": (1, kernel), "stride": (1, stride), "padding": (0, padding)}
+        attrs.update({"out_channels": 1, "dilation": (1, dilation)} if op == "conv2d" else {"mode": "max"})
+        out = get_op(op).shape_rule(((1, 1, 1, size),), attrs, ())[-1]  # ShapeRuleError past a limit
+        g = GraphBuilder()
+        params = (
+            {"params": {"weight": np.ones((1, 1, 1, kernel)), "bias": np.zeros(1)}} if op == "conv2d" else {}
+        )
+        g.add(op, (g.add("input", (), (1, 1, 1, size)),), (1, 1, 1, out), **params, **attrs)
+        graph, payload = g.build()
+        x = np.arange(size, dtype=np.float32).reshape(1, 1, 1, size)
+        got = denote_all(graph, payload, {0: x}).value[1]
+        n = _window_count(size, kernel, stride, padding, dilation)
+        return np.array([out, got.shape[-1]], np.uint32), np.array([n, n], np.uint32)
+
+    return run
+
+
+# rule -> (plan, the case's fields (plan parameters), run: case -> (native, reference) uint32 arrays)
+_SHAPE_WITNESS: dict[str, tuple[Callable[..., Any], tuple[str, ...], Callable[[tuple], tuple]]] = {
+    "slice": (slice_plan, ("dim", "start", "stop", "step"), _slice_lengths),
+    "conv": (conv_plan, ("size", "kernel", "stride", "padding", "dilation"), _window_lengths("conv2d")),
+    "pool": (pool_plan, ("size", "kernel", "stride", "padding"), _window_lengths("pool")),
+}
+
+
+@register_test("ir.shape_witnesses", devices=("host", "cuda"))
+@guarded()
+def shape_witnesses(ctx: FalsifyContext) -> Outcome:
+    """A shape rule at its plan's regime and boundary witnesses: lengths (and a slice's values) bitwise an
+    independent count; one past a limit refused (the same code on either device: the rules are the spec's)."""
+    from falsification import engine
+    from falsification.agreement import Expected
+    from obligations.core.plans import regime_of
+
+    plan, names, run = _SHAPE_WITNESS[str(ctx.params.get("rule", "slice"))]
+    done: dict[tuple, tuple] = {}
+
+    def inputs(c: tuple) -> tuple:
+        done[c] = run(c)
+        return c
+
+    check = engine.Check(
+        name=f"{ctx.params.get('rule', 'slice')} shape rule at its witnesses",
+        inputs=inputs,
+        native=lambda c: done[c][0],
+        reference=lambda c: Expected(bits=done.pop(c)[1]),
+        agreement=engine.item_agreement(ctx, "bitwise"),
+        from_witness=lambda v: tuple(int(v[n]) for n in names),
+        regime_of=lambda c: regime_of(plan, dict(zip(names, c, strict=True))),
+        refuses=(ShapeRuleError,),
+        describe=lambda c: dict(zip(names, c, strict=True)),
+    )
+    return engine.run(ctx, check)
 
 
 @register_test("ir.worked_examples", devices=("host", "cuda"))

@@ -74,3 +74,20 @@ def test_a_guard_that_lets_an_index_past_the_table_through_is_caught(monkeypatch
     )["items"]
     bad = {i["id"]: i for i in it}["FUSION-EMBED-witnesses"]
     assert bad["status"] == "violated" and bad["counterexample"]["kind"] == "guard", bad.get("counterexample")
+
+
+def test_conv2d_over_a_zero_width_padded_input_denotes_its_windows():
+    """IR-CONV-regimes' smallest accepted witnesses are zero-width inputs whose padding makes the windows: the shape
+    rule accepts them, and the denotation (which once failed to reshape the empty input) gives bias-only windows."""
+    import numpy as np
+
+    from spec.ir.denote import denote_all
+    from spec.ir.graph import GraphBuilder
+
+    b = GraphBuilder()
+    attrs = {"out_channels": 1, "kernel": (1, 1), "stride": (1, 1), "padding": (0, 1), "dilation": (1, 1)}
+    params = {"weight": np.ones((1, 1, 1, 1)), "bias": np.full(1, 0.5)}
+    b.add("conv2d", (b.add("input", (), (1, 1, 1, 0)),), (1, 1, 1, 2), params=params, **attrs)
+    g, p = b.build()
+    y = denote_all(g, p, {0: np.zeros((1, 1, 1, 0), np.float32)}).value[1]
+    assert y.shape == (1, 1, 1, 2) and np.all(y == np.float32(0.5))

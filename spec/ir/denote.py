@@ -298,7 +298,8 @@ def _conv2d(node: Node, a: dict, args: list, entry: Any) -> np.ndarray:
     x = args[0]
     lead = x.shape[:-3]
     y = sconv.conv(
-        x.reshape((-1,) + x.shape[-3:]),
+        # the batch count spelled out: a zero-width input (padding makes its windows) has no -1 to infer
+        x.reshape((int(np.prod(lead, dtype=np.int64)),) + x.shape[-3:]),
         bits(entry["weight"]),
         bits(entry["bias"]),
         stride=_pair(a["stride"]),

@@ -171,14 +171,31 @@ def conv_plan(size: Any, kernel: Any, stride: Any, padding: Any, dilation: Any) 
         """Padded-input index of the last tap of output position j."""
         return j * stride + dilation * (kernel - 1)
 
-    return {"valid": valid, "out": out, "span": span, "padded": padded, "start": start, "last_tap": last_tap}
+    rest, sstep = padded - span, smax(stride, 1)
+    regimes = {  # the sweep's shapes: one window, windows ending on the padded input's last cell, or short of it
+        "one_window": rest < sstep,
+        "windows_exact": all_of(rest >= sstep, rest % sstep == 0),
+        "windows_remainder": all_of(rest >= sstep, rest % sstep != 0),
+        "dilated": dilation > 1,
+        "padded": padding > 0,
+    }
+    return {
+        "valid": valid,
+        "out": out,
+        "span": span,
+        "padded": padded,
+        "start": start,
+        "last_tap": last_tap,
+        "regimes": regimes,
+    }
 
 
 def pool_plan(size: Any, kernel: Any, stride: Any, padding: Any) -> dict[str, Any]:
     """Pool output length: the conv rule with dilation 1, and padding at most half the window (PyTorch)."""
     c = conv_plan(size, kernel, stride, padding, 1)
     valid = all_of(c["valid"], 2 * padding <= kernel)
-    return {**c, "valid": valid, "out": select(valid, c["out"], 0)}
+    regimes = {k: v for k, v in c["regimes"].items() if k != "dilated"}  # dilation is 1
+    return {**c, "valid": valid, "out": select(valid, c["out"], 0), "regimes": regimes}
 
 
 def window_plan(
@@ -224,7 +241,13 @@ def slice_plan(dim: Any, start: Any, stop: Any, step: Any) -> dict[str, Any]:
         """Source index of output position j."""
         return start + j * step
 
-    return {"valid": valid, "out": out, "index": index}
+    regimes = {  # empty, every element, every step-th ending on stop - 1, or short of it
+        "empty": stop == start,
+        "unit_step": all_of(step == 1, stop > start),
+        "strided_exact": all_of(step > 1, stop > start, smax(stop - start - 1, 0) % sstep == 0),
+        "strided_partial": all_of(step > 1, stop > start, smax(stop - start - 1, 0) % sstep != 0),
+    }
+    return {"valid": valid, "out": out, "index": index, "regimes": regimes}
 
 
 def concat_plan(a: Any, b: Any) -> dict[str, Any]:

@@ -420,6 +420,20 @@ def _native_args(k: Any, xp: Any, x: Any, operand: int | None, fixed: dict[int, 
     return [x.view(xp.float32), fixed[x.size]], ()
 
 
+def _check_range(lo: int, hi: int | None, sample: int | None, total: int, fmt: str, small: bool = False) -> None:
+    """ValueError naming the flag unless [lo, hi) is a non-empty range of the format's inputs and ``sample`` a
+    positive count of them (checked before anything runs: a bad range is never a quick pass or an endless run)."""
+    what = "operand pairs" if small and total > 1 << 16 else "inputs"
+    if small and sample is not None:
+        raise ValueError(f"--sample {sample}: {fmt} sweeps check every operand; give --lo/--hi instead")
+    if not 0 <= lo < total:
+        raise ValueError(f"--lo {lo}: must be in [0, {total}) (the {total} {what} of {fmt})")
+    if hi is not None and not lo < hi <= total:
+        raise ValueError(f"--hi {hi}: must be in ({lo}, {total}] (above --lo; the {total} {what} of {fmt})")
+    if sample is not None and not 0 < sample <= total:
+        raise ValueError(f"--sample {sample}: must be in [1, {total}] (the {total} {what} of {fmt})")
+
+
 def sweep(
     op: str,
     env: str | None = None,
@@ -449,7 +463,10 @@ def sweep(
     """
     f = resolve_format(fmt)
     if f.bits <= 16:
+        nvals = 1 << f.bits
+        _check_range(lo, hi, sample, nvals if op in _UNARY_ORACLE else nvals * nvals, f.name, small=True)
         return _small_format_sweep(op, f, lo, hi, max_counterexamples)
+    _check_range(lo, hi, sample, _ALL, "binary32")
     if f != sf.BINARY32:
         raise ValueError(f"kernel sweeps are binary32 only, not {f.name}")
     dev = resolve_device(device)

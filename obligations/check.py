@@ -25,7 +25,7 @@ import numpy as np
 
 from obligations import __version__
 from obligations.contract import Contract, ContractError, load_contract, load_contracts
-from obligations.core import entrypoints
+from obligations.core import cancel, entrypoints
 from obligations.core.device import use_plain_reductions
 from obligations.core.evidence import FORMAT as EVIDENCE_FORMAT
 from obligations.core.results import Outcome, Status, apply_expectation, error, skipped
@@ -33,12 +33,14 @@ from obligations.engines import Job, get_engine
 from obligations.isolation import (
     HOST_METHODS,
     QUIET_METHODS,
+    STOP_SIGNALS,
     Executor,
     Prefetcher,
     item_key,
     item_timeout,
     known_witnesses,
     make_executor,
+    raising_on_stop,
     split_cores,
 )
 
@@ -55,6 +57,7 @@ __all__ = [
     "replay_command",
     "result_json",
     "EXIT_INTERRUPTED",
+    "EXIT_TERMINATED",
     "RunOptions",
     "item_fields",
     "raised_at",
@@ -62,6 +65,7 @@ __all__ = [
 ]
 
 EXIT_INTERRUPTED = 130  # the shell's code for a run stopped by Ctrl-C (SIGINT)
+EXIT_TERMINATED = 143  # and by SIGTERM (timeout(1), docker stop, a cancelled CI job)
 
 ProgressFn = Callable[[str, dict[str, Any] | None], None]
 
@@ -243,8 +247,10 @@ def check_contract(
         progress("contract", entry)
     called: set[entrypoints.Call] = set()
     records: dict[str, dict[str, Any]] = {}  # this run's records by item id (regimes witnesses for later items)
+    current = None
     try:
         for item in contract.items:
+            current = item["id"]
             if wanted is not None and not selected(item["id"], wanted):
                 continue
             if options.maxfail is not None and failures[0] >= options.maxfail:
@@ -256,20 +262,19 @@ def check_contract(
                 if progress:
                     progress("start", item)
                 t0 = time.perf_counter()
-                try:
-                    ahead = prefetcher.take(contract, item) if prefetcher is not None else None
-                    if ahead is None:
-                        limit = item_timeout(item, profile, options.item_timeout)
-                        fields = executor.run(contract, item, limit, known_witnesses(contract, item, records))
-                        seconds = round(executor.seconds(time.perf_counter() - t0), 4)
-                        if ran is not None:
-                            ran(item_key(contract, item["id"]), "run", t0, t0 + seconds)
-                        if prefetcher is not None:
-                            prefetcher.publish(item_key(contract, item["id"]), fields)
-                    else:
-                        fields, seconds = ahead
-                except KeyboardInterrupt:  # stop here; the caller writes what was checked so far
-                    entry["interrupted"] = item["id"]
+                ahead = prefetcher.take(contract, item) if prefetcher is not None else None
+                if ahead is None:
+                    limit = item_timeout(item, profile, options.item_timeout)
+                    fields = executor.run(contract, item, limit, known_witnesses(contract, item, records))
+                    seconds = round(executor.seconds(time.perf_counter() - t0), 4)
+                    if ran is not None:
+                        ran(item_key(contract, item["id"]), "run", t0, t0 + seconds)
+                    if prefetcher is not None:
+                        prefetcher.publish(item_key(contract, item["id"]), fields)
+                else:
+                    fields, seconds = ahead
+                if cancel.stop_requested() is not None:  # an item the stop cut short has no outcome: not recorded,
+                    entry["interrupted"] = item["id"]  # so --resume runs it again (never an `unknown` of the user's)
                     break
                 record = _record(contract, item, fields, device, seed, seconds)
                 if options.log:
@@ -281,6 +286,8 @@ def check_contract(
                 failures[0] += 1
             if progress:
                 progress("done", {**record, "resumed": True} if resumed else record)
+    except (KeyboardInterrupt, cancel.StopRequested):  # stop; the caller writes what was checked so far
+        entry["interrupted"] = current
     finally:
         if own:
             executor.close()
@@ -475,8 +482,10 @@ def check_paths(
     """Check every contract in ``paths`` and return the whole JSON result (see README: JSON result).
 
     Loaded contracts are checked as given (``kc check`` loads and validates each once); paths are loaded and
-    validated here, raising ContractError. A KeyboardInterrupt stops the run: the result holds what was
-    checked, ``"interrupted": true`` and exit code 130. ``options`` sets time limits, the executor (a worker
+    validated here, raising ContractError. A stop (KeyboardInterrupt, or SIGINT/SIGTERM under
+    :func:`obligations.isolation.stop_on_signals`) ends the run within seconds: the result holds what was checked,
+    ``"interrupted": true``, the signal and exit code 130 (SIGTERM: 143); items the workers finished ahead go to
+    the results log for ``--resume``. ``options`` sets time limits, the executor (a worker
     process replaced after a fault), records to reuse (``--resume``), the results log and ``--maxfail``.
     """
     started = time.time()
@@ -501,38 +510,48 @@ def check_paths(
     prefetcher = None
     events: list[tuple[tuple[str, str, str], str, float, float]] = []
     ran_fn = (lambda key, lane, t0, t1: events.append((key, lane, t0, t1))) if options.timeline else None
+    reason: str | None = None
     try:
-        if options.jobs > 0 and _worth_workers(todo, only, options):
-            prefetcher = _start_prefetcher(todo, only, device, profile, seed, options, executor, progress, ran_fn)
-        for contract in todo:
-            if only and not any(selected(it["id"], only) for it in contract.items):
-                continue
-            entry = check_contract(
-                contract,
-                device=device,
-                only=only,
-                profile=profile,
-                seed=seed,
-                progress=progress,
-                options=options,
-                executor=executor,
-                failures=failures,
-                prefetcher=prefetcher,
-                ran=ran_fn,
-            )
-            contracts.append(entry)
-            if "interrupted" in entry:
-                interrupted = True
-                break
-            if "stopped" in entry:
-                stopped = True
-                break
-    except KeyboardInterrupt:
-        interrupted = True
+        with raising_on_stop():  # a stop requested before the first item (while loading) ends the run here
+            if options.jobs > 0 and _worth_workers(todo, only, options):
+                # made before the measure items run, so that a stop during them still closes its workers
+                prefetcher = Prefetcher(
+                    options.jobs, executor.fields, {"device": device, "profile": profile, "seed": seed}, ran=ran_fn
+                )
+                _start_prefetcher(prefetcher, todo, only, profile, options, executor, progress, ran_fn)
+            for contract in todo:
+                if only and not any(selected(it["id"], only) for it in contract.items):
+                    continue
+                entry = check_contract(
+                    contract,
+                    device=device,
+                    only=only,
+                    profile=profile,
+                    seed=seed,
+                    progress=progress,
+                    options=options,
+                    executor=executor,
+                    failures=failures,
+                    prefetcher=prefetcher,
+                    ran=ran_fn,
+                )
+                contracts.append(entry)
+                if "interrupted" in entry:
+                    interrupted = True
+                    break
+                if "stopped" in entry:
+                    stopped = True
+                    break
+    except (KeyboardInterrupt, cancel.StopRequested) as e:
+        interrupted, reason = True, getattr(e, "reason", None)
     finally:
         if prefetcher is not None:
             prefetcher.close()
         executor.close()
+    if interrupted:
+        reason = reason or cancel.stop_requested() or "SIGINT"
+        if prefetcher is not None and options.log:
+            _log_finished_ahead(todo, contracts, prefetcher, options.log, device, seed)
     if options.timeline:
         write_timeline(options.timeline, events)
     summary = summarize(contracts)
@@ -547,16 +566,35 @@ def check_paths(
         },
         "contracts": contracts,
         "summary": summary,
-        "exit_code": EXIT_INTERRUPTED if interrupted else exit_code(summary, strict),
+        "exit_code": STOP_SIGNALS.get(reason or "", EXIT_INTERRUPTED) if interrupted else exit_code(summary, strict),
     }
     if interrupted:
         result["interrupted"] = True
+        result["signal"] = reason
     if stopped:
         result["stopped"] = f"--maxfail {options.maxfail} reached"
     started = getattr(executor, "started", 0) + (prefetcher.started if prefetcher is not None else 0)
     if started:
         result["provenance"]["workers_started"] = started
     return result
+
+
+def _log_finished_ahead(
+    todo: list[Contract],
+    contracts: list[dict[str, Any]],
+    prefetcher: Prefetcher,
+    log: Callable[[Contract, dict[str, Any]], None],
+    device: str,
+    seed: int,
+) -> None:
+    """Log the records of items the workers finished ahead of a stopped run, so that --resume reuses them."""
+    have = {(c["path"], c["sha256"], it["id"]) for c in contracts for it in c["items"]}
+    for contract in todo:
+        for item in contract.items:
+            key = item_key(contract, item["id"])
+            if key in prefetcher.finished and key not in have:
+                fields, seconds = prefetcher.finished[key]
+                log(contract, _record(contract, item, fields, device, seed, seconds))
 
 
 def _to_run(
@@ -594,28 +632,24 @@ def _witness_source(
 
 
 def _start_prefetcher(
+    prefetcher: Prefetcher,
     todo: list[Contract],
     only: list[str] | None,
-    device: str,
     profile: str,
-    seed: int,
     options: RunOptions,
     executor: Executor,
     progress: ProgressFn | None,
     ran: Callable[[tuple[str, str, str], str, float, float], None] | None,
-) -> Prefetcher:
-    """Start ``options.jobs`` workers on the run's items; the measure items run first, on a quiet GPU.
+) -> None:
+    """Give the run's items to ``prefetcher``'s workers; the measure items run first, on a quiet GPU.
 
     While the measure items run (host-side wrapper overheads and bandwidths are skewed by busy neighbours) the
     workers take only host-only items (proofs, enumerations: no GPU use), kept off a few CPUs the measuring
     process has to itself; on fewer than 4 CPUs nothing runs beside them. Then every other item is queued.
-    Measure records wait in the prefetcher to be taken in order. A KeyboardInterrupt propagates.
+    Measure records wait in the prefetcher to be taken in order. A stop propagates.
     """
     wanted = list(_to_run(todo, only, options.done))
     position = {item_key(c, it["id"]): n for n, (c, it) in enumerate(wanted)}
-    prefetcher = Prefetcher(
-        options.jobs, executor.fields, {"device": device, "profile": profile, "seed": seed}, ran=ran
-    )
     for (cid, sha, item_id), record in options.done.items():  # resumed records still hand out their witnesses
         for c in todo:
             if (c.id, c.sha256) == (cid, sha):
@@ -648,7 +682,6 @@ def _start_prefetcher(
         prefetcher.done(key, fields, round(executor.seconds(t1 - t0), 4))
     prefetcher.pin(None)
     submit(rest if cores is not None else [(c, it) for c, it in wanted if item_method(it) not in QUIET_METHODS])
-    return prefetcher
 
 
 def write_timeline(path: str | Path, events: list[tuple[tuple[str, str, str], str, float, float]]) -> None:

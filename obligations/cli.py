@@ -20,7 +20,7 @@ from typing import Any
 
 from obligations import __version__
 
-__all__ = ["main", "COMMANDS"]
+__all__ = ["main", "COMMANDS", "counted", "seconds", "bit_patterns", "SEED", "probe_output"]
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_NO_CONTRACTS = 5  # nothing collected (as pytest's 5): checking nothing is not a pass
@@ -46,6 +46,57 @@ def _configure(fn: Callable[[argparse.ArgumentParser], None]) -> Callable:
         return run
 
     return attach
+
+
+# -- argument types: every number is checked where it is parsed (argparse names the flag, exit 2) ----------
+
+_U32 = 1 << 32
+_U64 = 1 << 64
+
+
+def _integer(text: str, base: int = 10) -> int:
+    try:
+        return int(text.strip(), base)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+def counted(lo: int = 0, hi: int | None = None, base: int = 10) -> Callable[[str], int]:
+    """An argparse type: an integer in [lo, hi) (``base`` 0: also 0x..., 0b...)."""
+
+    def parse(text: str) -> int:
+        value = _integer(text, base)
+        if value < lo or (hi is not None and value >= hi):
+            where = f"at least {lo}" if hi is None else f"from {lo} to {hi - 1}"
+            raise argparse.ArgumentTypeError(f"{text} must be {where}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds, at least 0."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number of seconds, at least 0")
+    return value
+
+
+def bit_patterns(text: str) -> list[str]:
+    """An argparse type: comma-separated bit patterns (0x... or ints), each in [0, 2^64)."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    for part in parts:
+        counted(0, _U64, base=0)(part)
+    return parts
+
+
+SEED = counted(0, _U64)  # seeds: what numpy and Hypothesis accept
 
 
 def _resolve_device(requested: str) -> str | None:
@@ -162,7 +213,7 @@ def _check_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="falsification budget and item time limit (default: quick on host, full on cuda)",
     )
-    p.add_argument("--seed", type=int, default=None, help="seed of every randomised check (default 0)")
+    p.add_argument("--seed", type=SEED, default=None, help="seed of every randomised check (default 0)")
     p.add_argument(
         "--log",
         metavar="FILE",
@@ -178,7 +229,7 @@ def _check_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--item-timeout",
         metavar="SECONDS",
-        type=float,
+        type=seconds,
         default=None,
         help="time limit of every item (overrides the item's timeout_s and the profile's; 0: none)",
     )
@@ -191,7 +242,7 @@ def _check_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--jobs",
         "-j",
-        type=int,
+        type=counted(0, 1025),
         metavar="N",
         default=None,
         help="worker processes that run items ahead while the run takes their records in order; measure items run "
@@ -206,9 +257,16 @@ def _check_options(p: argparse.ArgumentParser) -> None:
         help="stop after the first violated or errored item",
     )
     p.add_argument(
-        "--maxfail", type=int, metavar="N", dest="maxfail", default=None, help="stop after N violated or errored items"
+        "--maxfail",
+        type=counted(0),
+        metavar="N",
+        dest="maxfail",
+        default=None,
+        help="stop after N violated or errored items (0: no limit, as pytest's)",
     )
-    p.add_argument("--durations", type=int, metavar="N", default=None, help="print the N slowest items (0: all)")
+    p.add_argument(
+        "--durations", type=counted(0), metavar="N", default=None, help="print the N slowest items (0: all)"
+    )
     p.add_argument(
         "--timeline",
         metavar="FILE",
@@ -253,14 +311,34 @@ def _check_outputs(args: argparse.Namespace) -> list[str]:
     from obligations.atomic import OutputPathError, check_writable
 
     problems = []
-    for flag in ("json", "junit", "sarif", "log"):
+    for flag in ("json", "junit", "sarif", "log", "timeline"):
         path = getattr(args, flag, None)
-        if path:
+        if path and path != "-":
             try:
                 check_writable(path)
+                probe_output(path, append=flag == "log")
             except OutputPathError as e:
                 problems.append(f"--{flag} {e}")
+            except OSError as e:
+                problems.append(f"--{flag} {path}: {e.strerror or e}")
     return problems
+
+
+def probe_output(path: str | Path, append: bool = False) -> None:
+    """Create (and remove) a file where ``path``'s atomic write puts its temporary file, or open ``path`` for
+    appending: an output that cannot be written fails before the run (OSError), not after it (/proc/x.json)."""
+    import tempfile
+
+    target = Path(path)
+    parent = target.parent
+    while not parent.exists() and parent != parent.parent:  # the writer creates missing folders here
+        parent = parent.parent
+    if append and target.exists():
+        with open(target, "a", encoding="utf-8"):
+            return
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{target.name}.", suffix=".probe")
+    os.close(fd)
+    os.unlink(tmp)
 
 
 def _resume_settings(args: argparse.Namespace) -> tuple[Any, list[str]]:
@@ -287,6 +365,13 @@ def _resume_settings(args: argparse.Namespace) -> tuple[Any, list[str]]:
 @command("check", "check contracts: proofs, enumeration, falsification; exit 1 if anything is refuted")
 @_configure(_check_options)
 def _check(args: argparse.Namespace) -> int:
+    from obligations.isolation import stop_on_signals
+
+    with stop_on_signals():  # main() installed it already for `kc check ...`; this covers other callers
+        return _run_check(args)
+
+
+def _run_check(args: argparse.Namespace) -> int:
     from obligations.check import RunOptions, check_paths
     from obligations.console import Reporter
     from obligations.contract import load_contracts
@@ -304,6 +389,8 @@ def _check(args: argparse.Namespace) -> int:
             problems.append(str(e))
         else:
             problems.extend(more)
+            for msg in resumed.warnings:
+                print(f"kc: warning: {msg}", file=sys.stderr)
     if problems:
         for msg in problems:
             print(f"kc: error: {msg}", file=sys.stderr)
@@ -341,18 +428,23 @@ def _check(args: argparse.Namespace) -> int:
         "paths": [str(p) for p in args.paths],
     }
     log_path = args.resume or args.log
-    log = RunLog(Path(log_path), settings, append=bool(args.resume)) if log_path else None
+    try:
+        log = RunLog(Path(log_path), settings, append=bool(args.resume)) if log_path else None
+    except LogError as e:  # another run holds it
+        print(f"kc: error: {'--resume' if args.resume else '--log'} {e}", file=sys.stderr)
+        return EXIT_INVALID
     options = RunOptions(
         item_timeout=args.item_timeout,
         isolate=args.isolate,
-        maxfail=args.maxfail,
-        jobs=default_jobs() if args.jobs is None else max(0, args.jobs),
+        maxfail=args.maxfail or None,  # 0: no limit, as pytest's --maxfail 0 (never a green exit for a failing run)
+        jobs=default_jobs() if args.jobs is None else args.jobs,
         timeline=args.timeline,
         done=resumed.done if resumed else {},
         log=log.record if log else None,
     )
     total = sum(1 for c in loaded.contracts for it in c.items if not args.only or _selected(it["id"], args.only))
     reporter = Reporter(out, verbosity, total)
+    result = None
     try:
         result = check_paths(
             loaded.contracts,
@@ -368,20 +460,19 @@ def _check(args: argparse.Namespace) -> int:
         )
     finally:
         reporter.close()
-        if log:
-            log.close()
+        if log:  # the end line only for a run that ended; the lock goes with the close
+            log.close(None if result is None or result.get("interrupted") else result["exit_code"])
     if result.get("interrupted"):
         _write_outputs(args, result)
         _print_summary(result, out, " (interrupted)")
+        how = "stopped by SIGTERM" if result.get("signal") == "SIGTERM" else "interrupted"
         print(
-            "kc: interrupted; the result holds the items checked so far"
+            f"kc: {how}; the result holds the items checked so far"
             + (f" ({args.json})" if args.json else "")
             + (f"; resume with kc check --resume {log_path}" if log_path else ""),
             file=sys.stderr,
         )
         return result["exit_code"]
-    if log:
-        log_end(log_path, result["exit_code"])
     _write_outputs(args, result)
     if args.durations is not None:
         _print_durations(result, args.durations, out)
@@ -397,20 +488,13 @@ def _print_summary(result: dict[str, Any], out: Any, tail: str = "") -> None:
     # skipped_cuda_only is a part of skipped (items a host run cannot check), not another status
     words = {"skipped_cuda_only": "of the skipped need cuda", "violated_expected": "violated (expected)"}
     parts = ", ".join(f"{v} {words.get(k, k.replace('_', ' '))}" for k, v in s.items() if v)
-    print(f"{total} items: {parts}{tail}", file=out)
+    print(f"{total} items" + (f": {parts}" if parts else "") + tail, file=out)
 
 
 def _selected(item_id: str, only: list[str]) -> bool:
     from obligations.check import selected
 
     return selected(item_id, only)
-
-
-def log_end(path: str, exit_code: int) -> None:
-    """Append the end line to a results log."""
-    from obligations.runlog import RunLog
-
-    RunLog(Path(path), {}, append=True).close(exit_code)
 
 
 def _print_durations(result: dict[str, Any], n: int, out: Any) -> None:
@@ -471,7 +555,7 @@ def _report_options(p: argparse.ArgumentParser) -> None:
         help="replace reports that rest on richer evidence (a GPU or full-profile run) with poorer",
     )
     p.add_argument("--device", choices=["auto", "host", "cuda"], default="auto", help="device of the check run")
-    p.add_argument("--seed", type=int, default=0, help="seed of the check run")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the check run")
     p.add_argument("--no-html", action="store_true", help="write Markdown only")
     p.add_argument("--no-plots", action="store_true", help="draw no plots")
 
@@ -628,11 +712,20 @@ def _sweep_options(p: argparse.ArgumentParser) -> None:
         help="binary32 (kernel vs reference) or a small format (e.g. "
         "binary16, e4m3): every operand pair of softfloat against an exact oracle, on the CPU",
     )
-    p.add_argument("--lo", type=lambda v: int(v, 0), default=0, help="first input bit pattern (0x... or int)")
-    p.add_argument("--hi", type=lambda v: int(v, 0), default=None, help="last input bit pattern (default: all)")
-    p.add_argument("--sample", type=int, default=None, help="check this many seeded random inputs instead")
+    p.add_argument(
+        "--lo", type=counted(0, _U32 + 1, base=0), default=0, help="first input bit pattern (0x... or int)"
+    )
+    p.add_argument(
+        "--hi",
+        type=counted(0, _U32 + 1, base=0),
+        default=None,
+        help="end of the input range, exclusive (default: all)",
+    )
+    p.add_argument(
+        "--sample", type=counted(1, _U32 + 1), default=None, help="check this many seeded random inputs instead"
+    )
     p.add_argument("--route", default="nvrtc-ieee", help="compilation route of the kernel (default nvrtc-ieee)")
-    p.add_argument("--bound", type=int, default=None, help="max ULP allowed (default: bitwise)")
+    p.add_argument("--bound", type=counted(0), default=None, help="max ULP allowed (default: bitwise)")
     p.add_argument(
         "--reference",
         choices=["auto", "softfloat", "float64"],
@@ -642,7 +735,7 @@ def _sweep_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--operand",
-        type=lambda v: int(v, 0),
+        type=counted(0, _U32, base=0),
         default=None,
         help="bits of the fixed second operand of a binary kernel (e.g. add --operand 0x3F800000)",
     )
@@ -714,15 +807,17 @@ def _working(what: str) -> Any:
 def _replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="the contract")
     p.add_argument("item_id", metavar="ID", help="the falsification item whose case is replayed")
-    p.add_argument("--bits", required=True, help="operand bit patterns, comma separated (0x... or ints)")
-    p.add_argument("--scalars", default="", help="scalar operand bit patterns, comma separated")
+    p.add_argument(
+        "--bits", type=bit_patterns, required=True, help="operand bit patterns, comma separated (0x... or ints)"
+    )
+    p.add_argument("--scalars", type=bit_patterns, default=[], help="scalar operand bit patterns, comma separated")
     p.add_argument(
         "--device",
         choices=["auto", "host", "cuda"],
         default="auto",
         help="auto: cuda when a working GPU is present, else host",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the replayed check")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the replayed check")
 
 
 @command("replay", "re-check exactly one counterexample of a falsification item")
@@ -739,15 +834,17 @@ def _replay(args: argparse.Namespace) -> int:
     except ContractError as e:
         _print_diagnostics(e.diagnostics)
         return EXIT_INVALID
+    if not args.bits:
+        print("kc replay: error: argument --bits: no bit pattern given", file=sys.stderr)
+        return EXIT_INVALID
     item = find_item(contract.data, args.item_id)
     if item is None:
         print(f"kc: error: no falsification item {args.item_id!r} in {args.path}", file=sys.stderr)
         return EXIT_INVALID
-    split = [s for s in args.scalars.split(",") if s]
     outcome = replay(
         item,
-        bits=args.bits.split(","),
-        scalars=split,
+        bits=args.bits,
+        scalars=args.scalars,
         device=device,
         contract=contract.data,
         contract_path=args.path,
@@ -786,6 +883,18 @@ def build_parser(config: Any = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``kc``; returns the exit code (see module docstring)."""
+    words = sys.argv[1:] if argv is None else argv
+    if words[:1] == ["check"]:
+        from obligations.isolation import stop_on_signals
+
+        # From the start on, SIGINT and SIGTERM stop a check cleanly: even one before the first item (while
+        # modules import and contracts load) ends in a result marked interrupted.
+        with stop_on_signals():
+            return _main(argv)
+    return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     from obligations.config import ConfigError, find_config
 
     try:
@@ -811,11 +920,19 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_INVALID
+    except OSError as e:  # an output (or input) the OS refused: read-only mount, file-size limit, full disk
+        if e.filename is None:
+            return _internal_error()
+        print(f"kc: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_INVALID
     except Exception:
-        traceback.print_exc()
-        print("kc: internal error (a bug in kernel-contracts; please report it with the traceback)", file=sys.stderr)
-        return EXIT_INTERNAL
+        return _internal_error()
 
+
+def _internal_error() -> int:
+    traceback.print_exc()
+    print("kc: internal error (a bug in kernel-contracts; please report it with the traceback)", file=sys.stderr)
+    return EXIT_INTERNAL
 
 if __name__ == "__main__":
     # `python -m obligations.cli` runs this file as __main__, a second module object: the commands that

@@ -35,7 +35,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="graph_command", required=True)
     c = sub.add_parser("check", help="well-formedness, shapes, payload and output id, errors by node")
     c.add_argument("file", help="a graph in its JSON form, or an ONNX model (*.onnx)")
-    c.add_argument("--output", type=int, default=None, help="the intended output id (default: the file's, or last)")
+    from obligations.cli import counted
+
+    c.add_argument(
+        "--output", type=counted(0), default=None, help="the intended output id (default: the file's, or last)"
+    )
     s = sub.add_parser("show", help="declared vs inferred shapes per node; --trace evaluates step by step")
     s.add_argument("file", help="a graph in its JSON form, or an ONNX model (*.onnx)")
     s.add_argument(

@@ -24,10 +24,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+from obligations.core import cancel
 
 __all__ = [
     "ItemTimeout",
@@ -51,6 +54,9 @@ __all__ = [
     "THREAD_POOL_VARS",
     "known_witnesses",
     "seed_witnesses",
+    "STOP_SIGNALS",
+    "stop_on_signals",
+    "raising_on_stop",
 ]
 
 # Seconds an item may run before it is stopped, per profile (an item's ``timeout_s`` or --item-timeout win).
@@ -108,6 +114,96 @@ def _alarm(seconds: float | None) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
+# The signals that stop a run, by the name a stop request carries, and the exit code each gives (128 + signal).
+STOP_SIGNALS: dict[str, int] = {"SIGINT": 130, "SIGTERM": 143}
+
+_armed = False  # the handler raises StopRequested in the main thread (while items run); else it only records
+_raised = False  # it raised once already: a second signal while the run writes what it has must not cut that
+_installed = 0  # nesting of stop_on_signals (an inner one leaves the outer's handlers and request in place)
+
+
+def _on_signal(signum: int, _frame: Any) -> None:
+    global _raised
+    name = signal.Signals(signum).name
+    cancel.request_stop(name)
+    if _armed and not _raised:
+        _raised = True
+        raise cancel.StopRequested(name)
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Within the block SIGINT and SIGTERM request a stop (:func:`cancel.request_stop`, which also fires the
+    engines' callbacks) and, inside :func:`raising_on_stop`, raise StopRequested in the main thread.
+
+    A watcher thread hears the signal through the wakeup fd, so a C call holding the main thread (a Z3 check)
+    is interrupted by its registered callback at once, not when it returns. A no-op off the main thread.
+    """
+    global _raised, _installed
+    if threading.current_thread() is not threading.main_thread() or _installed:
+        yield
+        return
+    cancel.clear_stop()
+    _raised = False
+    old = {name: signal.getsignal(getattr(signal, name)) for name in STOP_SIGNALS}
+    rfd, wfd = os.pipe()
+    os.set_blocking(wfd, False)
+    numbers = {int(getattr(signal, name)): name for name in STOP_SIGNALS}
+
+    def watch() -> None:
+        while True:
+            try:
+                data = os.read(rfd, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            for n in data:
+                if n in numbers:
+                    cancel.request_stop(numbers[n])
+
+    watcher = threading.Thread(target=watch, name="kc-signals", daemon=True)
+    watcher.start()
+    try:
+        old_fd = signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+        for name in STOP_SIGNALS:
+            if old[name] is not signal.SIG_IGN:  # nohup's choice stands
+                signal.signal(getattr(signal, name), _on_signal)
+    except (ValueError, OSError):  # not the main thread of the main interpreter after all
+        os.close(wfd)
+        os.close(rfd)
+        yield
+        return
+    _installed += 1
+    try:
+        yield
+    finally:
+        _installed -= 1
+        for name, handler in old.items():
+            signal.signal(getattr(signal, name), handler if handler is not None else signal.SIG_DFL)
+        signal.set_wakeup_fd(old_fd)
+        os.close(wfd)  # the watcher reads end-of-file and ends
+        watcher.join(timeout=1)
+        os.close(rfd)
+
+
+@contextlib.contextmanager
+def raising_on_stop() -> Iterator[None]:
+    """Within the block a stop signal raises StopRequested in the main thread (once); a stop already requested
+    raises at once. Outside it the signal only records the request, for the run to see at a safe point."""
+    global _armed, _raised
+    was = _armed
+    _armed = True
+    try:
+        reason = cancel.stop_requested()
+        if reason is not None and not _raised:
+            _raised = True
+            raise cancel.StopRequested(reason)
+        yield
+    finally:
+        _armed = was
+
+
 def known_witnesses(contract: Any, item: dict[str, Any], records: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """{regimes item id: its witnesses} for ``item``'s ``witnesses:``, where that regimes item's record is at hand
     (proved, with witnesses), so whoever runs ``item`` need not solve the same optimisation again."""
@@ -159,9 +255,10 @@ class InProcess(Executor):
     ) -> dict[str, Any]:
         seed_witnesses(contract, witnesses or {})
         try:
-            with _alarm(limit):
+            # The deadline sizes the engines' own budgets (Z3's timeout); the timer stops Python-level hangs.
+            with cancel.item_deadline(limit), _alarm(limit):
                 return self.fields(contract, item)
-        except ItemTimeout:
+        except (ItemTimeout, cancel.DeadlinePassed):
             return timeout_record(limit or 0, "stopped in process")
 
 
@@ -280,6 +377,7 @@ class WorkerPool(Executor):
             "sha256": contract.sha256,
             "item": item["id"],
             "witnesses": witnesses or {},
+            "limit": limit,  # the worker sets it as the item's deadline: Z3 sizes its timeout from it
         }
         t0 = time.monotonic()
         try:
@@ -290,7 +388,8 @@ class WorkerPool(Executor):
             line = self._read_line(t0 + WORKER_START_S)
             if line is not None:
                 t0 = time.monotonic()
-                line = self._read_line(None if not limit else t0 + limit)
+                # a little past the limit: an engine that honours the deadline itself ends with its own record
+                line = self._read_line(None if not limit else t0 + limit * 1.05 + 0.5)
         except ItemTimeout:
             self._kill()
             return timeout_record(limit or 0, "worker process killed and replaced")
@@ -402,16 +501,37 @@ class Prefetcher:
             w.threads = threads
             self._free.put(w)
         self._ran = ran  # (key, lane, start, end) of each item a worker ran: the run's timeline
-        self._threads = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="kc-prefetch")
+        # Daemon threads, not a ThreadPoolExecutor: the interpreter joins an executor's threads at exit, so a
+        # thread still waiting on a worker would hold a stopped run's exit until the item's limit.
+        self._tasks: queue.Queue[tuple[Future[Any], Callable[[], Any]] | None] = queue.Queue()
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"kc-prefetch-{n}", daemon=True) for n in range(jobs)
+        ]
+        for t in self._threads:
+            t.start()
+        self.finished: dict[Key, tuple[dict[str, Any], float]] = {}  # items run to their end: (fields, seconds)
         self._futures: dict[Key, Future[tuple[dict[str, Any], float]]] = {}
         self._published: dict[Key, dict[str, Any]] = {}
         self._events: dict[Key, threading.Event] = {}
         self._lock = threading.Lock()
         self._closed = False
 
+    def _serve(self) -> None:
+        while (task := self._tasks.get()) is not None:
+            fut, fn = task
+            if not fut.set_running_or_notify_cancel():  # withdrawn: the run does the item itself
+                continue
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # handed to the run, which re-raises it where it takes the record
+                fut.set_exception(e)
+
     def _event(self, key: Key) -> threading.Event:
         with self._lock:
-            return self._events.setdefault(key, threading.Event())
+            ev = self._events.setdefault(key, threading.Event())
+            if self._closed:  # nothing more will be published: nobody may wait
+                ev.set()
+            return ev
 
     def publish(self, key: Key, fields: dict[str, Any]) -> None:
         """Make an item's record fields available to the items waiting for its witnesses."""
@@ -423,7 +543,9 @@ class Prefetcher:
         """Queue ``item`` of ``contract`` for the next free worker; ``after``: the regimes item whose witnesses it
         takes (it must be earlier in the run: submitted before it, or run by the in-order run before it)."""
         key = item_key(contract, item["id"])
-        self._futures[key] = self._threads.submit(self._run, contract, item, limit, after)
+        fut: Future[tuple[dict[str, Any], float]] = Future()
+        self._futures[key] = fut
+        self._tasks.put((fut, partial(self._run, contract, item, limit, after)))
 
     def _run(
         self, contract: Any, item: dict[str, Any], limit: float | None, after: Key | None
@@ -445,9 +567,15 @@ class Prefetcher:
                 t0 = time.perf_counter()
                 fields = worker.run(contract, item, limit, witnesses)
                 t1 = time.perf_counter()
+                if self._closed or cancel.stop_requested() is not None:  # cut by the stop: no outcome
+                    fields = error_fields("the run stopped before this item finished")
+                    return fields, 0.0
+                seconds = round(worker.seconds(t1 - t0), 4)
+                with self._lock:
+                    self.finished[key] = (fields, seconds)
                 if self._ran is not None:
                     self._ran(key, f"worker {next(n for n, w in enumerate(self._workers) if w is worker) + 1}", t0, t1)
-                return fields, round(worker.seconds(t1 - t0), 4)
+                return fields, seconds
             finally:
                 self._free.put(worker)
         finally:
@@ -458,6 +586,8 @@ class Prefetcher:
         fut: Future[tuple[dict[str, Any], float]] = Future()
         fut.set_result((fields, seconds))
         self._futures[key] = fut
+        with self._lock:
+            self.finished[key] = (fields, seconds)
         self.publish(key, fields)
 
     def take(self, contract: Any, item: dict[str, Any]) -> tuple[dict[str, Any], float] | None:
@@ -495,8 +625,11 @@ class Prefetcher:
             ev.set()
         for w in self._workers:
             w.close()
-        self._threads.shutdown(wait=False, cancel_futures=True)
-        for w in self._workers:  # a worker a thread was still waiting on when it was closed
+        for _ in self._threads:
+            self._tasks.put(None)
+        for t in self._threads:  # each ends once its worker is killed (a dead worker's pipe reads end-of-file)
+            t.join(timeout=5)
+        for w in self._workers:  # a worker a thread was starting when it was closed
             w.close()
 
 
@@ -528,10 +661,10 @@ def _worker() -> int:
     cores = os.environ.get("KC_WORKER_CORES")
     if cores and hasattr(os, "sched_setaffinity"):  # before the imports start thread pools
         os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
-    from obligations.check import item_fields
-    from obligations.contract import import_test_modules, parse_contract
+    import obligations.check  # noqa: F401  (imported before "ready": not the first item's time)
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    _exit_with_parent()
     answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
@@ -539,8 +672,32 @@ def _worker() -> int:
     from falsification.registry import load_builtin_tests
 
     load_builtin_tests()  # what the first falsify item would import (Hypothesis, the test modules): not its time
-    answers.write(json.dumps({"ready": True}) + "\n")
-    answers.flush()
+    try:
+        answers.write(json.dumps({"ready": True}) + "\n")
+        answers.flush()
+        _serve(answers, contracts)
+    except BrokenPipeError:  # the run went away (killed): nobody is left to answer
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), answers.fileno())
+    return 0
+
+
+def _exit_with_parent() -> None:
+    """End this worker when the run that started it is gone (killed with SIGKILL: nothing stopped us)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="kc-parent-watch", daemon=True).start()
+
+
+def _serve(answers: Any, contracts: dict[str, Any]) -> None:
+    from obligations.check import item_fields
+    from obligations.contract import import_test_modules, parse_contract
+
     for line in sys.stdin:
         req = json.loads(line)
         contract = contracts.get(req["path"])
@@ -553,14 +710,22 @@ def _worker() -> int:
             fields = error_fields(f"{req['path']} changed during the run")
         else:
             seed_witnesses(contract, req.get("witnesses") or {})
-            fields = item_fields(
-                contract, contract.item(req["item"]), device=req["device"], profile=req["profile"], seed=req["seed"]
-            )
+            limit = req.get("limit")
+            try:
+                with cancel.item_deadline(limit):
+                    fields = item_fields(
+                        contract,
+                        contract.item(req["item"]),
+                        device=req["device"],
+                        profile=req["profile"],
+                        seed=req["seed"],
+                    )
+            except cancel.DeadlinePassed:
+                fields = timeout_record(limit or 0, "stopped in the worker process")
         _release_device_memory()
         healthy, why = _cuda_healthy(req["device"])
         answers.write(json.dumps({"fields": fields, "healthy": healthy, "why": why}, default=str) + "\n")
         answers.flush()
-    return 0
 
 
 if __name__ == "__main__":

@@ -134,3 +134,22 @@ def test_falsify_runs_boundary_witnesses_and_catches_an_off_by_one_guard(tmp_pat
     record = {"status": "passed", "evidence": engine.evidence_dict(part)}
     s = summarize([{"items": [record], "unchecked_entry_points": []}])
     assert s["unreached_boundaries"] == 2 and exit_code(s) == 0 and exit_code(s, strict=True) == 1
+
+
+def test_the_coverage_table_lists_each_boundary_and_which_witnesses_ran():
+    from obligations.reporting.views import coverage_facts
+
+    regimes = {
+        "id": "R",
+        "status": "proved",
+        "evidence": {
+            "kind": "regimes",
+            "regimes": ["empty"],
+            "witnesses": {"empty": {"n": 0}, "n <= size @accept": {"n": 0, "size": 0}},
+            "boundaries": {"n <= size": {"guard": "fits(size)", "accept": True, "reject": False, "implied": "why"}},
+        },
+    }
+    ran = {"id": "F", "status": "passed", "evidence": {"boundaries_reached": {"n <= size @accept": 0}}}
+    facts = {f.label: f.value for f in coverage_facts({"items": [regimes, ran]})}
+    assert facts["Boundary n <= size of fits(size) (R)"] == 'accept: {"n": 0, "size": 0}; reject: why'
+    assert facts["Boundary witnesses (F)"] == "n <= size @accept: NOT RUN"

@@ -334,7 +334,7 @@ class EnumerateEngine(Engine):
         params = set(plans.plan_parameters(plan_fn)) & set(c.symbols) if plan_fn else set()
         grid: dict[str, np.ndarray] = {}
         n = 1
-        for name, spec in bound.items():
+        for pos, (name, spec) in enumerate(bound.items()):
             cancel.checkpoint()  # a step over millions of rows: stop here when the run stops or the item is late
             if name not in c.symbols:
                 raise _TooLarge(f"bound names unknown symbol {name!r}")
@@ -355,10 +355,11 @@ class EnumerateEngine(Engine):
                     hi = _clipped(_bound_value(hi_s, env, name), n, ty_lo, ty_hi)
                     counts, total = _counts(lo, hi)
             if counts is None or total > MAX_ENUMERATION_POINTS:
-                raise _TooLarge(
-                    f"enumeration domain has {_count_text(total)} points once {name!r} is expanded "
-                    f"(limit {_count_text(MAX_ENUMERATION_POINTS)})"
-                )
+                whole, exact = _whole_size(c, total, list(bound.items())[pos + 1 :])
+                if whole == 0:
+                    raise _TooLarge("vacuous: the enumeration domain is empty (a later symbol's bound is empty)")
+                size = _count_text(whole) if exact else f"at least {_count_text(whole)}"
+                raise _TooLarge(f"enumeration domain has {size} points (limit {_count_text(MAX_ENUMERATION_POINTS)})")
             grid = {k: np.repeat(v, counts) for k, v in grid.items()}
             starts = np.repeat(np.cumsum(counts) - counts, counts)
             within = np.arange(total, dtype=np.int64) - starts
@@ -415,6 +416,25 @@ def _narrow(arr: np.ndarray) -> np.ndarray:
     if arr.size == 0 or (arr.min() >= _I64_MIN and arr.max() <= _I64_MAX):
         return arr.astype(np.int64)
     return arr
+
+
+def _whole_size(c: Contract, so_far: int, rest: list[tuple[str, Any]]) -> tuple[int, bool]:
+    """The domain's exact size from the points so far and the bounds not expanded yet (sizes only, nothing
+    allocated); ``exact`` is False where a bound is an expression over the rows (then a lower bound)."""
+    size = so_far
+    for name, spec in rest:
+        decl = c.symbols.get(name)
+        if decl is None:
+            continue
+        lo_t, hi_t = (0, 1) if decl["type"] == "bool" else _type_range(decl["type"])
+        if isinstance(spec, dict):
+            size *= len(spec["values"])
+            continue
+        lo, hi = (spec, spec) if not isinstance(spec, list) else spec
+        if not (isinstance(lo, int) and isinstance(hi, int)):
+            return so_far, False  # an expression bound's size depends on the rows: the points so far, at least
+        size *= max(min(hi, hi_t) - max(lo, lo_t) + 1, 0)
+    return size, True
 
 
 def _count_text(n: int) -> str:

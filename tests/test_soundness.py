@@ -295,13 +295,20 @@ def test_enumeration_redoes_nested_wrapped_operations_without_recursion(mixed, d
         ({"w": [0, 3], "y": [-4611686018427387904, -1]}, "2^64 points"),
         ({"w": [0, 3], "y": [-(2**62), 0]}, "18446744073709551620 (~1.84e+19) points"),
         ({"y": [-(2**63), 2**63 - 1]}, "2^64 points"),
-        ({"w": [0, 10**12 - 1], "y": [0, 10**12 - 1]}, "10^12 points"),
-        ({"w": [0, 1000], "y": ["-w", "w * 2**60"]}, "points once 'y' is expanded"),
+        ({"w": [0, 10**12 - 1], "y": [0, 10**12 - 1]}, "10^24 points"),
+        ({"w": [0, 1000], "y": ["-w", "w * 2**60"]}, "points (limit"),
+        ({"w": [0, 10**12 - 1], "y": [0, 10**12 - 1], "v": [0, 9]}, "10^25 points"),
+        ({"w": [0, 10**12 - 1], "y": ["w", "w + 1"]}, "at least 10^12 points"),
     ],
 )
 def test_enumeration_domain_sizes_are_exact_and_never_reach_numpy_unchecked(mixed, bound, text):
     out = run_item(mixed, _item("y >= 0", "enumerate", bound=bound))
     assert out.status.value == "error" and text in out.reason and "limit 30000000" in out.reason, out
+
+
+def test_a_huge_row_count_before_an_empty_bound_is_vacuous_not_too_large(mixed):
+    out = run_item(mixed, _item("y >= 0", "enumerate", bound={"w": [0, 10**12], "y": [5, 3]}))
+    assert out.status.value == "error" and out.reason.startswith("vacuous"), out
 
 
 def test_bounds_outside_the_machine_type_are_clipped_not_an_overflow_error(mixed):

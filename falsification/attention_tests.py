@@ -155,6 +155,8 @@ def _from_witness(seed: int, w: Any) -> dict:
     c["group"] = hq // hkv if hkv >= 1 and hq % hkv == 0 else 1
     if hkv * c["group"] != hq:
         c["heads_q"] = hq  # a refused witness: no whole group of query heads per KV head
+    if int(w.get("kv_len", c["seq_k"])) != c["seq_k"]:
+        c["kv_len"] = int(w["kv_len"])  # the key-padding guard's witness: every batch's length
     return c
 
 
@@ -180,6 +182,8 @@ def case_inputs(c: dict, dtype: Any = np.float32) -> dict[str, Any]:
     lens = {"full": np.full(b, lk), "random": rng.integers(0, lk + 1, b), "empty": np.array([0] + [lk] * (b - 1))}[
         _LENS[c["lens"]]
     ]
+    if "kv_len" in c:  # a witness of the key-padding guard (ATT-REGIMES)
+        lens = np.full(b, c["kv_len"])
     return {"q": q, "k": k, "v": v, "dout": dout, "kv_lens": lens.astype(np.int64), "case": c}
 
 

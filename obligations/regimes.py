@@ -131,6 +131,7 @@ class RegimesEngine(Engine):
         b_order = order + sorted(n for n in env if n not in order and c.symbols[n]["type"] != "bool")
         boundaries: dict[str, dict[str, Any]] = {}
         declared = domain_constraints(c, {n: v for n, v in env.items() if n in c.symbols})
+        seen: set[str] = set()
         for text, bound, term in guard_terms:
             parts = _conjuncts(term.expr)
             bounds = _bounds(c, {"bound": {**(item.get("bound") or {}), **bound}}, env)
@@ -142,8 +143,9 @@ class RegimesEngine(Engine):
                 full = " ".join(str(conj).split())
                 # the conjunct's own text where it reads (head_dim <= 128), else the guard and its position
                 label = full if len(full) <= 48 else f"{text} #{k}"
-                if label in boundaries:
+                if full in seen or label in boundaries:  # a conjunct two guards share gets its witnesses once
                     continue
+                seen.add(full)
                 at, past = _limits(conj)
                 others = parts[:k] + parts[k + 1 :]
                 rejected = [*domain_r, *bounds, *others, past]

@@ -773,6 +773,11 @@ def _symbols(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
                 yield _d(c, ("symbols", name, key), f"{key} {decl[key]} does not fit {t.name}", True)
         if "min" in decl and "max" in decl and decl["min"] > decl["max"]:
             yield _d(c, ("symbols", name), "min is greater than max")
+        lo, hi = _declared_range(decl)
+        for j, v in enumerate(decl.get("values") or []):
+            if isinstance(v, int) and not lo <= v <= hi:  # never a point of the domain: Z3 and enumerate drop it
+                what = f"{t.name}" if not t.lo <= v <= t.hi else f"[{lo}, {hi}]"
+                yield _d(c, ("symbols", name, "values", j), f"value {v} does not fit {what}", True)
 
 
 @semantic_check

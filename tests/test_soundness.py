@@ -353,6 +353,8 @@ symbols:
   u: {type: uint32}
   t: {type: bool}
   f: {type: int32, values: [1, 2]}
+  z: {type: int32, values: [1, 4294967296]}
+  z2: {type: int32, min: 0, max: 5, values: [7]}
 obligations:
   - {id: LIT, type: invariant, property: p, method: z3, prove: "x * 4294967296 > 0"}
   - {id: NEG, type: invariant, property: p, method: z3, prove: "u > -1"}
@@ -449,9 +451,11 @@ def test_validate_without_imports_finds_each_bad_text(tmp_path):
         "bound of 'x' uses 'u', which is not enumerated before it",
         "bound names unknown symbol 'q'",
         "literal 4294967296 does not fit int32",
+        "value 4294967296 does not fit int32",
+        "value 7 does not fit [0, 5]",
     ]:
         assert expected in text, (expected, diags)
-    assert len(diags) == 15, diags
+    assert len(diags) == 17, diags
     plan = "\n".join(_diagnostics(tmp_path, BAD_WITH_PLAN))
     for expected in [
         "literal 4294967296 does not fit int32",

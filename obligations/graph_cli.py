@@ -16,9 +16,7 @@ naming it, exit 2; ``--trace`` then needs INPUT).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -59,9 +57,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _load(path: str) -> Any:
-    from spec.ir.jsonform import load
+    from obligations.jsonsafe import JsonInputError
+    from obligations.jsonsafe import load as load_json
+    from spec.ir.jsonform import LoadResult, Payload, from_json
 
-    res = load(path)
+    try:
+        res = from_json(load_json(path))
+    except JsonInputError as e:
+        res = LoadResult(None, Payload(), errors=(str(e),))
+    except RecursionError:  # nesting inside the limit that the graph reader still walks too deep
+        res = LoadResult(None, Payload(), errors=(f"{path}: graph nested too deep to read",))
     if res.graph is None or res.errors:
         for e in res.errors:
             print(e if e.startswith(path) else f"{path}: {e}", file=sys.stderr)
@@ -134,7 +139,9 @@ def _trace_inputs(spec: str, res: Any) -> Any:
 
     if spec == "-":
         return res.inputs
-    doc = json.loads(Path(spec).read_text())
+    from obligations.jsonsafe import load as load_json
+
+    doc = load_json(spec)
     items = doc.get("inputs", []) if isinstance(doc, dict) else doc
     return tuple(tensor_from_json(t) for t in items)
 

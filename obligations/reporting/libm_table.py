@@ -9,6 +9,7 @@ The per-function ULP histogram is the item's ``ulp_histogram`` plot (:mod:`oblig
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from html import escape
 from typing import Any
@@ -62,13 +63,17 @@ def libm_rows(contract: Mapping[str, Any]) -> list[tuple[str, ...]]:
     return rows
 
 
+_TAG_OPEN = re.compile(r"<(?=[A-Za-z/!?])")
+
+
 def markdown_lines(contract: Mapping[str, Any]) -> list[str]:
     """The section in Markdown (no lines when the contract has no audit items)."""
     rows = libm_rows(contract)
     if not rows:
         return []
     out = ["## Math-library audit", "", "| " + " | ".join(HEAD) + " |", "|" + " --- |" * len(HEAD)]
-    out += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
+    # cells carry contract text: no raw HTML (Markdown passes it through), as html_lines escapes it
+    out += ["| " + " | ".join(_TAG_OPEN.sub("&lt;", c).replace("|", "\\|") for c in r) + " |" for r in rows]
     return [*out, ""]
 
 

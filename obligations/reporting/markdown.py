@@ -1,7 +1,14 @@
-"""Markdown reports: one page per contract and an index across contracts (GitHub-flavoured)."""
+"""Markdown reports: one page per contract and an index across contracts (GitHub-flavoured).
+
+Every text that comes from a contract or a result is escaped for HTML (``_text``, ``_cell``) or put in a code
+span or fence that it cannot close (``_code``, ``_fence``): Markdown passes raw HTML through, and a contract's
+``<script>`` must reach a reader as text, as it does in the HTML reports.
+"""
 
 from __future__ import annotations
 
+import re
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,12 +31,35 @@ __all__ = ["render_contract_markdown", "render_index_markdown"]
 
 PlotFiles = Mapping[tuple[str, str], str]
 
+_TAG_OPEN = re.compile(r"<(?=[A-Za-z/!?])")
+
+
+def _text(text: Any) -> str:
+    """``text`` that Markdown cannot read as raw HTML: a ``<`` that could open a tag, a comment or a processing
+    instruction (CommonMark: ``<`` before a letter, ``/``, ``!`` or ``?``) becomes ``&lt;``; ``1 <= m`` stays."""
+    return _TAG_OPEN.sub("&lt;", str(text))
+
 
 def _cell(text: Any) -> str:
-    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    return _text(str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " "))
 
 
-def _code(text: str) -> str:
+def _link(target: str) -> str:
+    """A link target that stays one (no spaces, parentheses or angle brackets)."""
+    return urllib.parse.quote(str(target), safe="/#.-_~")
+
+
+def _fence(lang: str, body: Any) -> list[str]:
+    """A fenced block that ``body`` cannot close (its fence is longer than any run of backticks in it)."""
+    body = str(body)
+    ticks = 3
+    while "`" * ticks in body:
+        ticks += 1
+    return ["`" * ticks + lang, body, "`" * ticks]
+
+
+def _code(text: Any) -> str:
+    text = str(text).replace("\n", " ")
     ticks = 1
     while "`" * ticks in text:
         ticks += 1
@@ -47,7 +77,7 @@ def _facts_table(facts: list[Fact] | tuple[Fact, ...], head: tuple[str, str] = (
     lines += [f"| {_cell(f.label)} | {_cell(f.value)} |" for f in facts if not f.block]
     for f in facts:
         if f.block:
-            lines += ["", f"**{f.label}:**", "", "```text", f.value, "```"]
+            lines += ["", f"**{_text(f.label)}:**", "", *_fence("text", f.value)]
     return lines
 
 
@@ -58,17 +88,15 @@ def _statement_lines(view: ItemView) -> list[str]:
     for clause, rendered in view.statement:
         if rendered.parsed:
             lines += [
-                f"*{clause}*",
+                f"*{_text(clause)}*",
                 "",
-                "```math",
-                rendered.latex or "",
-                "```",
+                *_fence("math", rendered.latex or ""),
                 "",
                 f"<sub>source: {_code(rendered.text)}</sub>",
                 "",
             ]
         else:
-            lines += [f"*{clause}*: {_code(rendered.text)}", ""]
+            lines += [f"*{_text(clause)}*: {_code(rendered.text)}", ""]
     return lines
 
 
@@ -77,7 +105,12 @@ def _plot_lines(view: ItemView, plot_files: PlotFiles | None) -> list[str]:
     for kind in view.plots:
         path = (plot_files or {}).get((view.id, kind.name))
         if path:
-            lines += [f"![{kind.title} for {view.id}]({path})", "", f"*{_cell(kind.caption(view.raw))}*", ""]
+            lines += [
+                f"![{_cell(kind.title)} for {_cell(view.id)}]({_link(path)})",
+                "",
+                f"*{_cell(kind.caption(view.raw))}*",
+                "",
+            ]
         else:
             why = MISSING_MATPLOTLIB if not plots_available() else "plots were not requested"
             lines += [f"*{kind.title} left out: {why}.*", ""]
@@ -86,26 +119,26 @@ def _plot_lines(view: ItemView, plot_files: PlotFiles | None) -> list[str]:
 
 def _item_section(view: ItemView, plot_files: PlotFiles | None) -> list[str]:
     lines = [
-        f"### {view.id}",
+        f"### {_text(view.id)}",
         "",
-        f"{view.style.mark} **{view.status}** · claim: **{view.claim_label}** · "
-        f"{view.kind} · type `{view.type}` · method `{view.method}`",
+        f"{view.style.mark} **{_text(view.status)}** · claim: **{_text(view.claim_label)}** · "
+        f"{_text(view.kind)} · type {_code(view.type)} · method {_code(view.method)}",
         "",
     ]
     if view.property:
-        lines += [f"**Property:** {view.property}", ""]
+        lines += [f"**Property:** {_text(view.property)}", ""]
     if view.prediction:
-        lines += [f"**Prediction:** {view.prediction}", ""]
+        lines += [f"**Prediction:** {_text(view.prediction)}", ""]
     lines += _statement_lines(view)
-    lines += [f"**What the evidence supports:** {view.claim_text}", ""]
+    lines += [f"**What the evidence supports:** {_text(view.claim_text)}", ""]
     if view.reason and view.status != "violated":
-        lines += [f"**Reason:** {view.reason}", ""]
+        lines += [f"**Reason:** {_text(view.reason)}", ""]
     if view.facts:
         lines += _facts_table(view.facts) + [""]
     if view.counterexample is not None:
-        lines += ["**Counterexample:**", "", "```json", view.counterexample, "```", ""]
+        lines += ["**Counterexample:**", "", *_fence("json", view.counterexample), ""]
     if view.replay:
-        lines += ["**Replay:**", "", "```sh", view.replay, "```", ""]
+        lines += ["**Replay:**", "", *_fence("sh", view.replay), ""]
     lines += _plot_lines(view, plot_files)
     return lines
 
@@ -113,7 +146,7 @@ def _item_section(view: ItemView, plot_files: PlotFiles | None) -> list[str]:
 def _summary_table(counts: Mapping[str, int]) -> list[str]:
     keys = [s for s in STATUSES] + [s for s in counts if s not in STATUSES]
     return [
-        "| " + " | ".join(keys) + " |",
+        "| " + " | ".join(_cell(k) for k in keys) + " |",
         "|" + " --- |" * len(keys),
         "| " + " | ".join(str(counts.get(k, 0)) for k in keys) + " |",
     ]
@@ -129,13 +162,14 @@ def render_contract_markdown(
     prov = result.get("provenance") or {}
     views = [item_view(item, contract, prov) for item in contract.get("items", [])]
     lines = [stamp_line(report_stamp(result, [contract])), ""]
-    lines += [f"# {contract['id']}", ""]
+    lines += [f"# {_text(contract['id'])}", ""]
     if contract.get("summary"):
-        lines += [str(contract["summary"]), ""]
+        lines += [_text(contract["summary"]), ""]
+    device = prov.get("device") if isinstance(prov.get("device"), Mapping) else {}
     lines += [
-        f"Version {contract.get('version', '?')} · family `{contract.get('family', '?')}` · "
-        f"source `{contract['path']}` · checked {prov.get('started', '?')} on "
-        f"{(prov.get('device') or {}).get('name') or (prov.get('device') or {}).get('kind', '?')}",
+        f"Version {_text(contract.get('version', '?'))} · family {_code(contract.get('family', '?'))} · "
+        f"source {_code(contract['path'])} · checked {_text(prov.get('started', '?'))} on "
+        f"{_text(device.get('name') or device.get('kind', '?'))}",
         "",
     ]
     lines += ["## Summary", ""] + _summary_table(contract_summary(contract)) + [""]
@@ -182,9 +216,9 @@ def render_index_markdown(result: Mapping[str, Any], *, html: bool = True) -> st
     lines += ["## Contracts", "", head, "|" + " --- |" * (len(STATUSES) + 5)]
     for c in contracts:
         counts = contract_summary(c)
-        pages = f"[md]({c['id']}.md)" + (f" · [html]({c['id']}.html)" if html else "")
+        pages = f"[md]({_link(c['id'] + '.md')})" + (f" · [html]({_link(c['id'] + '.html')})" if html else "")
         lines.append(
-            f"| [{_cell(c['id'])}]({c['id']}.md) | {_cell(c.get('family', ''))} | "
+            f"| [{_cell(c['id'])}]({_link(c['id'] + '.md')}) | {_cell(c.get('family', ''))} | "
             f"{_cell(c.get('version', ''))} | "
             + " | ".join(str(counts[s]) for s in STATUSES)
             + f" | {_cell(c.get('qa_gate_status') or 'n/a')} | {pages} |"
@@ -203,14 +237,14 @@ def render_index_markdown(result: Mapping[str, Any], *, html: bool = True) -> st
         ]
         for c, i in attention:
             lines.append(
-                f"| {_cell(c['id'])} | [{_cell(i['id'])}]({c['id']}.md#{_anchor(str(i['id']))}) | "
+                f"| {_cell(c['id'])} | [{_cell(i['id'])}]({_link(c['id'] + '.md')}#{_anchor(str(i['id']))}) | "
                 f"{_cell(i['status'])} | {_cell(i.get('reason') or '')} |"
             )
     if expected:  # declared findings (``expect: violated``), reproduced: shown as such, not as failures
         lines += ["", "## Expected deviations", "", "| Contract | Item | Reason |", "| --- | --- | --- |"]
         for c, i in expected:
             lines.append(
-                f"| {_cell(c['id'])} | [{_cell(i['id'])}]({c['id']}.md#{_anchor(str(i['id']))}) | "
+                f"| {_cell(c['id'])} | [{_cell(i['id'])}]({_link(c['id'] + '.md')}#{_anchor(str(i['id']))}) | "
                 f"{_cell(i.get('reason') or '')} |"
             )
     lines += ["", "## Provenance", ""] + _facts_table(provenance_facts(result), ("Provenance", "Value"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,37 +66,91 @@ def status_style(status: str) -> StatusStyle:
     return _STATUS_STYLES.get(status, StatusStyle(status, "?", "#57606a", False))
 
 
-_REQUIRED_TOP = ("tool", "provenance", "contracts", "summary")
-_REQUIRED_CONTRACT = ("id", "path", "sha256", "items")
-_REQUIRED_ITEM = ("id", "status")
+_REQUIRED_TOP: dict[str, type | tuple[type, ...]] = {
+    "tool": dict,
+    "provenance": dict,
+    "contracts": list,
+    "summary": dict,
+}
+_REQUIRED_CONTRACT: dict[str, type | tuple[type, ...]] = {"id": str, "path": str, "sha256": str, "items": list}
+_REQUIRED_ITEM: dict[str, type | tuple[type, ...]] = {"id": str, "status": str}
+# Fields the reports read, where present: a value of another type is refused here, not met as a crash later.
+_OPTIONAL_CONTRACT: dict[str, type | tuple[type, ...]] = {
+    "version": (str, int, float),
+    "family": str,
+    "summary": str,
+    "qa_gate": (dict, type(None)),
+    "not_adopted": list,
+    "unchecked_entry_points": list,
+}
+_OPTIONAL_ITEM: dict[str, type | tuple[type, ...]] = {
+    "kind": str,
+    "type": (str, type(None)),
+    "method": (str, type(None)),
+    "reason": (str, type(None)),
+    "claim": (str, type(None)),
+    "evidence": (dict, type(None)),
+    "seconds": (int, float, type(None)),
+    "entry_points": (list, type(None)),
+    "statement": (dict, type(None)),
+    "location": (str, dict, type(None)),
+    "replay": (str, type(None)),
+}
+_JSON_TYPE = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}
+
+
+def _expect(value: Any, types: type | tuple[type, ...], what: str) -> None:
+    ok = isinstance(value, types) and not (
+        isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,))
+    )
+    if not ok:
+        names = " or ".join(
+            dict.fromkeys(_JSON_TYPE.get(t, "null") for t in (types if isinstance(types, tuple) else (types,)))
+        )
+        raise ValueError(f"not a kc check result: {what} must be {names}, not {type(value).__name__}")
 
 
 def validate_result(result: Any) -> None:
-    """Raise ValueError naming the first missing piece when ``result`` is not a kc check result."""
+    """Raise ValueError naming the first bad piece when ``result`` is not a kc check result (missing keys, values
+    of the wrong type, a status kc does not know)."""
     if not isinstance(result, Mapping):
         raise ValueError("a kc check result is a JSON object")
-    for key in _REQUIRED_TOP:
+    for key, types in _REQUIRED_TOP.items():
         if key not in result:
             raise ValueError(f"not a kc check result: missing top-level key {key!r}")
-    if not isinstance(result["contracts"], list):
-        raise ValueError("not a kc check result: 'contracts' must be a list")
+        _expect(result[key], types, f"{key!r}")
     for n, contract in enumerate(result["contracts"]):
-        for key in _REQUIRED_CONTRACT:
+        _expect(contract, dict, f"contract #{n}")
+        for key, types in _REQUIRED_CONTRACT.items():
             if key not in contract:
                 raise ValueError(f"not a kc check result: contract #{n} lacks {key!r}")
+            _expect(contract[key], types, f"contract #{n} {key!r}")
+        for key, types in _OPTIONAL_CONTRACT.items():
+            if key in contract:
+                _expect(contract[key], types, f"contract {contract['id']!r} {key!r}")
         for m, item in enumerate(contract["items"]):
-            for key in _REQUIRED_ITEM:
+            where = f"contract {contract['id']!r} item #{m}"
+            _expect(item, dict, where)
+            for key, types in _REQUIRED_ITEM.items():
                 if key not in item:
-                    raise ValueError(f"not a kc check result: contract {contract['id']!r} item #{m} lacks {key!r}")
+                    raise ValueError(f"not a kc check result: {where} lacks {key!r}")
+                _expect(item[key], types, f"{where} {key!r}")
+            if item["status"] not in STATUSES:
+                raise ValueError(
+                    f"not a kc check result: {where} ({item['id']}) has status {item['status']!r}, "
+                    f"not one of {', '.join(STATUSES)}"
+                )
+            for key, types in _OPTIONAL_ITEM.items():
+                if key in item:
+                    _expect(item[key], types, f"{where} ({item['id']}) {key!r}")
 
 
 def load_result(path: str | Path) -> dict[str, Any]:
-    """Read and validate a `kc check --json` file; ValueError (with the path) if it is not one."""
+    """Read and validate a `kc check --json` file; ValueError (with the path, and line:col for bad JSON)."""
+    from obligations.jsonsafe import load as load_json
+
     p = Path(path)
-    try:
-        result = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{p}: not JSON ({exc})") from exc
+    result = load_json(p)  # JsonInputError is a ValueError: not JSON, too deep, not readable
     try:
         validate_result(result)
     except ValueError as exc:

@@ -104,7 +104,9 @@ class ReportStamp:
 
 def stamp_line(stamp: ReportStamp) -> str:
     """The one-line HTML comment that carries ``stamp`` (valid in Markdown and HTML alike)."""
-    return f"<!-- kc-report {json.dumps(stamp.to_json(), sort_keys=True)} -->"
+    # "<" and ">" as JSON escapes: a path or id holding "-->" cannot end the comment early
+    text = json.dumps(stamp.to_json(), sort_keys=True).replace("<", "\\u003c").replace(">", "\\u003e")
+    return f"<!-- kc-report {text} -->"
 
 
 def read_stamp(text: str) -> ReportStamp | None:

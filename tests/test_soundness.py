@@ -311,6 +311,17 @@ def test_a_huge_row_count_before_an_empty_bound_is_vacuous_not_too_large(mixed):
     assert out.status.value == "error" and out.reason.startswith("vacuous"), out
 
 
+def test_enumeration_stops_between_symbols_when_the_run_stops(mixed):
+    from obligations.core import cancel
+
+    cancel.request_stop("test")
+    try:
+        with pytest.raises(cancel.StopRequested):
+            get_engine("enumerate").discharge(Job(mixed, _item("w >= 0", "enumerate", bound={"w": [0, 3]})))
+    finally:
+        cancel.clear_stop()
+
+
 def test_bounds_outside_the_machine_type_are_clipped_not_an_overflow_error(mixed):
     out = run_item(mixed, _item("y < -(2**62)", "enumerate", bound={"y": [-(2**63) - 1, -(2**63) + 3]}))
     assert out.status.value == "exhausted" and out.evidence["points"] == 4, out

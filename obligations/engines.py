@@ -549,7 +549,28 @@ class _RegisteredTestEngine(Engine):
             contract_path=job.contract.path,
             witnesses=witnesses,
         )
-        return with_evidence_kind(test.run(ctx), self.evidence_class)
+        return with_evidence_kind(_unreported_witnesses(test.run(ctx), witnesses), self.evidence_class)
+
+
+def _unreported_witnesses(out: Any, witnesses: Mapping[str, Mapping[str, int]]) -> Any:
+    """``out`` where its test took witnesses but reported none of a kind: each of that kind counted unreached, so
+    ``--strict`` fails on a test that ignores the witnesses it was given (the engine's checks report them)."""
+    from falsification.engine import evidence_dict, with_evidence
+
+    if not witnesses or not isinstance(out, Outcome) or out.status.value not in ("passed", "violated"):
+        return out
+    regime_w, accept, reject = plans.split_witnesses(witnesses)
+    ev = evidence_dict(out)
+    added: dict[str, Any] = {}
+    if regime_w and "regimes_reached" not in ev:
+        added.update(regimes_reached=dict.fromkeys(regime_w, 0), regimes_unreached=list(regime_w))
+    if (accept or reject) and "boundaries_reached" not in ev:
+        names = [*accept, *reject]
+        added.update(boundaries_reached=dict.fromkeys(names, 0), boundaries_unreached=names)
+    if not added:
+        return out
+    ev.pop("kind", None)
+    return with_evidence(out, {**ev, **added})
 
 
 _WITNESSES: dict[tuple[str, str, str], Mapping[str, Mapping[str, int]] | str] = {}

@@ -153,3 +153,17 @@ def test_the_coverage_table_lists_each_boundary_and_which_witnesses_ran():
     facts = {f.label: f.value for f in coverage_facts({"items": [regimes, ran]})}
     assert facts["Boundary n <= size of fits(size) (R)"] == 'accept: {"n": 0, "size": 0}; reject: why'
     assert facts["Boundary witnesses (F)"] == "n <= size @accept: NOT RUN"
+
+
+def test_a_test_that_ignores_the_witnesses_it_was_given_counts_them_unreached():
+    from obligations.core.results import passed
+    from obligations.engines import _unreported_witnesses
+
+    w = {"empty": {"n": 0}, "n <= size @reject": {"n": 1, "size": 0}}
+    ev = engine.evidence_dict(_unreported_witnesses(passed(cases=3), w))
+    assert ev["regimes_unreached"] == ["empty"] and ev["boundaries_unreached"] == ["n <= size @reject"]
+    assert ev["cases"] == 3
+    s = summarize([{"items": [{"status": "passed", "evidence": ev}], "unchecked_entry_points": []}])
+    assert s["unreached_regimes"] == 1 and s["unreached_boundaries"] == 1 and exit_code(s, strict=True) == 1
+    reported = passed(cases=3, regimes_reached={"empty": 1}, boundaries_reached={"n <= size @reject": 1})
+    assert _unreported_witnesses(reported, w) is reported  # a test that reports them is left as it is

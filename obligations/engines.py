@@ -149,18 +149,23 @@ def confirm(contract: Contract, item: Mapping[str, Any], values: Mapping[str, in
             shown[name] = int(v.expr)
         elif isinstance(v, sym.BoolTerm | bool):
             shown[name] = bool(v.expr if isinstance(v, sym.BoolTerm) else v)
-    return {
+    out = {
         "given": bool(ev.given.expr),
         "prove": holds,
         "failed_conditions": failed,
         "refutes": bool(ev.given.expr) and (not holds or bool(failed)),
         "quantities": shown,
     }
+    if ev.tracker.conversions:  # signed met unsigned: say what C made of the values (-1 < 0u is false)
+        out["conversions"] = list(dict.fromkeys(ev.tracker.conversions))
+    return out
 
 
 def _reason(conf: dict[str, Any]) -> str:
     if conf["failed_conditions"]:
         return "side-condition fails: " + "; ".join(conf["failed_conditions"])
+    if conf.get("conversions"):
+        return "the claim is false at this point; " + "; ".join(conf["conversions"])
     return "the claim is false at this point"
 
 

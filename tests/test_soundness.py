@@ -229,8 +229,9 @@ def test_mixed_sign_operands_follow_cs_usual_arithmetic_conversions(mixed, metho
     extra = {"given": given} if method == "z3" else {"bound": _pinned(given)}
     out = run_item(mixed, _item(prove, method, **extra))
     assert out.status.value == (("proved" if method == "z3" else "exhausted") if holds else "violated"), out
-    if not holds:
+    if not holds:  # the reason names the rule and what it made of the value
         assert out.counterexample["refutes"] and not out.counterexample["prove"], out
+        assert "converts to uint" in out.reason and "(C's usual arithmetic conversions)" in out.reason, out
 
 
 @pytest.mark.parametrize("method", ["z3", "enumerate"])

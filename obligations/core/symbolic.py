@@ -121,6 +121,8 @@ class Tracker:
     """Collects the side-conditions recorded while a plan or an expression is evaluated."""
 
     conditions: list[SideCondition] = field(default_factory=list)
+    # C conversions that changed a value (int carrier only: a counterexample's re-run names them).
+    conversions: list[str] = field(default_factory=list)
 
     def record(self, expr: Any, message: str) -> int:
         """Store one side-condition and return its index."""
@@ -265,7 +267,7 @@ def _exact(op: str, a: Any, b: Any) -> Any:
     return r
 
 
-def _convert(value: Any, src: MachineType, dst: MachineType) -> Any:
+def _convert(value: Any, src: MachineType, dst: MachineType, what: str) -> Any:
     """``value`` of type ``src`` as C converts it to ``dst``, the common type of a usual arithmetic conversion.
 
     The common type represents every value of ``src`` except where a signed type meets an unsigned one
@@ -275,6 +277,11 @@ def _convert(value: Any, src: MachineType, dst: MachineType) -> Any:
         return value
     if isinstance(value, np.integer):
         value = int(value)  # a NumPy scalar cannot hold value + 2**64
+    if isinstance(value, int) and value < 0 and (t := _CURRENT.get()) is not None:
+        t.conversions.append(
+            f"{src.name} {value} converts to {dst.name} {value + (1 << dst.bits)} in {what} "
+            "(C's usual arithmetic conversions)"
+        )
     return _ite(value < 0, _exact("+", value, 1 << dst.bits), value)
 
 
@@ -414,7 +421,8 @@ class Term:
             ok = _and(a.expr >= 0, b.expr > 0)
             deps |= {t.record(ok, "plan division needs a non-negative dividend and a positive divisor")}
         # C divides the converted operands: -1 / 2u is 2147483647u (identity where plan division's check holds).
-        x, y = _convert(a.expr, a.ty, ty), _convert(b.expr, b.ty, ty)
+        what = "'/'" if want == "div" else "'%'"
+        x, y = _convert(a.expr, a.ty, ty, what), _convert(b.expr, b.ty, ty, what)
         q = _tdiv(x, y)
         value = q if want == "div" else _exact("-", x, _exact("*", y, q))
         return self._checked(value, ty, deps, "'/'" if want == "div" else "'%'")
@@ -444,7 +452,7 @@ class Term:
         o = self._coerce(other)
         # C compares in the common type: -1 < 0u is false (the int converts to unsigned).
         ty = _promote(self.ty, o.ty)
-        a, b = _convert(self.expr, self.ty, ty), _convert(o.expr, o.ty, ty)
+        a, b = _convert(self.expr, self.ty, ty, f"'{op}'"), _convert(o.expr, o.ty, ty, f"'{op}'")
         if op == "<":
             e = a < b
         elif op == "<=":
@@ -546,7 +554,7 @@ def select(cond: Any, a: Any, b: Any) -> Any:
     ta = ta if ta is not None else tb._coerce(a)
     tb = tb if tb is not None else ta._coerce(b)
     ty = _promote(ta.ty, tb.ty)  # C's ?: converts both branches: max(-1, 0ull) is 2**64 - 1
-    value = _ite(c.expr, _convert(ta.expr, ta.ty, ty), _convert(tb.expr, tb.ty, ty))
+    value = _ite(c.expr, _convert(ta.expr, ta.ty, ty, "a select"), _convert(tb.expr, tb.ty, ty, "a select"))
     return Term(value, ty, c.deps | ta.deps | tb.deps)
 
 

@@ -120,6 +120,56 @@ def _gelu_tolerance() -> Tolerance:
     return Tolerance("within 8 ulp or 16 u |x| absolute (the 1 + erf cancellation for x < 0)", check)
 
 
+def _gamma(n: float) -> float:
+    return n * U / (1 - n * U)
+
+
+def attention_tolerance(node: Any, ins: list[np.ndarray], k: int, got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """ONNX Attention's outputs (Y, present_key, present_value, qk_matmul_output), both sides against the real value.
+
+    With D the head size, Lk the keys, S >= |q k^T scale| (scale max|Q| max|K| D, at most the softcap) and M = max|V|:
+    each score is within gamma_(D+4) S, so each softmax weight within (2 gamma_(D+4) S + gamma_(Lk+16)) relatively,
+    and Y within that times M (plus gamma_Lk M for the sum): |got - want| <= 2 (2 S gamma_(D+4) + 2 gamma_(Lk+16)) M.
+    present_key/value are bit copies; qk_matmul_output within 2 (S gamma_(D+4) + 8 u cap) + 2 u |want| (the bias add),
+    or as a softmax weight in mode 3.
+    """
+    import onnx
+
+    a = {x.name: onnx.helper.get_attribute_value(x) for x in node.attribute}
+    by_name = dict(zip([n for n in node.input if n], ins, strict=False))
+    q, kk, v = (np.asarray(by_name[node.input[i]], np.float64) for i in range(3))
+    names = [node.input[i] if len(node.input) > i else "" for i in (4, 5)]
+    past = [np.asarray(by_name[n], np.float64) for n in names if n]
+    heads = int(a.get("q_num_heads", 1)) if q.ndim == 3 else 1
+    d = q.shape[-1] // heads
+    lk = kk.shape[-2] + (past[0].shape[-2] if past else 0)
+    scale = float(a["scale"]) if "scale" in a else 1 / np.sqrt(d)
+    kmax = max([float(np.abs(kk).max(initial=0))] + ([float(np.abs(past[0]).max(initial=0))] if past else []))
+    vmax = max([float(np.abs(v).max(initial=0))] + ([float(np.abs(past[1]).max(initial=0))] if past else []))
+    big_s = scale * float(np.abs(q).max(initial=0)) * kmax * d
+    cap = float(a.get("softcap", 0) or 0)
+    if cap > 0:
+        big_s = min(big_s, cap)
+    weight = 2 * big_s * _gamma(d + 4) + 2 * _gamma(lk + 16)
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    if k in (1, 2):
+        return ulp_distance(got, want) == 0
+    if k == 0:
+        bound = 2 * weight * vmax + TINY
+    elif int(a.get("qk_matmul_output_mode", 0)) == 3:
+        bound = 2 * weight + TINY
+    else:
+        bound = 2 * (big_s * _gamma(d + 4) + 8 * U * cap) + 2 * U * np.abs(w) + TINY
+    with np.errstate(all="ignore"):
+        return (np.abs(g - w) <= bound) | (np.isnan(g) & np.isnan(w)) | (g == w)
+
+
+ATTENTION_STATEMENT = (
+    "Y: |got - want| <= 2 (2 S gamma_(D+4) + 2 gamma_(Lk+16)) max|V| (S >= |q k^T scale|); present_key/value bit "
+    "for bit; qk_matmul_output: 2 (S gamma_(D+4) + 8 u softcap) + 2 u |want| (attention_tolerance)"
+)
+
+
 def _relative(k: Callable[[list[np.ndarray], np.ndarray], float], what: str) -> Tolerance:
     """|got - want| <= 2 gamma_k (|want| + max |B|) + TINY: relative to the value (B, a norm's offset, where given)."""
 
@@ -184,6 +234,7 @@ TOLERANCES["Sigmoid"] = _ulps_or_abs(4, 2.0**-21, "2^-21")
 TOLERANCES["Tanh"] = _ulps_or_abs(4, 2.0**-23, "2^-23")
 TOLERANCES.update(
     {
+        "Attention": Tolerance(ATTENTION_STATEMENT, lambda ins, got, want, mag: np.zeros(got.shape, bool)),
         "MatMul": _dot(lambda ins, w: float(ins[0].shape[-1]), "the inner dimension"),
         "Gemm": _dot(lambda ins, w: float(max(ins[0].shape)), "the inner dimension"),
         "Conv": _dot(_conv_k, "Cin kh kw"),
@@ -294,9 +345,14 @@ def load_cases(op_types: Iterable[str]) -> dict[str, list[Any]]:
     return out
 
 
+def _arrays(xs: Any) -> list[Any]:
+    """NumPy scalars (ONNX writes some scalar inputs so) as 0-d arrays; anything else as it is."""
+    return [np.asarray(a) if isinstance(a, np.generic) else a for a in xs]
+
+
 def _float32_case(case: Any) -> bool:
     """Every input and output is an array, some input and every output float32."""
-    ins, outs = case.data_sets[0]
+    ins, outs = (_arrays(x) for x in case.data_sets[0])
     if not all(isinstance(a, np.ndarray) for a in list(ins) + list(outs)) or not ins or not outs:
         return False
     return any(a.dtype == np.float32 for a in ins) and all(o.dtype == np.float32 for o in outs)
@@ -341,7 +397,7 @@ def run_case(case: Any) -> CaseResult:
     from spec.ir.onnx import OnnxImportError, import_onnx
 
     op = case.model.graph.node[0].op_type
-    ins, outs = (list(x) for x in case.data_sets[0])
+    ins, outs = (_arrays(x) for x in case.data_sets[0])
     try:
         imp = import_onnx(promote_inputs(case.model, ins))
     except OnnxImportError as e:
@@ -365,7 +421,12 @@ def run_case(case: Any) -> CaseResult:
             if (np.abs(got.astype(np.float64) - want) <= atol).all():
                 worst = "within"
                 continue
-        ok = tol.check(ins, got, want, lambda k=k: _magnitude(imp, x, k))
+        if op == "Attention":  # by the node's output slot (Y, present_key, present_value, qk_matmul_output)
+            node = case.model.graph.node[0]
+            slot = list(node.output).index(case.model.graph.output[k].name)
+            ok = attention_tolerance(node, ins, slot, got, want)
+        else:
+            ok = tol.check(ins, got, want, lambda k=k: _magnitude(imp, x, k))
         if not ok.all():
             i = int(np.argmin(ok.reshape(-1)))
             return CaseResult(
@@ -457,16 +518,18 @@ def _abs_denotation(model: Any, xs: tuple[np.ndarray, ...], name: str) -> np.nda
     return np.asarray(res.value[sub.tensors[name]], np.float64)
 
 
-def run_conformance(op_types: Iterable[str] | None = None) -> list[CaseResult]:
-    """Every float32 case of ``op_types`` (default: the importer's supported ops), in op then case order."""
+def run_conformance(op_types: Iterable[str] | None = None, names: Iterable[str] | None = None) -> list[CaseResult]:
+    """Every float32 case of ``op_types`` (default: the importer's supported ops; ``names``: only those cases), in op
+    then case order."""
     from spec.ir.onnx import supported_onnx_ops
 
     ops = sorted(op_types) if op_types is not None else list(supported_onnx_ops())
+    names = None if names is None else set(names)
     out: list[CaseResult] = []
     with np.errstate(all="ignore"):
         for cases in load_cases(ops).values():
             for case in sorted(cases, key=lambda c: c.name):
-                if _float32_case(case):
+                if _float32_case(case) and (names is None or case.name in names):
                     out.append(run_case(case))
     return out
 

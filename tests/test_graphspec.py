@@ -308,8 +308,9 @@ def test_cuda_executor_agrees_on_attention_models() -> None:
     assert out.status == "passed" and out.evidence.details["by_rule"].get("error-bound"), out.reason
 
 
-def test_onnx_attention_is_not_imported_and_fails_at_its_node() -> None:
-    """ONNX Attention (additive/boolean masks, softcap, 3-D head packing) is no trivial map to the IR's op: refused."""
+def test_onnx_attention_is_composed_and_a_data_mask_fails_at_its_node() -> None:
+    """ONNX Attention imports as ONNX defines it (matmul, softmax, bias; not the IR's attention op, whose meaning is
+    the family's float64 SDPA); a mask computed from data is refused at its node."""
     pytest.importorskip("onnx")
     from onnx import TensorProto, helper
 
@@ -318,6 +319,12 @@ def test_onnx_attention_is_not_imported_and_fails_at_its_node() -> None:
     vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2, 3, 4]) for n in "qkv"]
     out = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3, 4])]
     nodes = [helper.make_node("Relu", ["q"], ["a"], name="r"), helper.make_node("Attention", ["a", "k", "v"], ["y"])]
-    with pytest.raises(OnnxImportError) as exc:
-        import_onnx(helper.make_model(helper.make_graph(nodes, "g", vi, out)))
+    opset = [helper.make_opsetid("", 23)]
+    imp = import_onnx(helper.make_model(helper.make_graph(nodes, "g", vi, out), opset_imports=opset))
+    kinds = {n.kind for n in imp.graph.nodes}
+    assert "attention" not in kinds and {"matmul", "softmax"} <= kinds
+    mask = [helper.make_tensor_value_info("m", TensorProto.FLOAT, [3, 3])]
+    nodes[1] = helper.make_node("Attention", ["a", "k", "v", "m"], ["y"])
+    with pytest.raises(OnnxImportError, match="attn_mask 'm' computed from data") as exc:
+        import_onnx(helper.make_model(helper.make_graph(nodes, "g", vi + mask, out), opset_imports=opset))
     assert (exc.value.index, exc.value.op_type) == (1, "Attention")

@@ -199,3 +199,18 @@ def test_registered_items_pass_and_a_planted_window_rule_is_caught(monkeypatch: 
     monkeypatch.setattr(ops, "window_plan", no_decrement)
     out = C.onnx_window_test(_ctx("ir.onnx_window"))
     assert out.status.value == "violated" and "ONNX's reference gives" in out.reason, out
+
+
+def test_attention_tolerance_catches_a_planted_causal_frontier(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted: ONNX Attention's causal frontier one key late (past + 1) is a mismatch, not within tolerance."""
+    from spec.ir import onnx as imp
+
+    real = imp._attention_bias
+
+    def late(lq, lk, mask, causal, left, right, past, nonpad):  # type: ignore[no-untyped-def]
+        return real(lq, lk, mask, causal, left, right, past + 1 if causal else past, nonpad)
+
+    monkeypatch.setattr(imp, "_attention_bias", late)
+    cases = ["test_attention_4d_causal", "test_attention_4d"]
+    got = {r.name: r.status for r in C.run_conformance(["Attention"], names=cases)}
+    assert got["test_attention_4d_causal"] == "mismatch" and got["test_attention_4d"] != "mismatch", got

@@ -251,7 +251,8 @@ def _dropout(ctx: _Ctx, node: Any) -> int:
     a = _only(node, {"seed": None, "ratio": None}, ctx)
     if _input(node, 2):
         mode = ctx.consts(node.input[2], "Dropout training_mode")
-        if bool(np.asarray(mode).reshape(-1)[0]):
+        ratio = np.asarray(ctx.consts(node.input[1], "Dropout ratio")).reshape(-1) if _input(node, 1) else [0.5]
+        if bool(np.asarray(mode).reshape(-1)[0]) and float(ratio[0]) != 0.0:  # ratio 0 drops nothing: the identity
             raise ctx.fail("Dropout training_mode=true is randomness without a seed the IR can state; refused")
     del a
     _single_output(ctx, node, "Dropout (the mask output)")
@@ -1046,6 +1047,161 @@ def _constant(ctx: _Ctx, node: Any) -> int | None:
         arr = np.asarray(a.get("value_int", a.get("value_ints")), np.int64)
     ctx.inits[node.output[0]] = arr  # a constant: folded where it is read, a const node where it is data
     return None
+
+
+# -- attention (ONNX opset 23+) -------------------------------------------------------------------------------
+
+
+def _attention_bias(
+    lq: int, lk: int, mask: np.ndarray | None, causal: bool, left: int, right: int, past: int, nonpad: np.ndarray | None
+) -> np.ndarray:
+    """ONNX Attention's additive bias (0 / -Inf and float mask values), as its definition builds it in float32: only
+    exact operations (x + 0, x + -Inf), so the constant is the one ONNX's reference adds."""
+    f32 = np.float32
+    ninf = f32(-np.inf)
+    bias = np.zeros((lq, lk), f32)
+    if mask is not None and mask.shape[-1] < lk:
+        pad = [(0, 0)] * (mask.ndim - 1) + [(0, lk - mask.shape[-1])]
+        mask = np.pad(mask, pad, constant_values=False if mask.dtype == np.bool_ else ninf)
+    i = np.arange(lq).reshape(lq, 1)
+    j = np.arange(lk).reshape(1, lk)
+    offset: Any = (nonpad.reshape(-1) - lq) if (past == 0 and nonpad is not None) else past
+
+    def frontier(base: np.ndarray, allowed_of: Callable[[Any], np.ndarray]) -> np.ndarray:
+        per_batch = np.ndim(offset) > 0
+        allowed = allowed_of(np.reshape(offset, (-1, 1, 1)) if per_batch else int(offset))
+        add = np.where(allowed, f32(0), ninf).astype(f32)
+        return base + (add.reshape(add.shape[0], 1, lq, lk) if per_batch else add)
+
+    if causal:
+        if mask is not None and mask.dtype == np.bool_:
+            mask = np.where(mask, f32(0), ninf).astype(f32)
+        base = np.zeros((lq, lk), f32) if mask is None else mask.astype(f32)
+        if left >= 0 or right >= 0:
+            base = np.zeros((lq, lk), f32) + base
+        bias = frontier(base, lambda off: j <= i + off)
+    elif mask is not None:
+        m = mask
+        if m.dtype == np.bool_:
+            m = (1 - m).astype(f32)
+            m[m == 1] = ninf
+        bias = bias + m.astype(f32)
+    if left >= 0 or right >= 0:
+        bias = np.zeros((lq, lk), f32) + bias
+
+        def window(off: Any) -> np.ndarray:
+            diff = (i + off) - j
+            ok = np.ones_like(diff, dtype=bool)
+            if left >= 0:
+                ok &= diff <= left
+            if right >= 0:
+                ok &= -diff <= right
+            return ok
+
+        bias = frontier(bias, window)
+    if nonpad is not None:
+        keep = (np.arange(lk) < nonpad.reshape(-1, 1)).reshape(-1, 1, 1, lk)
+        bias = bias + np.where(keep, f32(0), ninf).astype(f32)
+    return bias.astype(f32)
+
+
+@onnx_op("Attention")
+def _attention_onnx(ctx: _Ctx, node: Any) -> tuple[int, ...]:
+    # ONNX Attention composed from IR ops as ONNX defines it: q and k each scaled by sqrt(scale), q k^T (matmul),
+    # softcap as c tanh(s / c), + the constant bias (masks, causal, window, padding), softmax, rows whose bias is all
+    # -Inf set to 0 (where), @ v. GQA repeats each KV head for its group of query heads (broadcastTo).
+    a = _only(
+        node,
+        {
+            "is_causal": (0, 1),
+            "kv_num_heads": None,
+            "q_num_heads": None,
+            "qk_matmul_output_mode": (0, 1, 2, 3),
+            "scale": None,
+            "softcap": None,
+            "softmax_precision": (1, 11),  # float32 (or double: the IR's binary32 softmax is within its tolerance)
+            "left_window_size": None,
+            "right_window_size": None,
+        },
+        ctx,
+    )
+    q, k, v = (ctx.value(node.input[i]) for i in range(3))
+    rank = len(ctx.shape(q))
+    if rank not in (3, 4) or len(ctx.shape(k)) != rank or len(ctx.shape(v)) != rank:
+        raise ctx.fail(f"Q, K, V must all be 3-d or all 4-d, got {[list(ctx.shape(t)) for t in (q, k, v)]}")
+    if rank == 3:
+        if "q_num_heads" not in a or "kv_num_heads" not in a:
+            raise ctx.fail("3-d Q, K, V need the attributes q_num_heads and kv_num_heads")
+        heads = (int(a["q_num_heads"]), int(a["kv_num_heads"]), int(a["kv_num_heads"]))
+        four = []
+        for t, h in zip((q, k, v), heads, strict=True):
+            b, n, hid = ctx.shape(t)
+            if h < 1 or hid % h:
+                raise ctx.fail(f"hidden size {hid} is not a multiple of {h} heads")
+            four.append(ctx.emit("permute", (ctx.reshape(t, (b, n, h, hid // h)),), perm=(0, 2, 1, 3)))
+        q, k, v = four
+    elif "q_num_heads" in a or "kv_num_heads" in a:
+        raise ctx.fail("attributes q_num_heads/kv_num_heads are for 3-d inputs only")
+    past = 0
+    if _input(node, 4) or _input(node, 5):
+        if not (_input(node, 4) and _input(node, 5)):
+            raise ctx.fail("past_key and past_value must be given together")
+        pk, pv = ctx.value(node.input[4]), ctx.value(node.input[5])
+        past = ctx.shape(pk)[2]
+        k = ctx.emit("concat", (pk, k), axis=2)
+        v = ctx.emit("concat", (pv, v), axis=2)
+    present_k, present_v = k, v
+    bsz, hq, lq, d = ctx.shape(q)
+    hkv, lk = ctx.shape(k)[1], ctx.shape(k)[2]
+    if hq != hkv:
+        if hkv < 1 or hq % hkv or ctx.shape(v)[1] != hkv:
+            raise ctx.fail(f"{hq} query heads are not a multiple of {hkv} key/value heads")
+        g = hq // hkv
+
+        def rep(t: int) -> int:
+            s = ctx.shape(t)
+            t5 = ctx.broadcast_to(ctx.reshape(t, (s[0], s[1], 1) + s[2:]), (s[0], s[1], g) + s[2:])
+            return ctx.reshape(t5, (s[0], hq) + s[2:])
+
+        k, v = rep(k), rep(v)
+    mask = None
+    if _input(node, 3):
+        if node.input[3] not in ctx.inits:
+            raise ctx.fail(f"attn_mask {node.input[3]!r} computed from data: only a constant mask is imported")
+        mask = np.asarray(ctx.inits[node.input[3]])
+    nonpad = None
+    if _input(node, 6):
+        if past:
+            raise ctx.fail("nonpad_kv_seqlen cannot be combined with past_key/past_value")
+        nonpad = np.asarray(ctx.consts(node.input[6], "Attention nonpad_kv_seqlen"), np.int64)
+    left, right = int(a.get("left_window_size", -1)), int(a.get("right_window_size", -1))
+    try:
+        bias = _attention_bias(lq, lk, mask, bool(a.get("is_causal", 0)), left, right, past, nonpad)
+        full = np.broadcast_shapes(bias.shape, (bsz, hq, lq, lk))
+    except ValueError as e:
+        raise ctx.fail(f"attn_mask {list(mask.shape) if mask is not None else None} does not fit: {e}") from None
+    scale = float(a["scale"]) if "scale" in a else 1 / np.sqrt(d)
+    s2 = np.float32(np.sqrt(scale))
+    qs = ctx.emit("mul_elem", tuple(ctx.broadcast_all([q, ctx.scalar(s2)])))
+    ks = ctx.emit("mul_elem", tuple(ctx.broadcast_all([k, ctx.scalar(s2)])))
+    qk = ctx.emit("matmul", (qs, ctx.emit("permute", (ks,), perm=(0, 1, 3, 2))))
+    cap = a.get("softcap")
+    if cap is not None and float(cap) > 0:
+        c = ctx.broadcast_to(ctx.scalar(float(cap)), ctx.shape(qk))
+        qk = ctx.emit("mul_elem", (ctx.emit("tanh", (ctx.emit("div", (qk, c)),)), c))
+    with_bias = ctx.emit("add", (qk, ctx.broadcast_to(ctx.const(bias), tuple(full))))
+    p = ctx.emit("softmax", (with_bias,), axis=-1)
+    dead = np.broadcast_to(np.isneginf(np.max(bias, axis=-1, keepdims=True)), bias.shape[:-1] + (1,))
+    if dead.any():  # a row with no allowed key is 0 (ONNX), where the IR's softmax of an all -Inf row is NaN
+        cond = ctx.broadcast_to(ctx.const(dead.astype(np.float32)), tuple(full))
+        p = ctx.emit("where", (cond, ctx.broadcast_to(ctx.scalar(0.0), tuple(full)), p))
+    y = ctx.emit("matmul", (p, v))
+    if rank == 3:
+        yb, yh, yl, yd = ctx.shape(y)
+        y = ctx.reshape(ctx.emit("permute", (y,), perm=(0, 2, 1, 3)), (yb, yl, yh * yd))
+    mode = int(a.get("qk_matmul_output_mode", 0))
+    qk_out = {0: qk, 1: qk, 2: with_bias, 3: p}[mode]
+    return (y, present_k, present_v, qk_out)
 
 
 # -- constant folding -------------------------------------------------------------------------------------

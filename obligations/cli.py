@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -264,9 +265,7 @@ def _check_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="stop after N violated or errored items (0: no limit, as pytest's)",
     )
-    p.add_argument(
-        "--durations", type=counted(0), metavar="N", default=None, help="print the N slowest items (0: all)"
-    )
+    p.add_argument("--durations", type=counted(0), metavar="N", default=None, help="print the N slowest items (0: all)")
     p.add_argument(
         "--timeline",
         metavar="FILE",
@@ -712,9 +711,7 @@ def _sweep_options(p: argparse.ArgumentParser) -> None:
         help="binary32 (kernel vs reference) or a small format (e.g. "
         "binary16, e4m3): every operand pair of softfloat against an exact oracle, on the CPU",
     )
-    p.add_argument(
-        "--lo", type=counted(0, _U32 + 1, base=0), default=0, help="first input bit pattern (0x... or int)"
-    )
+    p.add_argument("--lo", type=counted(0, _U32 + 1, base=0), default=0, help="first input bit pattern (0x... or int)")
     p.add_argument(
         "--hi",
         type=counted(0, _U32 + 1, base=0),
@@ -818,6 +815,8 @@ def _replay_options(p: argparse.ArgumentParser) -> None:
         help="auto: cuda when a working GPU is present, else host",
     )
     p.add_argument("--seed", type=SEED, default=0, help="seed of the replayed check")
+    p.add_argument("--json", action="store_true", help="print the replayed item's raw JSON record instead")
+    _verbosity_options(p)
 
 
 @command("replay", "re-check exactly one counterexample of a falsification item")
@@ -841,6 +840,7 @@ def _replay(args: argparse.Namespace) -> int:
     if item is None:
         print(f"kc: error: no falsification item {args.item_id!r} in {args.path}", file=sys.stderr)
         return EXIT_INVALID
+    t0 = time.perf_counter()
     outcome = replay(
         item,
         bits=args.bits,
@@ -850,8 +850,23 @@ def _replay(args: argparse.Namespace) -> int:
         contract_path=args.path,
         seed=args.seed,
     )
-    print(json.dumps(outcome.to_json(), indent=2, default=str))
+    record = {"id": args.item_id, "method": "falsify", "seconds": time.perf_counter() - t0, **outcome.to_json()}
+    if args.json:
+        print(json.dumps(record, indent=2, default=str))
+    else:
+        _print_replayed(contract, record, args.verbose - args.quiet)
     return EXIT_FAILED if outcome.status.is_failure else EXIT_OK
+
+
+def _print_replayed(contract: Any, record: dict[str, Any], verbosity: int) -> None:
+    """One replayed item in ``kc check``'s style: contract line, item line, counterexample, summary."""
+    from obligations.console import Reporter
+
+    reporter = Reporter(sys.stdout, verbosity)
+    reporter("contract", {"id": contract.id, "version": contract.data.get("version", ""), "path": contract.path})
+    reporter("done", record)
+    word = "violated (expected)" if record["status"] == "violated_expected" else record["status"]
+    print(f"1 items: 1 {word.replace('_', ' ')}")
 
 
 import obligations.graph_cli  # noqa: E402,F401  (registers `kc graph`)
@@ -933,6 +948,7 @@ def _internal_error() -> int:
     traceback.print_exc()
     print("kc: internal error (a bug in kernel-contracts; please report it with the traceback)", file=sys.stderr)
     return EXIT_INTERNAL
+
 
 if __name__ == "__main__":
     # `python -m obligations.cli` runs this file as __main__, a second module object: the commands that

@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any, TextIO
 
-__all__ = ["colour_enabled", "paint", "Reporter", "readable_counterexample", "progress_bar"]
+__all__ = ["colour_enabled", "paint", "Reporter", "readable_counterexample", "readable_element", "progress_bar"]
 
 _STATUS_COLOURS = {
     "proved": "32",
@@ -44,8 +44,59 @@ def _scalar(v: Any) -> str:
     return json.dumps(v, default=str) if not isinstance(v, str) else v
 
 
-def readable_counterexample(cex: dict[str, Any], width: int = 100) -> list[str]:
-    """A counterexample as ``name = value`` lines (symbols first), long values shortened, never cut JSON."""
+def _bits(v: Any) -> str:
+    """``0x7FC00001 (2143289345)``: a hex bit pattern with its unsigned decimal; anything else as it is."""
+    if isinstance(v, str) and v.lower().startswith("0x"):
+        try:
+            return f"{v} ({int(v, 16)})"
+        except ValueError:
+            pass
+    return _scalar(v)
+
+
+def readable_element(el: dict[str, Any]) -> list[str]:
+    """An element of a counterexample: its operands, then per output the native and reference bits."""
+    head = f"index {el.get('index', '?')}"
+    operands = el.get("operands") if isinstance(el.get("operands"), dict) else {}
+    values = el.get("operand_values") if isinstance(el.get("operand_values"), dict) else {}
+    if operands:
+        head += ": " + ", ".join(
+            f"{k} = {_scalar(v)}" + (f" ({_scalar(values[k])})" if k in values else "") for k, v in operands.items()
+        )
+    lines = [head]
+    for name, out in (el.get("outputs") or {}).items():
+        if not isinstance(out, dict):
+            lines.append(f"  {name}: {_scalar(out)}")
+            continue
+        parts = []
+        for side in ("native", "reference", "reference_alt"):
+            if side in out:
+                value = out.get(f"{side}_value")
+                parts.append(f"{side} {_bits(out[side])}" + (f" = {_scalar(value)}" if value is not None else ""))
+            elif side == "reference" and out.get("reference_value") is not None:
+                parts.append(f"reference = {_scalar(out['reference_value'])}")
+        parts += [f"{k} {_scalar(v)}" for k, v in out.items() if k not in _SHOWN_OUTPUT_KEYS]
+        lines.append(f"  {name}: " + ", ".join(parts))
+    rest = {k: v for k, v in el.items() if k not in ("index", "operands", "operand_values", "outputs")}
+    lines += [f"  {k}: {_scalar(v)}" for k, v in rest.items()]
+    return lines
+
+
+_SHOWN_OUTPUT_KEYS = frozenset(
+    {"native", "native_value", "reference", "reference_value", "reference_alt", "reference_alt_value"}
+)
+
+
+def _is_element(v: Any) -> bool:
+    return isinstance(v, dict) and isinstance(v.get("outputs"), dict)
+
+
+def readable_counterexample(cex: dict[str, Any], width: int | None = 100) -> list[str]:
+    """A counterexample as ``name = value`` lines (symbols first), never cut JSON.
+
+    Elements print their native and reference bits in hex and decimal; the replay command prints whole;
+    other long values are shortened to ``width`` characters (None: never).
+    """
     symbols = cex.get("symbols") if isinstance(cex.get("symbols"), dict) else None
     lines = []
     if symbols:
@@ -53,8 +104,13 @@ def readable_counterexample(cex: dict[str, Any], width: int = 100) -> list[str]:
     for k, v in cex.items():
         if k == "symbols" and symbols:
             continue
+        if _is_element(v):
+            first, *more = readable_element(v)
+            lines += [f"{k}: {first}", *more]
+            continue
         text = _scalar(v)
-        lines.append(f"{k}: {text if len(text) <= width else text[: width - 3] + '...'}")
+        cut = width is not None and k != "replay" and len(text) > width
+        lines.append(f"{k}: {text[: width - 3] + '...' if cut else text}")
     return lines
 
 
@@ -137,9 +193,11 @@ class Reporter:
         self.print(paint(line, status, self.colour))
         if status == "violated" and data.get("counterexample"):
             self.print("             counterexample (minimal, as found):")
-            for text in readable_counterexample(data["counterexample"]):
+            width = None if self.verbosity > 0 else 100
+            for text in readable_counterexample(data["counterexample"], width):
                 self.print(f"               {text}")
-            self.print(f"             replay: {data['replay']}")
+            if data.get("replay"):
+                self.print(f"             replay: {data['replay']}")
         if self.verbosity > 0 and status == "error" and (data.get("evidence") or {}).get("traceback"):
             for text in str(data["evidence"]["traceback"]).rstrip().splitlines():
                 self.print(f"             {text}")

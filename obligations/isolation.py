@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,8 @@ __all__ = [
     "Executor",
     "InProcess",
     "WorkerPool",
+    "worker_request",
+    "worker_contract",
     "EXECUTORS",
     "make_executor",
     "timeout_record",
@@ -270,6 +272,37 @@ class WorkerStartError(RuntimeError):
     """A worker process died or hung before it was ready for its first item."""
 
 
+def worker_request(
+    settings: dict[str, Any],
+    contract: Any,
+    item: dict[str, Any],
+    witnesses: dict[str, Any] | None,
+    limit: float | None = None,
+) -> dict[str, Any]:
+    """The JSON request that asks a worker process to run one item."""
+    return {
+        **settings,
+        "path": str(Path(contract.path).resolve()),
+        # as the user named it (relative to the shared working directory): replay commands quote it
+        "shown": str(contract.path),
+        "sha256": contract.sha256,
+        "item": item["id"],
+        "witnesses": witnesses or {},
+        "limit": limit,  # the worker sets it as the item's deadline: Z3 sizes its timeout from it
+    }
+
+
+def worker_contract(cache: dict[tuple[str, str], Any], req: dict[str, Any]) -> Any:
+    """The contract a worker's request names, parsed once: read by its absolute path, named as the run names it."""
+    from obligations.contract import import_test_modules, parse_contract
+
+    key = (req["path"], req.get("shown", req["path"]))
+    if key not in cache:
+        cache[key] = replace(parse_contract(req["path"]), path=key[1])
+        import_test_modules(cache[key])
+    return cache[key]
+
+
 class WorkerPool(Executor):
     """Items run in a worker process, replaced after a timeout, a crash or a broken CUDA context."""
 
@@ -371,14 +404,7 @@ class WorkerPool(Executor):
             proc = self.proc if self.proc is not None and self.proc.poll() is None else self._start()
         except WorkerStartError as e:
             return error_fields(str(e))
-        request = {
-            **self.settings,
-            "path": str(Path(contract.path).resolve()),
-            "sha256": contract.sha256,
-            "item": item["id"],
-            "witnesses": witnesses or {},
-            "limit": limit,  # the worker sets it as the item's deadline: Z3 sizes its timeout from it
-        }
+        request = worker_request(self.settings, contract, item, witnesses, limit)
         t0 = time.monotonic()
         try:
             assert proc.stdin is not None
@@ -668,7 +694,7 @@ def _worker() -> int:
     answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    contracts: dict[str, Any] = {}
+    contracts: dict[tuple[str, str], Any] = {}
     from falsification.registry import load_builtin_tests
 
     load_builtin_tests()  # what the first falsify item would import (Hypothesis, the test modules): not its time
@@ -694,16 +720,12 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="kc-parent-watch", daemon=True).start()
 
 
-def _serve(answers: Any, contracts: dict[str, Any]) -> None:
+def _serve(answers: Any, contracts: dict[tuple[str, str], Any]) -> None:
     from obligations.check import item_fields
-    from obligations.contract import import_test_modules, parse_contract
 
     for line in sys.stdin:
         req = json.loads(line)
-        contract = contracts.get(req["path"])
-        if contract is None:
-            contract = contracts[req["path"]] = parse_contract(req["path"])
-            import_test_modules(contract)
+        contract = worker_contract(contracts, req)
         answers.write(json.dumps({"loaded": True}) + "\n")  # the item's time limit starts here
         answers.flush()
         if contract.sha256 != req["sha256"]:

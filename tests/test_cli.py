@@ -113,7 +113,19 @@ def test_kc_sweep_of_a_planted_bug_exits_1(capsys):
 def test_kc_replay_rechecks_one_element(capsys):
     ew = ROOT / "contracts" / "elementwise-float32-v1.yaml"
     assert (
-        main(["replay", str(ew), "FALSIFY-EW-ADD-bitwise", "--bits", "0x00000001,0x00000000", "--device", "host"]) == 0
+        main(
+            [
+                "replay",
+                str(ew),
+                "FALSIFY-EW-ADD-bitwise",
+                "--bits",
+                "0x00000001,0x00000000",
+                "--device",
+                "host",
+                "--json",
+            ]
+        )
+        == 0
     )
     out = json.loads(capsys.readouterr().out)
     assert out["status"] == "passed" and out["evidence"]["cases"] == 1

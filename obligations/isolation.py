@@ -187,6 +187,7 @@ def stop_on_signals() -> Iterator[None]:
         os.close(wfd)  # the watcher reads end-of-file and ends
         watcher.join(timeout=1)
         os.close(rfd)
+        cancel.clear_stop()  # the run that was stopped is over: a later run in this process starts afresh
 
 
 @contextlib.contextmanager

@@ -7,7 +7,10 @@ Markers in the tutorial, each on the line before a fenced block:
   directory; it must exit 0 (or N);
 * ``<!-- output -->``: every non-blank line must match a line the previous run block printed. Whitespace
   runs match any whitespace; decimals and numbers of 4+ digits (timings, solver effort, case counts)
-  match any number; everything else, statuses and ids included, must be exact.
+  match any number; everything else, statuses, ids and hex bit patterns (``0x7F800001``) included, must
+  be exact;
+* ``<!-- output: all -->``: as ``output``, and every non-blank line printed must match a line of the block
+  (a file list that leaves one out is wrong).
 
 ``kc`` is a shim for ``python -m obligations.cli`` of this checkout, so the test never depends on an
 installed (possibly stale) console script.
@@ -28,14 +31,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TUTORIAL = ROOT / "docs" / "tutorial.md"
 
-_MARKER = re.compile(r"^<!--\s*(file:\s*(?P<path>\S+)|run(?::\s*exit=(?P<exit>\d+))?|output)\s*-->\s*$")
+_MARKER = re.compile(
+    r"^<!--\s*(file:\s*(?P<path>\S+)|run(?::\s*exit=(?P<exit>\d+))?|output(?P<all>:\s*all)?)\s*-->\s*$"
+)
 _FENCE = re.compile(r"^```")
-_NUMBER = re.compile(r"\d+\.\d+|\d{4,}")
+# hex bit patterns come first so that they stay exact: only decimals and long decimal numbers are volatile
+_NUMBER = re.compile(r"0x[0-9A-Fa-f]+|\d+\.\d+|\d{4,}")
 
 
 @dataclass(frozen=True)
 class Step:
-    kind: str  # "file", "run" or "output"
+    kind: str  # "file", "run", "output" or "output-all"
     body: str
     line: int  # 1-based line of the marker in the tutorial
     path: str = ""
@@ -67,7 +73,7 @@ def parse_steps(text: str) -> list[Step]:
         elif m.group(1).startswith("run"):
             steps.append(Step("run", body, marker_line, exit=int(m.group("exit") or 0)))
         else:
-            steps.append(Step("output", body, marker_line))
+            steps.append(Step("output-all" if m.group("all") else "output", body, marker_line))
         i = end + 1
     return steps
 
@@ -78,11 +84,17 @@ def line_pattern(expected: str) -> re.Pattern[str]:
     pos = 0
     for m in _NUMBER.finditer(expected.strip()):
         parts.append(re.escape(expected.strip()[pos : m.start()]))
-        parts.append(r"\d+(?:\.\d+)?")
+        parts.append(re.escape(m.group()) if m.group().startswith("0x") else r"\d+(?:\.\d+)?")
         pos = m.end()
     parts.append(re.escape(expected.strip()[pos:]))
     pattern = re.sub(r"(?:\\\s)+|\s+", r"\\s+", "".join(parts))
     return re.compile(rf"^\s*{pattern}\s*$", re.MULTILINE)
+
+
+def unmatched_lines(expected: str, printed: str) -> list[str]:
+    """The non-blank printed lines that no line of ``expected`` matches."""
+    patterns = [line_pattern(e) for e in expected.splitlines() if e.strip()]
+    return [line.strip() for line in printed.splitlines() if line.strip() and not any(p.search(line) for p in patterns)]
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +105,7 @@ def steps() -> list[Step]:
 def test_tutorial_markers_are_present(steps: list[Step]) -> None:
     # A tutorial edit that drops its markers must not make the walk-through below vacuous.
     kinds = [s.kind for s in steps]
-    assert kinds.count("run") >= 8 and kinds.count("output") >= 6, kinds
+    assert kinds.count("run") >= 10 and kinds.count("output") >= 7 and kinds.count("output-all") >= 1, kinds
     assert {s.path for s in steps if s.kind == "file"} == {
         "mykernels/leaky_relu.py",
         "contracts/leaky-relu-v1.yaml",
@@ -107,6 +119,15 @@ def test_line_pattern_is_strict_about_statuses() -> None:
     assert pat.search("  proved PO-X z3 1.25s  z3 unsat, rlimit 5000/50000000\n")
     assert not pat.search("  violated PO-X z3 1.25s  z3 unsat, rlimit 5000/50000000\n")
     assert not line_pattern("2 items: 2 skipped").search("2 items: 1 skipped, 1 passed\n")
+    # bit patterns are exact (the tutorial once named first_in_batch's input as the shrunk one)
+    assert line_pattern("element: index 0: x = 0x7F800001 (nan)").search("element: index 0: x = 0x7F800001 (nan)")
+    assert not line_pattern("element: index 0: x = 0xFF80000F (nan)").search("element: index 0: x = 0x7F800001 (nan)")
+
+
+def test_an_output_all_block_fails_on_an_unlisted_line() -> None:
+    printed = "wrote report/a.md\nwrote report/index.md\nwrote report/index.html\n"
+    assert unmatched_lines("wrote report/a.md\nwrote report/index.md\n", printed) == ["wrote report/index.html"]
+    assert unmatched_lines("wrote report/a.md\nwrote report/index.md\nwrote report/index.html\n", printed) == []
 
 
 def test_tutorial_runs_as_written(steps: list[Step], tmp_path: Path) -> None:
@@ -150,6 +171,9 @@ def test_tutorial_runs_as_written(steps: list[Step], tmp_path: Path) -> None:
                     f"{where}: the commands at docs/tutorial.md:{last[0].line} did not print\n  {expected}\n"
                     f"they printed:\n{last[1]}"
                 )
+            if step.kind == "output-all":
+                extra = unmatched_lines(step.body, last[1])
+                assert not extra, f"{where}: the commands at docs/tutorial.md:{last[0].line} also printed {extra}"
 
     # Independently of the shown output: the result file says every item has evidence and the gate passed.
     result = json.loads((project / "result.json").read_text())

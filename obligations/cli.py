@@ -267,6 +267,20 @@ def _check_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--durations", type=counted(0), metavar="N", default=None, help="print the N slowest items (0: all)")
     p.add_argument(
+        "--z3-stability",
+        type=int,
+        metavar="N",
+        default=None,
+        help="solve each z3 item N times (the query, then N-1 perturbations: seeds, shuffled assertions, renamed "
+        "symbols, fresh processes); an item not proved in every run is unknown; the evidence holds the table",
+    )
+    p.add_argument(
+        "--no-proof-cache",
+        action="store_true",
+        default=False,
+        help="solve and enumerate every item again (the proof cache reuses unchanged proved/exhausted results)",
+    )
+    p.add_argument(
         "--timeline",
         metavar="FILE",
         default=None,
@@ -395,6 +409,7 @@ def _run_check(args: argparse.Namespace) -> int:
             print(f"kc: error: {msg}", file=sys.stderr)
         return EXIT_INVALID
     seed = args.seed if args.seed is not None else 0
+    _proof_environment(args)
     device = _resolve_device(args.device)
     if device is None:
         return EXIT_INVALID
@@ -477,6 +492,16 @@ def _run_check(args: argparse.Namespace) -> int:
         _print_durations(result, args.durations, out)
     _print_summary(result, out, f" ({result['stopped']})" if result.get("stopped") else "")
     return result["exit_code"]
+
+
+def _proof_environment(args: argparse.Namespace) -> None:
+    """Hand --z3-stability and --no-proof-cache to the engines of this process and of its workers (environment)."""
+    from obligations.proofcache import CACHE_ENV, STABILITY_ENV
+
+    if args.z3_stability is not None:
+        os.environ[STABILITY_ENV] = str(max(0, args.z3_stability))
+    if args.no_proof_cache:
+        os.environ[CACHE_ENV] = "0"
 
 
 def _print_summary(result: dict[str, Any], out: Any, tail: str = "") -> None:

@@ -102,7 +102,7 @@ def readable_counterexample(cex: dict[str, Any], width: int | None = 100) -> lis
     if symbols:
         lines.append(", ".join(f"{k} = {_scalar(v)}" for k, v in symbols.items()))
     for k, v in cex.items():
-        if k == "symbols" and symbols:
+        if (k == "symbols" and symbols) or k == "minimality":  # the heading says how minimal it is
             continue
         if _is_element(v):
             first, *more = readable_element(v)
@@ -192,7 +192,8 @@ class Reporter:
             line += "  (from the results log)"
         self.print(paint(line, status, self.colour))
         if status == "violated" and data.get("counterexample"):
-            self.print("             counterexample (minimal, as found):")
+            how = data["counterexample"].get("minimality") or "as found"
+            self.print(f"             counterexample ({how}):")
             width = None if self.verbosity > 0 else 100
             for text in readable_counterexample(data["counterexample"], width):
                 self.print(f"               {text}")
@@ -205,10 +206,17 @@ class Reporter:
 
 def _evidence_line(item: dict[str, Any]) -> str:
     ev = item.get("evidence") or {}
+    reused = " (proof cache)" if ev.get("cache") == "hit" else ""
+    stab = ev.get("stability")
+    if isinstance(stab, dict) and stab.get("runs"):
+        reused += f", stable {stab['proved']}/{stab['runs']} (rlimit max {stab.get('rlimit_max')})"
     if item["status"] == "proved" and "rlimit_used" in ev:
-        return f"z3 unsat, rlimit {ev['rlimit_used']}/{ev['rlimit']}"
+        return f"z3 unsat, rlimit {ev['rlimit_used']}/{ev['rlimit']}{reused}"
     if item["status"] == "exhausted":
-        return f"{ev.get('points_in_given', ev.get('points'))} points in the given of {ev.get('points')} enumerated"
+        seen = f"{ev.get('points_in_given', ev.get('points'))} points in the given of {ev.get('points')} enumerated"
+        return seen + reused
+    if item["status"] == "proved" and reused:
+        return reused.strip(" ,")
     if item["status"] == "passed" and isinstance(ev.get("cases_measured"), dict):
         return "; ".join(
             f"{k}: {m['interval']['estimate']:.4g} in [{m['interval']['low']:.4g}, {m['interval']['high']:.4g}] "

@@ -7,17 +7,21 @@ reported as a result.
 
 from __future__ import annotations
 
+import hashlib
+import importlib
 import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import z3
 
 from obligations import expr as exprlang
+from obligations import z3solve
 from obligations.contract import Contract, import_test_modules
 from obligations.core import cancel, plans
 from obligations.core import symbolic as sym
@@ -40,6 +44,7 @@ from obligations.core.results import (
     violated,
     with_evidence_kind,
 )
+from obligations.proofcache import cache_get, cache_key, cache_put, proof_settings, sources_digest
 from obligations.statements import Evaluation, evaluate_statement, kernel_of
 
 __all__ = [
@@ -55,8 +60,11 @@ __all__ = [
 
 DEFAULT_RLIMIT = 50_000_000
 MAX_RLIMIT = (1 << 32) - 1  # Z3 keeps rlimit in 32 bits: 2**32 would mean "no limit", 2**32 + 1 would mean 1
-Z3_WALL_SECONDS = 120.0  # a ceiling per check besides the deterministic rlimit; hitting it is `unknown`
+Z3_WALL_SECONDS = z3solve.WALL_CEILING_S  # a safety net far above an rlimit's normal time: hitting it is an error
 MAX_ENUMERATION_POINTS = 30_000_000
+# The rlimit of minimising a counterexample (at most the item's): a lexicographic optimum over nonlinear plans can
+# cost many times the proof; past it the counterexample is shown as found, and labelled so.
+MINIMISE_RLIMIT = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -141,20 +149,31 @@ def _concrete_env(contract: Contract, values: Mapping[str, int]) -> dict[str, An
 def confirm(contract: Contract, item: Mapping[str, Any], values: Mapping[str, int]) -> dict[str, Any]:
     """Re-run the plan and statements with plain ints at one point: does it refute the claim?"""
     ev = evaluate_statement(contract, item, _concrete_env(contract, values))
-    failed = [f"{c.message} at {c.where}" for c in ev.required() if not c.expr]
+    required = ev.required()
+    failed = [f"{c.message} at {c.where}" for c in required if not c.expr]
     holds = bool(ev.prove.expr)
-    shown = {}
+    plan_own = ev.quantities["no_overflow"].deps if "no_overflow" in ev.quantities else frozenset()
+    shown: dict[str, Any] = {}
     for name, v in ev.quantities.items():
+        if name == "no_overflow":
+            continue  # the plan's own conditions only: shown below as plan_no_overflow, beside the statement's
         if isinstance(v, sym.Term):
             shown[name] = int(v.expr)
         elif isinstance(v, sym.BoolTerm | bool):
             shown[name] = bool(v.expr if isinstance(v, sym.BoolTerm) else v)
+    own = [ev.tracker.conditions[i] for i in sorted(plan_own)]
+    needed = ev.given.deps | ev.prove.deps
+    statement = [ev.tracker.conditions[k] for k in sorted(needed - plan_own)]
     out = {
         "given": bool(ev.given.expr),
         "prove": holds,
         "failed_conditions": failed,
         "refutes": bool(ev.given.expr) and (not holds or bool(failed)),
         "quantities": shown,
+        # The plan's own side-conditions (its no_overflow quantity) and those of the statement's arithmetic,
+        # apart: a failed overflow of the statement is not the plan's, and vice versa.
+        "plan_no_overflow": all(bool(cnd.expr) for cnd in own),
+        "statement_no_overflow": all(bool(cnd.expr) for cnd in statement),
     }
     if ev.tracker.conversions:  # signed met unsigned: say what C made of the values (-1 < 0u is false)
         out["conversions"] = list(dict.fromkeys(ev.tracker.conversions))
@@ -203,64 +222,139 @@ def _domain_text(contract: Contract, names: list[str]) -> list[str]:
 
 @register_engine
 class Z3Engine(Engine):
-    """Prove ``domain and given -> prove and side-conditions`` by refuting its negation under an rlimit."""
+    """Prove ``domain and given -> prove and side-conditions`` by refuting its negation under an rlimit.
+
+    The query is solved as SMT-LIB text in a new context with one deterministic strategy and a fixed seed
+    (:mod:`obligations.z3solve`): the verdict depends only on the text and the rlimit. The wall-clock ceiling
+    and the item's deadline are safety nets: hitting one is ``error (timeout)``, never ``unknown``.
+    """
 
     name = "z3"
 
     def discharge(self, job: Job) -> Outcome:
         fresh_z3_context()
         c, item = job.contract, job.item
-        names = _used_symbols(c, item)
-        env = plans.symbolic_env(c.symbols, set(names))
-        ev = evaluate_statement(c, item, env)
         rlimit = item.get("rlimit", DEFAULT_RLIMIT)
         if isinstance(rlimit, bool) or not isinstance(rlimit, int) or not 1 <= rlimit <= MAX_RLIMIT:
             return error(f"rlimit must be an integer in [1, {MAX_RLIMIT}], not {rlimit!r}")
-        wall_ms = int(float(job.options.get("z3_wall_seconds", Z3_WALL_SECONDS)) * 1000)
+        names = _used_symbols(c, item)
+        env = plans.symbolic_env(c.symbols, set(names))
+        ev = evaluate_statement(c, item, env)
+        wall = float(job.options.get("z3_wall_seconds", Z3_WALL_SECONDS))
+        settings = proof_settings()
         domain = domain_constraints(c, env)
         required = ev.required()
+        given = z3_bool(ev.given.expr)
+        claim = z3.And(z3_bool(ev.prove.expr), *[z3_bool(cnd.expr) for cnd in required])
+        vac_text = z3solve.query_text([*domain, given])
+        text = z3solve.query_text([*domain, given, z3.Not(claim)])
+        key = cache_key(
+            "z3",
+            {"vacuity": vac_text, "query": text, "stability": settings.stability, **z3solve.solver_params(rlimit)},
+        )
         evidence = Z3Evidence(
             z3_version=z3.get_version_string(),
             rlimit=rlimit,
-            wall_limit_s=wall_ms / 1000,
+            wall_limit_s=wall,
             assumptions=_domain_text(c, names) + ([item["given"]] if item.get("given") else []),
             side_conditions=len(required),
+            tactic=z3solve.TACTIC,
+            random_seed=z3solve.SEED,
+            query_sha256=hashlib.sha256(text.encode()).hexdigest(),
+            cache="miss" if settings.cache else None,
+            cache_key=key if settings.cache else None,
         )
-        vac = z3.Solver()
-        vac.set("rlimit", rlimit)
-        vac.set("timeout", wall_ms)
-        vac.add(*domain, z3_bool(ev.given.expr))
-        r = vac.check()
-        if r == z3.unsat:
+        hit = cache_get(settings, key)
+        if hit is not None and hit.get("status") == "proved":
+            reused = replace(evidence, rlimit_used=hit.get("rlimit_used"), stability=hit.get("stability"), cache="hit")
+            return proved(reused)
+        vac = z3solve.solve(vac_text, rlimit=rlimit, wall_s=wall)
+        if vac.result == "unsat":
             return error("vacuous: the assumptions (domain and given) are contradictory", evidence)
-        if r == z3.unknown:
-            return unknown(f"vacuity check: solver returned unknown ({vac.reason_unknown()})", evidence)
-        s = z3.Solver()
-        s.set("rlimit", rlimit)
-        s.set("timeout", wall_ms)
-        claim = z3.And(z3_bool(ev.prove.expr), *[z3_bool(cnd.expr) for cnd in required])
-        s.add(*domain, z3_bool(ev.given.expr), z3.Not(claim))
-        r = s.check()
-        evidence = replace(evidence, rlimit_used=_rlimit_used(s))
-        if r == z3.unsat:
+        if vac.result == "timeout":
+            return _timed_out(vac, wall, rlimit, evidence, " in the vacuity check")
+        if vac.result == "unknown":
+            return unknown(f"vacuity check: solver returned unknown ({vac.reason})", evidence)
+        sorts = {n: ("bool" if isinstance(v, sym.BoolTerm) else "int") for n, v in env.items()}
+        v = z3solve.solve(text, rlimit=rlimit, wall_s=wall, model_of=sorts)
+        evidence = replace(evidence, rlimit_used=v.rlimit_used)
+        if v.result == "timeout":
+            return _timed_out(v, wall, rlimit, evidence, "")
+        if v.result == "unknown":
+            return unknown(f"solver returned unknown ({v.reason})", evidence)
+        if v.result == "unsat":
+            table = None
+            if settings.stability > 1:
+                runs = [v] + [
+                    z3solve.solve_in_fresh_process(z3solve.perturbed(text, k), rlimit=rlimit, seed=k, wall_s=wall)
+                    for k in range(1, settings.stability)
+                ]
+                if any(r.result == "timeout" and r.deadline for r in runs):
+                    raise cancel.DeadlinePassed()
+                table = z3solve.stability_table(runs)
+                evidence = replace(evidence, stability=table)
+                if table["proved"] < table["runs"]:
+                    return unknown(
+                        f"not proved in every run of --z3-stability {settings.stability}: proved in "
+                        f"{table['proved']} of {table['runs']} (seeds, shuffled assertions, renamed symbols, "
+                        "fresh processes)",
+                        evidence,
+                    )
+            entry = {"status": "proved", "rlimit_used": v.rlimit_used, "stability": table, "seconds": v.seconds}
+            cache_put(settings, key, entry)
             return proved(evidence)
-        if r == z3.unknown:
-            return unknown(f"solver returned unknown ({s.reason_unknown()})", evidence)
-        model = s.model()
-        values = {}
-        for name, v in env.items():
-            e = v.expr
-            values[name] = (
-                bool(z3.is_true(model.evaluate(e, model_completion=True)))
-                if isinstance(v, sym.BoolTerm)
-                else model.evaluate(e, model_completion=True).as_long()
-            )
-        conf = confirm(c, item, values)
+        return self._counterexample(c, item, names, v.model or {}, text, rlimit, wall, sorts, evidence)
+
+    def _counterexample(
+        self,
+        c: Contract,
+        item: Mapping[str, Any],
+        names: list[str],
+        found: dict[str, int | bool],
+        text: str,
+        rlimit: int,
+        wall: float,
+        sorts: dict[str, str],
+        evidence: Z3Evidence,
+    ) -> Outcome:
+        """The violation, its counterexample made small (greedily in the item's ``minimize`` order, else the
+        symbols' order, toward 0 or the lower bound, within :data:`MINIMISE_RLIMIT`), else as found, and
+        labelled so (``minimality``); either is confirmed through the plan."""
+        wanted = [n for n in (item.get("minimize") or names) if sorts.get(n) == "int"]
+        order = [(n, _lower_bound(c.symbols[n])) for n in wanted]
+        budget = min(rlimit, MINIMISE_RLIMIT)
+        values, minimality = found, "as found"
+        if order:
+            small, how = z3solve.minimise(text, order, found, rlimit=budget, wall_s=wall, model_of=sorts)
+            if how != "as found":
+                conf = confirm(c, item, small)
+                if conf["refutes"]:
+                    values, minimality = small, how
+        if values is found:
+            conf = confirm(c, item, values)
         evidence = replace(evidence, confirmed_concretely=conf["refutes"])
-        cex = {"symbols": values, **conf}
+        cex = {"symbols": values, "minimality": minimality, **conf}
         if not conf["refutes"]:
             return error("solver model did not refute the claim when re-run through the plan", evidence, cex=cex)
         return violated(cex, _reason(conf), evidence)
+
+
+def _lower_bound(decl: Mapping[str, Any]) -> int:
+    """The smallest value of a non-bool symbol (its ``values`` or its range)."""
+    if "values" in decl:
+        return min(int(v) for v in decl["values"])
+    return _symbol_range(decl)[0]
+
+
+def _timed_out(v: z3solve.Verdict, wall: float, rlimit: int, evidence: Evidence, where: str) -> Outcome:
+    """A solve stopped by the clock: the item's deadline (the run loop records the timeout) or the ceiling."""
+    if v.deadline:
+        raise cancel.DeadlinePassed()
+    return error(
+        f"timeout: z3 ran past its wall-clock ceiling of {wall:g} s{where} before its rlimit of {rlimit} ran out "
+        "(the rlimit is the budget; the ceiling only a safety net)",
+        evidence,
+    )
 
 
 def z3_bool(e: Any) -> Any:
@@ -274,15 +368,6 @@ def fresh_z3_context() -> None:
     z3.z3._main_ctx = None  # z3.main_ctx() makes a new Context at its next use; the old one is freed with its terms
 
 
-def _rlimit_used(s: z3.Solver) -> int | None:
-    """Resource units spent in the item's own context (Z3's 'rlimit count'; the vacuity check included)."""
-    st = s.statistics()
-    for k in st.keys():
-        if k == "rlimit count":
-            return int(st.get_key_value(k))
-    return None
-
-
 @register_engine
 class EnumerateEngine(Engine):
     """Evaluate the claim at every point of the item's bounded domain through the real plan (vectorised)."""
@@ -291,6 +376,12 @@ class EnumerateEngine(Engine):
 
     def discharge(self, job: Job) -> Outcome:
         c, item = job.contract, job.item
+        settings = proof_settings()
+        key = cache_key("enumerate", _enumeration_key(c, item)) if settings.cache else None
+        hit = cache_get(settings, key) if key else None
+        if hit is not None and hit.get("status") == "exhausted":
+            fields = {k: hit.get(k) for k in ("points", "points_in_given", "enumeration_seconds")}
+            return exhausted(EnumerateEvidence(bound=item.get("bound"), cache="hit", cache_key=key, **fields))
         t0 = time.perf_counter()
         try:
             grid, n = self._grid(c, item)
@@ -307,11 +398,16 @@ class EnumerateEngine(Engine):
             points_in_given=int(given.sum()),
             bound=item.get("bound"),
             enumeration_seconds=round(time.perf_counter() - t0, 3),
+            cache="miss" if key else None,
+            cache_key=key,
         )
         if not given.any():
             return error("vacuous: no enumerated point satisfies the assumptions", evidence)
         bad = np.flatnonzero(given & ~ok)
         if bad.size == 0:
+            if key:
+                fields = {k: evidence.get(k) for k in ("points", "points_in_given", "enumeration_seconds")}
+                cache_put(settings, key, {"status": "exhausted", **fields})
             return exhausted(evidence)
         idx = int(bad[0])
         values = {
@@ -319,7 +415,8 @@ class EnumerateEngine(Engine):
         }
         conf = confirm(c, item, values)
         evidence = replace(evidence, failing_points=int(bad.size))
-        return violated({"symbols": values, **conf}, _reason(conf), evidence)
+        cex = {"symbols": values, "minimality": "first in enumeration order", **conf}
+        return violated(cex, _reason(conf), evidence)
 
     def _grid(self, c: Contract, item: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
         given_bound = dict(item.get("bound") or {})
@@ -457,6 +554,33 @@ class _TooLarge(ValueError):
     pass
 
 
+def _enumeration_key(c: Contract, item: Mapping[str, Any]) -> dict[str, Any]:
+    """What an enumeration's verdict depends on: the statement, the bound, the used symbols' declarations, the
+    plan's name and the source of its whole top-level package (and ``spec``), the evaluating code, NumPy."""
+    kernel = kernel_of(c, item) or {}
+    plan = kernel.get("plan")
+    roots = [Path(__file__).parent / "core", *(Path(__file__).parent / f for f in _EVALUATING)]
+    if plan:
+        top = importlib.import_module(str(plan).partition(":")[0].split(".")[0])
+        for d in {Path(p) for p in getattr(top, "__path__", [])} or {Path(str(top.__file__))}:
+            roots.append(d)
+            if (d.parent / "spec").is_dir():
+                roots.append(d.parent / "spec")
+    names = _used_symbols(c, item)
+    return {
+        "given": item.get("given"),
+        "prove": item.get("prove"),
+        "bound": item.get("bound"),
+        "symbols": {n: c.symbols[n] for n in names},
+        "plan": plan,
+        "sources": sources_digest(roots),
+        "numpy": np.__version__,
+    }
+
+
+_EVALUATING = ("expr.py", "statements.py", "engines.py")
+
+
 def _in_domain(c: Contract, grid: Mapping[str, np.ndarray], n: int) -> np.ndarray:
     """Points whose every symbol lies in its declared type and domain (bounds may reach outside)."""
     mask = np.ones(n, dtype=bool)
@@ -498,14 +622,31 @@ class SympyEngine(Engine):
     def discharge(self, job: Job) -> Outcome:
         import sympy
 
+        settings = proof_settings()
+        key = None
+        if settings.cache:
+            roots = [Path(__file__).parent / f for f in _EVALUATING]
+            parts = {"prove": job.item["prove"], "sympy": sympy.__version__, "sources": sources_digest(roots)}
+            key = cache_key("sympy", parts)
+            hit = cache_get(settings, key)
+            if hit is not None and hit.get("status") == "proved":
+                reused = SympyEvidence(sympy_version=sympy.__version__, simplified_difference="0", cache="hit")
+                return proved(replace(reused, cache_key=key))
         e = exprlang.parse(job.item["prove"]).to_sympy()
         if not isinstance(e, sympy.Equality):
             return error("a sympy obligation proves one identity 'lhs == rhs'")
         real = {s: sympy.Symbol(s.name, real=True) for s in e.free_symbols}
         lhs, rhs = e.lhs.xreplace(real), e.rhs.xreplace(real)
         diff = sympy.simplify(lhs - rhs)
-        evidence = SympyEvidence(sympy_version=sympy.__version__, simplified_difference=str(diff))
+        evidence = SympyEvidence(
+            sympy_version=sympy.__version__,
+            simplified_difference=str(diff),
+            cache="miss" if key else None,
+            cache_key=key,
+        )
         if diff == 0:
+            if key:
+                cache_put(settings, key, {"status": "proved"})
             return proved(evidence)
         rng = np.random.default_rng(job.seed)
         for _ in range(20):

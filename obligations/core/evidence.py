@@ -128,6 +128,13 @@ class Z3Evidence(Evidence):
     side_conditions: int | None = None
     rlimit_used: int | None = None
     confirmed_concretely: bool | None = None
+    tactic: str | None = None  # the deterministic strategy that solved the query (obligations.z3solve)
+    random_seed: int | None = None
+    query_sha256: str | None = None  # of the SMT-LIB text of the claim's query
+    # --z3-stability N: {runs, proved, rlimit_min, rlimit_median, rlimit_max} over N perturbed runs
+    stability: Mapping[str, Any] | None = None
+    cache: str | None = None  # "hit": reused from the proof cache; "miss": solved here (and stored if proved)
+    cache_key: str | None = None
 
 
 @register_evidence
@@ -141,6 +148,8 @@ class EnumerateEvidence(Evidence):
     bound: Mapping[str, Any] | None = None
     enumeration_seconds: float | None = None
     failing_points: int | None = None
+    cache: str | None = None  # "hit": reused from the proof cache; "miss": enumerated here
+    cache_key: str | None = None
 
 
 @register_evidence
@@ -152,6 +161,8 @@ class SympyEvidence(Evidence):
     prover: str = "sympy"
     sympy_version: str | None = None
     simplified_difference: str | None = None
+    cache: str | None = None  # "hit": reused from the proof cache; "miss": simplified here
+    cache_key: str | None = None
 
 
 @register_evidence

@@ -214,14 +214,28 @@ def _agreement_phrase(item: Mapping[str, Any]) -> str:
     return f", {agreement} agreement" + (f" (tolerance {tol})" if tol is not None else "")
 
 
+def _reuse(ev: Mapping[str, Any]) -> str:
+    """How fresh the proof is: reused from the proof cache (with its key) or found by this run; its stability."""
+    text = ""
+    stab = ev.get("stability")
+    if isinstance(stab, Mapping) and stab.get("runs"):
+        text += (
+            f"; stable: proved in {stab.get('proved')} of {stab.get('runs')} perturbed runs (rlimit "
+            f"{stab.get('rlimit_min')}/{stab.get('rlimit_median')}/{stab.get('rlimit_max')} min/median/max)"
+        )
+    if ev.get("cache") == "hit":
+        text += f"; reused from the proof cache (key {str(ev.get('cache_key'))[:16]}), not found again by this run"
+    return text
+
+
 def _proved(item: Mapping[str, Any]) -> str:
     ev = _ev(item)
     solver = str(ev.get("solver") or ev.get("prover") or item.get("method") or "a solver")
     assumptions = ev.get("assumptions") or []
     if assumptions:
         # The assumptions themselves are listed once, in the evidence table.
-        return f"Proved by {solver} under {len(assumptions)} assumption(s) (listed under Assumptions)"
-    return f"Proved by {solver} with no assumptions beyond the contract's domain"
+        return f"Proved by {solver} under {len(assumptions)} assumption(s) (listed under Assumptions)" + _reuse(ev)
+    return f"Proved by {solver} with no assumptions beyond the contract's domain" + _reuse(ev)
 
 
 def _exhausted(item: Mapping[str, Any]) -> str:
@@ -234,7 +248,7 @@ def _exhausted(item: Mapping[str, Any]) -> str:
             text += f", {_fmt_int(ev['points_in_given'])} of them inside the assumptions"
     if isinstance(ev.get("bound"), int | float) and not isinstance(ev.get("bound"), bool):
         text += f" (bound {ev['bound']})"
-    return text + _agreement_phrase(item)
+    return text + _agreement_phrase(item) + _reuse(ev)
 
 
 def _tested_label(item: Mapping[str, Any]) -> str:

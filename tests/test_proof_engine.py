@@ -1,0 +1,326 @@
+"""The proof engine's machinery: deterministic queries and budgets, stability runs, the proof cache, stops,
+small counterexamples (issue 24 parts 1-3). Small queries only: every test here runs in about a second."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from obligations import proofcache, z3solve
+from obligations.contract import load_contract
+from obligations.core import cancel
+from obligations.engines import Job, get_engine
+
+ROOT = Path(__file__).resolve().parent.parent
+
+HEADER = """\
+id: proofs-v1
+version: 1.0.0
+family: gemm
+summary: proof engine probes
+kernels:
+  k: {entry: "native.gemm:check_buffers"}
+equations: {e: {formula: "x"}}
+symbols:
+  a: {type: int32, min: -3, max: 3}
+  n: {type: int32, min: 1, max: 1000000}
+  p: {type: int64, min: 1, max: 1000000}
+  q: {type: int64, min: 1, max: 1000000}
+  r: {type: int64, min: 1, max: 1000000}
+falsification: []
+qa_gate: {id: GATE, requires: []}
+"""
+
+
+def _contract(tmp_path: Path, items: str = "obligations: []\n"):
+    path = tmp_path / "proofs-v1.yaml"
+    path.write_text(HEADER + items)
+    return load_contract(path, check=False), path
+
+
+def _item(prove: str, method: str = "z3", **extra) -> dict:
+    return {
+        "id": "P",
+        "kind": "obligation",
+        "type": "invariant",
+        "property": "p",
+        "method": method,
+        "prove": prove,
+        "location": {"line": 1, "column": 1},
+        **extra,
+    }
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    d = tmp_path / "cache"
+    monkeypatch.setenv(proofcache.CACHE_DIR_ENV, str(d))
+    monkeypatch.delenv(proofcache.CACHE_ENV, raising=False)
+    monkeypatch.delenv(proofcache.STABILITY_ENV, raising=False)
+    return d
+
+
+def _z3(contract, item, **options):
+    return get_engine("z3").discharge(Job(contract, item, options=options))
+
+
+# -- part 1: the same item builds the same query; the verdict depends on it and the rlimit -------------------
+
+_QUERY = """
+import hashlib, sys
+from obligations import engines, z3solve
+from obligations.contract import load_contract
+from obligations.core import plans
+from obligations.statements import evaluate_statement
+import z3
+c = load_contract(sys.argv[1], check=False)
+item = c.item("PO-GEMM-02-A-z3")
+engines.fresh_z3_context()
+env = plans.symbolic_env(c.symbols, set(engines._used_symbols(c, item)))
+ev = evaluate_statement(c, item, env)
+claim = z3.And(engines.z3_bool(ev.prove.expr), *[engines.z3_bool(x.expr) for x in ev.required()])
+text = z3solve.query_text([*engines.domain_constraints(c, env), engines.z3_bool(ev.given.expr), z3.Not(claim)])
+print(hashlib.sha256(text.encode()).hexdigest())
+"""
+
+
+def test_the_same_item_builds_the_same_smt_lib_text_in_fresh_processes_whatever_the_hash_seed():
+    digests = set()
+    for hashseed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hashseed, "PYTHONPATH": str(ROOT)}
+        out = subprocess.run(
+            [sys.executable, "-c", _QUERY, str(ROOT / "contracts" / "gemm-cublas-v1.yaml")],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+        digests.add(out.stdout.strip())
+    assert len(digests) == 1
+
+
+def test_a_query_spends_the_same_rlimit_every_time(tmp_path):
+    contract, _ = _contract(tmp_path)
+    text = z3solve.query_text(_negated(contract, "p * q <= 1000000000000 and a * a >= 0"))
+    runs = {(v.result, v.rlimit_used) for v in (z3solve.solve(text, rlimit=10_000_000) for _ in range(3))}
+    assert len(runs) == 1 and next(iter(runs))[0] == "unsat"
+
+
+def _negated(contract, prove: str):
+    from obligations import engines
+    from obligations.core import plans
+    from obligations.statements import evaluate_statement
+
+    item = _item(prove)
+    env = plans.symbolic_env(contract.symbols, set(engines._used_symbols(contract, item)))
+    ev = evaluate_statement(contract, item, env)
+    import z3
+
+    claim = z3.And(engines.z3_bool(ev.prove.expr), *[engines.z3_bool(c.expr) for c in ev.required()])
+    return [*engines.domain_constraints(contract, env), z3.Not(claim)]
+
+
+def test_a_wall_clock_ceiling_is_error_timeout_not_unknown(tmp_path, cache_dir):
+    contract, _ = _contract(tmp_path)
+    out = _z3(contract, _item("p * p * p + q * q * q != r * r * r", rlimit=4_000_000_000), z3_wall_seconds=0.2)
+    assert out.status.value == "error", (out.status, out.reason)
+    assert out.reason.startswith("timeout: z3 ran past its wall-clock ceiling of 0.2 s")
+
+
+def test_the_items_deadline_bounds_z3_and_is_reported_by_the_run_loop(tmp_path, cache_dir):
+    contract, _ = _contract(tmp_path)
+    t0 = time.monotonic()
+    with pytest.raises(cancel.DeadlinePassed), cancel.item_deadline(0.3):
+        _z3(contract, _item("p * p * p + q * q * q != r * r * r", rlimit=4_000_000_000))
+    assert time.monotonic() - t0 < 30  # not Z3's own 120 s ceiling (a generous bound: this machine is shared)
+
+
+def test_a_stop_request_interrupts_the_solver_and_is_never_a_verdict(tmp_path, cache_dir):
+    import threading
+
+    contract, _ = _contract(tmp_path)
+    timer = threading.Timer(0.5, cancel.request_stop, args=("SIGINT",))
+    timer.start()
+    try:
+        with pytest.raises(cancel.StopRequested):
+            _z3(contract, _item("p * p * p + q * q * q != r * r * r", rlimit=4_000_000_000))
+    finally:
+        timer.cancel()
+        cancel.clear_stop()
+
+
+def test_ctrl_c_during_a_z3_item_ends_the_run_with_130_and_records_no_unknown(tmp_path):
+    _, path = _contract(
+        tmp_path,
+        "obligations:\n  - {id: HARD, type: invariant, property: p, method: z3, rlimit: 4000000000, "
+        'prove: "p * p * p + q * q * q != r * r * r"}\n',
+    )
+    out = tmp_path / "out.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KC_PROOF_CACHE": "0"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "obligations.cli", "check", str(path), "--device", "host", "-j", "0"]
+        + ["--json", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:  # the contract's heading: its only item, the z3 query, runs next
+        if "proofs-v1" in line:
+            break
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    try:
+        code = proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert code == 130, proc.stderr.read() if proc.stderr else code
+    result = json.loads(out.read_text())
+    assert result.get("interrupted") is True
+    assert all(it["status"] != "unknown" for c in result["contracts"] for it in c["items"])
+
+
+# -- part 2: stability as evidence ------------------------------------------------------------------------
+
+
+def test_stability_runs_record_their_table(tmp_path, cache_dir, monkeypatch):
+    contract, _ = _contract(tmp_path)
+    monkeypatch.setenv(proofcache.STABILITY_ENV, "3")
+    out = _z3(contract, _item("a * a >= 0"))
+    assert out.status.value == "proved", out.reason
+    table = out.evidence["stability"]
+    assert table["runs"] == 3 and table["proved"] == 3
+    assert table["rlimit_min"] <= table["rlimit_median"] <= table["rlimit_max"]
+
+
+def test_an_item_unproved_in_one_perturbation_is_unknown_with_the_table(tmp_path, cache_dir, monkeypatch):
+    """Planted instability: the second perturbed run gives up (as a seed or an order can make Z3 do)."""
+    contract, _ = _contract(tmp_path)
+    monkeypatch.setenv(proofcache.STABILITY_ENV, "3")
+    real = z3solve.solve_in_fresh_process
+
+    def flaky(text, *, rlimit, seed, wall_s=z3solve.WALL_CEILING_S):
+        if seed == 2:
+            return z3solve.Verdict("unknown", "rlimit exhausted", rlimit, 0.1)
+        return real(text, rlimit=rlimit, seed=seed, wall_s=wall_s)
+
+    monkeypatch.setattr(z3solve, "solve_in_fresh_process", flaky)
+    out = _z3(contract, _item("a * a >= 0"))
+    assert out.status.value == "unknown", out.reason
+    assert "proved in 2 of 3" in out.reason
+    table = out.evidence["stability"]
+    assert (table["runs"], table["proved"]) == (3, 2)
+    assert table["not_proved"] == ["run 2: unknown (rlimit exhausted)"]
+
+
+def test_perturbations_keep_the_meaning_and_change_the_text(tmp_path):
+    contract, _ = _contract(tmp_path)
+    text = z3solve.query_text(_negated(contract, "p * q <= 1000000000000"))
+    other = z3solve.perturbed(text, 3)
+    assert other != text and "p!p3" in other
+    assert z3solve.solve(other, rlimit=10_000_000, seed=3).result == "unsat"
+
+
+# -- part 3: the proof cache ------------------------------------------------------------------------------
+
+
+def test_a_proof_is_reused_from_the_cache_and_a_changed_query_or_rlimit_is_not(tmp_path, cache_dir):
+    contract, _ = _contract(tmp_path)
+    first = _z3(contract, _item("a * a >= 0"))
+    again = _z3(contract, _item("a * a >= 0"))
+    assert first.status.value == again.status.value == "proved"
+    assert first.evidence["cache"] == "miss" and again.evidence["cache"] == "hit"
+    assert again.evidence["cache_key"] == first.evidence["cache_key"]
+    assert again.evidence["rlimit_used"] == first.evidence["rlimit_used"]
+    assert list(cache_dir.rglob("*.json"))
+    assert _z3(contract, _item("a * a >= 0", rlimit=1_000_000)).evidence["cache"] == "miss"  # the rlimit
+    assert _z3(contract, _item("a * a + 1 >= 1")).evidence["cache"] == "miss"  # the query
+
+
+def test_no_proof_cache_solves_again(tmp_path, cache_dir, monkeypatch):
+    contract, _ = _contract(tmp_path)
+    _z3(contract, _item("a * a >= 0"))
+    monkeypatch.setenv(proofcache.CACHE_ENV, "0")
+    out = _z3(contract, _item("a * a >= 0"))
+    assert out.status.value == "proved" and "cache" not in out.evidence
+
+
+def test_violations_are_never_served_from_the_cache(tmp_path, cache_dir):
+    contract, _ = _contract(tmp_path)
+    for _ in range(2):
+        out = _z3(contract, _item("n * 2 > n + 5"))
+        assert out.status.value == "violated" and out.evidence["cache"] == "miss"
+    assert not list(cache_dir.rglob("*.json"))
+
+
+PLAN = '''
+def plan(n):
+    return {{"twice": n * 2}}  # {tag}
+'''
+
+
+def test_an_enumeration_is_reused_until_its_plan_source_changes(tmp_path, cache_dir, monkeypatch):
+    pkg = tmp_path / "kc_cached_plans"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "plans.py").write_text(PLAN.format(tag="one"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    contract, _ = _contract(tmp_path)
+    contract.data["kernels"]["k"]["plan"] = "kc_cached_plans.plans:plan"
+    item = _item("twice >= n", method="enumerate", bound={"n": [1, 50]})
+    run = lambda: get_engine("enumerate").discharge(Job(contract, item))  # noqa: E731
+    assert run().evidence["cache"] == "miss"
+    hit = run()
+    assert hit.status.value == "exhausted" and hit.evidence["cache"] == "hit" and hit.evidence["points"] == 50
+    (pkg / "plans.py").write_text(PLAN.format(tag="two"))
+    proofcache._DIGESTS.clear()  # a new run (sources are read once per process)
+    assert run().evidence["cache"] == "miss"
+
+
+def test_parallel_writers_leave_a_whole_entry(tmp_path):
+    settings = proofcache.ProofSettings(cache=True, cache_dir=tmp_path)
+    key = proofcache.cache_key("z3", {"query": "x"})
+    import threading
+
+    threads = [
+        threading.Thread(target=proofcache.cache_put, args=(settings, key, {"status": "proved", "n": k}))
+        for k in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    entry = proofcache.cache_get(settings, key)
+    assert entry is not None and entry["status"] == "proved"
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == [f"{key}.json"]  # no temporary file left
+
+
+# -- counterexamples: small, labelled, and the plan's conditions apart from the statement's ------------------
+
+
+def test_a_z3_counterexample_is_minimised_and_labelled(tmp_path, cache_dir):
+    contract, _ = _contract(tmp_path)
+    out = _z3(contract, _item("n * 2 > n + 5"))
+    assert out.status.value == "violated"
+    cex = out.counterexample
+    assert cex["symbols"]["n"] == 1 and cex["minimality"] == "minimal"
+    assert cex["statement_no_overflow"] is True and cex["plan_no_overflow"] is True
+
+
+def test_the_statements_overflow_is_not_reported_as_the_plans(tmp_path, cache_dir):
+    contract, _ = _contract(tmp_path)
+    out = _z3(contract, _item("n * 3000 >= n"))  # int32 arithmetic of the statement overflows for large n
+    assert out.status.value == "violated"
+    cex = out.counterexample
+    assert cex["failed_conditions"] and cex["statement_no_overflow"] is False and cex["plan_no_overflow"] is True

@@ -264,10 +264,10 @@ def test_violations_are_never_served_from_the_cache(tmp_path, cache_dir):
     assert not list(cache_dir.rglob("*.json"))
 
 
-PLAN = '''
+PLAN = """
 def plan(n):
     return {{"twice": n * 2}}  # {tag}
-'''
+"""
 
 
 def test_an_enumeration_is_reused_until_its_plan_source_changes(tmp_path, cache_dir, monkeypatch):

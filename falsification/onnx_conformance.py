@@ -238,6 +238,7 @@ TOLERANCES.update(
         "MatMul": _dot(lambda ins, w: float(ins[0].shape[-1]), "the inner dimension"),
         "Gemm": _dot(lambda ins, w: float(max(ins[0].shape)), "the inner dimension"),
         "Conv": _dot(_conv_k, "Cin kh kw"),
+        "ConvTranspose": _dot(lambda ins, w: float(np.prod(ins[1].shape)), "Cin Cout kh kw"),
         "AveragePool": _dot(_numel_in, "the window size"),
         "GlobalAveragePool": _dot(_numel_in, "H W"),
         "ReduceSum": _dot(_numel_in, "the reduced count"),

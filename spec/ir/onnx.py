@@ -626,6 +626,106 @@ def _conv(ctx: _Ctx, node: Any) -> int:
     return ctx.reshape(y, s[:2][:1] + (w.shape[0],) + win.out) if lift else y
 
 
+def _upsample_axis(ctx: _Ctx, x: int, axis: int, s: int) -> int:
+    """x with s - 1 zeros inserted between neighbours along ``axis`` (a concat with a const, then a reshape)."""
+    if s == 1:
+        return x
+    sh = ctx.shape(x)
+    n = sh[axis]
+    col = ctx.reshape(x, sh[: axis + 1] + (1,) + sh[axis + 1 :])
+    zeros = ctx.const(np.zeros(sh[: axis + 1] + (s - 1,) + sh[axis + 1 :], np.float32))
+    woven = ctx.reshape(ctx.emit("concat", (col, zeros), axis=axis + 1), sh[:axis] + (n * s,) + sh[axis + 1 :])
+    return _crop_axis(ctx, woven, axis, 0, s * (n - 1) + 1)
+
+
+@onnx_op("ConvTranspose")
+def _conv_transpose(ctx: _Ctx, node: Any) -> int:
+    # The transposed convolution as ONNX defines it (output index o = i stride + t dilation - pad_begin), written as
+    # the IR's conv2d of the input with stride - 1 zeros woven in, padded by span - 1 - pad (cropped where negative),
+    # with the kernel flipped and its channel axes swapped. The zeros add +-0 products: the sums are those of ONNX.
+    a = _only(
+        node,
+        {
+            "kernel_shape": None,
+            "strides": None,
+            "pads": None,
+            "dilations": None,
+            "group": None,
+            "auto_pad": None,
+            "output_padding": None,
+            "output_shape": None,
+        },
+        ctx,
+    )
+    x = ctx.value(node.input[0])
+    w = ctx.init(node.input[1], "ConvTranspose W")
+    s = ctx.shape(x)
+    r = len(s) - 2
+    if w.ndim != len(s) or r not in (1, 2):
+        raise ctx.fail(f"only 1-d and 2-d transposed convolution are supported (input {list(s)}, W {list(w.shape)})")
+    kernel = tuple(int(v) for v in a.get("kernel_shape", w.shape[2:]))
+    if kernel != tuple(w.shape[2:]):
+        raise ctx.fail(f"kernel_shape {list(kernel)} differs from the weight's {list(w.shape[2:])}")
+    group = int(a.get("group", 1))
+    if group < 1 or s[1] != w.shape[0] or s[1] % group:
+        raise ctx.fail(f"group={group} does not fit input channels {s[1]} and W {list(w.shape)}")
+    cout = w.shape[1] * group
+    b = ctx.init(node.input[2], "ConvTranspose B") if _input(node, 2) else _neg_zero(cout)
+    st = tuple(int(v) for v in a.get("strides", (1,) * r))
+    dl = tuple(int(v) for v in a.get("dilations", (1,) * r))
+    op = tuple(int(v) for v in a.get("output_padding", (0,) * r))
+    auto = _plain(a.get("auto_pad", "NOTSET"))
+    if len(st) != r or len(dl) != r or len(op) != r or min(st + dl, default=1) < 1 or min(op, default=0) < 0:
+        raise ctx.fail(f"strides {list(st)}, dilations {list(dl)} or output_padding {list(op)} do not fit {r} axes")
+    span = tuple(d * (k - 1) + 1 for d, k in zip(dl, kernel, strict=True))
+    full = tuple(t * (n - 1) + p + q for t, n, p, q in zip(st, s[2:], op, span, strict=True))
+    if "pads" not in a and auto in ("SAME_UPPER", "SAME_LOWER"):
+        out = tuple(int(v) for v in a.get("output_shape", tuple(n * t for n, t in zip(s[2:], st, strict=True))))
+        total = tuple(f - o for f, o in zip(full, out, strict=True))
+        lo = tuple(t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total)
+        begin, end = lo, tuple(t - q for t, q in zip(total, lo, strict=True))
+    elif auto not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        raise ctx.fail(f"attribute auto_pad={auto!r} is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID")
+    else:
+        pads = tuple(int(v) for v in a.get("pads", (0,) * (2 * r)))
+        if len(pads) != 2 * r:
+            raise ctx.fail(f"pads {list(pads)} do not match {r} axes")
+        begin, end = pads[:r], pads[r:]
+        natural = tuple(f - p - q for f, p, q in zip(full, begin, end, strict=True))
+        out = tuple(int(v) for v in a.get("output_shape", natural))
+    if len(out) != r or min(out, default=1) < 1:
+        raise ctx.fail(f"output shape {list(out)} does not fit {r} axes")
+    for i in range(r):
+        x = _upsample_axis(ctx, x, 2 + i, st[i])
+        u = ctx.shape(x)[2 + i]
+        lo = span[i] - 1 - begin[i]
+        hi = out[i] - u - lo + span[i] - 1
+        x = _crop_axis(ctx, x, 2 + i, max(-lo, 0), u - max(-hi, 0))
+        x = _pad_axis(ctx, x, 2 + i, max(lo, 0), max(hi, 0), 0.0)
+    lift = r == 1
+    if lift:
+        x = ctx.reshape(x, ctx.shape(x)[:2] + (1,) + ctx.shape(x)[2:])
+        w = w[:, :, None, :]
+        dl = (1,) + dl
+    cin_g, cout_g = s[1] // group, w.shape[1]
+    outs = []
+    for g in range(group):
+        xg = x if group == 1 else _crop_axis(ctx, x, 1, g * cin_g, (g + 1) * cin_g)
+        wg = np.ascontiguousarray(np.flip(w[g * cin_g : (g + 1) * cin_g], axis=(2, 3)).transpose(1, 0, 2, 3))
+        outs.append(
+            ctx.emit(
+                "conv2d",
+                (xg,),
+                {"weight": wg, "bias": np.ascontiguousarray(b[g * cout_g : (g + 1) * cout_g])},
+                out_channels=int(cout_g),
+                kernel=tuple(wg.shape[2:]),
+                dilation=dl,
+            )
+        )
+    y = outs[0] if group == 1 else ctx.emit("concat", tuple(outs), axis=1)
+    return ctx.reshape(y, (s[0], cout) + out) if lift else y
+
+
 # -- normalisations and softmax ----------------------------------------------------------------------------
 
 

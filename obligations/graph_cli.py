@@ -184,6 +184,9 @@ def show_file(args: argparse.Namespace) -> int:
     except (OSError, ValueError, KeyError) as e:
         print(f"kc: error: cannot read the trace input {args.trace}: {e}", file=sys.stderr)
         return EXIT_INVALID
+    if raw is None and args.file.lower().endswith(".onnx"):
+        print("trace: an ONNX model carries no input values: give them, --trace INPUT (a JSON list of tensors)")
+        return EXIT_FAILED
     ins = normalise_inputs(g, raw if raw is not None else ())
     if not isinstance(ins, dict):
         print(f"trace: {ins}")

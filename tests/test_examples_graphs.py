@@ -75,3 +75,12 @@ def test_a_refused_onnx_model_does_not_load_and_names_the_node(tmp_path: Path) -
         code = kc(["graph", "check", str(path)])
     want = "ONNX node 0 'bn' (BatchNormalization): attribute training_mode=1 is not supported"
     assert code == 2 and want in err.getvalue(), err.getvalue()
+
+
+def test_trace_of_an_onnx_model_without_input_says_what_to_give() -> None:
+    from obligations.cli import main as kc
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = kc(["graph", "show", str(EXAMPLES / "tiny_cnn.onnx"), "--trace"])
+    assert code == 1 and "give them, --trace INPUT" in out.getvalue(), out.getvalue()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -163,8 +164,13 @@ def test_reshape_shape_computed_from_a_graph_input_is_refused_at_its_node() -> N
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    not os.environ.get("KC_CHECK_ONNX_FIXTURE"),
+    reason="set KC_CHECK_ONNX_FIXTURE=1 to rebuild ONNX's pool cases (~10 s) and compare them with the fixture",
+)
 def test_pool_fixture_equals_fresh_cases(tmp_path: Path) -> None:
-    """The committed pool cases are the ones onnx builds now (slow: ONNX's pure-Python pool reference)."""
+    """The committed pool cases are the ones onnx builds now (slow: ONNX's pure-Python pool reference). The loader
+    uses the fixture only when its recorded onnx version is the installed one, so a stale fixture is never read."""
     fixed = {c.name: c for c in C._fixture_cases() or []}
     assert fixed, "fixture missing or written by another onnx version"
     for mod in C.FIXTURE_MODULES:

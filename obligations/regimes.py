@@ -36,6 +36,7 @@ from typing import Any
 import z3
 
 from obligations import expr as exprlang
+from obligations import z3solve
 from obligations.core import plans
 from obligations.core import symbolic as sym
 from obligations.core.evidence import RegimeEvidence
@@ -104,7 +105,7 @@ class RegimesEngine(Engine):
         s = z3.Solver()
         s.set("rlimit", rlimit)
         s.add(*domain, z3.Not(z3.And(any_regime, *conds)))
-        r = s.check()
+        r = z3solve.check(s)
         evidence = RegimeEvidence(regimes=sorted(regimes), plan=kernel["plan"], rlimit=rlimit)
         if r == z3.unknown:
             return unknown(f"coverage: solver returned unknown ({s.reason_unknown()})", evidence)
@@ -121,7 +122,7 @@ class RegimesEngine(Engine):
             opt.add(*domain, *_bounds(c, item, env), z3_bool(sym.all_of(cond).expr), *conds)
             for sname in order:  # lexicographic: the first symbol matters most
                 opt.minimize(env[sname].expr)
-            res = opt.check()
+            res = z3solve.check(opt)
             if res != z3.sat:
                 missing.append(name if res == z3.unsat else f"{name} (solver: {res})")
                 continue
@@ -244,7 +245,7 @@ def _satisfiable(constraints: list[Any]) -> str:
     s = z3.Solver()
     s.set("timeout", 60_000)
     s.add(*constraints)
-    return str(s.check())
+    return str(z3solve.check(s))
 
 
 def _smallest(constraints: list[Any], env: Mapping[str, Any], order: list[str]) -> dict[str, int | bool] | str:
@@ -254,7 +255,7 @@ def _smallest(constraints: list[Any], env: Mapping[str, Any], order: list[str]) 
     opt.add(*constraints)
     for sname in order:
         opt.minimize(env[sname].expr)
-    res = opt.check()
+    res = z3solve.check(opt)
     if res != z3.sat:
         return str(res)
     m = opt.model()

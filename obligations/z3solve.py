@@ -46,6 +46,7 @@ __all__ = [
     "query_text",
     "solver_params",
     "solve",
+    "check",
     "minimise",
     "perturbed",
     "solve_in_fresh_process",
@@ -141,6 +142,18 @@ def _stopped() -> None:
     reason = cancel.stop_requested()
     if reason is not None:
         raise cancel.StopRequested(reason)
+
+
+def check(s: z3.Solver | z3.Optimize) -> Any:
+    """``s.check()`` that a Ctrl-C or a stop request interrupts at once and that raises, never returning their
+    ``unknown`` (Z3's own Ctrl-C handler off; the check in a helper thread, as in :func:`solve`)."""
+    s.set("ctrl_c", False)
+    r = _checked(s.ctx, s.check)
+    if r == z3.unknown:
+        _stopped()
+        if s.reason_unknown() in ("interrupted from keyboard", "interrupted"):
+            raise KeyboardInterrupt
+    return r
 
 
 def _rlimit_used(stats: z3.Statistics) -> int | None:

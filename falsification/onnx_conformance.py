@@ -47,6 +47,7 @@ __all__ = [
     "node_by_node",
     "FIXTURE",
     "LOW_PRECISION",
+    "REFERENCE_DISAGREES",
 ]
 
 U = 2.0**-24
@@ -238,6 +239,7 @@ TOLERANCES.update(
         "MatMul": _dot(lambda ins, w: float(ins[0].shape[-1]), "the inner dimension"),
         "Gemm": _dot(lambda ins, w: float(max(ins[0].shape)), "the inner dimension"),
         "Conv": _dot(_conv_k, "Cin kh kw"),
+        "Resize": _dot(lambda ins, w: 2.0 * max(ins[0].shape) + 8, "2 max(input dims) + 8 (taps, two axes)"),
         "ConvTranspose": _dot(lambda ins, w: float(np.prod(ins[1].shape)), "Cin Cout kh kw"),
         "AveragePool": _dot(_numel_in, "the window size"),
         "GlobalAveragePool": _dot(_numel_in, "H W"),
@@ -265,6 +267,16 @@ LOW_PRECISION: dict[str, tuple[str, float]] = {
         "expected values written with 4 decimals (within 1e-4)",
         1e-4,
     ),
+}
+
+
+# Cases whose stored expected outputs differ from ONNX's own reference evaluator (onnx.reference) on the same model
+# beyond the op's tolerance: the case module computes them with another helper (cubic resize by sizes: its own
+# interpolate_nd, 40-60 ulp away from the op's separable float64 reference). They are judged against the reference
+# evaluator, and the harness checks that the two ONNX answers do disagree (else the entry is stale: an error).
+REFERENCE_DISAGREES: dict[str, str] = {
+    "test_resize_downsample_sizes_cubic": "the case's interpolate_nd output differs from onnx.reference's Resize",
+    "test_resize_upsample_sizes_cubic": "the case's interpolate_nd output differs from onnx.reference's Resize",
 }
 
 
@@ -409,6 +421,17 @@ def run_case(case: Any) -> CaseResult:
         return CaseResult(case.name, op, "error", str(res))
     tol = TOLERANCES.get(op, _BIT)
     worst = "bitwise"
+    note = ""
+    if case.name in REFERENCE_DISAGREES:
+        from onnx.reference import ReferenceEvaluator
+
+        feed = {i.name: a for i, a in zip(case.model.graph.input, ins, strict=False)}
+        ref = [np.asarray(v, np.float32) for v in ReferenceEvaluator(case.model).run(None, feed)]
+        gap = max(int(ulp_distance(r, w).max(initial=0)) for r, w in zip(ref, outs, strict=True))
+        if gap <= 8:
+            return CaseResult(case.name, op, "error", f"REFERENCE_DISAGREES entry is stale: only {gap} ulp apart")
+        outs = ref
+        note = f"judged against onnx.reference ({REFERENCE_DISAGREES[case.name]}, up to {gap} ulp); "
     for k, want in enumerate(outs):
         if k >= len(imp.outputs):
             return CaseResult(case.name, op, "mismatch", f"output {k} not imported")
@@ -439,7 +462,7 @@ def run_case(case: Any) -> CaseResult:
             )
         worst = "within"
     why = LOW_PRECISION[case.name][0] if case.name in LOW_PRECISION else tol.statement
-    return CaseResult(case.name, op, worst, "" if worst == "bitwise" else why)
+    return CaseResult(case.name, op, worst, note + ("" if worst == "bitwise" else why))
 
 
 @dataclass(frozen=True)

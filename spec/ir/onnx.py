@@ -726,6 +726,145 @@ def _conv_transpose(ctx: _Ctx, node: Any) -> int:
     return ctx.reshape(y, (s[0], cout) + out) if lift else y
 
 
+def _take(ctx: _Ctx, x: int, axis: int, idx: Any) -> int:
+    """x[..., idx, ...] along ``axis`` (bit copies): runs of equally spaced ascending indices become one slice."""
+    idx = [int(i) for i in np.asarray(idx).reshape(-1)]
+    if not idx:
+        raise ctx.fail("a gather of no index")
+    parts, i = [], 0
+    while i < len(idx):
+        j, step = i + 1, (idx[i + 1] - idx[i]) if i + 1 < len(idx) else 1
+        if step >= 1:
+            while j < len(idx) and idx[j] - idx[j - 1] == step:
+                j += 1
+        else:
+            step = 1
+        start, stop = idx[i], idx[j - 1] + 1
+        dim = ctx.shape(x)[axis]
+        if (start, stop, step) != (0, dim, 1):
+            parts.append(ctx.emit("slice", (x,), axis=axis, start=start, stop=stop, step=step))
+        else:
+            parts.append(x)
+        i = j
+    return parts[0] if len(parts) == 1 else ctx.emit("concat", tuple(parts), axis=axis)
+
+
+def _reference_resize(ctx: _Ctx, node: Any, x: np.ndarray, extra: Mapping[str, Any]) -> np.ndarray:
+    """ONNX's reference Resize of the constant ``x`` with the node's attributes updated by ``extra`` (its inputs
+    roi/scales/sizes in ``extra['inputs']``): how the op's own definition places every output on the input grid."""
+    import onnx
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    attrs = {**_attrs(node), **{k: v for k, v in extra.items() if k != "inputs"}}
+    names = ["X", "roi", "scales", "sizes"]
+    feeds = {"X": x, **{n: v for n, v in extra["inputs"].items() if v is not None}}
+    ins = [n if n in feeds else "" for n in names]
+    while ins and not ins[-1]:
+        ins.pop()
+    single = helper.make_node("Resize", ins, ["Y"], **{k: v for k, v in attrs.items() if v is not None})
+    try:
+        return np.asarray(ReferenceEvaluator(single, opsets={"": max(ctx.opset, 19)}).run(None, feeds)[0])
+    except Exception as e:  # noqa: BLE001 - ONNX's reference refusing these attributes is a refusal at the node
+        raise ctx.fail(f"Resize: ONNX's reference cannot place these windows: {type(e).__name__}: {e}") from None
+    finally:
+        del onnx
+
+
+@onnx_op("Resize")
+def _resize(ctx: _Ctx, node: Any) -> int:
+    # Resize is separable and linear in x: nearest is a gather (each output one input element, found by running ONNX's
+    # reference on the element indices), linear and cubic per axis y = sum_t c_t[o] x[i_t[o]] with the taps and
+    # coefficients ONNX's reference gives on an identity (rounded to binary32; products and adds rounded, t ascending).
+    a = _only(
+        node,
+        {
+            "mode": ("nearest", "linear", "cubic"),
+            "coordinate_transformation_mode": None,
+            "cubic_coeff_a": None,
+            "exclude_outside": (0, 1),
+            "extrapolation_value": None,
+            "nearest_mode": None,
+            "antialias": (0, 1),
+            "axes": None,
+            "keep_aspect_ratio_policy": None,
+        },
+        ctx,
+    )
+    x = ctx.value(node.input[0])
+    s = ctx.shape(x)
+    const = {}
+    for i, n in ((1, "roi"), (2, "scales"), (3, "sizes")):
+        if _input(node, i):
+            v = np.asarray(ctx.consts(node.input[i], f"Resize {n}"))
+            const[n] = v if v.size else None
+        else:
+            const[n] = None
+    zeros = _reference_resize(ctx, node, np.zeros(s, np.float32), {"inputs": const})
+    out = tuple(int(d) for d in zeros.shape)
+    mode = _plain(a.get("mode", "nearest"))
+    total = _prod(s)
+    if mode == "nearest":
+        if total >= 1 << 24:
+            raise ctx.fail(f"Resize nearest of {total} elements: indices beyond binary32's exact integers")
+        where = _reference_resize(ctx, node, np.arange(total, dtype=np.float32).reshape(s), {"inputs": const})
+        flat = ctx.reshape(x, (1, total))
+        return ctx.reshape(_take(ctx, flat, 1, where.astype(np.int64).reshape(-1)), out)
+    if _plain(a.get("keep_aspect_ratio_policy", "stretch")) != "stretch":
+        raise ctx.fail("attribute keep_aspect_ratio_policy with linear/cubic mode is not supported")
+    axes = [int(v) % len(s) for v in a.get("axes", range(len(s)))]
+    y = x
+    for k, ax in enumerate(axes):
+        n_in, n_out = s[ax], out[ax]
+        sub: dict[str, Any] = {"roi": None, "scales": None, "sizes": None}
+        if const["scales"] is not None:
+            sub["scales"] = np.asarray([const["scales"].reshape(-1)[k if "axes" in a else ax]], np.float32)
+        if const["sizes"] is not None:
+            sub["sizes"] = np.asarray([n_out], np.int64)
+        if const["roi"] is not None:
+            r = const["roi"].reshape(-1)
+            half = r.size // 2
+            j = k if "axes" in a else ax
+            sub["roi"] = np.asarray([r[j], r[half + j]], r.dtype)
+        eye = np.eye(n_in, dtype=np.float32)
+        base = _reference_resize(
+            ctx, node, np.zeros_like(eye), {"inputs": sub, "axes": [1], "keep_aspect_ratio_policy": None}
+        )
+        coef = (
+            _reference_resize(ctx, node, eye, {"inputs": sub, "axes": [1], "keep_aspect_ratio_policy": None}) - base
+        ).T
+        if coef.shape != (n_out, n_in):
+            raise ctx.fail(f"Resize axis {ax}: the per-axis reference gives {list(coef.shape)}, not [{n_out}, {n_in}]")
+        if n_in == n_out and np.array_equal(coef, np.eye(n_in, dtype=coef.dtype)):
+            continue
+        taps = max(int((coef != 0).sum(axis=1).max(initial=0)), 1)
+        idx = np.zeros((n_out, taps), np.int64)
+        w = np.zeros((n_out, taps), np.float32)
+        for o in range(n_out):
+            nz = np.flatnonzero(coef[o])
+            fill = nz[0] if nz.size else 0
+            idx[o] = np.concatenate([nz, np.full(taps - nz.size, fill)])
+            w[o, : nz.size] = coef[o, nz]
+        shape = tuple(n_out if i == ax else 1 for i in range(len(s)))
+        acc = None
+        for t in range(taps):
+            g = _take(ctx, y, ax, idx[:, t])
+            c = ctx.broadcast_to(ctx.const(w[:, t].reshape(shape)), ctx.shape(g))
+            term = ctx.emit("mul_elem", (c, g))
+            acc = term if acc is None else ctx.emit("add", (acc, term))
+        y = acc
+    fill = float(a.get("extrapolation_value", 0.0))
+    outside = zeros != 0
+    if fill != 0.0 and outside.any():  # tf_crop_and_resize: positions outside the roi take the extrapolation value
+        y = ctx.emit(
+            "where",
+            (ctx.const(outside.astype(np.float32)), ctx.broadcast_to(ctx.scalar(fill), out), y),
+        )
+    if ctx.shape(y) != out:
+        raise ctx.fail(f"Resize: composed shape {list(ctx.shape(y))} differs from ONNX's {list(out)}")
+    return y
+
+
 # -- normalisations and softmax ----------------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from obligations.reporting import libm_table
 from obligations.reporting.evidence import Fact
-from obligations.reporting.model import STATUSES, contract_summary, status_style
+from obligations.reporting.model import GATE_EXPECTED, STATUSES, contract_summary, gate_verdict, status_style
 from obligations.reporting.plots import MISSING_MATPLOTLIB, plots_available
 from obligations.reporting.provenance import stamp_line
 from obligations.reporting.views import (
@@ -24,8 +24,14 @@ from obligations.reporting.views import (
 
 __all__ = ["render_contract_html", "render_index_html", "gate_verdict_html"]
 
-# The QA gate verdict's colour: green passed, red not passed, grey not evaluated.
-_GATE_COLOURS = {"passed": "#1a7f37", "not passed": "#cf222e", "not evaluated": "#57606a"}
+# The QA gate verdict's colour: green passed, red not passed, grey not evaluated, and the colour of
+# violated_expected for a gate whose only shortfall is documented deviations.
+_GATE_COLOURS = {
+    "passed": "#1a7f37",
+    "not passed": "#cf222e",
+    "not evaluated": "#57606a",
+    GATE_EXPECTED: status_style("violated_expected").colour,
+}
 
 PlotImages = Mapping[tuple[str, str], bytes]
 
@@ -42,7 +48,11 @@ figcaption{color:#57606a;font-size:.9rem} img.plot{max-width:100%;height:auto;bo
 math{font-size:1.1rem} .clause{margin:.3rem 0;overflow-wrap:anywhere} .note{color:#57606a;font-style:italic}
 .clause math{display:inline-block;max-width:100%;overflow-x:auto;vertical-align:middle}
 code{overflow-wrap:anywhere;word-break:break-word} pre{white-space:pre-wrap;overflow-wrap:anywhere}
-td,th{overflow-wrap:anywhere} .gate{font-weight:700;padding:.1rem .5rem;border-radius:4px;color:#fff}
+td{overflow-wrap:anywhere} .gate{font-weight:700;padding:.1rem .5rem;border-radius:4px;color:#fff}
+th{overflow-wrap:normal;word-break:normal;hyphens:none} thead th{white-space:nowrap}
+table.contracts td,table.items td,table.summary td{overflow-wrap:normal;word-break:normal}
+table.contracts td:first-child,table.items td:first-child{white-space:nowrap}
+.wide{overflow-x:auto;max-width:100%} .gate{display:inline-block;white-space:nowrap}
 """.strip()
 
 
@@ -162,9 +172,11 @@ def render_contract_html(
         f" · checked {escape(str(prov.get('started', '?')))} on "
         f"{escape(str(device.get('name') or device.get('kind') or '?'))}</p>",
         "<h2>Summary</h2>",
-        '<table class="summary"><thead><tr>' + "".join(f"<th>{escape(k)}</th>" for k in keys) + "</tr></thead>"
-        "<tbody><tr>" + "".join(f"<td>{counts.get(k, 0)}</td>" for k in keys) + "</tr></tbody></table>",
-        '<table class="items"><thead><tr><th>Item</th><th>Type</th><th>Method</th><th>Status</th>'
+        '<div class="wide"><table class="summary"><thead><tr>'
+        + "".join(f"<th>{escape(k)}</th>" for k in keys)
+        + "</tr></thead>"
+        "<tbody><tr>" + "".join(f"<td>{counts.get(k, 0)}</td>" for k in keys) + "</tr></tbody></table></div>",
+        '<div class="wide"><table class="items"><thead><tr><th>Item</th><th>Type</th><th>Method</th><th>Status</th>'
         "<th>Claim</th>"
         "</tr></thead><tbody>",
     ]
@@ -174,12 +186,12 @@ def render_contract_html(
             f"<td>{escape(v.type)}</td><td>{escape(v.method)}</td><td>{_status(v.status)}</td>"
             f"<td>{escape(v.claim_label)}</td></tr>"
         )
-    out.append("</tbody></table>")
+    out.append("</tbody></table></div>")
     gate = qa_gate_facts(contract)
     if gate:
         out += [
             "<h2>QA gate</h2>",
-            f"<p>Verdict: {gate_verdict_html(contract.get('qa_gate_status'))}</p>",
+            f"<p>Verdict: {gate_verdict_html(gate_verdict(contract))}</p>",
             *_facts_table(gate, "qa-gate", ("QA gate", "Value")),
         ]
     coverage = coverage_facts(contract)
@@ -218,7 +230,7 @@ def render_index_html(result: Mapping[str, Any], *, html_pages: bool = True) -> 
         f'<p class="meta">checked {escape(str(prov.get("started", "?")))} on '
         f"{escape(str(device.get('name') or device.get('kind') or '?'))}"
         f" · profile {escape(str(prov.get('profile') or '?'))}</p>",
-        '<table class="contracts"><thead><tr><th>Contract</th><th>Family</th><th>Version</th>'
+        '<div class="wide"><table class="contracts"><thead><tr><th>Contract</th><th>Family</th><th>Version</th>'
         + "".join(f"<th>{escape(k)}</th>" for k in STATUSES)
         + "<th>QA gate</th></tr></thead><tbody>",
     ]
@@ -230,9 +242,9 @@ def render_index_html(result: Mapping[str, Any], *, html_pages: bool = True) -> 
             f"<tr><td>{name}</td><td>{escape(str(c.get('family', '')))}</td>"
             f"<td>{escape(str(c.get('version', '')))}</td>"
             + "".join(f"<td>{counts.get(k, 0)}</td>" for k in STATUSES)
-            + f"<td>{gate_verdict_html(c.get('qa_gate_status'))}</td></tr>"
+            + f"<td>{gate_verdict_html(gate_verdict(c))}</td></tr>"
         )
-    out += ["</tbody></table>", "</body></html>"]
+    out += ["</tbody></table></div>", "</body></html>"]
     return "\n".join(out) + "\n"
 
 

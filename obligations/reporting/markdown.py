@@ -14,7 +14,7 @@ from typing import Any
 
 from obligations.reporting import libm_table
 from obligations.reporting.evidence import Fact
-from obligations.reporting.model import STATUSES, contract_summary
+from obligations.reporting.model import STATUSES, contract_summary, gate_verdict
 from obligations.reporting.plots import MISSING_MATPLOTLIB, plots_available
 from obligations.reporting.provenance import stamp_line
 from obligations.reporting.views import (
@@ -221,7 +221,7 @@ def render_index_markdown(result: Mapping[str, Any], *, html: bool = True) -> st
             f"| [{_cell(c['id'])}]({_link(c['id'] + '.md')}) | {_cell(c.get('family', ''))} | "
             f"{_cell(c.get('version', ''))} | "
             + " | ".join(str(counts[s]) for s in STATUSES)
-            + f" | {_cell(c.get('qa_gate_status') or 'n/a')} | {pages} |"
+            + f" | {_cell(gate_verdict(c))} | {pages} |"
         )
     attention = [
         (c, i) for c in contracts for i in c.get("items", []) if i["status"] in ("violated", "error", "inconclusive")

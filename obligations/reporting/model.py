@@ -19,6 +19,8 @@ __all__ = [
     "register_claim",
     "describe_claim",
     "claim_label",
+    "GATE_EXPECTED",
+    "gate_verdict",
 ]
 
 STATUSES: tuple[str, ...] = (
@@ -64,6 +66,23 @@ _STATUS_STYLES: dict[str, StatusStyle] = {
 def status_style(status: str) -> StatusStyle:
     """The display style of ``status``; an unregistered status is shown neutrally, never as passing."""
     return _STATUS_STYLES.get(status, StatusStyle(status, "?", "#57606a", False))
+
+
+# The gate verdict when every required item has evidence or is a declared, reproduced deviation (and one is).
+GATE_EXPECTED = "passed with expected deviations"
+_EVIDENCED = frozenset({"proved", "exhausted", "passed"})
+
+
+def gate_verdict(contract: Mapping[str, Any]) -> str:
+    """The QA gate verdict a report shows: the run's, except that required items whose only shortfall is a
+    documented deviation (``violated_expected``) read as expected deviations, not as a broken kernel."""
+    status = str(contract.get("qa_gate_status") or "not evaluated")
+    if status != "not passed":
+        return status
+    statuses = {str(i.get("id")): str(i.get("status")) for i in contract.get("items", [])}
+    required = [statuses.get(str(r)) for r in (contract.get("qa_gate") or {}).get("requires", [])]
+    short = [s for s in required if s not in _EVIDENCED]
+    return GATE_EXPECTED if short and all(s == "violated_expected" for s in short) else status
 
 
 _REQUIRED_TOP: dict[str, type | tuple[type, ...]] = {

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from obligations.reporting.evidence import Fact, evidence_facts
-from obligations.reporting.model import StatusStyle, claim_label, describe_claim, status_style
+from obligations.reporting.model import StatusStyle, claim_label, describe_claim, gate_verdict, status_style
 from obligations.reporting.plots import PlotKind, plots_for
 from obligations.reporting.provenance import ContractRef, ReportStamp, current_tool_version, evidence_level
 from obligations.reporting.statement import RenderedStatement, render_statement
@@ -163,7 +163,7 @@ def qa_gate_facts(contract: Mapping[str, Any]) -> list[Fact]:
     if gate.get("description"):
         rows.append(Fact("Description", str(gate["description"])))
     rows.append(Fact("Requires", ", ".join(required) or "nothing"))
-    rows.append(Fact("Status", str(contract.get("qa_gate_status") or "not evaluated")))
+    rows.append(Fact("Status", gate_verdict(contract)))
     return rows
 
 

@@ -220,3 +220,28 @@ def test_attention_tolerance_catches_a_planted_causal_frontier(monkeypatch: pyte
     cases = ["test_attention_4d_causal", "test_attention_4d"]
     got = {r.name: r.status for r in C.run_conformance(["Attention"], names=cases)}
     assert got["test_attention_4d_causal"] == "mismatch" and got["test_attention_4d"] != "mismatch", got
+
+
+def test_token_ids_index_an_embedding_table() -> None:
+    """An int64 graph input feeding Gather on a constant 2-d table is the IR's embedding (the ids carried as binary32
+    values); used as data, it is refused at its node."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from spec.ir.denote import denote
+
+    table = np.arange(12, dtype=np.float32).reshape(4, 3) - 5.5
+    g = helper.make_graph(
+        [helper.make_node("Gather", ["E", "ids"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, 3])],
+        [numpy_helper.from_array(table, "E")],
+    )
+    imp = import_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    assert [n.kind for n in imp.graph.nodes] == ["input", "embedding", "relu"]
+    ids = np.array([[3, 0, 2, 2, 1]])
+    y = denote(imp.graph, imp.payload, [ids.astype(np.float32)], imp.output).value
+    assert np.array_equal(y, np.maximum(table[ids], 0))
+    g.node[1].input[0] = "ids"
+    with pytest.raises(OnnxImportError, match=r"ONNX node 1 .*integer graph input 'ids' used as data"):
+        import_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))

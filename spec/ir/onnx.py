@@ -68,6 +68,7 @@ class _Ctx:
         self.node: Any = None
         self.index = 0
         self.opset = 13
+        self.index_inputs: set[str] = set()  # integer graph inputs, carried as binary32 values (indices only)
 
     def fail(self, msg: str) -> OnnxImportError:
         return OnnxImportError(msg, self.index, self.node.name, self.node.op_type)
@@ -115,6 +116,8 @@ class _Ctx:
 
     def value(self, name: str) -> int:
         """The IR node of tensor ``name`` (a float32 constant used as data becomes a const node)."""
+        if name in self.index_inputs:
+            raise self.fail(f"integer graph input {name!r} used as data (only as Gather indices into a constant table)")
         if name in self.ids:
             return self.ids[name]
         if name in self.inits:
@@ -1244,6 +1247,11 @@ def _pad(ctx: _Ctx, node: Any) -> int:
 @onnx_op("Gather")
 def _gather(ctx: _Ctx, node: Any) -> int:
     a = _only(node, {"axis": None}, ctx)
+    if node.input[1] in ctx.index_inputs:  # token ids into an embedding table: the IR's embedding op
+        table = ctx.init(node.input[0], "Gather data indexed by a graph input")
+        if table.ndim != 2 or int(a.get("axis", 0)) % 2 != 0:
+            raise ctx.fail(f"Gather by graph-input indices needs a 2-d table on axis 0, got {list(table.shape)}")
+        return ctx.emit("embedding", (ctx.ids[node.input[1]],), {"table": table}, dim=int(table.shape[1]))
     x = ctx.value(node.input[0])
     s = ctx.shape(x)
     ax = int(a.get("axis", 0))
@@ -1503,12 +1511,15 @@ def _fold(ctx: _Ctx, node: Any) -> bool:
 # -- the import -----------------------------------------------------------------------------------------
 
 
+INDEX_TYPES = (6, 7)  # onnx.TensorProto.INT32, INT64: token ids and other indices
+
+
 def _static_shape(vi: Any) -> tuple[int, ...]:
     import onnx
 
     t = vi.type.tensor_type
-    if t.elem_type != onnx.TensorProto.FLOAT:
-        raise OnnxImportError(f"graph input {vi.name!r}: element type {t.elem_type} is not float32")
+    if t.elem_type != onnx.TensorProto.FLOAT and t.elem_type not in INDEX_TYPES:
+        raise OnnxImportError(f"graph input {vi.name!r}: element type {t.elem_type} is neither float32 nor int32/int64")
     dims = []
     for d in t.shape.dim:
         if not d.HasField("dim_value"):
@@ -1535,6 +1546,8 @@ def import_onnx(model: Any) -> Imported:
         if vi.name in ctx.inits:
             continue
         ctx.ids[vi.name] = ctx.b.add("input", (), _static_shape(vi))
+        if vi.type.tensor_type.elem_type in INDEX_TYPES:
+            ctx.index_inputs.add(vi.name)
     for i, node in enumerate(g.node):
         ctx.node, ctx.index = node, i
         if node.domain not in ("", "ai.onnx"):

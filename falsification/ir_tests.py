@@ -579,9 +579,7 @@ def _window_lengths(op: str) -> Callable[[tuple], tuple[np.ndarray, np.ndarray]]
         attrs.update({"out_channels": 1, "dilation": (1, dilation)} if op == "conv2d" else {"mode": "max"})
         out = get_op(op).shape_rule(((1, 1, 1, size),), attrs, ())[-1]  # ShapeRuleError past a limit
         g = GraphBuilder()
-        params = (
-            {"params": {"weight": np.ones((1, 1, 1, kernel)), "bias": np.zeros(1)}} if op == "conv2d" else {}
-        )
+        params = {"params": {"weight": np.ones((1, 1, 1, kernel)), "bias": np.zeros(1)}} if op == "conv2d" else {}
         g.add(op, (g.add("input", (), (1, 1, 1, size)),), (1, 1, 1, out), **params, **attrs)
         graph, payload = g.build()
         x = np.arange(size, dtype=np.float32).reshape(1, 1, 1, size)

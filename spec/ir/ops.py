@@ -210,9 +210,7 @@ def window_plan(
     """
     span = dilation * (kernel - 1) + 1
     padded = size + pad_begin + pad_end
-    valid = all_of(
-        size >= 1, kernel >= 1, stride >= 1, dilation >= 1, pad_begin >= 0, pad_end >= 0, span <= padded
-    )
+    valid = all_of(size >= 1, kernel >= 1, stride >= 1, dilation >= 1, pad_begin >= 0, pad_end >= 0, span <= padded)
     rest = smax(padded - span, 0)
     sstep = smax(stride, 1)
     floor_out = rest // sstep + 1

@@ -216,24 +216,28 @@ def _fusion() -> int:
     def r(*shape: int) -> Any:
         return cupy.asarray(rng.standard_normal(shape).astype(np.float32))
 
-    for rows, d in ((1, 1), (3, 4), (3, 7), (5, 12), (2, 300)):
+    # the plans' regime witnesses: fold tails, a partial tile, a strided copy, a streamed row, a row at max_row
+    for rows, d in ((1, 1), (3, 4), (3, 7), (5, 12), (2, 300), (1, 1028), (1, 4100), (1, fk.MAX_ROW)):
         x, w = r(rows, d), r(d)
         fk.rmsnorm_cuda((fns["rmsnorm"], fns["rmsnorm_rows"]), x, w, 1e-6)
-        fk.rmsnorm_cuda(fns["rmsnorm"], x, w, 1e-6)
-        fk.masked_softmax_cuda(fns["masked_softmax"], x, cupy.zeros((rows, d), cupy.float32))
-        launches += 3
-    for t_len, dim in ((1, 2), (3, 8)):
+        fk.rmsnorm_cuda(fns["rmsnorm"], x, w, 1e-6, max_grid=1)  # one persistent block loops over the rows
+        for block in (32, fk.ROW_BLOCK):
+            fk.masked_softmax_cuda(fns["masked_softmax"], x, cupy.zeros((rows, d), cupy.float32), block=block)
+        launches += 4
+    for t_len, dim in ((1, 2), (3, 8), (33, 2)):
         half = dim // 2
         c, s = r(t_len, half), r(t_len, half)
         fk.rope_cuda(fns["rope"], r(2, t_len, dim), c, s)
-        launches += 1
+        fk.rope_cuda(fns["rope"], r(2, t_len, dim), c, s, block=32, max_grid=1)  # the grid-stride loop
+        launches += 2
     table = r(5, 3)
     fk.embedding_cuda(fns["embedding"], cupy.asarray(np.array([0, 4, 2], np.float32)), table)
+    fk.embedding_cuda(fns["embedding"], cupy.asarray(np.full(33, 4, np.float32)), table, block=32, max_grid=1)
     try:
         fk.embedding_cuda(fns["embedding"], cupy.asarray(np.array([5], np.float32)), table)
     except ValueError:
         pass  # the guard's rejection one past the table: the error flag, never a read
-    launches += 2
+    launches += 3
     cupy.cuda.runtime.deviceSynchronize()
     return launches
 

@@ -36,7 +36,7 @@ from spec import norm as ref
 __all__ = ["NormCase", "MIX_NAMES", "HOST_ONLY"]
 
 U = 2.0**-24
-MIX_NAMES: tuple[str, ...] = ("moderate", "narrow", *sorted(MIXES))
+MIX_NAMES: tuple[str, ...] = ("moderate", "narrow", *sorted(MIXES), "ties")
 # x (softmax backward: y) / dy magnitudes of the backward bound items; no product overflows binary32
 BWD_MIXES: tuple[str, ...] = (
     "moderate/moderate",
@@ -105,6 +105,10 @@ _SCALES: dict[str, tuple[int, int]] = {
 
 
 def _bits(seed: int, n: int, mix: str) -> np.ndarray:
+    if mix == "ties":  # rows of several equal maxima (+-0, infinities, ones) or several NaNs: the row max's choice
+        from falsification.reductions_tests import tie_floats
+
+        return tie_floats(seed, n)
     if mix in _SCALES:
         lo, hi = _SCALES[mix]
         rng = np.random.default_rng(seed)
@@ -229,6 +233,7 @@ def _check(
             NormCase(ctx.seed + 1, 0, 1, 1, 8),
             NormCase(ctx.seed + 2, min(1, len(mixes) - 1), 2, 40, 8),
             NormCase(ctx.seed + 3, min(1, len(mixes) - 1), 3, 23, 6),
+            *_tie_cases(mixes),
             *more,
         ),
         encode=lambda c: c.ints(),
@@ -248,6 +253,14 @@ def _check(
         },
         **kw,
     )
+
+
+def _tie_cases(mixes: tuple[str, ...]) -> tuple[NormCase, ...]:
+    """Ties for the row maximum: three rows of each tie pool (seed % 3: zeros, NaNs, equal maxima), unmasked and
+    masked; none where the item's mixes have no "ties"."""
+    if "ties" not in mixes:
+        return ()
+    return tuple(NormCase(seed, mixes.index("ties"), 3, 11, density) for seed in (0, 1, 2) for density in (8, 5))
 
 
 @register_test("norm.bitwise")

@@ -171,14 +171,14 @@ def _fft(device: str = "cuda") -> int:
 
 @register_workload("scan")
 def _scan(device: str = "cuda") -> int:
-    """Forward (sequential and chunked, float32 and float64) and VJP: one step, one partial chunk, whole chunks, a
-    partial last chunk."""
+    """Forward (sequential and chunked, float32 and float64) and VJP at SCAN-REGIMES' paths: no step, one partial
+    chunk, whole chunks, a partial last chunk."""
     from native import scan
 
     xp = _xp(device)
     rng = np.random.default_rng(0)
     launches = 0
-    for length, dd, nn, chunk in ((1, 1, 1, 2), (3, 2, 3, 4), (8, 3, 2, 4), (11, 2, 3, 4)):
+    for length, dd, nn, chunk in ((0, 2, 2, 4), (1, 1, 1, 2), (3, 2, 3, 4), (8, 3, 2, 4), (11, 2, 3, 4)):
         x, raw = (xp.asarray(rng.standard_normal((length, dd)).astype(np.float32)) for _ in range(2))
         A = xp.asarray(-rng.uniform(0.5, 2, (dd, nn)).astype(np.float32))
         B, C = (xp.asarray(rng.standard_normal((length, nn)).astype(np.float32)) for _ in range(2))

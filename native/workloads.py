@@ -134,8 +134,12 @@ def _attention(device: str = "cuda") -> int:
     launches = 0
     # (B, Hq, Hkv, Lq, Lk, D): one row and one key; a partial query tile past BR rows with a key tail past BC
     # (tiled VJP, D 64); GQA with D 80 (padded to 128: the row VJP kernels); an empty query.
-    for b, hq, hkv, lq, lk, d in ((1, 1, 1, 1, 1, 64), (1, 2, 1, att.BR + 3, att.BC + 5, 64), (2, 4, 2, 5, 7, 80),
-                                  (1, 1, 1, 0, 3, 16)):
+    for b, hq, hkv, lq, lk, d in (
+        (1, 1, 1, 1, 1, 64),
+        (1, 2, 1, att.BR + 3, att.BC + 5, 64),
+        (2, 4, 2, 5, 7, 80),
+        (1, 1, 1, 0, 3, 16),
+    ):
         q = xp.asarray(rng.standard_normal((b, hq, lq, d)).astype(np.float32))
         k, v = (xp.asarray(rng.standard_normal((b, hkv, lk, d)).astype(np.float32)) for _ in range(2))
         lens = np.minimum(np.arange(b) + lk // 2, lk)  # a length at and one below the key count
@@ -143,8 +147,14 @@ def _attention(device: str = "cuda") -> int:
             out, lse = att.attention(q, k, v, causal=causal, kv_lens=kv_lens, device=device)
             dout = xp.asarray(rng.standard_normal(out.shape).astype(np.float32))
             att.attention_vjp(q, k, v, out, lse, dout, causal=causal, kv_lens=kv_lens, device=device)
-            att.attention(q.astype(np.float16), k.astype(np.float16), v.astype(np.float16), causal=causal,
-                          kv_lens=kv_lens, device=device)
+            att.attention(
+                q.astype(np.float16),
+                k.astype(np.float16),
+                v.astype(np.float16),
+                causal=causal,
+                kv_lens=kv_lens,
+                device=device,
+            )
             launches += 4
     _sync(device)
     return launches

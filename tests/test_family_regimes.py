@@ -69,9 +69,9 @@ def test_a_guard_that_lets_an_index_past_the_table_through_is_caught(monkeypatch
         return real(g, p, inputs, device, **kw)
 
     monkeypatch.setattr(nf, "run_program", wrapping)
-    it = check_contract(
-        ROOT / "contracts" / "fusion-v1.yaml", only=["FUSION-EMBED-regimes", "FUSION-EMBED-witnesses"]
-    )["items"]
+    it = check_contract(ROOT / "contracts" / "fusion-v1.yaml", only=["FUSION-EMBED-regimes", "FUSION-EMBED-witnesses"])[
+        "items"
+    ]
     bad = {i["id"]: i for i in it}["FUSION-EMBED-witnesses"]
     assert bad["status"] == "violated" and bad["counterexample"]["kind"] == "guard", bad.get("counterexample")
 

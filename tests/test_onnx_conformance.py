@@ -245,3 +245,42 @@ def test_token_ids_index_an_embedding_table() -> None:
     g.node[1].input[0] = "ids"
     with pytest.raises(OnnxImportError, match=r"ONNX node 1 .*integer graph input 'ids' used as data"):
         import_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_a_causal_mask_built_from_constants_folds_to_a_const() -> None:
+    """Shape of an initializer -> Gather -> Range -> Unsqueeze x 2 -> Less -> Where(-inf, 0): exporters' mask
+    arithmetic folds (exact: shapes, comparisons, selection) and only the Add of the data remains."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from spec.ir.denote import denote
+
+    nodes = [
+        helper.make_node("Shape", ["pos"], ["ps"]),
+        helper.make_node("Gather", ["ps", "zero"], ["t"], axis=0),
+        helper.make_node("Range", ["zero", "t", "one"], ["r"]),
+        helper.make_node("Unsqueeze", ["r", "ax1"], ["ri"]),
+        helper.make_node("Unsqueeze", ["r", "ax0"], ["rj"]),
+        helper.make_node("Less", ["ri", "rj"], ["m"]),
+        helper.make_node("Where", ["m", "ninf", "zf"], ["bias"]),
+        helper.make_node("Add", ["x", "bias"], ["y"]),
+    ]
+    arrays = {
+        "pos": np.zeros((3, 2), np.float32),
+        "zero": np.array(0, np.int64),
+        "one": np.array(1, np.int64),
+        "ax1": np.array([1], np.int64),
+        "ax0": np.array([0], np.int64),
+        "ninf": np.array(-np.inf, np.float32),
+        "zf": np.array(0, np.float32),
+    }
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 3])],
+        [numpy_helper.from_array(v, k) for k, v in arrays.items()],
+    )
+    imp = import_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    assert [n.kind for n in imp.graph.nodes] == ["input", "const", "add"]
+    y = denote(imp.graph, imp.payload, [np.ones((3, 3), np.float32)], imp.output).value
+    assert np.array_equal(y, np.where(np.triu(np.ones((3, 3)), 1) > 0, -np.inf, 1).astype(np.float32))

@@ -1458,8 +1458,8 @@ def _attention_onnx(ctx: _Ctx, node: Any) -> tuple[int, ...]:
 # arithmetic on constants is not folded: it is imported (const nodes and IR ops) and means what the IR says.
 _MOVE_OPS = frozenset(
     "Identity Reshape Transpose Concat Gather Slice Squeeze Unsqueeze Expand Split Tile Where ConstantOfShape "
-    "Flatten".split()
-)
+    "Flatten Shape Size Equal Less Greater LessOrEqual GreaterOrEqual Not And Or IsNaN IsInf".split()
+)  # (comparisons are exact on any type)
 _INT_OPS = frozenset(
     "Add Sub Mul Div Neg Abs Equal Less Greater LessOrEqual GreaterOrEqual Not And Or Range Min Max Floor Ceil "
     "ReduceProd ReduceSum ReduceMax ReduceMin Cast Mod Sign Trilu".split()

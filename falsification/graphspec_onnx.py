@@ -116,7 +116,7 @@ EXPORTERS: dict[str, Exporter] = {
 
 
 def export(
-    g: gs.Graph, params: Sequence[np.ndarray], unsupported_at: int | None = None, unsupported_op: str = "Mish"
+    g: gs.Graph, params: Sequence[np.ndarray], unsupported_at: int | None = None, unsupported_op: str = "Elu"
 ) -> onnx.ModelProto:
     """The model as an ONNX ModelProto (opset 17), optionally with an unsupported node at ``unsupported_at``."""
     low = gs.lower(g, params)

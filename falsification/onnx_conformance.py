@@ -233,6 +233,10 @@ for _op, _n in (("Exp", 2), ("Log", 4), ("Sin", 2), ("Cos", 2), ("Pow", 4), ("Er
     TOLERANCES[_op] = _ulps(_n)
 TOLERANCES["Sigmoid"] = _ulps_or_abs(4, 2.0**-21, "2^-21")
 TOLERANCES["Tanh"] = _ulps_or_abs(4, 2.0**-23, "2^-23")
+TOLERANCES["LeakyRelu"] = TOLERANCES["PRelu"] = _BIT
+TOLERANCES["HardSigmoid"] = TOLERANCES["HardSwish"] = _ulps_or_abs(2, 2.0**-23, "2^-23")
+TOLERANCES["Softplus"] = _ulps_or_abs(8, 2.0**-22, "2^-22")
+TOLERANCES["Mish"] = _ulps_or_abs(16, 2.0**-20, "2^-20")
 TOLERANCES.update(
     {
         "Attention": Tolerance(ATTENTION_STATEMENT, lambda ins, got, want, mag: np.zeros(got.shape, bool)),

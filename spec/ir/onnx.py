@@ -321,6 +321,49 @@ def _clip(ctx: _Ctx, node: Any) -> int:
     return x
 
 
+def _scaled(ctx: _Ctx, x: int, v: float) -> int:
+    """v * x, one rounded product (a broadcast scalar const)."""
+    return ctx.emit("mul_elem", tuple(ctx.broadcast_all([ctx.scalar(v), x])))
+
+
+@onnx_op("LeakyRelu", "PRelu")
+def _leaky(ctx: _Ctx, node: Any) -> int:
+    # x if x >= 0 else slope x == max(x, slope x) for 0 <= slope <= 1 (exactly: the maximum picks one operand, NaN
+    # propagates, -0 stays -0), the IR's max fold over the two; other slopes are refused.
+    a = _only(node, {"alpha": None}, ctx)
+    x = ctx.value(node.input[0])
+    if node.op_type == "LeakyRelu":
+        slope = np.asarray(np.float32(a.get("alpha", 0.01)))
+        sx = _scaled(ctx, x, float(slope))
+    else:
+        slope = ctx.init(node.input[1], "PRelu slope")
+        sx = ctx.emit("mul_elem", tuple(ctx.broadcast_all([ctx.const(slope), x])))
+    if not ((slope >= 0) & (slope <= 1)).all():
+        raise ctx.fail(f"{node.op_type} slope outside [0, 1]: max(x, slope x) would not be its meaning; refused")
+    return _max_of(ctx, [x, sx])
+
+
+@onnx_op("HardSigmoid", "HardSwish")
+def _hard_sigmoid(ctx: _Ctx, node: Any) -> int:
+    # max(0, min(1, alpha x + beta)), each op rounded in that order; HardSwish is x times it (alpha 1/6, beta 0.5)
+    a = _only(node, {"alpha": None, "beta": None}, ctx)
+    x = ctx.value(node.input[0])
+    alpha = float(np.float32(a.get("alpha", 0.2 if node.op_type == "HardSigmoid" else 1 / 6)))
+    beta = float(np.float32(a.get("beta", 0.5)))
+    z = ctx.emit("add", tuple(ctx.broadcast_all([_scaled(ctx, x, alpha), ctx.scalar(beta)])))
+    h = _max_of(ctx, [ctx.scalar(0.0), _min_of(ctx, [ctx.scalar(1.0), z])])
+    return h if node.op_type == "HardSigmoid" else ctx.emit("mul_elem", (x, h))
+
+
+@onnx_op("Softplus", "Mish")
+def _softplus(ctx: _Ctx, node: Any) -> int:
+    # Softplus: log(exp(x) + 1), each op rounded (ONNX's formula as written); Mish: x tanh(softplus(x))
+    _only(node, {}, ctx)
+    x = ctx.value(node.input[0])
+    sp = ctx.emit("log", (ctx.emit("add", tuple(ctx.broadcast_all([ctx.emit("exp", (x,)), ctx.scalar(1.0)]))),))
+    return sp if node.op_type == "Softplus" else ctx.emit("mul_elem", (x, ctx.emit("tanh", (sp,))))
+
+
 @onnx_op("Gemm")
 def _gemm(ctx: _Ctx, node: Any) -> int:
     a = _only(node, {"alpha": None, "beta": None, "transA": (0, 1), "transB": (0, 1)}, ctx)

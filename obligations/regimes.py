@@ -30,6 +30,7 @@ violates while the others hold (implied by them) has no rejected witness, and th
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,7 +38,7 @@ import z3
 
 from obligations import expr as exprlang
 from obligations import z3solve
-from obligations.core import plans
+from obligations.core import cancel, plans
 from obligations.core import symbolic as sym
 from obligations.core.evidence import RegimeEvidence
 from obligations.core.plans import boundary_name, plan_regimes, regime_of
@@ -103,31 +104,31 @@ class RegimesEngine(Engine):
         domain = domain_constraints(c, {n: v for n, v in env.items() if n in c.symbols}) + [z3_bool(given.expr)]
         any_regime = z3.Or(*[z3_bool(sym.all_of(r).expr) for r in regimes.values()])
         s = z3.Solver()
-        s.set("rlimit", rlimit)
         s.add(*domain, z3.Not(z3.And(any_regime, *conds)))
-        r = z3solve.check(s)
+        r = _answer(s, rlimit)
         evidence = RegimeEvidence(regimes=sorted(regimes), plan=kernel["plan"], rlimit=rlimit)
-        if r == z3.unknown:
-            return unknown(f"coverage: solver returned unknown ({s.reason_unknown()})", evidence)
-        if r == z3.sat:
+        if r == "timeout":  # the wall ceiling or the item's deadline: a fault of the run, not the solver's answer
+            return error("timeout: the coverage proof ran past its time limit", evidence)
+        if r not in ("sat", "unsat"):
+            return unknown(f"coverage: solver returned unknown ({r})", evidence)
+        if r == "sat":
             m = s.model()
             point = {n: _value(m, v) for n, v in env.items()}
             return violated({"symbols": point}, "no regime (or a side-condition fails) at this point", evidence)
         order = list(item.get("minimize") or [p for p in params if c.symbols[p]["type"] != "bool"])
         witnesses: dict[str, dict[str, int | bool]] = {}
         missing = []
-        for name, cond in regimes.items():
-            opt = z3.Optimize()
-            opt.set("timeout", 60_000)
-            opt.add(*domain, *_bounds(c, item, env), z3_bool(sym.all_of(cond).expr), *conds)
-            for sname in order:  # lexicographic: the first symbol matters most
-                opt.minimize(env[sname].expr)
-            res = z3solve.check(opt)
-            if res != z3.sat:
-                missing.append(name if res == z3.unsat else f"{name} (solver: {res})")
-                continue
-            m = opt.model()
-            witnesses[name] = {n: _value(m, v) for n, v in env.items()}
+        undecided: list[str] = []  # no answer within the rlimit (unknown) or the time limit (error): never violated
+        for name, cond in regimes.items():  # lexicographic over ``order``: the first symbol matters most
+            found = _smallest(
+                [*domain, *_bounds(c, item, env), z3_bool(sym.all_of(cond).expr), *conds], env, order, rlimit
+            )
+            if isinstance(found, dict):
+                witnesses[name] = found
+            elif found == "unsat":
+                missing.append(name)
+            else:
+                undecided.append(f"{name} ({found})")
         # Boundaries: every symbol is minimised (the item's order first), so a witness is one definite input.
         b_order = order + sorted(n for n in env if n not in order and c.symbols[n]["type"] != "bool")
         boundaries: dict[str, dict[str, Any]] = {}
@@ -150,12 +151,13 @@ class RegimesEngine(Engine):
                 at, past = _limits(conj)
                 others = parts[:k] + parts[k + 1 :]
                 rejected = [*domain_r, *bounds, *others, past]
-                reject = _smallest(rejected, env, b_order) if _satisfiable(rejected) == "sat" else "unsat"
+                feasible = _satisfiable(rejected, rlimit)
+                reject = _smallest(rejected, env, b_order, rlimit) if feasible == "sat" else feasible
                 # implied: the declared domain has no input past this limit where the others hold (no bounds); the
                 # domain enforces the limit, so neither side needs a witness
-                implied = reject == "unsat" and _satisfiable([*declared, *others, past]) == "unsat"
+                implied = reject == "unsat" and _satisfiable([*declared, *others, past], rlimit) == "unsat"
                 accepted = [*domain_g, *bounds, z3_bool(term.expr), *all_conds, at]
-                accept = None if implied else _smallest(accepted, env, b_order)
+                accept = None if implied else _smallest(accepted, env, b_order, rlimit)
                 info: dict[str, Any] = {"guard": text, "accept": isinstance(accept, dict)}
                 if full != label:
                     info["conjunct"] = full
@@ -165,9 +167,11 @@ class RegimesEngine(Engine):
                 for side, found in (("accept", accept), ("reject", reject)):
                     if isinstance(found, dict):
                         witnesses[boundary_name(label, side)] = found
-                    elif not implied:
-                        why = "; the bounds exclude it" if side == "reject" and found == "unsat" else ""
+                    elif not implied and found == "unsat":
+                        why = "; the bounds exclude it" if side == "reject" else ""
                         missing.append(f"{boundary_name(label, side)} ({found}{why})")
+                    elif not implied:
+                        undecided.append(f"{boundary_name(label, side)} ({found})")
                 boundaries[label] = info
         evidence = RegimeEvidence(
             regimes=sorted(regimes),
@@ -176,10 +180,15 @@ class RegimesEngine(Engine):
             witnesses=witnesses,
             boundaries=boundaries or None,
         )
+        timed_out = [u for u in undecided if u.endswith("(timeout)")]
+        if timed_out:
+            return error(f"timeout: the witness search ran past its time limit for {timed_out}", evidence)
         if missing:
             return violated(
                 {"unreached": missing}, f"regimes or boundaries with no witness within the bounds: {missing}", evidence
             )
+        if undecided:
+            return unknown(f"the witness search ran out of its rlimit ({rlimit}) for {undecided}", evidence)
         return proved(evidence)
 
 
@@ -240,24 +249,44 @@ def _limits(e: Any) -> tuple[Any, Any]:
     return e, z3.Not(e)
 
 
-def _satisfiable(constraints: list[Any]) -> str:
-    """The solver's answer on ``constraints`` ("sat", "unsat" or "unknown")."""
+def _answer(solver: Any, rlimit: int) -> str:
+    """Check ``solver`` (a Solver or an Optimize) under ``rlimit``, the budget its answer may depend on; the wall
+    ceiling or the item's deadline is only a safety net. Returns "sat", "unsat", "timeout" (the net fired: a fault
+    of the run, never an answer), "rlimit exhausted" or "unknown: <Z3's reason>"."""
+    left = cancel.remaining()
+    wall = z3solve.WALL_CEILING_S if left is None else min(left, z3solve.WALL_CEILING_S)
+    solver.set("rlimit", rlimit)
+    solver.set("timeout", max(1, int(wall * 1000)))
+    t0 = time.perf_counter()
+    r = z3solve.check(solver)
+    if r != z3.unknown:
+        return str(r)
+    why = solver.reason_unknown()
+    if why == "timeout" or (why == "canceled" and time.perf_counter() - t0 >= wall):
+        return "timeout"
+    # Z3 names a spent rlimit "canceled" or "max. resource limit exceeded" depending on where it stopped
+    return "rlimit exhausted" if why in ("canceled", "max. resource limit exceeded") else f"unknown: {why}"
+
+
+def _satisfiable(constraints: list[Any], rlimit: int) -> str:
+    """The solver's answer on ``constraints``: "sat", "unsat", or why it has none (as :func:`_answer`)."""
     s = z3.Solver()
-    s.set("timeout", 60_000)
     s.add(*constraints)
-    return str(z3solve.check(s))
+    return _answer(s, rlimit)
 
 
-def _smallest(constraints: list[Any], env: Mapping[str, Any], order: list[str]) -> dict[str, int | bool] | str:
-    """The lexicographically smallest point (over ``order``) satisfying ``constraints``, or the solver's answer."""
+def _smallest(
+    constraints: list[Any], env: Mapping[str, Any], order: list[str], rlimit: int
+) -> dict[str, int | bool] | str:
+    """The lexicographically smallest point (over ``order``) satisfying ``constraints``, else "unsat" or why the
+    solver gave none (as :func:`_answer`)."""
     opt = z3.Optimize()
-    opt.set("timeout", 60_000)
     opt.add(*constraints)
     for sname in order:
         opt.minimize(env[sname].expr)
-    res = z3solve.check(opt)
-    if res != z3.sat:
-        return str(res)
+    res = _answer(opt, rlimit)
+    if res != "sat":
+        return res
     m = opt.model()
     return {n: _value(m, v) for n, v in env.items()}
 

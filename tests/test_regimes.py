@@ -167,3 +167,12 @@ def test_a_test_that_ignores_the_witnesses_it_was_given_counts_them_unreached():
     assert s["unreached_regimes"] == 1 and s["unreached_boundaries"] == 1 and exit_code(s, strict=True) == 1
     reported = passed(cases=3, regimes_reached={"empty": 1}, boundaries_reached={"n <= size @reject": 1})
     assert _unreported_witnesses(reported, w) is reported  # a test that reports them is left as it is
+
+
+def test_a_regimes_search_out_of_its_rlimit_is_unknown_never_violated(tmp_path):
+    # The budget is Z3's deterministic rlimit, not a wall-clock timer: a search it cuts short is `unknown` (the same
+    # on every run and machine load), and only an unsat search - no such input exists - is a violation.
+    item = _check(tmp_path, "loop_plan", ", rlimit: 2000")
+    assert item["status"] == "unknown", item
+    assert "rlimit" in item["reason"]
+    assert item["evidence"]["rlimit"] == 2000

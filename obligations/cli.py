@@ -20,25 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from obligations import __version__
+from obligations.argtypes import SEED, U32, bit_patterns, counted, seconds
+from obligations.registry import COMMANDS, command, load_plugins
 
 __all__ = ["main", "COMMANDS", "counted", "seconds", "bit_patterns", "SEED", "probe_output"]
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_NO_CONTRACTS = 5  # nothing collected (as pytest's 5): checking nothing is not a pass
 DEFAULT_CONTRACTS = "contracts"
-
-COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
-
-
-def command(name: str, help_text: str) -> Callable:
-    """Register a subcommand: ``configure(parser)`` adds its options, the decorated function runs it."""
-
-    def deco(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-        COMMANDS[name] = (getattr(run, "configure", lambda p: None), run)
-        run.help_text = help_text  # type: ignore[attr-defined]
-        return run
-
-    return deco
 
 
 def _configure(fn: Callable[[argparse.ArgumentParser], None]) -> Callable:
@@ -47,57 +36,6 @@ def _configure(fn: Callable[[argparse.ArgumentParser], None]) -> Callable:
         return run
 
     return attach
-
-
-# -- argument types: every number is checked where it is parsed (argparse names the flag, exit 2) ----------
-
-_U32 = 1 << 32
-_U64 = 1 << 64
-
-
-def _integer(text: str, base: int = 10) -> int:
-    try:
-        return int(text.strip(), base)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-
-
-def counted(lo: int = 0, hi: int | None = None, base: int = 10) -> Callable[[str], int]:
-    """An argparse type: an integer in [lo, hi) (``base`` 0: also 0x..., 0b...)."""
-
-    def parse(text: str) -> int:
-        value = _integer(text, base)
-        if value < lo or (hi is not None and value >= hi):
-            where = f"at least {lo}" if hi is None else f"from {lo} to {hi - 1}"
-            raise argparse.ArgumentTypeError(f"{text} must be {where}")
-        return value
-
-    parse.__name__ = "integer"
-    return parse
-
-
-def seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds, at least 0."""
-    import math
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text} must be a finite number of seconds, at least 0")
-    return value
-
-
-def bit_patterns(text: str) -> list[str]:
-    """An argparse type: comma-separated bit patterns (0x... or ints), each in [0, 2^64)."""
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    for part in parts:
-        counted(0, _U64, base=0)(part)
-    return parts
-
-
-SEED = counted(0, _U64)  # seeds: what numpy and Hypothesis accept
 
 
 def _resolve_device(requested: str) -> str | None:
@@ -525,8 +463,8 @@ def _print_durations(result: dict[str, Any], n: int, out: Any) -> None:
     items = sorted(((it["seconds"], c["id"], it["id"]) for c in result["contracts"] for it in c["items"]), reverse=True)
     shown = items if n == 0 else items[:n]
     print(f"slowest {len(shown)} item(s):", file=out)
-    for seconds, cid, iid in shown:
-        print(f"  {seconds:8.2f}s  {cid}::{iid}", file=out)
+    for took, cid, iid in shown:
+        print(f"  {took:8.2f}s  {cid}::{iid}", file=out)
 
 
 def _write_outputs(args: argparse.Namespace, result: dict[str, Any]) -> None:
@@ -736,15 +674,15 @@ def _sweep_options(p: argparse.ArgumentParser) -> None:
         help="binary32 (kernel vs reference) or a small format (e.g. "
         "binary16, e4m3): every operand pair of softfloat against an exact oracle, on the CPU",
     )
-    p.add_argument("--lo", type=counted(0, _U32 + 1, base=0), default=0, help="first input bit pattern (0x... or int)")
+    p.add_argument("--lo", type=counted(0, U32 + 1, base=0), default=0, help="first input bit pattern (0x... or int)")
     p.add_argument(
         "--hi",
-        type=counted(0, _U32 + 1, base=0),
+        type=counted(0, U32 + 1, base=0),
         default=None,
         help="end of the input range, exclusive (default: all)",
     )
     p.add_argument(
-        "--sample", type=counted(1, _U32 + 1), default=None, help="check this many seeded random inputs instead"
+        "--sample", type=counted(1, U32 + 1), default=None, help="check this many seeded random inputs instead"
     )
     p.add_argument("--route", default="nvrtc-ieee", help="compilation route of the kernel (default nvrtc-ieee)")
     p.add_argument("--bound", type=counted(0), default=None, help="max ULP allowed (default: bitwise)")
@@ -757,7 +695,7 @@ def _sweep_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--operand",
-        type=counted(0, _U32, base=0),
+        type=counted(0, U32, base=0),
         default=None,
         help="bits of the fixed second operand of a binary kernel (e.g. add --operand 0x3F800000)",
     )
@@ -894,9 +832,6 @@ def _print_replayed(contract: Any, record: dict[str, Any], verbosity: int) -> No
     print(f"1 items: 1 {word.replace('_', ' ')}")
 
 
-import obligations.graph_cli  # noqa: E402,F401  (registers `kc graph`)
-import obligations.libm_audit  # noqa: E402,F401  (registers `kc audit-libm`)
-
 # -- entry point --------------------------------------------------------------------------------------
 
 
@@ -912,6 +847,7 @@ def build_parser(config: Any = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"kc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    load_plugins("commands")  # subcommands that live in their own modules register themselves
     for name, (configure, run) in COMMANDS.items():
         p = sub.add_parser(name, help=getattr(run, "help_text", ""), description=getattr(run, "help_text", ""))
         configure(p)

@@ -102,6 +102,11 @@ def register_engine(cls: type[Engine]) -> type[Engine]:
 
 def get_engine(method: str) -> Engine:
     """The engine for ``method``; KeyError for an unknown method."""
+    if method not in ENGINES:
+        # the engines of their own modules (audit, regimes, sanitize) register when imported
+        from obligations.registry import load_plugins
+
+        load_plugins("engines")
     return ENGINES[method]
 
 
@@ -756,8 +761,3 @@ class AssumeEngine(Engine):
     def discharge(self, job: Job) -> Outcome:
         name = job.item["assumption"]
         return assumed(name, f"assumed, not checked: {name}")
-
-
-from obligations import audit as _audit  # noqa: E402,F401 - registers the compiled-code audit engine
-from obligations import regimes as _regimes  # noqa: E402,F401 - registers the plan-regimes engine
-from obligations import sanitize as _sanitize  # noqa: E402,F401 - registers the sanitizer engine

@@ -33,7 +33,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="graph_command", required=True)
     c = sub.add_parser("check", help="well-formedness, shapes, payload and output id, errors by node")
     c.add_argument("file", help="a graph in its JSON form, or an ONNX model (*.onnx)")
-    from obligations.cli import counted
+    from obligations.argtypes import counted
 
     c.add_argument(
         "--output", type=counted(0), default=None, help="the intended output id (default: the file's, or last)"
@@ -206,7 +206,7 @@ def show_file(args: argparse.Namespace) -> int:
 
 
 def _register() -> None:
-    from obligations.cli import COMMANDS
+    from obligations.registry import COMMANDS
 
     run.help_text = "check or show a graph IR file (JSON form)"  # type: ignore[attr-defined]
     COMMANDS["graph"] = (configure, run)

@@ -334,7 +334,7 @@ class WorkerPool(Executor):
             for var in THREAD_POOL_VARS:  # a variable the user set wins
                 env.setdefault(var, str(self.threads))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "obligations.isolation"],
+            [sys.executable, "-m", "obligations.worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -658,98 +658,3 @@ class Prefetcher:
             t.join(timeout=5)
         for w in self._workers:  # a worker a thread was starting when it was closed
             w.close()
-
-
-def _release_device_memory() -> None:
-    """Give the item's cached device and pinned blocks back: many workers share one GPU's memory."""
-    if "cupy" not in sys.modules:
-        return
-    import cupy
-
-    with contextlib.suppress(Exception):  # a broken context is _cuda_healthy's to report
-        cupy.get_default_memory_pool().free_all_blocks()
-        cupy.get_default_pinned_memory_pool().free_all_blocks()
-
-
-def _cuda_healthy(device: str) -> tuple[bool, str]:
-    if device != "cuda" or "cupy" not in sys.modules:
-        return True, ""
-    try:
-        import cupy
-
-        cupy.cuda.runtime.deviceSynchronize()  # a sticky error (illegal address) raises here, every time
-        return True, ""
-    except Exception as e:  # any failure to synchronise: the context is gone for this process
-        return False, f"{type(e).__name__}: {e}"
-
-
-def _worker() -> int:
-    """Serve item requests on stdin; answer each on the original stdout (the item's prints go to stderr)."""
-    cores = os.environ.get("KC_WORKER_CORES")
-    if cores and hasattr(os, "sched_setaffinity"):  # before the imports start thread pools
-        os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
-    import obligations.check  # noqa: F401  (imported before "ready": not the first item's time)
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    _exit_with_parent()
-    answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    contracts: dict[tuple[str, str], Any] = {}
-    from falsification.registry import load_builtin_tests
-
-    load_builtin_tests()  # what the first falsify item would import (Hypothesis, the test modules): not its time
-    try:
-        answers.write(json.dumps({"ready": True}) + "\n")
-        answers.flush()
-        _serve(answers, contracts)
-    except BrokenPipeError:  # the run went away (killed): nobody is left to answer
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), answers.fileno())
-    return 0
-
-
-def _exit_with_parent() -> None:
-    """End this worker when the run that started it is gone (killed with SIGKILL: nothing stopped us)."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="kc-parent-watch", daemon=True).start()
-
-
-def _serve(answers: Any, contracts: dict[tuple[str, str], Any]) -> None:
-    from obligations.check import item_fields
-
-    for line in sys.stdin:
-        req = json.loads(line)
-        contract = worker_contract(contracts, req)
-        answers.write(json.dumps({"loaded": True}) + "\n")  # the item's time limit starts here
-        answers.flush()
-        if contract.sha256 != req["sha256"]:
-            fields = error_fields(f"{req['path']} changed during the run")
-        else:
-            seed_witnesses(contract, req.get("witnesses") or {})
-            limit = req.get("limit")
-            try:
-                with cancel.item_deadline(limit):
-                    fields = item_fields(
-                        contract,
-                        contract.item(req["item"]),
-                        device=req["device"],
-                        profile=req["profile"],
-                        seed=req["seed"],
-                    )
-            except cancel.DeadlinePassed:
-                fields = timeout_record(limit or 0, "stopped in the worker process")
-        _release_device_memory()
-        healthy, why = _cuda_healthy(req["device"])
-        answers.write(json.dumps({"fields": fields, "healthy": healthy, "why": why}, default=str) + "\n")
-        answers.flush()
-
-
-if __name__ == "__main__":
-    sys.exit(_worker())

@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _register() -> None:
-    from obligations.cli import COMMANDS
+    from obligations.registry import COMMANDS
 
     run.help_text = "audit CUDA math functions on every binary32 input against a correctly rounded reference"  # type: ignore[attr-defined]
     COMMANDS["audit-libm"] = (configure, run)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -16,8 +16,17 @@ from obligations import expr as exprlang
 from obligations.core import plans
 from obligations.core import symbolic as sym
 
-if TYPE_CHECKING:
-    from obligations.contract import Contract
+
+class Contract(Protocol):
+    """What a statement needs of a contract (``obligations.contract.Contract`` has it; the contract model
+    imports this module to validate statements, so this module names the shape, not the class)."""
+
+    @property
+    def data(self) -> dict[str, Any]: ...
+
+    @property
+    def symbols(self) -> dict[str, dict[str, Any]]: ...
+
 
 __all__ = ["Evaluation", "StatementError", "evaluate_statement", "kernel_of", "statement_errors"]
 

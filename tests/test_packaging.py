@@ -43,7 +43,9 @@ def _see_running_site_packages(python: Path) -> None:
     """
     purelib = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     Path(purelib).mkdir(parents=True, exist_ok=True)
     (Path(purelib) / "_kc_test_running_env.pth").write_text("\n".join(_site_dirs()) + "\n")

@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 U = 2.0**-24
-# Approx elementwise kernels: the ulp bounds the elementwise contract (float32-elementwise-v1) states.
+# Approx elementwise kernels: the ulp bounds the elementwise contract (elementwise-float32-v1) states.
 ULP_BOUNDS: dict[str, int] = {"exp": 2, "log": 1, "tanh": 2, "sigmoid": 6}
 
 
@@ -515,7 +515,7 @@ AGREEMENT: dict[str, Agreement] = {
         )
     },
     **{k: _BITWISE for k, v in _KERNEL_NAMES.items() if v not in ULP_BOUNDS and k != "gelu"},
-    **{k: Agreement("ulp", f"within {ULP_BOUNDS[k]} ulp (float32-elementwise-v1)", _ulps) for k in ULP_BOUNDS},
+    **{k: Agreement("ulp", f"within {ULP_BOUNDS[k]} ulp (elementwise-float32-v1)", _ulps) for k in ULP_BOUNDS},
     "erf": Agreement("ulp", "within 2 ulp (libdevice erff, CUDA Math API; bitwise on the host)", _erf_ulps),
     "linear": Agreement(
         "gemm-bound", "both within spec.gemm.error_bound (beta = 1, C0 = bias) of the float64 value", _linear_agree

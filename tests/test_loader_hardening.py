@@ -67,7 +67,7 @@ CASES = [
         "more than 64 aliases",
     ),
     ("float where an integer goes", _mutated(b"min: 1,", b"min: 1.0e300,"), b"1.0e300", "not of type 'integer'"),
-    ("list as contract id", _mutated(b"id: cublas-gemm-v1", b"id: [cublas-gemm-v1]"), b"[cublas", "id"),
+    ("list as contract id", _mutated(b"id: gemm-cublas-v1", b"id: [gemm-cublas-v1]"), b"[gemm-cublas", "id"),
     (
         "rlimit past 2^32",
         _mutated(b"method: z3\n", b"method: z3\n    rlimit: 4294967297\n"),
@@ -98,7 +98,7 @@ def test_a_bom_is_accepted(tmp_path):
 
 def test_validating_one_file_never_reads_its_neighbours(tmp_path, monkeypatch):
     good = _write(tmp_path, GEMM_BYTES, "good.yaml")
-    _write(tmp_path, _mutated(b"id: cublas-gemm-v1", b"id: [not, hashable]"), "bad.yaml")
+    _write(tmp_path, _mutated(b"id: gemm-cublas-v1", b"id: [not, hashable]"), "bad.yaml")
     _write(tmp_path, _bomb(12), "bomb.yaml")
     parsed: list[str] = []
     real = contract_mod._parse
@@ -110,7 +110,7 @@ def test_validating_one_file_never_reads_its_neighbours(tmp_path, monkeypatch):
 def test_depends_on_resolves_among_named_files_or_the_search_path(tmp_path):
     deps = tmp_path / "deps"
     deps.mkdir()
-    _write(deps, _mutated(b"id: cublas-gemm-v1", b"id: base-v1"), "base.yaml")
+    _write(deps, _mutated(b"id: gemm-cublas-v1", b"id: base-v1"), "base.yaml")
     user = _write(tmp_path, _mutated(b"depends_on: []", b"depends_on: [base-v1]"), "user.yaml")
     assert any("no contract with id 'base-v1'" in d.message for d in validate_paths([user]))
     assert validate_paths([user, deps / "base.yaml"]) == []
@@ -123,21 +123,21 @@ def test_duplicate_contract_ids_across_files_are_rejected_at_the_second(tmp_path
     b = _write(tmp_path, GEMM_BYTES, "b.yaml")
     diags = validate_paths([a, b])
     (d,) = [d for d in diags if "duplicate contract id" in d.message]
-    assert d.path == str(b) and (d.line, d.col) == _line_col(GEMM_BYTES, b"cublas-gemm-v1")
+    assert d.path == str(b) and (d.line, d.col) == _line_col(GEMM_BYTES, b"gemm-cublas-v1")
     assert f"{a}:" in d.message
     assert validate_paths([a, a]) == []  # the same file named twice is one contract
 
 
 def test_cyclic_depends_on_is_rejected_with_its_position(tmp_path):
-    a_data = _mutated(b"depends_on: []", b"depends_on: [cyc-b]").replace(b"id: cublas-gemm-v1", b"id: cyc-a", 1)
-    b_data = _mutated(b"depends_on: []", b"depends_on: [cyc-a]").replace(b"id: cublas-gemm-v1", b"id: cyc-b", 1)
+    a_data = _mutated(b"depends_on: []", b"depends_on: [cyc-b]").replace(b"id: gemm-cublas-v1", b"id: cyc-a", 1)
+    b_data = _mutated(b"depends_on: []", b"depends_on: [cyc-a]").replace(b"id: gemm-cublas-v1", b"id: cyc-b", 1)
     a, b = _write(tmp_path, a_data, "a.yaml"), _write(tmp_path, b_data, "b.yaml")
     diags = [d for d in validate_paths([a, b]) if "depends_on cycle" in d.message]
     assert {d.path for d in diags} == {str(a), str(b)}
     for d in diags:
         assert d.line == _line_col(a_data, b"depends_on:")[0]
     assert "cyc-a -> cyc-b -> cyc-a" in next(d.message for d in diags if d.path == str(a))
-    own = _write(tmp_path, _mutated(b"depends_on: []", b"depends_on: [cublas-gemm-v1]"), "self.yaml")
+    own = _write(tmp_path, _mutated(b"depends_on: []", b"depends_on: [gemm-cublas-v1]"), "self.yaml")
     assert any("depends_on cycle" in d.message for d in validate_paths([own]))
 
 

@@ -31,3 +31,21 @@ def test_each_family_has_its_spec_and_native_module_by_the_same_name(path):
     for layer in ("spec", "native"):
         assert (ROOT / layer / f"{family}.py").exists() or (ROOT / layer / family).is_dir(), (layer, family)
     assert (ROOT / "tests" / f"test_{family}.py").exists(), family
+
+
+@pytest.mark.parametrize("path", CONTRACTS, ids=[p.name for p in CONTRACTS])
+def test_contract_id_equals_its_file_stem(path):
+    # A file name can be used wherever an id is asked, and reports are named as the files (issue 30).
+    assert YAML(typ="safe").load(path.read_text())["id"] == path.stem
+
+
+def test_committed_reports_are_named_by_contract_files():
+    reports = ROOT / "reports"
+    stems = {p.stem for p in CONTRACTS}
+    pages = {p.stem for p in reports.glob("*.md")} - {"index"}
+    assert pages <= stems, sorted(pages - stems)
+    assert {p.name for p in (reports / "plots").iterdir()} <= stems
+    import json
+
+    ids = {c["id"] for c in json.loads((reports / "result.json").read_text())["contracts"]}
+    assert ids <= stems, sorted(ids - stems)

@@ -263,7 +263,7 @@ class Z3Engine(Engine):
             wall_limit_s=wall,
             assumptions=_domain_text(c, names) + ([item["given"]] if item.get("given") else []),
             side_conditions=len(required),
-            tactic=z3solve.TACTIC,
+            tactic=z3solve.TACTIC,  # the portfolio; once solved, the strategy that decided
             random_seed=z3solve.SEED,
             query_sha256=hashlib.sha256(text.encode()).hexdigest(),
             cache="miss" if settings.cache else None,
@@ -273,7 +273,7 @@ class Z3Engine(Engine):
         if hit is not None and hit.get("status") == "proved":
             reused = replace(evidence, rlimit_used=hit.get("rlimit_used"), stability=hit.get("stability"), cache="hit")
             return proved(reused)
-        vac = z3solve.solve(vac_text, rlimit=rlimit, wall_s=wall)
+        vac = z3solve.solve(vac_text, rlimit=rlimit, wall_s=wall, goal="find")
         if vac.result == "unsat":
             return error("vacuous: the assumptions (domain and given) are contradictory", evidence)
         if vac.result == "timeout":
@@ -282,7 +282,7 @@ class Z3Engine(Engine):
             return unknown(f"vacuity check: solver returned unknown ({vac.reason})", evidence)
         sorts = {n: ("bool" if isinstance(v, sym.BoolTerm) else "int") for n, v in env.items()}
         v = z3solve.solve(text, rlimit=rlimit, wall_s=wall, model_of=sorts)
-        evidence = replace(evidence, rlimit_used=v.rlimit_used)
+        evidence = replace(evidence, rlimit_used=v.rlimit_used, tactic=v.strategy or evidence.tactic)
         if v.result == "timeout":
             return _timed_out(v, wall, rlimit, evidence, "")
         if v.result == "unknown":

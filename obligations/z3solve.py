@@ -5,11 +5,12 @@ Why each piece is here:
 - **The query is its SMT-LIB text.** The engines build their assertions, print them (``to_smt2``) and solve
   the parsed text in a new Z3 context, so the solve cannot depend on what else the process created (term ids,
   learned state), and the text is the proof cache's key.
-- **One deterministic strategy.** Z3's default solver picks a tactic by the query's logic, and for nonlinear
+- **Deterministic strategies.** Z3's default solver picks a tactic by the query's logic, and for nonlinear
   integer arithmetic (most of our plans) that tactic switches strategies on wall-clock timers (``try_for``):
-  the same query spent 3M or 24M rlimit, proved or not, with the machine's load. The plain ``smt`` tactic
-  (:data:`TACTIC`) has no timers, with the random seed fixed (:data:`SEED`): its verdict and its rlimit use
-  depend only on the text, the rlimit and the seed.
+  the same query spent 3M or 24M rlimit, proved or not, with the machine's load. :data:`STRATEGIES` are
+  tried in turn, each under its own share of the rlimit (a cap in resource units, not seconds), with the
+  random seed fixed (:data:`SEED`): the verdict and the rlimit spent depend only on the text, the rlimit and
+  the seed.
 - **Budgets.** The rlimit is the budget; running out of it is ``unknown``. The wall clock is only a safety
   net far above any rlimit's normal time (:data:`WALL_CEILING_S`), and the item's own deadline
   (:func:`obligations.core.cancel.remaining`); hitting either is a timeout, never ``unknown``.
@@ -30,8 +31,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import z3
@@ -40,6 +41,8 @@ from obligations.core import cancel
 
 __all__ = [
     "TACTIC",
+    "STRATEGIES",
+    "Strategy",
     "SEED",
     "WALL_CEILING_S",
     "Verdict",
@@ -55,9 +58,67 @@ __all__ = [
 
 # Z3's own QF_NIA preamble (simplify, solve-eqs, contextual simplification, unconstrained-term elimination),
 # then sums of monomials and the smt core: the path Z3's default takes for our queries, without its timers.
-TACTIC = "qfnia-preamble+smt"
 SEED = 0
 WALL_CEILING_S = 120.0
+
+
+def _t(ctx: z3.Context, name: str, **params: Any) -> z3.Tactic:
+    tac = z3.Tactic(name, ctx=ctx)
+    return z3.With(tac, **params) if params else tac
+
+
+def _preamble(ctx: z3.Context) -> list[z3.Tactic]:
+    """Z3's own QF_NIA preamble: simplification, equation solving, contextual simplification, unconstrained
+    terms eliminated, then sums of monomials."""
+    return [
+        _t(ctx, "simplify"),
+        _t(ctx, "propagate-values"),
+        _t(ctx, "solve-eqs"),
+        _t(ctx, "ctx-simplify", max_depth=30, max_steps=5_000_000),
+        _t(ctx, "simplify", pull_cheap_ite=True, local_ctx=True, local_ctx_limit=10_000_000),
+        _t(ctx, "elim-uncnstr"),
+        _t(ctx, "lia2card"),
+        _t(ctx, "card2bv"),
+        _t(ctx, "simplify", som=True),
+    ]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One deterministic way to solve a query, and the share of the rlimit it may spend (None: what is left)."""
+
+    name: str
+    build: Callable[[z3.Context, int], z3.Tactic]
+    cap: int | None
+
+
+_NLSAT = Strategy(
+    "nlsat",
+    lambda ctx, seed: z3.Then(*_preamble(ctx), _t(ctx, "qfnra-nlsat", seed=seed), _t(ctx, "fail-if-undecided")),
+    1_000_000,
+)
+_PREAMBLE_SMT = Strategy(
+    "qfnia-preamble+smt",
+    lambda ctx, seed: z3.Then(*_preamble(ctx), _t(ctx, "smt", random_seed=seed)),
+    2_000_000,
+)
+_SMT = Strategy("smt", lambda ctx, seed: _t(ctx, "smt", random_seed=seed), None)
+
+# Tried in order, each under its own deterministic cap (the last: what is left of the rlimit), until one
+# decides. Proving (an unsat claim): the preamble + smt core proves most plans (up to 1.8M units on the
+# shipped contracts); the plain smt core proves the few the preamble makes hard (ATT-PLAN-smem, CONV-GROUP-z3:
+# 0.1M units where the preamble + smt spends 50M). Finding a model (the vacuity check, pinned minimisation):
+# nlsat first, which decides satisfiable nonlinear queries at once (IM2COL-rows' assumptions: 0.04 s where
+# the smt core ran 60 s). Each stage's verdict depends only on the text, its cap and the seed, so the
+# portfolio's does too.
+STRATEGIES: dict[str, tuple[Strategy, ...]] = {
+    "prove": (_PREAMBLE_SMT, _SMT),
+    "find": (_NLSAT, _PREAMBLE_SMT, _SMT),
+}
+TACTIC = "; ".join(
+    f"{goal}: " + " > ".join(st.name + (f" ({st.cap})" if st.cap else "") for st in order)
+    for goal, order in STRATEGIES.items()
+)
 
 
 @dataclass(frozen=True)
@@ -70,6 +131,7 @@ class Verdict:
     seconds: float = 0.0
     model: dict[str, int | bool] | None = None
     deadline: bool = False  # a timeout caused by the item's deadline (not the wall ceiling)
+    strategy: str | None = None  # the strategy of STRATEGIES that decided (or was tried last)
 
 
 def query_text(assertions: Sequence[Any]) -> str:
@@ -82,27 +144,6 @@ def query_text(assertions: Sequence[Any]) -> str:
 def solver_params(rlimit: int, seed: int = SEED) -> dict[str, Any]:
     """Everything besides the text that the verdict depends on (part of the cache key)."""
     return {"tactic": TACTIC, "random_seed": seed, "rlimit": rlimit, "z3": z3.get_version_string()}
-
-
-def _tactic(ctx: z3.Context, seed: int) -> z3.Tactic:
-    """The strategy :data:`TACTIC` names, its smt core seeded with ``seed``."""
-
-    def t(name: str, **params: Any) -> z3.Tactic:
-        tac = z3.Tactic(name, ctx=ctx)
-        return z3.With(tac, **params) if params else tac
-
-    return z3.Then(
-        t("simplify"),
-        t("propagate-values"),
-        t("solve-eqs"),
-        t("ctx-simplify", max_depth=30, max_steps=5_000_000),
-        t("simplify", pull_cheap_ite=True, local_ctx=True, local_ctx_limit=10_000_000),
-        t("elim-uncnstr"),
-        t("lia2card"),
-        t("card2bv"),
-        t("simplify", som=True),
-        t("smt", random_seed=seed),
-    )
 
 
 def _timeout_s(wall_s: float) -> tuple[float, bool]:
@@ -179,12 +220,35 @@ def solve(
     seed: int = SEED,
     wall_s: float = WALL_CEILING_S,
     model_of: Mapping[str, str] | None = None,
+    goal: str = "prove",
 ) -> Verdict:
-    """Solve the SMT-LIB ``text`` in a new context under ``rlimit``; ``model_of`` ({name: "int" | "bool"}):
-    read these symbols' values from a model. Raises StopRequested/KeyboardInterrupt on a stop, never a verdict."""
+    """Solve the SMT-LIB ``text`` with the :data:`STRATEGIES` of ``goal`` ("prove": unsat expected, "find": a
+    model expected) in turn within ``rlimit`` in all; ``model_of`` ({name: "int" | "bool"}): read these symbols'
+    values from a model. Raises StopRequested/KeyboardInterrupt on a stop, never a verdict. The verdict's
+    ``strategy`` is the one that decided."""
+    t0 = time.perf_counter()
+    spent = 0
+    last = Verdict("unknown", "rlimit exhausted", 0)
+    order = STRATEGIES[goal]
+    for k, strategy in enumerate(order):
+        left = rlimit - spent
+        if left <= 0:
+            break
+        cap = left if strategy.cap is None or k == len(order) - 1 else min(strategy.cap, left)
+        v = _solve_one(text, strategy, cap, seed, max(0.0, wall_s - (time.perf_counter() - t0)), model_of)
+        spent += cap if v.result == "unknown" else (v.rlimit_used or 0)  # a stage that gave up spent its cap
+        last = replace(v, rlimit_used=spent, seconds=round(time.perf_counter() - t0, 3), strategy=strategy.name)
+        if v.result != "unknown":
+            return last
+    return last
+
+
+def _solve_one(
+    text: str, strategy: Strategy, rlimit: int, seed: int, wall_s: float, model_of: Mapping[str, str] | None
+) -> Verdict:
     seconds, deadline = _timeout_s(wall_s)
     ctx = z3.Context()
-    s = _tactic(ctx, seed).solver()
+    s = strategy.build(ctx, seed).solver()
     s.set("rlimit", rlimit)
     s.set("timeout", max(1, int(seconds * 1000)))
     s.set("ctrl_c", False)
@@ -243,7 +307,8 @@ def minimise(
             if spent >= rlimit:
                 break
             pin = f"(assert (= {name} {_smt_int(value)}))"
-            v = solve(text + "\n".join([*pins, pin]), rlimit=rlimit - spent, wall_s=wall_s, model_of=model_of)
+            query = text + "\n".join([*pins, pin])
+            v = solve(query, rlimit=rlimit - spent, wall_s=wall_s, model_of=model_of, goal="find")
             spent += v.rlimit_used or 0
             if v.result == "sat" and v.model is not None:
                 current, pinned, changed = dict(v.model), True, True

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from obligations import __version__
-from obligations.contract import Contract, ContractError, load_contract, load_contracts
+from obligations.contract import Contract, ContractError, load_contract, load_contracts, shown_path
 from obligations.core import cancel, entrypoints
 from obligations.core.device import use_plain_reductions
 from obligations.core.evidence import FORMAT as EVIDENCE_FORMAT
@@ -154,7 +154,7 @@ def _agreement_kind(applied: Any) -> str | None:
 
 def replay_command(contract: Contract, item_id: str, device: str, seed: int) -> str:
     """The command that re-runs exactly this item."""
-    return f"kc check {contract.path} --only {item_id} --device {device} --seed {seed}"
+    return f"kc check {shown_path(contract.path)} --only {item_id} --device {device} --seed {seed}"
 
 
 def selected(item_id: str, patterns: Iterable[str]) -> bool:

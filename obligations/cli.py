@@ -786,7 +786,7 @@ def _replay_options(p: argparse.ArgumentParser) -> None:
 @_configure(_replay_options)
 def _replay(args: argparse.Namespace) -> int:
     from falsification.runner import find_item, replay
-    from obligations.contract import ContractError, load_contract
+    from obligations.contract import ContractError, load_contract, shown_path
 
     device = _resolve_device(args.device)
     if device is None:
@@ -810,7 +810,7 @@ def _replay(args: argparse.Namespace) -> int:
         scalars=args.scalars,
         device=device,
         contract=contract.data,
-        contract_path=args.path,
+        contract_path=shown_path(args.path),
         seed=args.seed,
     )
     record = {"id": args.item_id, "method": "falsify", "seconds": time.perf_counter() - t0, **outcome.to_json()}

@@ -48,6 +48,7 @@ __all__ = [
     "parse_contract",
     "validate_paths",
     "contract_files",
+    "shown_path",
     "SCHEMA_PATH",
     "CODE_ROLES",
     "resolve_code",
@@ -577,6 +578,17 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """``"; did you mean 'x'?"`` for the closest of ``choices`` to ``word``, or ``""``."""
     close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def shown_path(path: str | Path) -> str:
+    """``path`` as commands quote it: relative to the working directory when it lies below it, else as given."""
+    text = str(path)
+    if not os.path.isabs(text):
+        return text
+    try:
+        return str(Path(text).relative_to(Path.cwd()))
+    except ValueError:  # outside the working directory: only the absolute path finds it
+        return text
 
 
 def add_project_root(contract_path: str | Path) -> Path | None:

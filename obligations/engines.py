@@ -22,7 +22,7 @@ import z3
 
 from obligations import expr as exprlang
 from obligations import z3solve
-from obligations.contract import Contract, import_test_modules
+from obligations.contract import Contract, import_test_modules, shown_path
 from obligations.core import cancel, plans
 from obligations.core import symbolic as sym
 from obligations.core.evidence import (
@@ -697,7 +697,7 @@ class _RegisteredTestEngine(Engine):
             seed=job.seed,
             item=dict(item),
             contract=job.contract.data,
-            contract_path=job.contract.path,
+            contract_path=shown_path(job.contract.path),
             witnesses=witnesses,
         )
         return with_evidence_kind(_unreported_witnesses(test.run(ctx), witnesses), self.evidence_class)

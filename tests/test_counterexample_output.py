@@ -5,6 +5,7 @@ prints in ``kc check``'s style (``--json`` for the raw record)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from obligations.cli import main
@@ -95,24 +96,28 @@ def violated(ctx):
 '''
 
 
-def _project(tmp_path: Path, monkeypatch) -> Path:
+def _project(tmp_path: Path, monkeypatch, cwd: str = ".") -> Path:
+    """A project with the contract; the working directory is ``cwd`` in it; returns the contract's path from there."""
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'replayed'\n")
     (tmp_path / "contracts").mkdir()
     (tmp_path / "contracts" / "replayed-v1.yaml").write_text(CONTRACT)
     (tmp_path / "replayed_tests.py").write_text(TESTS)
-    monkeypatch.chdir(tmp_path)
+    (tmp_path / cwd).mkdir(exist_ok=True)
+    monkeypatch.chdir(tmp_path / cwd)
     monkeypatch.syspath_prepend(str(tmp_path))
-    return Path("contracts") / "replayed-v1.yaml"
+    return Path(os.path.relpath(tmp_path / "contracts" / "replayed-v1.yaml"))
 
 
 def test_a_worker_names_the_contract_as_the_run_does(tmp_path, monkeypatch):
     # The worker read the contract by its absolute path and quoted that path in the replay command; the
     # request and the worker's loading are run here in process (a worker process costs seconds of start-up).
+    # The contract lies outside the working directory, so only the name the run was given is relative.
     from obligations.check import item_fields
     from obligations.contract import load_contract
     from obligations.isolation import worker_contract, worker_request
 
-    path = _project(tmp_path, monkeypatch)
+    path = _project(tmp_path, monkeypatch, cwd="work")
+    assert str(path).startswith("..")
     contract = load_contract(path)
     request = json.loads(json.dumps(worker_request({}, contract, contract.item("FT-A"), None)))
     assert Path(request["path"]).is_absolute()
@@ -133,6 +138,17 @@ def test_kc_replay_prints_like_kc_check_and_json_on_request(tmp_path, monkeypatc
     assert main([*argv, "--json"]) == 1
     record = json.loads(capsys.readouterr().out)
     assert record["id"] == "FT-A" and record["status"] == "violated" and record["reason"] == "planted"
+
+
+def test_an_absolute_contract_path_below_the_working_directory_is_quoted_relative(tmp_path, monkeypatch, capsys):
+    _project(tmp_path, monkeypatch)
+    absolute = str(tmp_path / "contracts" / "replayed-v1.yaml")
+    assert main(["check", absolute, "--device", "host", "--only", "FT-A", "-j", "0", "-q"]) == 1
+    out = capsys.readouterr().out
+    assert "replay: kc replay contracts/replayed-v1.yaml FT-A --bits 0xA8FFC000 --device host --seed 0" in out
+    assert "replay: kc check contracts/replayed-v1.yaml --only FT-A --device host --seed 0" in out
+    assert main(["replay", absolute, "FT-A", "--bits", "0xA8FFC000", "--device", "host"]) == 1
+    assert "replay: kc replay contracts/replayed-v1.yaml FT-A" in capsys.readouterr().out
 
 
 def test_kc_replay_of_an_agreeing_element_passes(capsys):

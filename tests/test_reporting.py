@@ -554,20 +554,32 @@ _BROKEN_WORDS_JS = r"""
 _SQUEEZED = '<table style="width:10px"><tr><th style="overflow-wrap:anywhere">Description</th><td>x</td></tr></table>'
 
 
-def _broken_words(binary: str, pages: list[Path], width: int) -> list[str]:
-    """Words broken mid-word in the pages' bodies, laid out one after another in one window ``width`` wide."""
+def _broken_words(binary: str, pages: list[Path], widths: tuple[int, ...]) -> dict[int, list[str]]:
+    """Words broken mid-word in the pages' bodies laid out one after another, in a frame of each width.
+
+    One browser run: the frames are srcdoc iframes (same origin as the top page), read once it has loaded.
+    """
+    from html import escape
+
     first = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", pages[0].read_text(encoding="utf-8"))
     bodies = [re.search(r"<body>(.*)</body>", p.read_text(encoding="utf-8"), re.S).group(1) for p in pages[1:]]
-    probe = pages[0].with_name(f"probe-{width}.html")
-    text = first.replace("</body>", "".join(bodies) + _SQUEEZED + _BROKEN_WORDS_JS + "</body>")
-    probe.write_text(text, encoding="utf-8")
-    dumped = _run_chromium(binary, f"--window-size={width},1000", "--dump-dom", probe.resolve().as_uri())
+    framed = escape(first.replace("</body>", "".join(bodies) + _SQUEEZED + _BROKEN_WORDS_JS + "</body>"))
+    frames = "".join(f'<iframe width="{w}" height="1000" srcdoc="{framed}"></iframe>' for w in widths)
+    collect = (
+        '<script>window.addEventListener("load", () => { const out = document.createElement("pre");'
+        ' out.id = "kc-frames"; out.textContent = JSON.stringify([...document.querySelectorAll("iframe")].map('
+        '(f) => JSON.parse(f.contentDocument.getElementById("kc-broken-words").textContent)));'
+        " document.body.appendChild(out); });</script>"
+    )
+    probe = pages[0].with_name("probe.html")
+    probe.write_text(f"<!DOCTYPE html><html><body>{frames}{collect}</body></html>", encoding="utf-8")
+    dumped = _run_chromium(binary, f"--window-size={max(widths) + 100},1000", "--dump-dom", probe.resolve().as_uri())
     assert dumped.returncode == 0, dumped.stderr[-2000:]
-    found = re.search(r'<pre id="kc-broken-words">(.*?)</pre>', dumped.stdout, re.S)
+    found = re.search(r'<pre id="kc-frames">(.*?)</pre>', dumped.stdout, re.S)
     assert found, f"the probe did not run:\n{dumped.stdout[-2000:]}"
     from html import unescape
 
-    return json.loads(unescape(found.group(1)))
+    return dict(zip(widths, json.loads(unescape(found.group(1))), strict=True))
 
 
 def _with_expected_deviations(result: dict) -> dict:
@@ -594,7 +606,7 @@ def test_headers_and_labels_are_never_broken_mid_word_at_1400_or_800_px(tmp_path
     pages.append(tmp_path / "contract.html")
     pages[1].write_text(render_contract_html(result, gated), encoding="utf-8")
     # the control (a squeezed "Description") is the one word broken: the probe ran and sees breaks
-    broken = {w: _broken_words(binary, pages, w) for w in (1400, 800)}
+    broken = _broken_words(binary, pages, (1400, 800))
     assert broken == {1400: ["th: Description"], 800: ["th: Description"]}, broken
 
 

@@ -56,6 +56,7 @@ __all__ = [
     "evaluate_statement",
     "Evaluation",
     "fresh_z3_context",
+    "code_digest",
 ]
 
 DEFAULT_RLIMIT = 50_000_000
@@ -559,26 +560,32 @@ class _TooLarge(ValueError):
     pass
 
 
-def _enumeration_key(c: Contract, item: Mapping[str, Any]) -> dict[str, Any]:
-    """What an enumeration's verdict depends on: the statement, the bound, the used symbols' declarations, the
-    plan's name and the source of its whole top-level package (and ``spec``), the evaluating code, NumPy."""
-    kernel = kernel_of(c, item) or {}
-    plan = kernel.get("plan")
-    roots = [Path(__file__).parent / "core", *(Path(__file__).parent / f for f in _EVALUATING)]
+def code_digest(c: Contract, item: Mapping[str, Any], *modules: str) -> str:
+    """SHA-256 of the code an item's verdict runs: every ``.py`` file of its plan's top-level package (and
+    ``spec/`` beside it), of ``obligations/core/`` and the evaluating modules (``obligations/<name>.py``)."""
+    here = Path(__file__).parent
+    roots = [here / "core", *(here / f for f in (*_EVALUATING, *modules))]
+    plan = (kernel_of(c, item) or {}).get("plan")
     if plan:
         top = importlib.import_module(str(plan).partition(":")[0].split(".")[0])
         for d in {Path(p) for p in getattr(top, "__path__", [])} or {Path(str(top.__file__))}:
             roots.append(d)
             if (d.parent / "spec").is_dir():
                 roots.append(d.parent / "spec")
+    return sources_digest(roots)
+
+
+def _enumeration_key(c: Contract, item: Mapping[str, Any]) -> dict[str, Any]:
+    """What an enumeration's verdict depends on: the statement, the bound, the used symbols' declarations, the
+    plan's name and the code it runs (:func:`code_digest`), NumPy's version."""
     names = _used_symbols(c, item)
     return {
         "given": item.get("given"),
         "prove": item.get("prove"),
         "bound": item.get("bound"),
         "symbols": {n: c.symbols[n] for n in names},
-        "plan": plan,
-        "sources": sources_digest(roots),
+        "plan": (kernel_of(c, item) or {}).get("plan"),
+        "sources": code_digest(c, item),
         "numpy": np.__version__,
     }
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import z3
@@ -40,18 +41,20 @@ from obligations import expr as exprlang
 from obligations import z3solve
 from obligations.core import cancel, plans
 from obligations.core import symbolic as sym
-from obligations.core.evidence import RegimeEvidence
+from obligations.core.evidence import RegimeEvidence, evidence_from_json
 from obligations.core.plans import boundary_name, plan_regimes, regime_of
 from obligations.core.results import Outcome, error, proved, unknown, violated
 from obligations.engines import (
     DEFAULT_RLIMIT,
     Engine,
     Job,
+    code_digest,
     domain_constraints,
     fresh_z3_context,
     register_engine,
     z3_bool,
 )
+from obligations.proofcache import cache_get, cache_key, cache_put, proof_settings
 from obligations.statements import kernel_of
 
 __all__ = ["RegimesEngine", "guard_specs", "plan_regimes", "regime_of"]
@@ -73,7 +76,34 @@ class RegimesEngine(Engine):
     name = "regimes"
 
     def discharge(self, job: Job) -> Outcome:
-        """Prove the regimes cover the domain, find a minimal witness per regime and per guard boundary side."""
+        """Prove the regimes cover the domain, find a minimal witness per regime and per guard boundary side;
+        a proved result is stored in the proof cache and reused while the item, its kernel, the symbols and
+        the code it runs are unchanged."""
+        settings = proof_settings()
+        key = None
+        if settings.cache:
+            c, item = job.contract, job.item
+            parts = {
+                "item": {k: v for k, v in item.items() if k not in ("location", "id")},
+                "kernel": kernel_of(c, item),
+                "symbols": c.symbols,
+                "sources": code_digest(c, item, "regimes.py", "z3solve.py"),
+                "z3": z3.get_version_string(),
+            }
+            key = cache_key("regimes", parts)
+            hit = cache_get(settings, key)
+            if hit is not None and hit.get("status") == "proved":
+                reused = evidence_from_json(hit.get("evidence"))
+                if isinstance(reused, RegimeEvidence):
+                    return proved(replace(reused, cache="hit", cache_key=key))
+        out = self._discharge(job)
+        if key is not None and isinstance(out.evidence, RegimeEvidence):
+            out = replace(out, evidence=replace(out.evidence, cache="miss", cache_key=key))
+            if out.status.value == "proved":
+                cache_put(settings, key, {"status": "proved", "evidence": out.evidence.to_json()})
+        return out
+
+    def _discharge(self, job: Job) -> Outcome:
         fresh_z3_context()
         c, item = job.contract, job.item
         kernel = kernel_of(c, item)

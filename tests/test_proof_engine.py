@@ -324,3 +324,44 @@ def test_the_statements_overflow_is_not_reported_as_the_plans(tmp_path, cache_di
     assert out.status.value == "violated"
     cex = out.counterexample
     assert cex["failed_conditions"] and cex["statement_no_overflow"] is False and cex["plan_no_overflow"] is True
+
+
+def test_reports_and_the_console_tell_a_reused_proof_from_a_fresh_one():
+    from obligations.console import _evidence_line
+    from obligations.reporting.model import describe_claim
+
+    fresh = {
+        "status": "proved",
+        "claim": "proved",
+        "method": "z3",
+        "evidence": {
+            "kind": "z3",
+            "solver": "z3",
+            "rlimit": 10,
+            "rlimit_used": 5,
+            "cache": "miss",
+            "cache_key": "ab" * 32,
+        },
+    }
+    reused = {**fresh, "evidence": {**fresh["evidence"], "cache": "hit"}}
+    assert "proof cache" not in describe_claim(fresh) and "proof cache" not in _evidence_line(fresh)
+    assert "reused from the proof cache (key abababababababab)" in describe_claim(reused)
+    assert _evidence_line(reused).endswith("(proof cache)")
+    stable = {
+        **fresh,
+        "evidence": {
+            **fresh["evidence"],
+            "stability": {"runs": 10, "proved": 10, "rlimit_min": 1, "rlimit_median": 2, "rlimit_max": 3},
+        },
+    }
+    assert "proved in 10 of 10 perturbed runs" in describe_claim(stable)
+
+
+def test_a_regimes_item_is_reused_from_the_cache(cache_dir):
+    contract = load_contract(ROOT / "contracts" / "norm-softmax-v1.yaml", check=False)
+    item = next(it for it in contract.items if it.get("method") == "regimes")
+    first = get_engine("regimes").discharge(Job(contract, item))
+    again = get_engine("regimes").discharge(Job(contract, item))
+    assert first.status.value == again.status.value == "proved", first.reason
+    assert (first.evidence["cache"], again.evidence["cache"]) == ("miss", "hit")
+    assert again.evidence["witnesses"] == first.evidence["witnesses"]

@@ -232,6 +232,8 @@ class RegimeEvidence(Evidence):
     witnesses: Mapping[str, Mapping[str, Any]] | None = None
     # guard conjunct -> {guard, accept: witness found, reject: witness found, implied: why none is needed}
     boundaries: Mapping[str, Mapping[str, Any]] | None = None
+    cache: str | None = None  # "hit": reused from the proof cache; "miss": solved here (stored if proved)
+    cache_key: str | None = None
 
 
 @register_evidence

@@ -33,6 +33,10 @@ _GATE_COLOURS = {
     GATE_EXPECTED: status_style("violated_expected").colour,
 }
 
+_GATE_TITLES = {
+    GATE_EXPECTED: "every required item has evidence or is a deviation the contract documents (violated_expected)"
+}
+
 PlotImages = Mapping[tuple[str, str], bytes]
 
 _CSS = """
@@ -53,6 +57,8 @@ th{overflow-wrap:normal;word-break:normal;hyphens:none} thead th{white-space:now
 table.contracts td,table.items td,table.summary td{overflow-wrap:normal;word-break:normal}
 table.contracts td:first-child,table.items td:first-child{white-space:nowrap}
 .wide{overflow-x:auto;max-width:100%} .gate{display:inline-block;white-space:nowrap}
+body.index{max-width:none} table.contracts thead th{white-space:normal}
+table.contracts th,table.contracts td{padding:.25rem .45rem}
 """.strip()
 
 
@@ -60,7 +66,8 @@ def gate_verdict_html(status: str | None) -> str:
     """The QA gate verdict as a coloured badge."""
     text = status or "not evaluated"
     colour = _GATE_COLOURS.get(text, _GATE_COLOURS["not evaluated"])
-    return f'<span class="gate" data-gate="{escape(text)}" style="background:{colour}">{escape(text)}</span>'
+    title = f' title="{escape(_GATE_TITLES[text])}"' if text in _GATE_TITLES else ""
+    return f'<span class="gate" data-gate="{escape(text)}"{title} style="background:{colour}">{escape(text)}</span>'
 
 
 def _status(status: str) -> str:
@@ -173,7 +180,7 @@ def render_contract_html(
         f"{escape(str(device.get('name') or device.get('kind') or '?'))}</p>",
         "<h2>Summary</h2>",
         '<div class="wide"><table class="summary"><thead><tr>'
-        + "".join(f"<th>{escape(k)}</th>" for k in keys)
+        + "".join(f"<th>{escape(_header(k))}</th>" for k in keys)
         + "</tr></thead>"
         "<tbody><tr>" + "".join(f"<td>{counts.get(k, 0)}</td>" for k in keys) + "</tr></tbody></table></div>",
         '<div class="wide"><table class="items"><thead><tr><th>Item</th><th>Type</th><th>Method</th><th>Status</th>'
@@ -214,6 +221,11 @@ def render_contract_html(
     return "\n".join(out) + "\n"
 
 
+def _header(status: str) -> str:
+    """A status as a column header: ``violated_expected`` may break between its words, never inside one."""
+    return status.replace("_", " ")
+
+
 def render_index_html(result: Mapping[str, Any], *, html_pages: bool = True) -> str:
     """index.html: every contract of ``result`` with its counts, its coloured QA gate verdict and a link."""
     prov = result.get("provenance") or {}
@@ -225,24 +237,24 @@ def render_index_html(result: Mapping[str, Any], *, html_pages: bool = True) -> 
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">",
-        f"<title>Kernel contract reports</title><style>{_CSS}</style></head><body>",
+        f'<title>Kernel contract reports</title><style>{_CSS}</style></head><body class="index">',
         "<h1>Kernel contract reports</h1>",
         f'<p class="meta">checked {escape(str(prov.get("started", "?")))} on '
         f"{escape(str(device.get('name') or device.get('kind') or '?'))}"
         f" · profile {escape(str(prov.get('profile') or '?'))}</p>",
-        '<div class="wide"><table class="contracts"><thead><tr><th>Contract</th><th>Family</th><th>Version</th>'
-        + "".join(f"<th>{escape(k)}</th>" for k in STATUSES)
-        + "<th>QA gate</th></tr></thead><tbody>",
+        # the verdict next to the name: on a narrow window the counts scroll, the verdict stays in view
+        '<div class="wide"><table class="contracts"><thead><tr><th>Contract</th><th>QA gate</th><th>Family</th>'
+        "<th>Version</th>" + "".join(f"<th>{escape(_header(k))}</th>" for k in STATUSES) + "</tr></thead><tbody>",
     ]
     for c in contracts:
         counts = contract_summary(c)
         cid = escape(str(c["id"]))
         name = f'<a href="{escape(report_file(str(c["id"])))}.html">{cid}</a>' if html_pages else cid
         out.append(
-            f"<tr><td>{name}</td><td>{escape(str(c.get('family', '')))}</td>"
-            f"<td>{escape(str(c.get('version', '')))}</td>"
+            f"<tr><td>{name}</td><td>{gate_verdict_html(gate_verdict(c))}</td>"
+            f"<td>{escape(str(c.get('family', '')))}</td><td>{escape(str(c.get('version', '')))}</td>"
             + "".join(f"<td>{counts.get(k, 0)}</td>" for k in STATUSES)
-            + f"<td>{gate_verdict_html(gate_verdict(c))}</td></tr>"
+            + "</tr>"
         )
     out += ["</tbody></table></div>", "</body></html>"]
     return "\n".join(out) + "\n"

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [
     "docs/gemm.md",
     "docs/reductions.md",
+    "docs/indexing.md",
     "docs/graphs.md",
     "docs/scan.md",
     "docs/fft.md",

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from obligations import __version__
+from obligations.cluster import ClusterRunner, parse_cluster
 from obligations.contract import Contract, ContractError, load_contract, load_contracts, shown_path
 from obligations.core import cancel, entrypoints
 from obligations.core.device import use_plain_reductions
@@ -202,6 +203,7 @@ class RunOptions:
     maxfail: int | None = None
     jobs: int = 0  # worker processes running items ahead (0: every item in order, by the run itself)
     timeline: str | Path | None = None  # write where and when each item ran here (Chrome trace JSON)
+    cluster: str | None = None  # run every item on this Dask cluster (local, local:N, tcp://HOST:PORT)
 
 
 def check_contract(
@@ -215,7 +217,7 @@ def check_contract(
     options: RunOptions | None = None,
     executor: Executor | None = None,
     failures: list[int] | None = None,
-    prefetcher: Prefetcher | None = None,
+    prefetcher: Prefetcher | ClusterRunner | None = None,
     ran: Callable[[tuple[str, str, str], str, float, float], None] | None = None,
 ) -> dict[str, Any]:
     """Check one contract and return its entry of the JSON result (items a ``prefetcher`` ran are taken from it;
@@ -513,7 +515,12 @@ def check_paths(
     reason: str | None = None
     try:
         with raising_on_stop():  # a stop requested before the first item (while loading) ends the run here
-            if options.jobs > 0 and _worth_workers(todo, only, options):
+            if options.cluster and next(_to_run(todo, only, options.done), None) is not None:
+                # every item runs on the cluster; the run takes the records in order (and logs them as it does)
+                settings = {"device": device, "profile": profile, "seed": seed}
+                prefetcher = ClusterRunner(parse_cluster(options.cluster), settings, options.isolate, ran=ran_fn)
+                _start_cluster(prefetcher, todo, only, profile, options)
+            elif options.jobs > 0 and _worth_workers(todo, only, options):
                 # made before the measure items run, so that a stop during them still closes its workers
                 prefetcher = Prefetcher(
                     options.jobs, executor.fields, {"device": device, "profile": profile, "seed": seed}, ran=ran_fn
@@ -573,7 +580,9 @@ def check_paths(
         result["signal"] = reason
     if stopped:
         result["stopped"] = f"--maxfail {options.maxfail} reached"
-    started = getattr(executor, "started", 0) + (prefetcher.started if prefetcher is not None else 0)
+    if isinstance(prefetcher, ClusterRunner):
+        result["provenance"]["cluster"] = {"spec": str(prefetcher.spec), "workers": prefetcher.workers}
+    started = getattr(executor, "started", 0) + (prefetcher.started if isinstance(prefetcher, Prefetcher) else 0)
     if started:
         result["provenance"]["workers_started"] = started
     return result
@@ -582,7 +591,7 @@ def check_paths(
 def _log_finished_ahead(
     todo: list[Contract],
     contracts: list[dict[str, Any]],
-    prefetcher: Prefetcher,
+    prefetcher: Prefetcher | ClusterRunner,
     log: Callable[[Contract, dict[str, Any]], None],
     device: str,
     seed: int,
@@ -631,6 +640,37 @@ def _witness_source(
     return dep if position.get(dep, len(position)) < position[item_key(contract, item["id"])] else None
 
 
+def _submitter(
+    runner: Prefetcher | ClusterRunner,
+    todo: list[Contract],
+    only: list[str] | None,
+    profile: str,
+    options: RunOptions,
+    wanted: list[tuple[Contract, dict[str, Any]]],
+) -> Callable[[list[tuple[Contract, dict[str, Any]]]], None]:
+    """Publish the resumed records to ``runner`` (they still hand out witnesses); a function that submits items."""
+    position = {item_key(c, it["id"]): n for n, (c, it) in enumerate(wanted)}
+    for (cid, sha, item_id), record in options.done.items():
+        for c in todo:
+            if (c.id, c.sha256) == (cid, sha):
+                runner.publish(item_key(c, item_id), record)
+
+    def submit(group: list[tuple[Contract, dict[str, Any]]]) -> None:
+        for contract, item in group:
+            after = _witness_source(contract, item, position, options.done, only)
+            runner.submit(contract, item, item_timeout(item, profile, options.item_timeout), after)
+
+    return submit
+
+
+def _start_cluster(
+    runner: ClusterRunner, todo: list[Contract], only: list[str] | None, profile: str, options: RunOptions
+) -> None:
+    """Send every item the run checks to the cluster (the runner sends the measure items first)."""
+    wanted = list(_to_run(todo, only, options.done))
+    _submitter(runner, todo, only, profile, options, wanted)(wanted)
+
+
 def _start_prefetcher(
     prefetcher: Prefetcher,
     todo: list[Contract],
@@ -649,16 +689,7 @@ def _start_prefetcher(
     Measure records wait in the prefetcher to be taken in order. A stop propagates.
     """
     wanted = list(_to_run(todo, only, options.done))
-    position = {item_key(c, it["id"]): n for n, (c, it) in enumerate(wanted)}
-    for (cid, sha, item_id), record in options.done.items():  # resumed records still hand out their witnesses
-        for c in todo:
-            if (c.id, c.sha256) == (cid, sha):
-                prefetcher.publish(item_key(c, item_id), record)
-
-    def submit(group: list[tuple[Contract, dict[str, Any]]]) -> None:
-        for contract, item in group:
-            after = _witness_source(contract, item, position, options.done, only)
-            prefetcher.submit(contract, item, item_timeout(item, profile, options.item_timeout), after)
+    submit = _submitter(prefetcher, todo, only, profile, options, wanted)
 
     quiet = [(c, it) for c, it in wanted if item_method(it) in QUIET_METHODS]
     beside = [(c, it) for c, it in wanted if item_method(it) in HOST_METHODS]

@@ -188,6 +188,15 @@ def _check_options(p: argparse.ArgumentParser) -> None:
         "first on a quiet GPU (default: cores - 1, at most 15; 0: none)",
     )
     p.add_argument(
+        "--cluster",
+        type=_cluster_value,
+        metavar="local[:N]|tcp://HOST:PORT",
+        default=None,
+        help="run the items on a Dask cluster: local (one worker per visible GPU on cuda, cores - 1 CPU workers on "
+        "the host; local:N: N), or a running scheduler's address (docs/scale-out.md; pip install "
+        "'kernel-contracts[scale]')",
+    )
+    p.add_argument(
         "-x",
         "--exitfirst",
         dest="maxfail",
@@ -226,6 +235,16 @@ def _check_options(p: argparse.ArgumentParser) -> None:
     )
     _verbosity_options(p)
     _search_path_option(p)
+
+
+def _cluster_value(text: str) -> str:
+    """An argparse type: a ``--cluster`` value (checked here, kept as text)."""
+    from obligations.cluster import parse_cluster
+
+    try:
+        return str(parse_cluster(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _split_only(args: argparse.Namespace) -> None:
@@ -324,6 +343,7 @@ def _check(args: argparse.Namespace) -> int:
 
 def _run_check(args: argparse.Namespace) -> int:
     from obligations.check import RunOptions, check_paths
+    from obligations.cluster import ClusterError
     from obligations.console import Reporter
     from obligations.contract import load_contracts
     from obligations.core.device import device_info
@@ -342,6 +362,11 @@ def _run_check(args: argparse.Namespace) -> int:
             problems.extend(more)
             for msg in resumed.warnings:
                 print(f"kc: warning: {msg}", file=sys.stderr)
+    if args.cluster:
+        from obligations.cluster import dask_missing
+
+        if dask_missing():
+            problems.append(f"--cluster {args.cluster}: {dask_missing()}")
     if problems:
         for msg in problems:
             print(f"kc: error: {msg}", file=sys.stderr)
@@ -391,6 +416,7 @@ def _run_check(args: argparse.Namespace) -> int:
         maxfail=args.maxfail or None,  # 0: no limit, as pytest's --maxfail 0 (never a green exit for a failing run)
         jobs=default_jobs() if args.jobs is None else args.jobs,
         timeline=args.timeline,
+        cluster=args.cluster,
         done=resumed.done if resumed else {},
         log=log.record if log else None,
     )
@@ -410,6 +436,9 @@ def _run_check(args: argparse.Namespace) -> int:
             argv=["kc", *sys.argv[1:]],
             options=options,
         )
+    except ClusterError as e:  # a scheduler that does not answer, no GPU for a local cuda cluster: bad input
+        print(f"kc: error: --cluster {e}", file=sys.stderr)
+        return EXIT_INVALID
     finally:
         reporter.close()
         if log:  # the end line only for a run that ended; the lock goes with the close

@@ -47,6 +47,17 @@ def _number(v: Any) -> float:
     return float(v)
 
 
+def _cluster(v: Any) -> str:
+    from obligations.cluster import parse_cluster
+
+    if not isinstance(v, str):
+        raise TypeError("local, local:N or tcp://HOST:PORT")
+    try:
+        return str(parse_cluster(v))
+    except ValueError:
+        raise TypeError("local, local:N or tcp://HOST:PORT") from None
+
+
 # key in [tool.kc] -> (argparse dest, converter, the subcommands it applies to)
 CONFIG_KEYS: dict[str, tuple[str, Callable[[Any], Any], tuple[str, ...]]] = {
     "contracts": ("paths", _paths, ("check", "validate", "report")),
@@ -57,6 +68,7 @@ CONFIG_KEYS: dict[str, tuple[str, Callable[[Any], Any], tuple[str, ...]]] = {
     "report_dir": ("out", _of(str), ("report",)),
     "item_timeout": ("item_timeout", _number, ("check",)),
     "log": ("log", _of(str), ("check",)),
+    "cluster": ("cluster", _cluster, ("check",)),
 }
 
 

@@ -61,6 +61,20 @@ def exit_process(ctx: FalsifyContext) -> Outcome:
     os._exit(7)
 
 
+@register_test("faults.dies_once")
+def dies_once(ctx: FalsifyContext) -> Outcome:
+    """A test whose first run ends its process (a worker lost mid-item) and whose second run passes."""
+    where = os.environ.get("KC_FAULTS_DIE_ONCE")
+    if not where:
+        return skipped("set KC_FAULTS_DIE_ONCE=DIR to run (its first run ends its process)")
+    mark = os.path.join(where, "died")
+    if not os.path.exists(mark):
+        with open(mark, "w") as f:
+            f.write(str(os.getpid()))
+        os._exit(9)
+    return passed(cases=1, seed=ctx.seed)
+
+
 @register_test("faults.raises")
 def raises(ctx: FalsifyContext) -> Outcome:
     """A test with a bug: the error item must name this file and line."""

@@ -1,0 +1,451 @@
+"""Running a check's items on a Dask cluster: a local one (one worker per GPU, or N CPU workers) or a scheduler's.
+
+``kc check --cluster local[:N]`` starts a local cluster; ``--cluster tcp://HOST:PORT`` uses a running scheduler
+(``dask scheduler`` + ``dask worker --nthreads 1 --resources GPU=1`` per GPU). :class:`ClusterRunner` has the
+run-ahead interface of :class:`obligations.isolation.Prefetcher` (submit, publish, take, close), so the in-order
+run of :func:`obligations.check.check_contract` is the same on every executor: records are taken in the
+contract's order, an item naming a regimes item's witnesses is sent only once that record is in, and each Dask
+worker runs its items through the run's own executor (a kc worker process replaced after a timeout, a crash or a
+broken CUDA context; in process with ``--isolate none``). On a cuda run every item that may touch the GPU holds
+the worker's whole ``GPU`` resource (one worker per GPU, one thread each): nothing else runs on that GPU while
+a measure item times. The measure items are sent first (highest priority). A Dask worker that dies takes its
+item with it only: the item is sent once more (to the worker that replaces it, or another), then recorded as
+``error`` (worker lost) with both workers' names. Dask is an optional dependency (``pip install
+kernel-contracts[scale]``); nothing here imports it before a cluster is asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from obligations.core import cancel
+from obligations.isolation import (
+    HOST_METHODS,
+    QUIET_METHODS,
+    Executor,
+    Key,
+    error_fields,
+    item_key,
+    known_witnesses,
+    make_executor,
+)
+
+__all__ = [
+    "ClusterSpec",
+    "ClusterError",
+    "parse_cluster",
+    "dask_missing",
+    "visible_gpus",
+    "open_cluster",
+    "ClusterRunner",
+    "run_on_worker",
+    "WORKER_LOST",
+]
+
+# The reason of an item whose Dask worker died under it twice (first words: what reports and tests look for).
+WORKER_LOST = "worker lost"
+
+# How many times an item is sent after its worker died under it (the issue's "retried once on another worker").
+RETRIES = 1
+
+
+class ClusterError(Exception):
+    """A cluster that cannot be used: Dask missing, a scheduler that does not answer, a bad --cluster value."""
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A parsed ``--cluster`` value: ``local`` (``workers`` None: one per GPU, or cores - 1) or a scheduler address."""
+
+    kind: str  # "local" or "scheduler"
+    workers: int | None = None
+    address: str | None = None
+
+    def __str__(self) -> str:
+        if self.kind == "local":
+            return "local" if self.workers is None else f"local:{self.workers}"
+        return str(self.address)
+
+
+_ADDRESS = re.compile(r"^(tcp|tls|ucx|inproc)://[^\s/]+$")
+
+
+def parse_cluster(text: str) -> ClusterSpec:
+    """``local``, ``local:N`` (N >= 1) or ``tcp://HOST:PORT``; ValueError naming what is wrong otherwise."""
+    text = text.strip()
+    if text == "local":
+        return ClusterSpec("local")
+    if text.startswith("local:"):
+        n = text.partition(":")[2]
+        if not n.isdigit() or int(n) < 1:
+            raise ValueError(f"{text!r}: local:N needs a number of workers N >= 1")
+        return ClusterSpec("local", workers=int(n))
+    if _ADDRESS.match(text):
+        return ClusterSpec("scheduler", address=text)
+    raise ValueError(f"{text!r} is not local, local:N or a scheduler address (tcp://HOST:PORT)")
+
+
+def dask_missing() -> str | None:
+    """Why Dask cannot be used here (the install command), or None when ``dask.distributed`` imports."""
+    try:
+        import distributed  # noqa: F401
+    except ImportError as e:
+        return f"Dask is not installed ({e}); pip install 'kernel-contracts[scale]' (dask, distributed)"
+    return None
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries (its own setting, else every device)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d.strip() for d in env.split(",") if d.strip() and d.strip() != "-1"]
+    try:
+        import cupy
+
+        return [str(n) for n in range(cupy.cuda.runtime.getDeviceCount())]
+    except Exception:  # no CuPy, no driver: no GPU to give a worker
+        return []
+
+
+def _worker_specs(spec: ClusterSpec, device: str) -> dict[str, dict[str, Any]]:
+    """Dask worker specs: on cuda one per visible GPU (that GPU only, resource GPU=1), else N CPU workers."""
+    from distributed import Nanny
+
+    from obligations.isolation import default_jobs
+
+    base = {"nthreads": 1, "memory_limit": 0, "silence_logs": 40}  # one item at a time; logging.ERROR
+    if device == "cuda":
+        gpus = visible_gpus()
+        if not gpus:
+            raise ClusterError("--cluster local on cuda: no visible GPU")
+        if spec.workers is not None and spec.workers != len(gpus):
+            raise ClusterError(
+                f"--cluster local:{spec.workers} on cuda: one worker per GPU, and {len(gpus)} are visible "
+                "(set CUDA_VISIBLE_DEVICES to choose them)"
+            )
+        return {
+            f"gpu{g}": {
+                "cls": Nanny,
+                "options": {**base, "resources": {"GPU": 1}, "env": {"CUDA_VISIBLE_DEVICES": g}, "name": f"gpu{g}"},
+            }
+            for g in gpus
+        }
+    n = spec.workers if spec.workers is not None else default_jobs()
+    return {f"cpu{k}": {"cls": Nanny, "options": {**base, "name": f"cpu{k}"}} for k in range(n)}
+
+
+def open_cluster(spec: ClusterSpec, device: str, timeout: float = 60.0) -> tuple[Any, Any]:
+    """(Dask client, the local cluster it started or None) for ``spec``; ClusterError when that cannot be."""
+    why = dask_missing()
+    if why:
+        raise ClusterError(why)
+    from distributed import Client, Scheduler, SpecCluster
+
+    cluster = None
+    try:
+        if spec.kind == "local":
+            cluster = SpecCluster(
+                workers=_worker_specs(spec, device),
+                scheduler={"cls": Scheduler, "options": {"dashboard_address": None, "port": 0}},
+                silence_logs=40,
+                name="kc",
+            )
+            client = Client(cluster, timeout=timeout)
+        else:
+            client = Client(spec.address, timeout=timeout)
+        # The scheduler gives up on an item at its first lost worker: the retry on another worker is ours, so
+        # that it is one on every cluster (a scheduler's default is three) and the record names the workers.
+        client.run_on_scheduler(_no_scheduler_retries)
+    except ClusterError:
+        if cluster is not None:
+            cluster.close()
+        raise
+    except (OSError, TimeoutError) as e:
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                cluster.close()
+        raise ClusterError(f"cluster {spec}: {type(e).__name__}: {e}") from None
+    return client, cluster
+
+
+def _no_scheduler_retries(dask_scheduler: Any) -> None:
+    dask_scheduler.allowed_failures = 0
+
+
+# -- the worker side ----------------------------------------------------------------------------------------
+
+_contracts: dict[tuple[str, str], Any] = {}  # (path, sha256) -> the contract, loaded once per worker process
+_executors: dict[tuple[Any, ...], Executor] = {}  # per thread and settings: a kc worker process is not shared
+
+
+def _who() -> str:
+    try:
+        from distributed import get_worker
+
+        w = get_worker()
+        return f"{w.name} ({w.address})" if w.name is not None and str(w.name) != w.address else str(w.address)
+    except Exception:  # not in a Dask worker (a direct call)
+        return f"pid {os.getpid()}"
+
+
+def run_on_worker(request: dict[str, Any]) -> dict[str, Any]:
+    """Run one item where this task landed: its record fields, seconds, the worker's name and wall times."""
+    from obligations.check import item_fields
+    from obligations.contract import import_test_modules, parse_contract
+
+    begin = time.time()
+    path, sha = request["path"], request["sha256"]
+    contract = _contracts.get((path, sha))
+    if contract is None:
+        contract = parse_contract(path)
+        import_test_modules(contract)
+        if contract.sha256 != sha:
+            fields = error_fields(f"{path} on worker {_who()} is not the file the run checks (sha256 differs)")
+            return {"fields": fields, "seconds": 0.0, "worker": _who(), "start": begin, "end": time.time()}
+        _contracts[(path, sha)] = contract
+    settings = {k: request[k] for k in ("device", "profile", "seed")}
+    isolate = "none" if request["isolate"] == "none" else "process"
+    key = (threading.get_ident(), isolate, tuple(sorted(settings.items())))
+    executor = _executors.get(key)
+    if executor is None:
+        executor = _executors[key] = make_executor(isolate, partial(item_fields, **settings), settings)
+    item = contract.item(request["item"])
+    start = time.time()
+    t0 = time.perf_counter()
+    fields = executor.run(contract, item, request["limit"], request.get("witnesses") or {})
+    seconds = round(executor.seconds(time.perf_counter() - t0), 4)
+    return {"fields": fields, "seconds": seconds, "worker": _who(), "start": start, "end": time.time()}
+
+
+def _stop_items() -> None:
+    """On a worker: stop the kc worker processes running items (the run that sent them stopped)."""
+    for executor in list(_executors.values()):
+        executor.close()
+    _executors.clear()
+
+
+# -- the run's side -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Slot:
+    contract: Any
+    item: dict[str, Any]
+    limit: float | None
+    after: Key | None
+    order: int
+    attempts: int = 0
+    lost: tuple[str, ...] = ()
+    future: Any = None
+    result: tuple[dict[str, Any], float] | None = None
+
+
+class ClusterRunner:
+    """Runs every item of a check on a Dask cluster; the in-order run takes the records (Prefetcher's interface).
+
+    Unlike :class:`obligations.isolation.Prefetcher`, :meth:`take` waits for every submitted item: on a cluster
+    the run's own process runs nothing (it is not a GPU worker).
+    """
+
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        settings: dict[str, Any],
+        isolate: str,
+        ran: Callable[[Key, str, float, float], None] | None = None,
+    ):
+        self.spec = spec
+        self.settings = dict(settings)
+        self.isolate = isolate
+        self.client, self.cluster = open_cluster(spec, settings["device"])
+        self._ran = ran
+        self._clock = time.perf_counter() - time.time()  # the workers' wall times on the run's timeline clock
+        self.finished: dict[Key, tuple[dict[str, Any], float]] = {}
+        self._slots: dict[Key, _Slot] = {}
+        self._published: dict[Key, dict[str, Any]] = {}
+        self._waiting: dict[Key, list[Key]] = {}
+        self._landed = threading.Condition()
+        self._lock = threading.RLock()
+        self._order = 0
+        self._closed = False
+        info = self.client.scheduler_info().get("workers", {})
+        self.workers = sorted(info)
+        # Items in flight at most one per worker thread: an item waits here, not assigned to a busy worker, so a
+        # worker that dies takes only the item it was running with it (Dask assigns single tasks eagerly).
+        self._capacity = max(1, sum(int(w.get("nthreads", 1)) for w in info.values()))
+        self._ready: list[tuple[int, int, Key]] = []  # heap of (-priority, order, key)
+        self._in_flight = 0
+
+    @property
+    def started(self) -> int:
+        """Workers of the cluster when the run began (provenance)."""
+        return len(self.workers)
+
+    def pin(self, cores: frozenset[int] | None) -> None:
+        """No-op: a cluster's workers are placed by their resources, not pinned by the run."""
+
+    def submit(self, contract: Any, item: dict[str, Any], limit: float | None, after: Key | None = None) -> None:
+        """Send ``item`` to the cluster; ``after``: the regimes item whose record (witnesses) it waits for."""
+        key = item_key(contract, item["id"])
+        with self._lock:
+            self._order += 1
+            self._slots[key] = _Slot(contract, item, limit, after, self._order)
+            if after is not None and after not in self._published:
+                self._waiting.setdefault(after, []).append(key)
+                return
+        self._send(key)
+
+    def _send(self, key: Key, first: bool = False) -> None:
+        """Queue ``key`` to go out when a worker thread is free: the measure items first (a quiet start), then
+        the rest in the run's order; ``first``: before every other (an item sent again after its worker died)."""
+        from obligations.check import item_method
+
+        with self._lock:
+            slot = self._slots[key]
+            quiet = item_method(slot.item) in QUIET_METHODS
+            heapq.heappush(self._ready, (-2 if first else -1 if quiet else 0, slot.order, key))
+        self._pump()
+
+    def _pump(self) -> None:
+        while True:
+            with self._lock:
+                if self._closed or not self._ready or self._in_flight >= self._capacity:
+                    return
+                _, _, key = heapq.heappop(self._ready)
+                self._in_flight += 1
+            self._dispatch(key)
+
+    def _dispatch(self, key: Key) -> None:
+        from obligations.check import item_method
+
+        with self._lock:
+            slot = self._slots[key]
+            if self._closed:
+                return
+            witnesses: dict[str, Any] = {}
+            if slot.after is not None and slot.after in self._published:
+                witnesses = known_witnesses(slot.contract, slot.item, {slot.after[2]: self._published[slot.after]})
+            method = item_method(slot.item)
+            request = {
+                **self.settings,
+                "isolate": self.isolate,
+                "path": str(os.path.abspath(slot.contract.path)),
+                "sha256": slot.contract.sha256,
+                "item": slot.item["id"],
+                "limit": slot.limit,
+                "witnesses": witnesses,
+            }
+            gpu = self.settings["device"] == "cuda" and method not in HOST_METHODS
+            priority = (1 << 20 if method in QUIET_METHODS else 0) - slot.order
+            slot.attempts += 1
+            slot.future = self.client.submit(
+                run_on_worker,
+                request,
+                key=f"kc-{slot.item['id']}-{slot.attempts}-{os.urandom(4).hex()}",
+                pure=False,
+                resources={"GPU": 1} if gpu else None,
+                priority=priority,
+            )
+        slot.future.add_done_callback(partial(self._land, key))
+
+    def _land(self, key: Key, future: Any) -> None:
+        from distributed.scheduler import KilledWorker
+
+        slot = self._slots[key]
+        if future is not slot.future or slot.result is not None:
+            return
+        with self._lock:
+            self._in_flight -= 1
+        answer: dict[str, Any] | None = None
+        try:
+            answer = future.result()
+        except KilledWorker as e:
+            last = getattr(e, "last_worker", None)
+            who = f"{last.name} ({last.address})" if last is not None else "unknown"
+            slot.lost = (*slot.lost, who)
+            if slot.attempts <= RETRIES and not self._closed and cancel.stop_requested() is None:
+                self._send(key, first=True)  # once more, on the worker that replaces it or another
+                return
+            fields = error_fields(
+                f"{WORKER_LOST}: the Dask worker running this item died, {len(slot.lost)} time(s) "
+                f"(workers: {', '.join(slot.lost)})",
+                workers_lost=list(slot.lost),
+            )
+            seconds = 0.0
+        except BaseException as e:  # cancelled by close, or a failure of Dask itself: no outcome of the item
+            fields = error_fields(f"the cluster could not run this item: {type(e).__name__}: {e}")
+            seconds = 0.0
+        if answer is not None:
+            fields, seconds = answer["fields"], answer["seconds"]
+            if slot.lost:
+                fields.setdefault("evidence", {})["workers_lost"] = list(slot.lost)
+            if self._ran is not None:
+                self._ran(key, answer["worker"], answer["start"] + self._clock, answer["end"] + self._clock)
+        slot.future = None
+        with self._landed:
+            slot.result = (fields, seconds)
+            outcome = answer is not None or bool(slot.lost)  # else cancelled: the item has no outcome
+            if outcome and not self._closed and cancel.stop_requested() is None:
+                self.finished[key] = slot.result
+            self._landed.notify_all()
+        self.publish(key, fields)  # the items waiting for its witnesses go on (without them if it has none)
+        self._pump()
+
+    def publish(self, key: Key, fields: dict[str, Any]) -> None:
+        """A record is in (run here, landed, or resumed): send the items that wait for its witnesses."""
+        with self._lock:
+            self._published[key] = fields
+            waiting = self._waiting.pop(key, [])
+        for k in waiting:
+            self._send(k)
+
+    def done(self, key: Key, fields: dict[str, Any], seconds: float) -> None:
+        """Hand over a record the run made itself: :meth:`take` returns it."""
+        with self._landed:
+            self.finished[key] = (fields, seconds)
+        self.publish(key, fields)
+
+    def take(self, contract: Any, item: dict[str, Any]) -> tuple[dict[str, Any], float] | None:
+        """The (record fields, seconds) of a submitted item, waiting for it; None if it was never submitted."""
+        key = item_key(contract, item["id"])
+        slot = self._slots.get(key)
+        if slot is None:
+            return self.finished.get(key)
+        with self._landed:
+            while slot.result is None and not self._closed:
+                self._landed.wait(0.25)  # short waits: a stop signal is handled in this (the main) thread
+        return slot.result
+
+    def drain(self) -> None:
+        """Wait until every submitted item has landed."""
+        for slot in list(self._slots.values()):
+            with self._landed:
+                while slot.result is None and not self._closed:
+                    self._landed.wait(0.25)
+
+    def close(self) -> None:
+        """Cancel what is queued or running, stop the workers' kc processes, close the client (and a local
+        cluster: no worker is left behind)."""
+        with self._lock:
+            self._closed = True
+            futures = [s.future for s in self._slots.values() if s.future is not None]
+        with self._landed:
+            self._landed.notify_all()
+        with contextlib.suppress(Exception):
+            self.client.cancel(futures, force=True)
+        with contextlib.suppress(Exception):
+            self.client.run(_stop_items, wait=True)
+        with contextlib.suppress(Exception):
+            self.client.close(timeout=10)
+        if self.cluster is not None:
+            with contextlib.suppress(Exception):
+                self.cluster.close(timeout=20)

@@ -1,0 +1,145 @@
+"""Scale-out on Dask (#28): a check on a 2-worker local cluster gives the in-process records; a lost worker costs
+its item one retry; --resume works across executors; the run leaves no worker behind."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from obligations.cli import main
+from obligations.cluster import ClusterSpec, dask_missing, parse_cluster
+
+ROOT = Path(__file__).resolve().parent.parent
+FAULTS = ROOT / "tests" / "fixtures" / "faults" / "faults-v1.yaml"
+SCALE = ROOT / "tests" / "fixtures" / "faults" / "scale-v1.yaml"
+TRANSFER = ROOT / "contracts" / "transfer-float32-v1.yaml"
+# A regimes item and one that takes its witnesses, then quick items (one that raises) of another contract
+SAME = ["XFER-REGIMES", "FALSIFY-XFER-001", "FT-OK-1", "FT-RAISES", "FT-OK-2"]
+VOLATILE = ("seconds", "rlimit_used", "wall_s", "cases_per_s")  # measurements of the process, not outcomes
+
+needs_dask = pytest.mark.skipif(dask_missing() is not None, reason=f"{dask_missing()}")
+
+
+def _items(path: Path) -> list[dict]:
+    return [it for c in json.loads(path.read_text())["contracts"] for it in c["items"]]
+
+
+def _stable(value):
+    if isinstance(value, dict):
+        return {k: _stable(v) for k, v in value.items() if not k.endswith(VOLATILE)}
+    if isinstance(value, list):
+        return [_stable(v) for v in value]
+    return value
+
+
+def test_cluster_values_are_checked_where_they_are_parsed(tmp_path, capsys):
+    assert parse_cluster("local") == ClusterSpec("local")
+    assert parse_cluster("local:3") == ClusterSpec("local", workers=3)
+    assert parse_cluster("tcp://10.0.0.5:8786") == ClusterSpec("scheduler", address="tcp://10.0.0.5:8786")
+    for bad in ("local:0", "local:x", "10.0.0.5:8786", "tcp://", "cluster"):
+        with pytest.raises(ValueError):
+            parse_cluster(bad)
+    assert main(["check", str(FAULTS), "--cluster", "local:0"]) == 2
+    assert "--cluster" in capsys.readouterr().err
+    (tmp_path / "pyproject.toml").write_text('[tool.kc]\ncluster = "remote"\n')
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert main(["check", str(FAULTS)]) == 2
+    finally:
+        os.chdir(cwd)
+    assert "cluster" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def scheduler(tmp_path_factory):
+    """One 2-worker local cluster (processes, 1 thread each) for the module: its scheduler's address."""
+    if dask_missing():
+        pytest.skip(dask_missing())
+    from obligations.cluster import open_cluster
+
+    died = tmp_path_factory.mktemp("died")
+    env = {"KC_FAULTS_ALLOW_EXIT": "1", "KC_FAULTS_DIE_ONCE": str(died)}  # the workers inherit them
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    client, cluster = open_cluster(ClusterSpec("local", workers=2), "host")
+    try:
+        yield cluster.scheduler_address
+    finally:
+        client.close()
+        cluster.close()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@needs_dask
+def test_a_two_worker_cluster_gives_the_in_process_records(scheduler, tmp_path):
+    own, dist = tmp_path / "own.json", tmp_path / "dist.json"
+    argv = ["check", str(TRANSFER), str(FAULTS), "--device", "host", "--only", *SAME, "-q"]
+    assert main([*argv, "-j", "0", "--isolate", "none", "--json", str(own)]) == 1  # FT-RAISES is an error
+    assert main([*argv, "--cluster", scheduler, "--json", str(dist)]) == 1
+    a, b = _items(own), _items(dist)
+    assert [(i["id"], i["status"]) for i in a] == [(i["id"], i["status"]) for i in b]
+    assert [i["id"] for i in b] == SAME  # the contracts' order, whatever finished first
+    assert _stable(a) == _stable(b)  # case counts, witnesses reached, reasons: every outcome field
+    assert b[1]["evidence"]["regimes_reached"]  # the regimes item's witnesses reached the item that names them
+    result = json.loads(dist.read_text())
+    assert result["provenance"]["cluster"]["spec"] == scheduler and len(result["provenance"]["cluster"]["workers"]) == 2
+
+
+@needs_dask
+def test_a_worker_lost_mid_item_costs_one_retry_and_the_run_completes(scheduler, tmp_path):
+    out, log = tmp_path / "r.json", tmp_path / "log.jsonl"
+    code = main(
+        ["check", str(SCALE), "--device", "host", "--cluster", scheduler, "--isolate", "none", "--json", str(out)]
+        + ["--log", str(log), "-q"]
+    )
+    assert code == 1
+    items = {i["id"]: i for i in _items(out)}
+    assert list(items) == ["SC-OK-1", "SC-DIES-ONCE", "SC-OK-2", "SC-EXIT", "SC-OK-3"]
+    assert [items[i]["status"] for i in ("SC-OK-1", "SC-OK-2", "SC-OK-3")] == ["passed"] * 3
+    once = items["SC-DIES-ONCE"]
+    assert once["status"] == "passed" and len(once["evidence"]["workers_lost"]) == 1
+    lost = items["SC-EXIT"]
+    assert lost["status"] == "error" and lost["reason"].startswith("worker lost")
+    assert len(lost["evidence"]["workers_lost"]) == 2 and all("tcp://" in w for w in lost["evidence"]["workers_lost"])
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [e["record"]["id"] for e in lines[1:-1]] == list(items) and lines[-1]["event"] == "end"
+
+
+@needs_dask
+def test_resume_takes_a_log_of_another_executor_and_runs_only_the_rest_on_the_cluster(scheduler, tmp_path):
+    log, full, resumed, timeline = (tmp_path / n for n in ("log.jsonl", "full.json", "resumed.json", "t.json"))
+    only = ["FT-OK-1", "FT-RAISES", "FT-OK-2", "FT-OK-3"]
+    argv = ["check", str(FAULTS), "--device", "host", "--only", *only, "-q"]
+    assert main([*argv, "-j", "0", "--isolate", "none", "--log", str(log), "--json", str(full)]) == 1
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join(lines[:3]) + "\n")  # header + two records: as a run stopped after its second item
+    argv = ["check", "--resume", str(log), "--cluster", scheduler, "--json", str(resumed), "--timeline", str(timeline)]
+    assert main([*argv, "-q"]) == 1
+    assert _stable(_items(resumed)) == _stable(_items(full))
+    ran = [e for e in json.loads(timeline.read_text())["traceEvents"] if e["ph"] == "X"]
+    assert sorted(e["name"] for e in ran) == only[2:]  # on the cluster's workers, named in the lanes
+    lanes = {e["args"]["name"] for e in json.loads(timeline.read_text())["traceEvents"] if e["ph"] == "M"}
+    assert lanes and all("tcp://" in lane for lane in lanes)
+    records = [json.loads(line)["record"]["id"] for line in log.read_text().splitlines() if '"record"' in line]
+    assert records == only  # the cluster ran the two missing items; nothing ran twice
+
+
+@needs_dask
+def test_a_local_cluster_run_leaves_no_worker_behind(tmp_path):
+    import psutil
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    out = tmp_path / "r.json"
+    argv = ["check", str(FAULTS), "--device", "host", "--only", "FT-OK-1", "FT-OK-2", "--json", str(out), "-q"]
+    assert main([*argv, "--cluster", "local:1", "--isolate", "none"]) == 0
+    assert json.loads(out.read_text())["provenance"]["cluster"]["spec"] == "local:1"
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()]
+    assert not [p for p in left if p.status() != psutil.STATUS_ZOMBIE]

@@ -518,7 +518,9 @@ def check_paths(
             if options.cluster and next(_to_run(todo, only, options.done), None) is not None:
                 # every item runs on the cluster; the run takes the records in order (and logs them as it does)
                 settings = {"device": device, "profile": profile, "seed": seed}
-                prefetcher = ClusterRunner(parse_cluster(options.cluster), settings, options.isolate, ran=ran_fn)
+                prefetcher = ClusterRunner(
+                    parse_cluster(options.cluster), settings, options.isolate, item_method, ran=ran_fn
+                )
                 _start_cluster(prefetcher, todo, only, profile, options)
             elif options.jobs > 0 and _worth_workers(todo, only, options):
                 # made before the measure items run, so that a stop during them still closes its workers

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import importlib
 import os
 import re
 import threading
@@ -31,12 +32,11 @@ from obligations.core import cancel
 from obligations.isolation import (
     HOST_METHODS,
     QUIET_METHODS,
-    Executor,
     Key,
     error_fields,
     item_key,
     known_witnesses,
-    make_executor,
+    worker_request,
 )
 
 __all__ = [
@@ -47,7 +47,6 @@ __all__ = [
     "visible_gpus",
     "open_cluster",
     "ClusterRunner",
-    "run_on_worker",
     "WORKER_LOST",
 ]
 
@@ -155,7 +154,7 @@ def open_cluster(spec: ClusterSpec, device: str, timeout: float = 60.0) -> tuple
         if spec.kind == "local":
             cluster = SpecCluster(
                 workers=_worker_specs(spec, device),
-                scheduler={"cls": Scheduler, "options": {"dashboard_address": None, "port": 0}},
+                scheduler={"cls": Scheduler, "options": {"dashboard": False, "dashboard_address": ":0", "port": 0}},
                 silence_logs=40,
                 name="kc",
             )
@@ -181,56 +180,20 @@ def _no_scheduler_retries(dask_scheduler: Any) -> None:
     dask_scheduler.allowed_failures = 0
 
 
-# -- the worker side ----------------------------------------------------------------------------------------
-
-_contracts: dict[tuple[str, str], Any] = {}  # (path, sha256) -> the contract, loaded once per worker process
-_executors: dict[tuple[Any, ...], Executor] = {}  # per thread and settings: a kc worker process is not shared
-
-
-def _who() -> str:
-    try:
-        from distributed import get_worker
-
-        w = get_worker()
-        return f"{w.name} ({w.address})" if w.name is not None and str(w.name) != w.address else str(w.address)
-    except Exception:  # not in a Dask worker (a direct call)
-        return f"pid {os.getpid()}"
+def _call(name: str, *args: Any) -> Any:
+    """On a worker: call the function named ``module.function`` (the run side never imports the checker that
+    the workers run, as it starts ``python -m obligations.worker`` by name: no import circle through check)."""
+    module, _, function = name.rpartition(".")
+    return getattr(importlib.import_module(module), function)(*args)
 
 
-def run_on_worker(request: dict[str, Any]) -> dict[str, Any]:
-    """Run one item where this task landed: its record fields, seconds, the worker's name and wall times."""
-    from obligations.check import item_fields
-    from obligations.contract import import_test_modules, parse_contract
+# The worker side's functions (obligations/cluster_worker.py), by name.
+RUN_ITEM = "obligations.cluster_worker.run_on_worker"
+STOP_ITEMS = "obligations.cluster_worker.stop_items"
 
-    begin = time.time()
-    path, sha = request["path"], request["sha256"]
-    contract = _contracts.get((path, sha))
-    if contract is None:
-        contract = parse_contract(path)
-        import_test_modules(contract)
-        if contract.sha256 != sha:
-            fields = error_fields(f"{path} on worker {_who()} is not the file the run checks (sha256 differs)")
-            return {"fields": fields, "seconds": 0.0, "worker": _who(), "start": begin, "end": time.time()}
-        _contracts[(path, sha)] = contract
-    settings = {k: request[k] for k in ("device", "profile", "seed")}
-    isolate = "none" if request["isolate"] == "none" else "process"
-    key = (threading.get_ident(), isolate, tuple(sorted(settings.items())))
-    executor = _executors.get(key)
-    if executor is None:
-        executor = _executors[key] = make_executor(isolate, partial(item_fields, **settings), settings)
-    item = contract.item(request["item"])
-    start = time.time()
-    t0 = time.perf_counter()
-    fields = executor.run(contract, item, request["limit"], request.get("witnesses") or {})
-    seconds = round(executor.seconds(time.perf_counter() - t0), 4)
-    return {"fields": fields, "seconds": seconds, "worker": _who(), "start": start, "end": time.time()}
-
-
-def _stop_items() -> None:
-    """On a worker: stop the kc worker processes running items (the run that sent them stopped)."""
-    for executor in list(_executors.values()):
-        executor.close()
-    _executors.clear()
+# Environment variables that carry run settings to the engines (--z3-stability, --no-proof-cache, ...): they
+# travel with each item, since a scheduler's workers did not inherit the run's environment.
+ENV_PREFIX = "KC_"
 
 
 # -- the run's side -----------------------------------------------------------------------------------------
@@ -261,9 +224,11 @@ class ClusterRunner:
         spec: ClusterSpec,
         settings: dict[str, Any],
         isolate: str,
+        method: Callable[[dict[str, Any]], str],
         ran: Callable[[Key, str, float, float], None] | None = None,
     ):
         self.spec = spec
+        self.method = method  # an item's method (obligations.check.item_method): measure, proofs, the rest
         self.settings = dict(settings)
         self.isolate = isolate
         self.client, self.cluster = open_cluster(spec, settings["device"])
@@ -307,11 +272,9 @@ class ClusterRunner:
     def _send(self, key: Key, first: bool = False) -> None:
         """Queue ``key`` to go out when a worker thread is free: the measure items first (a quiet start), then
         the rest in the run's order; ``first``: before every other (an item sent again after its worker died)."""
-        from obligations.check import item_method
-
         with self._lock:
             slot = self._slots[key]
-            quiet = item_method(slot.item) in QUIET_METHODS
+            quiet = self.method(slot.item) in QUIET_METHODS
             heapq.heappush(self._ready, (-2 if first else -1 if quiet else 0, slot.order, key))
         self._pump()
 
@@ -325,8 +288,6 @@ class ClusterRunner:
             self._dispatch(key)
 
     def _dispatch(self, key: Key) -> None:
-        from obligations.check import item_method
-
         with self._lock:
             slot = self._slots[key]
             if self._closed:
@@ -334,21 +295,16 @@ class ClusterRunner:
             witnesses: dict[str, Any] = {}
             if slot.after is not None and slot.after in self._published:
                 witnesses = known_witnesses(slot.contract, slot.item, {slot.after[2]: self._published[slot.after]})
-            method = item_method(slot.item)
-            request = {
-                **self.settings,
-                "isolate": self.isolate,
-                "path": str(os.path.abspath(slot.contract.path)),
-                "sha256": slot.contract.sha256,
-                "item": slot.item["id"],
-                "limit": slot.limit,
-                "witnesses": witnesses,
-            }
+            method = self.method(slot.item)
+            request = worker_request(self.settings, slot.contract, slot.item, witnesses, slot.limit)
+            request["isolate"] = self.isolate
+            request["env"] = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
             gpu = self.settings["device"] == "cuda" and method not in HOST_METHODS
             priority = (1 << 20 if method in QUIET_METHODS else 0) - slot.order
             slot.attempts += 1
             slot.future = self.client.submit(
-                run_on_worker,
+                _call,
+                RUN_ITEM,
                 request,
                 key=f"kc-{slot.item['id']}-{slot.attempts}-{os.urandom(4).hex()}",
                 pure=False,
@@ -443,7 +399,7 @@ class ClusterRunner:
         with contextlib.suppress(Exception):
             self.client.cancel(futures, force=True)
         with contextlib.suppress(Exception):
-            self.client.run(_stop_items, wait=True)
+            self.client.run(_call, STOP_ITEMS, wait=True)
         with contextlib.suppress(Exception):
             self.client.close(timeout=10)
         if self.cluster is not None:

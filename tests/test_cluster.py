@@ -142,4 +142,6 @@ def test_a_local_cluster_run_leaves_no_worker_behind(tmp_path):
     assert main([*argv, "--cluster", "local:1", "--isolate", "none"]) == 0
     assert json.loads(out.read_text())["provenance"]["cluster"]["spec"] == "local:1"
     left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()]
-    assert not [p for p in left if p.status() != psutil.STATUS_ZOMBIE]
+    left = [p.cmdline() for p in left if p.status() != psutil.STATUS_ZOMBIE]
+    # multiprocessing's resource tracker serves this interpreter (started with the first spawned process)
+    assert not [c for c in left if not any("multiprocessing.resource_tracker" in w for w in c)]

@@ -1,0 +1,62 @@
+"""The worker side of ``kc check --cluster``: a Dask task runs one item through the run's executor.
+
+A module of its own, named by string from :mod:`obligations.cluster` (as ``python -m obligations.worker`` is
+started by name), so that the run side never imports the checker that its workers run.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from functools import partial
+from typing import Any
+
+from obligations.isolation import Executor, error_fields, make_executor, worker_contract
+
+__all__ = ["run_on_worker", "stop_items"]
+
+_contracts: dict[tuple[str, str], Any] = {}  # the contracts this worker process has loaded (worker_contract)
+_executors: dict[tuple[Any, ...], Executor] = {}  # per thread, settings and environment: a kc process is not shared
+
+
+def _who() -> str:
+    try:
+        from distributed import get_worker
+
+        w = get_worker()
+        return f"{w.name} ({w.address})" if w.name is not None and str(w.name) != w.address else str(w.address)
+    except Exception:  # not in a Dask worker (a direct call)
+        return f"pid {os.getpid()}"
+
+
+def run_on_worker(request: dict[str, Any]) -> dict[str, Any]:
+    """Run one item where this task landed: its record fields, seconds, the worker's name and wall times."""
+    from obligations.check import item_fields
+
+    begin = time.time()
+    os.environ.update(request.get("env") or {})  # the run's kc settings (proof cache, z3 stability)
+    contract = worker_contract(_contracts, request)
+    if contract.sha256 != request["sha256"]:
+        fields = error_fields(f"{request['path']} on worker {_who()} is not the file the run checks (sha256 differs)")
+        return {"fields": fields, "seconds": 0.0, "worker": _who(), "start": begin, "end": time.time()}
+    settings = {k: request[k] for k in ("device", "profile", "seed")}
+    # As the run's prefetch workers: a kc worker process (hard limits, replaced after a crash or a broken CUDA
+    # context) unless the run asked for none; then the limit is the engines' own deadline (not the main thread).
+    isolate = "none" if request["isolate"] == "none" else "process"
+    key = (threading.get_ident(), isolate, tuple(sorted(settings.items())), tuple(sorted(request["env"].items())))
+    executor = _executors.get(key)
+    if executor is None:
+        executor = _executors[key] = make_executor(isolate, partial(item_fields, **settings), settings)
+    start = time.time()
+    t0 = time.perf_counter()
+    fields = executor.run(contract, contract.item(request["item"]), request["limit"], request["witnesses"])
+    seconds = round(executor.seconds(time.perf_counter() - t0), 4)
+    return {"fields": fields, "seconds": seconds, "worker": _who(), "start": start, "end": time.time()}
+
+
+def stop_items() -> None:
+    """Stop the kc worker processes running items here (the run that sent them stopped)."""
+    for executor in list(_executors.values()):
+        executor.close()
+    _executors.clear()

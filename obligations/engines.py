@@ -273,6 +273,7 @@ class Z3Engine(Engine):
         hit = cache_get(settings, key)
         if hit is not None and hit.get("status") == "proved":
             reused = replace(evidence, rlimit_used=hit.get("rlimit_used"), stability=hit.get("stability"), cache="hit")
+            reused = replace(reused, tactic=hit.get("tactic") or reused.tactic)
             return proved(reused)
         vac = z3solve.solve(vac_text, rlimit=rlimit, wall_s=wall, goal="find")
         if vac.result == "unsat":
@@ -306,7 +307,7 @@ class Z3Engine(Engine):
                         "fresh processes)",
                         evidence,
                     )
-            entry = {"status": "proved", "rlimit_used": v.rlimit_used, "stability": table, "seconds": v.seconds}
+            entry = {"status": "proved", "rlimit_used": v.rlimit_used, "stability": table, "tactic": v.strategy}
             cache_put(settings, key, entry)
             return proved(evidence)
         return self._counterexample(c, item, names, v.model or {}, text, rlimit, wall, sorts, evidence)

@@ -243,6 +243,7 @@ def test_a_proof_is_reused_from_the_cache_and_a_changed_query_or_rlimit_is_not(t
     assert first.evidence["cache"] == "miss" and again.evidence["cache"] == "hit"
     assert again.evidence["cache_key"] == first.evidence["cache_key"]
     assert again.evidence["rlimit_used"] == first.evidence["rlimit_used"]
+    assert again.evidence["tactic"] == first.evidence["tactic"] in {st.name for st in z3solve.STRATEGIES["prove"]}
     assert list(cache_dir.rglob("*.json"))
     assert _z3(contract, _item("a * a >= 0", rlimit=1_000_000)).evidence["cache"] == "miss"  # the rlimit
     assert _z3(contract, _item("a * a + 1 >= 1")).evidence["cache"] == "miss"  # the query

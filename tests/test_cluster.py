@@ -18,7 +18,8 @@ SCALE = ROOT / "tests" / "fixtures" / "faults" / "scale-v1.yaml"
 TRANSFER = ROOT / "contracts" / "transfer-float32-v1.yaml"
 # A regimes item and one that takes its witnesses, then quick items (one that raises) of another contract
 SAME = ["XFER-REGIMES", "FALSIFY-XFER-001", "FT-OK-1", "FT-RAISES", "FT-OK-2"]
-VOLATILE = ("seconds", "rlimit_used", "wall_s", "cases_per_s")  # measurements of the process, not outcomes
+# measurements of the process, not outcomes (cache: whether the proof cache had the item)
+VOLATILE = ("seconds", "rlimit_used", "wall_s", "cases_per_s", "cache")
 
 needs_dask = pytest.mark.skipif(dask_missing() is not None, reason=f"{dask_missing()}")
 

@@ -78,7 +78,7 @@ def test_junit_one_testcase_per_item_with_skips_and_failures(result: dict) -> No
     root = ET.fromstring(junit_xml(result, hostname="ci"))
     cases = {(s.get("name"), c.get("name")): c for s in root for c in s.iter("testcase")}
     assert set(cases) == {(c["id"], i["id"]) for c, i in _items(result)}
-    gemm = "cublas-gemm-v1"
+    gemm = "gemm-cublas-v1"
     assert [e.tag for e in cases[(gemm, "PO-GEMM-001")]] == []
     skipped = cases[(gemm, "FT-GEMM-005")].find("skipped")
     assert skipped is not None and "not implemented" in skipped.get("message", "")

@@ -30,7 +30,7 @@ from obligations.reporting.model import describe_claim
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RESULT = FIXTURES / "result_sample.json"
-CONTRACT_FILES = {"cublas-gemm-v1": "contract_sample.yaml", "cub-reduce-sum-v1": "contract_sample_reduce.yaml"}
+CONTRACT_FILES = {"gemm-cublas-v1": "contract_sample.yaml", "cub-reduce-sum-v1": "contract_sample_reduce.yaml"}
 
 needs_matplotlib = pytest.mark.skipif(not plots_available(), reason="matplotlib not installed (report extra)")
 
@@ -51,7 +51,7 @@ def contracts_dir(tmp_path: Path, result: dict) -> Path:
 
 
 def _gemm(result: dict) -> dict:
-    return next(c for c in result["contracts"] if c["id"] == "cublas-gemm-v1")
+    return next(c for c in result["contracts"] if c["id"] == "gemm-cublas-v1")
 
 
 # --- fixture integrity ---------------------------------------------------------------------------------
@@ -190,23 +190,23 @@ def test_html_is_self_contained_and_escaped(result: dict) -> None:
 def test_write_reports_writes_pages_plots_and_index(tmp_path: Path, result: dict) -> None:
     paths = write_reports(result, tmp_path / "reports")
     names = {p.relative_to(tmp_path / "reports").as_posix() for p in paths}
-    assert {"cublas-gemm-v1.md", "cublas-gemm-v1.html", "cub-reduce-sum-v1.md", "index.md"} <= names
+    assert {"gemm-cublas-v1.md", "gemm-cublas-v1.html", "cub-reduce-sum-v1.md", "index.md"} <= names
     expected_plots = {
-        "plots/cublas-gemm-v1/FT-GEMM-002-ulp_histogram.png",
-        "plots/cublas-gemm-v1/FT-GEMM-003-error_vs_bound.png",
-        "plots/cublas-gemm-v1/PERF-GEMM-001-timings.png",
+        "plots/gemm-cublas-v1/FT-GEMM-002-ulp_histogram.png",
+        "plots/gemm-cublas-v1/FT-GEMM-003-error_vs_bound.png",
+        "plots/gemm-cublas-v1/PERF-GEMM-001-timings.png",
         "plots/cub-reduce-sum-v1/FT-RED-001-error_vs_bound.png",
     }
     assert expected_plots <= names
     for rel in expected_plots:
         assert (tmp_path / "reports" / rel).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    md = (tmp_path / "reports" / "cublas-gemm-v1.md").read_text()
-    assert "![ULP error histogram for FT-GEMM-002](plots/cublas-gemm-v1/FT-GEMM-002-ulp_histogram.png)" in md
-    html = (tmp_path / "reports" / "cublas-gemm-v1.html").read_text()
+    md = (tmp_path / "reports" / "gemm-cublas-v1.md").read_text()
+    assert "![ULP error histogram for FT-GEMM-002](plots/gemm-cublas-v1/FT-GEMM-002-ulp_histogram.png)" in md
+    html = (tmp_path / "reports" / "gemm-cublas-v1.html").read_text()
     assert html.count('src="data:image/png;base64,') == 5
     index = (tmp_path / "reports" / "index.md").read_text()
-    assert "[cublas-gemm-v1](cublas-gemm-v1.md)" in index and "[html](cub-reduce-sum-v1.html)" in index
-    assert "[FT-GEMM-004](cublas-gemm-v1.md#ft-gemm-004)" in index
+    assert "[gemm-cublas-v1](gemm-cublas-v1.md)" in index and "[html](cub-reduce-sum-v1.html)" in index
+    assert "[FT-GEMM-004](gemm-cublas-v1.md#ft-gemm-004)" in index
 
 
 @needs_matplotlib
@@ -218,7 +218,7 @@ def test_reports_are_deterministic(tmp_path: Path, result: dict) -> None:
 
 def test_reports_without_plots_say_why(tmp_path: Path, result: dict) -> None:
     write_reports(result, tmp_path, plots=False)
-    md = (tmp_path / "cublas-gemm-v1.md").read_text()
+    md = (tmp_path / "gemm-cublas-v1.md").read_text()
     assert "ULP error histogram left out:" in md
     assert not (tmp_path / "plots").exists()
 
@@ -237,8 +237,8 @@ def test_check_reports_catches_a_changed_contract(tmp_path: Path, result: dict, 
     contract.write_text(contract.read_text().replace("tolerance: 2", "tolerance: 4"))
     problems = check_reports(tmp_path / "reports", contracts_dir)
     assert problems, "a stale report must be reported"
-    assert all("cublas-gemm-v1" in p for p in problems)
-    assert any("cublas-gemm-v1.md" in p and "changed since the report was generated" in p for p in problems)
+    assert all("gemm-cublas-v1" in p for p in problems)
+    assert any("gemm-cublas-v1.md" in p and "changed since the report was generated" in p for p in problems)
     assert any("index.md" in p for p in problems)
 
 
@@ -266,10 +266,10 @@ def test_check_reports_catches_missing_and_unreported_contracts(
 
 def test_check_reports_flags_a_tampered_stamp(tmp_path: Path, result: dict, contracts_dir: Path) -> None:
     write_reports(result, tmp_path / "reports", plots=False)
-    md = tmp_path / "reports" / "cublas-gemm-v1.md"
+    md = tmp_path / "reports" / "gemm-cublas-v1.md"
     md.write_text(md.read_text().replace("<!-- kc-report {", "<!-- kc-report {{", 1))
     problems = check_reports(tmp_path / "reports", contracts_dir)
-    assert any("cublas-gemm-v1.md" in p and "provenance line" in p for p in problems)
+    assert any("gemm-cublas-v1.md" in p and "provenance line" in p for p in problems)
 
 
 # --- rendering in a real browser ----------------------------------------------------------------------
@@ -329,7 +329,7 @@ def test_html_renders_in_headless_chromium(tmp_path: Path, result: dict) -> None
     if binary is None:
         pytest.skip("chromium not installed (apt-get install -y chromium); .ci/run installs it")
     write_reports(result, tmp_path)
-    page = (tmp_path / "cublas-gemm-v1.html").resolve()
+    page = (tmp_path / "gemm-cublas-v1.html").resolve()
     dumped = _run_chromium(binary, "--dump-dom", page.as_uri())
     assert dumped.returncode == 0, dumped.stderr[-2000:]
     dom = _DomSummary()
@@ -360,7 +360,7 @@ def test_report_modules_import_without_matplotlib() -> None:
         f"r = load_result({str(RESULT)!r})\n"
         "d = pathlib.Path(tempfile.mkdtemp())\n"
         "write_reports(r, d)\n"
-        "text = (d / 'cublas-gemm-v1.md').read_text()\n"
+        "text = (d / 'gemm-cublas-v1.md').read_text()\n"
         "assert 'matplotlib is not installed' in text, text\n"
         "assert not (d / 'plots').exists()\n"
     )

@@ -512,6 +512,23 @@ _reg(
     _tup(_gelu_bwd_host),
     kind="backward",
 )
+_reg(
+    "tanh_bwd",
+    ("x", "dy"),
+    "const float t = tanhf(x); r = dy * (1.0f - t * t);",
+    _tup(lambda x, dy: (dy * (_ONE - _tanhf(x) * _tanhf(x))).astype(F32)),
+    kind="backward",
+    doc="dy (1 - tanh(x)^2), tanh recomputed from x (MK-11e)",
+)
+_reg(
+    "sigmoid_bwd",
+    ("x", "dy"),
+    "const float e = expf(-fabsf(x)); const float s = (x >= 0.0f) ? 1.0f / (1.0f + e) : e / (1.0f + e);"
+    " r = dy * (s * (1.0f - s));",
+    _tup(lambda x, dy: (dy * (_sigmoid_host(x) * (_ONE - _sigmoid_host(x)))).astype(F32)),
+    kind="backward",
+    doc="dy s (1 - s) with the forward's stable sigmoid (MK-11f)",
+)
 
 # The contraction bug: a + c*b written plainly and compiled with fmad on; on the host, a fused evaluation.
 KERNELS["axpy"].variants["contracted"] = Variant(

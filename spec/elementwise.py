@@ -420,3 +420,25 @@ register_reference(
         doc="analytic derivative of the tanh-approximation GELU",
     )
 )
+register_reference(
+    RefOp(
+        "tanh_bwd",
+        1,
+        "backward",
+        lambda x, dy: (dy * (1.0 - _xp64(x).tanh(x) ** 2),),
+        forward=lambda x: _xp64(x).tanh(x),
+        kinks=None,
+        doc="dx = dy (1 - tanh(x)^2) (MK-11e)",
+    )
+)
+register_reference(
+    RefOp(
+        "sigmoid_bwd",
+        1,
+        "backward",
+        lambda x, dy: (dy * _sigmoid64(x) * (1.0 - _sigmoid64(x)),),
+        forward=_sigmoid64,
+        kinks=None,
+        doc="dx = dy s (1 - s), s = sigmoid(x) (MK-11f)",
+    )
+)

@@ -42,7 +42,7 @@ APPROX = {
     "sigmoid": {"bound_fn": "sigmoid"},
     "gelu": {"bound_fn": "gelu"},
 }
-BACKWARD = ["relu_bwd", "abs_bwd", "sqrt_bwd", "clamp_bwd", "min_bwd", "max_bwd", "gelu_bwd"]
+BACKWARD = ["relu_bwd", "abs_bwd", "sqrt_bwd", "clamp_bwd", "min_bwd", "max_bwd", "gelu_bwd", "tanh_bwd", "sigmoid_bwd"]
 
 
 def check(test: str, params: dict, device: str = "host", seed: int = 1, profile: str = "quick", **item):

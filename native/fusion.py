@@ -833,7 +833,8 @@ def _alias(ex: CUDAExecutor, step: sf.Step, values: dict[int, Any]) -> None:
 def _host_node(ex: CUDAExecutor, step: sf.Step, values: dict[int, Any]) -> None:
     g = ex.program.graph
     node = g[step.nodes[0]]
-    env = {p: bits(np.ascontiguousarray(to_host(values[p]), np.float32)) for p in node.parents}
+    # reshaped: ascontiguousarray makes a rank-0 value rank 1
+    env = {p: bits(np.ascontiguousarray(to_host(values[p]), np.float32)).reshape(g[p].out_shape) for p in node.parents}
     v = eval_node(g, ex.payload, env, node, {})
     if not isinstance(v, np.ndarray):
         raise ValueError(str(v))

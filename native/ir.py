@@ -133,7 +133,8 @@ def _slice(node: Node, a: dict, args: list, entry: Any, device: str) -> Any:
 def _where(node: Node, a: dict, args: list, entry: Any, device: str) -> Any:
     xp = _xp(device)
     cond, x, y = args
-    return xp.ascontiguousarray(xp.where(cond != 0, x, y))  # NaN != 0: a NaN condition picks x, as the denotation
+    # NaN != 0: a NaN condition picks x, as the denotation; the reshape keeps a rank-0 result rank 0
+    return xp.ascontiguousarray(xp.where(cond != 0, x, y)).reshape(node.out_shape)
 
 
 @register_executor("erf")
@@ -151,7 +152,7 @@ def _erf(node: Node, a: dict, args: list, entry: Any, device: str) -> Any:
 
 @register_executor("broadcastTo", "expand")
 def _broadcast(node: Node, a: dict, args: list, entry: Any, device: str) -> Any:
-    return _xp(device).ascontiguousarray(_xp(device).broadcast_to(args[0], node.out_shape))
+    return _xp(device).ascontiguousarray(_xp(device).broadcast_to(args[0], node.out_shape)).reshape(node.out_shape)
 
 
 # -- elementwise: native.elementwise kernels --------------------------------------------------------------

@@ -22,6 +22,11 @@ API summary (stable; names are added, never renamed):
   on the host in binary32 (returns ``Ok(values)`` / ``Ok(value)`` or an ``IRError``; never raises).
 * :mod:`spec.ir.jsonform` -- ``to_json``/``from_json``/``load``/``dump`` and the shipped JSON Schema.
 * :mod:`spec.ir.rewrites` -- ``eliminate_dead_nodes``, ``fold_reshapes``, ``fold_constants``.
+* :mod:`spec.ir.vjp` -- reverse mode: ``vjp(graph, payload, outputs=, wrt=) -> Backward | IRError`` (the backward
+  graph: forward nodes at their ids, the outputs' cotangents as further inputs, ``grads`` the wrt inputs'
+  cotangents), ``VJP_RULES`` (one rule per op, ``register_vjp``) and ``REFUSED`` (op -> why it has none).
+* :mod:`spec.ir.real` -- ``real_all(graph, payload, inputs)``: every node's float64 meaning and a first-order
+  running bound on its binary32 denotation's error (what reverse mode is checked against).
 """
 
 from spec.ir.checks import IRError, check_inferred_shapes, check_payload, check_shapes, check_well_formed, checklist

@@ -1,0 +1,146 @@
+"""Reverse mode over the graph IR (spec.ir.vjp): structure, refusals, the IR-VJP-* checks and their planted bugs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from falsification import ir_vjp_tests as vt
+from falsification.ir_strategies import GraphCase
+from falsification.registry import FalsifyContext, get_test
+from spec.ir.checks import IRError, check_inferred_shapes, check_well_formed
+from spec.ir.denote import denote_all
+from spec.ir.graph import GraphBuilder
+from spec.ir.ops import op_names
+from spec.ir.vjp import REFUSED, VJP_RULES, Backward, vjp
+from tests.contract_helpers import needs_cuda
+
+
+def _run(test: str, **params: object) -> object:
+    return get_test(test).run(FalsifyContext("host", "quick", 0, {"id": "X", "test": test, "params": params}))
+
+
+def _mlp() -> GraphCase:
+    rng = np.random.default_rng(3)
+    b = GraphBuilder()
+    x = b.add("input", (), (2, 3))
+    h = b.add(
+        "linear",
+        (x,),
+        (2, 4),
+        params={"weight": rng.uniform(-1, 1, (4, 3)), "bias": rng.uniform(-1, 1, 4)},
+        out_features=4,
+    )
+    t = b.add("tanh", (h,), (2, 4))
+    n = b.add("layernorm", (t,), (2, 4), params={"weight": rng.uniform(0.5, 1.5, 4), "bias": rng.uniform(-1, 1, 4)})
+    s = b.add("softmax", (n,), (2, 4), axis=-1)
+    r = b.add("add", (s, t), (2, 4))  # t fans out to layernorm and here
+    b.add("reduceSum", (r,), (2,), axis=-1)
+    g, p = b.build()
+    return GraphCase(g, p, (rng.uniform(-1, 1, (2, 3)).astype(np.float32),))
+
+
+def test_every_op_has_a_rule_or_a_refusal() -> None:
+    leaves = {"input", "const", "randUniform", "bernoulliMask"}
+    missing = [k for k in op_names() if k not in VJP_RULES and k not in REFUSED and k not in leaves]
+    assert missing == []
+
+
+def test_backward_graph_layout_and_fanout_order() -> None:
+    b = GraphBuilder()
+    x = b.add("input", (), (3,))
+    b.add("mul_elem", (x, x), (3,))  # x read twice by one node: two contributions
+    g, p = b.build()
+    back = vjp(g, p)
+    assert isinstance(back, Backward)
+    assert back.graph.input_ids() == (0, 2) and back.cotangents == (2,) and back.wrt == (0,)
+    assert not check_well_formed(back.graph) and not check_inferred_shapes(back.graph)
+    last = back.graph[back.grads[0]]
+    # the fold of the contributions in (consumer id, operand position) order: dy * x (operand 0) + dy * x (operand 1)
+    assert last.kind == "add" and [back.graph[q].kind for q in last.parents] == ["mul_elem", "mul_elem"]
+    assert back.graph[last.parents[0]].parents == (2, 0)  # operand 0's cotangent dy * (operand 1)
+    xs, dy = np.array([1.5, -2.0, 0.25], np.float32), np.array([1.0, 0.5, -3.0], np.float32)
+    out = denote_all(back.graph, back.payload, back.inputs([xs], [dy])).value[back.grads[0]]
+    assert np.array_equal(out, 2 * xs * dy)
+
+
+def test_sub_rule_and_unused_input_zero() -> None:
+    b = GraphBuilder()
+    x = b.add("input", (), (2,))
+    b.add("input", (), (2,))
+    b.add("sub", (x, x), (2,))
+    g, p = b.build()
+    back = vjp(g, p)
+    dy = np.array([1.0, -2.0], np.float32)
+    vals = denote_all(back.graph, back.payload, back.inputs([dy, dy], [dy])).value
+    assert np.array_equal(vals[back.grads[0]], np.zeros(2)) and np.array_equal(vals[back.grads[1]], np.zeros(2))
+    assert back.graph[back.grads[1]].kind == "const"  # y: nothing flows to it
+
+
+def test_refused_op_at_its_node_only_on_the_path() -> None:
+    w = {"weight": np.ones((1, 1, 1, 1), np.float32), "bias": np.zeros(1, np.float32)}
+    b = GraphBuilder()
+    x = b.add("input", (), (1, 2, 2))
+    b.add("conv2d", (x,), (1, 2, 2), params=w, out_channels=1, kernel=(1, 1))
+    g, p = b.build()
+    err = vjp(g, p)
+    assert isinstance(err, IRError) and err.kind == "no-vjp" and err.node == 1 and "transposed convolution" in str(err)
+    b = GraphBuilder()
+    x = b.add("input", (), (1, 2, 2))
+    c = b.add("const", (), (1, 2, 2), params={"value": np.ones((1, 2, 2))})
+    k = b.add("conv2d", (c,), (1, 2, 2), params=w, out_channels=1, kernel=(1, 1))
+    b.add("add", (x, k), (1, 2, 2))
+    g, p = b.build()
+    assert isinstance(vjp(g, p), Backward)  # the conv reads no input: no cotangent asked of it
+    assert isinstance(vjp(g, p, wrt=[1]), IRError)  # a const is no input
+
+
+def test_linear_matmul_against_numpy() -> None:
+    rng = np.random.default_rng(0)
+    a, bm = rng.uniform(-1, 1, (2, 3)).astype(np.float32), rng.uniform(-1, 1, (3, 4)).astype(np.float32)
+    b = GraphBuilder()
+    x, y = b.add("input", (), (2, 3)), b.add("input", (), (3, 4))
+    b.add("matmul", (x, y), (2, 4))
+    g, p = b.build()
+    back = vjp(g, p)
+    dy = rng.uniform(-1, 1, (2, 4)).astype(np.float32)
+    vals = denote_all(back.graph, back.payload, back.inputs([a, bm], [dy])).value
+    np.testing.assert_allclose(vals[back.grads[0]], dy.astype(np.float64) @ bm.T, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(vals[back.grads[1]], a.T.astype(np.float64) @ dy, rtol=1e-6, atol=1e-6)
+
+
+def test_mlp_against_central_differences() -> None:
+    case = _mlp()
+    dy = np.array([0.7, -1.2], np.float32)
+    status, why, n = vt.vjp_check(case, dy)
+    assert (status, why, n) == ("checked", None, 6)
+
+
+def test_contract_items_pass_quick() -> None:
+    for test in ("ir.vjp_fd", "ir.vjp_spec", "ir.vjp_exec"):
+        o = _run(test)
+        assert o.status.value == "passed", (test, o.reason)
+        assert test != "ir.vjp_fd" or o.evidence.details["graphs_checked"] >= 5
+
+
+@pytest.mark.parametrize("variant", vt.PLANTS)
+def test_planted_vjp_bugs_are_caught(variant: str) -> None:
+    o = _run("ir.vjp_fd", variant=variant, templates=["add", "sub", "mul_elem", "tanh"], max_examples=60)
+    assert o.status.value == "violated", o.reason
+    assert "central difference" in o.reason
+
+
+def test_executors_run_a_backward_graph_host() -> None:
+    case = _mlp()
+    assert vt.exec_check(case, np.array([0.7, -1.2], np.float32), "host") is None
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_executors_run_a_backward_graph_cuda() -> None:
+    case = _mlp()
+    assert vt.exec_check(case, np.array([0.7, -1.2], np.float32), "cuda") is None
+    o = get_test("ir.vjp_exec").run(
+        FalsifyContext("cuda", "quick", 0, {"id": "X", "test": "ir.vjp_exec", "params": {}})
+    )
+    assert o.status.value == "passed", o.reason

@@ -422,9 +422,10 @@ def _backward_check(ctx: FalsifyContext) -> Check[BatchSpec]:
             for kv in kinks:
                 at_kink |= kv == 0
                 near |= xp.abs(kv) <= 2 * h
-            if op == "sqrt_bwd":
-                at_kink |= xs[0] <= 0  # outside the domain the convention (0) is the meaning
-            val = xp.where(at_kink, conv[j], dy * fd)
+            if spec.outside is not None:
+                at_kink |= spec.outside(*xs, *sc)  # outside the forward's domain the convention is the meaning
+            with np.errstate(all="ignore"):  # dy * fd where the FD overflows: the convention decides there
+                val = xp.where(at_kink, conv[j], dy * fd)
             # strictly near a kink (not at it) the FD straddles it: the convention decides there too
             val = xp.where(near & ~at_kink, conv[j], val)
             refs.append(Reference(_bits(xp, val)))

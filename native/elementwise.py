@@ -529,6 +529,32 @@ _reg(
     kind="backward",
     doc="dy s (1 - s) with the forward's stable sigmoid (MK-11f)",
 )
+_reg(
+    "exp_bwd",
+    ("x", "dy"),
+    "r = dy * expf(x);",
+    _tup(lambda x, dy: (dy * _expf(x)).astype(F32)),
+    kind="backward",
+    doc="dy exp(x), exp recomputed from x (MK-11a)",
+)
+_reg("log_bwd", ("x", "dy"), "r = dy / x;", _tup(lambda x, dy: (dy / x).astype(F32)), kind="backward", doc="MK-11b")
+_reg(
+    "inv_bwd",
+    ("x", "dy"),
+    "r = -(dy / (x * x));",
+    _tup(lambda x, dy: (-(dy / (x * x))).astype(F32)),
+    kind="backward",
+    doc="-dy / x^2 (MK-11d)",
+)
+_reg(
+    "div_bwd",
+    ("a", "b", "dy"),
+    "r = dy / b; r2 = -((dy * a) / (b * b));",
+    lambda a, b, dy: ((dy / b).astype(F32), (-((dy * a) / (b * b))).astype(F32)),
+    kind="backward",
+    outputs=("r", "r2"),
+    doc="(dy / b, -(dy a) / b^2) (MK-11c)",
+)
 
 # The contraction bug: a + c*b written plainly and compiled with fmad on; on the host, a fused evaluation.
 KERNELS["axpy"].variants["contracted"] = Variant(

@@ -86,6 +86,8 @@ class RefOp:
     forward: Callable[..., Any] | None = None
     kinks: Callable[..., Any] | None = None
     doc: str = ""
+    # backward rules: where the convention is the meaning (outside the forward's real domain, e.g. sqrt of x < 0)
+    outside: Callable[..., Any] | None = None
 
     def evaluate(self, *bits: Any, env: str = "cuda") -> Reference:
         """Reference bits for ``exact``/``approx`` ops from uint32 operand bits (arrays, then scalars)."""
@@ -367,6 +369,7 @@ register_reference(
         forward=lambda x: _xp64(x).sqrt(x),
         kinks=lambda x: (x,),
         doc="dx = dy / (2 sqrt x) for x > 0 else 0",
+        outside=lambda x: x <= 0,
     )
 )
 register_reference(
@@ -440,5 +443,63 @@ register_reference(
         forward=_sigmoid64,
         kinks=None,
         doc="dx = dy s (1 - s), s = sigmoid(x) (MK-11f)",
+    )
+)
+# The smallest binary64 value that rounds to +Inf in binary32 (FLT_MAX plus half an ulp).
+_F32_OVERFLOW = 2.0**128 - 2.0**103
+
+
+def _exp32(x: Any) -> Any:
+    """exp(x) as the binary32 intermediate the kernel holds: +Inf once it rounds past FLT_MAX."""
+    xp = _xp64(x)
+    with np.errstate(over="ignore"):
+        e = xp.exp(x)
+    return xp.where(e >= _F32_OVERFLOW, xp.inf, e)
+
+
+register_reference(
+    RefOp(
+        "exp_bwd",
+        1,
+        "backward",
+        lambda x, dy: (dy * _exp32(x),),
+        forward=lambda x: _xp64(x).exp(x),
+        kinks=None,
+        doc="dx = dy exp(x) (MK-11a); exp(x) is a binary32 value: +Inf past the overflow threshold (dy 0 gives NaN)",
+        outside=lambda x: _exp32(x) == _xp64(x).inf,
+    )
+)
+register_reference(
+    RefOp(
+        "log_bwd",
+        1,
+        "backward",
+        lambda x, dy: (dy / x,),
+        forward=lambda x: _xp64(x).log(x),
+        kinks=lambda x: (x,),
+        doc="dx = dy / x (MK-11b); for x <= 0, outside log's domain, the same formula is the convention (autograd's)",
+        outside=lambda x: x <= 0,
+    )
+)
+register_reference(
+    RefOp(
+        "inv_bwd",
+        1,
+        "backward",
+        lambda x, dy: (-(dy / (x * x)),),
+        forward=lambda x: 1.0 / x,
+        kinks=lambda x: (x,),
+        doc="dx = -dy / x^2 (MK-11d); at x = 0 the formula's infinity is the convention",
+    )
+)
+register_reference(
+    RefOp(
+        "div_bwd",
+        2,
+        "backward",
+        lambda a, b, dy: (dy / b, -((dy * a) / (b * b))),
+        forward=lambda a, b: a / b,
+        kinks=lambda a, b: (b,),
+        doc="da = dy / b, db = -(dy a) / b^2 (MK-11c); at b = 0 the formulas' infinities are the convention",
     )
 )

@@ -42,7 +42,21 @@ APPROX = {
     "sigmoid": {"bound_fn": "sigmoid"},
     "gelu": {"bound_fn": "gelu"},
 }
-BACKWARD = ["relu_bwd", "abs_bwd", "sqrt_bwd", "clamp_bwd", "min_bwd", "max_bwd", "gelu_bwd", "tanh_bwd", "sigmoid_bwd"]
+BACKWARD = [
+    "relu_bwd",
+    "abs_bwd",
+    "sqrt_bwd",
+    "clamp_bwd",
+    "min_bwd",
+    "max_bwd",
+    "gelu_bwd",
+    "tanh_bwd",
+    "sigmoid_bwd",
+    "exp_bwd",
+    "log_bwd",
+    "inv_bwd",
+    "div_bwd",
+]
 
 
 def check(test: str, params: dict, device: str = "host", seed: int = 1, profile: str = "quick", **item):
@@ -322,3 +336,15 @@ def test_precompile_builds_each_kernel_the_contracts_items_launch_once(monkeypat
                 want.add((src, route.flags.options()))
     assert n == len(built) == len(want) > 20 and set(built) == want
     assert et.precompile(ctx) == 0  # once per process
+
+
+def test_a_wrong_div_backward_rule_is_caught(monkeypatch):
+    """Planted: db = -dy / b^2 (the factor a dropped): the finite differences refute it."""
+    wrong = ew.Variant(
+        "planted_db",
+        body="r = dy / b; r2 = -(dy / (b * b));",
+        host=lambda a, b, dy: ((dy / b).astype(np.float32), (-(dy / (b * b))).astype(np.float32)),
+    )
+    monkeypatch.setitem(ew.get_kernel("div_bwd").variants, "planted_db", wrong)
+    out = check("elementwise.backward_fd", {"op": "div_bwd", "variant": "planted_db"})
+    assert out.status.value == "violated", out.reason

@@ -57,6 +57,8 @@ __all__ = [
     "reference_provider",
     "chunk_inputs",
     "SweepComparison",
+    "split_range",
+    "merge_sweeps",
 ]
 
 # CUDA C++ Programming Guide maxima for the transcendental kernels, and the project's derived ones.
@@ -556,3 +558,68 @@ def sweep(
         "histogram": cmp.histogram(),
         "first_counterexamples": cmp.counterexamples,
     }
+
+
+# -- a sweep in parts (kc sweep --cluster: one part per task, on every GPU) ---------------------------------
+
+# What every part of one sweep must share (else they are not parts of one sweep).
+_SHARED = ("op", "fmt", "env", "device", "route", "variant", "reference", "comparison", "operand", "bound")
+# Seconds of work: summed over the parts (``seconds`` is the longest part's: the parts ran side by side).
+_WORK_SECONDS = ("native_seconds", "reference_seconds", "compare_seconds", "compile_seconds")
+
+
+def split_range(lo: int, hi: int, parts: int, align: int = 1 << 20) -> list[tuple[int, int]]:
+    """[lo, hi) in at most ``parts`` contiguous non-empty ranges, inner boundaries on multiples of ``align``
+    (whole chunks of the device loop) where the range holds ``parts`` of them, else anywhere."""
+    if not lo < hi or parts < 1:
+        raise ValueError(f"split_range: need lo < hi and parts >= 1, not [{lo}, {hi}) in {parts}")
+    align = align if hi - lo >= parts * align else 1
+    cuts = sorted({min(hi, max(lo, (lo + (hi - lo) * k // parts) // align * align)) for k in range(1, parts)})
+    bounds = [lo, *(c for c in cuts if lo < c < hi), hi]
+    return list(zip(bounds, bounds[1:], strict=False))
+
+
+def merge_sweeps(parts: list[dict[str, Any]], max_counterexamples: int = 8) -> dict[str, Any]:
+    """The report of one sweep over the union of ``parts`` (reports of contiguous ranges, in order).
+
+    The evidence is the single run's, bit for bit: elements, disagreements and the histogram summed, max_ulp the
+    largest, first_counterexamples the first ``max_counterexamples`` in input order (each part's first ones,
+    in range order: a part has at least as many of its own as the single run takes from it). ``seconds`` is the
+    longest part's (they run side by side), the other seconds are summed work; ``parts`` says how many.
+    """
+    if not parts:
+        raise ValueError("merge_sweeps: no parts")
+    first = parts[0]
+    for p in parts:
+        if p.get("sample") is not None or p.get("range") is None:
+            raise ValueError("merge_sweeps: a sampled sweep is not a part of a range")
+        differ = [k for k in _SHARED if p.get(k) != first.get(k)]
+        if differ:
+            raise ValueError(f"merge_sweeps: the parts differ in {', '.join(differ)}")
+    for a, b in zip(parts, parts[1:], strict=False):
+        if a["range"][1] != b["range"][0]:
+            raise ValueError(f"merge_sweeps: {a['range']} and {b['range']} are not contiguous")
+    lo, hi = first["range"][0], parts[-1]["range"][1]
+    elements = sum(int(p["elements"]) for p in parts)
+    seconds = max(float(p["seconds"]) for p in parts)
+    hist: dict[str, int] = {}
+    for p in parts:
+        for k, v in p["histogram"].items():
+            hist[k] = hist.get(k, 0) + int(v)
+    merged = {k: v for k, v in first.items() if k not in ("first_counterexamples",)}
+    merged.update(
+        {
+            "range": [lo, hi],
+            "elements": elements,
+            "exhaustive": lo == 0 and hi == _ALL,
+            "seconds": round(seconds, 4),
+            **{k: round(sum(float(p.get(k) or 0) for p in parts), 4) for k in _WORK_SECONDS},
+            "elements_per_s": round(elements / seconds, 1) if seconds else None,
+            "max_ulp": max(int(p["max_ulp"]) for p in parts),
+            "disagreements": sum(int(p["disagreements"]) for p in parts),
+            "histogram": hist,
+            "first_counterexamples": [c for p in parts for c in p["first_counterexamples"]][:max_counterexamples],
+            "parts": len(parts),
+        }
+    )
+    return merged

@@ -729,6 +729,17 @@ def _sweep_options(p: argparse.ArgumentParser) -> None:
         help="bits of the fixed second operand of a binary kernel (e.g. add --operand 0x3F800000)",
     )
     p.add_argument("--json", metavar="FILE", help="also write the sweep report here (atomically)")
+    p.add_argument(
+        "--cluster",
+        type=_cluster_value,
+        metavar="local[:N]|tcp://HOST:PORT",
+        default=None,
+        help="split the range into parts run as tasks on a Dask cluster (every GPU; docs/scale-out.md) and merge "
+        "them into the single run's evidence",
+    )
+    p.add_argument(
+        "--parts", type=counted(1, 1 << 16), default=None, help="parts of a --cluster sweep (default: 4 per worker)"
+    )
 
 
 @command("sweep", "check a unary op on every binary32 input (GPU) or every operand pair of a small format (CPU)")
@@ -757,12 +768,17 @@ def _sweep(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     try:
-        if device == "cuda":
-            from obligations.core.device import use_plain_reductions
+        if args.cluster:
+            report = _cluster_sweep(args, device, kwargs)
+            if report is None:
+                return EXIT_INVALID
+        else:
+            if device == "cuda":
+                from obligations.core.device import use_plain_reductions
 
-            use_plain_reductions()
-        with _working(f"kc sweep {args.op} ({args.fmt}, {device})"):
-            report = sweep(args.op, args.env, device=device, fmt=args.fmt, **kwargs)
+                use_plain_reductions()
+            with _working(f"kc sweep {args.op} ({args.fmt}, {device})"):
+                report = sweep(args.op, args.env, device=device, fmt=args.fmt, **kwargs)
     except (KeyError, ValueError) as e:
         print(f"kc: error: {e}", file=sys.stderr)
         return EXIT_INVALID
@@ -773,6 +789,42 @@ def _sweep(args: argparse.Namespace) -> int:
         write_text_atomic(args.json, text + "\n")
     print(text)
     return EXIT_FAILED if report.get("disagreements") else EXIT_OK
+
+
+def _cluster_sweep(args: argparse.Namespace, device: str, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """``kc sweep --cluster``: the range in parts, one task each, merged into the single run's report."""
+    from falsification.sweep import merge_sweeps, split_range
+    from obligations.cluster import SWEEP_PART, ClusterError, dask_missing, parse_cluster, run_tasks
+
+    problem = dask_missing()
+    if args.fmt != "binary32" or args.sample is not None:
+        problem = "--cluster splits a binary32 range (--lo/--hi); a --sample or small-format sweep runs on one device"
+    elif device == "host" and args.hi is None:
+        problem = "--cluster on the host needs --hi (all 2^32 inputs on CPUs would take hours)"
+    if problem:
+        print(f"kc: error: --cluster {args.cluster}: {problem}", file=sys.stderr)
+        return None
+    spec = parse_cluster(args.cluster)
+    lo, hi = kwargs.pop("lo"), kwargs.pop("hi")
+    hi = U32 if hi is None else hi
+    if not lo < hi:
+        raise ValueError(f"--hi {hi}: must be above --lo {lo}")
+
+    def requests(workers: int) -> list[dict[str, Any]]:
+        ranges = split_range(lo, hi, args.parts or 4 * workers)
+        print(f"kc sweep {args.op}: {len(ranges)} part(s) on {workers} worker(s) of {spec}", file=sys.stderr)
+        return [{**kwargs, "op": args.op, "env": args.env, "device": device, "lo": a, "hi": b} for a, b in ranges]
+
+    t0 = time.perf_counter()
+    try:
+        parts = run_tasks(spec, device, SWEEP_PART, requests)
+    except ClusterError as e:
+        print(f"kc: error: --cluster {e}", file=sys.stderr)
+        return None
+    report = merge_sweeps(parts)
+    report["wall_seconds"] = round(time.perf_counter() - t0, 4)  # the cluster's start included
+    report["cluster"] = str(spec)
+    return report
 
 
 @contextlib.contextmanager

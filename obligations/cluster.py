@@ -47,6 +47,9 @@ __all__ = [
     "visible_gpus",
     "open_cluster",
     "ClusterRunner",
+    "run_tasks",
+    "SWEEP_PART",
+    "AUDIT_PART",
     "WORKER_LOST",
 ]
 
@@ -190,6 +193,8 @@ def _call(name: str, *args: Any) -> Any:
 # The worker side's functions (obligations/cluster_worker.py), by name.
 RUN_ITEM = "obligations.cluster_worker.run_on_worker"
 STOP_ITEMS = "obligations.cluster_worker.stop_items"
+SWEEP_PART = "obligations.cluster_worker.sweep_part"
+AUDIT_PART = "obligations.cluster_worker.audit_part"
 
 # Environment variables that carry run settings to the engines (--z3-stability, --no-proof-cache, ...): they
 # travel with each item, since a scheduler's workers did not inherit the run's environment.
@@ -405,3 +410,74 @@ class ClusterRunner:
         if self.cluster is not None:
             with contextlib.suppress(Exception):
                 self.cluster.close(timeout=20)
+
+
+def run_tasks(
+    spec: ClusterSpec,
+    device: str,
+    function: str,
+    requests: list[Any] | Callable[[int], list[Any]],
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Any]:
+    """``function(request)`` of each request on the cluster (on cuda each holds a worker's GPU), results in
+    the requests' order (``requests`` may be a function of the cluster's number of workers). A task whose worker
+    died is sent once more, then the run fails (ClusterError naming the workers): an exhaustive sweep has no
+    partial verdict. A stop signal (Ctrl-C, SIGTERM) cancels the tasks and closes a local cluster, then raises;
+    ``progress(done, total)`` hears each task that lands."""
+    from distributed import as_completed
+    from distributed.scheduler import KilledWorker
+
+    from obligations.isolation import raising_on_stop, stop_on_signals
+
+    client, cluster = open_cluster(spec, device)
+    futures: list[Any] = []
+    try:
+        if callable(requests):
+            requests = requests(max(1, len(client.scheduler_info().get("workers", {}))))
+        with stop_on_signals(), raising_on_stop():
+            resources = {"GPU": 1} if device == "cuda" else None
+
+            def send(n: int, attempt: int) -> Any:
+                fut = client.submit(
+                    _call,
+                    function,
+                    requests[n],
+                    key=f"kc-part-{n}-{attempt}-{os.urandom(4).hex()}",
+                    pure=False,
+                    resources=resources,
+                    priority=-n,
+                )
+                index[fut.key] = (n, attempt)
+                futures.append(fut)
+                return fut
+
+            index: dict[str, tuple[int, int]] = {}
+            lost: dict[int, list[str]] = {}
+            results: list[Any] = [None] * len(requests)
+            waiting = as_completed([send(n, 1) for n in range(len(requests))])
+            done = 0
+            for fut in waiting:
+                n, attempt = index[fut.key]
+                if fut.status == "error":
+                    exc = fut.exception()
+                    if not isinstance(exc, KilledWorker):
+                        raise ClusterError(f"part {n} of {len(requests)}: {type(exc).__name__}: {exc}")
+                    last = getattr(exc, "last_worker", None)
+                    lost.setdefault(n, []).append(f"{last.name} ({last.address})" if last is not None else "unknown")
+                    if attempt > RETRIES:
+                        raise ClusterError(f"part {n}: {WORKER_LOST} ({', '.join(lost[n])})")
+                    waiting.add(send(n, attempt + 1))
+                    continue
+                results[n] = fut.result()
+                done += 1
+                if progress is not None:
+                    progress(done, len(requests))
+            return results
+    finally:
+        with contextlib.suppress(Exception):
+            client.cancel(futures, force=True)
+        with contextlib.suppress(Exception):
+            client.close(timeout=10)
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                cluster.close(timeout=20)

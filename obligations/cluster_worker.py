@@ -14,7 +14,7 @@ from typing import Any
 
 from obligations.isolation import Executor, error_fields, make_executor, worker_contract
 
-__all__ = ["run_on_worker", "stop_items"]
+__all__ = ["run_on_worker", "stop_items", "sweep_part", "audit_part"]
 
 _contracts: dict[tuple[str, str], Any] = {}  # the contracts this worker process has loaded (worker_contract)
 _executors: dict[tuple[Any, ...], Executor] = {}  # per thread, settings and environment: a kc process is not shared
@@ -60,3 +60,22 @@ def stop_items() -> None:
     for executor in list(_executors.values()):
         executor.close()
     _executors.clear()
+
+
+def sweep_part(request: dict[str, Any]) -> dict[str, Any]:
+    """One part of ``kc sweep --cluster``: falsification.sweep.sweep over the request's range, on this worker."""
+    from falsification.sweep import sweep
+
+    if request.get("device") == "cuda":
+        from obligations.core.device import use_plain_reductions
+
+        use_plain_reductions()
+    args = dict(request)
+    return sweep(args.pop("op"), args.pop("env", None), **args)
+
+
+def audit_part(request: dict[str, Any]) -> dict[str, Any]:
+    """One cell of ``kc audit-libm --cluster``'s function x environment matrix, on this worker's GPU."""
+    from falsification.libm_tests import audit_function
+
+    return audit_function(request["function"], request["env"], request["tolerance"])

@@ -146,3 +146,45 @@ def test_a_local_cluster_run_leaves_no_worker_behind(tmp_path):
     left = [p.cmdline() for p in left if p.status() != psutil.STATUS_ZOMBIE]
     # multiprocessing's resource tracker serves this interpreter (started with the first spawned process)
     assert not [c for c in left if not any("multiprocessing.resource_tracker" in w for w in c)]
+
+
+def test_a_sweep_in_parts_merges_to_the_single_runs_evidence_bit_for_bit():
+    from falsification.sweep import merge_sweeps, split_range, sweep
+
+    # relu's planted nan_as_number: every NaN input disagrees; the range starts in the finite numbers, so the
+    # first part has none, and the first counterexamples of the single run come from several parts
+    lo, hi = 0x7F800000 - 5, 0x7F800000 + 40
+    one = sweep("relu", device="host", lo=lo, hi=hi, variant="nan_as_number")
+    ranges = split_range(lo, hi, 9, align=1)
+    assert len(ranges) == 9 and ranges[0][0] == lo and ranges[-1][1] == hi
+    parts = [sweep("relu", device="host", lo=a, hi=b, variant="nan_as_number") for a, b in ranges]
+    merged = merge_sweeps(parts)
+    evidence = ("range", "elements", "exhaustive", "max_ulp", "disagreements", "histogram", "first_counterexamples")
+    assert one["disagreements"] == 39 and len(one["first_counterexamples"]) == 8
+    assert {k: merged[k] for k in evidence} == {k: one[k] for k in evidence}
+    assert merged["parts"] == 9 and merged["op"] == one["op"] and merged["reference"] == one["reference"]
+    # max ulp from the part that has it (inv's fast-math build flushes subnormal results: far beyond 3 ulp)
+    lo, hi = 0x7E7F0000, 0x7E810000
+    inv = [sweep("inv", device="host", lo=a, hi=b, variant="fast_math") for a, b in split_range(lo, hi, 3)]
+    single = sweep("inv", device="host", lo=lo, hi=hi, variant="fast_math")
+    assert single["max_ulp"] > 3 and merge_sweeps(inv)["max_ulp"] == single["max_ulp"]
+    assert merge_sweeps(inv)["histogram"] == single["histogram"]
+    with pytest.raises(ValueError, match="contiguous"):
+        merge_sweeps([parts[0], parts[2]])
+    with pytest.raises(ValueError, match="differ in variant"):
+        merge_sweeps([parts[0], sweep("relu", device="host", lo=ranges[1][0], hi=ranges[1][1])])
+
+
+@needs_dask
+def test_kc_sweep_on_a_cluster_gives_the_single_runs_report(scheduler, tmp_path, capsys):
+    one, dist = tmp_path / "one.json", tmp_path / "dist.json"
+    argv = ["sweep", "sqrt", "--device", "host", "--lo", "0x3F800000", "--hi", "0x3F900000"]
+    assert main([*argv, "--json", str(one)]) == 0
+    assert main([*argv, "--cluster", scheduler, "--parts", "3", "--json", str(dist)]) == 0
+    a, b = json.loads(one.read_text()), json.loads(dist.read_text())
+    assert b["parts"] == 3 and b["cluster"] == scheduler
+    assert {k: v for k, v in a.items() if "second" not in k and k != "elements_per_s"} == {
+        k: v for k, v in b.items() if "second" not in k and k not in ("elements_per_s", "parts", "cluster")
+    }
+    assert main([*argv[:3], "--sample", "64", "--cluster", scheduler]) == 2  # a sample is not split
+    assert "--sample" in capsys.readouterr().err

@@ -1,12 +1,17 @@
 """Fuzz the contract loader: N structure-aware mutants of the shipped contracts through ``kc validate``.
 
     python benchmarks/fuzz_loader.py [-n 10000] [--expressions 10000] [--seed 0] [--jobs CPUS] [--keep DIR]
+                                     [--graphs N] [--results N] [--cli N]
 
 Prints the count of files per exit code (0 valid, 2 located diagnostics; 3 would be a crash), the files
 whose output broke the ``path:line:col: error:`` form, and the time taken. File ``i`` of seed ``s`` is the
 same whatever ``--jobs`` is, so a finding replays with ``--seed s`` and its index. ``--expressions N`` also
 parses N fuzzed expressions (hostile forms and spliced shipped statements) and runs every hostile expression
 as a contract statement through ``kc validate --import``: counts by verdict, slowest input, peak memory.
+``--graphs N``, ``--results N`` and ``--cli N`` fuzz the other inputs (tests/input_fuzzing.py): N mutants of a
+graph file through ``kc graph check``/``show``, N of a result through ``kc report --from``, N command lines of
+every command but ``new`` with hostile flag values; each prints its exit codes and the inputs that ended in a
+traceback (none is the bar). ``-n 0`` skips the contract files.
 """
 
 from __future__ import annotations
@@ -85,6 +90,52 @@ def fuzz_expressions(n: int, seed: int) -> int:
     return len(bad)
 
 
+def _input_slice(args: tuple[str, int, int, int, int]) -> list[tuple[int, int, str | None, str]]:
+    """Fuzz inputs of ``kind`` ``start, start + step, ...`` below ``n``: (index, exit code, problem, input) each."""
+    from tests import input_fuzzing as fz
+
+    kind, start, step, n, seed = args
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        for i in range(start, n, step):
+            rng = rng_for(seed, i)
+            if kind == "graphs":
+                data = fz.json_mutant(fz.GRAPH, rng)
+                v, shown = fz.graph_verdict(data, scratch), data[:200].decode("utf-8", "replace")
+            elif kind == "results":
+                data = fz.json_mutant(fz.RESULT, rng)
+                v, shown = fz.result_verdict(data, scratch), data[:200].decode("utf-8", "replace")
+            else:
+                argv = fz.cli_mutant(rng, scratch)
+                v, shown = fz.cli_verdict(argv), " ".join(argv)
+            out.append((i, v.exit_code, v.problem, shown))
+    return out
+
+
+def fuzz_inputs(kind: str, n: int, seed: int, jobs: int) -> int:
+    """Fuzz ``n`` inputs of ``kind`` (graphs, results, cli) through ``kc``; print figures; count tracebacks."""
+    t0 = time.perf_counter()
+    slices = [(kind, j, jobs, n, seed) for j in range(jobs)]
+    if jobs == 1:
+        rows = _input_slice(slices[0])
+    else:
+        with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+            rows = [r for part in pool.map(_input_slice, slices) for r in part]
+    rows.sort()
+    seconds = time.perf_counter() - t0
+    codes = collections.Counter(code for _, code, _, _ in rows)
+    bad = [r for r in rows if r[2]]
+    print(
+        f"fuzz {kind}: {len(rows)} inputs, seed {seed}, {jobs} jobs, {seconds:.1f} s; exit codes "
+        + ", ".join(f"{c}: {k}" for c, k in sorted(codes.items()))
+        + f"; {len(bad)} with a traceback"
+    )
+    for index, code, problem, shown in bad[:10]:
+        print(f"  #{index} exit {code}: {shown[:160]!r}\n    {(problem or '').strip().splitlines()[-3:]}")
+    return len(bad)
+
+
 def rng_for(seed: int, index: int) -> random.Random:
     """The generator of file ``index`` under ``seed``."""
     return random.Random(seed * 1_000_003 + index)
@@ -122,7 +173,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="also fuzz N expressions and every hostile expression as a statement (default 0)",
     )
+    for kind in ("graphs", "results", "cli"):
+        p.add_argument(f"--{kind}", type=int, default=0, metavar="N", help=f"also fuzz N {kind} (default 0)")
     args = p.parse_args(argv)
+    inputs_bad = sum(
+        fuzz_inputs(k, getattr(args, k), args.seed, args.jobs) for k in ("graphs", "results", "cli") if getattr(args, k)
+    )
+    if args.n == 0:
+        return 1 if inputs_bad else 0
     t0 = time.perf_counter()
     slices = [(j, args.jobs, args.n, args.seed, args.keep) for j in range(args.jobs)]
     if args.jobs == 1:
@@ -146,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     for index, code, names, lines in bad[:20]:
         print(f"  #{index} exit {code} {'+'.join(names)}: {lines[:2]}")
     bad_expressions = fuzz_expressions(args.expressions, args.seed) if args.expressions else 0
-    return 1 if bad or bad_expressions else 0
+    return 1 if bad or bad_expressions or inputs_bad else 0
 
 
 if __name__ == "__main__":

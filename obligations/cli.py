@@ -254,7 +254,7 @@ def _split_only(args: argparse.Namespace) -> None:
     ids = []
     moved = []
     for value in args.only:
-        if Path(value).exists() or value.endswith((".yaml", ".yml")):
+        if value.strip() and (Path(value).exists() or value.endswith((".yaml", ".yml"))):  # "" is no path (not ".")
             moved.append(value)
         else:
             ids.append(value)
@@ -569,6 +569,36 @@ def _poorer_than_existing(out: str, result: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _unreadable_records(result: dict[str, Any], html: bool) -> str | None:
+    """Why a result given with --from cannot be rendered (a record whose fields are not what a kc check writes,
+    met by the renderers), or None: found before any report is written, as a usage error."""
+    from functools import partial
+
+    from obligations.check import raised_at
+    from obligations.reporting import html as html_reports
+    from obligations.reporting import markdown
+
+    renders: list[tuple[str, Callable[[], Any]]] = [
+        (f"contract {c['id']!r}", partial(markdown.render_contract_markdown, result, c)) for c in result["contracts"]
+    ]
+    if html:
+        renders += [
+            (f"contract {c['id']!r}", partial(html_reports.render_contract_html, result, c))
+            for c in result["contracts"]
+        ]
+        renders.append(("its provenance", partial(html_reports.render_index_html, result)))
+    renders.append(("its provenance", partial(markdown.render_index_markdown, result, html=html)))
+    for what, render in renders:
+        try:
+            render()
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError, ZeroDivisionError, OverflowError) as e:
+            return (
+                f"{what}: a record cannot be read ({type(e).__name__}: {e}; met at {raised_at(e)}); "
+                "is it a kc check result, unedited?"
+            )
+    return None
+
+
 @command("report", "write Markdown/HTML compliance reports from a check result (or check first)")
 @_configure(_report_options)
 def _report(args: argparse.Namespace) -> int:
@@ -603,6 +633,11 @@ def _report(args: argparse.Namespace) -> int:
             if code not in (EXIT_OK, EXIT_FAILED):
                 return code
             result = reporting.load_result(out_json)
+    if args.source:
+        unreadable = _unreadable_records(result, html=not args.no_html)
+        if unreadable:
+            print(f"kc: error: {', '.join(args.source)}: {unreadable}", file=sys.stderr)
+            return EXIT_INVALID
     refused = [] if args.force else _poorer_than_existing(args.out, result)
     if refused:
         for msg in refused:

@@ -328,3 +328,25 @@ def test_markdown_reports_carry_no_raw_html_from_contracts_or_results():
     for raw in ("<script", "<img", "<!-- x", "<b>"):
         assert raw not in text
     assert "&lt;script>alert(1)&lt;/script>" in text
+
+
+# -- a seeded sample of the input fuzzing (benchmarks/fuzz_loader.py --graphs/--results/--cli runs 10,000) --
+
+
+def test_fuzzed_graphs_results_and_command_lines_end_without_a_traceback(tmp_path):
+    import random
+
+    from tests import input_fuzzing as fz
+
+    bad = []
+    for i in range(16):
+        v = fz.graph_verdict(fz.json_mutant(fz.GRAPH, random.Random(i)), tmp_path)
+        bad += [("graph", i, v.problem)] if v.problem else []
+    for i in range(3):
+        v = fz.result_verdict(fz.json_mutant(fz.RESULT, random.Random(i)), tmp_path)
+        bad += [("result", i, v.problem)] if v.problem else []
+    for i in range(8):
+        argv = fz.cli_mutant(random.Random(i), tmp_path)
+        v = fz.cli_verdict(argv)
+        bad += [("cli", argv, v.problem)] if v.problem else []
+    assert bad == []

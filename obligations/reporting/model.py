@@ -112,8 +112,14 @@ _OPTIONAL_ITEM: dict[str, type | tuple[type, ...]] = {
     "seconds": (int, float, type(None)),
     "entry_points": (list, type(None)),
     "statement": (dict, type(None)),
-    "location": (str, dict, type(None)),
+    "location": (dict, type(None)),
     "replay": (str, type(None)),
+    "property": (str, type(None)),
+    "prediction": (str, type(None)),
+    "equation": (str, type(None)),
+    "test": (str, type(None)),
+    "agreement": (str, type(None)),
+    "from_run": (int, type(None)),
 }
 _JSON_TYPE = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}
 

@@ -19,6 +19,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from spec.ir.graph import Graph, GraphBuilder, Payload, format_graph
+from spec.ir.ops import conv_plan, pool_plan
 
 __all__ = ["GraphCase", "graph_cases", "f32_arrays", "SPECIAL_VALUES", "TEMPLATES", "DEFAULT_TEMPLATES"]
 
@@ -287,6 +288,37 @@ def _attention(draw: Any, b: GraphBuilder, shapes: list[Shape]) -> None:
     _add(b, shapes, "attention", tuple(ids), q_shape, **attrs)
 
 
+def _conv_node(draw: Any, b: GraphBuilder, shapes: list[Shape]) -> None:
+    # conv2d over an existing (C, H, W) or (N, C, H, W) node: every window attribute drawn, kept when it fits
+    p = _pick(draw, shapes, lambda s: len(s) in (3, 4) and 1 <= s[-3] <= 3 and min(s[-2:]) >= 1)
+    if p is None:
+        return
+    s = shapes[p]
+    k, stride = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    pad, dil, co = draw(st.integers(0, 1)), draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    hw = [conv_plan(d, k, stride, pad, dil) for d in s[-2:]]
+    if not all(h["valid"] for h in hw):
+        return
+    w = draw(f32_arrays((co, s[-3], k, k), specials=False))
+    params = {"weight": w, "bias": draw(f32_arrays((co,), specials=False))}
+    attrs = {"kernel": (k, k), "stride": (stride, stride), "padding": (pad, pad), "dilation": (dil, dil)}
+    _add(b, shapes, "conv2d", (p,), s[:-3] + (co, hw[0]["out"], hw[1]["out"]), params=params, out_channels=co, **attrs)
+
+
+def _avg_pool_node(draw: Any, b: GraphBuilder, shapes: list[Shape]) -> None:
+    p = _pick(draw, shapes, lambda s: len(s) in (3, 4) and min(s[-2:]) >= 1)
+    if p is None:
+        return
+    s = shapes[p]
+    k, stride = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    pad = draw(st.integers(0, k // 2))
+    hw = [pool_plan(d, k, stride, pad) for d in s[-2:]]
+    if not all(h["valid"] for h in hw):
+        return
+    out = s[:-2] + (hw[0]["out"], hw[1]["out"])
+    _add(b, shapes, "pool", (p,), out, mode="avg", kernel=(k, k), stride=(stride, stride), padding=(pad, pad))
+
+
 TEMPLATES: dict[str, Template] = {
     "relu": _unary("relu"),
     "add": _binary("add"),
@@ -328,8 +360,12 @@ TEMPLATES: dict[str, Template] = {
     "random": _random,
     "conv_pool": _conv_pool,
     "attention": _attention,
+    "conv_node": _conv_node,
+    "avg_pool_node": _avg_pool_node,
 }
-DEFAULT_TEMPLATES: tuple[str, ...] = tuple(TEMPLATES)
+# conv_node and avg_pool_node (convolutions over any node, reverse mode's templates) are opt-in: the default
+# draws stay what the other IR items were written against
+DEFAULT_TEMPLATES: tuple[str, ...] = tuple(t for t in TEMPLATES if t not in ("conv_node", "avg_pool_node"))
 
 
 @st.composite

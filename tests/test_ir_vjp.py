@@ -78,21 +78,49 @@ def test_sub_rule_and_unused_input_zero() -> None:
 
 
 def test_refused_op_at_its_node_only_on_the_path() -> None:
-    w = {"weight": np.ones((1, 1, 1, 1), np.float32), "bias": np.zeros(1, np.float32)}
     b = GraphBuilder()
     x = b.add("input", (), (1, 2, 2))
-    b.add("conv2d", (x,), (1, 2, 2), params=w, out_channels=1, kernel=(1, 1))
+    b.add("pool", (x,), (1, 1, 1), mode="max", kernel=(2, 2), stride=(2, 2))
     g, p = b.build()
     err = vjp(g, p)
-    assert isinstance(err, IRError) and err.kind == "no-vjp" and err.node == 1 and "transposed convolution" in str(err)
+    assert isinstance(err, IRError) and err.kind == "no-vjp" and err.node == 1 and "argmax" in str(err)
     b = GraphBuilder()
     x = b.add("input", (), (1, 2, 2))
     c = b.add("const", (), (1, 2, 2), params={"value": np.ones((1, 2, 2))})
-    k = b.add("conv2d", (c,), (1, 2, 2), params=w, out_channels=1, kernel=(1, 1))
+    k = b.add("pool", (c,), (1, 2, 2), mode="max", kernel=(1, 1))
     b.add("add", (x, k), (1, 2, 2))
     g, p = b.build()
-    assert isinstance(vjp(g, p), Backward)  # the conv reads no input: no cotangent asked of it
+    assert isinstance(vjp(g, p), Backward)  # the pool reads no input: no cotangent asked of it
     assert isinstance(vjp(g, p, wrt=[1]), IRError)  # a const is no input
+
+
+@pytest.mark.parametrize(
+    ("kind", "hw", "k", "s", "p", "d"),
+    [
+        ("conv2d", (4, 5), 2, 2, 1, 1),  # stride leaves a row uncovered
+        ("conv2d", (3, 3), 1, 1, 2, 1),  # padding beyond the span: the spread dy is cut
+        ("conv2d", (5, 4), 2, 1, 0, 2),  # dilated
+        ("pool", (5, 4), 2, 2, 1, 1),
+        ("pool", (3, 3), 3, 1, 1, 1),
+    ],
+)
+def test_conv_and_avg_pool_vjps_against_central_differences(
+    kind: str, hw: tuple, k: int, s: int, p: int, d: int
+) -> None:
+    rng = np.random.default_rng(1)
+    b = GraphBuilder()
+    x = b.add("input", (), (2,) + hw)
+    outs = tuple((n + 2 * p - d * (k - 1) - 1) // s + 1 for n in hw)
+    win = {"kernel": (k, k), "stride": (s, s), "padding": (p, p)}
+    if kind == "conv2d":
+        params = {"weight": rng.uniform(-1, 1, (3, 2, k, k)), "bias": rng.uniform(-1, 1, 3)}
+        b.add("conv2d", (x,), (3,) + outs, params=params, out_channels=3, dilation=(d, d), **win)
+    else:
+        b.add("pool", (x,), (2,) + outs, mode="avg", **win)
+    g, pl = b.build()
+    case = GraphCase(g, pl, (rng.uniform(-1, 1, (2,) + hw).astype(np.float32),))
+    status, why, n = vt.vjp_check(case, rng.uniform(-1, 1, g[1].out_shape).astype(np.float32))
+    assert why is None and n == 2 * hw[0] * hw[1]
 
 
 def test_linear_matmul_against_numpy() -> None:

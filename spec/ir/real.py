@@ -9,7 +9,7 @@ once-rounded ops alike), gamma_n = n u / (1 - n u) of the absolute sum for an n-
 stated internal roundings for softmax/layernorm/rmsnorm. Inputs and constants are exact (err 0). The bound is
 first order: the reverse-mode check (``falsification.ir_vjp_tests``) allows twice it.
 
-Ops: every IR op but conv2d and pool (no float64 meaning here yet: ``KeyError``-free refusal as ``RealError``).
+Ops: every IR op (attention's value without a bound: err is +Inf there).
 Used to check :mod:`spec.ir.vjp` (central differences of the forward meaning; the backward graph's meaning).
 """
 
@@ -282,6 +282,61 @@ def _rope(node: Node, a: dict, args: list[Pair], entry: Any, u: float) -> Pair:
     pair = np.maximum(ex[..., 0::2], ex[..., 1::2]) * math.sqrt(2.0) + _round(4 * (np.abs(x0) + np.abs(x1)), u)
     e = np.empty_like(x)
     e[..., 0::2], e[..., 1::2] = pair, pair
+    return v, e
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def _taps(x: np.ndarray, k: tuple, st: tuple, p: tuple, d: tuple, fill: float) -> tuple[list, tuple[int, int]]:
+    """The window taps of x (..., H, W) padded with ``fill``: (tap (a, b), the strided view of every window's tap)."""
+    xp = np.pad(x, [(0, 0)] * (x.ndim - 2) + [(p[0], p[0]), (p[1], p[1])], constant_values=fill)
+    outs = tuple((x.shape[-2 + i] + 2 * p[i] - d[i] * (k[i] - 1) - 1) // st[i] + 1 for i in range(2))
+    taps = []
+    for a in range(k[0]):
+        for b in range(k[1]):
+            r, c = a * d[0], b * d[1]
+            taps.append(
+                ((a, b), xp[..., r : r + (outs[0] - 1) * st[0] + 1 : st[0], c : c + (outs[1] - 1) * st[1] + 1 : st[1]])
+            )
+    return taps, outs
+
+
+def _conv64(x: np.ndarray, w: np.ndarray, k: tuple, st: tuple, p: tuple, d: tuple) -> np.ndarray:
+    taps, outs = _taps(x, k, st, p, d, 0.0)
+    y = np.zeros(x.shape[:-3] + (w.shape[0],) + outs)
+    for (a, b), t in taps:
+        y += np.einsum("oc,...chw->...ohw", w[:, :, a, b], t)
+    return y
+
+
+@_reg("conv2d")
+def _conv2d(node: Node, a: dict, args: list[Pair], entry: Any, u: float) -> Pair:
+    x, ex = args[0]
+    w, b = np.asarray(entry["weight"], np.float64), np.asarray(entry["bias"], np.float64)
+    k, st, p, d = (_pair(a[n]) for n in ("kernel", "stride", "padding", "dilation"))
+    v = _conv64(x, w, k, st, p, d) + b[:, None, None]
+    terms = w.shape[1] * k[0] * k[1]
+    mag = _conv64(np.abs(x), np.abs(w), k, st, p, d) + np.abs(b)[:, None, None]
+    e = _conv64(ex, np.abs(w), k, st, p, d) + _gamma(terms + 1, u) * mag + _round(0.0 * v, u)
+    return v, e
+
+
+@_reg("pool")
+def _pool(node: Node, a: dict, args: list[Pair], entry: Any, u: float) -> Pair:
+    x, ex = args[0]
+    k, st, p = (_pair(a[n]) for n in ("kernel", "stride", "padding"))
+    if a["mode"] == "max":
+        taps, _ = _taps(x, k, st, p, (1, 1), -np.inf)
+        etaps, _ = _taps(ex, k, st, p, (1, 1), 0.0)
+        return np.max([t for _, t in taps], axis=0), np.max([t for _, t in etaps], axis=0)  # a max does not round
+    taps, _ = _taps(x, k, st, p, (1, 1), 0.0)
+    etaps, _ = _taps(ex, k, st, p, (1, 1), 0.0)
+    n = k[0] * k[1]
+    v = np.sum([t for _, t in taps], axis=0) / n
+    mag = np.sum([np.abs(t) for _, t in taps], axis=0) / n
+    e = np.sum([t for _, t in etaps], axis=0) / n + _gamma(n, u) * mag + _round(v, u)
     return v, e
 
 

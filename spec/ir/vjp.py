@@ -16,9 +16,10 @@ Each op has one rule in :data:`VJP_RULES` (registered by op name, as shape rules
 parents' ids, ``y`` the node's own id (its recomputed value), ``dy`` the id of its accumulated cotangent, and
 ``e`` an :class:`Emitter` that appends IR nodes with the shape their op's rule infers. ``None`` means no
 cotangent flows to that operand (a piecewise-constant operand: ``where``'s condition, ``embedding``'s indices,
-``attention``'s kv_lens). An op with no rule is in :data:`REFUSED` with its reason; asking a backward through such
-a node is an :class:`~spec.ir.checks.IRError` of kind ``no-vjp`` at that node (nodes off every path from ``wrt``
-to ``outputs`` are never asked).
+``attention``'s kv_lens). An op with no rule is in :data:`REFUSED` with its reason, and a rule may refuse one mode
+(max pool); asking a backward through such a node is an :class:`~spec.ir.checks.IRError` of kind ``no-vjp`` at
+that node (nodes off every path from ``wrt`` to ``outputs`` are never asked). conv2d and avg pool are transposed
+convolutions written with IR ops (a zero-woven, padded dy through ``conv2d`` with the kernel flipped).
 
 Fan-out: a node read by several consumers (or twice by one) gets one contribution per read; its cotangent is the
 left fold of IR ``add`` nodes over the contributions in ascending (consumer id, operand position) order, the
@@ -68,15 +69,15 @@ class Emitter:
         """The shape of node ``i`` of the backward graph."""
         return self.shapes[i]
 
-    def op(self, kind: str, *parents: int, **attrs: Any) -> int:
-        """Append ``kind(parents, attrs)`` with its inferred shape; return its id."""
+    def op(self, kind: str, *parents: int, params: Mapping[str, Any] | None = None, **attrs: Any) -> int:
+        """Append ``kind(parents, attrs)`` (payload ``params``) with its inferred shape; return its id."""
         op = get_op(kind)
         if op is None:  # a bug in a rule, not a bad graph
             raise ValueError(f"VJP rule emits unknown op {kind!r}")
         full = {a.name: a.default for a in op.attrs}
         full.update(attrs)
         shape = tuple(op.shape_rule(tuple(self.shapes[p] for p in parents), full, ()))
-        return self._add(kind, parents, shape, None, attrs)
+        return self._add(kind, parents, shape, params, attrs)
 
     def const(self, value: Any) -> int:
         """Append a ``const`` node holding ``value`` (rounded to binary32)."""
@@ -401,14 +402,84 @@ def _linear(e: Emitter, n: Node, a: dict, entry: Any, xs: tuple[int, ...], y: in
     # dx = dy W: a linear node with weight W^T and a zero bias (x + 0 is x)
     w = np.asarray(entry["weight"], np.float32)
     fan_in = w.shape[1]
-    nid = e._add(
-        "linear",
-        (dy,),
-        e.shape(dy)[:-1] + (fan_in,),
-        {"weight": np.ascontiguousarray(w.T), "bias": np.zeros(fan_in, np.float32)},
-        {"out_features": fan_in},
-    )
-    return (nid,)
+    params = {"weight": np.ascontiguousarray(w.T), "bias": np.zeros(fan_in, np.float32)}
+    return (e.op("linear", dy, params=params, out_features=fan_in),)
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def _spread(e: Emitter, g: int, ax: int, stride: int, left: int, right: int) -> int:
+    """g along axis ax with stride - 1 zeros woven between its elements, then ``left``/``right`` zeros added at the
+    ends (cells cut where negative): the input of a transposed convolution."""
+    s = e.shape(g)
+    pre, k, post = s[:ax], s[ax], s[ax + 1 :]
+    if stride > 1 and k > 0:
+        col = e.op("reshape", g, shape=pre + (k, 1) + post)
+        wide = e.op("concat", col, e.full(pre + (k, stride - 1) + post, 0.0), axis=ax + 1)
+        g = e.op("reshape", wide, shape=pre + (k * stride,) + post)
+        g = e.op("slice", g, axis=ax, start=0, stop=(k - 1) * stride + 1, step=1)
+    parts = [g]
+    if left > 0:
+        parts.insert(0, e.full(pre + (left,) + post, 0.0))
+    if right > 0:
+        parts.append(e.full(pre + (right,) + post, 0.0))
+    if len(parts) > 1:
+        g = e.op("concat", *parts, axis=ax)
+    n = e.shape(g)[ax]
+    lo, hi = max(0, -left), n - max(0, -right)
+    return g if (lo, hi) == (0, n) else e.op("slice", g, axis=ax, start=lo, stop=hi, step=1)
+
+
+def _transposed_conv(
+    e: Emitter, dy: int, src: Shape, weight: np.ndarray, k: tuple, st: tuple, p: tuple, d: tuple
+) -> int:
+    """The input cotangent of a convolution (weight (Cout, Cin, kh, kw)) of input shape ``src``: dy woven by the
+    stride, padded by d (k - 1) - p (plus the rows the last window left uncovered), convolved at stride 1 with the
+    kernel flipped and its channel axes swapped. A tap a of output o reads input o s - p + a d; in the spread dy
+    output o sits at d (k - 1) - p + o s, which the flipped tap k - 1 - a of output i = o s - p + a d reads."""
+    g = dy
+    rank = len(src)
+    for i in range(2):
+        ax = rank - 2 + i
+        span = d[i] * (k[i] - 1)
+        left = span - p[i]
+        uncovered = (src[ax] + 2 * p[i] - span - 1) % st[i]
+        g = _spread(e, g, ax, st[i], left, left + uncovered)
+    wt = np.ascontiguousarray(np.flip(np.asarray(weight, np.float32), (2, 3)).transpose(1, 0, 2, 3))
+    params = {"weight": wt, "bias": np.zeros(wt.shape[0], np.float32)}
+    return e.op("conv2d", g, params=params, out_channels=wt.shape[0], kernel=k, dilation=d)
+
+
+@register_vjp("conv2d")
+def _conv2d(e: Emitter, n: Node, a: dict, entry: Any, xs: tuple[int, ...], y: int, dy: int) -> Cts:
+    k, st, p, d = (_pair(a[name]) for name in ("kernel", "stride", "padding", "dilation"))
+    return (_transposed_conv(e, dy, e.shape(xs[0]), entry["weight"], k, st, p, d),)
+
+
+@register_vjp("pool")
+def _pool(e: Emitter, n: Node, a: dict, entry: Any, xs: tuple[int, ...], y: int, dy: int) -> Cts:
+    # avg: the transposed box filter of dy / (kh kw), a convolution whose weight is the identity on channels
+    # (conv2d has groups 1; the zero weights add exact zeros). max routes dy to each window's argmax: a scatter,
+    # which the IR has no op for.
+    if a["mode"] != "avg":
+        return _refuse(n, "max pool's VJP scatters dy to each window's argmax; the IR has no scatter op yet")
+    k, st, p = (_pair(a[name]) for name in ("kernel", "stride", "padding"))
+    src = e.shape(xs[0])
+    c = src[-3]
+    eye = np.zeros((c, c) + k, np.float32)
+    eye[np.arange(c), np.arange(c)] = 1.0
+    g = e.div(dy, e.full(e.shape(dy), float(k[0] * k[1])))
+    return (_transposed_conv(e, g, src, eye, k, st, p, (1, 1)),)
+
+
+class Refused(Exception):
+    """A rule's refusal of one node (a mode or attribute it has no VJP for); vjp turns it into an IRError."""
+
+
+def _refuse(n: Node, why: str) -> Cts:
+    raise Refused(why)
 
 
 @register_vjp("matmul", "bmm")
@@ -476,16 +547,6 @@ def _embedding(e: Emitter, n: Node, a: dict, entry: Any, xs: tuple[int, ...], y:
 
 
 for _name, _why in (
-    (
-        "conv2d",
-        "conv2d's input VJP is a transposed convolution, which the IR has no op for yet (the conv family's "
-        "backward kernels in spec.conv/native.conv are not IR ops)",
-    ),
-    (
-        "pool",
-        "pool's VJP scatters into the windows (max: to the argmax, avg: a transposed box filter); the IR has no "
-        "scatter op yet (spec.conv.max_pool2d_backward/avg_pool2d_backward are not IR ops)",
-    ),
     (
         "attention",
         "attention's VJP (spec.attention.sdpa_vjp, native.attention's backward kernels) is not an IR op yet; masks "
@@ -589,7 +650,10 @@ def vjp(
         op = get_op(node.kind)
         assert op is not None  # checked well formed
         entry = payload.get(i) if op.payload else None
-        got = rule(e, node, node_attrs(node, op), entry, node.parents, i, acc)
+        try:
+            got = rule(e, node, node_attrs(node, op), entry, node.parents, i, acc)
+        except Refused as why:
+            return IRError("no-vjp", i, node.kind, f"no reverse mode through this node: {why}")
         for pos, (p, c) in enumerate(zip(node.parents, got, strict=True)):
             if c is not None and p in live:
                 contrib.setdefault(p, []).append(((i, pos), c))

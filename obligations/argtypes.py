@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-__all__ = ["U32", "U64", "counted", "seconds", "bit_patterns", "SEED"]
+__all__ = ["U32", "U64", "counted", "seconds", "bit_patterns", "SEED", "cluster_spec"]
 
 
 U32 = 1 << 32
@@ -55,3 +55,13 @@ def bit_patterns(text: str) -> list[str]:
 
 
 SEED = counted(0, U64)  # seeds: what numpy and Hypothesis accept
+
+
+def cluster_spec(text: str) -> str:
+    """An argparse type: a ``--cluster`` value (local, local:N, tcp://HOST:PORT), checked here, kept as text."""
+    from obligations.cluster import parse_cluster
+
+    try:
+        return str(parse_cluster(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from obligations import __version__
-from obligations.argtypes import SEED, U32, bit_patterns, counted, seconds
+from obligations.argtypes import SEED, U32, bit_patterns, cluster_spec, counted, seconds
 from obligations.registry import COMMANDS, command, load_plugins
 
 __all__ = ["main", "COMMANDS", "counted", "seconds", "bit_patterns", "SEED", "probe_output"]
@@ -189,7 +189,7 @@ def _check_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--cluster",
-        type=_cluster_value,
+        type=cluster_spec,
         metavar="local[:N]|tcp://HOST:PORT",
         default=None,
         help="run the items on a Dask cluster: local (one worker per visible GPU on cuda, cores - 1 CPU workers on "
@@ -235,16 +235,6 @@ def _check_options(p: argparse.ArgumentParser) -> None:
     )
     _verbosity_options(p)
     _search_path_option(p)
-
-
-def _cluster_value(text: str) -> str:
-    """An argparse type: a ``--cluster`` value (checked here, kept as text)."""
-    from obligations.cluster import parse_cluster
-
-    try:
-        return str(parse_cluster(text))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _split_only(args: argparse.Namespace) -> None:
@@ -766,7 +756,7 @@ def _sweep_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", help="also write the sweep report here (atomically)")
     p.add_argument(
         "--cluster",
-        type=_cluster_value,
+        type=cluster_spec,
         metavar="local[:N]|tcp://HOST:PORT",
         default=None,
         help="split the range into parts run as tasks on a Dask cluster (every GPU; docs/scale-out.md) and merge "

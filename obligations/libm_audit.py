@@ -17,7 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["configure", "run", "documented_bounds", "table_rows", "DEFAULT_CONTRACT"]
+from obligations.argtypes import cluster_spec
+
+__all__ = ["configure", "run", "documented_bounds", "table_rows", "audit_cells", "DEFAULT_CONTRACT"]
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 DEFAULT_CONTRACT = "contracts/cuda-libm-v1.yaml"
@@ -30,6 +32,13 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--intrinsics", action="store_true", help="also audit the intrinsics (__expf, __sinf, ...)")
     p.add_argument("--json", metavar="FILE", help="also write the audit as JSON here (atomically)")
     p.add_argument("--contract", default=DEFAULT_CONTRACT, help="the contract holding the documented bounds")
+    p.add_argument(
+        "--cluster",
+        type=cluster_spec,
+        metavar="local[:N]|tcp://HOST:PORT",
+        default=None,
+        help="audit the function x environment matrix as tasks on a Dask cluster, one GPU each (docs/scale-out.md)",
+    )
 
 
 def documented_bounds(contract_data: dict[str, Any]) -> dict[tuple[str, str], tuple[str, Any]]:
@@ -72,6 +81,25 @@ def _print_table(rows: list[list[str]]) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
 
 
+def audit_cells(
+    names: list[str], envs: list[str], bounds: dict[tuple[str, str], tuple[str, Any]]
+) -> list[tuple[str, str, str | None, Any]]:
+    """The audit's (function, env, item id, tolerance) cells in the report's order: every function per env."""
+    return [(name, env, *bounds.get((name, env), (None, None))) for env in envs for name in names]
+
+
+def _audited(a: dict[str, Any], item: str | None) -> dict[str, Any]:
+    """One cell's audit with its contract item, printed as it is taken (the report's order)."""
+    a["item"] = item
+    print(
+        f"{a['function']:<12} {a['env']:<9} max ulp {(a['max_ulp'] or {}).get('ulp')!s:<6} "
+        f"settled {a['settled_by_mpfr']:<6} {a['verdict']} ({a['seconds']:.2f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return a
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the audit; print the table (and write the JSON)."""
     from falsification.libm_tests import audit_function
@@ -79,8 +107,17 @@ def run(args: argparse.Namespace) -> int:
     from obligations.core.device import DeviceUnavailable, resolve_device
     from spec.libm import ENVS, INTRINSICS, STANDARD, get_function
 
+    spec = None
+    if args.cluster:
+        from obligations.cluster import dask_missing, parse_cluster
+
+        if dask_missing():
+            print(f"kc: error: --cluster {args.cluster}: {dask_missing()}", file=sys.stderr)
+            return EXIT_INVALID
+        spec = parse_cluster(args.cluster)
     try:
-        resolve_device("cuda")
+        if spec is None or spec.kind == "local":  # a scheduler's workers have the GPUs, not necessarily this host
+            resolve_device("cuda")
     except DeviceUnavailable as e:
         print(f"kc: error: {e} (the audit sweeps 2^32 inputs per function on the GPU)", file=sys.stderr)
         return EXIT_INVALID
@@ -100,25 +137,29 @@ def run(args: argparse.Namespace) -> int:
         print(f"kc: error: {e.args[0]}", file=sys.stderr)
         return EXIT_INVALID
     envs = [args.env] if args.env else list(ENVS)
-    audits: list[dict[str, Any]] = []
+    cells = audit_cells(names, envs, bounds)
+    missing = [(name, env) for name, env, item, _ in cells if item is None]
+    if missing:
+        name, env = missing[0]
+        print(f"kc: error: {args.contract} has no libm.audit item for {name} under {env}", file=sys.stderr)
+        return EXIT_INVALID
     t0 = time.perf_counter()
-    for env in envs:
-        for name in names:
-            item, tol = bounds.get((name, env), (None, None))
-            if item is None:
-                print(f"kc: error: {args.contract} has no libm.audit item for {name} under {env}", file=sys.stderr)
-                return EXIT_INVALID
-            a = audit_function(name, env, tol)
-            a["item"] = item
-            audits.append(a)
-            print(
-                f"{name:<12} {env:<9} max ulp {(a['max_ulp'] or {}).get('ulp')!s:<6} settled {a['settled_by_mpfr']:<6}"
-                f" {a['verdict']} ({a['seconds']:.2f} s)",
-                file=sys.stderr,
-                flush=True,
-            )
+    if spec is None:
+        audits = [_audited(audit_function(name, env, tol), item) for name, env, item, tol in cells]
+    else:
+        from obligations.cluster import AUDIT_PART, ClusterError, run_tasks
+
+        requests = [{"function": name, "env": env, "tolerance": tol} for name, env, _, tol in cells]
+        print(f"kc audit-libm: {len(cells)} function x environment cell(s) on cluster {spec}", file=sys.stderr)
+        try:
+            done = run_tasks(spec, "cuda", AUDIT_PART, requests)
+        except ClusterError as e:
+            print(f"kc: error: --cluster {e}", file=sys.stderr)
+            return EXIT_FAILED
+        audits = [_audited(a, item) for a, (_, _, item, _) in zip(done, cells, strict=True)]
     report = {
         "contract": args.contract,
+        **({"cluster": str(spec)} if spec is not None else {}),
         "source_of_bounds": "CUDA C++ Programming Guide, Mathematical Functions (see the contract's references)",
         "seconds": round(time.perf_counter() - t0, 3),
         "audits": audits,

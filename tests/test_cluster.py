@@ -188,3 +188,26 @@ def test_kc_sweep_on_a_cluster_gives_the_single_runs_report(scheduler, tmp_path,
     }
     assert main([*argv[:3], "--sample", "64", "--cluster", scheduler]) == 2  # a sample is not split
     assert "--sample" in capsys.readouterr().err
+
+
+def test_the_libm_audit_matrix_is_split_in_the_single_runs_order():
+    from obligations.libm_audit import audit_cells
+
+    bounds = {("expf", "cuda"): ("A", 2), ("sinf", "cuda"): ("B", 2), ("expf", "cuda-ftz"): ("C", 2)}
+    cells = audit_cells(["expf", "sinf"], ["cuda", "cuda-ftz"], bounds)
+    assert cells == [
+        ("expf", "cuda", "A", 2),
+        ("sinf", "cuda", "B", 2),
+        ("expf", "cuda-ftz", "C", 2),
+        ("sinf", "cuda-ftz", None, None),  # no item: the audit refuses before anything runs
+    ]
+
+
+@needs_dask
+def test_tasks_on_the_cluster_come_back_in_the_requests_order(scheduler):
+    from obligations.cluster import run_tasks
+
+    spec = parse_cluster(scheduler)
+    assert run_tasks(spec, "host", "math.sqrt", lambda workers: [float(n * n) for n in range(8 * workers)]) == [
+        float(n) for n in range(16)
+    ]

@@ -256,6 +256,103 @@ def tie_windows(x3: np.ndarray) -> int:
     return int(np.sum((nans >= 2) | ((nans == 0) & (equal >= 2))))
 
 
+# -- dot product and the VJPs of sum, mean and max (MK-12, MK-13) ------------------------------------------------
+
+
+def _last(a: np.ndarray, dims: tuple[int, int, int]) -> np.ndarray:
+    """(outer, length, inner) bits with the reduced axis last: the spec's layout."""
+    return np.ascontiguousarray(np.moveaxis(np.asarray(a, np.uint32).reshape(dims), 1, 2))
+
+
+def _back(a: np.ndarray) -> np.ndarray:
+    """(outer, inner, length) bits back to the flat (outer, length, inner) order the kernels write."""
+    return np.ascontiguousarray(np.moveaxis(a, 2, 1)).reshape(-1)
+
+
+def _vjp_reference(op: str, f: _Vjp, reverse: bool = False) -> np.ndarray:
+    x, y = (to_host(v).reshape(f.dims) for v in (f.x, f.y))
+    if reverse:
+        x, y = x[:, ::-1, :], y[:, ::-1, :]
+    dims, dy = f.dims, to_host(f.dy).reshape(f.dims[0], f.dims[2])
+    if op == "dot":
+        return np.asarray(ref.dot(_last(x, dims), _last(y, dims), route=ROUTE), np.uint32).reshape(-1)
+    if op == "sum_vjp":
+        return _back(ref.sum_vjp(dy, dims[1]))
+    if op == "mean_vjp":
+        return _back(ref.mean_vjp(dy, dims[1], route=ROUTE))
+    out = ref.max_vjp(_last(x, dims), dy)
+    return _back(out[:, :, ::-1] if reverse else out)
+
+
+@dataclass(frozen=True)
+class _Vjp:
+    x: Any
+    y: Any
+    dy: Any
+    shape: tuple[int, ...]
+    axis: int | None
+    dims: tuple[int, int, int]
+
+
+_VJP_NATIVE: dict[str, Callable[[_Vjp, Any, str], Any]] = {
+    "dot": lambda f, xp, d: red.dot(
+        f.x.view(xp.float32).reshape(f.shape), f.y.view(xp.float32).reshape(f.shape), axis=f.axis, device=d
+    ),
+    "sum_vjp": lambda f, xp, d: red.sum_vjp(f.dy.view(xp.float32), f.shape, axis=f.axis, device=d),
+    "mean_vjp": lambda f, xp, d: red.mean_vjp(f.dy.view(xp.float32), f.shape, axis=f.axis, device=d),
+    "max_vjp": lambda f, xp, d: red.max_vjp(
+        f.x.view(xp.float32).reshape(f.shape), f.dy.view(xp.float32), axis=f.axis, device=d
+    ),
+}
+
+
+@register_test("reductions.vjp_bitwise")
+def vjp_bitwise(ctx: FalsifyContext) -> Outcome:
+    """Dot product (op dot) or a reduction's VJP (sum_vjp, mean_vjp, max_vjp) bitwise equal to spec.reductions."""
+    op = str(ctx.params.get("op", "dot"))
+    native_fn = _VJP_NATIVE[op]
+    xp = array_module(ctx.device)
+    b = ctx.budget
+    max_dim = int(ctx.params.get("max_dim", 24)) * b.scale
+    max_elements = int(ctx.params.get("max_elements", b.max_size))
+    max_fold = int(ctx.params.get("max_fold", b.max_fold))
+    stats = {"elements": 0, "tie_windows": 0}
+
+    def inputs(case: tuple) -> _Vjp:
+        seed, shape, axis, mix = case
+        size = int(np.prod(shape, dtype=np.int64))
+        x, y = _input_bits(seed, size, mix, xp, 2)
+        _, _, dims = red._axis_view(x.reshape(shape), axis)
+        dy = _input_bits(seed + 7, dims[0] * dims[2], mix, xp)[0]
+        stats["elements"] += size
+        if op == "max_vjp":
+            stats["tie_windows"] += tie_windows(to_host(x).reshape(dims))
+        return _Vjp(x, y, dy, tuple(shape), axis, dims)
+
+    reversed_name = {"dot": "the fold over the reversed axis", "max_vjp": "dy routed to the last argmax"}
+    alt: dict[str, Any] = {}
+    if op in reversed_name:
+        alt = {
+            "alternative": lambda f: Expected(bits=_vjp_reference(op, f, reverse=True)),
+            "alternative_name": reversed_name[op],
+        }
+    check = Check(
+        name=f"reductions {op}",
+        inputs=inputs,
+        native=lambda f: _bits(native_fn(f, xp, ctx.device)).reshape(-1),
+        reference=lambda f: Expected(bits=_vjp_reference(op, f)),
+        agreement=engine.item_agreement(ctx, "bitwise"),
+        cases=_fold_cases(max_dim, max_elements, max_fold),
+        explicit=_TIE_CASES if op == "max_vjp" else (),
+        encode=_fold_encode,
+        decode=_fold_decode,
+        describe=_case_json(("seed", "shape", "axis", "mix")),
+        **alt,
+        build={"op": op, "reference": f"spec.reductions {op} on the host, env cuda: {ref.route_name('cuda', ROUTE)}"},
+    )
+    return engine.run(ctx, check, lambda: dict(stats))
+
+
 # -- tree --------------------------------------------------------------------------------------------------
 
 

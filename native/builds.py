@@ -153,6 +153,9 @@ def _reductions() -> Iterator[Build]:
                 fused=_asks_fused(src),
                 flushes_atomics=kind == "atomic",
             )
+    # The dot product and the VJPs of sum, mean and max: one source, three functions (64-bit grid-stride indices).
+    for fn in ("kc_axis_dot", "kc_axis_spread", "kc_axis_max_vjp"):
+        yield Build("reductions", fn.removeprefix("kc_axis_"), red.VJP_SOURCE, fn, red.ROUTE, index_bits=64)
 
 
 @register_builds("rng")

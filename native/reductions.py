@@ -62,6 +62,11 @@ __all__ = [
     "MAIN_LOOPS",
     "IN_ORDER",
     "register_main_loop",
+    "dot",
+    "sum_vjp",
+    "mean_vjp",
+    "max_vjp",
+    "VJP_SOURCE",
 ]
 
 BLOCK = 256
@@ -604,6 +609,139 @@ def scatter_add(out: Any, idx: Any, src: Any, device: str = "auto") -> Any:
         (xp.ascontiguousarray(ssrc), starts, ends, res, np.int64(res.size)),
     )
     return res
+
+
+# -- dot product and the VJPs of sum, mean and max (MK-12, MK-13) ------------------------------------------
+
+VJP_SOURCE = """\
+__device__ __forceinline__ int kc_max_key(float v) {
+    const int s = __float_as_int(v);
+    if (v != v) return 0x7fffffff;  // every NaN above every number; the first NaN wins (later ones are not greater)
+    return s < 0 ? (s ^ 0x7fffffff) : s;  // -0 < +0
+}
+extern "C" __global__ void kc_axis_dot(const float* __restrict__ x, const float* __restrict__ y,
+                                       float* __restrict__ out, long long outer, long long len, long long inner) {
+    const long long total = outer * inner;
+    for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < total;
+         j += (long long)blockDim.x * gridDim.x) {
+        const long long o = j / inner, i = j - o * inner, base = o * len * inner + i;
+        float acc = 0.0f;
+        for (long long k = 0; k < len; ++k) acc = acc + __fmul_rn(x[base + k * inner], y[base + k * inner]);
+        out[j] = acc;
+    }
+}
+extern "C" __global__ void kc_axis_spread(const float* __restrict__ dy, float* __restrict__ dx, long long outer,
+                                          long long len, long long inner, int divide) {
+    const long long total = outer * len * inner;
+    for (long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x; p < total;
+         p += (long long)blockDim.x * gridDim.x) {
+        const long long i = p % inner, o = p / (len * inner);
+        const float g = dy[o * inner + i];
+        dx[p] = divide ? g / (float)len : g;
+    }
+}
+extern "C" __global__ void kc_axis_max_vjp(const float* __restrict__ x, const float* __restrict__ dy,
+                                           float* __restrict__ dx, long long outer, long long len, long long inner) {
+    const long long total = outer * inner;
+    for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < total;
+         j += (long long)blockDim.x * gridDim.x) {
+        const long long o = j / inner, i = j - o * inner, base = o * len * inner + i;
+        long long best = 0;
+        int key = len > 0 ? kc_max_key(x[base]) : 0;
+        for (long long k = 1; k < len; ++k) {
+            const int kk = kc_max_key(x[base + k * inner]);
+            if (kk > key) { key = kk; best = k; }
+        }
+        for (long long k = 0; k < len; ++k) dx[base + k * inner] = (k == best) ? dy[j] : 0.0f;
+    }
+}
+"""
+
+
+def _axis_args(x: Any, axis: int | None, device: str) -> tuple[str, Any, Any, tuple[int, ...], tuple[int, int, int]]:
+    dev = resolve_device(device)
+    xp = array_module(dev)
+    x = xp.ascontiguousarray(xp.asarray(x, dtype=xp.float32))
+    flat, out_shape, dims = _axis_view(x, axis)
+    if not axis_plan(*dims).admissible:
+        raise ValueError(f"reduction over {dims[0]} x {dims[1]} x {dims[2]} elements exceeds {MAX_ELEMENTS}")
+    return dev, xp, flat, out_shape, dims
+
+
+def _vjp_launch(name: str, count: int, args: tuple) -> None:
+    if count:
+        plan = launch_plan(count)
+        _fn(VJP_SOURCE, name)((int(plan["grid"]),), (int(plan["block"]),), args)
+
+
+@entry_point("reductions")
+def dot(x: Any, y: Any, axis: int | None = None, device: str = "auto") -> Any:
+    """Dot product along ``axis`` (None: whole buffers): the left fold from +0 of fl(x * y), no fused multiply-add."""
+    dev, xp, fx, out_shape, (outer, length, inner) = _axis_args(x, axis, device)
+    fy = xp.ascontiguousarray(xp.asarray(y, dtype=xp.float32)).reshape(-1)
+    if fy.shape != fx.shape:
+        raise ValueError(f"dot: {fx.size} and {fy.size} elements")
+    if dev == "host":
+        with np.errstate(all="ignore"):
+            prods = (fx * fy).astype(F32)
+        return _host_axis("sum", prods.reshape(outer, length, inner)).reshape(out_shape)
+    out = xp.empty(outer * inner, dtype=xp.float32)
+    _vjp_launch("kc_axis_dot", outer * inner, (fx, fy, out, np.int64(outer), np.int64(length), np.int64(inner)))
+    return out.reshape(out_shape)
+
+
+def _spread(dy: Any, x_shape: tuple[int, ...], axis: int | None, device: str, divide: bool) -> Any:
+    dev = resolve_device(device)
+    xp = array_module(dev)
+    _, out_shape, (outer, length, inner) = _axis_view(np.empty(x_shape, dtype=np.uint8), axis)
+    d = xp.ascontiguousarray(xp.asarray(dy, dtype=xp.float32)).reshape(-1)
+    if d.size != outer * inner or not axis_plan(outer, length, inner).admissible:
+        raise ValueError(f"vjp: dy of {d.size} elements for outputs of shape {out_shape}")
+    if dev == "host":
+        g = d.reshape(outer, 1, inner)
+        if divide:
+            with np.errstate(all="ignore"):
+                g = _canon((g / F32(length)).astype(F32))
+        return np.ascontiguousarray(np.broadcast_to(g, (outer, length, inner))).reshape(x_shape)
+    dx = xp.empty(outer * length * inner, dtype=xp.float32)
+    args = (d, dx, np.int64(outer), np.int64(length), np.int64(inner), np.int32(divide))
+    _vjp_launch("kc_axis_spread", outer * length * inner, args)
+    return dx.reshape(x_shape)
+
+
+@entry_point("reductions")
+def sum_vjp(dy: Any, x_shape: tuple[int, ...], axis: int | None = None, device: str = "auto") -> Any:
+    """The VJP of a sum over ``axis`` of an ``x_shape`` input: ``dy`` broadcast back along the reduced axis."""
+    return _spread(dy, tuple(x_shape), axis, device, False)
+
+
+@entry_point("reductions")
+def mean_vjp(dy: Any, x_shape: tuple[int, ...], axis: int | None = None, device: str = "auto") -> Any:
+    """The VJP of a mean: fl(dy / fl(length)) broadcast back along the reduced axis."""
+    return _spread(dy, tuple(x_shape), axis, device, True)
+
+
+@entry_point("reductions")
+def max_vjp(x: Any, dy: Any, axis: int | None = None, device: str = "auto") -> Any:
+    """The VJP of a max: ``dy`` routed to the first argmax along ``axis`` (first NaN; +0 above -0), +0 elsewhere."""
+    dev, xp, fx, out_shape, (outer, length, inner) = _axis_args(x, axis, device)
+    d = xp.ascontiguousarray(xp.asarray(dy, dtype=xp.float32)).reshape(-1)
+    if d.size != outer * inner:
+        raise ValueError(f"max_vjp: dy of {d.size} elements for outputs of shape {out_shape}")
+    shape = tuple(int(v) for v in xp.asarray(x).shape)
+    if dev == "host":
+        u = fx.view(np.uint32).reshape(outer, length, inner).astype(np.int64)
+        s = np.where(u >= 1 << 31, u - (1 << 32), u)
+        keys = np.where(s < 0, s ^ 0x7FFFFFFF, s)
+        keys = np.where((u & 0x7FFFFFFF) > 0x7F800000, 0x7FFFFFFF, keys)
+        dx = np.zeros((outer, length, inner), dtype=F32)
+        if length:
+            best = np.argmax(keys, axis=1)  # the first maximal key, as the kernel's strict > scan keeps it
+            np.put_along_axis(dx, best[:, None, :], d.reshape(outer, 1, inner), axis=1)
+        return dx.reshape(shape)
+    dx = xp.empty(outer * length * inner, dtype=xp.float32)
+    _vjp_launch("kc_axis_max_vjp", outer * inner, (fx, d, dx, np.int64(outer), np.int64(length), np.int64(inner)))
+    return dx.reshape(shape)
 
 
 SUMS: dict[str, Callable[..., Any]] = {"fold": fold_sum, "tree": tree_sum, "atomic": atomic_sum}

@@ -82,7 +82,12 @@ def _reductions() -> int:
         red.fold_sum(x, device="cuda")
         red.tree_sum(x, device="cuda", block=32, max_grid=1)  # the unrolled main loop with few elements
         red.mean(x, device="cuda", order="tree", block=32, max_grid=2)
-        launches += 5
+        x2 = x[: n - n % 5].reshape(-1, 5)  # an axis of 5 (or an empty one): dot and the VJPs of sum, mean, max
+        red.dot(x2, x2, axis=1, device="cuda")
+        red.sum_vjp(x2[:, 0], x2.shape, axis=1, device="cuda")
+        red.mean_vjp(x2[:, 0], x2.shape, axis=1, device="cuda")
+        red.max_vjp(x2, x2[:, 0], axis=1, device="cuda")
+        launches += 9
     cupy.cuda.runtime.deviceSynchronize()
     return launches
 

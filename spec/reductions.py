@@ -61,6 +61,11 @@ __all__ = [
     "route_name",
     "float32_route_ok",
     "exact_sum",
+    "dot",
+    "sum_vjp",
+    "mean_vjp",
+    "max_vjp",
+    "first_argmax",
 ]
 
 POS_ZERO = 0x00000000
@@ -305,3 +310,48 @@ def tree_depth(n: int, grids: list[int], block: int) -> int:
         depth += max(-(-m // stride), 1) + int(math.log2(block))
         m = g
     return depth
+
+
+# -- dot product and the reductions' VJPs (MK-12, MK-13) -----------------------------------------------------
+
+
+def dot(x: Any, y: Any, env: str = "cuda", route: str = "softfloat") -> Any:
+    """Dot product along the last axis: the left fold from +0 of the products fl(x[k] * y[k]) (no fused mul-add)."""
+    xp = array_namespace(x)
+    prods = sf.mul(xp.asarray(x, dtype=xp.uint32), xp.asarray(y, dtype=xp.uint32), env=env)
+    return fold_left(prods, env=env, route=route)
+
+
+def sum_vjp(dy: Any, length: int) -> Any:
+    """The VJP of a sum along the last axis: ``dy`` repeated ``length`` times along a new last axis (bits)."""
+    d = np.asarray(dy, dtype=np.uint32)
+    return np.repeat(d[..., None], length, axis=-1)
+
+
+def mean_vjp(dy: Any, length: int, env: str = "cuda", route: str = "softfloat") -> Any:
+    """The VJP of a mean: fl(dy / fl(length)) (one correctly rounded division per output), repeated ``length`` times."""
+    return sum_vjp(mean_of(np.asarray(dy, dtype=np.uint32), length, env=env, route=route), length)
+
+
+def _max_keys(x: np.ndarray) -> np.ndarray:
+    """The order the maximum follows, as int64 keys: -0 < +0, every NaN above every number (all NaNs equal)."""
+    s = np.asarray(x, dtype=np.uint32).view(np.int32).astype(np.int64)
+    keys = np.where(s < 0, s ^ 0x7FFFFFFF, s)
+    nan = (np.asarray(x, dtype=np.uint32) & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    return np.where(nan, np.int64(1) << 40, keys)
+
+
+def first_argmax(x: Any) -> np.ndarray:
+    """Index of the first maximum along the last axis (the first NaN if any; +0 above -0); non-empty axis."""
+    return np.argmax(_max_keys(x), axis=-1)
+
+
+def max_vjp(x: Any, dy: Any) -> np.ndarray:
+    """The VJP of a max along the last axis: ``dy`` routed to the first argmax, +0 everywhere else (bits)."""
+    xb = np.asarray(x, dtype=np.uint32)
+    out = np.zeros(xb.shape, dtype=np.uint32)
+    if xb.shape[-1] == 0:
+        return out
+    am = first_argmax(xb)
+    np.put_along_axis(out, am[..., None], np.asarray(dy, dtype=np.uint32)[..., None], axis=-1)
+    return out

@@ -10,6 +10,7 @@ import pytest
 from native import reductions as red
 from obligations.check import check_contract
 from spec import reductions as ref
+from tests.contract_helpers import needs_cuda
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTRACT = ROOT / "contracts" / "reductions-v1.yaml"
@@ -316,3 +317,52 @@ def test_planted_maximum_that_keeps_the_first_of_equal_candidates_is_caught(monk
     want = rt._fold_reference("max", bits.reshape(5, 9, 1))
     got = first_of_equals(bits.view(np.float32), axis=1).view(np.uint32)
     assert not np.array_equal(got.reshape(-1), want.reshape(-1))
+
+
+def test_max_vjp_to_the_last_argmax_is_caught(monkeypatch):
+    """Planted: dy routed to the last of several equal maxima: the tie windows refute it."""
+    real = red.max_vjp
+
+    def last(x, dy, axis=None, device="auto"):
+        ax = -1 if axis is None else axis
+        flip = np.flip(np.asarray(x), axis=None if axis is None else ax)
+        out = real(flip, dy, axis=axis, device=device)
+        return np.flip(np.asarray(out), axis=None if axis is None else ax)
+
+    monkeypatch.setattr(red, "max_vjp", last)
+    it = _items(CONTRACT, ["RED-MAX-VJP-bitwise"])["RED-MAX-VJP-bitwise"]
+    assert it["status"] == "violated", it["reason"]
+
+
+def test_dot_and_vjps_on_host():
+    x = np.array([[1.0, 2.0**24, 1.0], [-0.0, 0.0, -1.0]], np.float32)
+    assert red.dot(x, np.ones_like(x), axis=1, device="host")[0] == np.float32(2.0**24)  # 1 + 2^24 rounds, + 1 again
+    g = red.max_vjp(
+        np.array([[3.0, 3.0, np.nan, np.nan]], np.float32), np.array([5.0], np.float32), axis=1, device="host"
+    )
+    np.testing.assert_array_equal(g, np.array([[0.0, 0.0, 5.0, 0.0]], np.float32))  # the first NaN
+    g0 = red.max_vjp(np.array([-0.0, 0.0], np.float32), np.float32(1.0), device="host")
+    np.testing.assert_array_equal(g0, np.array([0.0, 1.0], np.float32))  # +0 above -0
+    m = red.mean_vjp(np.array([1.0], np.float32), (1, 3), axis=1, device="host")
+    assert m.view(np.uint32).tolist() == [[np.float32(1 / 3).view(np.uint32)] * 3]
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_dot_and_vjp_kernels_are_bitwise_the_host_path():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 33, 5)).astype(np.float32)
+    x[:, 3, :] = x[:, 7, :]  # ties for the argmax
+    x[1, 9, 2] = np.nan
+    for ax in (None, 0, 1, 2):
+        dyx = rng.standard_normal(red._axis_view(x, ax)[1] or ()).astype(np.float32)
+        cases = {
+            "dot": lambda d, ax=ax: red.dot(x, x[::-1].copy(), axis=ax, device=d),
+            "sum_vjp": lambda d, ax=ax, g=dyx: red.sum_vjp(g, x.shape, axis=ax, device=d),
+            "mean_vjp": lambda d, ax=ax, g=dyx: red.mean_vjp(g, x.shape, axis=ax, device=d),
+            "max_vjp": lambda d, ax=ax, g=dyx: red.max_vjp(x, g, axis=ax, device=d),
+        }
+        for name, call in cases.items():
+            host = np.asarray(call("host"), np.float32).view(np.uint32)
+            dev = np.asarray(call("cuda").get(), np.float32).view(np.uint32)
+            np.testing.assert_array_equal(dev, host, err_msg=f"{name} axis {ax}")

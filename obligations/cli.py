@@ -3,7 +3,7 @@
 Exit codes: 0 nothing violated or errored; 1 something violated or errored (with --strict also anything
 unknown or skipped); 2 invalid contract or usage (including --device cuda without a working GPU);
 3 internal error; 5 no contract collected; 130 interrupted (Ctrl-C; `kc check --json` still writes the partial
-result and the results log says where to --resume).
+result and the results log says where to --resume); 143 stopped by SIGTERM (the same).
 """
 
 from __future__ import annotations
@@ -949,7 +949,7 @@ def build_parser(config: Any = None) -> argparse.ArgumentParser:
         prog="kc",
         description="kernel-contracts: checkable claims about GPU kernels",
         epilog="exit codes: 0 ok, 1 violated/errored, 2 invalid contract or usage, "
-        "3 internal error, 5 no contract collected, 130 interrupted",
+        "3 internal error, 5 no contract collected, 130 interrupted, 143 terminated (SIGTERM)",
     )
     parser.add_argument("--version", action="version", version=f"kc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -108,7 +108,7 @@ def _input_slice(args: tuple[str, int, int, int, int]) -> list[tuple[int, int, s
                 v, shown = fz.result_verdict(data, scratch), data[:200].decode("utf-8", "replace")
             else:
                 argv = fz.cli_mutant(rng, scratch)
-                v, shown = fz.cli_verdict(argv), " ".join(argv)
+                v, shown = fz.cli_verdict(argv, scratch), " ".join(argv)
             out.append((i, v.exit_code, v.problem, shown))
     return out
 

@@ -215,7 +215,7 @@ def _check_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--durations", type=counted(0), metavar="N", default=None, help="print the N slowest items (0: all)")
     p.add_argument(
         "--z3-stability",
-        type=int,
+        type=counted(1),
         metavar="N",
         default=None,
         help="solve each z3 item N times (the query, then N-1 perturbations: seeds, shuffled assertions, renamed "

@@ -654,7 +654,8 @@ class Prefetcher:
             w.close()
         for _ in self._threads:
             self._tasks.put(None)
-        for t in self._threads:  # each ends once its worker is killed (a dead worker's pipe reads end-of-file)
-            t.join(timeout=5)
+        deadline = time.monotonic() + 5  # each ends once its worker is killed (a dead pipe reads end-of-file)
+        for t in self._threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
         for w in self._workers:  # a worker a thread was starting when it was closed
             w.close()

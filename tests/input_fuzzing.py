@@ -301,7 +301,7 @@ def cheap_sweeps() -> Iterator[None]:
         sweep_module.chunk_inputs, sweep_module._small_format_sweep = real_chunks, real_small
 
 
-def cli_verdict(argv: list[str]) -> Verdict:
-    """``kc argv`` with cheap sweeps."""
-    with cheap_sweeps():
+def cli_verdict(argv: list[str], cwd: Path) -> Verdict:
+    """``kc argv`` with cheap sweeps, run in ``cwd`` (a scratch folder: ``--log -`` is a file named ``-``)."""
+    with cheap_sweeps(), contextlib.chdir(cwd):
         return run_kc(argv)

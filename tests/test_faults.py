@@ -208,6 +208,7 @@ BAD_FLAGS = [
     (["check", "--device", "tpu"], "--device"),
     (["check", "--profile", "huge"], "--profile"),
     (["check", "--isolate", "vm"], "--isolate"),
+    (["check", "--z3-stability", "0"], "--z3-stability"),
     (["report", "--seed", "x"], "--seed"),
     (["report", "--device", "tpu"], "--device"),
     (["sweep", "relu", "--lo", "-5"], "--lo"),
@@ -347,6 +348,6 @@ def test_fuzzed_graphs_results_and_command_lines_end_without_a_traceback(tmp_pat
         bad += [("result", i, v.problem)] if v.problem else []
     for i in range(8):
         argv = fz.cli_mutant(random.Random(i), tmp_path)
-        v = fz.cli_verdict(argv)
+        v = fz.cli_verdict(argv, tmp_path)
         bad += [("cli", argv, v.problem)] if v.problem else []
     assert bad == []

@@ -1,17 +1,18 @@
 """Running a check's items on a Dask cluster: a local one (one worker per GPU, or N CPU workers) or a scheduler's.
 
 ``kc check --cluster local[:N]`` starts a local cluster; ``--cluster tcp://HOST:PORT`` uses a running scheduler
-(``dask scheduler`` + ``dask worker --nthreads 1 --resources GPU=1`` per GPU). :class:`ClusterRunner` has the
-run-ahead interface of :class:`obligations.isolation.Prefetcher` (submit, publish, take, close), so the in-order
-run of :func:`obligations.check.check_contract` is the same on every executor: records are taken in the
-contract's order, an item naming a regimes item's witnesses is sent only once that record is in, and each Dask
-worker runs its items through the run's own executor (a kc worker process replaced after a timeout, a crash or a
-broken CUDA context; in process with ``--isolate none``). On a cuda run every item that may touch the GPU holds
-the worker's whole ``GPU`` resource (one worker per GPU, one thread each): nothing else runs on that GPU while
-a measure item times. The measure items are sent first (highest priority). A Dask worker that dies takes its
-item with it only: the item is sent once more (to the worker that replaces it, or another), then recorded as
-``error`` (worker lost) with both workers' names. Dask is an optional dependency (``pip install
-kernel-contracts[scale]``); nothing here imports it before a cluster is asked for.
+(``dask scheduler`` + one ``dask worker --resources GPU=1`` per GPU, docs/scale-out.md). :class:`ClusterRunner`
+has the run-ahead interface of :class:`obligations.isolation.Prefetcher` (submit, publish, take, close), so the
+in-order run of :func:`obligations.check.check_contract` is the same on every executor: records are taken in the
+contract's order (and logged as they are), an item naming a regimes item's witnesses is sent only once that
+record is in, and each thread of a Dask worker runs its items through the run's own executor (a kc worker
+process replaced after a timeout, a crash or a broken CUDA context; in the Dask worker with ``--isolate none``).
+On a cuda run a measure item holds its worker's whole ``GPU`` resource, so nothing else runs on that GPU while
+it times; every other device item holds a share (:data:`GPU_SHARE`), host-only items none. Measure items are
+sent first. A Dask worker that dies takes only the items it was running: each is sent once more (to the worker
+that replaces it, or another), then recorded as ``error`` (worker lost) with both workers' names. Dask is an
+optional dependency (``pip install kernel-contracts[scale]``); nothing here imports it before a cluster is
+asked for.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ __all__ = [
     "open_cluster",
     "ClusterRunner",
     "run_tasks",
+    "gpu_slots",
+    "GPU_SHARE",
     "SWEEP_PART",
     "AUDIT_PART",
     "WORKER_LOST",
@@ -55,6 +58,10 @@ __all__ = [
 
 # The reason of an item whose Dask worker died under it twice (first words: what reports and tests look for).
 WORKER_LOST = "worker lost"
+
+# The part of a worker's GPU (resource GPU=1) that a device item other than a measure item holds: up to 16 share a
+# GPU (a binary fraction: the worker's sums stay exact); a measure item holds all of it, so it times alone.
+GPU_SHARE = 1 / 16
 
 # How many times an item is sent after its worker died under it (the issue's "retried once on another worker").
 RETRIES = 1
@@ -118,26 +125,38 @@ def visible_gpus() -> list[str]:
         return []
 
 
+def gpu_slots(gpus: int, cpus: int | None = None) -> int:
+    """Items a local cuda cluster's worker runs at once on its GPU: the CPUs (less the run's own) shared by the
+    GPUs, at most 15 (``-j``'s default on one GPU: each slot is a kc worker process, ~0.5 GB)."""
+    cpus = cpus if cpus is not None else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
+    return max(1, min(15, (cpus - 1) // max(1, gpus)))
+
+
 def _worker_specs(spec: ClusterSpec, device: str) -> dict[str, dict[str, Any]]:
-    """Dask worker specs: on cuda one per visible GPU (that GPU only, resource GPU=1), else N CPU workers."""
+    """Dask worker specs: on cuda one per visible GPU (that GPU only, resource GPU=1, :func:`gpu_slots` threads,
+    or N with local:N), else N CPU workers of one thread (local: cores - 1)."""
     from distributed import Nanny
 
     from obligations.isolation import default_jobs
 
-    base = {"nthreads": 1, "memory_limit": 0, "silence_logs": 40}  # one item at a time; logging.ERROR
+    base = {"nthreads": 1, "memory_limit": 0, "silence_logs": 40}  # logging.ERROR
     if device == "cuda":
         gpus = visible_gpus()
         if not gpus:
             raise ClusterError("--cluster local on cuda: no visible GPU")
-        if spec.workers is not None and spec.workers != len(gpus):
-            raise ClusterError(
-                f"--cluster local:{spec.workers} on cuda: one worker per GPU, and {len(gpus)} are visible "
-                "(set CUDA_VISIBLE_DEVICES to choose them)"
-            )
+        # Each thread drives its own kc worker process (as -j's workers): items overlap on the GPU as on one GPU
+        # with -j, the measure items hold the whole GPU (GPU=1) and every other device item a share of it.
+        threads = spec.workers or gpu_slots(len(gpus))
         return {
             f"gpu{g}": {
                 "cls": Nanny,
-                "options": {**base, "resources": {"GPU": 1}, "env": {"CUDA_VISIBLE_DEVICES": g}, "name": f"gpu{g}"},
+                "options": {
+                    **base,
+                    "nthreads": threads,
+                    "resources": {"GPU": 1},
+                    "env": {"CUDA_VISIBLE_DEVICES": g},
+                    "name": f"gpu{g}",
+                },
             }
             for g in gpus
         }
@@ -313,7 +332,7 @@ class ClusterRunner:
                 request,
                 key=f"kc-{slot.item['id']}-{slot.attempts}-{os.urandom(4).hex()}",
                 pure=False,
-                resources={"GPU": 1} if gpu else None,
+                resources=({"GPU": 1} if method in QUIET_METHODS else {"GPU": GPU_SHARE}) if gpu else None,
                 priority=priority,
             )
         slot.future.add_done_callback(partial(self._land, key))

@@ -211,3 +211,19 @@ def test_tasks_on_the_cluster_come_back_in_the_requests_order(scheduler):
     assert run_tasks(spec, "host", "math.sqrt", lambda workers: [float(n * n) for n in range(8 * workers)]) == [
         float(n) for n in range(16)
     ]
+
+
+@needs_dask
+def test_a_local_cuda_cluster_has_one_worker_per_visible_gpu_holding_it(monkeypatch):
+    from obligations.cluster import _worker_specs, gpu_slots
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    specs = _worker_specs(ClusterSpec("local"), "cuda")
+    assert sorted(specs) == ["gpu0", "gpu1"]
+    for g in ("0", "1"):
+        options = specs[f"gpu{g}"]["options"]
+        assert options["env"] == {"CUDA_VISIBLE_DEVICES": g} and options["resources"] == {"GPU": 1}
+        assert options["nthreads"] == gpu_slots(2)
+    assert _worker_specs(ClusterSpec("local", workers=3), "cuda")["gpu1"]["options"]["nthreads"] == 3
+    assert gpu_slots(2, cpus=32) == 15 and gpu_slots(2, cpus=16) == 7 and gpu_slots(8, cpus=4) == 1
+    assert len(_worker_specs(ClusterSpec("local", workers=3), "host")) == 3

@@ -84,8 +84,12 @@ def _values(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
 def regularise(case: GraphCase, seed: int) -> tuple[GraphCase, np.ndarray]:
     """The case with its inputs, constants and weights redrawn well-conditioned, and a cotangent of the last node."""
     rng = np.random.default_rng(seed)
+    lens = {n.parents[3] for n in case.graph.nodes if n.kind == "attention" and len(n.parents) == 4}
     payload = Payload(
-        {nid: {name: _values(rng, a.shape) for name, a in t.items()} for nid, t in case.payload.entries.items()}
+        {
+            nid: t if nid in lens else {name: _values(rng, a.shape) for name, a in t.items()}  # kv_lens stay integers
+            for nid, t in case.payload.entries.items()
+        }
     )
     inputs = tuple(_values(rng, a.shape) for a in case.inputs)
     return GraphCase(case.graph, payload, inputs), _values(rng, case.graph.nodes[-1].out_shape)
@@ -139,7 +143,8 @@ def _first_unusable(g: Graph, vals: list[np.ndarray]) -> str | None:
 def _phi(case: GraphCase, dy: np.ndarray, xs: list[np.ndarray]) -> tuple[float, float, list[np.ndarray]]:
     vals, _ = real_all(case.graph, case.payload, xs)
     y = vals[-1]
-    return float(np.sum(dy.astype(np.float64) * y)), float(np.sum(np.abs(dy) * np.abs(y))), vals
+    with np.errstate(all="ignore"):  # a non-finite phi: the case is skipped as unusable
+        return float(np.sum(dy.astype(np.float64) * y)), float(np.sum(np.abs(dy) * np.abs(y))), vals
 
 
 def vjp_check(case: GraphCase, dy: np.ndarray, back: Backward | None = None) -> tuple[str, str | None, int]:
@@ -380,9 +385,10 @@ def vjp_spec(ctx: FalsifyContext) -> Outcome:
 
 _EXEC_BUDGET = {"quick": 6, "full": 300}
 # native.ir has no executor for silu, sin, cos, rsqrt, pow and the random ops and no agreement rule for gelu (nor do
-# the rules of the others emit them)
+# the rules of the others emit them); its attention kernels agree within attention-v1's bound, not this item's
+# running bound, so attention's backward graphs are checked per node only through IR-VJP-fd
 EXEC_TEMPLATES: tuple[str, ...] = tuple(
-    t for t in VJP_TEMPLATES if t not in ("silu", "sin", "cos", "rsqrt", "pow", "random", "gelu")
+    t for t in VJP_TEMPLATES if t not in ("silu", "sin", "cos", "rsqrt", "pow", "random", "gelu", "attention")
 )
 EXEC_SLACK = 16.0  # the executors' kernels: within 6 ulp per op (sigmoid, float32-elementwise-v1), err counts u
 

@@ -172,3 +172,26 @@ def test_executors_run_a_backward_graph_cuda() -> None:
         FalsifyContext("cuda", "quick", 0, {"id": "X", "test": "ir.vjp_exec", "params": {}})
     )
     assert o.status.value == "passed", o.reason
+
+
+def _attention_graph(lens_from_input: bool) -> GraphCase:
+    rng = np.random.default_rng(2)
+    b = GraphBuilder()
+    q, k = b.add("input", (), (2, 4, 3, 2)), b.add("input", (), (2, 2, 3, 2))  # GQA: 2 query heads per KV head
+    v = b.add("const", (), (2, 2, 3, 2), params={"value": rng.uniform(-1, 1, (2, 2, 3, 2))})
+    if lens_from_input:
+        lens = b.add("relu", (b.add("input", (), (2,)),), (2,))
+    else:
+        lens = b.add("const", (), (2,), params={"value": np.array([3.0, 1.0], np.float32)})
+    b.add("attention", (q, k, v, lens), (2, 4, 3, 2), causal=True)
+    g, p = b.build()
+    ins = tuple(rng.uniform(-1, 1, g[i].out_shape).astype(np.float32) for i in g.input_ids())
+    return GraphCase(g, p, ins)
+
+
+def test_attention_vjp_against_central_differences_and_computed_lens_refused() -> None:
+    case = _attention_graph(False)
+    dy = np.random.default_rng(4).uniform(-1, 1, (2, 4, 3, 2)).astype(np.float32)
+    assert vt.vjp_check(case, dy)[1:] == (None, 48 + 24)  # every element of q and k
+    err = vjp(_attention_graph(True).graph, _attention_graph(True).payload)
+    assert isinstance(err, IRError) and err.kind == "no-vjp" and err.op == "attention" and "kv_lens" in str(err)

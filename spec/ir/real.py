@@ -9,7 +9,7 @@ once-rounded ops alike), gamma_n = n u / (1 - n u) of the absolute sum for an n-
 stated internal roundings for softmax/layernorm/rmsnorm. Inputs and constants are exact (err 0). The bound is
 first order: the reverse-mode check (``falsification.ir_vjp_tests``) allows twice it.
 
-Ops: every IR op (attention's value without a bound: err is +Inf there).
+Ops: every IR op.
 Used to check :mod:`spec.ir.vjp` (central differences of the forward meaning; the backward graph's meaning).
 """
 
@@ -342,10 +342,19 @@ def _pool(node: Node, a: dict, args: list[Pair], entry: Any, u: float) -> Pair:
 
 @_reg("attention")
 def _attention(node: Node, a: dict, args: list[Pair], entry: Any, u: float) -> Pair:
-    vals = [np.asarray(v, np.float32) for v, _ in args]
+    vals = [np.asarray(v, np.float64) for v, _ in args]  # float64: central differences step off the binary32 grid
     q, k, v, lens = attention_operands(*vals[:3], vals[3] if len(vals) == 4 else None)
     y = sattn.sdpa(q, k, v, causal=bool(a["causal"]), kv_lens=lens, scale=a["scale"])
-    return y, np.full(y.shape, np.inf)  # no running bound stated here: attention's VJP is refused anyway
+    (_, eq), (_, ek), (_, ev) = args[:3]
+    if min(y.size, eq.size, ek.size) == 0:
+        return y, _round(y, u)
+    # an output is a P-weighted mean of V rows (carries max e_v) and P moves by at most 2 max|v| per unit of
+    # score error; a score q.k s errs by at most s D (max|k| max e_q + max|q| max e_k + max e_q max e_k)
+    sc = sattn.scale_of(q.shape[-1], a["scale"])
+    mq, mk, mv = (float(np.max(np.abs(t))) for t in (q, k, v))
+    xq, xk, xv = (float(np.max(t)) for t in (eq, ek, ev))
+    ds = abs(sc) * q.shape[-1] * (mk * xq + mq * xk + xq * xk)
+    return y, xv + 2.0 * mv * ds + _round(y, u)
 
 
 def real_all(

@@ -16,10 +16,12 @@ Each op has one rule in :data:`VJP_RULES` (registered by op name, as shape rules
 parents' ids, ``y`` the node's own id (its recomputed value), ``dy`` the id of its accumulated cotangent, and
 ``e`` an :class:`Emitter` that appends IR nodes with the shape their op's rule infers. ``None`` means no
 cotangent flows to that operand (a piecewise-constant operand: ``where``'s condition, ``embedding``'s indices,
-``attention``'s kv_lens). An op with no rule is in :data:`REFUSED` with its reason, and a rule may refuse one mode
-(max pool); asking a backward through such a node is an :class:`~spec.ir.checks.IRError` of kind ``no-vjp`` at
-that node (nodes off every path from ``wrt`` to ``outputs`` are never asked). conv2d and avg pool are transposed
-convolutions written with IR ops (a zero-woven, padded dy through ``conv2d`` with the kernel flipped).
+``attention``'s kv_lens). An op with no rule would be in :data:`REFUSED` with its reason (none is now), and a rule
+may refuse one mode (max pool; attention whose kv_lens operand is computed, not a const); asking a backward
+through such a node is an :class:`~spec.ir.checks.IRError` of kind ``no-vjp`` at that node (nodes off every path
+from ``wrt`` to ``outputs`` are never asked). conv2d and avg pool are transposed convolutions written with IR ops
+(a zero-woven, padded dy through ``conv2d`` with the kernel flipped); attention is spec.attention.sdpa_vjp's
+formulas with matmul, softmax and a constant mask.
 
 Fan-out: a node read by several consumers (or twice by one) gets one contribution per read; its cotangent is the
 left fold of IR ``add`` nodes over the contributions in ascending (consumer id, operand position) order, the
@@ -38,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from spec import attention as sattn
 from spec.elementwise import GELU_C, GELU_K
 from spec.ir.checks import IRError, check_inferred_shapes, check_well_formed, node_attrs
 from spec.ir.graph import Graph, GraphBuilder, Node, Payload
@@ -546,14 +549,62 @@ def _embedding(e: Emitter, n: Node, a: dict, entry: Any, xs: tuple[int, ...], y:
     return (None,)  # integer indices: piecewise constant; the table's cotangent is a parameter's (not computed)
 
 
-for _name, _why in (
-    (
-        "attention",
-        "attention's VJP (spec.attention.sdpa_vjp, native.attention's backward kernels) is not an IR op yet; masks "
-        "and GQA make it no short composition of IR ops",
-    ),
-):
-    refuse_vjp(_name, _why)
+def _heads(e: Emitter, t: int, group: int) -> int:
+    """(B, Hkv, L, D) -> (B, Hkv * group, L, D), query head h reading KV head h // group."""
+    b, hkv, seq, d = e.shape(t)
+    if group == 1:
+        return t
+    wide = e.broadcast(e.op("reshape", t, shape=(b, hkv, 1, seq, d)), (b, hkv, group, seq, d))
+    return e.op("reshape", wide, shape=(b, hkv * group, seq, d))
+
+
+def _group_sum(e: Emitter, t: int, group: int) -> int:
+    """(B, Hkv * group, L, D) -> (B, Hkv, L, D): the sum over the query heads sharing a KV head."""
+    b, hq, seq, d = e.shape(t)
+    if group == 1:
+        return t
+    return e.op("reduceSum", e.op("reshape", t, shape=(b, hq // group, group, seq, d)), axis=2, keepdim=False)
+
+
+def _t(e: Emitter, t: int) -> int:
+    return e.op("transpose", t, dim0=-2, dim1=-1)
+
+
+@register_vjp("attention")
+def _attention(e: Emitter, n: Node, a: dict, entry: Any, xs: tuple[int, ...], y: int, dy: int) -> Cts:
+    # P = softmax(where(M, q k^T s, -Inf)) with rows allowing no key set to 0 (the mask M is constant: causal and a
+    # const kv_lens operand); dV = P^T dy, dS = P (dP - sum(dP P)) s with dP = dy V^T (zero where blocked, P being
+    # 0 there), dQ = dS K, dK = dS^T Q; GQA: K and V repeated per query head, dK and dV summed over each group
+    # (spec.attention.sdpa_vjp's formulas).
+    q, k, v = xs[:3]
+    bsz, hq, lq, d = e.shape(q)
+    hkv, lk = e.shape(k)[1], e.shape(k)[2]
+    lens = None
+    if len(xs) == 4:
+        src = e.b.nodes[xs[3]]
+        if src.kind != "const":
+            return _refuse(n, "its kv_lens operand is computed, so the mask is no constant of the backward graph")
+        lens = np.asarray(e.b.payload[xs[3]]["value"], np.float64).reshape(-1)
+        if not np.all((lens == np.floor(lens)) & (lens >= 0) & (lens <= lk)):
+            return _refuse(n, f"kv_lens {lens.tolist()} are not integers in [0, {lk}]")
+        lens = lens.astype(np.int64)
+    if min(bsz, hq, lq, lk, d) == 0:  # no score at all: every cotangent is zero
+        return (e.zeros_like(q), e.zeros_like(k), e.zeros_like(v)) + ((None,) if len(xs) == 4 else ())
+    group = hq // hkv
+    sc = sattn.scale_of(d, a["scale"])
+    ok = np.broadcast_to(sattn.mask(bsz, lq, lk, bool(a["causal"]), lens), (bsz, hq, lq, lk))
+    ke, ve = _heads(e, k, group), _heads(e, v, group)
+    s = e.scale(e.op("matmul", q, _t(e, ke)), sc)
+    shape = e.shape(s)
+    masked = e.op("where", e.const(ok.astype(np.float32)), s, e.full(shape, -math.inf))
+    p = e.op("softmax", masked, axis=-1)
+    p = e.op("where", e.const(np.broadcast_to(ok.any(-1, keepdims=True), shape).astype(np.float32)), p, e.zeros_like(s))
+    dv = _group_sum(e, e.op("matmul", _t(e, p), dy), group)
+    dp = e.op("matmul", dy, _t(e, ve))
+    ds = e.scale(e.mul(p, e.sub(dp, e.broadcast(e.op("reduceSum", e.mul(dp, p), axis=-1, keepdim=True), shape))), sc)
+    dq = e.op("matmul", ds, ke)
+    dk = _group_sum(e, e.op("matmul", _t(e, ds), q), group)
+    return (dq, dk, dv) + ((None,) if len(xs) == 4 else ())
 
 
 # -- reverse mode ---------------------------------------------------------------------------------------

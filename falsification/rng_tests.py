@@ -454,3 +454,109 @@ def statistics(ctx: FalsifyContext) -> Outcome:
             **ev,
         )
     return engine.outcome_passed(ctx, tests, **ev)
+
+
+# -- device-side initializers (MK-41..MK-46) --------------------------------------------------------------------
+
+_PAYLOAD_BITS = np.array(
+    [0x00000000, 0x80000000, 0x00000001, 0x807FFFFF, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC12345, 0x7F800001],
+    dtype=np.uint32,
+)
+# (fan_in, fan_out) pairs of the initializer cases: a bound exact in binary32 (6 / 96 = 1/16) and inexact ones.
+_FANS = ((64, 32), (3, 7), (1000, 1), (1, 1))
+
+
+def _init_case(op: str, seed: int, n: int, fans: int, xp: Any, device: str) -> tuple[Any, np.ndarray]:
+    """(native result, reference bits) of one initializer call."""
+    fan_in, fan_out = _FANS[fans % len(_FANS)]
+    if op == "zeros":
+        return native.fill(n, 0.0, device=device), np.zeros(n, np.uint32)
+    if op == "ones":
+        return native.fill(n, 1.0, device=device), np.full(n, spec.ONE_BITS, np.uint32)
+    if op == "payload":
+        bits = np.random.default_rng(seed).choice(_PAYLOAD_BITS, n).astype(np.uint32)
+        bits[: min(n, 4)] ^= np.uint32(seed & 0x7FFFFF)  # and a few drawn mantissas: any pattern is a payload
+        return native.payload(bits.view(np.float32), device=device), bits
+    if op == "xavier":
+        b = native.xavier_bound(fan_in, fan_out)
+        got = native.xavier_uniform(n, fan_in, fan_out, seed, device=device)
+    else:
+        b = native.kaiming_bound(fan_in)
+        got = native.kaiming_uniform(n, fan_in, seed, device=device)
+    u = spec.uniform_reference(spec.draw_words(seed, 0, n)[:, 0])
+    return got, spec.symmetric_reference(u, int(np.float32(b).view(np.uint32)))
+
+
+@register_test("rng.init_bitwise")
+def init_bitwise(ctx: FalsifyContext) -> Outcome:
+    """A device-side initializer (op: zeros, ones, payload, xavier, kaiming) bitwise equal to spec.rng."""
+    op = str(ctx.params.get("op", "zeros"))
+    xp = array_module(ctx.device)
+    results: dict[tuple, np.ndarray] = {}
+
+    def inputs(case: tuple) -> tuple:
+        got, ref = _init_case(op, case[0], case[1], case[2], xp, ctx.device)
+        results[case] = ref
+        return case, got
+
+    check = Check(
+        name=f"rng init {op}",
+        inputs=inputs,
+        native=lambda a: np.ascontiguousarray(to_host(a[1]), np.float32).view(np.uint32).reshape(-1),
+        reference=lambda a: Expected(bits=results.pop(a[0])),
+        agreement=engine.item_agreement(ctx, "bitwise"),
+        cases=st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 64 * ctx.budget.scale), st.integers(0, 3)),
+        explicit=((ctx.seed, 4096, 0), (ctx.seed + 1, 1, 1), (ctx.seed, 0, 2)),
+        encode=lambda c: c,
+        decode=lambda rp: tuple(rp.values[:3]),
+        describe=lambda c: {"seed": c[0], "n": c[1], "fans": list(_FANS[c[2] % len(_FANS)])},
+        build={
+            "op": op,
+            "reference": "spec.rng: fill bits, the payload's bits, or symmetric_reference (softfloat b (2u - 1))",
+            "route": native.ROUTE if ctx.device == "cuda" else "host NumPy binary32 in the kernel's order",
+        },
+    )
+    return engine.run(ctx, check)
+
+
+# Relative allowance on the variance: the bound's binary64 evaluation and binary32 rounding (u each, squared: 2u +
+# 2u), w's one rounding (2u), the lattice's (1 - 2^-2p) / 3 and the binary64 sums (2^-40).
+_VAR_REL = 6 * 2.0**-24 + 2.0**-38
+
+
+@register_test("rng.init_moments")
+def init_moments(ctx: FalsifyContext) -> Outcome:
+    """Xavier and Kaiming uniform: mean exactly -b 2^-L and variance within 6u of the formula, over every uniform."""
+    log2_points = 24 if ctx.profile.value == "full" else int(ctx.params.get("log2_points", 20))
+    rows, worst = [], 0.0
+    for fan_in, fan_out in _FANS:
+        for name, b, target in (
+            ("xavier", native.xavier_bound(fan_in, fan_out), 2.0 / (fan_in + fan_out)),
+            ("kaiming", native.kaiming_bound(fan_in), 2.0 / fan_in),
+        ):
+            mean, var = spec.symmetric_moments(int(np.float32(b).view(np.uint32)), log2_points)
+            rel = abs(var / target - 1.0)
+            worst = max(worst, rel / _VAR_REL)
+            rows.append(
+                {
+                    "init": name,
+                    "fan_in": fan_in,
+                    "fan_out": fan_out,
+                    "bound": float(b),
+                    "mean": mean,
+                    "variance": var,
+                    "formula": target,
+                    "relative_error": rel,
+                }
+            )
+            if rel > _VAR_REL:
+                return engine.outcome_violated(
+                    ctx, rows[-1], f"{name} variance {var!r} is not within {_VAR_REL:.3g} of {target!r}", moments=rows
+                )
+    ev = {
+        "moments": rows,
+        "points": 1 << log2_points,
+        "worst_over_allowance": worst,
+        "formulas": {"xavier": "2 gain^2 / (fan_in + fan_out), gain 1", "kaiming": "gain^2 / fan_in, gain sqrt(2)"},
+    }
+    return engine.outcome_passed(ctx, len(rows), **ev)

@@ -164,6 +164,8 @@ def _rng() -> Iterator[Build]:
 
     src, fn = rng.kernel_source()
     yield Build("rng", "default", src, fn, rng.ROUTE, fused=_asks_fused(src), index_bits=rng.rng_plan(1, 1).index_bits)
+    for name in ("kc_init_fill", "kc_init_symmetric"):  # the device-side initializers (64-bit grid-stride index)
+        yield Build("rng", name.removeprefix("kc_"), rng.INIT_SOURCE, name, rng.ROUTE, index_bits=64)
 
 
 @register_builds("transfer")

@@ -52,6 +52,14 @@ __all__ = [
     "normal",
     "dropout",
     "route_evidence",
+    "INIT_SOURCE",
+    "fill",
+    "payload",
+    "init_uniform",
+    "xavier_bound",
+    "kaiming_bound",
+    "xavier_uniform",
+    "kaiming_uniform",
 ]
 
 DEFAULT_BLOCK = 256
@@ -434,3 +442,95 @@ def dropout(x: Any, keep_prob: float, seed: int, counter: int = 0, *, device: st
 def route_evidence() -> dict:
     """The compile route the CUDA kernels use, as JSON evidence."""
     return get_route(ROUTE).to_json()
+
+
+# -- device-side initializers (MK-41..MK-46) -------------------------------------------------------------------
+
+INIT_SOURCE = """\
+extern "C" __global__ void kc_init_fill(unsigned* __restrict__ out, long long n, unsigned bits) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)blockDim.x * gridDim.x)
+        out[i] = bits;
+}
+extern "C" __global__ void kc_init_symmetric(const float* __restrict__ u, float* __restrict__ out, long long n,
+                                             float bound) {
+    // s = 2u - 1 is exact (u = k 2^-24, |2k - 2^24| < 2^24); w = fl(bound * s) is the only rounding.
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)blockDim.x * gridDim.x)
+        out[i] = __fmul_rn(bound, __fsub_rn(__fmul_rn(2.0f, u[i]), 1.0f));
+}
+"""
+
+
+def _init_launch(name: str, n: int, args: tuple) -> None:
+    if n:
+        grid, block = _launch(n)
+        compile_function(INIT_SOURCE, name, ROUTE)((grid,), (block,), args)
+
+
+@entry_point("rng")
+def fill(shape: Any, value: float, *, device: str = "auto") -> Any:
+    """float32 ``shape`` filled with float32(``value``)'s bits on the device (zeros: 0.0, ones: 1.0; MK-41, MK-42)."""
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    dev = resolve_device(device)
+    xp = array_module(dev)
+    bits = np.asarray(value, dtype=np.float32).reshape(()).view(np.uint32)
+    n = int(np.prod(shape, dtype=np.int64))
+    if dev == "host":
+        return np.full(shape, bits, dtype=np.uint32).view(np.float32)
+    out = xp.empty(n, dtype=xp.uint32)
+    _init_launch("kc_init_fill", n, (out, np.int64(n), np.uint32(bits)))
+    return out.view(xp.float32).reshape(shape)
+
+
+@entry_point("rng")
+def payload(values: Any, *, device: str = "auto") -> Any:
+    """The exact float32 payload on the device: every bit pattern kept (NaN payloads, subnormals, -0; MK-46)."""
+    dev = resolve_device(device)
+    host = np.ascontiguousarray(to_host(values))
+    if host.dtype != np.float32:
+        raise TypeError(f"payload takes float32 values (their bits are the payload), not {host.dtype}")
+    if dev == "host":
+        return host.copy()
+    return array_module(dev).asarray(host)  # a host-to-device memcpy: bits, not values
+
+
+@entry_point("rng")
+def init_uniform(shape: Any, bound: float, seed: int, counter: int = 0, *, device: str = "auto") -> Any:
+    """Uniform in [-b, b], b = float32(bound): w = fl(b * (2u - 1)) with u the stream's uniform (MK-43)."""
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    b = np.float32(bound)
+    if not (np.isfinite(b) and b >= 0):
+        raise ValueError(f"bound must be finite and >= 0 as binary32, got {bound!r}")
+    dev = resolve_device(device)
+    xp = array_module(dev)
+    u = uniform(shape, seed, counter, device=dev).reshape(-1)
+    if dev == "host":
+        return (b * ((np.float32(2) * u) - np.float32(1))).astype(np.float32).reshape(shape)
+    out = xp.empty(u.size, dtype=xp.float32)
+    _init_launch("kc_init_symmetric", int(u.size), (u, out, np.int64(u.size), b))
+    return out.reshape(shape)
+
+
+def xavier_bound(fan_in: int, fan_out: int, gain: float = 1.0) -> np.float32:
+    """Glorot's uniform bound float32(gain sqrt(6 / (fan_in + fan_out))) (binary64, rounded once more)."""
+    return np.float32(gain * np.sqrt(6.0 / (fan_in + fan_out)))
+
+
+def kaiming_bound(fan_in: int, gain: float = float(np.sqrt(2.0))) -> np.float32:
+    """He's uniform bound float32(gain sqrt(3 / fan_in)) (gain sqrt(2): ReLU)."""
+    return np.float32(gain * np.sqrt(3.0 / fan_in))
+
+
+@entry_point("rng")
+def xavier_uniform(
+    shape: Any, fan_in: int, fan_out: int, seed: int, counter: int = 0, *, gain: float = 1.0, device: str = "auto"
+) -> Any:
+    """Glorot uniform: Var = gain^2 2 / (fan_in + fan_out) (MK-44)."""
+    return init_uniform(shape, float(xavier_bound(fan_in, fan_out, gain)), seed, counter, device=device)
+
+
+@entry_point("rng")
+def kaiming_uniform(
+    shape: Any, fan_in: int, seed: int, counter: int = 0, *, gain: float = float(np.sqrt(2.0)), device: str = "auto"
+) -> Any:
+    """He uniform: Var = gain^2 / fan_in (MK-45)."""
+    return init_uniform(shape, float(kaiming_bound(fan_in, gain)), seed, counter, device=device)

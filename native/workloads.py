@@ -105,6 +105,9 @@ def _rng() -> int:
             xs = x[:n] if mode == "dropout" else None
             rng.generate(mode, (n,), 7, 0, device="cuda", keep_prob=0.5, x=xs, block=block, max_grid=max_grid)
             launches += 1
+        rng.fill(n, 1.0, device="cuda")  # the initializers at the same sizes
+        rng.xavier_uniform(n, 8, 4, 7, device="cuda")
+        launches += 3
     cupy.cuda.runtime.deviceSynchronize()
     return launches
 

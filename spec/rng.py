@@ -45,6 +45,8 @@ __all__ = [
     "dropout_reference",
     "NormalReference",
     "normal_reference",
+    "symmetric_reference",
+    "symmetric_moments",
 ]
 
 MASK64 = (1 << 64) - 1
@@ -143,3 +145,30 @@ def normal_reference(r1: np.ndarray, r2: np.ndarray) -> NormalReference | None:
     ld = np.longdouble
     z = np.sqrt(ld(-2.0) * np.log(u1.astype(ld))) * np.cos(t.astype(ld))
     return NormalReference(z.astype(np.float32).view(np.uint32), "numpy longdouble (x87 80-bit)")
+
+
+def symmetric_reference(uniform: np.ndarray, bound_bits: int, env: str = "cuda") -> np.ndarray:
+    """uint32 bits of w = b * (2u - 1) by softfloat: the initializers' map of a uniform u to [-b, b]."""
+    u = np.asarray(uniform, dtype=np.uint32)
+    two = np.full(u.shape, 0x40000000, dtype=np.uint32)
+    one = np.full(u.shape, ONE_BITS, dtype=np.uint32)
+    s = sf.sub(sf.mul(two, u, env=env), one, env=env)
+    return sf.mul(np.full(u.shape, bound_bits, dtype=np.uint32), s, env=env)
+
+
+def symmetric_moments(bound_bits: int, log2_points: int = 24) -> tuple[float, float]:
+    """(mean, variance) of w = fl(b (2u - 1)) over the uniforms u = k 2^-24 on a lattice of 2^log2_points k values.
+
+    log2_points = 24 is every uniform the stream gives (exhaustive). 2u - 1 = (2k - 2^24) 2^-24 is exact and so is
+    b (2u - 1) in binary64 (a 24-bit times a 25-bit significand); binary64 -> binary32 conversion rounds it once
+    (RNE): that is w. RNE is sign-symmetric, so w(k) = -w(2^24 - k) and w(0) = -b: only k >= 2^23 is evaluated, the
+    mean is exactly -b 2^-24 (the unpaired k = 0; on a coarser lattice -b 2^-log2_points) and the variance is formed
+    in binary64 (error about 2^-40 relative).
+    """
+    b = float(np.uint32(bound_bits).view(np.float32))
+    step = 1 << (24 - log2_points)
+    k = np.arange(1 << 23, 1 << 24, step, dtype=np.int64)
+    w = (b * ((2 * k - (1 << 24)).astype(np.float64) * 2.0**-24)).astype(np.float32).astype(np.float64)
+    n = float(1 << log2_points)
+    mean = -b / n
+    return mean, float((2.0 * np.sum(w[1:] * w[1:]) + b * b) / n - mean * mean)

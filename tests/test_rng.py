@@ -215,3 +215,38 @@ def test_cuda_planted_bugs_are_caught(tmp_path):
     u = cupy.asarray(np.array([spec.DESIGN_ONE_THRESHOLD], dtype=np.uint32))
     assert int(rng.uniform_map(u, device="cuda", variant="uniform_design").get()[0]) == spec.ONE_BITS
     assert int(rng.uniform_map(u, device="cuda").get()[0]) == 0x3F7FFFFF
+
+
+def test_initializers_on_host():
+    w = rng.xavier_uniform((64, 32), 64, 32, seed=3, device="host")
+    b = rng.xavier_bound(64, 32)
+    assert b == np.float32(0.25) and float(np.abs(w).max()) <= b  # one rounding of b s, |s| <= 1: inside [-b, b]
+    assert rng.fill(3, 0.0, device="host").view(np.uint32).tolist() == [0, 0, 0]
+    nan = np.array([0xFFC12345, 0x00000001], np.uint32).view(np.float32)
+    assert rng.payload(nan, device="host").view(np.uint32).tolist() == [0xFFC12345, 0x00000001]
+    with pytest.raises(TypeError):
+        rng.payload(np.zeros(2), device="host")
+
+
+def test_kaiming_without_its_relu_gain_is_caught(monkeypatch):
+    """Planted: gain 1 instead of sqrt(2): the variance is half the formula's, refuted by RNG-INIT-moments."""
+    monkeypatch.setattr(rng, "kaiming_bound", lambda fan_in, gain=1.0: np.float32(gain * np.sqrt(3.0 / fan_in)))
+    it = _items(CONTRACT, ["RNG-INIT-moments"])["RNG-INIT-moments"]
+    assert it["status"] == "violated", it["reason"]
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_initializer_kernels_are_bitwise_the_host_path():
+    vals = np.array([0xFFC12345, 0x00000001, 0x80000000, 0x7F800000], np.uint32).view(np.float32)
+    calls = {
+        "zeros": lambda d: rng.fill((5, 7), 0.0, device=d),
+        "ones": lambda d: rng.fill(1000, 1.0, device=d),
+        "payload": lambda d: rng.payload(vals, device=d),
+        "xavier": lambda d: rng.xavier_uniform((300, 7), 300, 7, 11, device=d),
+        "kaiming": lambda d: rng.kaiming_uniform(70_000, 5, 11, 2, device=d),
+    }
+    for name, call in calls.items():
+        host = np.asarray(call("host"), np.float32).view(np.uint32)
+        dev = np.asarray(call("cuda").get(), np.float32).view(np.uint32)
+        np.testing.assert_array_equal(dev, host, err_msg=name)

@@ -16,9 +16,10 @@ Registered names and their ``params`` (``variant`` plants a bug; the project's t
   Points near a kink or a domain edge (relu/abs at 0, max/min ties, a where condition, sqrt/log/rsqrt/inv/div/pow
   near 0, within 0.05) or with a non-finite or huge (> 1e4) value are not checked; an element whose kink
   signs change within x +- h is not checked either. The evidence counts the graphs checked.
-* ``ir.vjp_spec`` {} -- single-node graphs input -> softmax/layernorm/rmsnorm of drawn shapes and values: the
-  backward graph's binary32 denotation agrees with the norm family's float64 VJP (spec.norm.*_backward_f64)
-  within 2 err (plus, for softmax, whose spec reads the binary32 y, 4 u |y| (sum|dy| + |dy|)).
+* ``ir.vjp_spec`` {} -- single-node graphs of softmax/layernorm/rmsnorm/conv2d/attention of drawn shapes, attributes
+  and values (scales 1e-3..1e3, offsets 0 or 3): the backward graph's binary32 denotation agrees with the family's
+  float64 VJP (spec.norm.*_backward_f64, spec.conv.conv_transpose_f64, spec.attention.sdpa_vjp) within 2 err
+  (plus, for softmax, whose spec reads the binary32 y, 4 u |y| (sum|dy| + |dy|)).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from hypothesis.errors import NoSuchExample
 from falsification.ir_strategies import TEMPLATES, GraphCase, graph_cases
 from falsification.registry import FalsifyContext, guarded, register_test
 from obligations.core.results import Outcome, error, passed, violated
+from spec import attention as sattn
+from spec import conv as sconv
 from spec import norm as snorm
 from spec.ir.denote import denote_all
 from spec.ir.graph import Graph, GraphBuilder, Payload
@@ -310,59 +313,115 @@ def vjp_fd(ctx: FalsifyContext) -> Outcome:
 
 # -- against the norm family's float64 VJPs ----------------------------------------------------------------
 
-SPEC_OPS: tuple[str, ...] = ("softmax", "layernorm", "rmsnorm")
+SPEC_OPS: tuple[str, ...] = ("softmax", "layernorm", "rmsnorm", "conv2d", "attention")
 
 
-def spec_check(kind: str, x: np.ndarray, w: np.ndarray, dy: np.ndarray) -> str | None:
-    """None if the backward graph of input -> kind agrees with spec.norm's float64 VJP, else why not."""
+def _spec_case(kind: str, seed: int, scale: float, offset: float) -> tuple[Any, ...]:
+    """(graph, payload, inputs, dy, references(denotation table) -> [(reference, extra tolerance) per input])."""
+    rng = np.random.default_rng(seed)
     b = GraphBuilder()
-    b.add("input", (), x.shape)
+    if kind == "conv2d":
+        hw = tuple(int(v) for v in rng.integers(1, 6, 2))
+        k, stride, pad, dil = (
+            int(v) for v in (rng.integers(1, 3), rng.integers(1, 3), rng.integers(0, 2), rng.integers(1, 3))
+        )
+        outs = tuple((n + 2 * pad - dil * (k - 1) - 1) // stride + 1 for n in hw)
+        if min(outs) < 1:
+            k, dil, outs = 1, 1, tuple((n + 2 * pad - 1) // stride + 1 for n in hw)
+        w = _values(rng, (3, 2, k, k))
+        x = b.add("input", (), (1, 2) + hw)
+        params = {"weight": w, "bias": _values(rng, (3,))}
+        win = {"kernel": (k, k), "stride": (stride, stride), "padding": (pad, pad), "dilation": (dil, dil)}
+        b.add("conv2d", (x,), (1, 3) + outs, params=params, out_channels=3, **win)
+        g, p = b.build()
+        xs = ((rng.standard_normal((1, 2) + hw) * scale + offset).astype(np.float32),)
+        dy = rng.standard_normal((1, 3) + outs).astype(np.float32)
+        extra = tuple((n + 2 * pad - dil * (k - 1) - 1) % stride for n in hw)  # the rows the last window left
+
+        def refs(table: Any) -> list:
+            dx = sconv.conv_transpose_f64(dy, w, stride, pad, dil, output_padding=extra)[0]
+            return [(dx, 0.0)]
+
+        return g, p, xs, dy, refs
+    if kind == "attention":
+        bsz, hkv, group, lq, lk, d = (int(v) for v in rng.integers(1, 4, 6))
+        causal, scale_attr = bool(rng.integers(0, 2)), [None, 0.5][int(rng.integers(0, 2))]
+        lens = rng.integers(0, lk + 1, bsz).astype(np.float32)
+        q, k = b.add("input", (), (bsz, hkv * group, lq, d)), b.add("input", (), (bsz, hkv, lk, d))
+        v = b.add("input", (), (bsz, hkv, lk, d))
+        ln = b.add("const", (), (bsz,), params={"value": lens})
+        attrs = {"causal": causal, **({} if scale_attr is None else {"scale": scale_attr})}
+        b.add("attention", (q, k, v, ln), (bsz, hkv * group, lq, d), **attrs)
+        g, p = b.build()
+        xs = tuple((rng.standard_normal(g[i].out_shape) * scale + offset).astype(np.float32) for i in (q, k, v))
+        dy = rng.standard_normal(g[4].out_shape).astype(np.float32)
+
+        def refs(table: Any) -> list:
+            got = sattn.sdpa_vjp(*xs, dy, causal=causal, kv_lens=lens.astype(np.int64), scale=scale_attr)
+            return [(r, 0.0) for r in got]
+
+        return g, p, xs, dy, refs
+    shape = tuple(int(v) for v in rng.integers(1, 6, int(rng.integers(1, 4))))
+    w = _values(rng, shape[-1:])
+    x = (rng.standard_normal(shape) * scale + offset).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    b.add("input", (), shape)
     params = None if kind == "softmax" else {"weight": w, **({"bias": -w} if kind == "layernorm" else {})}
-    b.add(kind, (0,), x.shape, params=params)
+    b.add(kind, (0,), shape, params=params)
     g, p = b.build()
+
+    def refs(table: Any) -> list:
+        if kind == "softmax":  # the spec reads the binary32 y: its rounding moves dx by at most this
+            y = np.asarray(table[1], np.float32)
+            ad = np.abs(dy.astype(np.float64))
+            return [(snorm.softmax_backward_f64(y, dy), 4 * U * np.abs(y) * (ad.sum(-1, keepdims=True) + ad))]
+        if kind == "layernorm":
+            return [(snorm.layernorm_backward_f64(x, w, dy)[0], 0.0)]
+        return [(snorm.rmsnorm_backward_f64(x, w, dy)[0], 0.0)]
+
+    return g, p, (x,), dy, refs
+
+
+def spec_check(kind: str, seed: int, scale: float = 1.0, offset: float = 0.0) -> str | None:
+    """None if the backward graph of one ``kind`` node agrees with its family's float64 VJP (spec.norm's, spec.conv's
+    conv_transpose_f64, spec.attention.sdpa_vjp) within twice the running bound, else why not."""
+    g, p, xs, dy, refs = _spec_case(kind, seed, scale, offset)
     back = vjp(g, p)
     if not isinstance(back, Backward):
         return f"vjp refused: {back}"
-    ins = back.inputs([x], [dy])
+    ins = back.inputs(xs, [dy])
     den = denote_all(back.graph, back.payload, ins)
     if not hasattr(den, "value"):
         return f"the backward graph does not denote: {den}"
-    g32 = np.asarray(den.value[back.grads[0]], np.float64)
-    _, errs = real_all(back.graph, back.payload, ins)
-    tol = 2 * errs[back.grads[0]]
-    if kind == "softmax":
-        y = np.asarray(den.value[1], np.float32)
-        ref = snorm.softmax_backward_f64(y, dy)
-        ad = np.abs(dy.astype(np.float64))
-        tol = tol + 4 * U * np.abs(y) * (ad.sum(-1, keepdims=True) + ad)
-    elif kind == "layernorm":
-        ref = snorm.layernorm_backward_f64(x, w, dy)[0]
-    else:
-        ref = snorm.rmsnorm_backward_f64(x, w, dy)[0]
-    gap = np.abs(g32 - ref)
-    if np.all(gap <= tol):
-        return None
-    i = int(np.argmax(gap - tol))
-    return (
-        f"{kind} {list(x.shape)}: element {i}: backward graph {g32.reshape(-1)[i]!r} vs spec.norm "
-        f"{ref.reshape(-1)[i]!r}, gap {gap.reshape(-1)[i]:.3g} > {tol.reshape(-1)[i]:.3g}"
-    )
+    _, errs = real_all(back.graph, back.payload, ins, inexact=back.rounded)
+    for j, (gid, (ref, extra)) in enumerate(zip(back.grads, refs(den.value), strict=True)):
+        g32 = np.asarray(den.value[gid], np.float64)
+        tol = 2 * errs[gid] + extra
+        gap = np.abs(g32 - ref)
+        if not np.all(gap <= tol):
+            i = int(np.argmax(gap - tol))
+            return (
+                f"{kind} (seed {seed}, scale {scale}, offset {offset}): input {j} element {i}: backward graph "
+                f"{g32.reshape(-1)[i]!r} vs the family's {ref.reshape(-1)[i]!r}, gap {gap.reshape(-1)[i]:.3g} > "
+                f"{np.broadcast_to(tol, gap.shape).reshape(-1)[i]:.3g}"
+            )
+    return None
 
 
 @st.composite
-def _spec_cases(draw: Any) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
-    kind = draw(st.sampled_from(SPEC_OPS))
-    shape = tuple(draw(st.lists(st.integers(1, 5), min_size=1, max_size=3)))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    scale = draw(st.sampled_from((1.0, 1e-3, 1e3)))
-    x = (rng.standard_normal(shape) * scale + draw(st.sampled_from((0.0, 3.0)))).astype(np.float32)
-    return kind, x, _values(rng, shape[-1:]), rng.standard_normal(shape).astype(np.float32)
+def _spec_cases(draw: Any) -> tuple[str, int, float, float]:
+    return (
+        draw(st.sampled_from(SPEC_OPS)),
+        draw(st.integers(0, 2**32 - 1)),
+        draw(st.sampled_from((1.0, 1e-3, 1e3))),
+        draw(st.sampled_from((0.0, 3.0))),
+    )
 
 
 @register_test("ir.vjp_spec", devices=("host", "cuda"))
 @guarded()
 def vjp_spec(ctx: FalsifyContext) -> Outcome:
-    """The backward graphs of softmax/layernorm/rmsnorm agree with the norm family's float64 VJPs."""
+    """The backward graphs of softmax/layernorm/rmsnorm/conv2d/attention agree with their families' float64 VJPs."""
     t0 = time.perf_counter()
     calls = [0]
 

@@ -795,8 +795,8 @@ def _sweep(args: argparse.Namespace) -> int:
     try:
         if args.cluster:
             report = _cluster_sweep(args, device, kwargs)
-            if report is None:
-                return EXIT_INVALID
+            if isinstance(report, int):  # why it printed
+                return report
         else:
             if device == "cuda":
                 from obligations.core.device import use_plain_reductions
@@ -816,8 +816,9 @@ def _sweep(args: argparse.Namespace) -> int:
     return EXIT_FAILED if report.get("disagreements") else EXIT_OK
 
 
-def _cluster_sweep(args: argparse.Namespace, device: str, kwargs: dict[str, Any]) -> dict[str, Any] | None:
-    """``kc sweep --cluster``: the range in parts, one task each, merged into the single run's report."""
+def _cluster_sweep(args: argparse.Namespace, device: str, kwargs: dict[str, Any]) -> dict[str, Any] | int:
+    """``kc sweep --cluster``: the range in parts, one task each, merged into the single run's report (or the
+    exit code: 2 for a sweep that is not split, 1 when the cluster could not run every part)."""
     from falsification.sweep import merge_sweeps, split_range
     from obligations.cluster import SWEEP_PART, ClusterError, dask_missing, parse_cluster, run_tasks
 
@@ -828,7 +829,7 @@ def _cluster_sweep(args: argparse.Namespace, device: str, kwargs: dict[str, Any]
         problem = "--cluster on the host needs --hi (all 2^32 inputs on CPUs would take hours)"
     if problem:
         print(f"kc: error: --cluster {args.cluster}: {problem}", file=sys.stderr)
-        return None
+        return EXIT_INVALID
     spec = parse_cluster(args.cluster)
     lo, hi = kwargs.pop("lo"), kwargs.pop("hi")
     hi = U32 if hi is None else hi
@@ -843,9 +844,9 @@ def _cluster_sweep(args: argparse.Namespace, device: str, kwargs: dict[str, Any]
     t0 = time.perf_counter()
     try:
         parts = run_tasks(spec, device, SWEEP_PART, requests)
-    except ClusterError as e:
+    except ClusterError as e:  # a part whose worker died twice: an exhaustive claim has no partial verdict
         print(f"kc: error: --cluster {e}", file=sys.stderr)
-        return None
+        return EXIT_FAILED
     report = merge_sweeps(parts)
     report["wall_seconds"] = round(time.perf_counter() - t0, 4)  # the cluster's start included
     report["cluster"] = str(spec)

@@ -1,0 +1,104 @@
+"""#28's acceptance on a multi-GPU machine: each command on one GPU, then on a local Dask cluster of every GPU.
+
+Usage: python benchmarks/bench_scale_out.py [--what check audit sweep] [--out DIR] [--repeat N]
+``check``: ``kc check contracts --device cuda`` (one GPU: CUDA_VISIBLE_DEVICES=first, default -j) against the same
+with ``--cluster local``; statuses compared item by item, wall ratio (target >= 1.6x on 2 GPUs). ``audit``:
+``kc audit-libm`` against ``--cluster local``; every cell's verdict, max ULP (and where) and MPFR-settled count
+compared, wall ratio (target >= 1.8x). ``sweep``: ``kc sweep exp --device cuda`` against ``--cluster local``;
+the evidence compared (2^32 inputs take ~0.2 s: a check of the merge, not of speed). Every command's JSON goes
+to DIR, a summary to DIR/scale-out.json; the exit code is 1 when any evidence differs. ``--repeat N`` runs each
+pair N times, the order reversed every other time. docs/scale-out.md: the wheels and the device command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+KC = [sys.executable, "-m", "obligations.cli"]
+TARGETS = {"check": 1.6, "audit": 1.8}
+
+
+def _run(argv: list[str], env: dict[str, str], log: Path) -> float:
+    """Run one kc command (output to ``log``); its wall seconds."""
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        subprocess.run([*KC, *argv], env=env, stdout=f, stderr=subprocess.STDOUT, check=False)
+    return time.perf_counter() - t0
+
+
+def _check_evidence(path: Path) -> dict[str, Any]:
+    items = [(c["id"], it) for c in json.loads(path.read_text())["contracts"] for it in c["items"]]
+    return {f"{cid}::{it['id']}": it["status"] for cid, it in items}
+
+
+def _audit_evidence(path: Path) -> dict[str, Any]:
+    return {
+        f"{a['function']}/{a['env']}": [a["verdict"], a.get("max_ulp"), a.get("settled_by_mpfr")]
+        for a in json.loads(path.read_text())["audits"]
+    }
+
+
+def _sweep_evidence(path: Path) -> dict[str, Any]:
+    r = json.loads(path.read_text())
+    keys = ("range", "elements", "exhaustive", "max_ulp", "disagreements", "histogram", "first_counterexamples")
+    return {k: r.get(k) for k in keys}
+
+
+STEPS: dict[str, tuple[list[str], Any]] = {
+    # --no-proof-cache: the second run of a pair must not reuse the first one's proofs from disk
+    "check": (["check", "contracts", "--device", "cuda", "--no-proof-cache", "-q"], _check_evidence),
+    "audit": (["audit-libm"], _audit_evidence),
+    "sweep": (["sweep", "exp", "--device", "cuda"], _sweep_evidence),
+}
+
+
+def main() -> int:
+    """Run the pairs named on the command line; print and write the figures."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--what", nargs="+", choices=list(STEPS), default=["check", "audit", "sweep"])
+    ap.add_argument("--out", default=os.environ.get("OUT", "scale-out"))
+    ap.add_argument("--repeat", type=int, default=1)
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if gpus is None:
+        import cupy
+
+        gpus = ",".join(str(n) for n in range(cupy.cuda.runtime.getDeviceCount()))
+    one = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus.split(",")[0]}
+    every = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus}
+    summary: dict[str, Any] = {"gpus": gpus, "steps": {}}
+    same = True
+    for step in args.what:
+        argv, evidence = STEPS[step]
+        walls: dict[str, list[float]] = {"one": [], "cluster": []}
+        for r in range(args.repeat):
+            order = ["one", "cluster"] if r % 2 == 0 else ["cluster", "one"]
+            for mode in order:
+                json_path = out / f"{step}-{mode}-{r}.json"
+                flags = ["--json", str(json_path)] + (["--cluster", "local"] if mode == "cluster" else [])
+                wall = _run([*argv, *flags], one if mode == "one" else every, out / f"{step}-{mode}-{r}.log")
+                walls[mode].append(round(wall, 2))
+                print(f"{step:<6} {mode:<8} run {r}: {wall:8.1f} s", flush=True)
+        a, b = evidence(out / f"{step}-one-0.json"), evidence(out / f"{step}-cluster-0.json")
+        differ = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        ratio = min(walls["one"]) / min(walls["cluster"])
+        target = TARGETS.get(step)
+        verdict = "" if target is None else ("met" if ratio >= target else "NOT met")
+        print(f"{step:<6} ratio {ratio:.2f}x (target {target or '-'}: {verdict or '-'}); evidence differs in {differ}")
+        summary["steps"][step] = {"walls": walls, "ratio": round(ratio, 3), "target": target, "differ": differ}
+        same = same and not differ
+    (out / "scale-out.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -140,7 +140,7 @@ def from_json(doc: Any) -> LoadResult:
         for name, t in tensors.items():
             try:
                 entries.setdefault(int(key), {})[name] = tensor_from_json(t)
-            except ValueError as e:
+            except (ValueError, OverflowError) as e:  # OverflowError: a shape or bit pattern past int64/uint64
                 errors.append(f"payload[{key}].{name}: {e}")
     inputs = None
     if "inputs" in doc:
@@ -148,7 +148,7 @@ def from_json(doc: Any) -> LoadResult:
         for i, t in enumerate(doc["inputs"]):
             try:
                 arrs.append(tensor_from_json(t))
-            except ValueError as e:
+            except (ValueError, OverflowError) as e:
                 errors.append(f"inputs[{i}]: {e}")
         inputs = tuple(arrs)
     return LoadResult(Graph(nodes), Payload(entries), inputs, doc.get("output"), tuple(errors))

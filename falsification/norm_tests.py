@@ -27,6 +27,7 @@ from falsification.agreement import Expected
 from falsification.engine import Check, Judgement
 from falsification.float32_inputs import MIXES, BatchSpec, generate_bits
 from falsification.registry import FalsifyContext, register_test
+from native import norm as native_norm
 from native.norm import RowsRefused, row_plan
 from obligations.core.device import array_module, to_host
 from obligations.core.plans import regime_of, resolve
@@ -817,5 +818,45 @@ def shift_invariance(ctx: FalsifyContext) -> Outcome:
         decode=lambda rp: tuple(rp.values[:4]),
         describe=lambda c: dict(zip(("seed", "rows", "length", "shift_256ths"), c, strict=True)),
         build={"impl": name, "inputs": "k / 256, |k| <= 2048; shift j / 256, |j| <= 2^20 (exact)"},
+    )
+    return engine.run(ctx, check)
+
+
+# -- batchnorm (eval), MK-64 -------------------------------------------------------------------------------------
+
+_BN_FIELDS = ("seed", "mix", "n", "c", "hw")
+
+
+def _bn_inputs(case: tuple) -> tuple[np.ndarray, ...]:
+    seed, mix, n, c, hw = case
+    x = _bits(seed, n * c * hw, MIX_NAMES[mix]).reshape(n, c, hw)
+    mean, w, b = (_bits(seed + k, c, "moderate") for k in (1, 2, 3))
+    var = (np.abs(_bits(seed + 4, c, "moderate").view(np.float32))).astype(np.float32).view(np.uint32)
+    if c > 1:  # one channel of variance -0 (rsqrt(eps)) and, under the NaN-bearing mixes, the input's own bits
+        var[0] = 0x80000000
+    return x, mean, var, w, b
+
+
+@register_test("norm.batchnorm_eval_bitwise")
+def batchnorm_eval_bitwise(ctx: FalsifyContext) -> Outcome:
+    """Eval-mode batchnorm (N, C, H*W) bitwise equal to spec.norm.batchnorm_eval on any input bits."""
+    xp = array_module(ctx.device)
+    check = Check(
+        name="batchnorm_eval",
+        inputs=_bn_inputs,
+        native=lambda a: _hb(native_norm.batchnorm_eval(*(_f(xp, v) for v in a), device=ctx.device)).reshape(-1),
+        reference=lambda a: Expected(bits=np.asarray(ref.batchnorm_eval(*a), np.uint32).reshape(-1)),
+        agreement=engine.item_agreement(ctx, "bitwise"),
+        cases=st.tuples(
+            st.integers(0, 2**32 - 1),
+            st.integers(0, len(MIX_NAMES) - 1),
+            st.integers(0, 3),
+            st.integers(1, 6),
+            st.integers(0, 9 * ctx.budget.scale),
+        ),
+        encode=lambda c: c,
+        decode=lambda rp: tuple(rp.values[:5]),
+        describe=lambda c: dict(zip(_BN_FIELDS, c, strict=True)),
+        build={"reference": "spec.norm.batchnorm_eval (softfloat, env cuda; rsqrt float64 rounded once)"},
     )
     return engine.run(ctx, check)

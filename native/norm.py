@@ -197,6 +197,19 @@ extern "C" __global__ void kc_norm_cols(const float* __restrict__ dy, const floa
 }
 """
 
+_BATCHNORM_EVAL = """\
+extern "C" __global__ void kc_batchnorm_eval(const float* __restrict__ x, const float* __restrict__ mean,
+        const float* __restrict__ var, const float* __restrict__ w, const float* __restrict__ b, float* __restrict__ y,
+        long long n, long long C, long long HW, float eps) {
+    for (long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x; p < n;
+         p += (long long)blockDim.x * gridDim.x) {
+        const long long c = (p / HW) % C;
+        const float r = kc_rsqrt(var[c] + eps);
+        y[p] = ((x[p] - mean[c]) * r) * w[c] + b[c];
+    }
+}
+"""
+
 _APPROX = ("softmax", "log_softmax", "log_softmax_bwd")
 
 
@@ -213,6 +226,8 @@ def kernel_source(kind: str) -> tuple[str, str]:
     if kind in ("layernorm_bwd", "rmsnorm_bwd"):
         base = kind.removesuffix("_bwd")
         return _HEAD + _NORM_BWD.format(name=base, body=_LN_BWD if base == "layernorm" else _RMS_BWD), f"kc_{kind}"
+    if kind == "batchnorm_eval":
+        return _HEAD + _BATCHNORM_EVAL, "kc_batchnorm_eval"
     return _COLS, "kc_norm_cols"
 
 
@@ -226,6 +241,7 @@ KERNELS = (
     "layernorm_bwd",
     "rmsnorm_bwd",
     "cols",
+    "batchnorm_eval",
 )
 
 
@@ -476,6 +492,31 @@ def rmsnorm_backward(x: Any, weight: Any, dy: Any, eps: float = 1e-6, device: st
     return dx, dw
 
 
+@entry_point("norm")
+def batchnorm_eval(x: Any, mean: Any, var: Any, weight: Any, bias: Any, eps: float = 1e-5, device: str = "auto") -> Any:
+    """Eval-mode batchnorm of NC... input (MK-64): y = ((x - mean_c) * rsqrt(var_c + eps)) * w_c + b_c per channel c."""
+    dev = resolve_device(device)
+    xp = array_module(dev)
+    x = xp.ascontiguousarray(xp.asarray(x, dtype=xp.float32))
+    if x.ndim < 2:
+        raise ValueError(f"batchnorm_eval takes (N, C, ...) input, not shape {tuple(x.shape)}")
+    c = int(x.shape[1])
+    hw = int(np.prod(x.shape[2:], dtype=np.int64))
+    ps = [xp.ascontiguousarray(xp.asarray(a, dtype=xp.float32)).reshape(-1) for a in (mean, var, weight, bias)]
+    if any(int(a.size) != c for a in ps):
+        raise ValueError(f"batchnorm_eval: per-channel parameters of {[int(a.size) for a in ps]} for {c} channels")
+    if not row_plan(int(x.size) // max(hw, 1), max(hw, 1)).admissible:
+        raise RowsRefused(f"batchnorm_eval: shape {tuple(x.shape)} refused by the row plan (> 2^40 elements)")
+    if dev == "host":
+        m, v, w, b = (a.reshape((1, c) + (1,) * (x.ndim - 2)) for a in ps)
+        with np.errstate(all="ignore"):
+            r = _once(lambda z: 1.0 / np.sqrt(z), (v + F32(eps)).astype(F32))
+            return _canon(((((x - m).astype(F32) * r).astype(F32) * w).astype(F32) + b).astype(F32))
+    y = xp.empty_like(x)
+    _launch("batchnorm_eval", int(x.size), (x, *ps, y, np.int64(x.size), np.int64(c), np.int64(hw), np.float32(eps)))
+    return y
+
+
 @register_workload("norm")
 def _workload() -> int:
     """Every norm/softmax CUDA build on small rows, with and without masks (for compute-sanitizer): launches."""
@@ -498,6 +539,7 @@ def _workload() -> int:
         rmsnorm(x, w, device="cuda")
         layernorm_backward(x, w, dy, device="cuda")
         rmsnorm_backward(x, w, dy, device="cuda")
-        launches += 6
+        batchnorm_eval(x.reshape(rows, 1, length), w[:1], w[:1] * w[:1], w[:1], w[:1], device="cuda")
+        launches += 7
     cupy.cuda.runtime.deviceSynchronize()
     return launches

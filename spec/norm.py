@@ -46,6 +46,7 @@ __all__ = [
     "layernorm_backward_f64",
     "rmsnorm_backward_f64",
     "real_once",
+    "batchnorm_eval",
 ]
 
 ENV = "cuda"
@@ -254,3 +255,14 @@ def rmsnorm_backward_f64(
     """Real (dx, dw) of RMSNorm in float64 of float32 inputs: r (g - xh mean(g xh)), g = dy w."""
     dx, dw, _ = _norm_backward_f64(x, w, dy, eps, False)
     return dx, dw
+
+
+def batchnorm_eval(
+    x: np.ndarray, mean: np.ndarray, var: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float = 1e-5
+) -> np.ndarray:
+    """Eval-mode batchnorm over axis 1 of (N, C, ...) bits: ((x - mean_c) * rsqrt(var_c + eps)) * w_c + b_c."""
+    x = np.asarray(x, np.uint32)
+    shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    m, v, ww, bb = (np.asarray(a, np.uint32).reshape(shape) for a in (mean, var, w, b))
+    r = _rsqrt_eps(v, eps)
+    return _add(_mul(_mul(_sub(x, m), r), ww), bb)

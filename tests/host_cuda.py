@@ -230,6 +230,10 @@ def _norm_cases() -> list[str]:
             got, want = fn(x, w, dy, device="cuda"), fn(x, w, dy, device="host")
             if not all(_same(g, h) for g, h in zip(got, want, strict=True)):
                 bad.append(f"{fn.__name__} {rows}x{length}")
+        x4 = x.reshape(rows, 1, 1, length)  # batchnorm eval: one channel per row's first element, any spatial size
+        bn = (w[:1], w[:1] * w[:1], b[:1], w[:1])
+        if not _same(nn.batchnorm_eval(x4, *bn, device="cuda"), nn.batchnorm_eval(x4, *bn, device="host")):
+            bad.append(f"batchnorm_eval {rows}x{length}")
     _fake_cupy()
     print("norm workload:", nn._workload(), "launches")
     return bad

@@ -303,3 +303,26 @@ def test_contract_holds_on_cuda():
         if it["status"] in ("violated", "error", "unknown")
     }
     assert not bad, bad
+
+
+def test_batchnorm_eval_with_mean_added_is_caught(monkeypatch):
+    """Planted: x + mean instead of x - mean: BATCHNORM-EVAL-bitwise refutes it."""
+    real = nn.batchnorm_eval
+    monkeypatch.setattr(
+        nn, "batchnorm_eval", lambda x, m, v, w, b, eps=1e-5, device="auto": real(x, -m, v, w, b, eps, device)
+    )
+    it = check_items(CONTRACT, ["BATCHNORM-EVAL-bitwise"])["BATCHNORM-EVAL-bitwise"]
+    assert it["status"] == "violated", it["reason"]
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_batchnorm_eval_kernel_is_bitwise_the_host_path():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 4, 7, 5)).astype(np.float32)
+    x[0, 1, 2, 3] = np.nan
+    m, w, b = (rng.standard_normal(4).astype(np.float32) for _ in range(3))
+    v = np.abs(rng.standard_normal(4)).astype(np.float32)
+    host = nn.batchnorm_eval(x, m, v, w, b, device="host").view(np.uint32)
+    dev = nn.batchnorm_eval(x, m, v, w, b, device="cuda").get().view(np.uint32)
+    np.testing.assert_array_equal(dev, host)

@@ -1,10 +1,11 @@
-"""Run the conv and norm CUDA kernel sources on the host: g++ compiles each source as C++ (one thread at a time,
-AddressSanitizer and UBSan on), ctypes launches it over the plan's grid, the result is compared with the host path.
+"""Run the conv, norm and indexing CUDA kernel sources (indexing: with the reductions' dot/VJP kernels and the RNG
+initializers) on the host: g++ compiles each source as C++ (one thread at a time, AddressSanitizer and UBSan on),
+ctypes launches it over the plan's grid, the result is compared with the host path.
 
 This is no GPU evidence (no warps, no libdevice): it shows that the CUDA text the device would run reads and writes
 only inside its buffers, has no signed overflow on the shapes it is given, receives every parameter it declares,
 and computes what the host path computes (bitwise for the correctly rounded kernels; within a few ulp where the
-source calls expf/logf, here glibc's). Run as ``python -m tests.host_cuda conv|norm`` with libasan preloaded
+source calls expf/logf, here glibc's). Run as ``python -m tests.host_cuda conv|norm|indexing`` with libasan preloaded
 (:func:`run_under_asan` does that); it exits non-zero on the first mismatch or sanitizer report.
 """
 
@@ -40,6 +41,13 @@ extern "C" void kc_set_index(unsigned bx, unsigned tx, unsigned bd, unsigned gd)
 #define __restrict__ __restrict
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 static inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
+static inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+// One thread at a time: the atomic is a plain add (no flush; the device's f32 atomic flushes subnormals).
+static inline float atomicAdd(float* a, float v) { const float o = *a; *a = o + v; return o; }
 """
 
 _FLAGS = [
@@ -65,7 +73,9 @@ def _ctype(param: str) -> Any:
     if "*" in param:
         return ctypes.c_void_p
     kind = param.rsplit(" ", 1)[0].replace("const ", "")
-    return {"long long": ctypes.c_longlong, "int": ctypes.c_int, "float": ctypes.c_float}[kind]
+    return {"long long": ctypes.c_longlong, "int": ctypes.c_int, "float": ctypes.c_float, "unsigned": ctypes.c_uint}[
+        kind
+    ]
 
 
 def host_compile(source: str, name: str, route: str) -> Callable[..., None]:
@@ -239,6 +249,62 @@ def _norm_cases() -> list[str]:
     return bad
 
 
+def _indexing_cases() -> list[str]:
+    """Every indexing kernel (and the reductions' dot / VJP kernels and the RNG initializers) against its host path."""
+    from native import indexing as ni
+    from native import reductions as nr
+    from native import rng as ng
+    from spec.indexing import atomic_bound
+
+    for mod in (ni, nr):
+        _patch(mod)
+        mod.compile_function = host_compile
+    rng = np.random.default_rng(9)
+    bad = []
+    t = rng.standard_normal((7, 3)).astype(np.float32)
+    x = rng.standard_normal((2, 6, 3)).astype(np.float32)
+    x[0, 2, 1] = x[0, 4, 1]  # a tie for the argmax
+    x[1, 3, 2] = np.nan
+    m = rng.random(x.shape) < 0.5
+    ix = np.array([6, 0, 6, 3, 6], np.int64)
+    pairs: dict[str, Callable[[str], Any]] = {
+        "gather": lambda d: ni.gather(t, ix, device=d),
+        "gather_vjp": lambda d: ni.gather_vjp(x[0, :5], ix, 7, device=d),
+        "index_copy": lambda d: ni.index_copy(t, [5, 1], x[0, :2], device=d),
+        "where": lambda d: ni.where(m, x, -x, device=d),
+        "masked_fill": lambda d: ni.masked_fill(x, m, -np.inf, device=d),
+        "slice": lambda d: ni.slice_axis(x, 1, 1, 4, device=d),
+        "slice_vjp": lambda d: ni.slice_vjp(x[:, :2], x.shape, 1, 3, device=d),
+        "concat": lambda d: ni.concat([x, x[:, :2]], 1, device=d),
+        "concat_vjp": lambda d: np.concatenate([v.ravel() for v in ni.concat_vjp(x, [2, 4], 1, device=d)]),
+        "reduce_to_shape": lambda d: ni.reduce_to_shape(x, (6, 1), device=d),
+        "dot": lambda d: nr.dot(x, x[::-1].copy(), axis=1, device=d),
+        "sum_vjp": lambda d: nr.sum_vjp(x[:, 0], x.shape, axis=1, device=d),
+        "mean_vjp": lambda d: nr.mean_vjp(x[:, 0], x.shape, axis=1, device=d),
+        "max_vjp": lambda d: nr.max_vjp(x, x[:, 0], axis=1, device=d),
+    }
+    for name, call in pairs.items():
+        if not _same(call("cuda"), call("host")):
+            bad.append(name)
+    src = rng.uniform(-1, 1, 300).astype(np.float32)
+    to = rng.integers(0, 4, 300)
+    got = ni.scatter_add_atomic(np.zeros(4, np.float32), to, src, device="cuda")
+    value, bound = atomic_bound(np.zeros(4, np.float32), to, src)
+    if not np.all(np.abs(got.astype(np.float64) - value) <= bound):
+        bad.append("scatter_add_atomic (bound)")
+    u = ng.uniform(1000, 5, device="host")
+    out = np.empty(1000, np.float32)
+    b = ng.xavier_bound(30, 7)
+    host_compile(ng.INIT_SOURCE, "kc_init_symmetric", ng.ROUTE)((4,), (256,), (u, out, np.int64(1000), b))
+    if not _same(out, ng.xavier_uniform(1000, 30, 7, 5, device="host")):
+        bad.append("init_symmetric")
+    filled = np.empty(300, np.uint32)
+    host_compile(ng.INIT_SOURCE, "kc_init_fill", ng.ROUTE)((2,), (256,), (filled, np.int64(300), np.uint32(0x3F800000)))
+    if not np.all(filled == 0x3F800000):
+        bad.append("init_fill")
+    return bad
+
+
 def run_under_asan(family: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run ``python -m tests.host_cuda family`` with libasan preloaded; the completed process."""
     asan = subprocess.run(["g++", "-print-file-name=libasan.so"], capture_output=True, text=True, check=True)
@@ -260,9 +326,9 @@ def run_under_asan(family: str, timeout: float = 600) -> subprocess.CompletedPro
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Exercise every CUDA launch of ``conv`` or ``norm`` on the host; 0 when each matches the host path."""
+    """Exercise every CUDA launch of ``conv``, ``norm`` or ``indexing`` on the host; 0 when each matches the host."""
     family = (argv or sys.argv[1:] or ["conv"])[0]
-    bad = _conv_cases() if family == "conv" else _norm_cases()
+    bad = {"conv": _conv_cases, "norm": _norm_cases, "indexing": _indexing_cases}[family]()
     for b in bad:
         print("MISMATCH", b)
     print(f"{family}: {len(bad)} mismatches")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -110,3 +112,16 @@ def test_cuda_atomic_scatter_within_bound_and_contract_on_cuda():
     by = {it["id"]: it for it in check_contract(CONTRACT, device="cuda")["items"]}
     bad = {k: (v["status"], v["reason"]) for k, v in by.items() if v["status"] in ("violated", "error", "unknown")}
     assert not bad, bad
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    shutil.which("g++") is None, reason="needs g++ (with libasan) to compile the CUDA sources for the host"
+)
+def test_cuda_sources_match_the_host_path_under_sanitizers():
+    """The indexing, reductions-VJP and initializer CUDA text, compiled as C++ under ASan/UBSan, equals the host."""
+    from tests.host_cuda import run_under_asan
+
+    res = run_under_asan("indexing")
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    assert "indexing: 0 mismatches" in res.stdout

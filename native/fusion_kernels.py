@@ -472,7 +472,8 @@ def _persistent_grid(rows: int) -> int:
 
 
 _PREFERRED: dict[tuple[int, int], bool] = {}
-_MAX_DYNAMIC_SHARED, _CARVEOUT = 8, 9  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, ..._SHARED_MEMORY_CARVEOUT
+# CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES (static), ..._MAX_DYNAMIC_SHARED_SIZE_BYTES, ..._PREFERRED_SHARED_MEMORY_CARVEOUT
+_STATIC_SHARED, _MAX_DYNAMIC_SHARED, _CARVEOUT = 1, 8, 9
 
 
 def _prefer_shared(fn: Any, smem: int) -> bool:
@@ -483,12 +484,17 @@ def _prefer_shared(fn: Any, smem: int) -> bool:
         from cupy.cuda import driver
 
         ok = True
+        static = 0
         try:
-            if smem > 48 * 1024:
+            # The 48 KiB without opt-in counts the kernel's static shared memory too: the general RMSNorm kernel
+            # stages exactly 48 KiB at d = MAX_ROW beside its own __shared__ scalars (its regime witness at that
+            # boundary failed to launch, CUDA_ERROR_INVALID_VALUE, while smem alone was not above 48 KiB).
+            static = int(driver.funcGetAttribute(_STATIC_SHARED, fn.ptr))
+            if smem + static > 48 * 1024:
                 driver.funcSetAttribute(fn.ptr, _MAX_DYNAMIC_SHARED, smem)
             driver.funcSetAttribute(fn.ptr, _CARVEOUT, 100)
         except Exception:  # noqa: BLE001 (any driver refusal: fall back)
-            ok = smem <= 48 * 1024
+            ok = smem + static <= 48 * 1024
         _PREFERRED[key] = ok
     return _PREFERRED[key]
 

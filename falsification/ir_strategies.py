@@ -305,7 +305,7 @@ def _conv_node(draw: Any, b: GraphBuilder, shapes: list[Shape]) -> None:
     _add(b, shapes, "conv2d", (p,), s[:-3] + (co, hw[0]["out"], hw[1]["out"]), params=params, out_channels=co, **attrs)
 
 
-def _avg_pool_node(draw: Any, b: GraphBuilder, shapes: list[Shape]) -> None:
+def _pool_node(draw: Any, b: GraphBuilder, shapes: list[Shape]) -> None:
     p = _pick(draw, shapes, lambda s: len(s) in (3, 4) and min(s[-2:]) >= 1)
     if p is None:
         return
@@ -316,7 +316,8 @@ def _avg_pool_node(draw: Any, b: GraphBuilder, shapes: list[Shape]) -> None:
     if not all(h["valid"] for h in hw):
         return
     out = s[:-2] + (hw[0]["out"], hw[1]["out"])
-    _add(b, shapes, "pool", (p,), out, mode="avg", kernel=(k, k), stride=(stride, stride), padding=(pad, pad))
+    mode = draw(st.sampled_from(("avg", "max")))
+    _add(b, shapes, "pool", (p,), out, mode=mode, kernel=(k, k), stride=(stride, stride), padding=(pad, pad))
 
 
 TEMPLATES: dict[str, Template] = {
@@ -361,11 +362,11 @@ TEMPLATES: dict[str, Template] = {
     "conv_pool": _conv_pool,
     "attention": _attention,
     "conv_node": _conv_node,
-    "avg_pool_node": _avg_pool_node,
+    "pool_node": _pool_node,
 }
-# conv_node and avg_pool_node (convolutions over any node, reverse mode's templates) are opt-in: the default
+# conv_node and pool_node (convolutions and pools over any node, reverse mode's templates) are opt-in: the default
 # draws stay what the other IR items were written against
-DEFAULT_TEMPLATES: tuple[str, ...] = tuple(t for t in TEMPLATES if t not in ("conv_node", "avg_pool_node"))
+DEFAULT_TEMPLATES: tuple[str, ...] = tuple(t for t in TEMPLATES if t not in ("conv_node", "pool_node"))
 
 
 @st.composite

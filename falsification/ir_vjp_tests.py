@@ -39,8 +39,10 @@ from obligations.core.results import Outcome, error, passed, violated
 from spec import attention as sattn
 from spec import conv as sconv
 from spec import norm as snorm
+from spec.ir.checks import node_attrs
 from spec.ir.denote import denote_all
-from spec.ir.graph import Graph, GraphBuilder, Payload
+from spec.ir.graph import Graph, GraphBuilder, Node, Payload
+from spec.ir.ops import get_op
 from spec.ir.real import U, real_all
 from spec.ir.vjp import VJP_RULES, Backward, vjp
 
@@ -56,7 +58,7 @@ __all__ = [
     "planted_rules",
 ]
 
-VJP_TEMPLATES: tuple[str, ...] = tuple(t for t in TEMPLATES if t != "conv_pool")  # its max pool has no VJP
+VJP_TEMPLATES: tuple[str, ...] = tuple(t for t in TEMPLATES if t != "conv_pool")  # pool_node draws pools over inputs
 _BUDGET = {"quick": 12, "full": 1400}
 _MIN_CHECKED = {"quick": 5, "full": 1000}  # fewer graphs checked (too many skipped) is an error, not a pass
 _SPEC_BUDGET = {"quick": 8, "full": 200}
@@ -113,12 +115,35 @@ _EDGES: dict[str, Any] = {
 _POSITIVE = ("sqrt", "rsqrt", "log", "pow")  # domain x > 0
 
 
+def _max_windows(n: Node, x: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """A max pool's kink data: each window's gap between its two largest taps, and its first argmax (None for avg)."""
+    a = node_attrs(n, get_op("pool"))
+    if a["mode"] != "max":
+        return None
+    k, st_, p = (tuple(a[f]) if not isinstance(a[f], int) else (a[f], a[f]) for f in ("kernel", "stride", "padding"))
+    xp = np.pad(x, [(0, 0)] * (x.ndim - 2) + [(p[0], p[0]), (p[1], p[1])], constant_values=-np.inf)
+    outs = n.out_shape[-2:]
+    taps = np.stack(
+        [
+            xp[..., i : i + (outs[0] - 1) * st_[0] + 1 : st_[0], j : j + (outs[1] - 1) * st_[1] + 1 : st_[1]]
+            for i in range(k[0])
+            for j in range(k[1])
+        ]
+    )
+    if taps.shape[0] == 1:
+        return np.full(taps.shape[1:], np.inf), np.zeros(taps.shape[1:], np.int64)
+    top = np.sort(taps, axis=0)
+    return top[-1] - top[-2], np.argmax(taps, axis=0)
+
+
 def _signature(g: Graph, vals: list[np.ndarray]) -> list[np.ndarray]:
     out = []
     for n in g.nodes:
         fn = _EDGES.get(n.kind)
         if fn is not None:
             out.extend(np.signbit(a) for a in fn([vals[p] for p in n.parents]))
+        if n.kind == "pool" and (w := _max_windows(n, vals[n.parents[0]])) is not None:
+            out.append(w[1])  # the window's argmax must not move within x +- h
     return out
 
 
@@ -132,6 +157,9 @@ def _first_unusable(g: Graph, vals: list[np.ndarray]) -> str | None:
         v = vals[n.id]
         if not np.all(np.isfinite(v)) or (v.size and np.max(np.abs(v)) > HUGE):
             return f"node {n.id} ({n.kind}) is non-finite or huge"
+        if n.kind == "pool" and (w := _max_windows(n, vals[n.parents[0]])) is not None:
+            if w[0].size and np.min(w[0]) < MARGIN:
+                return f"node {n.id} (max pool) has a window whose two largest taps are within {MARGIN}"
         fn = _EDGES.get(n.kind)
         if fn is None:
             continue
@@ -311,7 +339,7 @@ def vjp_fd(ctx: FalsifyContext) -> Outcome:
 
 # -- against the norm family's float64 VJPs ----------------------------------------------------------------
 
-SPEC_OPS: tuple[str, ...] = ("softmax", "layernorm", "rmsnorm", "conv2d", "attention")
+SPEC_OPS: tuple[str, ...] = ("softmax", "layernorm", "rmsnorm", "conv2d", "max_pool", "attention")
 
 
 def _spec_case(kind: str, seed: int, scale: float, offset: float) -> tuple[Any, ...]:
@@ -339,6 +367,31 @@ def _spec_case(kind: str, seed: int, scale: float, offset: float) -> tuple[Any, 
         def refs(table: Any) -> list:
             dx = sconv.conv_transpose_f64(dy, w, stride, pad, dil, output_padding=extra)[0]
             return [(dx, 0.0)]
+
+        return g, p, xs, dy, refs
+    if kind == "max_pool":
+        hw = tuple(int(v) for v in rng.integers(1, 6, 2))
+        k, stride = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+        pad = int(rng.integers(0, k // 2 + 1))
+        outs = tuple((n + 2 * pad - k) // stride + 1 for n in hw)
+        if min(outs) < 1:
+            k, pad, outs = 1, 0, tuple((n - 1) // stride + 1 for n in hw)
+        x = b.add("input", (), (2,) + hw)
+        b.add("pool", (x,), (2,) + outs, mode="max", kernel=(k, k), stride=(stride, stride), padding=(pad, pad))
+        g, p = b.build()
+        xs = ((rng.standard_normal((2,) + hw) * scale + offset).astype(np.float32),)
+        dy = rng.standard_normal((2,) + outs).astype(np.float32)
+
+        def refs(table: Any) -> list:
+            # spec.conv's binary32 backward (its own fold of the routed dy) and the same routing of |dy| in float64
+            # bound its rounding: gamma_(k^2) of that sum
+            _, arg = sconv.max_pool2d(xs[0].view(np.uint32), (k, k), (stride, stride), (pad, pad))
+            dx = sconv.max_pool2d_backward(dy.view(np.uint32), arg, xs[0].shape).view(np.float32)
+            mag = np.zeros((2, hw[0] * hw[1]))
+            for c in range(2):
+                np.add.at(mag[c], arg[c].reshape(-1), np.abs(dy[c].reshape(-1)).astype(np.float64))
+            gam = k * k * U / (1 - k * k * U)
+            return [(dx.astype(np.float64), gam * mag.reshape(xs[0].shape))]
 
         return g, p, xs, dy, refs
     if kind == "attention":

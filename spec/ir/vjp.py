@@ -17,7 +17,7 @@ parents' ids, ``y`` the node's own id (its recomputed value), ``dy`` the id of i
 ``e`` an :class:`Emitter` that appends IR nodes with the shape their op's rule infers. ``None`` means no
 cotangent flows to that operand (a piecewise-constant operand: ``where``'s condition, ``embedding``'s indices,
 ``attention``'s kv_lens). An op with no rule would be in :data:`REFUSED` with its reason (none is now), and a rule
-may refuse one mode (max pool; attention whose kv_lens operand is computed, not a const); asking a backward
+may refuse one case (attention whose kv_lens operand is computed, not a const); asking a backward
 through such a node is an :class:`~spec.ir.checks.IRError` of kind ``no-vjp`` at that node (nodes off every path
 from ``wrt`` to ``outputs`` are never asked). conv2d and avg pool are transposed convolutions written with IR ops
 (a zero-woven, padded dy through ``conv2d`` with the kernel flipped); attention is spec.attention.sdpa_vjp's
@@ -338,20 +338,15 @@ def _concat(e: Emitter, n: Node, a: dict, entry: Any, xs: tuple[int, ...], y: in
     return tuple(out)
 
 
-@register_vjp("slice")
-def _slice(e: Emitter, n: Node, a: dict, entry: Any, xs: tuple[int, ...], y: int, dy: int) -> Cts:
-    # Scatter back by concatenating zeros: each of the k taken elements is followed by step - 1 zeros (a concat on
-    # a new axis, reshaped), then start zeros go before and the tail is padded or cut to the axis length.
-    src = e.shape(xs[0])
-    ax = a["axis"] % len(src)
-    start, step = a["start"], a["step"]
-    k, dim = e.shape(dy)[ax], src[ax]
+def _unslice(e: Emitter, g: int, ax: int, start: int, step: int, dim: int) -> int:
+    """The cotangent of x from that of x[start::step] (g) along axis ax of length dim: each taken element is followed
+    by step - 1 zeros (a concat on a new axis, reshaped), start zeros go before and the tail is padded or cut."""
+    s = e.shape(g)
+    pre, k, post = s[:ax], s[ax], s[ax + 1 :]
     if k == 0:
-        return (e.full(src, 0.0),)
-    pre, post = src[:ax], src[ax + 1 :]
-    g = dy
+        return e.full(pre + (dim,) + post, 0.0)
     if step > 1:
-        col = e.op("reshape", dy, shape=pre + (k, 1) + post)
+        col = e.op("reshape", g, shape=pre + (k, 1) + post)
         wide = e.op("concat", col, e.full(pre + (k, step - 1) + post, 0.0), axis=ax + 1)
         g = e.op("reshape", wide, shape=pre + (k * step,) + post)
     length = k * step
@@ -361,7 +356,14 @@ def _slice(e: Emitter, n: Node, a: dict, entry: Any, xs: tuple[int, ...], y: int
     parts = ([e.full(pre + (start,) + post, 0.0)] if start else []) + [g]
     if start + length < dim:
         parts.append(e.full(pre + (dim - start - length,) + post, 0.0))
-    return (e.op("concat", *parts, axis=ax) if len(parts) > 1 else g,)
+    return e.op("concat", *parts, axis=ax) if len(parts) > 1 else g
+
+
+@register_vjp("slice")
+def _slice(e: Emitter, n: Node, a: dict, entry: Any, xs: tuple[int, ...], y: int, dy: int) -> Cts:
+    src = e.shape(xs[0])
+    ax = a["axis"] % len(src)
+    return (_unslice(e, dy, ax, a["start"], a["step"], src[ax]),)
 
 
 def _reduce_to(e: Emitter, g: int, shape: Shape) -> int:
@@ -464,17 +466,56 @@ def _conv2d(e: Emitter, n: Node, a: dict, entry: Any, xs: tuple[int, ...], y: in
 @register_vjp("pool")
 def _pool(e: Emitter, n: Node, a: dict, entry: Any, xs: tuple[int, ...], y: int, dy: int) -> Cts:
     # avg: the transposed box filter of dy / (kh kw), a convolution whose weight is the identity on channels
-    # (conv2d has groups 1; the zero weights add exact zeros). max routes dy to each window's argmax: a scatter,
-    # which the IR has no op for.
-    if a["mode"] != "avg":
-        return _refuse(n, "max pool's VJP scatters dy to each window's argmax; the IR has no scatter op yet")
+    # (conv2d has groups 1; the zero weights add exact zeros); max: dy routed to each window's argmax
     k, st, p = (_pair(a[name]) for name in ("kernel", "stride", "padding"))
+    if a["mode"] == "max":
+        return (_max_pool(e, xs[0], y, dy, k, st, p),)
     src = e.shape(xs[0])
     c = src[-3]
     eye = np.zeros((c, c) + k, np.float32)
     eye[np.arange(c), np.arange(c)] = 1.0
     g = e.div(dy, e.full(e.shape(dy), float(k[0] * k[1])))
     return (_transposed_conv(e, g, src, eye, k, st, p, (1, 1)),)
+
+
+def _max_pool(e: Emitter, x: int, y: int, dy: int, k: tuple, st: tuple, p: tuple) -> int:
+    """dy routed to each window's first row-major maximum (spec.conv.max_pool2d's argmax): per tap, the tap view of
+    the -Inf-padded x (two strided slices), hit = tap == y (relu(y - tap) == 0, the tap never exceeding y) and no
+    earlier tap hit, where(hit, dy, 0) scattered back through the slices; summed over taps, the padding cut."""
+    src = e.shape(x)
+    rank = len(src)
+    outs = e.shape(y)[-2:]
+    padded = x
+    for i in range(2):
+        if p[i]:
+            ax = rank - 2 + i
+            s = e.shape(padded)
+            edge = e.full(s[:ax] + (p[i],) + s[ax + 1 :], -math.inf)
+            padded = e.op("concat", edge, padded, edge, axis=ax)
+    dims = e.shape(padded)[-2:]
+    zero, one = e.zeros_like(dy), e.full(e.shape(dy), 1.0)
+    taken = acc = None
+    for ta in range(k[0]):
+        for tb in range(k[1]):
+            tap = padded
+            for i, t in enumerate((ta, tb)):
+                stop = t + (outs[i] - 1) * st[i] + 1
+                tap = e.op("slice", tap, axis=rank - 2 + i, start=t, stop=stop, step=st[i])
+            hit = e.op("where", e.op("relu", e.sub(y, tap)), zero, one)
+            if taken is not None:
+                hit = e.op("where", taken, zero, hit)
+                taken = e.op("maxElem", taken, hit)
+            else:
+                taken = hit
+            g = e.op("where", hit, dy, zero)
+            for i, t in ((1, tb), (0, ta)):
+                g = _unslice(e, g, rank - 2 + i, t, st[i], dims[i])
+            acc = g if acc is None else e.add(acc, g)
+    assert acc is not None  # kernel >= 1
+    for i in range(2):
+        if p[i]:
+            acc = e.op("slice", acc, axis=rank - 2 + i, start=p[i], stop=p[i] + src[rank - 2 + i], step=1)
+    return acc
 
 
 class Refused(Exception):

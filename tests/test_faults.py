@@ -282,9 +282,7 @@ def test_os_errors_on_outputs_are_exit_2_with_the_path_and_the_reason(tmp_path, 
 def _deep_graph(tmp_path: Path, depth: int) -> Path:
     path = tmp_path / "deep.json"
     attrs = "{" + '"a": {' * depth + "}" * depth + "}"
-    path.write_text(
-        '{"nodes": [{"id": 0, "kind": "input", "parents": [], "out_shape": [2], "attrs": ' + attrs + "}]}"
-    )
+    path.write_text('{"nodes": [{"id": 0, "kind": "input", "parents": [], "out_shape": [2], "attrs": ' + attrs + "}]}")
     return path
 
 

@@ -745,3 +745,89 @@ def mfu_floor(ctx: FalsifyContext) -> Outcome:
         tokens_per_step=tokens,
         model="MLP 1024-4096-1024, batch 4096, fp16 GEMMs, loss by the tree-order mean",
     )
+
+
+# -- training entry points: matmul VJP, linear, addmm (MK-14, MK-62, MK-63) ---------------------------------------
+
+_TRAIN_FIELDS = ("seed", "m", "n", "k", "trans_a", "trans_b")
+
+
+def _train_products(op: str, a: np.ndarray, b: np.ndarray, dc: np.ndarray, case: tuple) -> list[tuple]:
+    """(A, B, beta, C0, transpose the result) per output: each output is op-free A @ B (+ beta C0) on materialised
+    operands, derived from the mathematics (not from the entry point's flag mapping)."""
+    _, _, _, _, ta, tb = case
+    opa, opb = (a.T if ta else a), (b.T if tb else b)
+    if op == "matmul_vjp":
+        return [(dc, opb.T, 0.0, None, bool(ta)), (opa.T, dc, 0.0, None, bool(tb))]
+    if op == "linear":  # x = op(A) (m, k), W = op(B)^T (n, k), bias = dc's first row
+        return [(opa, opb, 1.0, np.broadcast_to(dc[:1], dc.shape), False)]
+    return [(opa, opb, -0.5, dc, False)]  # addmm(C = dc, A, B) with beta -0.5, alpha 2 (alpha applied below)
+
+
+@register_test("gemm.train_agreement")
+def train_agreement(ctx: FalsifyContext) -> Outcome:
+    """matmul_vjp (dA, dB), linear and addmm within the GEMM family's bound (gamma_(k+2) |A||B| + ...) per output."""
+    op = str(ctx.params.get("op", "matmul_vjp"))
+    xp = array_module(ctx.device)
+    max_dim = int(ctx.params.get("max_dim", 24)) * ctx.budget.scale
+    seen = {"worst": 0.0}
+
+    def inputs(case: tuple) -> tuple:
+        seed, m, n, k, ta, tb = case
+        rng = np.random.default_rng(seed)
+        a = rng.uniform(-2, 2, (k, m) if ta else (m, k)).astype(np.float32)
+        b = rng.uniform(-2, 2, (n, k) if tb else (k, n)).astype(np.float32)
+        return case, a, b, rng.uniform(-2, 2, (m, n)).astype(np.float32)
+
+    def native(x: tuple) -> np.ndarray:
+        case, a, b, dc = x
+        ta, tb = bool(case[4]), bool(case[5])
+        da, db, ddc = xp.asarray(a), xp.asarray(b), xp.asarray(dc)
+        if op == "matmul_vjp":
+            outs = ng.matmul_vjp(da, db, ddc, trans_a=ta, trans_b=tb, device=ctx.device)
+        elif op == "linear":
+            x_in = xp.ascontiguousarray(da.T) if ta else da
+            w = db if tb else xp.ascontiguousarray(db.T)
+            outs = (ng.linear(x_in, w, ddc[0], device=ctx.device),)
+        else:
+            a2 = xp.ascontiguousarray(da.T) if ta else da
+            b2 = xp.ascontiguousarray(db.T) if tb else db
+            outs = (ng.addmm(ddc, a2, b2, beta=-0.5, alpha=2.0, device=ctx.device),)
+        return np.concatenate([np.asarray(to_host(o), np.float64).reshape(-1) for o in outs])
+
+    def reference(x: tuple) -> Expected:
+        case, a, b, dc = x
+        values, bounds = [], []
+        alpha = 2.0 if op == "addmm" else 1.0
+        for pa, pb, beta, c0, transpose in _train_products(op, a, b, dc, case):
+            want = sg.reference(pa, pb, False, False, alpha, beta, c0)
+            bound = sg.error_bound(pa, pb, False, False, alpha, beta, c0, want, "float32")
+            values.append((want.T if transpose else want).reshape(-1))
+            bounds.append((bound.T if transpose else bound).reshape(-1))
+        return Expected(value=np.concatenate(values), bound=np.concatenate(bounds))
+
+    def observe(j: Judgement) -> None:
+        e = j.expected[0]
+        with np.errstate(all="ignore"):
+            ratio = np.abs(j.native[0] - e.value) / e.bound
+        if ratio.size:
+            seen["worst"] = max(seen["worst"], float(np.nanmax(ratio)))
+
+    dims = st.integers(1, max_dim)
+    check = Check(
+        name=f"gemm {op}",
+        inputs=inputs,
+        native=native,
+        reference=reference,
+        agreement=engine.item_agreement(
+            ctx, "error_bound", bound_name="gamma_(k+2)(2^-24)(|alpha||A||B| + |beta||C0|) per output (spec.gemm)"
+        ),
+        cases=st.tuples(st.integers(0, 2**32 - 1), dims, dims, dims, st.integers(0, 1), st.integers(0, 1)),
+        explicit=tuple((ctx.seed, 3, 4, 5, ta, tb) for ta in (0, 1) for tb in (0, 1)),
+        encode=lambda c: c,
+        decode=lambda rp: tuple(rp.values[:6]),
+        describe=lambda c: dict(zip(_TRAIN_FIELDS, c, strict=True)),
+        observe=observe,
+        build={"op": op, "reference": "float64 products of the materialised operands (spec.gemm.reference)"},
+    )
+    return engine.run(ctx, check, lambda: {"worst_error_over_bound": seen["worst"]})

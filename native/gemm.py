@@ -56,6 +56,9 @@ __all__ = [
     "gemm_raw",
     "matmul",
     "bmm",
+    "matmul_vjp",
+    "linear",
+    "addmm",
 ]
 
 ELEMENT_SIZES = {"float16": 2, "float32": 4}
@@ -1144,3 +1147,54 @@ def bmm(a: Any, b: Any, **kw: Any) -> Any:
     if a.ndim != 3 or b.ndim != 3:
         raise ValueError("bmm takes 3-D arrays")
     return matmul(a, b, **kw)
+
+
+# -- training entry points on cuBLAS (MK-14, MK-62, MK-63) ------------------------------------------------------
+
+
+@entry_point("gemm", axes={"trans_a": (False, True), "trans_b": (False, True)})
+def matmul_vjp(
+    a: Any, b: Any, dc: Any, *, trans_a: bool = False, trans_b: bool = False, device: str = "auto"
+) -> tuple[Any, Any]:
+    """(dA, dB) of C = op(A) op(B) for the cotangent dC: dA = dC op(B)^T, dB = op(A)^T dC, stored like A and B.
+
+    Each is one cuBLAS GEMM through :func:`matmul` (so the buffer guard and CUBLAS_COMPUTE_32F hold): with A stored
+    transposed, dA = (dC op(B)^T)^T = op(B) dC^T is computed directly in A's layout (likewise dB).
+    """
+    da = (
+        matmul(b, dc, trans_a=trans_b, trans_b=True, device=device)
+        if trans_a
+        else matmul(dc, b, trans_b=not trans_b, device=device)
+    )
+    db = (
+        matmul(dc, a, trans_a=True, trans_b=trans_a, device=device)
+        if trans_b
+        else matmul(a, dc, trans_a=not trans_a, device=device)
+    )
+    return da, db
+
+
+@entry_point("gemm")
+def linear(x: Any, weight: Any, bias: Any = None, *, device: str = "auto") -> Any:
+    """y = x W^T + bias (W of shape (out, in)): one GEMM, the bias broadcast into C with beta = 1 (MK-62)."""
+    from obligations.core.device import array_module, resolve_device
+
+    dev = resolve_device(device)
+    xp = array_module(dev)
+    if bias is None:
+        return matmul(x, weight, trans_b=True, device=dev)
+    shape = (int(x.shape[0]), int(weight.shape[0]))
+    c = xp.empty(shape, dtype=xp.float32)  # a writable C (a broadcast view may be read-only even when contiguous)
+    c[...] = xp.asarray(bias, dtype=xp.float32)
+    return matmul(x, weight, trans_b=True, beta=1.0, c=c, out_dtype="float32", device=dev)
+
+
+@entry_point("gemm")
+def addmm(c: Any, a: Any, b: Any, *, beta: float = 1.0, alpha: float = 1.0, device: str = "auto") -> Any:
+    """beta C + alpha A B as one GEMM into a copy of C (C is not modified; MK-63)."""
+    from obligations.core.device import array_module, resolve_device
+
+    dev = resolve_device(device)
+    xp = array_module(dev)
+    c2 = xp.array(xp.asarray(c, dtype=xp.float32), copy=True)
+    return matmul(a, b, alpha=alpha, beta=beta, c=c2, out_dtype="float32", device=dev)

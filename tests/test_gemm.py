@@ -286,3 +286,23 @@ def test_a_closed_context_keeps_its_handle_until_its_last_bound_call_is_gone():
     other = ng.GemmContext(ng.HostBlas(), "host")
     other.close()  # no bound call: destroyed at once
     assert other.api.calls["destroy"] == 1
+
+
+def test_matmul_vjp_without_the_transpose_of_b_is_caught(monkeypatch):
+    """Planted: dA = dC op(B) (the transpose forgotten): PO-GEMM-VJP refutes it (wrong values or a shape refused)."""
+    real = ng.matmul_vjp
+
+    def forgot(a, b, dc, *, trans_a=False, trans_b=False, device="auto"):
+        _, db = real(a, b, dc, trans_a=trans_a, trans_b=trans_b, device=device)
+        return ng.matmul(dc, b, trans_b=trans_b, device=device), db
+
+    monkeypatch.setattr(ng, "matmul_vjp", forgot)
+    it = check_items(CONTRACT, ["PO-GEMM-VJP"])["PO-GEMM-VJP"]
+    assert it["status"] == "violated", it["reason"]
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_training_entry_points_on_cuda():
+    by = check_items(CONTRACT, ["PO-GEMM-VJP", "PO-GEMM-LINEAR", "PO-GEMM-ADDMM"], device="cuda")
+    assert all(it["status"] == "passed" for it in by.values()), {k: v["reason"] for k, v in by.items()}

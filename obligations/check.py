@@ -13,10 +13,11 @@ import re
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -516,10 +517,13 @@ def check_paths(
     try:
         with raising_on_stop():  # a stop requested before the first item (while loading) ends the run here
             if options.cluster and next(_to_run(todo, only, options.done), None) is not None:
-                # every item runs on the cluster; the run takes the records in order (and logs them as it does)
+                # every item runs on the cluster; the run takes the records in order, and the log has each as it
+                # lands (an item stuck on one worker holds back no other's record), once
+                options = replace(options, log=_LogOnce(options.log) if options.log else None)
                 settings = {"device": device, "profile": profile, "seed": seed}
+                landed = partial(_log_landed, options.log, device, seed) if isinstance(options.log, _LogOnce) else None
                 prefetcher = ClusterRunner(
-                    parse_cluster(options.cluster), settings, options.isolate, item_method, ran=ran_fn
+                    parse_cluster(options.cluster), settings, options.isolate, item_method, ran=ran_fn, landed=landed
                 )
                 _start_cluster(prefetcher, todo, only, profile, options)
             elif options.jobs > 0 and _worth_workers(todo, only, options):
@@ -588,6 +592,29 @@ def check_paths(
     if started:
         result["provenance"]["workers_started"] = started
     return result
+
+
+class _LogOnce:
+    """The results log of a cluster run: each item's record once, whichever thread writes it first (the one that
+    heard it land, the in-order run, or the stop's)."""
+
+    def __init__(self, log: Callable[[Contract, dict[str, Any]], None]):
+        self._log = log
+        self._done: set[tuple[str, str, str]] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, contract: Contract, record: dict[str, Any]) -> None:
+        key = item_key(contract, record["id"])
+        with self._lock:
+            if key not in self._done:
+                self._log(contract, record)
+                self._done.add(key)
+
+
+def _log_landed(
+    log: _LogOnce, device: str, seed: int, contract: Contract, item: dict[str, Any], fields: Any, seconds: float
+) -> None:
+    log(contract, _record(contract, item, fields, device, seed, seconds))
 
 
 def _log_finished_ahead(

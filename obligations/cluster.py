@@ -4,7 +4,7 @@
 (``dask scheduler`` + one ``dask worker --resources GPU=1`` per GPU, docs/scale-out.md). :class:`ClusterRunner`
 has the run-ahead interface of :class:`obligations.isolation.Prefetcher` (submit, publish, take, close), so the
 in-order run of :func:`obligations.check.check_contract` is the same on every executor: records are taken in the
-contract's order (and logged as they are), an item naming a regimes item's witnesses is sent only once that
+contract's order (the log has each as it lands), an item naming a regimes item's witnesses is sent only once that
 record is in, and each thread of a Dask worker runs its items through the run's own executor (a kc worker
 process replaced after a timeout, a crash or a broken CUDA context; in the Dask worker with ``--isolate none``).
 On a cuda run a measure item holds its worker's whole ``GPU`` resource, so nothing else runs on that GPU while
@@ -250,6 +250,7 @@ class ClusterRunner:
         isolate: str,
         method: Callable[[dict[str, Any]], str],
         ran: Callable[[Key, str, float, float], None] | None = None,
+        landed: Callable[[Any, dict[str, Any], dict[str, Any], float], None] | None = None,
     ):
         self.spec = spec
         self.method = method  # an item's method (obligations.check.item_method): measure, proofs, the rest
@@ -257,6 +258,7 @@ class ClusterRunner:
         self.isolate = isolate
         self.client, self.cluster = open_cluster(spec, settings["device"])
         self._ran = ran
+        self._landed_fn = landed  # (contract, item, fields, seconds) of each item that lands with an outcome
         self._clock = time.perf_counter() - time.time()  # the workers' wall times on the run's timeline clock
         self.finished: dict[Key, tuple[dict[str, Any], float]] = {}
         self._slots: dict[Key, _Slot] = {}
@@ -374,9 +376,13 @@ class ClusterRunner:
         with self._landed:
             slot.result = (fields, seconds)
             outcome = answer is not None or bool(slot.lost)  # else cancelled: the item has no outcome
-            if outcome and not self._closed and cancel.stop_requested() is None:
+            outcome = outcome and not self._closed and cancel.stop_requested() is None
+            if outcome:
                 self.finished[key] = slot.result
             self._landed.notify_all()
+        if outcome and self._landed_fn is not None:
+            with contextlib.suppress(OSError):  # a log that cannot be written: the in-order run says so
+                self._landed_fn(slot.contract, slot.item, fields, seconds)
         self.publish(key, fields)  # the items waiting for its witnesses go on (without them if it has none)
         self._pump()
 

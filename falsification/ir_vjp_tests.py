@@ -2,7 +2,8 @@
 
 Registered names and their ``params`` (``variant`` plants a bug; the project's tests use it):
 
-* ``ir.vjp_fd`` {max_nodes, templates, variant: sub-sign|fanout-first} -- Hypothesis draws graphs
+* ``ir.vjp_fd`` {max_nodes, templates, params, variant: sub-sign|fanout-first|linear-weight-sign} -- Hypothesis
+  draws graphs
   (:func:`falsification.ir_strategies.graph_cases` over :data:`VJP_TEMPLATES`, every op with a VJP rule that has
   a template), their inputs, constants and weights redrawn as well-conditioned values (magnitudes in [0.3, 1.5],
   random signs), and a cotangent of the last node. For each input element the backward graph's binary32
@@ -15,10 +16,13 @@ Registered names and their ``params`` (``variant`` plants a bug; the project's t
   and |g32 - R| <= 2 err + (that) (the binary32 backward graph is the derivative up to its rounding).
   Points near a kink or a domain edge (relu/abs at 0, max/min ties, a where condition, sqrt/log/rsqrt/inv/div/pow
   near 0, within 0.05) or with a non-finite or huge (> 1e4) value are not checked; an element whose kink
-  signs change within x +- h is not checked either. The evidence counts the graphs checked.
-* ``ir.vjp_spec`` {} -- single-node graphs of softmax/layernorm/rmsnorm/conv2d/attention of drawn shapes, attributes
-  and values (scales 1e-3..1e3, offsets 0 or 3): the backward graph's binary32 denotation agrees with the family's
-  float64 VJP (spec.norm.*_backward_f64, spec.conv.conv_transpose_f64, spec.attention.sdpa_vjp) within 2 err
+  signs change within x +- h is not checked either. The evidence counts the graphs checked. ``params: true``
+  builds the backward graphs with ``vjp(..., params=True)`` and checks every payload tensor element's cotangent
+  (constants, linear/conv2d weights and biases, norm weights) the same way, the tensor moved in float64.
+* ``ir.vjp_spec`` {} -- single-node graphs of softmax/layernorm/rmsnorm/conv2d/max pool/attention of drawn shapes,
+  attributes and values (scales 1e-3..1e3, offsets 0 or 3): the backward graph's binary32 denotation agrees with the
+  family's VJP (spec.norm.*_backward_f64, spec.conv.conv_transpose_f64, spec.conv.max_pool2d_backward plus
+  gamma_(k^2) of its routed |dy|, spec.attention.sdpa_vjp) within 2 err
   (plus, for softmax, whose spec reads the binary32 y, 4 u |y| (sum|dy| + |dy|)).
 """
 
@@ -44,7 +48,7 @@ from spec.ir.denote import denote_all
 from spec.ir.graph import Graph, GraphBuilder, Node, Payload
 from spec.ir.ops import get_op
 from spec.ir.real import U, real_all
-from spec.ir.vjp import VJP_RULES, Backward, vjp
+from spec.ir.vjp import PARAM_RULES, VJP_RULES, Backward, vjp
 
 __all__ = [
     "VJP_TEMPLATES",
@@ -61,6 +65,8 @@ __all__ = [
 VJP_TEMPLATES: tuple[str, ...] = tuple(t for t in TEMPLATES if t != "conv_pool")  # pool_node draws pools over inputs
 _BUDGET = {"quick": 12, "full": 1400}
 _MIN_CHECKED = {"quick": 5, "full": 1000}  # fewer graphs checked (too many skipped) is an error, not a pass
+_PARAM_BUDGET = {"quick": 6, "full": 400}  # params: every payload tensor's elements too (slower per graph)
+_PARAM_MIN = {"quick": 3, "full": 250}
 _SPEC_BUDGET = {"quick": 8, "full": 200}
 MARGIN = 0.05  # distance from a kink or domain edge below which a point is not checked
 HUGE = 1e4
@@ -176,11 +182,39 @@ def _phi(case: GraphCase, dy: np.ndarray, xs: list[np.ndarray]) -> tuple[float, 
         return float(np.sum(dy.astype(np.float64) * y)), float(np.sum(np.abs(dy) * np.abs(y))), vals
 
 
-def vjp_check(case: GraphCase, dy: np.ndarray, back: Backward | None = None) -> tuple[str, str | None, int]:
-    """('checked'|'skipped', why it failed or was skipped (None: passed), elements checked) for one case."""
+class _Params:
+    """A payload view with one tensor element moved off the binary32 grid (float64), for central differences."""
+
+    def __init__(self, payload: Payload, nid: int, name: str, k: int, delta: float) -> None:
+        self.payload, self.nid, self.name, self.k, self.delta = payload, nid, name, k, delta
+
+    def get(self, nid: int) -> Any:
+        entry = self.payload.get(nid)
+        if nid != self.nid or entry is None:
+            return entry
+        moved = np.array(entry[self.name], np.float64)
+        moved.reshape(-1)[self.k] += self.delta
+        return {**entry, self.name: moved}
+
+
+def _phi_at(case: GraphCase, dy: np.ndarray, where: tuple, k: int, delta: float) -> tuple[float, float, list]:
+    """phi with element k of an input (("input", index)) or of a payload tensor (("param", nid, name)) moved."""
+    xs = [np.asarray(a, np.float64).copy() for a in case.inputs]
+    if where[0] == "input":
+        xs[where[1]].reshape(-1)[k] += delta
+        return _phi(case, dy, xs)
+    moved = GraphCase(case.graph, _Params(case.payload, where[1], where[2], k, delta), case.inputs)  # type: ignore[arg-type]
+    return _phi(moved, dy, xs)
+
+
+def vjp_check(
+    case: GraphCase, dy: np.ndarray, back: Backward | None = None, params: bool = False
+) -> tuple[str, str | None, int]:
+    """('checked'|'skipped', why it failed or was skipped (None: passed), elements checked) for one case; with
+    ``params`` the payload tensors' cotangents too."""
     g = case.graph
     if back is None:
-        got = vjp(g, case.payload)
+        got = vjp(g, case.payload, params=params)
         if not isinstance(got, Backward):
             return "checked", f"vjp refused: {got}", 0
         back = got
@@ -195,25 +229,31 @@ def vjp_check(case: GraphCase, dy: np.ndarray, back: Backward | None = None) -> 
         return "checked", f"the backward graph does not denote: {den}", 0
     bvals, berrs = real_all(back.graph, back.payload, ins, inexact=back.rounded)
     cerrs = real_all(back.graph, back.payload, ins, u=0.0, inexact=back.rounded)[1] if back.rounded else None
-    if not all(np.all(np.isfinite(bvals[i])) for i in back.grads):
+    lens = {n.parents[3] for n in g.nodes if n.kind == "attention" and len(n.parents) == 4}
+    targets: list[tuple[tuple, int, np.ndarray]] = [
+        (("input", g.input_ids().index(w)), gid, x0[g.input_ids().index(w)])
+        for w, gid in zip(back.wrt, back.grads, strict=True)
+    ]
+    targets += [
+        (("param", nid, name), gid, np.asarray(case.payload.tensor(nid, name), np.float64))
+        for (nid, name), gid in back.param_grads
+        if nid not in lens  # kv_lens are integers: no derivative
+    ]
+    if not all(np.all(np.isfinite(bvals[gid])) for _, gid, _ in targets):
         return "skipped", "a backward value is non-finite", 0
     sig0 = _signature(g, vals0)
     n_ok = 0
-    for w, gid in zip(back.wrt, back.grads, strict=True):
-        k_in = g.input_ids().index(w)
+    for where_, gid, base in targets:
         g32 = np.asarray(den.value[gid], np.float64).reshape(-1)
         g64, err = bvals[gid].reshape(-1), berrs[gid].reshape(-1)
         cerr = np.zeros_like(err) if cerrs is None else cerrs[gid].reshape(-1)
         for k in range(g32.size):
-            base = x0[k_in].reshape(-1)
-            h = 2.0**-12 * max(1.0, abs(float(base[k])))
+            h = 2.0**-12 * max(1.0, abs(float(base.reshape(-1)[k])))
             ds, stable, scale = [], True, 0.0
             for step in (h, h / 2):
                 pair = []
                 for sgn in (1.0, -1.0):
-                    xs = [a.copy() for a in x0]
-                    xs[k_in].reshape(-1)[k] += sgn * step
-                    p, mag, vals = _phi(case, dy, xs)
+                    p, mag, vals = _phi_at(case, dy, where_, k, sgn * step)
                     scale = max(scale, mag)
                     stable &= all(np.array_equal(a, b) for a, b in zip(_signature(g, vals), sig0, strict=True))
                     pair.append(p)
@@ -223,11 +263,12 @@ def vjp_check(case: GraphCase, dy: np.ndarray, back: Backward | None = None) -> 
             r = (4 * ds[1] - ds[0]) / 3
             trunc = abs(ds[0] - ds[1]) + 8 * 2.0**-53 * (scale + abs(phi0)) / (h / 2)
             tol64 = trunc + 2 * err[k] * F64_PER_F32 + 2 * cerr[k]
-            where = f"input node {w} element {k}: "
+            what = f"input {where_[1]}" if where_[0] == "input" else f"payload[{where_[1]}].{where_[2]}"
+            at = f"{what} element {k}: "
             if not abs(g64[k] - r) <= tol64:
                 return (
                     "checked",
-                    f"{where}the backward graph's real value {g64[k]!r} differs from the central difference {r!r} "
+                    f"{at}the backward graph's real value {g64[k]!r} differs from the central difference {r!r} "
                     f"by {abs(g64[k] - r):.3g} > {tol64:.3g}",
                     n_ok,
                 )
@@ -235,7 +276,7 @@ def vjp_check(case: GraphCase, dy: np.ndarray, back: Backward | None = None) -> 
             if not abs(g32[k] - r) <= tol32:
                 return (
                     "checked",
-                    f"{where}the backward graph's binary32 denotation {g32[k]!r} differs from the central difference "
+                    f"{at}the backward graph's binary32 denotation {g32[k]!r} differs from the central difference "
                     f"{r!r} by {abs(g32[k] - r):.3g} > {tol32:.3g} (2 err = {2 * err[k]:.3g})",
                     n_ok,
                 )
@@ -252,14 +293,21 @@ def planted_rules(variant: str) -> dict[str, Any]:
     return {**VJP_RULES, "sub": _sub_sign} if variant == "sub-sign" else dict(VJP_RULES)
 
 
-PLANTS: tuple[str, ...] = ("sub-sign", "fanout-first")
+def _linear_weight_sign(e: Any, n: Any, a: dict, entry: Any, xs: tuple, y: int, dy: int) -> dict:
+    got = PARAM_RULES["linear"](e, n, a, entry, xs, y, dy)
+    return {**got, "weight": e.neg(got["weight"])}  # planted: dW = -dy^T x
 
 
-def _backward(case: GraphCase, variant: str) -> Backward | Any:
+PLANTS: tuple[str, ...] = ("sub-sign", "fanout-first", "linear-weight-sign")
+
+
+def _backward(case: GraphCase, variant: str, params: bool = False) -> Backward | Any:
     return vjp(
         case.graph,
         case.payload,
+        params=params,
         rules=planted_rules(variant),
+        param_rules={**PARAM_RULES, "linear": _linear_weight_sign} if variant == "linear-weight-sign" else None,
         accumulate="first" if variant == "fanout-first" else "all",
     )
 
@@ -287,7 +335,7 @@ def vjp_fd(ctx: FalsifyContext) -> Outcome:
 
     def why(pair: tuple[GraphCase, int]) -> str | None:
         case, dy = regularise(*pair)
-        got = _backward(case, variant)
+        got = _backward(case, variant, params)
         if not isinstance(got, Backward):
             return f"vjp refused: {got}"
         status, reason, n_ok = vjp_check(case, dy, got)
@@ -297,7 +345,7 @@ def vjp_fd(ctx: FalsifyContext) -> Outcome:
     def bad(pair: tuple[GraphCase, int]) -> bool:
         counts["drawn"] += 1
         case, dy = regularise(*pair)
-        got = _backward(case, variant)
+        got = _backward(case, variant, params)
         if not isinstance(got, Backward):
             counts["checked"] += 1
             return True
@@ -306,7 +354,8 @@ def vjp_fd(ctx: FalsifyContext) -> Outcome:
         counts["elements"] += n_ok
         return status == "checked" and reason is not None
 
-    n = int(ctx.params.get("max_examples", _BUDGET[ctx.profile]))
+    params = bool(ctx.params.get("params", False))
+    n = int(ctx.params.get("max_examples", (_PARAM_BUDGET if params else _BUDGET)[ctx.profile]))
     templates = tuple(ctx.params.get("templates", VJP_TEMPLATES))
     if not set(templates) <= set(VJP_TEMPLATES):
         return error(f"params.templates must be among {list(VJP_TEMPLATES)}")
@@ -319,12 +368,13 @@ def vjp_fd(ctx: FalsifyContext) -> Outcome:
         "seed": ctx.seed,
         "profile": ctx.profile,
         "variant": variant,
+        "params": params,
         "graphs_checked": counts["checked"],
         "graphs_skipped": counts["skipped"],
         "elements_checked": counts["elements"],
         "seconds": round(time.perf_counter() - t0, 3),
     }
-    least = int(ctx.params.get("min_checked", _MIN_CHECKED[ctx.profile]))
+    least = int(ctx.params.get("min_checked", (_PARAM_MIN if params else _MIN_CHECKED)[ctx.profile]))
     if pair is None and counts["checked"] < least:
         return error(f"only {counts['checked']} graphs checked ({counts['skipped']} skipped), fewer than {least}", **ev)
     if pair is None:

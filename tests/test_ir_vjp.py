@@ -152,7 +152,10 @@ def test_contract_items_pass_quick() -> None:
 
 @pytest.mark.parametrize("variant", vt.PLANTS)
 def test_planted_vjp_bugs_are_caught(variant: str) -> None:
-    o = _run("ir.vjp_fd", variant=variant, templates=["add", "sub", "mul_elem", "tanh"], max_examples=60)
+    extra = {"params": True, "templates": ["linear"], "max_examples": 20} if variant == "linear-weight-sign" else {}
+    o = _run(
+        "ir.vjp_fd", variant=variant, **{"templates": ["add", "sub", "mul_elem", "tanh"], "max_examples": 60, **extra}
+    )
     assert o.status.value == "violated", o.reason
     assert "central difference" in o.reason
 
@@ -192,3 +195,34 @@ def test_attention_vjp_against_central_differences() -> None:
     case = _attention_graph(False)
     dy = np.random.default_rng(4).uniform(-1, 1, (2, 4, 3, 2)).astype(np.float32)
     assert vt.vjp_check(case, dy)[1:] == (None, 48 + 24)  # every element of q and k
+
+
+def test_parameter_cotangents_against_central_differences() -> None:
+    case = _mlp()
+    dy = np.array([0.7, -1.2], np.float32)
+    back = vjp(case.graph, case.payload, params=True)
+    assert [k for k, _ in back.param_grads] == [(1, "bias"), (1, "weight"), (3, "bias"), (3, "weight")]
+    assert vt.vjp_check(case, dy, back) == ("checked", None, 6 + 4 + 12 + 4 + 4)
+    rng = np.random.default_rng(5)
+    b = GraphBuilder()
+    x = b.add("input", (), (2, 2, 4, 3))
+    params = {"weight": rng.uniform(-1, 1, (3, 2, 2, 2)), "bias": rng.uniform(-1, 1, 3)}
+    c = b.add("conv2d", (x,), (2, 3, 3, 1), params=params, out_channels=3, kernel=(2, 2), stride=(2, 2), padding=(1, 0))
+    b.add("rmsnorm", (c,), (2, 3, 3, 1), params={"weight": rng.uniform(0.5, 1.5, 1)})
+    g, p = b.build()
+    conv = GraphCase(g, p, (rng.uniform(-1, 1, (2, 2, 4, 3)).astype(np.float32),))
+    dy = rng.uniform(-1, 1, (2, 3, 3, 1)).astype(np.float32)
+    assert vt.vjp_check(conv, dy, params=True) == ("checked", None, 48 + 24 + 3 + 1)
+
+
+def test_embedding_table_cotangent_is_a_scatter_add() -> None:
+    b = GraphBuilder()
+    ids = b.add("input", (), (4,))
+    b.add("embedding", (ids,), (4, 2), params={"table": np.arange(6, dtype=np.float32).reshape(3, 2)}, dim=2)
+    g, p = b.build()
+    back = vjp(g, p, params=True)
+    dy = np.array([[1, 2], [3, 4], [5, 6], [7, 8]], np.float32)
+    table = denote_all(back.graph, back.payload, back.inputs([np.array([2, 0, 2, 1], np.float32)], [dy])).value
+    got = dict(back.param_grads)
+    assert np.array_equal(table[got[(1, "table")]], [[3, 4], [7, 8], [6, 8]])
+    assert np.array_equal(table[back.grads[0]], np.zeros(4))  # indices: no cotangent

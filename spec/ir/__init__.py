@@ -24,7 +24,8 @@ API summary (stable; names are added, never renamed):
 * :mod:`spec.ir.rewrites` -- ``eliminate_dead_nodes``, ``fold_reshapes``, ``fold_constants``.
 * :mod:`spec.ir.vjp` -- reverse mode: ``vjp(graph, payload, outputs=, wrt=) -> Backward | IRError`` (the backward
   graph: forward nodes at their ids, the outputs' cotangents as further inputs, ``grads`` the wrt inputs'
-  cotangents), ``VJP_RULES`` (one rule per op, ``register_vjp``) and ``REFUSED`` (op -> why it has none).
+  cotangents; ``params=True``: ``param_grads`` of the payload tensors), ``VJP_RULES`` (one rule per op,
+  ``register_vjp``), ``PARAM_RULES`` (one per payload-reading op) and ``REFUSED`` (op -> why it has none).
 * :mod:`spec.ir.real` -- ``real_all(graph, payload, inputs)``: every node's float64 meaning and a first-order
   running bound on its binary32 denotation's error (what reverse mode is checked against).
 """

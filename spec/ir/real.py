@@ -65,13 +65,28 @@ def _gamma(n: int, u: float) -> float:
 # -- leaves and data movement (exact copies: errors move with the values) --------------------------------
 
 
-@_reg("const", "randUniform", "bernoulliMask", "embedding")
+@_reg("randUniform", "bernoulliMask")
 def _exact_leaf(node: Node, a: dict, args: list[Pair], entry: Any, u: float) -> Pair:
-    # the denotation's own value: exact binary32 data (an embedding row copy is too, indices being exact)
-    ins = [np.asarray(x, np.float32).view(np.uint32) for x, _ in args]
-    u = EVALUATORS[node.kind](node, a, ins, entry)
-    v = floats(np.asarray(u, np.uint32)).astype(np.float64)
+    # the denotation's own value: exact binary32 data
+    v = floats(np.asarray(EVALUATORS[node.kind](node, a, [], entry), np.uint32)).astype(np.float64)
     return v, np.zeros_like(v)
+
+
+@_reg("const")
+def _const(node: Node, a: dict, args: list[Pair], entry: Any, u: float) -> Pair:
+    # float64, not through the binary32 denotation: central differences move a constant off the binary32 grid
+    v = np.asarray(entry["value"], np.float64).reshape(node.out_shape)
+    return v, np.zeros_like(v)
+
+
+@_reg("embedding")
+def _embedding(node: Node, a: dict, args: list[Pair], entry: Any, u: float) -> Pair:
+    table = np.asarray(entry["table"], np.float64)
+    idx = np.asarray(args[0][0], np.float64)
+    if not np.all((idx == np.floor(idx)) & (idx >= 0) & (idx < table.shape[0])):
+        raise RealError(f"node {node.id}: embedding indices are not integers in [0, {table.shape[0]})")
+    v = table[idx.astype(np.int64)]
+    return v, np.zeros_like(v)  # a row copy
 
 
 def _move(fn: Callable[[np.ndarray], np.ndarray]) -> RealFn:
@@ -379,7 +394,7 @@ def real_all(
                 errs.append(np.zeros_like(v))
                 continue
             if node.id in inexact:
-                v = _exact_leaf(node, {}, [], payload.get(node.id), u)[0]
+                v = _const(node, {}, [], payload.get(node.id), u)[0]
                 vals.append(v)
                 errs.append(_round(v, U))
                 continue

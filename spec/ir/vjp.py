@@ -53,6 +53,9 @@ __all__ = [
     "VJP_RULES",
     "REFUSED",
     "register_vjp",
+    "PARAM_RULES",
+    "ParamRule",
+    "register_param_vjp",
     "refuse_vjp",
     "vjp",
 ]
@@ -648,6 +651,116 @@ def _attention(e: Emitter, n: Node, a: dict, entry: Any, xs: tuple[int, ...], y:
     return (dq, dk, dv) + ((None,) if len(xs) == 4 else ())
 
 
+# -- parameter cotangents (vjp(..., params=True)) ---------------------------------------------------------
+
+ParamRule = Callable[
+    [Emitter, Node, dict[str, Any], Mapping[str, np.ndarray] | None, tuple[int, ...], int, int], dict[str, int]
+]
+PARAM_RULES: dict[str, ParamRule] = {}
+
+
+def register_param_vjp(*names: str) -> Callable[[ParamRule], ParamRule]:
+    """Decorator: the rule giving the cotangents of the payload tensors of the ops ``names``."""
+
+    def deco(fn: ParamRule) -> ParamRule:
+        for name in names:
+            if name in PARAM_RULES:
+                raise ValueError(f"parameter VJP rule for {name!r} registered twice")
+            PARAM_RULES[name] = fn
+        return fn
+
+    return deco
+
+
+def _rows(e: Emitter, t: int) -> int:
+    """t (..., n) as (M, n), M the product of its leading dims."""
+    s = e.shape(t)
+    return e.op("reshape", t, shape=(math.prod(s[:-1]), s[-1]) if s else (1, 1))
+
+
+@register_param_vjp("const")
+def _p_const(e: Emitter, n: Node, a: dict, entry: Any, xs: tuple[int, ...], y: int, dy: int) -> dict[str, int]:
+    return {"value": dy}
+
+
+@register_param_vjp("linear")
+def _p_linear(e: Emitter, n: Node, a: dict, entry: Any, xs: tuple[int, ...], y: int, dy: int) -> dict[str, int]:
+    # y = x W^T + b over rows: dW = dy^T x, db = the column sums of dy
+    g, x = _rows(e, dy), _rows(e, xs[0])
+    return {"weight": e.op("matmul", _t(e, g), x), "bias": e.op("reduceSum", g, axis=0, keepdim=False)}
+
+
+def _xhat(e: Emitter, x: int, eps: float, centred: bool) -> int:
+    shape = e.shape(x)
+    d = e.sub(x, e.row_mean(x)) if centred else x
+    r = e.op("inv", e.op("sqrt", e.add(e.row_mean(e.mul(d, d)), e.full(shape, eps))))
+    return e.mul(d, r)
+
+
+@register_param_vjp("layernorm", "rmsnorm")
+def _p_norm(e: Emitter, n: Node, a: dict, entry: Any, xs: tuple[int, ...], y: int, dy: int) -> dict[str, int]:
+    # y = xh w (+ b): dw = the column sums of dy xh, db = those of dy
+    xh = _xhat(e, xs[0], a["eps"], n.kind == "layernorm")
+    out = {"weight": e.op("reduceSum", _rows(e, e.mul(dy, xh)), axis=0, keepdim=False)}
+    if n.kind == "layernorm":
+        out["bias"] = e.op("reduceSum", _rows(e, dy), axis=0, keepdim=False)
+    return out
+
+
+@register_param_vjp("conv2d")
+def _p_conv2d(e: Emitter, n: Node, a: dict, entry: Any, xs: tuple[int, ...], y: int, dy: int) -> dict[str, int]:
+    # dW[:, :, ta, tb] = sum over batch and outputs of dy[co] x_tap[ci] (x_tap: the tap's strided view of the
+    # zero-padded x), a matmul per tap; db = the sums of dy over everything but its channel
+    k, st, p, d = (_pair(a[name]) for name in ("kernel", "stride", "padding", "dilation"))
+    x = xs[0]
+    src, outs = e.shape(x), e.shape(dy)[-2:]
+    rank = len(src)
+    padded = x
+    for i in range(2):
+        if p[i]:
+            ax = rank - 2 + i
+            sh = e.shape(padded)
+            edge = e.full(sh[:ax] + (p[i],) + sh[ax + 1 :], 0.0)
+            padded = e.op("concat", edge, padded, edge, axis=ax)
+
+    def channels_first(t: int) -> int:  # (..., C, H, W) -> (C, M)
+        s = e.shape(t)
+        if len(s) == 4:
+            t = e.op("permute", t, perm=(1, 0, 2, 3))
+            s = e.shape(t)
+        return e.op("reshape", t, shape=(s[0], math.prod(s[1:])))
+
+    g = channels_first(dy)  # (Cout, M)
+    taps = []
+    for ta in range(k[0]):
+        for tb in range(k[1]):
+            tap = padded
+            for i, t in enumerate((ta * d[0], tb * d[1])):
+                stop = t + (outs[i] - 1) * st[i] + 1
+                tap = e.op("slice", tap, axis=rank - 2 + i, start=t, stop=stop, step=st[i])
+            w_tap = e.op("matmul", g, _t(e, channels_first(tap)))  # (Cout, Cin)
+            taps.append(e.op("reshape", w_tap, shape=e.shape(w_tap) + (1,)))
+    cout, cin = e.shape(g)[0], src[-3]
+    dw = e.op("concat", *taps, axis=2) if len(taps) > 1 else taps[0]
+    return {
+        "weight": e.op("reshape", dw, shape=(cout, cin) + k),
+        "bias": e.op("reduceSum", g, axis=1, keepdim=False),
+    }
+
+
+@register_param_vjp("embedding")
+def _p_embedding(e: Emitter, n: Node, a: dict, entry: Any, xs: tuple[int, ...], y: int, dy: int) -> dict[str, int]:
+    # dT = onehot(idx)^T dy over rows (a scatter-add as a matmul): onehot[m, v] = 1 iff idx[m] == v, i.e. iff
+    # relu(idx - v) + relu(v - idx) == 0 (exact for the integer indices the op requires)
+    vocab = int(np.shape(entry["table"])[0])
+    idx = e.op("reshape", xs[0], shape=(math.prod(e.shape(xs[0])), 1))
+    m = e.shape(idx)[0]
+    diff = e.sub(e.broadcast(idx, (m, vocab)), e.const(np.broadcast_to(np.arange(vocab, dtype=np.float32), (m, vocab))))
+    ne = e.add(e.op("relu", diff), e.op("relu", e.neg(diff)))
+    onehot = e.op("where", ne, e.full((m, vocab), 0.0), e.full((m, vocab), 1.0))
+    return {"table": e.op("matmul", _t(e, onehot), _rows(e, dy))}
+
+
 # -- reverse mode ---------------------------------------------------------------------------------------
 
 
@@ -662,6 +775,7 @@ class Backward:
     wrt: tuple[int, ...]  # forward input ids whose cotangents are computed
     grads: tuple[int, ...]  # backward node holding each wrt input's cotangent (same order)
     rounded: tuple[int, ...] = ()  # consts of the rules holding a real constant rounded to binary32
+    param_grads: tuple[tuple[tuple[int, str], int], ...] = ()  # ((node id, tensor name), backward node), params=True
 
     def inputs(self, forward_inputs: Sequence[Any], cotangents: Sequence[Any]) -> tuple[np.ndarray, ...]:
         """The backward graph's inputs, in its id order: the forward inputs, then the cotangents."""
@@ -685,14 +799,18 @@ def vjp(
     outputs: Sequence[int] | None = None,
     wrt: Sequence[int] | None = None,
     *,
+    params: bool = False,
     rules: Mapping[str, VjpRule] | None = None,
+    param_rules: Mapping[str, ParamRule] | None = None,
     accumulate: str = "all",
 ) -> Backward | IRError:
     """The backward graph of ``graph`` (outputs: default the last node; wrt: default every input), or the first
     error: an ill-formed graph, a bad output/wrt id, or a node on the way whose op has no VJP rule (``no-vjp``).
 
-    ``rules`` replaces the rule table and ``accumulate="first"`` keeps only the first contribution of a fan-out:
-    both only plant bugs for the tests that must catch them."""
+    ``params=True`` also gives the cotangent of every payload tensor an output depends on (``Backward.param_grads``:
+    (node id, tensor name) -> backward node, by :data:`PARAM_RULES`). ``rules``/``param_rules`` replace the rule
+    tables and ``accumulate="first"`` keeps only the first contribution of a fan-out: these only plant bugs for the
+    tests that must catch them."""
     errs = check_well_formed(graph) or check_inferred_shapes(graph)
     if errs:
         return errs[0]
@@ -707,7 +825,9 @@ def vjp(
     for w in ins:
         if not (0 <= w < n and graph.nodes[w].kind == "input"):
             return IRError("wrt", None, None, f"wrt id {w} is not an input node (inputs: {list(graph.input_ids())})")
-    live = _reach(graph, ins, down=True) & _reach(graph, outs, down=False)
+    # parameter holders: the nodes with a payload entry (every op of the graph is registered: checked above)
+    holders = tuple(nd.id for nd in graph.nodes if params and get_op(nd.kind).payload)  # type: ignore[union-attr]
+    live = _reach(graph, ins + holders, down=True) & _reach(graph, outs, down=False)
 
     b = GraphBuilder()
     shapes: list[Shape] = []
@@ -722,6 +842,7 @@ def vjp(
     for j, (o, c) in enumerate(zip(outs, cts, strict=True)):
         contrib.setdefault(o, []).append(((-1, j), c))
     total: dict[int, int] = {}
+    pgrads: dict[tuple[int, str], int] = {}
     for node in reversed(graph.nodes):
         i = node.id
         if i not in live or i not in contrib:
@@ -735,13 +856,21 @@ def vjp(
         total[i] = acc
         if node.kind == "input":
             continue
+        op = get_op(node.kind)
+        assert op is not None  # checked well formed
+        entry = payload.get(i) if op.payload else None
+        if i in holders:
+            prule = (PARAM_RULES if param_rules is None else param_rules).get(node.kind)
+            if prule is None:  # every payload kind has one; a new one must add it
+                return IRError("no-vjp", i, node.kind, "no parameter VJP rule is registered for this op")
+            for name, c in prule(e, node, node_attrs(node, op), entry, node.parents, i, acc).items():
+                pgrads[(i, name)] = c
+        if not any(p in live for p in node.parents):
+            continue  # only its parameters needed its cotangent
         rule = rules.get(node.kind)
         if rule is None:
             why = REFUSED.get(node.kind, "no VJP rule is registered for this op")
             return IRError("no-vjp", i, node.kind, f"no reverse mode through this node: {why}")
-        op = get_op(node.kind)
-        assert op is not None  # checked well formed
-        entry = payload.get(i) if op.payload else None
         try:
             got = rule(e, node, node_attrs(node, op), entry, node.parents, i, acc)
         except Refused as why:
@@ -750,5 +879,9 @@ def vjp(
             if c is not None and p in live:
                 contrib.setdefault(p, []).append(((i, pos), c))
     grads = tuple(total[w] if w in total else e.full(graph.nodes[w].out_shape, 0.0) for w in ins)
+    for h in holders:  # a parameter no output depends on: zero cotangents
+        for name, arr in payload.get(h).items():  # type: ignore[union-attr]
+            if (h, name) not in pgrads:
+                pgrads[(h, name)] = e.full(np.shape(arr), 0.0)
     bg, bp = b.build()
-    return Backward(bg, bp, outs, cts, ins, grads, tuple(e.rounded))
+    return Backward(bg, bp, outs, cts, ins, grads, tuple(e.rounded), tuple(sorted(pgrads.items())))

@@ -336,8 +336,9 @@ def _run_check(args: argparse.Namespace) -> int:
     from obligations.cluster import ClusterError
     from obligations.console import Reporter
     from obligations.contract import load_contracts
+    from obligations.core.cancel import StopRequested
     from obligations.core.device import device_info
-    from obligations.isolation import default_jobs
+    from obligations.isolation import default_jobs, raising_on_stop
     from obligations.runlog import LogError, RunLog
 
     _split_only(args)
@@ -363,10 +364,14 @@ def _run_check(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     seed = args.seed if args.seed is not None else 0
     _proof_environment(args)
-    device = _resolve_device(args.device)
-    if device is None:
-        return EXIT_INVALID
-    loaded = load_contracts(args.paths, search_path=args.search_path)  # each file parsed and validated once
+    try:
+        with raising_on_stop():  # a stop while the device is probed and contracts load (imports) ends here, at once
+            device = _resolve_device(args.device)
+            if device is None:
+                return EXIT_INVALID
+            loaded = load_contracts(args.paths, search_path=args.search_path)  # each file parsed and validated once
+    except StopRequested as e:
+        return _stopped_before_items(args, e.reason, seed)
     if loaded.diagnostics:
         _print_diagnostics(loaded.diagnostics)
         return EXIT_INVALID
@@ -459,6 +464,20 @@ def _proof_environment(args: argparse.Namespace) -> None:
         os.environ[STABILITY_ENV] = str(max(0, args.z3_stability))
     if args.no_proof_cache:
         os.environ[CACHE_ENV] = "0"
+
+
+def _stopped_before_items(args: argparse.Namespace, reason: str, seed: int) -> int:
+    """Write the result of a run stopped before its first item (no contract checked) and return its exit code."""
+    from obligations.check import check_paths
+
+    device = args.device if args.device in ("host", "cuda") else "host"
+    result = check_paths([], device=device, seed=seed, argv=["kc", *sys.argv[1:]])  # the stop is still requested
+    result["signal"] = result.get("signal") or reason
+    _write_outputs(args, result)
+    how = "stopped by SIGTERM" if reason == "SIGTERM" else "interrupted"
+    where = f"; the result is in {args.json}" if args.json else ""
+    print(f"kc: {how} before the first item{where}", file=sys.stderr)
+    return result["exit_code"]
 
 
 def _print_summary(result: dict[str, Any], out: Any, tail: str = "") -> None:

@@ -199,7 +199,7 @@ def raising_on_stop() -> Iterator[None]:
     _armed = True
     try:
         reason = cancel.stop_requested()
-        if reason is not None and not _raised:
+        if reason is not None:
             _raised = True
             raise cancel.StopRequested(reason)
         yield

@@ -38,6 +38,7 @@ from obligations.isolation import (
     STOP_SIGNALS,
     Executor,
     Prefetcher,
+    RunsAhead,
     item_key,
     item_timeout,
     known_witnesses,
@@ -218,7 +219,7 @@ def check_contract(
     options: RunOptions | None = None,
     executor: Executor | None = None,
     failures: list[int] | None = None,
-    prefetcher: Prefetcher | ClusterRunner | None = None,
+    prefetcher: RunsAhead | None = None,
     ran: Callable[[tuple[str, str, str], str, float, float], None] | None = None,
 ) -> dict[str, Any]:
     """Check one contract and return its entry of the JSON result (items a ``prefetcher`` ran are taken from it;
@@ -620,7 +621,7 @@ def _log_landed(
 def _log_finished_ahead(
     todo: list[Contract],
     contracts: list[dict[str, Any]],
-    prefetcher: Prefetcher | ClusterRunner,
+    prefetcher: RunsAhead,
     log: Callable[[Contract, dict[str, Any]], None],
     device: str,
     seed: int,
@@ -670,7 +671,7 @@ def _witness_source(
 
 
 def _submitter(
-    runner: Prefetcher | ClusterRunner,
+    runner: RunsAhead,
     todo: list[Contract],
     only: list[str] | None,
     profile: str,

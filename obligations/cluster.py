@@ -164,7 +164,7 @@ def _worker_specs(spec: ClusterSpec, device: str) -> dict[str, dict[str, Any]]:
     return {f"cpu{k}": {"cls": Nanny, "options": {**base, "name": f"cpu{k}"}} for k in range(n)}
 
 
-def open_cluster(spec: ClusterSpec, device: str, timeout: float = 60.0) -> tuple[Any, Any]:
+def open_cluster(spec: ClusterSpec, device: str, timeout: float = 30.0) -> tuple[Any, Any]:
     """(Dask client, the local cluster it started or None) for ``spec``; ClusterError when that cannot be."""
     why = dask_missing()
     if why:

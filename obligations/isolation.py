@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from obligations.core import cancel
 
@@ -49,6 +49,7 @@ __all__ = [
     "QUIET_METHODS",
     "item_key",
     "Prefetcher",
+    "RunsAhead",
     "default_jobs",
     "all_cores",
     "pin_process",
@@ -503,6 +504,33 @@ def default_jobs() -> int:
 # The thread-pool sizes of NumPy's BLAS and OpenMP code: N workers each starting one thread per CPU would run
 # N x CPUs threads on CPUs threads' worth of cores (the float64 references of GEMM, attention and conv use BLAS).
 THREAD_POOL_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
+
+
+class RunsAhead(Protocol):
+    """What runs a check's items away from the in-order run, which takes their records in the contracts' order:
+    :class:`Prefetcher` (``-j``: kc worker processes on this host) and ``obligations.cluster.ClusterRunner``
+    (``--cluster``: a Dask cluster). Each runs an item through an :class:`Executor` (in process or a kc worker
+    process), so limits and isolation are the same; the in-order run with no runner is the third way."""
+
+    finished: dict[Key, tuple[dict[str, Any], float]]  # items run to their end: (record fields, seconds)
+
+    def submit(self, contract: Any, item: dict[str, Any], limit: float | None, after: Key | None = None) -> None:
+        """Queue ``item``; ``after``: the regimes item whose record (witnesses) it waits for."""
+
+    def publish(self, key: Key, fields: dict[str, Any]) -> None:
+        """A record is in (run here, or resumed): the items waiting for its witnesses may go."""
+
+    def done(self, key: Key, fields: dict[str, Any], seconds: float) -> None:
+        """Hand over a record the run made itself."""
+
+    def take(self, contract: Any, item: dict[str, Any]) -> tuple[dict[str, Any], float] | None:
+        """The (fields, seconds) of a submitted item, waiting for it; None: the run does the item itself."""
+
+    def pin(self, cores: frozenset[int] | None) -> None:
+        """Keep the runner's processes on ``cores`` (None: every CPU)."""
+
+    def close(self) -> None:
+        """Drop what has not started and stop every process the runner started."""
 
 
 class Prefetcher:

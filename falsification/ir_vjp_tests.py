@@ -555,12 +555,12 @@ EXEC_SLACK = 16.0  # the executors' kernels: within 6 ulp per op (sigmoid, float
 
 def exec_check(case: GraphCase, dy: np.ndarray, device: str) -> str | None:
     """None if native.ir (per node, by its AGREEMENT rules, and whole) and the fusion backend run the backward graph
-    of ``case`` on ``device`` as its denotation says, else why not."""
+    of ``case`` (with its parameters' cotangents) on ``device`` as its denotation says, else why not."""
     from native import fusion as nf  # here: falsification may import native, spec.ir.vjp may not
     from native import ir as nir
     from obligations.core.device import to_host
 
-    back = vjp(case.graph, case.payload)
+    back = vjp(case.graph, case.payload, params=True)
     if not isinstance(back, Backward):
         return f"vjp refused: {back}"
     ins = back.inputs(case.inputs, [dy])
@@ -568,6 +568,7 @@ def exec_check(case: GraphCase, dy: np.ndarray, device: str) -> str | None:
     if not hasattr(den, "value"):
         return f"the backward graph does not denote: {den}"
     table = den.value
+    results = tuple(dict.fromkeys(back.grads + tuple(gid for _, gid in back.param_grads)))
     for node in back.graph.nodes:
         if node.kind == "input":
             continue
@@ -579,8 +580,8 @@ def exec_check(case: GraphCase, dy: np.ndarray, device: str) -> str | None:
             return f"native.ir node {node.id} ({node.kind}) disagrees with the denotation on the backward graph"
     vals, errs = real_all(back.graph, back.payload, ins, inexact=back.rounded)
     whole = nir.run_graph(back.graph, back.payload, ins, device)
-    fused = nf.run_program(back.graph, back.payload, list(ins), device, outputs=back.grads)
-    for gid in back.grads:
+    fused = nf.run_program(back.graph, back.payload, list(ins), device, outputs=results)
+    for gid in results:
         bound = EXEC_SLACK * errs[gid] + 2 * errs[gid]
         for name, got in (("native.ir", whole.host(gid)), ("fusion", fused[gid])):
             gap = np.abs(np.asarray(got, np.float64) - vals[gid])

@@ -17,18 +17,19 @@ parents' ids, ``y`` the node's own id (its recomputed value), ``dy`` the id of i
 ``e`` an :class:`Emitter` that appends IR nodes with the shape their op's rule infers. ``None`` means no
 cotangent flows to that operand (a piecewise-constant operand: ``where``'s condition, ``embedding``'s indices,
 ``attention``'s kv_lens). An op with no rule would be in :data:`REFUSED` with its reason (none is now), and a rule
-may refuse one case (attention whose kv_lens operand is computed, not a const); asking a backward
-through such a node is an :class:`~spec.ir.checks.IRError` of kind ``no-vjp`` at that node (nodes off every path
-from ``wrt`` to ``outputs`` are never asked). conv2d and avg pool are transposed convolutions written with IR ops
-(a zero-woven, padded dy through ``conv2d`` with the kernel flipped); attention is spec.attention.sdpa_vjp's
-formulas with matmul, softmax and a constant mask.
+may refuse one case (attention whose kv_lens operand is computed, not a const); asking a backward through such a
+node is an :class:`~spec.ir.checks.IRError` of kind ``no-vjp`` at that node (nodes off every path from ``wrt`` to
+``outputs`` are never asked). Every rule emits IR ops only: conv2d and avg pool are transposed convolutions (a
+zero-woven, padded dy through ``conv2d`` with the kernel flipped), max pool routes dy to each window's first
+maximum through strided slices and ``where``, attention is spec.attention.sdpa_vjp's formulas with matmul, softmax
+and a constant mask.
 
 Fan-out: a node read by several consumers (or twice by one) gets one contribution per read; its cotangent is the
 left fold of IR ``add`` nodes over the contributions in ascending (consumer id, operand position) order, the
 output seed (the cotangent input) first. A wrt input no output depends on gets a zero ``const``.
 
-Cotangents flow to graph inputs only: payload tensors (weights, tables) are parameters of the graph, not
-inputs, and get no cotangent here.
+Parameters: payload tensors (weights, tables, constants) get cotangents only with ``params=True``
+(:attr:`Backward.param_grads`, by :data:`PARAM_RULES`, one rule per payload-reading op).
 """
 
 from __future__ import annotations

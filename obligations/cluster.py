@@ -371,7 +371,8 @@ class ClusterRunner:
             if slot.lost:
                 fields.setdefault("evidence", {})["workers_lost"] = list(slot.lost)
             if self._ran is not None:
-                self._ran(key, answer["worker"], answer["start"] + self._clock, answer["end"] + self._clock)
+                with contextlib.suppress(Exception):  # the timeline is a view: never a reason to lose the record
+                    self._ran(key, answer["worker"], answer["start"] + self._clock, answer["end"] + self._clock)
         slot.future = None
         with self._landed:
             slot.result = (fields, seconds)
@@ -380,11 +381,14 @@ class ClusterRunner:
             if outcome:
                 self.finished[key] = slot.result
             self._landed.notify_all()
-        if outcome and self._landed_fn is not None:
-            with contextlib.suppress(OSError):  # a log that cannot be written: the in-order run says so
+        try:
+            if outcome and self._landed_fn is not None:
                 self._landed_fn(slot.contract, slot.item, fields, seconds)
-        self.publish(key, fields)  # the items waiting for its witnesses go on (without them if it has none)
-        self._pump()
+        except Exception:  # a log that cannot be written here: the in-order run writes the record and says why
+            pass
+        finally:
+            self.publish(key, fields)  # the items waiting for its witnesses go on (without them if it has none)
+            self._pump()
 
     def publish(self, key: Key, fields: dict[str, Any]) -> None:
         """A record is in (run here, landed, or resumed): send the items that wait for its witnesses."""

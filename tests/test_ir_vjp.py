@@ -226,3 +226,14 @@ def test_embedding_table_cotangent_is_a_scatter_add() -> None:
     got = dict(back.param_grads)
     assert np.array_equal(table[got[(1, "table")]], [[3, 4], [7, 8], [6, 8]])
     assert np.array_equal(table[back.grads[0]], np.zeros(4))  # indices: no cotangent
+
+
+def test_backward_graph_is_a_citizen_json_and_checks() -> None:
+    from spec.ir.checks import check_payload
+    from spec.ir.jsonform import from_json, to_json
+
+    case = _mlp()
+    back = vjp(case.graph, case.payload, params=True)
+    assert check_payload(back.graph, back.payload) == []
+    loaded = from_json(to_json(back.graph, back.payload))
+    assert loaded.errors == () and loaded.graph == back.graph and loaded.payload == back.payload

@@ -74,6 +74,10 @@ __all__ = [
     "avg_pool2d_backward",
     "Im2colPlan",
     "im2col2d_plan",
+    "Im2colRows",
+    "im2col_rows_plan",
+    "Im2colCols",
+    "im2col_cols_plan",
     "im2col",
     "conv_im2col",
     "smooth_max_pool2d",
@@ -517,16 +521,99 @@ def pool2d_plan(
 
 
 @dataclass(frozen=True)
+class Im2colRows:
+    """The rows of the im2col column matrix: row ``r = (ci * kh + a) * kw + b`` of group ``g`` holds tap (a, b)
+    of input channel ``g * cin_g + ci``; K = cin_g * kh * kw rows per group. Its own guard ``valid`` is the
+    part of :func:`conv2d_plan`'s (grouping, the window and the weight buffer) the row decode needs, so Z3
+    proves the decode over these five sizes alone (IM2COL-rows-z3) and :class:`Im2colPlan` decodes through it.
+    """
+
+    c_in: Any
+    groups: Any
+    cin_g: Any
+    kh: Any
+    kw: Any
+    taps: Any
+    k: Any
+    valid: Any
+
+    def ci(self, r: Any) -> Any:
+        """The channel (within the group) of row ``r``: r / (kh kw)."""
+        return as_type(r, "int64") // self.taps
+
+    def a(self, r: Any) -> Any:
+        """The window row of row ``r``: (r mod kh kw) / kw."""
+        return (as_type(r, "int64") % self.taps) // self.kw
+
+    def b(self, r: Any) -> Any:
+        """The window column of row ``r``: r mod kw."""
+        return as_type(r, "int64") % self.kw
+
+    def channel(self, g: Any, r: Any) -> Any:
+        """The input channel row ``r`` of group ``g`` reads: g cin_g + ci(r)."""
+        return as_type(g, "int64") * self.cin_g + self.ci(r)
+
+
+def im2col_rows_plan(c_in: Any, c_out: Any, groups: Any, kh: Any, kw: Any) -> Im2colRows:
+    """The row side of :func:`im2col2d_plan`: grouping, taps = kh kw and K = cin_g taps as conv2d_plan has them."""
+    gp = group_plan(c_in, c_out, groups)
+    taps, t_ok = _prod_checked([kh, kw])
+    k, k_ok = _prod_checked([gp.cin_g, taps])  # conv2d_plan's weight buffer (c_out >= 1 of them) bounds it already
+    k64 = as_type(kh, "int64"), as_type(kw, "int64")
+    return Im2colRows(gp.c_in, gp.groups, gp.cin_g, *k64, taps, k, all_of(gp.valid, t_ok, k_ok))
+
+
+@dataclass(frozen=True)
+class Im2colCols:
+    """The columns of the im2col column matrix: column ``q = (n * out_h + oh) * out_w + ow``, P = out_h out_w
+    per image, N P in all (each admitted up to MAX_ELEMENTS). Z3 proves the column decode for every int64
+    out_h, out_w (IM2COL-cols-z3), so for the ones the convolution's axes compute; :class:`Im2colPlan` decodes
+    through it.
+    """
+
+    batch: Any
+    out_h: Any
+    out_w: Any
+    p: Any
+    cols: Any
+    valid: Any
+
+    def n(self, q: Any) -> Any:
+        """The batch index of column ``q``: q / P."""
+        return as_type(q, "int64") // self.p
+
+    def oh(self, q: Any) -> Any:
+        """The output row of column ``q``: (q mod P) / out_w."""
+        return (as_type(q, "int64") % self.p) // self.out_w
+
+    def ow(self, q: Any) -> Any:
+        """The output column of column ``q``: q mod out_w."""
+        return as_type(q, "int64") % self.out_w
+
+
+def im2col_cols_plan(batch: Any, h_out: Any, w_out: Any) -> Im2colCols:
+    """The column side of :func:`im2col2d_plan` for output sizes h_out x w_out: P and N P, products checked."""
+    p, p_ok = _prod_checked([h_out, w_out])
+    cols, q_ok = _prod_checked([batch, p])
+    return Im2colCols(
+        as_type(batch, "int64"), as_type(h_out, "int64"), as_type(w_out, "int64"), p, cols, all_of(p_ok, q_ok)
+    )
+
+
+@dataclass(frozen=True)
 class Im2colPlan:
     """The im2col route of a 2-d convolution: the column matrix (groups, K + bias, N * P) and its index maps.
 
     Row ``r = (ci * kh + a) * kw + b`` of group ``g`` holds tap (a, b) of input channel ``g * cin_g + ci``
     (K = cin_g * kh * kw rows, then a row of ones when ``bias`` is 1); column ``q = (n * out_h + oh) * out_w
-    + ow``. The kernel writes element ``(g * kb + r) * cols + q`` and decodes r and q by division; the GEMM
+    + ow``. The kernel writes element ``(g * kb + r) * cols + q`` and decodes r and q by division
+    (:class:`Im2colRows`, :class:`Im2colCols`, whose guards are part of ``valid``); the GEMM
     ``W[g] (cout_g x kb) @ cols[g] (kb x cols)`` is the guarded :func:`native.gemm.matmul`.
     """
 
     conv: Conv2dPlan
+    rows: Im2colRows
+    colmap: Im2colCols
     bias: Any
     k: Any
     kb: Any
@@ -550,27 +637,27 @@ class Im2colPlan:
 
     def ci(self, r: Any) -> Any:
         """The channel (within the group) of row ``r``: r / (kh kw)."""
-        return as_type(r, "int64") // self.conv.taps
+        return self.rows.ci(r)
 
     def a(self, r: Any) -> Any:
         """The window row of row ``r``: (r mod kh kw) / kw."""
-        return (as_type(r, "int64") % self.conv.taps) // self.conv.axes[1].kernel
+        return self.rows.a(r)
 
     def b(self, r: Any) -> Any:
         """The window column of row ``r``: r mod kw."""
-        return as_type(r, "int64") % self.conv.axes[1].kernel
+        return self.rows.b(r)
 
     def n(self, q: Any) -> Any:
         """The batch index of column ``q``: q / P."""
-        return as_type(q, "int64") // self.p
+        return self.colmap.n(q)
 
     def oh(self, q: Any) -> Any:
         """The output row of column ``q``: (q mod P) / out_w."""
-        return (as_type(q, "int64") % self.p) // self.conv.out_w
+        return self.colmap.oh(q)
 
     def ow(self, q: Any) -> Any:
         """The output column of column ``q``: q mod out_w."""
-        return as_type(q, "int64") % self.conv.out_w
+        return self.colmap.ow(q)
 
     def row(self, q: Any, r: Any) -> Any:
         """The input row column ``q`` reads at row ``r`` (may be in the padding)."""
@@ -586,7 +673,7 @@ class Im2colPlan:
 
     def channel(self, g: Any, r: Any) -> Any:
         """The input channel row ``r`` of group ``g`` reads: g cin_g + ci(r)."""
-        return as_type(g, "int64") * self.conv.cin_g + self.ci(r)
+        return self.rows.channel(g, r)
 
     def x_offset(self, g: Any, q: Any, r: Any) -> Any:
         """Offset of the x element the kernel reads for cols[g, r, q] (the :func:`dense4_plan` offset of x)."""
@@ -612,15 +699,28 @@ def im2col2d_plan(
 ) -> Im2colPlan:
     """The im2col plan of :func:`conv2d_plan`'s convolution: K = cin_g kh kw, kb = K + bias, cols = N P."""
     c = conv2d_plan(batch, c_in, height, width, c_out, groups, kh, kw, sh, sw, ph, pw, dh, dw)
-    k = c.cin_g * c.taps
-    kb = k + as_type(bias, "int64")
-    p, p_ok = _prod_checked([c.out_h, c.out_w])
-    cols, q_ok = _prod_checked([c.batch, p])
-    layout = dense3_plan(c.groups, kb, cols)
+    rows = im2col_rows_plan(c_in, c_out, groups, kh, kw)  # the same grouping and taps as c's (same functions)
+    colmap = im2col_cols_plan(batch, c.out_h, c.out_w)
+    kb = rows.k + as_type(bias, "int64")
+    layout = dense3_plan(c.groups, kb, colmap.cols)
     elems, e_ok = layout.elems, layout.admissible
-    valid = all_of(c.valid, bias >= 0, bias <= 1, p_ok, q_ok, e_ok)
+    valid = all_of(c.valid, rows.valid, colmap.valid, bias >= 0, bias <= 1, e_ok)
     return Im2colPlan(
-        c, as_type(bias, "int64"), k, kb, cols, p, valid, elems, c.cin_g, c.taps, c.out_h, c.out_w, c.x_elems
+        c,
+        rows,
+        colmap,
+        as_type(bias, "int64"),
+        rows.k,
+        kb,
+        colmap.cols,
+        colmap.p,
+        valid,
+        elems,
+        c.cin_g,
+        c.taps,
+        c.out_h,
+        c.out_w,
+        c.x_elems,
     )
 
 

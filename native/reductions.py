@@ -693,7 +693,12 @@ def dot(x: Any, y: Any, axis: int | None = None, device: str = "auto") -> Any:
 def _spread(dy: Any, x_shape: tuple[int, ...], axis: int | None, device: str, divide: bool) -> Any:
     dev = resolve_device(device)
     xp = array_module(dev)
-    _, out_shape, (outer, length, inner) = _axis_view(np.empty(x_shape, dtype=np.uint8), axis)
+    if axis is None:
+        out_shape, (outer, length, inner) = (), (1, int(np.prod(x_shape, dtype=np.int64)), 1)
+    else:
+        ax = axis % len(x_shape)
+        outer, inner = int(np.prod(x_shape[:ax], dtype=np.int64)), int(np.prod(x_shape[ax + 1 :], dtype=np.int64))
+        out_shape, length = x_shape[:ax] + x_shape[ax + 1 :], int(x_shape[ax])
     d = xp.ascontiguousarray(xp.asarray(dy, dtype=xp.float32)).reshape(-1)
     if d.size != outer * inner or not axis_plan(outer, length, inner).admissible:
         raise ValueError(f"vjp: dy of {d.size} elements for outputs of shape {out_shape}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-__all__ = ["U32", "U64", "counted", "seconds", "bit_patterns", "SEED", "cluster_spec"]
+__all__ = ["U32", "U64", "MAX_SECONDS", "counted", "seconds", "bit_patterns", "SEED", "cluster_spec"]
 
 
 U32 = 1 << 32
@@ -33,16 +33,17 @@ def counted(lo: int = 0, hi: int | None = None, base: int = 10) -> Callable[[str
     return parse
 
 
-def seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds, at least 0."""
-    import math
+MAX_SECONDS = 1e6  # eleven days: past it a time limit is no limit (and overflows the timer: setitimer's time_t)
 
+
+def seconds(text: str) -> float:
+    """An argparse type: a number of seconds from 0 to MAX_SECONDS."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text} must be a finite number of seconds, at least 0")
+    if not 0 <= value <= MAX_SECONDS:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"{text} must be a number of seconds from 0 to {MAX_SECONDS:g}")
     return value
 
 

@@ -200,6 +200,7 @@ BAD_FLAGS = [
     (["check", "-j", "two"], "--jobs/-j"),
     (["check", "--item-timeout", "-5"], "--item-timeout"),
     (["check", "--item-timeout", "nan"], "--item-timeout"),
+    (["check", "--item-timeout", "1e20"], "--item-timeout"),
     (["check", "--item-timeout", "inf"], "--item-timeout"),
     (["check", "--maxfail", "-1"], "--maxfail"),
     (["check", "--durations", "-2"], "--durations"),

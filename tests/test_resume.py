@@ -132,6 +132,7 @@ def test_same_seed_gives_the_same_result_json(tmp_path):
                 "--json",
                 str(out),
                 "-q",
+                "--no-proof-cache",  # both runs compute their proofs: a reused proof says so (cache: hit)
             ],
             cwd=ROOT,
             capture_output=True,

@@ -198,6 +198,11 @@ def open_cluster(spec: ClusterSpec, device: str, timeout: float = 30.0) -> tuple
     return client, cluster
 
 
+def _threads(workers: dict[str, Any]) -> int:
+    """Threads of the workers in a scheduler_info() listing (at least 1: items wait for a worker to join)."""
+    return max(1, sum(int(w.get("nthreads", 1)) for w in workers.values()))
+
+
 def _no_scheduler_retries(dask_scheduler: Any) -> None:
     dask_scheduler.allowed_failures = 0
 
@@ -268,13 +273,32 @@ class ClusterRunner:
         self._lock = threading.RLock()
         self._order = 0
         self._closed = False
+        self._gone: set[str] = set()  # addresses of workers that died during the run
         info = self.client.scheduler_info().get("workers", {})
         self.workers = sorted(info)
-        # Items in flight at most one per worker thread: an item waits here, not assigned to a busy worker, so a
-        # worker that dies takes only the item it was running with it (Dask assigns single tasks eagerly).
-        self._capacity = max(1, sum(int(w.get("nthreads", 1)) for w in info.values()))
+        # Items in flight at most one per live worker thread: an item waits here, not assigned to a busy worker,
+        # so a worker that dies takes only the items it was running with it (Dask assigns single tasks eagerly).
+        # A lost worker's threads are taken off at once; the count is read again from the scheduler while short.
+        self._full = self._capacity = _threads(info)
         self._ready: list[tuple[int, int, Key]] = []  # heap of (-priority, order, key)
         self._in_flight = 0
+        self._recount = threading.Event()
+        threading.Thread(target=self._watch_workers, name="kc-cluster-workers", daemon=True).start()
+
+    def _watch_workers(self) -> None:
+        while not self._closed:
+            self._recount.wait(1.0 if self._capacity < self._full else 5.0)
+            self._recount.clear()
+            if self._closed:
+                return
+            try:
+                threads = _threads(self.client.scheduler_info().get("workers", {}))
+            except Exception:  # the client is closing, or the scheduler is away for a moment: next time
+                continue
+            with self._lock:
+                self._capacity = threads
+                self._full = max(self._full, threads)
+            self._pump()
 
     @property
     def started(self) -> int:
@@ -354,6 +378,11 @@ class ClusterRunner:
             last = getattr(e, "last_worker", None)
             who = f"{last.name} ({last.address})" if last is not None else "unknown"
             slot.lost = (*slot.lost, who)
+            with self._lock:
+                if last is not None and last.address not in self._gone:  # its threads are gone until replaced
+                    self._gone.add(last.address)
+                    self._capacity = max(1, self._capacity - int(getattr(last, "nthreads", 1) or 1))
+            self._recount.set()
             if slot.attempts <= RETRIES and not self._closed and cancel.stop_requested() is None:
                 self._send(key, first=True)  # once more, on the worker that replaces it or another
                 return
@@ -428,6 +457,7 @@ class ClusterRunner:
         with self._lock:
             self._closed = True
             futures = [s.future for s in self._slots.values() if s.future is not None]
+        self._recount.set()  # the watcher ends
         with self._landed:
             self._landed.notify_all()
         with contextlib.suppress(Exception):

@@ -50,6 +50,7 @@ NOT_AGREEMENT: dict[str, str] = {
     "rng.cross_device": "CUDA against the host path (cuda only)",
     "rng.uniform_map_model": "kernel map against the enumerated integer model on all inputs",
     "rng.statistics": "chi-square statistics",
+    "rng.init_moments": "exact moments of the Xavier/Kaiming maps over every uniform (no kernel output)",
 }
 
 

@@ -38,10 +38,22 @@ def _configure(fn: Callable[[argparse.ArgumentParser], None]) -> Callable:
     return attach
 
 
-def _resolve_device(requested: str) -> str | None:
+def _on_scheduler(requested: str, cluster: str | None) -> bool:
+    """Whether ``--device cuda`` runs on a scheduler's workers: they have the GPUs, this host need not."""
+    return requested == "cuda" and bool(cluster) and not str(cluster).startswith("local")
+
+
+def _remote_device(cluster: str) -> dict[str, Any]:
+    """The result's device on a scheduler's workers (probed there, not here)."""
+    return {"kind": "cuda", "name": None, "driver": None, "cuda_runtime": None, "where": f"the workers of {cluster}"}
+
+
+def _resolve_device(requested: str, cluster: str | None = None) -> str | None:
     """The device to run on, or None after printing why ``--device cuda`` cannot run (the caller exits 2)."""
     from obligations.core.device import DeviceUnavailable, resolve_device
 
+    if _on_scheduler(requested, cluster):
+        return "cuda"
     try:
         return resolve_device(requested)
     except DeviceUnavailable as e:
@@ -366,7 +378,7 @@ def _run_check(args: argparse.Namespace) -> int:
     _proof_environment(args)
     try:
         with raising_on_stop():  # a stop while the device is probed and contracts load (imports) ends here, at once
-            device = _resolve_device(args.device)
+            device = _resolve_device(args.device, args.cluster)
             if device is None:
                 return EXIT_INVALID
             loaded = load_contracts(args.paths, search_path=args.search_path)  # each file parsed and validated once
@@ -422,7 +434,9 @@ def _run_check(args: argparse.Namespace) -> int:
         result = check_paths(
             loaded.contracts,
             device=device,
-            device_info=device_info(device),
+            device_info=_remote_device(args.cluster)
+            if _on_scheduler(args.device, args.cluster)
+            else device_info(device),
             only=args.only,
             profile=profile,
             seed=seed,
@@ -791,7 +805,7 @@ def _sweep_options(p: argparse.ArgumentParser) -> None:
 def _sweep(args: argparse.Namespace) -> int:
     from falsification.sweep import sweep
 
-    device = _resolve_device(args.device)
+    device = _resolve_device(args.device, args.cluster)
     if device is None:
         return EXIT_INVALID
     kwargs: dict[str, Any] = {

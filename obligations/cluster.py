@@ -198,6 +198,23 @@ def open_cluster(spec: ClusterSpec, device: str, timeout: float = 30.0) -> tuple
     return client, cluster
 
 
+def _needs_gpus(client: Any, cluster: Any, spec: ClusterSpec, device: str) -> None:
+    """On a cuda run, ClusterError (client and local cluster closed) unless a worker declares a GPU resource:
+    the run's device items would wait for one for ever."""
+    workers = client.scheduler_info().get("workers", {})
+    if device != "cuda" or any((w.get("resources") or {}).get("GPU") for w in workers.values()):
+        return
+    with contextlib.suppress(Exception):
+        client.close(timeout=10)
+    if cluster is not None:
+        with contextlib.suppress(Exception):
+            cluster.close(timeout=20)
+    raise ClusterError(
+        f"{spec}: no worker declares a GPU ({len(workers)} worker(s)); start one per GPU with "
+        "dask worker --resources GPU=1 (docs/scale-out.md)"
+    )
+
+
 def _threads(workers: dict[str, Any]) -> int:
     """Threads of the workers in a scheduler_info() listing (at least 1: items wait for a worker to join)."""
     return max(1, sum(int(w.get("nthreads", 1)) for w in workers.values()))
@@ -262,6 +279,7 @@ class ClusterRunner:
         self.settings = dict(settings)
         self.isolate = isolate
         self.client, self.cluster = open_cluster(spec, settings["device"])
+        _needs_gpus(self.client, self.cluster, spec, settings["device"])
         self._ran = ran
         self._landed_fn = landed  # (contract, item, fields, seconds) of each item that lands with an outcome
         self._clock = time.perf_counter() - time.time()  # the workers' wall times on the run's timeline clock
@@ -489,6 +507,7 @@ def run_tasks(
     from obligations.isolation import raising_on_stop, stop_on_signals
 
     client, cluster = open_cluster(spec, device)
+    _needs_gpus(client, cluster, spec, device)
     futures: list[Any] = []
     try:
         if callable(requests):

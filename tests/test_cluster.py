@@ -260,3 +260,14 @@ def test_sigterm_cancels_the_clusters_items_logs_what_finished_and_leaves_no_pro
     assert result["interrupted"] is True and result["signal"] == "SIGTERM"
     logged = [json.loads(line)["record"]["id"] for line in log.read_text().splitlines() if '"record"' in line]
     assert "FT-HANG" not in logged and "FT-OK-4" in logged  # cut: no record (--resume reruns it); ahead: logged
+
+
+@needs_dask
+def test_a_cuda_run_on_a_schedulers_workers_needs_no_local_gpu_but_a_worker_that_declares_one(
+    scheduler, tmp_path, capsys
+):
+    argv = ["check", str(FAULTS), "--device", "cuda", "--only", "FT-OK-1", "--cluster", scheduler, "-q"]
+    # the device is not probed here (this host may have no GPU): the cluster's workers are asked, and these
+    # two CPU workers declare none, so the run refuses at once instead of waiting for one for ever
+    assert main(argv) == 2
+    assert "no worker declares a GPU" in capsys.readouterr().err

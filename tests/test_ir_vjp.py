@@ -237,3 +237,16 @@ def test_backward_graph_is_a_citizen_json_and_checks() -> None:
     assert check_payload(back.graph, back.payload) == []
     loaded = from_json(to_json(back.graph, back.payload))
     assert loaded.errors == () and loaded.graph == back.graph and loaded.payload == back.payload
+
+
+def test_the_float64_reference_takes_an_empty_softmax_axis() -> None:
+    # IR-VJP-fd failed on an H200 (profile full, seed 0) with 'zero-size array to reduction operation maximum': a
+    # drawn softmax over an axis of length 0. Its meaning is an empty array, with an empty bound.
+    from spec.ir.real import real_all
+
+    b = GraphBuilder()
+    x = b.add("input", (), (2, 0))
+    b.add("softmax", (x,), (2, 0), axis=-1)
+    g, p = b.build()
+    vals, errs = real_all(g, p, [np.zeros((2, 0))])
+    assert vals[-1].shape == (2, 0) and errs[-1].shape == (2, 0)

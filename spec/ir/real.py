@@ -244,7 +244,7 @@ def _softmax(node: Node, a: dict, args: list[Pair], entry: Any, u: float) -> Pai
     ax = a["axis"] % args[0][0].ndim
     x, ex = (np.moveaxis(t, ax, -1) for t in args[0])
     n = x.shape[-1]
-    z = np.exp(x - x.max(-1, keepdims=True))
+    z = np.exp(x - _rowmax(x))  # a softmax over an empty axis is empty (x.max has no identity there)
     y = z / z.sum(-1, keepdims=True)
     e = 2.0 * y * _rowmax(ex) + _gamma(n + 4, u) * y + _round(0.0 * y, u)
     return np.moveaxis(y, -1, ax), np.moveaxis(e, -1, ax)
@@ -366,8 +366,8 @@ def _attention(node: Node, a: dict, args: list[Pair], entry: Any, u: float) -> P
     # an output is a P-weighted mean of V rows (carries max e_v) and P moves by at most 2 max|v| per unit of
     # score error; a score q.k s errs by at most s D (max|k| max e_q + max|q| max e_k + max e_q max e_k)
     sc = sattn.scale_of(q.shape[-1], a["scale"])
-    mq, mk, mv = (float(np.max(np.abs(t))) for t in (q, k, v))
-    xq, xk, xv = (float(np.max(t)) for t in (eq, ek, ev))
+    mq, mk, mv = (float(np.max(np.abs(t), initial=0.0)) for t in (q, k, v))  # empty operands: no magnitude
+    xq, xk, xv = (float(np.max(t, initial=0.0)) for t in (eq, ek, ev))
     ds = abs(sc) * q.shape[-1] * (mk * xq + mq * xk + xq * xk)
     return y, xv + 2.0 * mv * ds + _round(y, u)
 

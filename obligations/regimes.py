@@ -225,7 +225,7 @@ class RegimesEngine(Engine):
 def _domain_without(c: Any, env: Mapping[str, Any], widened: set[str]) -> list[Any]:
     """The symbols' declared domain, where the ``widened`` ones keep only their machine type's range."""
     out = domain_constraints(c, {n: v for n, v in env.items() if n not in widened})
-    for n in widened & set(env):
+    for n in [n for n in env if n in widened]:  # env order: a set's order follows the hash seed, and Z3 the order
         if c.symbols[n]["type"] != "bool":
             t = sym.machine_type(c.symbols[n]["type"])
             out += [env[n].expr >= t.lo, env[n].expr <= t.hi]

@@ -12,6 +12,8 @@ from obligations.check import check_contract, exit_code, summarize
 from obligations.core.plans import boundary_side, regime_of, split_witnesses
 from tests.planted import regime_plans
 
+ROOT = Path(__file__).resolve().parent.parent
+
 CONTRACT = """\
 id: regimes-probe-v1
 version: 1.0.0
@@ -176,3 +178,41 @@ def test_a_regimes_search_out_of_its_rlimit_is_unknown_never_violated(tmp_path):
     assert item["status"] == "unknown", item
     assert "rlimit" in item["reason"]
     assert item["evidence"]["rlimit"] == 2000
+
+
+_QUERY_TEXTS = """
+import hashlib, sys, z3
+from obligations import regimes
+from obligations.contract import load_contract
+from obligations.engines import Job
+texts = []
+real = regimes._answer
+def spy(solver, rlimit):
+    texts.append(solver.sexpr())
+    return real(solver, rlimit)
+regimes._answer = spy
+c = load_contract("contracts/attention-v1.yaml")
+item = next(i for i in c.items if i["id"] == "ATT-REGIMES")
+out = regimes.RegimesEngine().discharge(Job(c, item, options={}))
+print(out.status.value, len(texts), hashlib.sha256("".join(texts).encode()).hexdigest())
+"""
+
+
+def test_regimes_queries_do_not_depend_on_the_hash_seed(tmp_path):
+    # ATT-REGIMES was proved on an H200 and unknown (rlimit spent) on an H100 from the same tree: the widened
+    # symbols of a boundary's bound were iterated as a set, whose order follows PYTHONHASHSEED, and Z3's search
+    # (and rlimit use) follows the order of the declarations and assertions. Every query is now the same text.
+    import os
+    import subprocess
+    import sys
+
+    seen = set()
+    for seed in ("1", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "KC_PROOF_CACHE_DIR": str(tmp_path / seed)}
+        proc = subprocess.run(
+            [sys.executable, "-c", _QUERY_TEXTS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr
+        seen.add(proc.stdout.strip())
+    (line,) = seen
+    assert line.startswith("proved ")

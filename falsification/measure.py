@@ -213,15 +213,10 @@ class Comparison:
 
 
 def _block_ms(fn: Callable[[], Any], iters: int) -> float:
-    import cupy
+    """Mean milliseconds per call of one timed block (the trials interleave their own warm-up)."""
+    from falsification import engine
 
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    for _ in range(iters):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return cupy.cuda.get_elapsed_time(start, stop) / iters
+    return engine.time_ms(fn, iters, warmup=0)
 
 
 class _Null:

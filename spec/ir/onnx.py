@@ -949,8 +949,9 @@ def _softmax_last(ctx: _Ctx, node: Any, x: int, axis: int) -> int:
     return y
 
 
-@onnx_op("LayerNormalization")
-def _layernorm(ctx: _Ctx, node: Any) -> Any:
+def _normalised_axes(ctx: _Ctx, node: Any) -> tuple[dict, Any, tuple[int, ...], int, int]:
+    """LayerNormalization's and RMSNormalization's common reading: (attributes, x, x's shape, the first normalised
+    axis in [0, rank), the count of normalised elements per row); an axis out of range is refused at the node."""
     a = _only(node, {"axis": None, "epsilon": None, "stash_type": (1,)}, ctx)
     x = ctx.value(node.input[0])
     s = ctx.shape(x)
@@ -959,7 +960,13 @@ def _layernorm(ctx: _Ctx, node: Any) -> Any:
     if not -rank <= axis < rank:
         raise ctx.fail(f"attribute axis={axis} is out of range for rank {rank}")
     axis %= rank
-    inner = _prod(s[axis:])
+    return a, x, s, axis, _prod(s[axis:])
+
+
+@onnx_op("LayerNormalization")
+def _layernorm(ctx: _Ctx, node: Any) -> Any:
+    a, x, s, axis, inner = _normalised_axes(ctx, node)
+    rank = len(s)
     w = ctx.init(node.input[1], "LayerNormalization Scale")
     b = ctx.init(node.input[2], "LayerNormalization B") if _input(node, 2) else _neg_zero(inner)
     eps = float(np.float32(a.get("epsilon", 1e-5)))
@@ -984,15 +991,7 @@ def _layernorm(ctx: _Ctx, node: Any) -> Any:
 
 @onnx_op("RMSNormalization")
 def _rmsnorm(ctx: _Ctx, node: Any) -> int:
-    a = _only(node, {"axis": None, "epsilon": None, "stash_type": (1,)}, ctx)
-    x = ctx.value(node.input[0])
-    s = ctx.shape(x)
-    rank = len(s)
-    axis = int(a.get("axis", -1))
-    if not -rank <= axis < rank:
-        raise ctx.fail(f"attribute axis={axis} is out of range for rank {rank}")
-    axis %= rank
-    inner = _prod(s[axis:])
+    a, x, s, axis, inner = _normalised_axes(ctx, node)
     w = ctx.init(node.input[1], "RMSNormalization scale")
     try:
         wf = np.broadcast_to(w, s[axis:]).reshape(inner).astype(np.float32)

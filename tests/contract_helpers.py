@@ -52,3 +52,19 @@ def statement_item(prove: str, method: str = "z3", **extra: Any) -> dict:
         "location": {"line": 1, "column": 1},
         **extra,
     }
+
+
+def marked_processes(mark: str) -> list[int]:
+    """Pids of live processes whose environment holds KC_TEST_MARK=mark (a run and its workers)."""
+    import os
+
+    pids = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        except OSError:
+            continue
+        if f"KC_TEST_MARK={mark}".encode() in env and state != "Z":
+            pids.append(int(pid))
+    return pids

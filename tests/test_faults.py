@@ -24,6 +24,7 @@ from obligations.cli import main
 from obligations.core import cancel
 from obligations.isolation import InProcess
 from obligations.runlog import RunLog, read_log
+from tests.contract_helpers import marked_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ROOT / "tests" / "fixtures" / "faults" / "faults-v1.yaml"
@@ -34,18 +35,7 @@ HAS_PROC = Path("/proc/self/environ").exists()
 # -- signals to real runs ---------------------------------------------------------------------------------
 
 
-def _marked(mark: str) -> list[int]:
-    """Pids of live processes whose environment holds KC_TEST_MARK=mark (the run and its workers)."""
-    pids = []
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes()
-            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-        except OSError:
-            continue
-        if f"KC_TEST_MARK={mark}".encode() in env and state != "Z":
-            pids.append(int(pid))
-    return pids
+_marked = marked_processes
 
 
 class Run:

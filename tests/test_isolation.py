@@ -10,6 +10,7 @@ import pytest
 
 from obligations.cli import main
 from obligations.contract import load_contract
+from tests.contract_helpers import marked_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ROOT / "tests" / "fixtures" / "faults" / "faults-v1.yaml"
@@ -421,18 +422,7 @@ def test_ctrl_c_stops_a_run_with_workers_writes_the_partial_result_and_leaves_no
     assert _marked(mark) == []  # no worker outlives the run
 
 
-def _marked(mark: str) -> list[int]:
-    """Pids of live processes whose environment holds KC_TEST_MARK=mark."""
-    pids = []
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes()
-            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-        except OSError:
-            continue
-        if f"KC_TEST_MARK={mark}".encode() in env and state != "Z":
-            pids.append(int(pid))
-    return pids
+_marked = marked_processes
 
 
 def test_a_run_of_one_item_starts_no_worker(tmp_path):

@@ -553,3 +553,21 @@ def test_planted_attention_rule_that_reads_one_kv_head_per_query_head_is_caught(
 def test_attention_domain_is_the_familys():
     counts, cex = T.attention_domain_run()
     assert cex is None and counts["accepted"] > 100 and counts["cases"] > counts["accepted"]
+
+
+def test_rope_denotes_its_rotation():
+    # The tables were _approx's cos/sin of theta read as binary32 bit patterns (theta = 1.0 as the subnormal 1e-45:
+    # cos 1, sin ~0, nearly no rotation); they are cos/sin of the float64 theta rounded once.
+    from spec.ir.denote import floats, rope_tables
+    from spec.ir.real import real_all
+
+    c, s = rope_tables(3, 4, 10000.0)
+    theta = np.arange(3)[:, None] * 10000.0 ** (-np.arange(2)[None, :] / 2)
+    assert np.array_equal(floats(c), np.cos(theta).astype(np.float32))
+    assert np.array_equal(floats(s), np.sin(theta).astype(np.float32))
+    b = GraphBuilder()
+    b.add("rope", (b.add("input", (), (2, 3, 4)),), (2, 3, 4))
+    g, p = b.build()
+    x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    vals, errs = real_all(g, p, [x.astype(np.float64)])
+    assert np.all(np.abs(denote(g, p, x).value - vals[1]) <= errs[1])

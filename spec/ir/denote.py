@@ -404,9 +404,10 @@ def rope_tables(t_len: int, dim: int, base: float) -> tuple[np.ndarray, np.ndarr
         np.arange(t_len, dtype=np.float64)[:, None]
         * np.power(float(base), -(2.0 * np.arange(dim // 2, dtype=np.float64)) / dim)[None, :]
     )
-    c = _approx(np.cos, theta.reshape(-1)).reshape(theta.shape)
-    s = _approx(np.sin, theta.reshape(-1)).reshape(theta.shape)
-    return c, s
+    # theta is float64, not binary32 bits: the tables are cos/sin of it rounded once (nearest even), not _approx's
+    # evaluation of bit patterns (which read theta = 1.0 as the subnormal 1e-45 and gave cos 1, sin ~0)
+    with np.errstate(all="ignore"):
+        return f64_to_f32_bits(np.cos(theta)).astype(np.uint32), f64_to_f32_bits(np.sin(theta)).astype(np.uint32)
 
 
 @register_evaluator("rope")

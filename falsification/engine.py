@@ -659,6 +659,10 @@ class _Search(Generic[C]):
         )
         if self.check.unit == "elements":
             ev.update(elements=self.cases, batches=self.draws, elements_per_s=rate)
+        if self.check.budget_stop and b.budget_s is not None:
+            # whether the seconds decided the case count: on full and deep budget_s is a safety net that should not
+            # fire (falsification.profiles.SAFETY_NET_S); when it does, the draws it left unjudged are counted here
+            ev["time_stop"] = {"budget_s": b.budget_s, "fired": self.skipped > 0, "draws_not_judged": self.skipped}
         regime_w, accept, reject = split_witnesses(ctx.witnesses)
         if regime_w or self.check.regime_of is not None:
             names = list(dict.fromkeys([*regime_w, *self.regimes]))

@@ -45,7 +45,7 @@ from spec.ir.denote import denote, denote_all
 
 __all__ = ["ModelCase", "graphspec_models", "model_arrays", "run_cases", "PROFILE_EXAMPLES"]
 
-PROFILE_EXAMPLES: dict[str, int] = {"quick": 60, "full": 300}
+PROFILE_EXAMPLES: dict[str, int] = {"quick": 60, "full": 100, "deep": 300}
 _SPECIALS = (0.0, -0.0, 1.0, -1.0, 0.5, 1e-40, -1e-45, 3e38, np.inf, -np.inf, np.nan)
 
 

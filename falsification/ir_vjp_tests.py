@@ -63,11 +63,12 @@ __all__ = [
 ]
 
 VJP_TEMPLATES: tuple[str, ...] = tuple(t for t in TEMPLATES if t != "conv_pool")  # pool_node draws pools over inputs
-_BUDGET = {"quick": 12, "full": 1400}
-_MIN_CHECKED = {"quick": 5, "full": 1000}  # fewer graphs checked (too many skipped) is an error, not a pass
-_PARAM_BUDGET = {"quick": 6, "full": 400}  # params: every payload tensor's elements too (slower per graph)
-_PARAM_MIN = {"quick": 3, "full": 250}
-_SPEC_BUDGET = {"quick": 8, "full": 200}
+# Graphs drawn per item by profile (falsification.profiles.Profile); full keeps deep's share of checked graphs.
+_BUDGET = {"quick": 12, "full": 400, "deep": 1400}
+_MIN_CHECKED = {"quick": 5, "full": 250, "deep": 1000}  # fewer graphs checked (too many skipped) is an error
+_PARAM_BUDGET = {"quick": 6, "full": 120, "deep": 400}  # params: every payload tensor's elements too (slower)
+_PARAM_MIN = {"quick": 3, "full": 75, "deep": 250}
+_SPEC_BUDGET = {"quick": 8, "full": 80, "deep": 200}
 MARGIN = 0.05  # distance from a kink or domain edge below which a point is not checked
 HUGE = 1e4
 F64_PER_F32 = 2.0**-29  # a float64 evaluation's rounding, in units of the binary32 bound (2^-53 / 2^-24)
@@ -543,7 +544,7 @@ def vjp_spec(ctx: FalsifyContext) -> Outcome:
 
 # -- the executors run backward graphs like forward ones ----------------------------------------------------
 
-_EXEC_BUDGET = {"quick": 6, "full": 300}
+_EXEC_BUDGET = {"quick": 6, "full": 100, "deep": 300}
 # native.ir has no executor for silu, sin, cos, rsqrt, pow and the random ops and no agreement rule for gelu (nor do
 # the rules of the others emit them); its attention kernels agree within attention-v1's bound, not this item's
 # running bound, so attention's backward graphs are checked per node only through IR-VJP-fd

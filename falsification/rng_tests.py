@@ -527,7 +527,7 @@ _VAR_REL = 6 * 2.0**-24 + 2.0**-38
 @register_test("rng.init_moments")
 def init_moments(ctx: FalsifyContext) -> Outcome:
     """Xavier and Kaiming uniform: mean exactly -b 2^-L and variance within 6u of the formula, over every uniform."""
-    log2_points = 24 if ctx.profile.value == "full" else int(ctx.params.get("log2_points", 20))
+    log2_points = 24 if ctx.profile.value != "quick" else int(ctx.params.get("log2_points", 20))
     rows, worst = [], 0.0
     for fan_in, fan_out in _FANS:
         for name, b, target in (

@@ -160,9 +160,10 @@ def _check_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--profile",
-        choices=["quick", "full"],
+        choices=["quick", "full", "deep"],
         default=None,
-        help="falsification budget and item time limit (default: quick on host, full on cuda)",
+        help="falsification budget and item time limit (default: quick on host, full on cuda; deep: a nightly "
+        "GPU run with several times full's drawn cases)",
     )
     p.add_argument("--seed", type=SEED, default=None, help="seed of every randomised check (default 0)")
     p.add_argument(

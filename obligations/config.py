@@ -61,7 +61,7 @@ def _cluster(v: Any) -> str:
 # key in [tool.kc] -> (argparse dest, converter, the subcommands it applies to)
 CONFIG_KEYS: dict[str, tuple[str, Callable[[Any], Any], tuple[str, ...]]] = {
     "contracts": ("paths", _paths, ("check", "validate", "report")),
-    "profile": ("profile", _choice("quick", "full"), ("check",)),
+    "profile": ("profile", _choice("quick", "full", "deep"), ("check",)),
     "device": ("device", _choice("auto", "host", "cuda"), ("check", "report", "sweep")),
     "strict": ("strict", _of(bool), ("check",)),
     "seed": ("seed", _of(int), ("check", "report")),

@@ -63,7 +63,7 @@ __all__ = [
 ]
 
 # Seconds an item may run before it is stopped, per profile (an item's ``timeout_s`` or --item-timeout win).
-PROFILE_TIMEOUT_S: dict[str, float] = {"quick": 300.0, "full": 1200.0}
+PROFILE_TIMEOUT_S: dict[str, float] = {"quick": 300.0, "full": 1200.0, "deep": 1200.0}
 
 RecordFn = Callable[[Any, dict[str, Any]], dict[str, Any]]
 

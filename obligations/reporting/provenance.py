@@ -30,8 +30,12 @@ __all__ = [
     "report_evidence",
 ]
 
-# How rich a result's evidence is, per dimension: a GPU run beats a host run, the full profile the quick one.
-EVIDENCE_RANKS: dict[str, dict[str, int]] = {"device": {"host": 0, "cuda": 1}, "profile": {"quick": 0, "full": 1}}
+# How rich a result's evidence is, per dimension: a GPU run beats a host run, the full profile the quick one (and
+# deep, full's nightly with more drawn cases, the full one).
+EVIDENCE_RANKS: dict[str, dict[str, int]] = {
+    "device": {"host": 0, "cuda": 1},
+    "profile": {"quick": 0, "full": 1, "deep": 2},
+}
 
 
 def evidence_level(result: Mapping[str, Any]) -> dict[str, str | None]:

@@ -46,6 +46,7 @@ from obligations.isolation import (
     raising_on_stop,
     split_cores,
 )
+from obligations.runorder import item_name, last_seconds, longest_first, record_seconds
 
 __all__ = [
     "check_contract",
@@ -532,7 +533,8 @@ def check_paths(
                 prefetcher = Prefetcher(
                     options.jobs, executor.fields, {"device": device, "profile": profile, "seed": seed}, ran=ran_fn
                 )
-                _start_prefetcher(prefetcher, todo, only, profile, options, executor, progress, ran_fn)
+                last = last_seconds(device, profile)  # the previous run's item times: the long ones go out first
+                _start_prefetcher(prefetcher, todo, only, profile, options, executor, progress, ran_fn, last)
             for contract in todo:
                 if only and not any(selected(it["id"], only) for it in contract.items):
                     continue
@@ -568,6 +570,7 @@ def check_paths(
             _log_finished_ahead(todo, contracts, prefetcher, options.log, device, seed)
     if options.timeline:
         write_timeline(options.timeline, events)
+    record_seconds(device, profile, contracts)  # for the next run's order (obligations.runorder)
     summary = summarize(contracts)
     project = Path(todo[0].path).resolve().parent if todo else Path.cwd()
     result = {
@@ -710,20 +713,27 @@ def _start_prefetcher(
     executor: Executor,
     progress: ProgressFn | None,
     ran: Callable[[tuple[str, str, str], str, float, float], None] | None,
+    last: Mapping[str, float] | None = None,
 ) -> None:
     """Give the run's items to ``prefetcher``'s workers; the measure items run first, on a quiet GPU.
 
     While the measure items run (host-side wrapper overheads and bandwidths are skewed by busy neighbours) the
     workers take only host-only items (proofs, enumerations: no GPU use), kept off a few CPUs the measuring
     process has to itself; on fewer than 4 CPUs nothing runs beside them. Then every other item is queued.
+    Each group goes out longest first by ``last`` (the previous run's seconds by item name, obligations.runorder;
+    a regimes item, whose witnesses later items wait for, is host-only: always in an earlier group).
     Measure records wait in the prefetcher to be taken in order. A stop propagates.
     """
     wanted = list(_to_run(todo, only, options.done))
     submit = _submitter(prefetcher, todo, only, profile, options, wanted)
+    last = last or {}
+
+    def ordered(group: list[tuple[Contract, dict[str, Any]]]) -> list[tuple[Contract, dict[str, Any]]]:
+        return longest_first(group, lambda ci: item_name(ci[0].id, ci[1]["id"]), last)
 
     quiet = [(c, it) for c, it in wanted if item_method(it) in QUIET_METHODS]
-    beside = [(c, it) for c, it in wanted if item_method(it) in HOST_METHODS]
-    rest = [(c, it) for c, it in wanted if item_method(it) not in QUIET_METHODS | HOST_METHODS]
+    beside = ordered([(c, it) for c, it in wanted if item_method(it) in HOST_METHODS])
+    rest = ordered([(c, it) for c, it in wanted if item_method(it) not in QUIET_METHODS | HOST_METHODS])
     cores = split_cores() if quiet else None
     if cores is not None:
         prefetcher.pin(cores[1])
@@ -742,7 +752,7 @@ def _start_prefetcher(
             ran(key, "run", t0, t1)
         prefetcher.done(key, fields, round(executor.seconds(t1 - t0), 4))
     prefetcher.pin(None)
-    submit(rest if cores is not None else [(c, it) for c, it in wanted if item_method(it) not in QUIET_METHODS])
+    submit(rest if cores is not None else [*beside, *rest])
 
 
 def write_timeline(path: str | Path, events: list[tuple[tuple[str, str, str], str, float, float]]) -> None:

@@ -195,6 +195,45 @@ def test_only_host_only_items_run_beside_the_measure_items_on_the_other_cpus(mon
     assert pins == [frozenset({1}), None]  # the proofs' workers kept off CPU 0, then given every CPU back
 
 
+def test_the_workers_get_the_items_the_last_run_timed_longest_first(monkeypatch, tmp_path):
+    """LPT: each group (beside the measure items, then the rest) goes out longest first by the previous run's
+    seconds, untimed items first in the contract's order; the run stores its items' seconds for the next one."""
+    from obligations import check, runorder
+    from obligations.check import RunOptions, check_paths
+    from obligations.isolation import Prefetcher
+
+    monkeypatch.setenv("KC_PROOF_CACHE_DIR", str(tmp_path))
+    path = runorder.durations_path()
+    assert path == tmp_path / "durations.json" and runorder.last_seconds("host", "quick") == {}
+    name = lambda i: runorder.item_name("gemm-cublas-v1", i)  # noqa: E731
+    last = {"PO-GEMM-02-A-z3": 1.0, "PO-GEMM-02-B-z3": 5.0, "PO-GEMM-03": 2.0, "PO-GEMM-06": 9.0}
+    runorder.record_seconds("host", "quick", [{"id": "gemm-cublas-v1", "items": []}])
+    runorder.record_seconds(
+        "host",
+        "quick",
+        [{"id": "gemm-cublas-v1", "items": [{"id": i, "seconds": s, "status": "passed"} for i, s in last.items()]}],
+    )
+    assert runorder.last_seconds("host", "quick") == {name(i): s for i, s in last.items()}
+    assert runorder.last_seconds("cuda", "full") == {}  # per device and profile
+    order: list[str] = []
+    real_submit = Prefetcher.submit
+    monkeypatch.setattr(check, "split_cores", lambda: (frozenset({0}), frozenset({1})))
+    monkeypatch.setattr(
+        Prefetcher, "submit", lambda self, c, it, *a, **k: (order.append(it["id"]), real_submit(self, c, it, *a, **k))
+    )
+    ids = ["PO-GEMM-02-A-z3", "PO-GEMM-02-B-z3", "PO-GEMM-02-C-z3", "PO-GEMM-03", "PO-GEMM-04", "PO-GEMM-06"]
+    result = check_paths([ROOT / "contracts" / "gemm-cublas-v1.yaml"], only=ids, options=RunOptions(jobs=1))
+    assert [it["id"] for it in result["contracts"][0]["items"]] == ids  # the output keeps the contract's order
+    assert order == ["PO-GEMM-02-C-z3", "PO-GEMM-02-B-z3", "PO-GEMM-02-A-z3", "PO-GEMM-06", "PO-GEMM-03"]
+    stored = runorder.last_seconds("host", "quick")
+    ran = {it["id"]: it for it in result["contracts"][0]["items"]}
+    assert stored[name("PO-GEMM-02-C-z3")] == round(ran["PO-GEMM-02-C-z3"]["seconds"], 3)
+    assert name("PO-GEMM-04") not in stored  # skipped on the host (a measure item): no time of its own
+    assert runorder.longest_first(["a", "b", "c"], str, {"a": 1.0, "c": 2.0}) == ["b", "c", "a"]
+    path.write_text("not json")
+    assert runorder.last_seconds("host", "quick") == {}  # an unreadable file is a run in the contracts' order
+
+
 def test_split_cores_keeps_a_quarter_for_the_measuring_process_and_none_under_4_cpus(monkeypatch):
     from obligations import isolation
 

@@ -1,0 +1,80 @@
+"""The order a run hands its items to the workers: the longest first, as the previous run on this machine timed them.
+
+A run of many items on ``-j`` workers ends when its last item ends; handing the long items out first (the LPT rule)
+keeps one long item from starting last and running alone. Item times come from the previous run with the same
+device and profile: after each run its items' seconds are stored in ``durations.json`` in the proof cache's
+directory (``KC_PROOF_CACHE_DIR``, default ``~/.cache/kernel-contracts/proofs``), written atomically (parallel
+runs: the last one wins). Only the order changes: records, witnesses and the output's order are those of an
+in-order run. An item no run has timed yet keeps its place ahead of the timed ones, so a first run goes in the
+contracts' order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+__all__ = ["durations_path", "last_seconds", "record_seconds", "longest_first", "item_name"]
+
+T = TypeVar("T")
+_FORMAT = 1
+
+
+def durations_path() -> Path | None:
+    """Where the item durations of past runs are kept (beside the proof cache's entries), or None."""
+    from obligations.proofcache import proof_settings
+
+    where = proof_settings().cache_dir
+    return where / "durations.json" if where is not None else None
+
+
+def item_name(contract_id: str, item_id: str) -> str:
+    """The key of one item in the durations file."""
+    return f"{contract_id}::{item_id}"
+
+
+def _read(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # none yet, or unreadable: a run in the contracts' order, never an error
+    return data if isinstance(data, dict) and data.get("format") == _FORMAT else {}
+
+
+def last_seconds(device: str, profile: str, path: Path | None = None) -> dict[str, float]:
+    """Item name -> seconds of the last run on ``device`` with ``profile`` that ran the item."""
+    runs = _read(path if path is not None else durations_path()).get("runs") or {}
+    got = runs.get(f"{device}/{profile}") or {}
+    return {str(k): float(v) for k, v in got.items() if isinstance(v, int | float)}
+
+
+def record_seconds(device: str, profile: str, contracts: Iterable[Mapping[str, Any]], path: Path | None = None) -> bool:
+    """Store the seconds of every item of ``contracts`` (result entries) that ran; False if it could not be written."""
+    from obligations.atomic import write_text_atomic
+
+    path = path if path is not None else durations_path()
+    if path is None:
+        return False
+    data = _read(path)
+    runs = data.get("runs") if isinstance(data.get("runs"), dict) else {}
+    mine = dict(runs.get(f"{device}/{profile}") or {})
+    for c in contracts:
+        for it in c.get("items") or []:
+            if isinstance(it.get("seconds"), int | float) and it.get("status") != "skipped":
+                mine[item_name(str(c["id"]), str(it["id"]))] = round(float(it["seconds"]), 3)
+    runs[f"{device}/{profile}"] = mine
+    with contextlib.suppress(OSError):
+        write_text_atomic(path, json.dumps({"format": _FORMAT, "runs": runs}, sort_keys=True) + "\n")
+        return True
+    return False
+
+
+def longest_first(items: Sequence[T], name: Any, seconds: Mapping[str, float]) -> list[T]:
+    """``items`` ordered by the seconds ``seconds`` gives their ``name(item)``, longest first; the untimed ones first,
+    in their order (a stable sort)."""
+    return sorted(items, key=lambda it: -seconds.get(name(it), float("inf")))

@@ -130,6 +130,13 @@ BUDGETS: dict[str, dict[Profile, Budget]] = {
         _F: Budget(max_examples=0, bulk=1 << 24),
         _D: Budget(max_examples=0, bulk=1 << 24),
     },
+    # Training tasks (spec.training.TASKS): max_examples seeds per task, each training a small model for tens of
+    # steps (host: ~0.5 s for the decoder block); the seeds are the case count, never stopped by time.
+    "training": {
+        _Q: Budget(max_examples=1),
+        _F: Budget(max_examples=3),
+        _D: Budget(max_examples=6),
+    },
     "transfer": {
         _Q: Budget(max_examples=60, max_size=32, bulk=1 << 16),
         _F: Budget(max_examples=60, max_size=32, bulk=1 << 20),

@@ -19,6 +19,7 @@ PAGES = [
     "docs/scan.md",
     "docs/fft.md",
     "docs/fusion.md",
+    "docs/training.md",
     "docs/coverage.md",
 ]
 

@@ -54,8 +54,11 @@ def _reg(*names: str) -> Callable[[RealFn], RealFn]:
 
 
 def _round(v: np.ndarray, u: float) -> np.ndarray:
-    """One rounding's error bound at value v (unit roundoff u; u = 0: no rounding)."""
-    return u * np.abs(v) + (TINY if u else 0.0)
+    """One rounding's error bound at value v (unit roundoff u; u = 0: no rounding); an infinite value rounds to
+    itself (x + -Inf with a constant -Inf, as an additive causal mask: its u |v| = Inf made a masked softmax's
+    bound Inf and NaN, 0 * Inf, everywhere after it)."""
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isinf(v), 0.0, u * np.abs(v) + (TINY if u else 0.0))
 
 
 def _gamma(n: int, u: float) -> float:

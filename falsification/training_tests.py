@@ -342,7 +342,9 @@ def update(ctx: FalsifyContext) -> Outcome:
 
 # -- MFU: the step's GEMM FLOP rate against its GEMMs alone ----------------------------------------------------------
 
-MFU_SIZE = {"batch": 4096, "d_in": 2048, "hidden": 8192, "d_out": 2048}
+# GEMMs of 2 x 4096 x 2048 x 4096 = 68.7 GFLOP each (K + 1 with the bias row), five a step: ~7 ms of fp32 cuBLAS on an
+# H100, well above the step's Python dispatch (~55 program steps), which the GPU's queue hides.
+MFU_SIZE = {"batch": 4096, "d_in": 2048, "hidden": 4096, "d_out": 2048}
 
 
 def _raw_gemms(shapes: list[tuple[int, int, int, int]]) -> tuple[Callable[[], None], list[list[int]]]:
@@ -385,7 +387,7 @@ def _raw_gemms(shapes: list[tuple[int, int, int, int]]) -> tuple[Callable[[], No
     return run, dims
 
 
-@register_test("training.mfu", devices=("cuda",))
+@register_test("training.mfu")
 @guarded()
 def mfu(ctx: FalsifyContext) -> Outcome:
     """The MLP step's GEMM FLOP rate at least ``tolerance`` x the raw cuBLAS throughput of its own GEMM shapes."""

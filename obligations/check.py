@@ -207,6 +207,8 @@ class RunOptions:
     jobs: int = 0  # worker processes running items ahead (0: every item in order, by the run itself)
     timeline: str | Path | None = None  # write where and when each item ran here (Chrome trace JSON)
     cluster: str | None = None  # run every item on this Dask cluster (local, local:N, tcp://HOST:PORT)
+    # the run's own executor, made (and started, Executor.prestart) ahead by the caller; the run closes it
+    executor: Executor | None = None
 
 
 def check_contract(
@@ -507,7 +509,7 @@ def check_paths(
     contracts: list[dict[str, Any]] = []
     interrupted = stopped = False
     failures = [0]
-    executor = make_executor(
+    executor = options.executor or make_executor(
         options.isolate,
         partial(item_fields, device=device, profile=profile, seed=seed),
         {"device": device, "profile": profile, "seed": seed},

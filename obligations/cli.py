@@ -340,11 +340,34 @@ def _resume_settings(args: argparse.Namespace) -> tuple[Any, list[str]]:
 def _check(args: argparse.Namespace) -> int:
     from obligations.isolation import stop_on_signals
 
-    with stop_on_signals():  # main() installed it already for `kc check ...`; this covers other callers
-        return _run_check(args)
+    with stop_on_signals(), contextlib.ExitStack() as cleanup:  # main() installed it already for `kc check ...`
+        return _run_check(args, cleanup)
 
 
-def _run_check(args: argparse.Namespace) -> int:
+def _profile(args: argparse.Namespace, device: str) -> str:
+    """The run's profile: --profile, else full on cuda (count-bound: falsification.profiles) and quick on the host."""
+    return args.profile or ("full" if device == "cuda" else "quick")
+
+
+def _early_executor(args: argparse.Namespace, device: str, seed: int, cleanup: contextlib.ExitStack) -> Any:
+    """The run's own executor with its worker process already starting (its imports take seconds: they overlap the
+    loading of the contracts), where the run will use one (``--isolate process``, the default on cuda; no
+    cluster); None otherwise. ``cleanup`` closes it if the run ends before it is handed over."""
+    from functools import partial
+
+    from obligations.check import item_fields
+    from obligations.isolation import make_executor
+
+    if args.cluster:
+        return None
+    settings = {"device": device, "profile": _profile(args, device), "seed": seed}
+    executor = make_executor(args.isolate, partial(item_fields, **settings), settings)
+    cleanup.callback(executor.close)
+    executor.prestart()
+    return executor
+
+
+def _run_check(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
     from obligations.check import RunOptions, check_paths
     from obligations.cluster import ClusterError
     from obligations.console import Reporter
@@ -382,6 +405,7 @@ def _run_check(args: argparse.Namespace) -> int:
             device = _resolve_device(args.device, args.cluster)
             if device is None:
                 return EXIT_INVALID
+            early = _early_executor(args, device, seed, cleanup)
             loaded = load_contracts(args.paths, search_path=args.search_path)  # each file parsed and validated once
     except StopRequested as e:
         return _stopped_before_items(args, e.reason, seed)
@@ -399,7 +423,7 @@ def _run_check(args: argparse.Namespace) -> int:
         for msg in unknown:
             print(f"kc: error: {msg}", file=sys.stderr)
         return EXIT_INVALID
-    profile = args.profile or ("full" if device == "cuda" else "quick")
+    profile = _profile(args, device)
     out = sys.stderr if args.json == "-" else sys.stdout
     verbosity = args.verbose - args.quiet
     if verbosity >= 0:
@@ -427,6 +451,7 @@ def _run_check(args: argparse.Namespace) -> int:
         cluster=args.cluster,
         done=resumed.done if resumed else {},
         log=log.record if log else None,
+        executor=early,
     )
     total = sum(1 for c in loaded.contracts for it in c.items if not args.only or _selected(it["id"], args.only))
     reporter = Reporter(out, verbosity, total)

@@ -247,6 +247,9 @@ class Executor:
         and its loading of the contract are not the item's time)."""
         return wall
 
+    def prestart(self) -> None:
+        """Start what the first item will need (a worker process) without waiting for it; a no-op in process."""
+
     def close(self) -> None:
         """Release what the executor holds (a worker process)."""
 
@@ -318,6 +321,7 @@ class WorkerPool(Executor):
         self._buf = b""
         self._item_seconds: float | None = None
         self._closed = False
+        self._ready = False  # the worker said it imported the run's modules
 
     def pin(self, cores: frozenset[int] | None) -> None:
         """Keep the worker (every thread of it, and a replacement) on ``cores``; None: every CPU again."""
@@ -325,7 +329,18 @@ class WorkerPool(Executor):
         if self.proc is not None and self.proc.poll() is None:
             pin_process(self.proc.pid, cores)
 
+    def prestart(self) -> None:
+        """Spawn the worker now and let it import the run's modules while the caller does other work (kc check:
+        while the contracts load); the first :meth:`run` waits for it to be ready."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._spawn()
+
     def _start(self) -> subprocess.Popen[bytes]:
+        if self.proc is None or self.proc.poll() is not None:
+            self._spawn()
+        return self._await_ready()
+
+    def _spawn(self) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         env.pop("KC_WORKER_CORES", None)
@@ -343,9 +358,15 @@ class WorkerPool(Executor):
         )
         self.started += 1
         self._buf = b""
-        if self._closed:
+        self._ready = False
+
+    def _await_ready(self) -> subprocess.Popen[bytes]:
+        proc = self.proc
+        if self._closed or proc is None:
             self._kill()
             raise WorkerStartError("the run stopped")
+        if self._ready:
+            return proc
         # The item's limit starts once the worker has imported the run's modules: a start is not the item's time.
         try:
             ready = self._read_line(time.monotonic() + WORKER_START_S)
@@ -354,7 +375,8 @@ class WorkerPool(Executor):
         if ready is None or self._closed or json.loads(ready).get("ready") is not True:
             self._kill()
             raise WorkerStartError(f"a worker process did not start within {WORKER_START_S:g} s")
-        return self.proc
+        self._ready = True
+        return proc
 
     def _kill(self) -> None:
         proc, self.proc = self.proc, None  # the run's thread and a prefetch thread may both get here
@@ -403,7 +425,7 @@ class WorkerPool(Executor):
     ) -> dict[str, Any]:
         self._item_seconds: float | None = None
         try:
-            proc = self.proc if self.proc is not None and self.proc.poll() is None else self._start()
+            proc = self.proc if self._ready and self.proc is not None and self.proc.poll() is None else self._start()
         except WorkerStartError as e:
             return error_fields(str(e))
         request = worker_request(self.settings, contract, item, witnesses, limit)

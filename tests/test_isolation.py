@@ -471,3 +471,22 @@ def test_a_run_of_one_item_starts_no_worker(tmp_path):
         main(["check", str(gemm), "--device", "host", "--only", "PO-GEMM-02-A-z3", "-j", "4", "--json", str(out)]) == 0
     )
     assert "workers_started" not in json.loads(out.read_text())["provenance"]  # nothing to overlap: run in place
+
+
+def test_the_runs_own_worker_starts_while_the_contracts_load_and_goes_with_a_run_that_ends_early(tmp_path, monkeypatch):
+    """kc check spawns its own worker (--isolate process) before loading the contracts; the run uses that one worker,
+    and a run that ends before its first item (here: an unknown --only id) leaves no worker behind."""
+    from obligations.isolation import WorkerPool
+
+    out, gemm, mark = tmp_path / "r.json", ROOT / "contracts" / "gemm-cublas-v1.yaml", f"early-{os.getpid()}"
+    monkeypatch.setenv("KC_TEST_MARK", mark)
+    spawned: list[str] = []
+    real = WorkerPool.prestart
+    monkeypatch.setattr(WorkerPool, "prestart", lambda self: (spawned.append("early"), real(self))[1])
+    args = ["check", str(gemm), "--device", "host", "--isolate", "process", "-j", "0", "--json", str(out)]
+    assert main([*args, "--only", "PO-GEMM-02-A-z3"]) == 0
+    result = json.loads(out.read_text())
+    assert spawned == ["early"] and result["provenance"]["workers_started"] == 1  # the early worker ran the item
+    assert result["contracts"][0]["items"][0]["status"] == "proved"
+    assert main([*args, "--only", "NO-SUCH-ITEM"]) == 2
+    assert spawned == ["early", "early"] and _marked(mark) == []  # closed although no run took it

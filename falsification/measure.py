@@ -227,17 +227,23 @@ class _Null:
         return None
 
 
-def calibrate(comparison: Comparison, budget: Budget) -> tuple[int, dict[str, float]]:
-    """Warm every contender up (compiles, caches), then the calls per block that make the slowest ~block_ms."""
+def calibrate(comparison: Comparison, budget: Budget) -> tuple[int, dict[str, float], dict[str, float]]:
+    """Warm every contender up (compiles, caches), then the calls per block that make the slowest ~block_ms.
+
+    Returns (calls per block, each contender's ms per call over 10 calls, each contender's warm-up seconds on the
+    host: its compiles, first loads and library start-up, which the item pays outside its trials)."""
     first: dict[str, float] = {}
+    warm: dict[str, float] = {}
     for name, fn in comparison.contenders().items():
         with comparison.context.get(name, _Null)():
+            t0 = time.perf_counter()
             for _ in range(budget.warmup):
                 fn()
+            warm[name] = round(time.perf_counter() - t0, 4)
             first[name] = _block_ms(fn, 10)
     slowest = max(first.values())
     iters = max(1, min(budget.max_iters, int(budget.block_ms / slowest) if slowest > 0 else budget.max_iters))
-    return iters, first
+    return iters, first, warm
 
 
 def timed_trials(comparison: Comparison, iters: int, k: int, start: int = 0) -> list[dict[str, float]]:
@@ -269,7 +275,7 @@ def compare(
     if ratio not in ("speed", "time"):
         raise ValueError(f"ratio must be 'speed' or 'time', got {ratio!r}")
     t0 = time.perf_counter()
-    iters, first = calibrate(comparison, budget)
+    iters, first, warm = calibrate(comparison, budget)
     ours, peers = comparison.ours_name, list(comparison.peers)
     done: list[dict[str, float]] = []
 
@@ -292,6 +298,7 @@ def compare(
         "peers": {p: comparison.configs.get(p, "library defaults") for p in peers},
         "calls_per_block": iters,
         "calibration_ms_per_call": first,
+        "warmup_s": warm,
         "wall_s": round(time.perf_counter() - t0, 4),
     }
     return replace(v, extra=extra)

@@ -288,3 +288,18 @@ def test_contract_holds_on_cuda():
             assert it["status"] in ("passed", "violated", "inconclusive"), (it["id"], it["status"], it.get("reason"))
             for case in it["evidence"]["cases_measured"].values():
                 assert case["interval"]["low"] <= case["interval"]["estimate"] <= case["interval"]["high"]
+
+
+def test_perf_contenders_are_built_once_for_consecutive_items():
+    """FUSION-PERF-mlp-gemms and -mlp-torch time the same program against two peers: one build serves both."""
+    from falsification import fusion_tests as ft
+
+    calls: list[tuple[int, ...]] = []
+
+    def setup(*args: int):
+        calls.append(args)
+        return {}, {}, {"args": args}
+
+    assert ft._built(setup, 1, 2) is ft._built(setup, 1, 2)
+    assert ft._built(setup, 3, 2)[2] == {"args": (3, 2)} and calls == [(1, 2), (3, 2)]
+    ft._built.cache_clear()

@@ -129,3 +129,21 @@ def test_expect_end_to_end_and_its_reason_is_required(tmp_path: Path):
     bare = contract_variant(gemm, tmp_path / "r", anchor, anchor + "    expect: violated\n")
     with pytest.raises(ContractError, match="expect_reason"):
         load_contract(bare)
+
+
+def test_calibration_records_each_contenders_warm_up_seconds(monkeypatch):
+    """What an item spends outside its trials shows in the evidence: warm-up seconds per contender (a first call's
+    compile or a library's start-up), beside the calls per block calibration picks."""
+    import time
+
+    monkeypatch.setattr(measure, "_block_ms", lambda fn, iters: {"ours": 0.5, "peer": 2.0}[fn()])
+    slow_first = iter([0.05])
+
+    def peer() -> str:
+        time.sleep(next(slow_first, 0.0))
+        return "peer"
+
+    comp = measure.Comparison(ours=lambda: "ours", peers={"peer": peer})
+    iters, first, warm = measure.calibrate(comp, measure.Budget(block_ms=4.0))
+    assert iters == 2 and first == {"ours": 0.5, "peer": 2.0}
+    assert set(warm) == {"ours", "peer"} and warm["peer"] >= 0.05 > warm["ours"]

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["register_workload", "get_workload", "workloads", "main"]
+__all__ = ["register_workload", "get_workload", "workloads", "main", "attention_shapes"]
 
 _WORKLOADS: dict[str, Callable[[], int]] = {}
 
@@ -132,6 +132,18 @@ def _transfer() -> int:
 # -- wave-2 families: small shapes at each plan regime's witness (tails, partial tiles, boundaries) -----------
 
 
+def attention_shapes() -> tuple[tuple[int, int, int, int, int, int], ...]:
+    """The attention workload's (B, Hq, Hkv, Lq, Lk, D): one row and one key; a partial query tile past BR rows with
+    a key tail past BC (tiled VJP, D 64, GQA); GQA with D 80 (padded to 128: the row VJP kernels) over two batches;
+    an empty query (D 16: a padded tiled dK/dV). Every block loops over whole padded tiles whatever the lengths, so
+    a case's sanitizer time grows with its blocks (batch x heads): the row-kernel case has the fewest heads that
+    keep a group of 2 (it had 4 query heads over 2 KV heads: ATT-SANITIZE's racecheck took 22.8 s, the longest item
+    of the GPU run of 2026-11-27)."""
+    from native import attention as att
+
+    return ((1, 1, 1, 1, 1, 64), (1, 2, 1, att.BR + 3, att.BC + 5, 64), (2, 2, 1, 5, 7, 80), (1, 1, 1, 0, 3, 16))
+
+
 @register_workload("attention")
 def _attention(device: str = "cuda") -> int:
     """Forward (float32 and float16) and VJP (tiled and row kernels) on one row, a partial tile, GQA, masks."""
@@ -140,14 +152,7 @@ def _attention(device: str = "cuda") -> int:
     xp = _xp(device)
     rng = np.random.default_rng(0)
     launches = 0
-    # (B, Hq, Hkv, Lq, Lk, D): one row and one key; a partial query tile past BR rows with a key tail past BC
-    # (tiled VJP, D 64); GQA with D 80 (padded to 128: the row VJP kernels); an empty query.
-    for b, hq, hkv, lq, lk, d in (
-        (1, 1, 1, 1, 1, 64),
-        (1, 2, 1, att.BR + 3, att.BC + 5, 64),
-        (2, 4, 2, 5, 7, 80),
-        (1, 1, 1, 0, 3, 16),
-    ):
+    for b, hq, hkv, lq, lk, d in attention_shapes():
         q = xp.asarray(rng.standard_normal((b, hq, lq, d)).astype(np.float32))
         k, v = (xp.asarray(rng.standard_normal((b, hkv, lk, d)).astype(np.float32)) for _ in range(2))
         lens = np.minimum(np.arange(b) + lk // 2, lk)  # a length at and one below the key count

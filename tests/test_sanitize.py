@@ -104,3 +104,25 @@ def test_every_gpu_family_has_a_sanitize_item_on_a_registered_workload():
                 seen[c.data["family"]] = (it.get("params") or {}).get("workload", c.data["family"])
     assert gpu <= set(seen), sorted(gpu - set(seen))
     assert set(seen.values()) <= set(workloads.workloads()), sorted(set(seen.values()) - set(workloads.workloads()))
+
+
+def test_the_attention_workload_launches_every_attention_kernel_with_gqa_on_both_vjp_paths():
+    """The sanitizer sees every kernel (the shapes were cut for time, never below this): each kind launches, GQA
+    reaches the tiled and the row VJP, a partial query tile and a key tail occur, an empty query is run."""
+    from native import attention as att
+    from native.workloads import attention_shapes
+
+    launched: set[str] = set()
+    gqa_paths: set[bool] = set()
+    for b, hq, hkv, lq, lk, d in attention_shapes():
+        p = att.attention_plan(b, hq, hkv, lq, lk, d)
+        if p.grid_q:
+            launched |= {"fwd", "fwd16", "dq" if p.tiled_vjp else "row_dq"}
+        if p.grid_k:
+            launched |= {"dkdv"} if p.tiled_vjp else {"row_dv", "row_dk"}
+        if hq > hkv:
+            gqa_paths.add(bool(p.tiled_vjp))
+    shapes = attention_shapes()
+    assert launched == set(att.KERNELS) and gqa_paths == {True, False}
+    assert any(lq > att.BR and lq % att.BR and lk % att.BC for _, _, _, lq, lk, _ in shapes)
+    assert any(lq == 0 for _, _, _, lq, _, _ in shapes) and any(b > 1 for b, *_ in shapes)

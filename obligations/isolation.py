@@ -35,6 +35,7 @@ from obligations.core import cancel
 __all__ = [
     "ItemTimeout",
     "PROFILE_TIMEOUT_S",
+    "PRELOAD_ENV",
     "item_timeout",
     "Executor",
     "InProcess",
@@ -247,8 +248,9 @@ class Executor:
         and its loading of the contract are not the item's time)."""
         return wall
 
-    def prestart(self) -> None:
-        """Start what the first item will need (a worker process) without waiting for it; a no-op in process."""
+    def prestart(self, preload: tuple[str, ...] = ()) -> None:
+        """Start what the first item will need (a worker process, importing ``preload`` too) without waiting for it;
+        a no-op in process."""
 
     def close(self) -> None:
         """Release what the executor holds (a worker process)."""
@@ -271,6 +273,8 @@ class InProcess(Executor):
 
 # Seconds a worker may take to start (import the run's modules) or to load a contract and its test modules.
 WORKER_START_S = 300.0
+# Modules (comma-separated) a worker imports before it says it is ready, besides the run's own (WorkerPool.preload).
+PRELOAD_ENV = "KC_WORKER_PRELOAD"
 
 
 class WorkerStartError(RuntimeError):
@@ -322,6 +326,7 @@ class WorkerPool(Executor):
         self._item_seconds: float | None = None
         self._closed = False
         self._ready = False  # the worker said it imported the run's modules
+        self.preload: tuple[str, ...] = ()  # modules the worker imports before it says it is ready (PRELOAD_ENV)
 
     def pin(self, cores: frozenset[int] | None) -> None:
         """Keep the worker (every thread of it, and a replacement) on ``cores``; None: every CPU again."""
@@ -329,9 +334,10 @@ class WorkerPool(Executor):
         if self.proc is not None and self.proc.poll() is None:
             pin_process(self.proc.pid, cores)
 
-    def prestart(self) -> None:
-        """Spawn the worker now and let it import the run's modules while the caller does other work (kc check:
-        while the contracts load); the first :meth:`run` waits for it to be ready."""
+    def prestart(self, preload: tuple[str, ...] = ()) -> None:
+        """Spawn the worker now and let it import the run's modules (and the modules ``preload`` names) while the
+        caller does other work (kc check: while the contracts load); the first :meth:`run` waits for it to be ready."""
+        self.preload = tuple(preload)
         if self.proc is None or self.proc.poll() is not None:
             self._spawn()
 
@@ -344,6 +350,9 @@ class WorkerPool(Executor):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         env.pop("KC_WORKER_CORES", None)
+        env.pop(PRELOAD_ENV, None)
+        if self.preload:
+            env[PRELOAD_ENV] = ",".join(self.preload)
         if self.cores:
             env["KC_WORKER_CORES"] = ",".join(map(str, sorted(self.cores)))  # pinned before it imports anything
         if self.threads:

@@ -8,6 +8,7 @@ A module of its own so that the run side never imports the checker that the work
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ import time
 from typing import Any
 
 from obligations.core import cancel
-from obligations.isolation import error_fields, seed_witnesses, timeout_record, worker_contract
+from obligations.isolation import PRELOAD_ENV, error_fields, seed_witnesses, timeout_record, worker_contract
 
 __all__: list[str] = []
 
@@ -61,6 +62,9 @@ def _worker() -> int:
     from falsification.registry import load_builtin_tests
 
     load_builtin_tests()  # what the first falsify item would import (Hypothesis, the test modules): not its time
+    for name in filter(None, os.environ.get(PRELOAD_ENV, "").split(",")):
+        with contextlib.suppress(ImportError):  # an absent library: the item that needs it says so
+            importlib.import_module(name)
     try:
         answers.write(json.dumps({"ready": True}) + "\n")
         answers.flush()

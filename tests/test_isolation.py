@@ -264,6 +264,21 @@ def test_a_pinned_worker_runs_on_its_cpus_only_and_gets_every_cpu_back():
         w.close()
 
 
+def test_a_prestarted_worker_imports_its_preload_and_an_absent_module_does_not_stop_it():
+    from obligations.check import item_fields
+    from obligations.isolation import PRELOAD_ENV, WorkerPool
+
+    contract = load_contract(FAULTS)
+    w = WorkerPool(item_fields, {"device": "host", "profile": "quick", "seed": 0})
+    try:
+        w.prestart(preload=("colorsys", "no_such_module_for_kc"))
+        env = Path(f"/proc/{w.proc.pid}/environ").read_bytes().split(b"\0")
+        assert f"{PRELOAD_ENV}=colorsys,no_such_module_for_kc".encode() in env
+        assert w.run(contract, contract.item("FT-OK-1"), 60)["status"] == "passed" and w.started == 1
+    finally:
+        w.close()
+
+
 def test_the_timeline_says_where_and_when_each_item_ran(tmp_path):
     tl = tmp_path / "t.json"
     gemm = ROOT / "contracts" / "gemm-cublas-v1.yaml"

@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[a
 
 # Modules that register themselves when imported, by what they register.
 PLUGINS: dict[str, tuple[str, ...]] = {
-    "commands": ("obligations.graph_cli", "obligations.libm_audit"),
+    "commands": ("obligations.graph_cli", "obligations.libm_audit", "obligations.torch_audit"),
     "engines": ("obligations.audit", "obligations.regimes", "obligations.sanitize"),
 }
 

@@ -8,8 +8,9 @@ with the alpha/beta update and the output rounding:
     |C - C_ref| <= gamma_(k+2)(2^-24) (|alpha| |op(A)| |op(B)| + |beta| |C0|) + u_out |C_ref| + tiny
                    + gamma_k(2^-53) |alpha| |op(A)| |op(B)|   (the reference's own margin)
 
-with u_out = 2^-11 for fp16 output (0 for fp32: its rounding is one of the k+2) and ``tiny`` the
-absolute underflow allowance of the output format (2^-25 for fp16, k 2^-149 for fp32).
+with u_out = 2^-11 for fp16 output, 2^-8 for bfloat16 (0 for fp32: its rounding is one of the k+2) and ``tiny``
+the absolute underflow allowance: k 2^-149 for the fp32 sums, plus half the output format's subnormal spacing
+(2^-25 for fp16, 2^-134 for bfloat16).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import numpy as np
 
 __all__ = ["U", "gamma", "reference", "error_bound", "op"]
 
-U: dict[str, float] = {"float16": 2.0**-11, "float32": 2.0**-24, "float64": 2.0**-53}
+U: dict[str, float] = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
+# Half the subnormal spacing of a narrow output format: its rounding there is absolute, not relative.
+_OUT_TINY: dict[str, float] = {"float16": 2.0**-25, "bfloat16": 2.0**-134}
 
 
 def gamma(h: int, u: float) -> float:
@@ -65,8 +68,8 @@ def error_bound(
         mag_c = abs(float(beta)) * np.abs(c0.astype(np.float64))
     else:
         mag_c = 0.0
-    u_out = U["float16"] if out_dtype == "float16" else 0.0
-    tiny = 2.0**-25 if out_dtype == "float16" else k * 2.0**-149
+    u_out = U[out_dtype] if out_dtype in _OUT_TINY else 0.0
+    tiny = _OUT_TINY.get(out_dtype, 0.0) + k * 2.0**-149  # the output's rounding and the fp32 sums' underflow
     acc = gamma(k + 2, U["float32"]) * (mag + mag_c) + gamma(k, U["float64"]) * mag
     # The output rounding is relative to the accumulated value, which may exceed |C_ref| by acc.
     return acc + u_out * (np.abs(c_ref) + acc) + tiny

@@ -21,6 +21,7 @@ PAGES = [
     "docs/fusion.md",
     "docs/training.md",
     "docs/coverage.md",
+    "docs/torch-audit.md",
 ]
 
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
-from obligations.reporting import libm_table
+from obligations.reporting import libm_table, torch_table
 from obligations.reporting.evidence import Fact
 from obligations.reporting.model import GATE_EXPECTED, STATUSES, contract_summary, gate_verdict, status_style
 from obligations.reporting.plots import MISSING_MATPLOTLIB, plots_available
@@ -205,6 +205,7 @@ def render_contract_html(
     if coverage:
         out += ["<h2>Coverage</h2>", *_facts_table(coverage, "coverage", ("Coverage", "Evidence"))]
     out += libm_table.html_lines(contract)
+    out += torch_table.html_lines(contract)
     scope = not_adopted_facts(contract)
     if scope:
         out += [

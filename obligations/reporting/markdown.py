@@ -12,7 +12,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
-from obligations.reporting import libm_table
+from obligations.reporting import libm_table, torch_table
 from obligations.reporting.evidence import Fact
 from obligations.reporting.model import STATUSES, contract_summary, gate_verdict
 from obligations.reporting.plots import MISSING_MATPLOTLIB, plots_available
@@ -196,6 +196,7 @@ def render_contract_markdown(
         ]
         lines += _facts_table(scope, ("Claim", "Declared")) + [""]
     lines += libm_table.markdown_lines(contract)
+    lines += torch_table.markdown_lines(contract)
     lines += ["## Items", ""]
     for v in views:
         lines += _item_section(v, plot_files)

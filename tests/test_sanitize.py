@@ -126,3 +126,22 @@ def test_the_attention_workload_launches_every_attention_kernel_with_gqa_on_both
     assert launched == set(att.KERNELS) and gqa_paths == {True, False}
     assert any(lq > att.BR and lq % att.BR and lk % att.BC for _, _, _, lq, lk, _ in shapes)
     assert any(lq == 0 for _, _, _, lq, _, _ in shapes) and any(b > 1 for b, *_ in shapes)
+
+
+def test_a_workload_process_imports_only_the_module_that_registers_it():
+    """Each sanitizer tool runs its workload in a fresh process: a family's own workload (native.norm's) imports that
+    module, not the whole native package; an unknown name still lists every workload."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, native.workloads as w\n"
+        "w.find_workload('norm')\n"
+        "print(sorted(m for m in sys.modules if m.startswith('native.')))\n"
+        "try:\n    w.find_workload('no-such-workload')\nexcept KeyError as e:\n    print('conv' in str(e))\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True).stdout
+    loaded, listed = out.splitlines()
+    assert "'native.norm'" in loaded and "'native.fusion'" not in loaded and "'native.ir'" not in loaded
+    assert listed == "True"

@@ -40,6 +40,7 @@ from falsification.agreement import NAN_MISMATCH, Agreement, Expected, make_agre
 from falsification.profiles import Budget
 from falsification.registry import FalsifyContext, Replay, get_test
 from obligations.core.device import DeviceUnavailable
+from obligations.core.execution import noting
 from obligations.core.plans import split_witnesses
 from obligations.core.results import Outcome, error, passed, skipped, violated
 
@@ -534,8 +535,9 @@ def _replay_case(ctx: FalsifyContext, check: Check[C], rp: Replay) -> Outcome:
         case = check.decode(rp)
     except (ValueError, IndexError) as exc:
         return error(f"{check.name}: cannot replay {rp.values}: {exc}")
-    j = judge(check, check.inputs(case))
-    ev = evidence(ctx, check.agreement, replayed=True, **check.build)
+    with noting() as ran:
+        j = judge(check, check.inputs(case))
+    ev = evidence(ctx, check.agreement, replayed=True, **check.build, **({"executed_by": ran} if ran else {}))
     if j.failed:
         ce: dict[str, Any] = {
             "kind": "element" if check.elements else "case",
@@ -899,13 +901,16 @@ def run(ctx: FalsifyContext, check: Check[C], extra: Callable[[], Mapping[str, A
     except ValueError as exc:
         return error(str(exc), **evidence(ctx, check.agreement, **check.build))
     try:
-        found = _explore(ctx, search)
+        with noting() as ran:  # how the native code ran (e.g. Triton's interpreter) belongs in the evidence
+            found = _explore(ctx, search)
     except HypothesisException as exc:  # e.g. Flaky: a failure that did not reproduce
         return error(
             f"{check.name}: Hypothesis could not settle a failure ({type(exc).__name__}: {exc})",
             **evidence(ctx, check.agreement, **check.build),
         )
     ev = search.evidence(ctx, extra() if extra else {})
+    if ran:
+        ev["executed_by"] = ran
     if found is None:
         return passed(cases=search.cases, **ev)
     ce, rp, kind = _counterexample(ctx, check, found.case, found.judgement)

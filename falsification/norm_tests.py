@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,7 @@ from obligations.core.device import array_module, to_host
 from obligations.core.plans import regime_of, resolve
 from obligations.core.results import Outcome, skipped
 from spec import norm as ref
+from spec import triton as tri
 
 __all__ = ["NormCase", "MIX_NAMES", "HOST_ONLY"]
 
@@ -82,15 +83,27 @@ class NormCase:
         return (self.seed, self.mix, self.rows, self.length, self.density)
 
 
-def _cases(mixes: int) -> st.SearchStrategy[NormCase]:
+def _cases(mixes: int, masks: bool = True) -> st.SearchStrategy[NormCase]:
     return st.builds(
         NormCase,
         st.integers(0, 2**32 - 1),
         st.integers(0, mixes - 1),
         st.integers(1, 6),
         st.integers(1, 40),
-        st.integers(0, 8),
+        st.integers(0, 8) if masks else st.just(8),
     )
+
+
+def _masks(ctx: FalsifyContext) -> bool:
+    """Whether the item's kernel takes masks (params ``masks: false``: a kernel without one, every case unmasked)."""
+    return bool(ctx.params.get("masks", True))
+
+
+def _plan(ctx: FalsifyContext) -> Callable[..., Any]:
+    """The launch plan of the item's kernel (where the contract names one), else the CUDA kernels' row plan: the
+    plan whose regimes a case selects."""
+    kernel = (ctx.contract.get("kernels") or {}).get(ctx.item.get("kernel")) or {}
+    return resolve(kernel["plan"]) if "plan" in kernel else row_plan
 
 
 # magnitude mixes: value = uniform(-1, 1) * 2^e, e uniform in [lo, hi] (narrow: |x| <= 1, so every exp of a row
@@ -222,6 +235,11 @@ def _check(
     more: tuple[NormCase, ...] = (),
     **kw: Any,
 ) -> Check:
+    masks, plan = _masks(ctx), _plan(ctx)
+
+    def unmasked(cases: tuple[NormCase, ...]) -> tuple[NormCase, ...]:
+        return cases if masks else tuple(replace(c, density=8) for c in cases)
+
     return Check(
         name=name,
         inputs=lambda c: _inputs(c, mixes),
@@ -229,21 +247,23 @@ def _check(
         reference=reference,
         agreement=agreement,
         cases=cases,
-        explicit=(
-            NormCase(ctx.seed, 0, 3, 17, 5),
-            NormCase(ctx.seed + 1, 0, 1, 1, 8),
-            NormCase(ctx.seed + 2, min(1, len(mixes) - 1), 2, 40, 8),
-            NormCase(ctx.seed + 3, min(1, len(mixes) - 1), 3, 23, 6),
-            *_tie_cases(mixes),
-            *more,
+        explicit=unmasked(
+            (
+                NormCase(ctx.seed, 0, 3, 17, 5),
+                NormCase(ctx.seed + 1, 0, 1, 1, 8),
+                NormCase(ctx.seed + 2, min(1, len(mixes) - 1), 2, 40, 8),
+                NormCase(ctx.seed + 3, min(1, len(mixes) - 1), 3, 23, 6),
+                *_tie_cases(mixes),
+                *more,
+            )
         ),
         encode=lambda c: c.ints(),
         decode=lambda rp: NormCase(*rp.values[:5]),
-        # NORM-REGIMES' witnesses: rows and length from the plan, masked (5/8) where there are elements
+        # the regimes item's witnesses: rows and length from the plan, masked (5/8) where there are elements
         from_witness=lambda w: NormCase(
-            ctx.seed, 0, int(w["rows"]), int(w["length"]), 5 if w["rows"] and w["length"] else 8
+            ctx.seed, 0, int(w["rows"]), int(w["length"]), 5 if masks and w["rows"] and w["length"] else 8
         ),
-        regime_of=lambda c: regime_of(row_plan, {"rows": c.rows, "length": c.length}),
+        regime_of=lambda c: regime_of(plan, {"rows": c.rows, "length": c.length}),
         refuses=(RowsRefused,),
         describe=lambda c: {
             "seed": c.seed,
@@ -303,8 +323,20 @@ def _gamma(k: Any, u: float = U) -> Any:
     return float(g) if g.ndim == 0 else g
 
 
-def softmax_bound(x: np.ndarray, mask: np.ndarray | None, log: bool, tol: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """(float64 value, per-element bound) of (log-)softmax for float32 inputs: the contract's derived bound."""
+def softmax_bound(
+    x: np.ndarray,
+    mask: np.ndarray | None,
+    log: bool,
+    tol: float = 1.0,
+    *,
+    arg_rounds: int = 1,
+    exp_rel: float = 4 * U,
+    div_rel: float = U,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(float64 value, per-element bound) of (log-)softmax for float32 inputs: the contract's derived bound.
+
+    ``arg_rounds``: roundings in exp's argument (1: fl(x - m); Triton's tl.exp: 3, fl(fl(x - m) fl(log2 e)));
+    ``exp_rel``: exp's relative error (2 ulp); ``div_rel``: the division's (correctly rounded: u)."""
     x64 = x.astype(np.float64)
     ok = np.ones(x.shape, bool) if mask is None else mask
     y = ref.softmax_f64(x64, ok)
@@ -312,15 +344,15 @@ def softmax_bound(x: np.ndarray, mask: np.ndarray | None, log: bool, tol: float 
     m = np.max(np.where(ok, x64, -np.inf), axis=-1, keepdims=True)
     with np.errstate(all="ignore"):
         t = np.where(ok, np.abs(x64 - np.where(np.isfinite(m), m, 0.0)), 0.0)
-    a = np.expm1(U * t * (1 + 2 * U)) * (1 + 4 * U) + 4 * U  # relative error of each exp(fl(x - m))
+    a = np.expm1(arg_rounds * U * t * (1 + 2 * U)) * (1 + exp_rel) + exp_rel  # relative error of each exp
     amax = np.max(np.where(ok, a, 0.0), axis=-1, keepdims=True)
     g = _gamma(length - 1)
     ssub = length * 2.0**-148  # subnormal exp results: 2 ulp absolute each, against s >= 1
     hi = (1 + amax) * (1 + g) + ssub
     lo = (1 - amax) * (1 - g) - ssub
     if not log:
-        up = (1 + a) * (1 + U) / lo - 1
-        down = 1 - (1 - a) * (1 - U) / hi
+        up = (1 + a) * (1 + div_rel) / lo - 1
+        down = 1 - (1 - a) * (1 - div_rel) / hi
         bound = y * np.maximum(up, down) + 2.0**-147
         return np.where(ok, y, 0.0), np.where(ok, tol * bound * (1 + 2.0**-40), 0.0)
     with np.errstate(all="ignore"):
@@ -365,6 +397,7 @@ class Rounding:
     u: float
     tiny: float
     rsqrt_rel: float
+    div: float | None = None  # the division by n's relative error (None: u, exact where n is a power of two)
 
 
 # the kernels: binary32 ops, rsqrt = (float)(1.0 / sqrt((double)v)): two double roundings, then one to binary32
@@ -372,6 +405,8 @@ KERNEL = Rounding(U, 2.0**-150, U + 2.0**-50)
 # the float64 references of spec.norm in the kernels' order: their own error is the same derivation at u = 2^-53
 # (sums pairwise or sequential: both within gamma_{n-1}); rsqrt = 1 / sqrt(v): (1 + u)/(1 - u) - 1 <= 2u + 2^-103
 REFERENCE = Rounding(2.0**-53, 2.0**-1075, 2.0**-52 + 2.0**-103)
+# Triton's fp32 lowering (spec.triton): rsqrt = 1 / tl.sqrt(v) is (1 + div) / (1 - sqrt) - 1 relative
+TRITON = Rounding(U, 2.0**-150, (1 + tri.DIV_REL) / (1 - tri.SQRT_REL) - 1, div=tri.DIV_REL)
 BOUND_EVAL = 1 + 2.0**-30  # the float64 evaluation of a bound (and of its exact quantities), relative
 
 
@@ -396,7 +431,7 @@ def _div_u(n: int, u: float) -> float:
 def _norm_terms(x64: np.ndarray, eps32: float, centred: bool, rd: Rounding) -> _NormTerms:
     """The forward statistics' errors of the stated order under ``rd`` (mean, centring, variance fold, rsqrt)."""
     u, tiny, n = rd.u, rd.tiny, x64.shape[-1]
-    u_n = _div_u(n, u)
+    u_n = _div_u(n, u) if rd.div is None else rd.div
     if centred:
         big_s = x64.sum(-1, keepdims=True)
         e_s = _gamma(n - 1, u) * np.abs(x64).sum(-1, keepdims=True) + n * tiny
@@ -423,11 +458,12 @@ def _norm_terms(x64: np.ndarray, eps32: float, centred: bool, rd: Rounding) -> _
 
 
 def norm_bound(
-    x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float, tol: float = 1.0
+    x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float, tol: float = 1.0, rd: Rounding = KERNEL
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(float64 value, per-element bound) of layernorm (b given) or RMSNorm (b None), the contract's derivation."""
+    """(float64 value, per-element bound) of layernorm (b given) or RMSNorm (b None), the contract's derivation
+    under the kernel's arithmetic ``rd``."""
     x64, w64 = x.astype(np.float64), np.abs(w.astype(np.float64))
-    t = _norm_terms(x64, float(np.float32(eps)), b is not None, KERNEL)
+    t = _norm_terms(x64, float(np.float32(eps)), b is not None, rd)
     ad, r, tiny = np.abs(t.d), t.r, KERNEL.tiny
     e_p = w64 * t.e_xh + U * w64 * (ad * r + t.e_xh) + tiny
     value = t.d * r * w.astype(np.float64)
@@ -598,6 +634,18 @@ _BOUNDS: dict[str, _Bound] = {
         "dw, db: gamma_{m-1} folds over rows",
         BWD_MIXES,
     ),
+    "softmax@triton": _Bound(
+        lambda i, tol: softmax_bound(
+            _v(i.x), i.mask, False, tol, arg_rounds=tri.EXP_ARG_ROUNDS, exp_rel=tri.EXP_REL, div_rel=tri.DIV_REL
+        ),
+        "tol x derived softmax bound under Triton's fp32 lowering: exp's argument rounded 3 times, ex2.approx 2^-21, "
+        "gamma_{L-1} (any summation order), div.full 2^-22",
+    ),
+    "rmsnorm@triton": _Bound(
+        lambda i, tol: norm_bound(_v(i.x), _v(i.w), None, 1e-6, tol, TRITON),
+        "tol x derived RMSNorm bound under Triton's fp32 lowering: gamma_{n-1} square sum (any order, fused or not), "
+        "div.full 2^-22 mean, sqrt.approx 2^-22 and div.full rsqrt, scale",
+    ),
     "rmsnorm_bwd": _Bound(
         lambda i, tol: norm_backward_bound(_v(i.x), _v(i.w), _v(i.dy), 1e-6, False, tol),
         "tol x derived RMSNorm-backward bound (kernel + float64 reference): forward e_r, e_xh; fl(dy w), "
@@ -629,7 +677,8 @@ def error_bound(ctx: FalsifyContext) -> Outcome:
     impl = resolve(name)
     xp = array_module(ctx.device)
     tol = float(ctx.tolerance if ctx.tolerance is not None else 1.0)
-    spec = _BOUNDS[op]
+    model = ctx.params.get("model")  # the kernel's arithmetic where it is not the CUDA kernels' (e.g. "triton")
+    spec = _BOUNDS[f"{op}@{model}" if model else op]
     outputs = _OUTPUTS.get(op, ("y",))
     worst = dict.fromkeys(outputs, 0.0)
     unbounded = [0]
@@ -660,11 +709,19 @@ def error_bound(ctx: FalsifyContext) -> Outcome:
         lambda i: _run(op, impl, i, xp, ctx.device),
         reference,
         agreement,
-        _cases(len(spec.mixes)),
+        _cases(len(spec.mixes), _masks(ctx)),
         mixes=spec.mixes,
         more=_mix_cases(ctx.seed, spec.mixes),
         observe=observe,
-        build={"impl": name, "op": op, "tolerance": tol, "exp_ulp": 2, "log_ulp": 1, "u": "2^-24"},
+        build={
+            "impl": name,
+            "op": op,
+            "tolerance": tol,
+            "exp_ulp": 2,
+            "log_ulp": 1,
+            "u": "2^-24",
+            **({"model": model} if model else {}),
+        },
     )
     return engine.run(ctx, check, extra)
 
@@ -775,7 +832,7 @@ def sum_to_one(ctx: FalsifyContext) -> Outcome:
         native,
         reference,
         agreement,
-        _cases(1),
+        _cases(1, _masks(ctx)),
         mixes=("moderate",),
         build={"impl": name, "tolerance": tol, "sum": "math.fsum of the float32 outputs"},
     )

@@ -17,8 +17,21 @@ import pkgutil
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Build", "Promise", "PROMISES", "register_builds", "all_builds", "families", "load_native_modules"]
+__all__ = [
+    "Build",
+    "Promise",
+    "PROMISES",
+    "register_builds",
+    "all_builds",
+    "families",
+    "load_native_modules",
+    "Toolchain",
+    "ToolchainUnavailable",
+    "register_toolchain",
+    "toolchain",
+]
 
 
 @dataclass(frozen=True)
@@ -40,6 +53,11 @@ PROMISES: dict[str, Promise] = {
     "nvrtc-ftz": Promise(keeps_subnormals=False, contracts=False, approximates=False),
     "nvrtc-fast-math": Promise(keeps_subnormals=False, contracts=True, approximates=True),
     "cupy-stock": Promise(keeps_subnormals=False, contracts=True, approximates=False),
+    # Triton (native.tritonrt): its defaults contract a*b+c (enable_fp_fusion); "triton-ieee" turns fusion off. Both
+    # keep subnormals in f32 arithmetic; the approximate operations of Triton's own lowering (fp32 `/` is div.full.f32,
+    # tl.exp ex2.approx.f32, tl.sqrt sqrt.approx.ftz.f32) are not the route's: each build declares the ones it uses.
+    "triton": Promise(keeps_subnormals=True, contracts=True, approximates=False),
+    "triton-ieee": Promise(keeps_subnormals=True, contracts=False, approximates=False),
 }
 
 
@@ -61,6 +79,49 @@ class Build:
     # Tensor-core products (mma/wmma/wgmma) do not round like f32 FMAs (products exact, sums aligned and truncated);
     # a build that uses them declares it, and its contract bounds them with a stated tensor-core model.
     tensor_cores: bool = False
+    # Which compiler reads ``source`` (a registered :class:`Toolchain`): NVRTC, or Triton for a @triton.jit kernel
+    # (``function`` its module:attr, ``specialization`` the signature, tl.constexpr values and num_warps).
+    toolchain: str = "nvrtc"
+    specialization: tuple[tuple[str, Any], ...] = ()
+    # Opcodes the build declares and its contract's bound models (e.g. Triton's div.full.f32 for an fp32 `/`):
+    # the audit's rules let exactly these through, where ``approximate`` lets every approximate opcode through.
+    declared: frozenset[str] = frozenset()
+
+
+class ToolchainUnavailable(RuntimeError):
+    """A build's compiler cannot run here; the message says what to install."""
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """How the audit reads a build's compiled code: the compiler's version, the route object the rules read, the
+    build's PTX and its machine code for the SASS level (``ToolchainUnavailable`` where the compiler is absent)."""
+
+    name: str
+    version: Callable[[], str]
+    route: Callable[[str], Any]
+    ptx: Callable[[Build], str]
+    cubin: Callable[[Build], bytes]
+
+
+_TOOLCHAINS: dict[str, Toolchain] = {}
+
+
+def register_toolchain(tc: Toolchain) -> Toolchain:
+    """Add a toolchain by name (names are unique)."""
+    if tc.name in _TOOLCHAINS and _TOOLCHAINS[tc.name] != tc:
+        raise ValueError(f"toolchain {tc.name!r} registered twice")
+    _TOOLCHAINS[tc.name] = tc
+    return tc
+
+
+def toolchain(name: str) -> Toolchain:
+    """The registered toolchain ``name`` (every ``native`` module is imported first); KeyError lists the known."""
+    load_native_modules()
+    try:
+        return _TOOLCHAINS[name]
+    except KeyError:
+        raise KeyError(f"unknown toolchain {name!r}; known: {sorted(_TOOLCHAINS)}") from None
 
 
 _ENUMERATORS: dict[str, Callable[[], Iterator[Build]]] = {}

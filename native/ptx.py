@@ -10,11 +10,15 @@ CUDA toolkit on a device machine, or the ``nvidia-cuda-nvdisasm`` wheel).
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+from native.builds import Build, Toolchain, ToolchainUnavailable, register_toolchain
+from native.nvrtc import get_route
 
 __all__ = [
     "PtxUnavailable",
@@ -26,6 +30,7 @@ __all__ = [
     "nvdisasm_path",
     "disassemble",
     "nvrtc_version",
+    "build_options",
 ]
 
 ARCH = "compute_90"
@@ -104,7 +109,8 @@ def compile_cubin(source: str, options: tuple[str, ...], arch: str = SASS_ARCH) 
 
 @functools.cache
 def nvdisasm_path() -> str | None:
-    """The ``nvdisasm`` to use: $KC_NVDISASM, then PATH, the CUDA toolkit, the nvidia-cuda-nvdisasm wheel."""
+    """The ``nvdisasm`` to use: $KC_NVDISASM, then PATH, the CUDA toolkit, the nvidia-cuda-nvdisasm wheel, the one
+    Triton's wheel bundles."""
     candidates = [os.environ.get("KC_NVDISASM"), shutil.which("nvdisasm"), "/usr/local/cuda/bin/nvdisasm"]
     try:
         import nvidia
@@ -112,6 +118,9 @@ def nvdisasm_path() -> str | None:
         candidates += [str(Path(p) / sub / "bin" / "nvdisasm") for p in nvidia.__path__ for sub in ("cu13", "cu12")]
     except ImportError:
         pass
+    spec = importlib.util.find_spec("triton")  # located, not imported: importing triton costs a third of a second
+    if spec is not None and spec.origin:
+        candidates.append(str(Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "nvdisasm"))
     return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
 
 
@@ -128,3 +137,27 @@ def disassemble(cubin: bytes) -> str:
     if proc.returncode != 0:
         raise RuntimeError(f"nvdisasm failed ({proc.returncode}): {proc.stderr.strip()[:500]}")
     return proc.stdout
+
+
+def build_options(build: Build) -> tuple[str, ...]:
+    """The NVRTC options of a build: its route's own (CuPy's stock route: the -ftz=true CuPy appends)."""
+    route = get_route(build.route)
+    return route.flags.options() if route.flags else ("-ftz=true",)
+
+
+def _nvrtc_version() -> str:
+    try:
+        return nvrtc_version()
+    except PtxUnavailable as exc:
+        raise ToolchainUnavailable(str(exc)) from None
+
+
+register_toolchain(
+    Toolchain(
+        "nvrtc",
+        _nvrtc_version,
+        get_route,
+        lambda b: compile_ptx(b.source, build_options(b)),
+        lambda b: compile_cubin(b.source, build_options(b)),
+    )
+)

@@ -21,18 +21,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from native.builds import PROMISES, Build, Promise, all_builds
-from native.nvrtc import Route, get_route
-from native.ptx import (
-    ARCH,
-    SASS_ARCH,
-    PtxUnavailable,
-    SassUnavailable,
-    compile_cubin,
-    compile_ptx,
-    disassemble,
-    nvrtc_version,
-)
+from native.builds import PROMISES, Build, Promise, ToolchainUnavailable, all_builds, toolchain
+from native.nvrtc import Route
+from native.ptx import ARCH, SASS_ARCH, SassUnavailable, disassemble
 from obligations.core.evidence import AuditEvidence
 from obligations.core.results import Outcome, error, passed, skipped, violated
 from obligations.engines import Engine, Job, register_engine
@@ -115,8 +106,11 @@ register_rule(
         # libdevice's approximate transcendentals use ex2/lg2.approx.ftz on range-reduced arguments. An f32 atomic
         # add flushes with no .ftz in its text (PTX ISA: atom/red .add.f32): only a build that declares it may.
         lambda op, b: (
-            (".ftz" in op and ".f32" in op and not (b.approximate and ".approx" in op))
-            or (_is_f32_atomic_add(op) and not b.flushes_atomics)
+            op not in b.declared
+            and (
+                (".ftz" in op and ".f32" in op and not (b.approximate and ".approx" in op))
+                or (_is_f32_atomic_add(op) and not b.flushes_atomics)
+            )
         ),
     )
 )
@@ -134,14 +128,14 @@ register_rule(
         "no approximate f32 division, square root, reciprocal or ex2/lg2/sin/cos unless the kernel is declared "
         "approximate (f64 .approx seeds inside libdevice's refined sequences are not results)",
         lambda b, r: not b.approximate and not _promise(r).approximates,
-        lambda op, b: (".approx" in op or op.startswith("div.full")) and op.endswith(".f32"),
+        lambda op, b: (".approx" in op or op.startswith("div.full")) and op.endswith(".f32") and op not in b.declared,
     )
 )
 register_rule(
     PtxRule(
         "index-64",
         "the grid-stride index is 64-bit where the launch plan proved int64 (no 32-bit index arithmetic)",
-        lambda b, r: b.index_bits == 64,
+        lambda b, r: b.index_bits == 64 and b.toolchain == "nvrtc",
         # A signed 32-bit index enters 64-bit addressing by sign extension (cvt.s64.s32) and is formed with a 32-bit
         # mad (blockIdx.x * blockDim.x + threadIdx.x). mul.lo.s32 alone is not a sign: NVRTC's fast path for a
         # 64-bit / or % whose operands fit 32 bits computes the remainder with it.
@@ -167,11 +161,6 @@ def instructions(ptx: str) -> list[tuple[int, str, str]]:
     return out
 
 
-def _compile_options(build: Build) -> tuple[Route, tuple[str, ...]]:
-    route = get_route(build.route)
-    return route, route.flags.options() if route.flags else ("-ftz=true",)
-
-
 def _apply_rules(
     build: Build, route: Route, insns: list[tuple[int, str, str]], rules: dict[str, PtxRule]
 ) -> tuple[list[str], list[Finding]]:
@@ -188,9 +177,9 @@ def _apply_rules(
 
 
 def audit_build(build: Build, rules: dict[str, PtxRule] | None = None) -> tuple[list[str], list[Finding]]:
-    """Compile one build to PTX and apply every rule that applies: (rules applied, findings)."""
-    route, options = _compile_options(build)
-    return _apply_rules(build, route, instructions(compile_ptx(build.source, options)), rules or RULES)
+    """Compile one build to PTX (its toolchain's) and apply every rule that applies: (rules applied, findings)."""
+    tc = toolchain(build.toolchain)
+    return _apply_rules(build, tc.route(build.route), instructions(tc.ptx(build)), rules or RULES)
 
 
 SASS_RULES: dict[str, PtxRule] = {}
@@ -248,8 +237,9 @@ def sass_instructions(sass: str) -> list[tuple[int, str, str]]:
 
 def audit_sass(build: Build, rules: dict[str, PtxRule] | None = None) -> tuple[list[str], list[Finding], Counter]:
     """Compile one build to sm_90 machine code, disassemble it and apply the SASS rules: (applied, findings, mix)."""
-    route, options = _compile_options(build)
-    insns = sass_instructions(disassemble(compile_cubin(build.source, options)))
+    tc = toolchain(build.toolchain)
+    route = tc.route(build.route)
+    insns = sass_instructions(disassemble(tc.cubin(build)))
     mix = Counter({k: sum(f(op) for _, op, _ in insns) for k, f in _MIX.items()})
     return (*_apply_rules(build, route, insns, rules or SASS_RULES), mix)
 
@@ -292,13 +282,16 @@ class AuditEngine(Engine):
         family = (job.item.get("params") or {}).get("family") or job.contract.data["family"]
         t0 = time.perf_counter()
         try:
-            version = nvrtc_version()
-        except PtxUnavailable as exc:
-            return skipped(str(exc))
-        try:
             builds = all_builds(family)
         except KeyError:
             return error(f"no builds registered for family {family!r}")
+        try:  # every compiler the family's builds name must run here, else nothing about their code can be said
+            version = ", ".join(
+                f"{name} {toolchain(name).version()}" if name != "nvrtc" else toolchain(name).version()
+                for name in dict.fromkeys(b.toolchain for b in builds)
+            )
+        except ToolchainUnavailable as exc:
+            return skipped(str(exc))
         per_rule: dict[str, int] = {}
         findings: list[Finding] = []
         for b in builds:

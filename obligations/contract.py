@@ -16,7 +16,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,8 @@ from obligations.core import symbolic as sym
 
 if TYPE_CHECKING:
     import jsonschema
+
+    from native import kinds as native_kinds
 
 __all__ = [
     "Diagnostic",
@@ -722,6 +724,35 @@ def _dotted_paths(c: Contract, _known: set[str] | None) -> Iterator[Diagnostic]:
                     resolve_code(k[role], role)
                 except plans.ResolveError as e:
                     yield _d(c, ("kernels", name, role), str(e), True)
+        from native.kinds import kinds  # kc's own registry (imports no toolchain): only when code is resolved
+
+        for kind in kinds().values():
+            if kind.name in k:
+                yield from (_d(c, ("kernels", name, kind.name), p, True) for p in _kind_problems(c, k, kind))
+
+
+def _kind_problems(c: Contract, k: Mapping[str, Any], kind: native_kinds.KernelKind) -> list[str]:
+    """What is wrong with a kernel's ``kind`` role (e.g. ``triton``): not what the kind takes, or a plan that does
+    not supply what the kind reads from it. Where the kind cannot run here (its toolchain absent) the role's
+    module is not imported (it imports the toolchain): its items are skipped with that reason at check time."""
+    if kind.unavailable() is not None:
+        return []
+    module_name = k[kind.name].partition(":")[0]
+    if _standard_library(module_name):
+        return [f"{k[kind.name]}: module {module_name!r} is Python's standard library; a kernel must be project code"]
+    try:
+        obj = plans.resolve(k[kind.name])
+    except plans.ResolveError as e:
+        return [str(e)]
+    except Exception as e:  # a module that raises on import is the contract's problem, not a crash
+        return [f"importing module {module_name!r} failed: {type(e).__name__}: {e}"]
+    if not kind.accepts(obj):
+        return [f"{k[kind.name]} is not {kind.what} (it is a {type(obj).__name__})"]
+    try:
+        names = set(plan_quantity_names(c, k["plan"])) if "plan" in k else None
+    except Exception:  # the plan's own problem, reported at its line by the checks above
+        return []
+    return [f"{k[kind.name]}: {p}" for p in kind.problems(obj, names)]
 
 
 @semantic_check

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 import z3
 
+from native.kinds import unavailable as kernel_unavailable
 from obligations import expr as exprlang
 from obligations import z3solve
 from obligations.contract import Contract, import_test_modules, shown_path
@@ -693,6 +694,8 @@ class _RegisteredTestEngine(Engine):
             return error(f"no registered test named {item['test']!r}")
         if job.device not in test.devices:
             return skipped(f"test {test.name!r} runs on {', '.join(test.devices)}; this run is on {job.device}")
+        if item.get("kernel") and (why := kernel_unavailable(job.contract.data["kernels"].get(item["kernel"]))):
+            return skipped(why)  # e.g. a Triton kernel where triton is not installed: nothing ran, nothing passed
         witnesses: Mapping[str, Mapping[str, int]] = {}
         if item.get("witnesses"):
             found = _regime_witnesses(job.contract, str(item["witnesses"]))

@@ -22,6 +22,7 @@ PAGES = [
     "docs/training.md",
     "docs/coverage.md",
     "docs/torch-audit.md",
+    "docs/triton.md",
 ]
 
 

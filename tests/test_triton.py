@@ -153,3 +153,23 @@ def test_contract_holds_compiled_on_the_gpu():
     assert all(it["evidence"]["executed_by"]["triton"]["mode"] == "compiled (GPU)" for it in ran)
     audit = next(it for it in res["items"] if it["method"] == "audit")
     assert audit["evidence"]["sass"]["findings"] == 0 and audit["evidence"]["sass"]["builds"] > 0
+
+
+@needs_triton
+def test_validation_checks_the_triton_role_against_the_plan(tmp_path):
+    from obligations.contract import ContractError, load_contract
+
+    not_jit = contract_variant(
+        CONTRACT, tmp_path, "triton: native.tritonk.norm:softmax_kernel", "triton: native.triton:softmax"
+    )
+    with pytest.raises(ContractError, match="native.triton:softmax is not a @triton.jit function"):
+        load_contract(not_jit)
+    # the CUDA kernels' row plan chooses no BLOCK_SIZE and no grid: the launch could not take them from it
+    (tmp_path / "p").mkdir()
+    other_plan = contract_variant(
+        CONTRACT, tmp_path / "p", "plan: native.triton:softmax_plan", "plan: native.norm:row_plan"
+    )
+    with pytest.raises(ContractError) as info:
+        load_contract(other_plan)
+    assert "tl.constexpr 'BLOCK_SIZE' is not a quantity of the plan" in str(info.value)
+    assert "the plan has no 'grid' quantity" in str(info.value)

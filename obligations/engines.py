@@ -57,6 +57,8 @@ __all__ = [
     "evaluate_statement",
     "Evaluation",
     "fresh_z3_context",
+    "Z3Query",
+    "z3_query",
     "code_digest",
 ]
 
@@ -227,6 +229,30 @@ def _domain_text(contract: Contract, names: list[str]) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class Z3Query:
+    """An item's Z3 queries as SMT-LIB text: the vacuity check (domain and given) and the proof (and not claim)."""
+
+    names: list[str]  # the contract symbols the item uses
+    env: dict[str, Any]  # their checker terms
+    vacuity: str
+    text: str
+    side_conditions: int  # how many side-conditions the claim carries
+
+
+def z3_query(c: Contract, item: Mapping[str, Any]) -> Z3Query:
+    """The queries the z3 engine solves for ``item`` (in the current Z3 context: see :func:`fresh_z3_context`)."""
+    names = _used_symbols(c, item)
+    env = plans.symbolic_env(c.symbols, set(names))
+    ev = evaluate_statement(c, item, env)
+    domain = domain_constraints(c, env)
+    required = ev.required()
+    given = z3_bool(ev.given.expr)
+    claim = z3.And(z3_bool(ev.prove.expr), *[z3_bool(cnd.expr) for cnd in required])
+    vacuity = z3solve.query_text([*domain, given])
+    return Z3Query(names, env, vacuity, z3solve.query_text([*domain, given, z3.Not(claim)]), len(required))
+
+
 @register_engine
 class Z3Engine(Engine):
     """Prove ``domain and given -> prove and side-conditions`` by refuting its negation under an rlimit.
@@ -244,17 +270,10 @@ class Z3Engine(Engine):
         rlimit = item.get("rlimit", DEFAULT_RLIMIT)
         if isinstance(rlimit, bool) or not isinstance(rlimit, int) or not 1 <= rlimit <= MAX_RLIMIT:
             return error(f"rlimit must be an integer in [1, {MAX_RLIMIT}], not {rlimit!r}")
-        names = _used_symbols(c, item)
-        env = plans.symbolic_env(c.symbols, set(names))
-        ev = evaluate_statement(c, item, env)
+        q = z3_query(c, item)
+        names, env, vac_text, text = q.names, q.env, q.vacuity, q.text
         wall = float(job.options.get("z3_wall_seconds", Z3_WALL_SECONDS))
         settings = proof_settings()
-        domain = domain_constraints(c, env)
-        required = ev.required()
-        given = z3_bool(ev.given.expr)
-        claim = z3.And(z3_bool(ev.prove.expr), *[z3_bool(cnd.expr) for cnd in required])
-        vac_text = z3solve.query_text([*domain, given])
-        text = z3solve.query_text([*domain, given, z3.Not(claim)])
         key = cache_key(
             "z3",
             {"vacuity": vac_text, "query": text, "stability": settings.stability, **z3solve.solver_params(rlimit)},
@@ -264,7 +283,7 @@ class Z3Engine(Engine):
             rlimit=rlimit,
             wall_limit_s=wall,
             assumptions=_domain_text(c, names) + ([item["given"]] if item.get("given") else []),
-            side_conditions=len(required),
+            side_conditions=q.side_conditions,
             tactic=z3solve.TACTIC,  # the portfolio; once solved, the strategy that decided
             random_seed=z3solve.SEED,
             query_sha256=hashlib.sha256(text.encode()).hexdigest(),
@@ -293,10 +312,7 @@ class Z3Engine(Engine):
         if v.result == "unsat":
             table = None
             if settings.stability > 1:
-                runs = [v] + [
-                    z3solve.solve_in_fresh_process(z3solve.perturbed(text, k), rlimit=rlimit, seed=k, wall_s=wall)
-                    for k in range(1, settings.stability)
-                ]
+                runs = z3solve.stability_runs(text, v, settings.stability, rlimit=rlimit, wall_s=wall)
                 if any(r.result == "timeout" and r.deadline for r in runs):
                     raise cancel.DeadlinePassed()
                 table = z3solve.stability_table(runs)

@@ -53,6 +53,7 @@ __all__ = [
     "minimise",
     "perturbed",
     "solve_in_fresh_process",
+    "stability_runs",
     "stability_table",
 ]
 
@@ -374,8 +375,25 @@ def solve_in_fresh_process(text: str, *, rlimit: int, seed: int, wall_s: float =
     return Verdict(**{**data, "deadline": deadline and data["result"] == "timeout"})
 
 
+def stability_runs(
+    text: str,
+    first: Verdict,
+    runs: int,
+    *,
+    rlimit: int,
+    wall_s: float = WALL_CEILING_S,
+    solve_one: Callable[..., Verdict] | None = None,
+) -> list[Verdict]:
+    """The ``runs`` verdicts of ``--z3-stability``: ``first`` (the query as built, seed :data:`SEED`), then run k
+    of 1..runs-1: :func:`perturbed` text k solved with seed k, by ``solve_one`` (default
+    :func:`solve_in_fresh_process`; :func:`solve` gives the same verdicts and rlimits in this process)."""
+    one = solve_one or solve_in_fresh_process
+    return [first] + [one(perturbed(text, k), rlimit=rlimit, seed=k, wall_s=wall_s) for k in range(1, runs)]
+
+
 def stability_table(verdicts: Sequence[Verdict]) -> dict[str, Any]:
-    """``{runs, proved, rlimit_min, rlimit_median, rlimit_max}`` of the runs (and what the unproved ones said)."""
+    """``{runs, proved, rlimit_min, rlimit_median, rlimit_max, seconds_max}`` of the runs (and what the unproved
+    ones said); seconds_max, the longest run's solving time, is the one entry that depends on the machine."""
     used = [v.rlimit_used for v in verdicts if v.rlimit_used is not None]
     table: dict[str, Any] = {
         "runs": len(verdicts),
@@ -383,6 +401,7 @@ def stability_table(verdicts: Sequence[Verdict]) -> dict[str, Any]:
         "rlimit_min": min(used) if used else None,
         "rlimit_median": int(statistics.median(used)) if used else None,
         "rlimit_max": max(used) if used else None,
+        "seconds_max": max((v.seconds for v in verdicts), default=None),
     }
     failed = [f"run {k}: {v.result}" + (f" ({v.reason})" if v.reason else "") for k, v in enumerate(verdicts)]
     failed = [f for f, v in zip(failed, verdicts, strict=True) if v.result != "unsat"]

@@ -105,6 +105,40 @@ def test_three_carriers_agree_on_c_semantics(source, values, want, ok):
             assert value == want, (run.__name__, source, value)
 
 
+def _plan_quotients(a: int, b: int, carrier) -> tuple[list[int], bool]:
+    """A plan's ``a // b`` and ``a % b`` (Python operators on int64 Terms) on one carrier; whether the
+    side-conditions hold."""
+    with sym.tracking() as t:
+        if carrier == "z3":
+            x, y = sym.Term.symbol("x", "int64"), sym.Term.symbol("y", "int64")
+        elif carrier == "numpy":
+            x, y = (sym.Term(np.array([v], dtype=np.int64), "int64") for v in (a, b))
+        else:
+            x, y = sym.Term(a, "int64"), sym.Term(b, "int64")
+        q, r = x // y, x % y
+    if carrier != "z3":
+        return [int(np.asarray(q.expr).ravel()[0]), int(np.asarray(r.expr).ravel()[0])], all(
+            bool(np.asarray(c.expr).all()) for c in t.conditions
+        )
+    s = z3.Solver()
+    s.add(x.expr == a, y.expr == b)
+    assert s.check() == z3.sat
+    m = s.model()
+    ok = all(z3.is_true(m.eval(c.expr, model_completion=True)) for c in t.conditions)
+    return [m.eval(v.expr, model_completion=True).as_long() for v in (q, r)], ok
+
+
+@pytest.mark.parametrize(("a", "b"), [(7, 2), (0, 5), (2**62, 3), (-7, 2), (7, -2), (-7, -2), (7, 0)])
+def test_plan_division_means_launch_time_division_where_its_side_condition_holds(a, b):
+    """A plan's // and % (Z3 gets plain ``div``; issue 24) equal Python's at launch on every carrier wherever
+    the dividend is non-negative and the divisor positive; elsewhere the side-condition fails (a violation)."""
+    for carrier in ("z3", "int", "numpy"):
+        values, ok = _plan_quotients(a, b, carrier)
+        assert ok == (a >= 0 and b > 0), (carrier, a, b)
+        if ok:
+            assert values == [a // b, a % b], (carrier, a, b)
+
+
 def test_unsigned_types_detect_wraparound():
     _, ok = _int_value("a - b", {"a": 1, "b": 2}, "uint32")
     assert not ok

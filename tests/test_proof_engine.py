@@ -191,6 +191,7 @@ def test_stability_runs_record_their_table(tmp_path, cache_dir, monkeypatch):
     table = out.evidence["stability"]
     assert table["runs"] == 3 and table["proved"] == 3
     assert table["rlimit_min"] <= table["rlimit_median"] <= table["rlimit_max"]
+    assert table["seconds_max"] >= 0
 
 
 def test_an_item_unproved_in_one_perturbation_is_unknown_with_the_table(tmp_path, cache_dir, monkeypatch):
@@ -211,6 +212,26 @@ def test_an_item_unproved_in_one_perturbation_is_unknown_with_the_table(tmp_path
     table = out.evidence["stability"]
     assert (table["runs"], table["proved"]) == (3, 2)
     assert table["not_proved"] == ["run 2: unknown (rlimit exhausted)"]
+
+
+@pytest.mark.parametrize(
+    ("contract", "item_id"), [("gemm-cublas-v1", "PO-GEMM-02-A-z3"), ("graph-ir-v1", "IR-SHAPE-reshape-z3")]
+)
+def test_the_items_that_spread_most_stay_within_3x_of_their_median_over_10_perturbed_runs(contract, item_id):
+    """Issue 24's bar, pinned for the two items that once missed it (rlimit max 3.3x and 37x the median, before
+    plan division reached Z3 as plain ``div``). rlimit counts depend only on the query, the seed and Z3's
+    version, so this is exact; the runs are solved in this process (the same verdicts as fresh processes)."""
+    from obligations import engines
+
+    c = load_contract(ROOT / "contracts" / f"{contract}.yaml", check=False)
+    item = c.item(item_id)
+    rlimit = item.get("rlimit", engines.DEFAULT_RLIMIT)
+    engines.fresh_z3_context()
+    text = engines.z3_query(c, item).text
+    first = z3solve.solve(text, rlimit=rlimit)
+    table = z3solve.stability_table(z3solve.stability_runs(text, first, 10, rlimit=rlimit, solve_one=z3solve.solve))
+    assert table["proved"] == 10, table
+    assert table["rlimit_max"] <= 3 * table["rlimit_median"], table
 
 
 def test_perturbations_keep_the_meaning_and_change_the_text(tmp_path):

@@ -131,7 +131,7 @@ class Z3Evidence(Evidence):
     tactic: str | None = None  # the deterministic strategy that solved the query (obligations.z3solve)
     random_seed: int | None = None
     query_sha256: str | None = None  # of the SMT-LIB text of the claim's query
-    # --z3-stability N: {runs, proved, rlimit_min, rlimit_median, rlimit_max} over N perturbed runs
+    # --z3-stability N: {runs, proved, rlimit_min, rlimit_median, rlimit_max, seconds_max} over N perturbed runs
     stability: Mapping[str, Any] | None = None
     cache: str | None = None  # "hit": reused from the proof cache; "miss": solved here (and stored if proved)
     cache_key: str | None = None

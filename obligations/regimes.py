@@ -31,7 +31,7 @@ violates while the others hold (implied by them) has no rejected witness, and th
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -133,8 +133,7 @@ class RegimesEngine(Engine):
         conds = all_conds[:n_plan]
         domain = domain_constraints(c, {n: v for n, v in env.items() if n in c.symbols}) + [z3_bool(given.expr)]
         any_regime = z3.Or(*[z3_bool(sym.all_of(r).expr) for r in regimes.values()])
-        s = z3.Solver()
-        s.add(*domain, z3.Not(z3.And(any_regime, *conds)))
+        s = _solver(z3.Solver, [*domain, z3.Not(z3.And(any_regime, *conds))])
         r = _answer(s, rlimit)
         evidence = RegimeEvidence(regimes=sorted(regimes), plan=kernel["plan"], rlimit=rlimit)
         if r == "timeout":  # the wall ceiling or the item's deadline: a fault of the run, not the solver's answer
@@ -298,11 +297,20 @@ def _answer(solver: Any, rlimit: int) -> str:
     return "rlimit exhausted" if why in ("canceled", "max. resource limit exceeded") else f"unknown: {why}"
 
 
+def _solver(kind: Callable[..., Any], constraints: list[Any]) -> Any:
+    """A Solver or Optimize (``kind``) over ``constraints`` copied into a new Z3 context, its seed fixed: its
+    answer and rlimit use depend only on the constraints, never on what the process solved before (a pytest
+    worker's earlier tests moved one boundary search of ATT-REGIMES past its 50M rlimit on an H200)."""
+    ctx = z3.Context()
+    s = kind(ctx=ctx)
+    s.set("random_seed", z3solve.SEED)
+    s.add(*[c.translate(ctx) for c in constraints])
+    return s
+
+
 def _satisfiable(constraints: list[Any], rlimit: int) -> str:
     """The solver's answer on ``constraints``: "sat", "unsat", or why it has none (as :func:`_answer`)."""
-    s = z3.Solver()
-    s.add(*constraints)
-    return _answer(s, rlimit)
+    return _answer(_solver(z3.Solver, constraints), rlimit)
 
 
 def _smallest(
@@ -310,10 +318,9 @@ def _smallest(
 ) -> dict[str, int | bool] | str:
     """The lexicographically smallest point (over ``order``) satisfying ``constraints``, else "unsat" or why the
     solver gave none (as :func:`_answer`)."""
-    opt = z3.Optimize()
-    opt.add(*constraints)
+    opt = _solver(z3.Optimize, constraints)
     for sname in order:
-        opt.minimize(env[sname].expr)
+        opt.minimize(env[sname].expr.translate(opt.ctx))
     res = _answer(opt, rlimit)
     if res != "sat":
         return res
@@ -322,5 +329,5 @@ def _smallest(
 
 
 def _value(model: z3.ModelRef, term: Any) -> int | bool:
-    v = model.evaluate(term.expr, model_completion=True)
+    v = model.evaluate(term.expr.translate(model.ctx), model_completion=True)
     return bool(z3.is_true(v)) if isinstance(term, sym.BoolTerm) else v.as_long()

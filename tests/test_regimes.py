@@ -216,3 +216,41 @@ def test_regimes_queries_do_not_depend_on_the_hash_seed(tmp_path):
         seen.add(proc.stdout.strip())
     (line,) = seen
     assert line.startswith("proved ")
+
+
+def test_regimes_rlimit_does_not_depend_on_what_the_process_solved_before(monkeypatch):
+    # An H200's `pytest -m cuda -n 8` had ATT-REGIMES unknown (a boundary search past its 50M rlimit) where the
+    # same tree's `kc check` proved it: the searches ran in the process's main Z3 context, and what a pytest worker
+    # had built and solved before moved the search (20.16M, 20.14M, 21.46M rlimit in all after three different
+    # contracts here). Each search now runs in a context of its own: the same rlimit whatever came first.
+    import z3
+
+    from obligations import proofcache, regimes, z3solve
+    from obligations.contract import load_contract
+    from obligations.engines import Job
+
+    used: list[int] = []
+    real = regimes._answer
+
+    def spy(solver, rlimit):
+        answer = real(solver, rlimit)
+        used.append(z3solve._rlimit_used(solver.statistics()) or 0)
+        return answer
+
+    monkeypatch.setattr(regimes, "_answer", spy)
+    monkeypatch.setenv(proofcache.CACHE_ENV, "0")  # solve both times
+    c = load_contract(ROOT / "contracts" / "attention-v1.yaml")
+    item = next(i for i in c.items if i["id"] == "ATT-REGIMES")
+
+    def spent() -> int:
+        used.clear()
+        out = regimes.RegimesEngine().discharge(Job(c, item, options={}))
+        assert out.status.value == "proved", out
+        return sum(used)
+
+    first = spent()
+    xs = [z3.Int(f"noise{i}") for i in range(40)]  # unrelated work in the main context between the two searches
+    s = z3.Solver()
+    s.add(*[x * x + 3 * x > i for i, x in enumerate(xs)])
+    s.check()
+    assert spent() == first

@@ -17,9 +17,11 @@ __all__ = ["Backend", "TorchOp", "OPS", "get_backend", "table_keys", "BOUNDS", "
 # A derived bound by name -> where its derivation lives (the contract equation or spec function it evaluates).
 BOUND_SOURCES: dict[str, str] = {
     "gemm": "spec.gemm.error_bound (Higham 3.5: gamma_(k+2)(2^-24) |A||B| + u_out |C| + tiny; gemm-cublas-v1)",
-    "gemm-tf32": "spec.gemm.error_bound on the operands rounded to TF32 (native.gemm's TF32 model: RNE to 10 bits)",
+    "gemm-tf32": "spec.gemm.error_bound about the exact product, widened for operands read as TF32 (each within "
+    "2^-10 relative, rounded or truncated; a float32 kernel is within it too)",
     "conv-gemm": "spec.gemm.error_bound of the im2col product + bias (native.ir AGREEMENT['conv2d'])",
-    "conv-gemm-tf32": "spec.gemm.error_bound of the im2col product + bias, operands rounded to TF32",
+    "conv-gemm-tf32": "spec.gemm.error_bound of the im2col product + bias, widened for the product's operands read as "
+    "TF32 (as gemm-tf32)",
     "attention": "spec.attention.forward_bound (attention-v1 ATT-FWD-bound: tiled online softmax, float32)",
     "attention-tc": "spec.attention.forward_bound(tensor_core=True) (attention-v1: binary16 mma, P in binary16)",
     "layernorm": "falsification.norm_tests.norm_bound (norm-softmax-v1 LAYERNORM-bound, equation norm_bounds)",
@@ -78,7 +80,7 @@ OPS: tuple[TorchOp, ...] = (
                 "float32",
                 (("cuda.matmul.allow_tf32", True),),
                 bound="gemm-tf32",
-                bound_note="inputs rounded to TF32 (RNE), products exact, fp32 accumulation, fp32 output",
+                bound_note="inputs read as TF32 (rounded or truncated) or kept float32; fp32 accumulation, output",
             ),
             Backend("fp16", "float16", (), bound="gemm", bound_note="fp32 accumulation, binary16 output (u_out 2^-11)"),
             Backend("bf16", "bfloat16", (), bound="gemm", bound_note="fp32 accumulation, bfloat16 output (u_out 2^-8)"),
@@ -110,7 +112,7 @@ OPS: tuple[TorchOp, ...] = (
                 "float32",
                 (("cudnn.allow_tf32", True), ("cudnn.deterministic", True), ("cudnn.benchmark", False)),
                 bound="conv-gemm-tf32",
-                bound_note="torch's default for cuDNN convolutions (allow_tf32 True): operands rounded to TF32",
+                bound_note="torch's default for cuDNN convolutions (allow_tf32 True): operands may be read as TF32",
             ),
         ),
     ),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,13 +95,18 @@ class ToolchainUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class Toolchain:
     """How the audit reads a build's compiled code: the compiler's version, the route object the rules read, the
-    build's PTX and its machine code for the SASS level (``ToolchainUnavailable`` where the compiler is absent)."""
+    build's PTX and its machine code for the SASS level (``ToolchainUnavailable`` where the compiler is absent).
+
+    ``inputs`` names, without compiling, everything the compiled code depends on beyond the build's own fields
+    and the compiler's version (the options a route compiles with, the kernel's source where ``source`` only
+    names it, the compiler library's identity): the audit's proof-cache key. None: the audit is never cached."""
 
     name: str
     version: Callable[[], str]
     route: Callable[[str], Any]
     ptx: Callable[[Build], str]
     cubin: Callable[[Build], bytes]
+    inputs: Callable[[Build], Mapping[str, Any]] | None = None
 
 
 _TOOLCHAINS: dict[str, Toolchain] = {}

@@ -30,6 +30,8 @@ __all__ = [
     "nvdisasm_path",
     "disassemble",
     "nvrtc_version",
+    "nvrtc_library",
+    "nvdisasm_identity",
     "build_options",
 ]
 
@@ -74,6 +76,26 @@ def nvrtc_version() -> str:
     """NVRTC's version, e.g. "13.0"; PtxUnavailable where NVRTC is missing."""
     _, major, minor = _check(_nvrtc().nvrtcVersion(), "version")
     return f"{major}.{minor}"
+
+
+@functools.cache
+def nvrtc_library() -> str | None:
+    """The NVRTC library this process loaded: its path, size and modification time (a reinstalled or patched
+    library of the same major.minor differs), or None where that cannot be read (no /proc)."""
+    nvrtc_version()  # loads it
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    paths = sorted({line.split()[-1] for line in maps.splitlines() if "libnvrtc" in line and "/" in line})
+    parts = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        parts.append(f"{path} {st.st_size} {st.st_mtime_ns}")
+    return "; ".join(parts) or None
 
 
 @functools.cache
@@ -125,6 +147,19 @@ def nvdisasm_path() -> str | None:
 
 
 @functools.cache
+def nvdisasm_identity() -> str | None:
+    """The nvdisasm the SASS audit runs: its path and ``--version`` text (None: there is none)."""
+    tool = nvdisasm_path()
+    if tool is None:
+        return None
+    try:
+        proc = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{tool} (version unreadable: {type(exc).__name__})"
+    return f"{tool} {proc.returncode} {proc.stdout.strip()}"
+
+
+@functools.cache
 def disassemble(cubin: bytes) -> str:
     """SASS text of a CUBIN (``nvdisasm -c``: code sections only); SassUnavailable without nvdisasm."""
     tool = nvdisasm_path()
@@ -152,6 +187,12 @@ def _nvrtc_version() -> str:
         raise ToolchainUnavailable(str(exc)) from None
 
 
+def _inputs(build: Build) -> dict[str, object]:
+    """What NVRTC's code of ``build`` depends on beyond its source and NVRTC's version: the options, both
+    targets, and the loaded library."""
+    return {"options": build_options(build), "arch": ARCH, "sass_arch": SASS_ARCH, "library": nvrtc_library()}
+
+
 register_toolchain(
     Toolchain(
         "nvrtc",
@@ -159,5 +200,6 @@ register_toolchain(
         get_route,
         lambda b: compile_ptx(b.source, build_options(b)),
         lambda b: compile_cubin(b.source, build_options(b)),
+        _inputs,
     )
 )

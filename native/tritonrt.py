@@ -26,13 +26,17 @@ kernel is launched or compiled, and without it every Triton item is ``skipped`` 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
+import importlib.util
 import inspect
+import os
 import threading
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -382,6 +386,30 @@ def compiled(build: Build) -> Any:
         raise RuntimeError(f"triton.compile failed: {type(exc).__name__}: {exc}") from None
 
 
+@functools.cache
+def _package_digest(folder: str) -> str:
+    """SHA-256 over the names and text of the ``.py`` files of ``folder`` (sorted; memoised per process)."""
+    h = hashlib.sha256()
+    for f in sorted(Path(folder).glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _inputs(build: Build) -> dict[str, Any]:
+    """What Triton's code of ``build`` depends on beyond its fields and Triton's version, read without importing
+    triton: the text of the kernel's package (the kernel and the @triton.jit helpers beside it), the route's
+    options, the target, and the TRITON_* environment (a ptxas or libdevice path, a knob's default)."""
+    spec = importlib.util.find_spec(build.function.partition(":")[0])
+    if spec is None or not spec.origin:
+        raise RuntimeError(f"the module of {build.function} is not found")
+    return {
+        "kernel_sources": _package_digest(str(Path(spec.origin).parent)),
+        "options": ROUTE_OPTIONS[build.route],
+        "arch": ARCH,
+        "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("TRITON_")},
+    }
+
+
 register_toolchain(
     Toolchain(
         "triton",
@@ -389,6 +417,7 @@ register_toolchain(
         _route,
         lambda b: compiled(b).asm["ptx"],
         lambda b: compiled(b).asm["cubin"],
+        _inputs,
     )
 )
 

@@ -9,24 +9,39 @@ and which instructions break it.
 On a device run (``--device cuda``, or ``KC_AUDIT_SASS=1``) the machine code is audited too: each build's
 CUBIN for sm_90, disassembled by nvdisasm, is scanned by the SASS rules, and the evidence records both
 levels (the SASS opcode mix included). SASS shows what PTX hides: an f32 atomic add is ``RED...F32.FTZ``.
+
+A passed audit is a pure function of its inputs, so it goes into the proof cache (:mod:`obligations.proofcache`)
+under the hash of them, computed without compiling: every build (source, function, route, declarations), its
+route's promise and its toolchain's inputs (options, targets, the compiler library, a Triton kernel's package
+text), the compilers' versions, whether SASS is audited and by which nvdisasm, the code of every rule and the
+text of the modules that define the rules and toolchains, and the item's params. A finding is never stored: it
+is compiled and found again on every run.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import marshal
 import os
 import re
+import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 from native.builds import PROMISES, Build, Promise, ToolchainUnavailable, all_builds, toolchain
 from native.nvrtc import Route
-from native.ptx import ARCH, SASS_ARCH, SassUnavailable, disassemble
-from obligations.core.evidence import AuditEvidence
+from native.ptx import ARCH, SASS_ARCH, SassUnavailable, disassemble, nvdisasm_identity
+from obligations.core.evidence import AuditEvidence, evidence_from_json
 from obligations.core.results import Outcome, error, passed, skipped, violated
 from obligations.engines import Engine, Job, register_engine
+from obligations.proofcache import cache_get, cache_key, cache_put, proof_settings, sources_digest
 
 __all__ = [
     "PtxRule",
@@ -39,6 +54,7 @@ __all__ = [
     "audit_build",
     "audit_sass",
     "Finding",
+    "audit_cache_parts",
     "AuditEngine",
 ]
 
@@ -271,6 +287,63 @@ def _audit_sass_all(builds: list[Build]) -> tuple[dict, list[Finding]]:
     return record, findings
 
 
+def _code_digest(fn: Callable[..., Any]) -> str | None:
+    """A function's compiled code and the values it closes over (None: not a plain function, not keyable)."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    cells = [repr(c.cell_contents) for c in (getattr(fn, "__closure__", None) or ())]
+    return hashlib.sha256(marshal.dumps(code) + repr(cells).encode()).hexdigest()
+
+
+def _module_file(fn: Callable[..., Any]) -> Path | None:
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    where = getattr(module, "__file__", None)
+    return Path(where) if where else None
+
+
+def _build_digest(build: Build, inputs: Mapping[str, Any]) -> str:
+    """SHA-256 of a build's fields, its route's promise and its toolchain's inputs (canonical JSON)."""
+    fields = {f.name: getattr(build, f.name) for f in dataclasses.fields(build)}
+    fields["declared"] = sorted(build.declared)
+    data = {"build": fields, "promise": repr(PROMISES.get(build.route)), "inputs": inputs}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def audit_cache_parts(
+    item: Mapping[str, Any], family: str, builds: list[Build], version: str, sass: bool
+) -> dict[str, Any] | None:
+    """What an audit's verdict depends on, computed without compiling (the proof-cache key's parts), or None
+    where something cannot be named (a toolchain without ``inputs``, a rule that is not a plain function)."""
+    functions: list[Callable[..., Any]] = []
+    per_build = []
+    for b in builds:
+        tc = toolchain(b.toolchain)
+        if tc.inputs is None:
+            return None
+        functions += [tc.version, tc.route, tc.ptx, tc.cubin, tc.inputs]
+        per_build.append(_build_digest(b, tc.inputs(b)))
+    rules = {}
+    for level, table in (("ptx", RULES), ("sass", SASS_RULES if sass else {})):
+        for name, rule in sorted(table.items()):
+            codes = [_code_digest(rule.applies), _code_digest(rule.breaks)]
+            if None in codes:
+                return None
+            rules[f"{level}:{name}"] = [rule.promise, *codes]
+            functions += [rule.applies, rule.breaks]
+    # the modules that define the rules, the toolchains and this audit (helpers the rules call, the parsers)
+    modules = {p for p in map(_module_file, functions) if p is not None} | {Path(__file__)}
+    return {
+        "item": {k: v for k, v in item.items() if k not in ("id", "location")},
+        "family": family,
+        "compilers": version,
+        "builds": per_build,
+        "rules": rules,
+        "sources": sources_digest(sorted(modules)),
+        "sass": {"arch": SASS_ARCH, "nvdisasm": nvdisasm_identity()} if sass else None,
+    }
+
+
 @register_engine
 class AuditEngine(Engine):
     """Audit every build of the item's family (``params.family``, default the contract's)."""
@@ -292,6 +365,25 @@ class AuditEngine(Engine):
             )
         except ToolchainUnavailable as exc:
             return skipped(str(exc))
+        settings = proof_settings()
+        key = None
+        if settings.cache:
+            parts = audit_cache_parts(job.item, family, builds, version, _sass_wanted(job))
+            key = cache_key("audit", parts) if parts is not None else None
+            hit = cache_get(settings, key) if key else None
+            if hit is not None and hit.get("status") == "passed":
+                reused = evidence_from_json(hit.get("evidence"))
+                if isinstance(reused, AuditEvidence):
+                    return passed(replace(reused, cache="hit", cache_key=key))
+        out = self._audit(job, family, builds, version, t0)
+        if key is not None and isinstance(out.evidence, AuditEvidence):
+            out = replace(out, evidence=replace(out.evidence, cache="miss", cache_key=key))
+            if out.status.value == "passed":  # a finding is never stored: it is compiled and found again
+                cache_put(settings, key, {"status": "passed", "evidence": out.evidence.to_json()})
+        return out
+
+    def _audit(self, job: Job, family: str, builds: list[Build], version: str, t0: float) -> Outcome:
+        """Compile every build and apply the rules (PTX, and SASS where wanted)."""
         per_rule: dict[str, int] = {}
         findings: list[Finding] = []
         for b in builds:

@@ -238,7 +238,8 @@ def _check_options(p: argparse.ArgumentParser) -> None:
         "--no-proof-cache",
         action="store_true",
         default=False,
-        help="solve and enumerate every item again (the proof cache reuses unchanged proved/exhausted results)",
+        help="solve, enumerate and compile every item again (the proof cache reuses unchanged proved/exhausted "
+        "results and passed audits)",
     )
     p.add_argument(
         "--timeline",

@@ -224,5 +224,5 @@ def _evidence_line(item: dict[str, Any]) -> str:
             for k, m in ev["cases_measured"].items()
         )
     if item["status"] == "passed":
-        return f"{ev.get('cases')} cases" + (f", seed {ev['seed']}" if "seed" in ev else "")
+        return f"{ev.get('cases')} cases" + (f", seed {ev['seed']}" if "seed" in ev else "") + reused
     return ""

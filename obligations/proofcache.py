@@ -3,7 +3,8 @@
 A proved or exhausted result is stored under the hash of exactly what its verdict depends on (for Z3: the
 SMT-LIB text of its queries, the rlimit, the solver's parameters and version; for enumeration: the statement,
 the bound, the symbol declarations and the source of the plan's package and of the evaluating code), as Dafny
-and F* cache verification results. A rerun of an unchanged item reuses the entry and says so in its evidence
+and F* cache verification results; so is a passed compiled-code audit (:mod:`obligations.audit`: its builds,
+options, compilers and rules). A rerun of an unchanged item reuses the entry and says so in its evidence
 (``cache: hit`` and the key). Only proved/exhausted results are stored: a violation is always found again
 (and its counterexample confirmed through the plan), an unknown is always retried.
 

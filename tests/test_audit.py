@@ -198,3 +198,128 @@ def test_the_opcode_mix_counts_tensor_core_instructions_not_register_moves():
 
     assert _MIX["HMMA"]("HMMA.16816.F32") and _MIX["HMMA"]("HGMMA.64x128x16.F32")
     assert not _MIX["HMMA"]("HFMA2.MMA")  # a register move on the FMA pipe
+
+
+# -- the proof cache: a passed audit is reused while everything it depends on is unchanged ----------------------
+
+
+@pytest.fixture
+def audit_cache(tmp_path, monkeypatch):
+    """An empty proof cache of the test's own, and a count of the builds compiled (audit_build calls)."""
+    from obligations import audit, proofcache
+
+    monkeypatch.setenv(proofcache.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    monkeypatch.delenv(proofcache.CACHE_ENV, raising=False)
+    monkeypatch.delenv("KC_AUDIT_SASS", raising=False)
+    compiled = []
+    real = audit.audit_build
+    monkeypatch.setattr(audit, "audit_build", lambda b, rules=None: compiled.append(b.name) or real(b, rules))
+    return compiled
+
+
+def _audit_rng():
+    contract = load_contract(ROOT / "contracts" / "rng-splitmix64-v1.yaml", check=False)
+    item = {"id": "AUDIT", "kind": "obligation", "method": "audit", "params": {"family": "rng"}}
+    return get_engine("audit").discharge(Job(contract, item))
+
+
+def _without_cache_fields(ev) -> dict:
+    return {k: v for k, v in ev.to_json().items() if k not in ("cache", "cache_key")}
+
+
+def test_a_passed_audit_is_reused_from_the_proof_cache_with_the_same_evidence(audit_cache):
+    from obligations.console import _evidence_line
+    from obligations.reporting.model import describe_claim
+
+    first = _audit_rng()
+    assert first.status.value == "passed" and first.evidence.cache == "miss" and audit_cache
+    audit_cache.clear()
+    again = _audit_rng()
+    assert again.status.value == "passed" and again.evidence.cache == "hit" and not audit_cache  # nothing compiled
+    assert again.evidence.cache_key == first.evidence.cache_key
+    assert _without_cache_fields(again.evidence) == _without_cache_fields(first.evidence)
+    # the reports tell the reused audit from a fresh one, as they do a reused proof
+    shown = {"status": "passed", "claim": "tested", "evidence": again.evidence.to_json()}
+    assert "reused from the proof cache" in describe_claim(shown) and "(proof cache)" in _evidence_line(shown)
+    fresh = {"status": "passed", "claim": "tested", "evidence": first.evidence.to_json()}
+    assert "proof cache" not in describe_claim(fresh) + _evidence_line(fresh)
+
+
+def _changed_source(monkeypatch):
+    from native import builds
+
+    planted = [dataclasses.replace(b, source=b.source + "\n// changed\n") for b in all_builds("rng")]
+    monkeypatch.setitem(builds._ENUMERATORS, "rng", lambda: iter(planted))
+
+
+def _changed_option(monkeypatch):
+    drifted = dataclasses.replace(routes.ROUTES["nvrtc-ieee"], flags=routes.CompileFlags(prec_sqrt=False))
+    monkeypatch.setitem(routes.ROUTES, "nvrtc-ieee", drifted)
+
+
+def _changed_rule(monkeypatch):
+    rule = RULES["no-mma"]
+    monkeypatch.setitem(RULES, "no-mma", dataclasses.replace(rule, breaks=lambda op, b: op.startswith("mma.")))
+
+
+def _changed_compiler(monkeypatch):
+    monkeypatch.setattr(ptx, "nvrtc_version", lambda: "99.9")
+
+
+@pytest.mark.parametrize("change", [_changed_source, _changed_option, _changed_rule, _changed_compiler])
+def test_a_changed_source_option_rule_or_compiler_version_compiles_again(audit_cache, monkeypatch, change):
+    first = _audit_rng()
+    change(monkeypatch)
+    audit_cache.clear()
+    out = _audit_rng()
+    assert out.evidence.cache == "miss" and out.evidence.cache_key != first.evidence.cache_key and audit_cache
+
+
+def test_no_proof_cache_compiles_every_audit_again(audit_cache, monkeypatch):
+    from obligations import proofcache
+
+    _audit_rng()
+    monkeypatch.setenv(proofcache.CACHE_ENV, "0")
+    audit_cache.clear()
+    out = _audit_rng()
+    assert out.status.value == "passed" and "cache" not in out.evidence.to_json() and audit_cache
+
+
+def test_a_planted_audit_finding_is_never_cached(audit_cache, monkeypatch, tmp_path):
+    drifted = dataclasses.replace(routes.ROUTES["nvrtc-ieee"], flags=routes.CompileFlags(ftz=True))
+    monkeypatch.setitem(routes.ROUTES, "nvrtc-ieee", drifted)
+    for _ in range(2):
+        audit_cache.clear()
+        out = _audit_rng()
+        assert out.status.value == "violated" and out.evidence.cache == "miss" and audit_cache
+    assert not list((tmp_path / "cache").rglob("*.json"))
+
+
+def test_the_key_names_the_sass_level_and_its_disassembler(monkeypatch):
+    from obligations import audit
+
+    builds = all_builds("rng")
+    host = audit.audit_cache_parts({"method": "audit"}, "rng", builds, "13.0", sass=False)
+    monkeypatch.setattr(audit, "nvdisasm_identity", lambda: "nvdisasm A")
+    device = audit.audit_cache_parts({"method": "audit"}, "rng", builds, "13.0", sass=True)
+    assert host["sass"] is None and device["sass"]["nvdisasm"] == "nvdisasm A"
+    assert set(device["rules"]) - set(host["rules"]) == {f"sass:{r}" for r in audit.SASS_RULES}
+    monkeypatch.setattr(audit, "nvdisasm_identity", lambda: "nvdisasm B")
+    other = audit.audit_cache_parts({"method": "audit"}, "rng", builds, "13.0", sass=True)
+    assert other["sass"] != device["sass"]
+
+
+def test_a_triton_builds_key_reads_its_kernels_package_without_importing_triton(tmp_path, monkeypatch):
+    pkg = tmp_path / "kc_planted_kernels"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "k.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    build = tritonrt.triton_build("t", "k", "kc_planted_kernels.k:kernel", {"x": "*fp32"}, {"BLOCK_SIZE": 64})
+    before = tritonrt._inputs(build)
+    (pkg / "k.py").write_text("X = 2\n")
+    tritonrt._package_digest.cache_clear()
+    after = tritonrt._inputs(build)
+    assert before["kernel_sources"] != after["kernel_sources"] and before["options"] == after["options"]
+    ieee = tritonrt._inputs(dataclasses.replace(build, route="triton-ieee"))
+    assert ieee["options"] != after["options"]

@@ -218,6 +218,8 @@ class AuditEvidence(Evidence):
     audit_seconds: float | None = None
     # the machine-code level: arch, builds, rules applied, findings, opcode mix, seconds; or {"not_run": why}
     sass: Mapping[str, Any] | None = None
+    cache: str | None = None  # "hit": reused from the proof cache; "miss": compiled here (stored if passed)
+    cache_key: str | None = None
 
 
 @register_evidence

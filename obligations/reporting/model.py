@@ -301,8 +301,8 @@ def _tested(item: Mapping[str, Any]) -> str:
     n = f"{_fmt_int(cases)} cases" if cases is not None else "an unstated number of cases"
     seed = f" (seed {ev['seed']})" if "seed" in ev else ""
     if item.get("agreement"):
-        return f"Parity tested on {n}{seed}{_agreement_phrase(item)}; no disagreement found (not a proof)"
-    return f"Ran on {n}{seed} without refutation (not a proof)"
+        return f"Parity tested on {n}{seed}{_agreement_phrase(item)}; no disagreement found (not a proof)" + _reuse(ev)
+    return f"Ran on {n}{seed} without refutation (not a proof)" + _reuse(ev)
 
 
 def _assumed(item: Mapping[str, Any]) -> str:

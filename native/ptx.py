@@ -80,22 +80,17 @@ def nvrtc_version() -> str:
 
 @functools.cache
 def nvrtc_library() -> str | None:
-    """The NVRTC library this process loaded: its path, size and modification time (a reinstalled or patched
-    library of the same major.minor differs), or None where that cannot be read (no /proc)."""
+    """The NVRTC library ``cuda.bindings`` calls: its path, size and modification time (a reinstalled or patched
+    library of the same major.minor differs), or None where it cannot be named."""
     nvrtc_version()  # loads it
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
+    try:  # cuda.bindings loads NVRTC through cuda.pathfinder, whose answer is memoised: the same library
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        path = load_nvidia_dynamic_lib("nvrtc").abs_path
+        st = os.stat(path)
+    except Exception:  # an older binding without pathfinder, or a library that moved: the version alone
         return None
-    paths = sorted({line.split()[-1] for line in maps.splitlines() if "libnvrtc" in line and "/" in line})
-    parts = []
-    for path in paths:
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        parts.append(f"{path} {st.st_size} {st.st_mtime_ns}")
-    return "; ".join(parts) or None
+    return f"{path} {st.st_size} {st.st_mtime_ns}"
 
 
 @functools.cache

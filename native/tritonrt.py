@@ -386,6 +386,15 @@ def compiled(build: Build) -> Any:
         raise RuntimeError(f"triton.compile failed: {type(exc).__name__}: {exc}") from None
 
 
+# TRITON_* variables that do not change the compiled code: where Triton keeps its files, whether it prints, and
+# TRITON_INTERPRET, which Triton's knobs write into the environment whenever the interpreter's knob is set (every
+# interpreted launch does): the key would otherwise depend on what the process ran before the audit.
+_NOT_CODE_ENV = frozenset(
+    f"TRITON_{k}"
+    for k in ("INTERPRET", "CACHE_DIR", "HOME", "DUMP_DIR", "CACHE_MANAGER", "PRINT_AUTOTUNING", "ALWAYS_COMPILE")
+)
+
+
 @functools.cache
 def _package_digest(folder: str) -> str:
     """SHA-256 over the names and text of the ``.py`` files of ``folder`` (sorted; memoised per process)."""
@@ -406,7 +415,9 @@ def _inputs(build: Build) -> dict[str, Any]:
         "kernel_sources": _package_digest(str(Path(spec.origin).parent)),
         "options": ROUTE_OPTIONS[build.route],
         "arch": ARCH,
-        "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("TRITON_")},
+        "environment": {
+            k: v for k, v in sorted(os.environ.items()) if k.startswith("TRITON_") and k not in _NOT_CODE_ENV
+        },
     }
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import marshal
 import os
 import re
 import sys
@@ -33,6 +32,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
 from native.builds import PROMISES, Build, Promise, ToolchainUnavailable, all_builds, toolchain
@@ -287,13 +287,30 @@ def _audit_sass_all(builds: list[Build]) -> tuple[dict, list[Finding]]:
     return record, findings
 
 
+def _const_text(value: Any) -> str:
+    """A code constant as text that is the same in every process (frozensets sorted, nested code spelled out)."""
+    if isinstance(value, CodeType):
+        return _code_text(value)
+    if isinstance(value, frozenset):
+        return "frozenset(" + ",".join(sorted(map(_const_text, value))) + ")"
+    if isinstance(value, tuple):
+        return "(" + ",".join(map(_const_text, value)) + ")"
+    return repr(value)
+
+
+def _code_text(code: CodeType) -> str:
+    # not marshal.dumps: its bytes mark objects referenced more than once, and reference counts differ per process
+    parts = (code.co_code.hex(), _const_text(code.co_consts), code.co_names, code.co_varnames, code.co_freevars)
+    return repr(parts)
+
+
 def _code_digest(fn: Callable[..., Any]) -> str | None:
     """A function's compiled code and the values it closes over (None: not a plain function, not keyable)."""
     code = getattr(fn, "__code__", None)
-    if code is None:
+    if not isinstance(code, CodeType):
         return None
-    cells = [repr(c.cell_contents) for c in (getattr(fn, "__closure__", None) or ())]
-    return hashlib.sha256(marshal.dumps(code) + repr(cells).encode()).hexdigest()
+    cells = [_const_text(c.cell_contents) for c in (getattr(fn, "__closure__", None) or ())]
+    return hashlib.sha256((_code_text(code) + repr(cells)).encode()).hexdigest()
 
 
 def _module_file(fn: Callable[..., Any]) -> Path | None:
@@ -308,6 +325,13 @@ def _build_digest(build: Build, inputs: Mapping[str, Any]) -> str:
     fields["declared"] = sorted(build.declared)
     data = {"build": fields, "promise": repr(PROMISES.get(build.route)), "inputs": inputs}
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def _mix_in_order(sass: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """A stored SASS record with its opcode mix in the order a fresh audit gives it (entries are stored sorted)."""
+    if not sass or not isinstance(sass.get("opcodes"), Mapping):
+        return sass
+    return {**sass, "opcodes": {k: sass["opcodes"][k] for k in _MIX if k in sass["opcodes"]}}
 
 
 def audit_cache_parts(
@@ -374,7 +398,7 @@ class AuditEngine(Engine):
             if hit is not None and hit.get("status") == "passed":
                 reused = evidence_from_json(hit.get("evidence"))
                 if isinstance(reused, AuditEvidence):
-                    return passed(replace(reused, cache="hit", cache_key=key))
+                    return passed(replace(reused, sass=_mix_in_order(reused.sass), cache="hit", cache_key=key))
         out = self._audit(job, family, builds, version, t0)
         if key is not None and isinstance(out.evidence, AuditEvidence):
             out = replace(out, evidence=replace(out.evidence, cache="miss", cache_key=key))

@@ -227,10 +227,16 @@ def _without_cache_fields(ev) -> dict:
     return {k: v for k, v in ev.to_json().items() if k not in ("cache", "cache_key")}
 
 
-def test_a_passed_audit_is_reused_from_the_proof_cache_with_the_same_evidence(audit_cache):
+@pytest.mark.parametrize(
+    "sass", [False, pytest.param(True, marks=pytest.mark.skipif(not _SASS, reason="no nvdisasm here"))]
+)
+def test_a_passed_audit_is_reused_from_the_proof_cache_with_the_same_evidence(audit_cache, monkeypatch, sass):
     from obligations.console import _evidence_line
+    from obligations.reporting.evidence import evidence_facts
     from obligations.reporting.model import describe_claim
 
+    if sass:
+        monkeypatch.setenv("KC_AUDIT_SASS", "1")
     first = _audit_rng()
     assert first.status.value == "passed" and first.evidence.cache == "miss" and audit_cache
     audit_cache.clear()
@@ -238,6 +244,10 @@ def test_a_passed_audit_is_reused_from_the_proof_cache_with_the_same_evidence(au
     assert again.status.value == "passed" and again.evidence.cache == "hit" and not audit_cache  # nothing compiled
     assert again.evidence.cache_key == first.evidence.cache_key
     assert _without_cache_fields(again.evidence) == _without_cache_fields(first.evidence)
+    assert ("not_run" in first.evidence.sass) != sass
+    # the same facts in the same order (a stored entry's keys are sorted; the report reads the opcode mix in order)
+    facts = [evidence_facts(_without_cache_fields(e)) for e in (first.evidence, again.evidence)]
+    assert facts[0] == facts[1]
     # the reports tell the reused audit from a fresh one, as they do a reused proof
     shown = {"status": "passed", "claim": "tested", "evidence": again.evidence.to_json()}
     assert "reused from the proof cache" in describe_claim(shown) and "(proof cache)" in _evidence_line(shown)
@@ -323,3 +333,17 @@ def test_a_triton_builds_key_reads_its_kernels_package_without_importing_triton(
     assert before["kernel_sources"] != after["kernel_sources"] and before["options"] == after["options"]
     ieee = tritonrt._inputs(dataclasses.replace(build, route="triton-ieee"))
     assert ieee["options"] != after["options"]
+
+
+def test_the_key_does_not_depend_on_what_the_process_ran_before(monkeypatch):
+    # a worker audits after other items: NVRTC has compiled (and loaded its builtins), Triton's interpreter knob has
+    # written TRITON_INTERPRET into the environment; the key of the same audit must not move
+    from obligations import audit
+
+    builds = all_builds("rng") + all_builds("triton")
+    before = audit.audit_cache_parts({"method": "audit"}, "mixed", builds, "v", sass=False)
+    ptx.compile_ptx(builds[0].source + "\n// another program\n", ("-ftz=false",))
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert audit.audit_cache_parts({"method": "audit"}, "mixed", builds, "v", sass=False) == before
+    monkeypatch.setenv("TRITON_PTXAS_PATH", "/elsewhere/ptxas")  # a variable that changes Triton's code does
+    assert audit.audit_cache_parts({"method": "audit"}, "mixed", builds, "v", sass=False) != before

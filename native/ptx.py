@@ -78,19 +78,49 @@ def nvrtc_version() -> str:
     return f"{major}.{minor}"
 
 
+def _elf_build_id(path: str) -> str | None:
+    """The GNU build-id note of an ELF64 little-endian shared library (read from its program headers), or None."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if head[:6] != b"\x7fELF\x02\x01":
+            return None
+        phoff, phentsize, phnum = (
+            int.from_bytes(head[32:40], "little"),
+            int.from_bytes(head[54:56], "little"),
+            int.from_bytes(head[56:58], "little"),
+        )
+        f.seek(phoff)
+        table = f.read(phentsize * phnum)
+        for i in range(phnum):
+            ph = table[i * phentsize : (i + 1) * phentsize]
+            if int.from_bytes(ph[0:4], "little") != 4:  # PT_NOTE
+                continue
+            f.seek(int.from_bytes(ph[8:16], "little"))
+            notes, at = f.read(min(int.from_bytes(ph[32:40], "little"), 1 << 16)), 0
+            while at + 12 <= len(notes):
+                namesz, descsz, kind = (int.from_bytes(notes[at + k : at + k + 4], "little") for k in (0, 4, 8))
+                name_end = at + 12 + ((namesz + 3) & ~3)
+                if kind == 3 and notes[at + 12 : at + 12 + namesz].rstrip(b"\0") == b"GNU":  # NT_GNU_BUILD_ID
+                    return notes[name_end : name_end + descsz].hex()
+                at = name_end + ((descsz + 3) & ~3)
+    return None
+
+
 @functools.cache
 def nvrtc_library() -> str | None:
-    """The NVRTC library ``cuda.bindings`` calls: its path, size and modification time (a reinstalled or patched
-    library of the same major.minor differs), or None where it cannot be named."""
+    """The NVRTC library ``cuda.bindings`` calls, by its ELF build-id (the same binary wherever it is installed;
+    a patched one of the same major.minor differs), else its path, size and modification time; None where it
+    cannot be named."""
     nvrtc_version()  # loads it
     try:  # cuda.bindings loads NVRTC through cuda.pathfinder, whose answer is memoised: the same library
         from cuda.pathfinder import load_nvidia_dynamic_lib
 
         path = load_nvidia_dynamic_lib("nvrtc").abs_path
+        build_id = _elf_build_id(path)
         st = os.stat(path)
     except Exception:  # an older binding without pathfinder, or a library that moved: the version alone
         return None
-    return f"{path} {st.st_size} {st.st_mtime_ns}"
+    return f"build-id {build_id}" if build_id else f"{path} {st.st_size} {st.st_mtime_ns}"
 
 
 @functools.cache
@@ -143,7 +173,8 @@ def nvdisasm_path() -> str | None:
 
 @functools.cache
 def nvdisasm_identity() -> str | None:
-    """The nvdisasm the SASS audit runs: its path and ``--version`` text (None: there is none)."""
+    """The nvdisasm the SASS audit runs, by its ``--version`` text (the same release wherever it is installed; its
+    path where that text cannot be read); None: there is none."""
     tool = nvdisasm_path()
     if tool is None:
         return None
@@ -151,7 +182,7 @@ def nvdisasm_identity() -> str | None:
         proc = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError) as exc:
         return f"{tool} (version unreadable: {type(exc).__name__})"
-    return f"{tool} {proc.returncode} {proc.stdout.strip()}"
+    return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else f"{tool} (exit {proc.returncode})"
 
 
 @functools.cache

@@ -347,3 +347,10 @@ def test_the_key_does_not_depend_on_what_the_process_ran_before(monkeypatch):
     assert audit.audit_cache_parts({"method": "audit"}, "mixed", builds, "v", sass=False) == before
     monkeypatch.setenv("TRITON_PTXAS_PATH", "/elsewhere/ptxas")  # a variable that changes Triton's code does
     assert audit.audit_cache_parts({"method": "audit"}, "mixed", builds, "v", sass=False) != before
+
+
+def test_nvrtc_is_named_by_the_build_id_of_the_library_the_bindings_call(tmp_path):
+    (tmp_path / "not-elf.so").write_bytes(b"MZ" + bytes(100))
+    assert ptx._elf_build_id(str(tmp_path / "not-elf.so")) is None
+    name = ptx.nvrtc_library()
+    assert name is None or (name.startswith("build-id ") and len(name.split()[1]) >= 32) or "libnvrtc" in name

@@ -3,20 +3,45 @@
 A workload launches the family's kernels on CUDA at the regime witnesses of its plans (empty, one trip,
 grid-stride with a shrunken grid, several passes, the tail), so ``compute-sanitizer`` sees every path
 with few elements. Workloads register by name; ``python -m native.workloads --run NAME`` runs one (the
-process the sanitizer watches).
+process the sanitizer watches). With ``--marker TOKEN`` it runs several (``--run A --run B ...``) one after
+another in one process, each between a ``begin`` and an ``end`` line (:data:`MARKER`, flushed, after a device
+synchronise), so a sanitizer that prints its reports to the same stdout in order has every report of a workload
+between that workload's two lines (obligations.sanitize_batch attributes them).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
+import os
+import sys
+import threading
+import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["register_workload", "get_workload", "find_workload", "workloads", "main", "attention_shapes"]
+__all__ = [
+    "register_workload",
+    "get_workload",
+    "find_workload",
+    "workloads",
+    "main",
+    "run_marked",
+    "attention_shapes",
+    "MARKER",
+    "ABORT_EXIT",
+]
+
+# The line that brackets each workload of a marked run: ``@@kc-workload TOKEN begin NAME``, ``... end NAME SECONDS
+# ok LAUNCHES`` or ``... end NAME SECONDS raised WHAT``, and ``... abort NAME WHY`` where the process stops.
+MARKER = "@@kc-workload"
+# Exit status of a marked run stopped because the CUDA context was unusable after a workload.
+ABORT_EXIT = 3
 
 _WORKLOADS: dict[str, Callable[[], int]] = {}
 
@@ -372,18 +397,94 @@ def _sync(device: str) -> None:
         cupy.cuda.runtime.deviceSynchronize()
 
 
+def _device_sync() -> None:
+    """Wait for the device and give the memory pools' blocks back, where a workload used CuPy (the host tests'
+    fake workloads do not): the next workload's allocations are fresh ones, so initcheck sees its reads of memory
+    it never wrote as it would in a process of its own, not bytes the previous workload left in a pooled block."""
+    if "cupy" in sys.modules:
+        import cupy
+
+        cupy.cuda.runtime.deviceSynchronize()
+        cupy.get_default_memory_pool().free_all_blocks()
+        cupy.get_default_pinned_memory_pool().free_all_blocks()
+
+
+def _device_usable() -> str | None:
+    """None where the device still takes work after a workload raised; else why not (a destroyed context)."""
+    try:
+        _device_sync()
+        if "cupy" in sys.modules:
+            import cupy
+
+            cupy.zeros(1, dtype=cupy.float32).sum().get()
+    except Exception as e:  # any failure here: the context is gone for this process
+        return f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
+    return None
+
+
+def _exit_with_parent() -> None:
+    """End this process if its parent (the sanitizer's front end) is gone: a killed batch leaves no workload behind."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="kc-parent-watch", daemon=True).start()
+
+
+def run_marked(names: list[str], token: str, out: Any = None) -> int:
+    """Run the workloads ``names`` in order, each between its :data:`MARKER` lines on ``out`` (default stdout); a
+    workload that raises is reported as raised and the next one runs; where the device is unusable afterwards the
+    run stops with an ``abort`` line and :data:`ABORT_EXIT`. The workloads' own output goes to stderr."""
+    out = out or sys.stdout
+    registry = importlib.import_module("native.workloads")
+
+    def mark(text: str) -> None:
+        out.write(f"\n{MARKER} {token} {text}\n")  # on a line of its own even after a partial line
+        out.flush()
+
+    for name in names:
+        mark(f"begin {name}")
+        t0 = time.perf_counter()
+        broken = None
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                launches = registry.find_workload(name)()
+            _device_sync()  # the kernels' reports come before the end line
+            status = f"ok {launches}"
+        except Exception as e:
+            traceback.print_exc()
+            sys.stderr.flush()
+            status = "raised " + f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
+            broken = _device_usable()
+        mark(f"end {name} {time.perf_counter() - t0:.3f} {status}")
+        if broken is not None:
+            mark(f"abort {name} the CUDA context is unusable after this workload ({broken})")
+            return ABORT_EXIT
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m native.workloads --run NAME [--module M]``: run one registered workload."""
+    """``python -m native.workloads --run NAME [--module M]``: run one registered workload; with ``--marker TOKEN``
+    run every ``--run`` in order between marker lines (:func:`run_marked`)."""
     p = argparse.ArgumentParser(prog="python -m native.workloads")
-    p.add_argument("--run", required=True, help="registered workload name")
+    p.add_argument("--run", required=True, action="append", help="registered workload name (repeat with --marker)")
     p.add_argument("--module", action="append", default=[], help="extra module that registers workloads")
+    p.add_argument("--marker", default=None, help="run every --run in order, bracketed by lines with this token")
     args = p.parse_args(argv)
     for mod in args.module:
         importlib.import_module(mod)
+    if args.marker is not None:
+        _exit_with_parent()
+        return run_marked(args.run, args.marker)
+    if len(args.run) != 1:
+        p.error("several --run need --marker")
     # Run as __main__ this file is a second module object: the registry is the imported native.workloads.
     registry = importlib.import_module("native.workloads")
-    launches = registry.find_workload(args.run)()
-    print(f"workload {args.run}: {launches} launches")
+    launches = registry.find_workload(args.run[0])()
+    print(f"workload {args.run[0]}: {launches} launches")
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import fnmatch
 import importlib.metadata
@@ -35,6 +36,7 @@ from obligations.engines import Job, get_engine
 from obligations.isolation import (
     HOST_METHODS,
     QUIET_METHODS,
+    SHARED_METHODS,
     STOP_SIGNALS,
     Executor,
     Prefetcher,
@@ -46,7 +48,8 @@ from obligations.isolation import (
     raising_on_stop,
     split_cores,
 )
-from obligations.runorder import item_name, last_seconds, longest_first, record_seconds
+from obligations.runorder import item_name, last_seconds, longest_first, record_seconds, shared_last
+from obligations.sanitize_batch import run_scope, share
 
 __all__ = [
     "check_contract",
@@ -509,6 +512,11 @@ def check_paths(
     contracts: list[dict[str, Any]] = []
     interrupted = stopped = False
     failures = [0]
+    scope = contextlib.ExitStack()
+    if device == "cuda":  # the run's sanitize items share one compute-sanitizer process per tool
+        scope.enter_context(run_scope())
+        shared = [(c, it) for c, it in _to_run(todo, only, options.done) if item_method(it) == "sanitize"]
+        share([it for _, it in shared], [c.data["family"] for c, _ in shared])
     executor = options.executor or make_executor(
         options.isolate,
         partial(item_fields, device=device, profile=profile, seed=seed),
@@ -566,6 +574,7 @@ def check_paths(
         if prefetcher is not None:
             prefetcher.close()
         executor.close()
+        scope.close()
     if interrupted:
         reason = reason or cancel.stop_requested() or "SIGINT"
         if prefetcher is not None and options.log:
@@ -736,6 +745,7 @@ def _start_prefetcher(
     quiet = [(c, it) for c, it in wanted if item_method(it) in QUIET_METHODS]
     beside = ordered([(c, it) for c, it in wanted if item_method(it) in HOST_METHODS])
     rest = ordered([(c, it) for c, it in wanted if item_method(it) not in QUIET_METHODS | HOST_METHODS])
+    rest = shared_last(rest, lambda ci: item_method(ci[1]) if item_method(ci[1]) in SHARED_METHODS else None)
     cores = split_cores() if quiet else None
     if cores is not None:
         prefetcher.pin(cores[1])

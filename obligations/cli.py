@@ -411,6 +411,10 @@ def _run_check(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
             device = _resolve_device(args.device, args.cluster)
             if device is None:
                 return EXIT_INVALID
+            if device == "cuda":  # before any worker starts: they inherit where the run's sanitize items meet
+                from obligations.sanitize_batch import run_scope
+
+                cleanup.enter_context(run_scope())
             early = _early_executor(args, device, seed, cleanup)
             loaded = load_contracts(args.paths, search_path=args.search_path)  # each file parsed and validated once
     except StopRequested as e:

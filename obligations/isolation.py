@@ -48,6 +48,7 @@ __all__ = [
     "error_fields",
     "HOST_METHODS",
     "QUIET_METHODS",
+    "SHARED_METHODS",
     "item_key",
     "Prefetcher",
     "RunsAhead",
@@ -518,6 +519,10 @@ QUIET_METHODS = frozenset({"measure"})
 
 # Methods whose items never touch the device: they run beside the measure items, on the other CPUs.
 HOST_METHODS = frozenset({"z3", "enumerate", "sympy", "regimes", "audit", "assume"})
+
+# Methods whose items share one run-wide job that the first of them to start runs (obligations.sanitize_batch:
+# one compute-sanitizer process per tool for every workload); the others only wait for it and read their part.
+SHARED_METHODS = frozenset({"sanitize"})
 
 Key = tuple[str, str, str]
 

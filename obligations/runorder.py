@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["durations_path", "last_seconds", "record_seconds", "longest_first", "item_name"]
+__all__ = ["durations_path", "last_seconds", "record_seconds", "longest_first", "shared_last", "item_name"]
 
 T = TypeVar("T")
 _FORMAT = 1
@@ -78,3 +78,17 @@ def longest_first(items: Sequence[T], name: Any, seconds: Mapping[str, float]) -
     """``items`` ordered by the seconds ``seconds`` gives their ``name(item)``, longest first; the untimed ones first,
     in their order (a stable sort)."""
     return sorted(items, key=lambda it: -seconds.get(name(it), float("inf")))
+
+
+def shared_last(items: Sequence[T], group: Callable[[T], Hashable | None]) -> list[T]:
+    """``items`` with every item of a shared job (``group(item)`` names the job; None: none) but the job's first moved
+    to the end, in their order: the first starts the job, the others wait for it, and at the end they find it done
+    instead of holding, while it runs, workers that other items could use."""
+    seen: set[Hashable] = set()
+    head, tail = [], []
+    for it in items:
+        g = group(it)
+        (tail if g is not None and g in seen else head).append(it)
+        if g is not None:
+            seen.add(g)
+    return head + tail

@@ -1,14 +1,22 @@
-"""Sanitizer evidence: skipped off the device, and on the device a planted out-of-bounds write is caught."""
+"""Sanitizer evidence: skipped off the device; on the device a planted out-of-bounds write is caught; a run's items
+share one process per tool (tests/fake_sanitizer.py stands for compute-sanitizer on the host) and each gets the
+verdict of its own workload."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from obligations import sanitize_batch
 from obligations.contract import load_contract
 from obligations.engines import Job, get_engine
+from obligations.sanitize_batch import TOOLS
 from tests.contract_helpers import needs_cuda
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,42 +58,158 @@ def test_planted_out_of_bounds_write_is_caught_and_a_clean_workload_passes():
     assert good.status.value == "passed", (good.reason, good.counterexample)
 
 
-def test_tools_run_side_by_side_and_each_keeps_its_verdict(monkeypatch):
-    """Four tools of 0.3 s each take about 0.3 s together; a planted error in one tool is that tool's violation."""
-    import os
-    import subprocess
-    import threading
-    import time
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not on PATH")
+def test_on_the_device_a_shared_process_attributes_the_planted_write_to_its_own_workload(monkeypatch, tmp_path):
+    """planted-oob between two clean workloads in one memcheck process: its item is violated by the report printed
+    between its own markers (no re-run alone), its neighbours pass."""
+    monkeypatch.setenv(sanitize_batch.RUN_ENV, str(tmp_path))
+    items = [_item(w, ["memcheck"], ["tests.planted.sanitizer_bugs"]) for w in ("transfer", "planted-oob", "rng")]
+    assert sanitize_batch.share(items, ["-"] * 3)["processes"] == [
+        {"name": "memcheck", "tool": "memcheck", "workloads": ["transfer", "planted-oob", "rng"]}
+    ]
+    out = {it["params"]["workload"]: get_engine("sanitize").discharge(Job(CONTRACT, it, device="cuda")) for it in items}
+    assert out["planted-oob"].status.value == "violated", (out["planted-oob"].reason, out["planted-oob"].counterexample)
+    assert "alone" not in out["planted-oob"].evidence.verdicts["memcheck"], "reports came outside the markers"
+    assert out["transfer"].status.value == out["rng"].status.value == "passed", out
+    assert [o.evidence.shared["launched"] for o in out.values()] == [True, False, False]
 
-    from obligations import sanitize
 
-    live, peak = [0], [0]
-    lock = threading.Lock()
+# -- one process per tool for a run's workloads, on the host: tests/fake_sanitizer.py stands for the tool ---------
 
-    def fake(tool: str, workload: str, modules: tuple = (), timeout_s: float = 600.0) -> dict:
-        with lock:
-            live[0] += 1
-            peak[0] = max(peak[0], live[0])
-        time.sleep(0.3)
-        with lock:
-            live[0] -= 1
-        if tool == "initcheck":
-            raise subprocess.TimeoutExpired("compute-sanitizer", timeout_s)
-        bad = tool == "racecheck"
-        return {"errors": 3 if bad else 0, "exit": 86 if bad else 0, "seconds": 0.3, "tail": []}
 
-    monkeypatch.setattr(sanitize, "run_tool", fake)
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
-    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/" + name)
-    t0 = time.perf_counter()
-    out = get_engine("sanitize").discharge(Job(CONTRACT, _item("reductions", list(sanitize.TOOLS)), device="cuda"))
-    assert time.perf_counter() - t0 < 0.9 and peak[0] == 4
-    assert out.status.value == "violated"
-    assert set(out.counterexample) == {"racecheck", "initcheck"}
-    assert out.counterexample["racecheck"]["errors"] == 3 and out.counterexample["initcheck"]["exit"] == "timeout"
-    assert list(out.evidence.verdicts) == list(sanitize.TOOLS)
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    assert sanitize.parallel_tools(4) == 1
+@pytest.fixture
+def fake_sanitizer(monkeypatch, tmp_path):
+    """``compute-sanitizer`` on PATH is tests/fake_sanitizer.py; returns the file each of its runs is logged to."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    exe = bindir / "compute-sanitizer"
+    exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{ROOT / "tests" / "fake_sanitizer.py"}" "$@"\n')
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
+    log = tmp_path / "runs.log"
+    monkeypatch.setenv("KC_FAKE_SANITIZER_LOG", str(log))
+    monkeypatch.setenv(sanitize_batch.RUN_ENV, str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    return log
+
+
+_FAKES = ("fake-clean", "fake-oob", "fake-raise", "fake-clean-2", "fake-crash", "fake-hang")
+
+
+def test_one_process_per_tool_runs_every_workload_and_each_item_gets_its_own_verdict(fake_sanitizer):
+    """Six items share one memcheck and one racecheck process (started by whichever item comes first; the others,
+    running at the same time, wait and read): the planted write is its own item's violation, under memcheck only;
+    a workload that raises is its item's error and the next one still runs; a crash errors its workload and
+    every later one (never passed); the workloads before it keep their verdicts."""
+    items = [_item(w, ["memcheck", "racecheck"], ["tests.planted.sanitizer_bugs"]) for w in _FAKES]
+    plan = sanitize_batch.share(items, ["-"] * len(items))
+    assert [p["name"] for p in plan["processes"]] == ["memcheck", "racecheck"]
+    with ThreadPoolExecutor(len(items)) as pool:
+        outs = list(pool.map(lambda it: get_engine("sanitize").discharge(Job(CONTRACT, it, device="cuda")), items))
+    out = dict(zip(_FAKES, outs, strict=True))
+    runs = fake_sanitizer.read_text().splitlines()
+    assert sorted(runs) == sorted(f"{tool} {' '.join(_FAKES)}" for tool in ("memcheck", "racecheck")), runs
+    assert sum(o.evidence.shared["launched"] for o in outs) == 1
+    assert all(o.evidence.shared["workloads"] == 6 for o in outs)
+    assert out["fake-clean"].status.value == out["fake-clean-2"].status.value == "passed"
+    oob = out["fake-oob"]
+    assert oob.status.value == "violated" and set(oob.counterexample) == {"memcheck"}, oob.counterexample
+    assert oob.counterexample["memcheck"]["errors"] == 1
+    assert "Invalid __global__ write" in oob.counterexample["memcheck"]["output"][0]
+    assert out["fake-raise"].status.value == "error" and "planted: the launch was refused" in out["fake-raise"].reason
+    crash, after = out["fake-crash"], out["fake-hang"]
+    assert crash.status.value == "error" and "ended (exit 139) in this workload" in crash.reason, crash.reason
+    assert after.status.value == "error" and "not run" in after.reason and "fake-crash" in after.reason
+
+
+def test_an_item_alone_runs_its_workload_alone(fake_sanitizer):
+    """Without a plan that names it (a single --only item), an item's workload runs in processes of its own."""
+    out = get_engine("sanitize").discharge(
+        Job(CONTRACT, _item("fake-oob", ["memcheck", "initcheck"], ["tests.planted.sanitizer_bugs"]), device="cuda")
+    )
+    assert out.status.value == "violated" and out.evidence.shared is None
+    assert sorted(fake_sanitizer.read_text().splitlines()) == ["initcheck fake-oob", "memcheck fake-oob"]
+
+
+def test_a_process_past_its_limit_is_stopped_and_its_unfinished_workloads_have_no_verdict(tmp_path, fake_sanitizer):
+    plan = sanitize_batch.make_plan(
+        {w: {"tools": ["synccheck"], "modules": ["tests.planted.sanitizer_bugs"]} for w in ("fake-hang", "fake-clean")},
+        timeout_s=1.0,
+    )
+    sanitize_batch.run_plan(tmp_path, plan, shutil.which("compute-sanitizer"))
+    got = json.loads((tmp_path / plan["id"] / "synccheck.json").read_text())
+    assert got["exit"] == "timeout"
+    assert got["workloads"]["fake-hang"]["exit"] == "timeout" and got["workloads"]["fake-hang"]["errors"] is None
+    assert got["workloads"]["fake-clean"]["exit"] == "not run"
+
+
+_OUT = """\
+========= COMPUTE-SANITIZER
+@@kc-workload T begin a
+@@kc-workload T end a 0.5 ok 3
+@@kc-workload T begin b
+========= Invalid __global__ write of size 4 bytes
+=========     at k+0x70
+=========     Address 0x7f is out of bounds
+=========
+========= Program hit cudaErrorLaunchFailure (error 719) on CUDA API call to cuCtxSynchronize.
+@@kc-workload T end b 0.7 ok 1
+@@kc-workload T begin c
+========= Warning: Race reported between Write access at k+0x30
+=========     and Read access at k+0x50 [2 hazards]
+@@kc-workload T end c 0.1 ok 1
+{after}========= {summary}
+"""
+
+
+@pytest.mark.parametrize(
+    "after, summary, clean",
+    [
+        ("", "ERROR SUMMARY: 2 errors", "passed"),
+        ("", "RACECHECK SUMMARY: 3 hazards displayed (2 errors, 1 warnings)", "passed"),
+        ("========= Invalid __shared__ read of size 4 bytes\n", "ERROR SUMMARY: 3 errors", "outside"),
+        ("", "ERROR SUMMARY: 5 errors", "counts"),  # past --print-limit: counted, not printed, so not placed
+        ("", "", "summary"),
+    ],
+)
+def test_reports_are_attributed_by_the_markers_around_them_and_what_cannot_be_placed_has_no_verdict(
+    after, summary, clean
+):
+    """Each error report between a workload's markers is its own (a warning is not an error); a report outside every
+    workload's markers, a summary that counts more errors than were placed, or no summary leave the workloads
+    without errors of their own unattributed (they run again alone), never passed."""
+    lines = _OUT.format(after=after, summary=summary).splitlines(keepends=True)
+    got = sanitize_batch.attribute(lines, "T", ["a", "b", "c"], sanitize_batch.ERROR_EXIT)
+    assert got["b"]["errors"] == 2 and got["b"]["exit"] == sanitize_batch.ERROR_EXIT
+    for name in ("a", "c"):
+        if clean == "passed":
+            assert (got[name]["errors"], got[name]["exit"]) == (0, 0), got[name]
+        else:
+            assert (got[name]["errors"], got[name]["exit"]) == (None, "unattributed"), got[name]
+            assert {"outside": "outside any workload", "counts": "counts 5", "summary": "no error summary"}[clean] in (
+                got[name]["reason"]
+            )
+    assert got["a"]["seconds"] == 0.5 and "Warning: Race" in got["c"]["tail"][0]
+    # in a process of one workload every report is that workload's, wherever it was printed
+    alone = ["@@kc-workload T begin a\n", "@@kc-workload T end a 0.1 ok 1\n", "========= Invalid write\n"]
+    got = sanitize_batch.attribute([*alone, "========= ERROR SUMMARY: 1 error\n"], "T", ["a"], 86)
+    assert (got["a"]["errors"], got["a"]["exit"]) == (1, 86)
+
+
+def test_the_run_queues_the_first_item_of_a_shared_job_in_its_place_and_the_others_last():
+    from obligations.runorder import shared_last
+
+    items = ["z3-a", "san-1", "fal-b", "san-2", "fal-c", "san-3"]
+    assert shared_last(items, lambda it: "san" if it.startswith("san") else None) == [
+        "z3-a",
+        "san-1",
+        "fal-b",
+        "fal-c",
+        "san-2",
+        "san-3",
+    ]
 
 
 def test_every_gpu_family_has_a_sanitize_item_on_a_registered_workload():
@@ -145,3 +269,32 @@ def test_a_workload_process_imports_only_the_module_that_registers_it():
     loaded, listed = out.splitlines()
     assert "'native.norm'" in loaded and "'native.fusion'" not in loaded and "'native.ir'" not in loaded
     assert listed == "True"
+
+
+def test_a_device_run_shares_one_process_per_tool_among_its_sanitize_items(fake_sanitizer, monkeypatch, tmp_path):
+    """kc check on cuda writes the plan of the items it runs: two contracts' sanitize items get one process per tool
+    between them, and the run's directory is gone afterwards. (On the host their workloads raise: no CuPy.)"""
+    from obligations import check
+
+    monkeypatch.setattr(check, "use_plain_reductions", lambda: None)  # a CuPy setting: no CuPy here
+    monkeypatch.delenv(sanitize_batch.RUN_ENV)
+    monkeypatch.setenv("KC_PROOF_CACHE_DIR", str(tmp_path / "cache"))
+    paths = [ROOT / "contracts" / f for f in ("reductions-v1.yaml", "transfer-float32-v1.yaml")]
+    result = check.check_paths(paths, device="cuda", only=["RED-SANITIZE", "XFER-SANITIZE"])
+    items = [it for c in result["contracts"] for it in c["items"]]
+    assert [it["evidence"]["shared"]["workloads"] for it in items] == [2, 2], items
+    assert sorted(fake_sanitizer.read_text().splitlines()) == [f"{t} reductions transfer" for t in sorted(TOOLS)]
+    assert sanitize_batch.RUN_ENV not in os.environ
+
+
+def test_shards_split_a_tools_workloads_over_processes(monkeypatch):
+    units = {w: {"tools": ["memcheck", "racecheck"]} for w in ("a", "b", "c")}
+    monkeypatch.setenv(sanitize_batch.SHARDS_ENV, "racecheck=2")
+    plan = sanitize_batch.make_plan(units)
+    assert [(p["name"], p["workloads"]) for p in plan["processes"]] == [
+        ("memcheck", ["a", "b", "c"]),
+        ("racecheck#0", ["a", "c"]),
+        ("racecheck#1", ["b"]),
+    ]
+    monkeypatch.setenv(sanitize_batch.SHARDS_ENV, "5")
+    assert len(sanitize_batch.make_plan(units)["processes"]) == 6  # never more processes than workloads

@@ -241,9 +241,11 @@ class RegimeEvidence(Evidence):
 @register_evidence
 @dataclass(frozen=True)
 class SanitizeEvidence(Evidence):
-    """compute-sanitizer verdicts per tool over a family's workload."""
+    """compute-sanitizer verdicts per tool over a family's workload; ``shared``: the run's tool processes that ran it
+    with the run's other workloads (how many, whether this item started them, each one's name, exit, seconds)."""
 
     kind: ClassVar[str] = "sanitize"
     cases: int | None = None
     workload: str | None = None
     verdicts: Mapping[str, Mapping[str, Any]] | None = None
+    shared: Mapping[str, Any] | None = None

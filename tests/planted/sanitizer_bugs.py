@@ -24,3 +24,52 @@ def planted_oob() -> int:
     compile_function(_OOB, "kc_planted_oob", "nvrtc-ieee")((2,), (256,), (out, np.int64(256)))
     cupy.cuda.runtime.deviceSynchronize()
     return 1
+
+
+# -- host stand-ins (tests/fake_sanitizer.py reads KC-FAKE-REPORT lines as the errors a tool finds there) ---------
+
+
+@register_workload("fake-clean")
+def fake_clean() -> int:
+    """A workload no tool finds an error in."""
+    return 1
+
+
+@register_workload("fake-clean-2")
+def fake_clean_2() -> int:
+    """Another workload no tool finds an error in."""
+    return 1
+
+
+@register_workload("fake-oob")
+def fake_oob() -> int:
+    """Stands for planted-oob: memcheck finds one out-of-bounds write here, the other tools nothing."""
+    print("KC-FAKE-REPORT memcheck 1", flush=True)
+    return 1
+
+
+@register_workload("fake-raise")
+def fake_raise() -> int:
+    """A workload that raises (a launch refused): reported for it, the next one still runs."""
+    raise RuntimeError("planted: the launch was refused")
+
+
+@register_workload("fake-crash")
+def fake_crash() -> int:
+    """A workload that kills its process (a segfault in a library): it and every later workload have no verdict."""
+    import os
+    import signal
+    import sys
+
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGSEGV)
+    return 1
+
+
+@register_workload("fake-hang")
+def fake_hang() -> int:
+    """A workload that never ends (a kernel that spins): its process is stopped at the plan's limit."""
+    import time
+
+    time.sleep(600)
+    return 1

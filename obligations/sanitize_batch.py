@@ -56,6 +56,7 @@ __all__ = [
     "verdicts_for",
     "parallel_processes",
     "tool_command",
+    "last_seconds",
 ]
 
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
@@ -101,16 +102,32 @@ def _shards(tool: str) -> int:
     return 1
 
 
+def _split(names: list[str], n: int, weight: Mapping[str, float]) -> list[list[str]]:
+    """``names`` in ``n`` parts of about equal weight (longest first, each to the lightest part; an unknown weight
+    counts as the mean of the known ones), each part in the given order."""
+    known = [weight[w] for w in names if w in weight]
+    guess = sum(known) / len(known) if known else 1.0
+    loads = [0.0] * min(n, len(names))
+    part_of: dict[str, int] = {}
+    for w in sorted(names, key=lambda w: -weight.get(w, guess)):
+        k = loads.index(min(loads))
+        part_of[w], loads[k] = k, loads[k] + weight.get(w, guess)
+    return [[w for w in names if part_of[w] == k] for k in range(len(loads))]
+
+
 def make_plan(
-    units: Mapping[str, Mapping[str, Sequence[str]]], shards: int | None = None, timeout_s: float = TIMEOUT_S
+    units: Mapping[str, Mapping[str, Sequence[str]]],
+    shards: int | None = None,
+    timeout_s: float = TIMEOUT_S,
+    seconds: Mapping[str, Mapping[str, float]] | None = None,
 ) -> dict[str, Any]:
     """A plan for ``units`` (workload -> {"tools": [...], "modules": [...]}): per tool, its workloads in ``shards``
-    processes (round robin in the given order; default :data:`SHARDS_ENV`, else one)."""
+    processes (default :data:`SHARDS_ENV`, else one) of about equal time by ``seconds`` (tool -> workload -> the
+    seconds it took last time, :func:`last_seconds`)."""
     processes = []
     for tool in TOOLS + tuple(sorted({t for u in units.values() for t in u["tools"]} - set(TOOLS))):
         names = [w for w, u in units.items() if tool in u["tools"]]
-        n = shards or _shards(tool)
-        parts = [names[k::n] for k in range(min(n, len(names)))]
+        parts = _split(names, shards or _shards(tool), (seconds or {}).get(tool) or {})
         for k, part in enumerate(parts):
             processes.append({"name": tool if len(parts) == 1 else f"{tool}#{k}", "tool": tool, "workloads": part})
     return {
@@ -119,6 +136,39 @@ def make_plan(
         "processes": processes,
         "timeout_s": timeout_s,
     }
+
+
+def _seconds_path() -> Path | None:
+    from obligations.runorder import durations_path
+
+    path = durations_path()
+    return path.with_name("sanitize-seconds.json") if path is not None else None
+
+
+def last_seconds() -> dict[str, dict[str, float]]:
+    """tool -> workload -> the seconds it took in the last run that ran it (beside the run order's durations)."""
+    path = _seconds_path()
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path is not None else {}
+    except (OSError, ValueError):
+        return {}  # none yet, or unreadable: the workloads are split by count
+    return data if isinstance(data, dict) else {}
+
+
+def _record_seconds(results: Iterable[Mapping[str, Any]]) -> None:
+    """Keep each workload's seconds under each tool of these process results, for the next plan's split."""
+    from obligations.atomic import write_text_atomic
+
+    path = _seconds_path()
+    if path is None:
+        return
+    data = last_seconds()
+    for r in results:
+        for w, v in r["workloads"].items():
+            if isinstance(v.get("seconds"), int | float):
+                data.setdefault(r["tool"], {})[w] = v["seconds"]
+    with contextlib.suppress(OSError):
+        write_text_atomic(path, json.dumps(data, sort_keys=True) + "\n")
 
 
 def write_plan(where: Path, plan: Mapping[str, Any]) -> None:
@@ -169,7 +219,7 @@ def share(items: Iterable[Mapping[str, Any]], default_workload: Iterable[str]) -
         count += 1
     if where is None or count < 2:
         return None
-    plan = make_plan(units)
+    plan = make_plan(units, seconds=last_seconds())
     write_plan(Path(where), plan)
     return plan
 
@@ -392,6 +442,7 @@ def run_plan(where: Path, plan: Mapping[str, Any], exe: str) -> None:
             _kill_tree(proc)
         raise
     pool.shutdown()
+    _record_seconds((_read_done(where, plan, procs) or {}).values())
 
 
 def _covering(

@@ -92,6 +92,7 @@ def fake_sanitizer(monkeypatch, tmp_path):
     monkeypatch.setenv("KC_FAKE_SANITIZER_LOG", str(log))
     monkeypatch.setenv(sanitize_batch.RUN_ENV, str(tmp_path / "run"))
     (tmp_path / "run").mkdir()
+    monkeypatch.setenv("KC_PROOF_CACHE_DIR", str(tmp_path / "cache"))  # where the workloads' seconds are kept
     return log
 
 
@@ -278,7 +279,6 @@ def test_a_device_run_shares_one_process_per_tool_among_its_sanitize_items(fake_
 
     monkeypatch.setattr(check, "use_plain_reductions", lambda: None)  # a CuPy setting: no CuPy here
     monkeypatch.delenv(sanitize_batch.RUN_ENV)
-    monkeypatch.setenv("KC_PROOF_CACHE_DIR", str(tmp_path / "cache"))
     paths = [ROOT / "contracts" / f for f in ("reductions-v1.yaml", "transfer-float32-v1.yaml")]
     result = check.check_paths(paths, device="cuda", only=["RED-SANITIZE", "XFER-SANITIZE"])
     items = [it for c in result["contracts"] for it in c["items"]]
@@ -296,5 +296,18 @@ def test_shards_split_a_tools_workloads_over_processes(monkeypatch):
         ("racecheck#0", ["a", "c"]),
         ("racecheck#1", ["b"]),
     ]
+    seconds = {"racecheck": {"a": 10.0, "b": 1.0}}  # the last run's: c untimed counts as their mean
+    assert [p["workloads"] for p in sanitize_batch.make_plan(units, seconds=seconds)["processes"][1:]] == [
+        ["a"],
+        ["b", "c"],
+    ]
     monkeypatch.setenv(sanitize_batch.SHARDS_ENV, "5")
     assert len(sanitize_batch.make_plan(units)["processes"]) == 6  # never more processes than workloads
+
+
+def test_a_plan_splits_by_the_seconds_the_last_run_recorded(fake_sanitizer):
+    plan = sanitize_batch.make_plan(
+        {"fake-clean": {"tools": ["memcheck"], "modules": ["tests.planted.sanitizer_bugs"]}}
+    )
+    sanitize_batch.run_plan(Path(os.environ[sanitize_batch.RUN_ENV]), plan, shutil.which("compute-sanitizer"))
+    assert set(sanitize_batch.last_seconds()["memcheck"]) == {"fake-clean"}

@@ -45,6 +45,7 @@ __all__ = [
     "TOOLS",
     "RUN_ENV",
     "SHARDS_ENV",
+    "SHARE_ENV",
     "ERROR_EXIT",
     "make_plan",
     "write_plan",
@@ -65,6 +66,8 @@ RUN_ENV = "KC_SANITIZE_RUN"
 # Processes per tool (default 1): the workloads of a tool split over this many processes, for a tool whose one
 # process would take longer than the run's other items.
 SHARDS_ENV = "KC_SANITIZE_SHARDS"
+# "0": no shared plan, every sanitize item runs its workload in processes of its own (as before the plans).
+SHARE_ENV = "KC_SANITIZE_SHARE"
 ERROR_EXIT = 86
 MARKER = "@@kc-workload"  # native.workloads.MARKER (not imported: this module runs no workload itself)
 PRINT_LIMIT = 1000  # reports printed per process: past it a report is counted, not printed, so none is placed
@@ -217,7 +220,7 @@ def share(items: Iterable[Mapping[str, Any]], default_workload: Iterable[str]) -
         unit["tools"] += [t for t in params.get("tools") or TOOLS if t not in unit["tools"]]
         unit["modules"] += [m for m in params.get("modules") or () if m not in unit["modules"]]
         count += 1
-    if where is None or count < 2:
+    if where is None or count < 2 or os.environ.get(SHARE_ENV, "").strip() == "0":
         return None
     plan = make_plan(units, seconds=last_seconds())
     write_plan(Path(where), plan)
@@ -226,7 +229,11 @@ def share(items: Iterable[Mapping[str, Any]], default_workload: Iterable[str]) -
 
 def tool_command(exe: str, tool: str, workloads: Sequence[str], modules: Sequence[str], token: str) -> list[str]:
     """The command of one tool process over ``workloads`` (in order, bracketed by lines with ``token``)."""
-    cmd = [exe, "--tool", tool, "--error-exitcode", str(ERROR_EXIT), "--print-limit", str(PRINT_LIMIT)]
+    # Line-buffered where stdbuf exists: a tool that buffered its stdout into the pipe would print a report after
+    # the marker lines that follow it (a report outside every workload's lines, or in a later one's).
+    stdbuf = shutil.which("stdbuf")
+    cmd = [stdbuf, "-oL", "-eL"] if stdbuf else []
+    cmd += [exe, "--tool", tool, "--error-exitcode", str(ERROR_EXIT), "--print-limit", str(PRINT_LIMIT)]
     if tool in _KERNEL_ONLY:  # a workload's device error ends its kernel, not the context the next workloads use
         cmd += ["--destroy-on-device-error", "kernel"]
     cmd += [sys.executable, "-m", "native.workloads", "--marker", token]

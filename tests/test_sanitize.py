@@ -62,18 +62,24 @@ def test_planted_out_of_bounds_write_is_caught_and_a_clean_workload_passes():
 @needs_cuda
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not on PATH")
 def test_on_the_device_a_shared_process_attributes_the_planted_write_to_its_own_workload(monkeypatch, tmp_path):
-    """planted-oob between two clean workloads in one memcheck process: its item is violated by the report printed
-    between its own markers (no re-run alone), its neighbours pass."""
+    """The planted writes between clean workloads in one memcheck process: each planted item is violated by the
+    reports printed between its own markers (none re-run alone), and its neighbours pass, also after the kilobytes
+    of reports of planted-oob-many (a report the tool printed late would land in rng's lines)."""
     monkeypatch.setenv(sanitize_batch.RUN_ENV, str(tmp_path))
-    items = [_item(w, ["memcheck"], ["tests.planted.sanitizer_bugs"]) for w in ("transfer", "planted-oob", "rng")]
-    assert sanitize_batch.share(items, ["-"] * 3)["processes"] == [
-        {"name": "memcheck", "tool": "memcheck", "workloads": ["transfer", "planted-oob", "rng"]}
+    monkeypatch.setenv("KC_PROOF_CACHE_DIR", str(tmp_path / "cache"))
+    names = ("transfer", "planted-oob-many", "rng", "planted-oob", "reductions")
+    items = [_item(w, ["memcheck"], ["tests.planted.sanitizer_bugs"]) for w in names]
+    assert sanitize_batch.share(items, ["-"] * len(items))["processes"] == [
+        {"name": "memcheck", "tool": "memcheck", "workloads": list(names)}
     ]
     out = {it["params"]["workload"]: get_engine("sanitize").discharge(Job(CONTRACT, it, device="cuda")) for it in items}
-    assert out["planted-oob"].status.value == "violated", (out["planted-oob"].reason, out["planted-oob"].counterexample)
-    assert "alone" not in out["planted-oob"].evidence.verdicts["memcheck"], "reports came outside the markers"
-    assert out["transfer"].status.value == out["rng"].status.value == "passed", out
-    assert [o.evidence.shared["launched"] for o in out.values()] == [True, False, False]
+    for name in ("planted-oob-many", "planted-oob"):
+        got = out[name]
+        assert got.status.value == "violated", (name, got.reason, got.counterexample)
+        assert "alone" not in got.evidence.verdicts["memcheck"], ("reports came outside the markers", got.evidence)
+    for name in ("transfer", "rng", "reductions"):
+        assert out[name].status.value == "passed", (name, out[name].reason, out[name].counterexample)
+    assert [o.evidence.shared["launched"] for o in out.values()] == [True, False, False, False, False]
 
 
 # -- one process per tool for a run's workloads, on the host: tests/fake_sanitizer.py stands for the tool ---------
@@ -125,8 +131,12 @@ def test_one_process_per_tool_runs_every_workload_and_each_item_gets_its_own_ver
     assert after.status.value == "error" and "not run" in after.reason and "fake-crash" in after.reason
 
 
-def test_an_item_alone_runs_its_workload_alone(fake_sanitizer):
-    """Without a plan that names it (a single --only item), an item's workload runs in processes of its own."""
+def test_an_item_alone_runs_its_workload_alone(fake_sanitizer, monkeypatch):
+    """Without a plan that names it (a single --only item, or KC_SANITIZE_SHARE=0), an item's workload runs in
+    processes of its own."""
+    monkeypatch.setenv(sanitize_batch.SHARE_ENV, "0")
+    items = [_item(w, ["memcheck"], ["tests.planted.sanitizer_bugs"]) for w in ("fake-oob", "fake-clean")]
+    assert sanitize_batch.share(items, ["-", "-"]) is None
     out = get_engine("sanitize").discharge(
         Job(CONTRACT, _item("fake-oob", ["memcheck", "initcheck"], ["tests.planted.sanitizer_bugs"]), device="cuda")
     )

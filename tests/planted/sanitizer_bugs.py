@@ -1,4 +1,6 @@
-"""A planted workload for the sanitizer engine: a kernel that writes one element past its buffer."""
+"""Planted workloads for the sanitizer engine: a kernel that writes one element past its buffer, the same kernel
+writing 256 elements past it (many reports: kilobytes of output, so a report printed late would show in a later
+workload's lines), and host stand-ins for tests/fake_sanitizer.py."""
 
 from __future__ import annotations
 
@@ -22,6 +24,20 @@ def planted_oob() -> int:
 
     out = cupy.empty(256, dtype=cupy.float32)
     compile_function(_OOB, "kc_planted_oob", "nvrtc-ieee")((2,), (256,), (out, np.int64(256)))
+    cupy.cuda.runtime.deviceSynchronize()
+    return 1
+
+
+@register_workload("planted-oob-many")
+def planted_oob_many() -> int:
+    """The off-by-one kernel told its 256-float buffer holds 512: every thread of the second block writes past it."""
+    import cupy
+    import numpy as np
+
+    from native.nvrtc import compile_function
+
+    out = cupy.empty(256, dtype=cupy.float32)
+    compile_function(_OOB, "kc_planted_oob", "nvrtc-ieee")((2,), (256,), (out, np.int64(511)))
     cupy.cuda.runtime.deviceSynchronize()
     return 1
 

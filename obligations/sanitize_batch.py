@@ -241,8 +241,10 @@ def tool_command(exe: str, tool: str, workloads: Sequence[str], modules: Sequenc
     return cmd + [arg for m in modules for arg in ("--module", m)]
 
 
-def _verdict(errors: int | None, exit: Any, seconds: float | None, tail: list[str], reason: str = "") -> dict:
-    out: dict[str, Any] = {"errors": errors, "exit": exit, "seconds": seconds, "tail": tail[-12:]}
+def _verdict(errors: int | None, exit: Any, seconds: float | None, lines: list[str], reason: str = "") -> dict:
+    # the first report whole (its kind, kernel, thread, address) and the end (an exception's message)
+    tail = lines if len(lines) <= 20 else [*lines[:14], f"... ({len(lines) - 20} lines)", *lines[-6:]]
+    out: dict[str, Any] = {"errors": errors, "exit": exit, "seconds": seconds, "tail": tail}
     if reason:
         out["reason"] = reason
     return out
@@ -292,6 +294,10 @@ def attribute(
     if len(workloads) == 1 and workloads[0] in sections:  # a process of one workload: every report is its own
         sections[workloads[0]]["errors"] += outside
         outside = 0
+    if counted == 0:  # the tool counts no error: a line taken for a report's first line was none (a note of its own)
+        outside = 0
+        for sec in sections.values():
+            sec["errors"] = 0
     attributed = outside + sum(sec["errors"] for sec in sections.values())
     finished = all(sec["end"] is not None for sec in sections.values()) and len(sections) == len(workloads)
     # Why a workload without a report of its own has no verdict either: the process could not vouch for it.

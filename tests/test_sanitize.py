@@ -207,6 +207,11 @@ def test_reports_are_attributed_by_the_markers_around_them_and_what_cannot_be_pl
     alone = ["@@kc-workload T begin a\n", "@@kc-workload T end a 0.1 ok 1\n", "========= Invalid write\n"]
     got = sanitize_batch.attribute([*alone, "========= ERROR SUMMARY: 1 error\n"], "T", ["a"], 86)
     assert (got["a"]["errors"], got["a"]["exit"]) == (1, 86)
+    # a note of the tool's own that reads like a report, where the tool counts no error, is none
+    got = sanitize_batch.attribute(
+        [*alone[:2], "========= Some note\n", "========= ERROR SUMMARY: 0 errors\n"], "T", ["a"], 0
+    )
+    assert (got["a"]["errors"], got["a"]["exit"]) == (0, 0)
 
 
 def test_the_run_queues_the_first_item_of_a_shared_job_in_its_place_and_the_others_last():

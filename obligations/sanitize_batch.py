@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from native.workloads import MARKER
 from obligations.core import cancel
 
 __all__ = [
@@ -69,7 +70,6 @@ SHARDS_ENV = "KC_SANITIZE_SHARDS"
 # "0": no shared plan, every sanitize item runs its workload in processes of its own (as before the plans).
 SHARE_ENV = "KC_SANITIZE_SHARE"
 ERROR_EXIT = 86
-MARKER = "@@kc-workload"  # native.workloads.MARKER (not imported: this module runs no workload itself)
 PRINT_LIMIT = 1000  # reports printed per process: past it a report is counted, not printed, so none is placed
 TIMEOUT_S = 600.0  # seconds one tool process may take
 _POLL_S = 0.2

@@ -344,6 +344,22 @@ def _halfprec() -> int:
     return launches
 
 
+@register_workload("triton")
+def _triton() -> int:
+    """The Triton softmax and RMSNorm (compiled by Triton for this GPU) at one-program, partial-block, largest-block
+    and many-warp rows: every launch configuration kind their plans choose."""
+    from native import triton as tk
+
+    rng = np.random.default_rng(0)
+    launches = 0
+    for rows, length in ((1, 1), (3, 100), (2, 1000), (2, 2048), (1, 16384)):
+        x = rng.standard_normal((rows, length)).astype(np.float32)
+        tk.softmax(x, device="cuda")
+        tk.rmsnorm(x, rng.standard_normal(length).astype(np.float32), device="cuda")
+        launches += 2
+    return launches
+
+
 @register_workload("libm")
 def _libm() -> int:
     """The sweep and values kernels of a few libm functions under both environments on a small input range."""

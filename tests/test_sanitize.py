@@ -302,6 +302,23 @@ def test_a_device_run_shares_one_process_per_tool_among_its_sanitize_items(fake_
     assert sanitize_batch.RUN_ENV not in os.environ
 
 
+@pytest.fixture(autouse=True)
+def _one_process_per_tool(monkeypatch):
+    """These tests place workloads in one process per tool unless they set the split themselves."""
+    monkeypatch.setenv(sanitize_batch.SHARDS_ENV, "1")
+
+
+def test_unset_the_tools_split_by_default_racecheck_most(monkeypatch):
+    # the H200 run of 2026-11-27: racecheck's one process over 16 workloads (32.9 s) was the run's longest item
+    monkeypatch.delenv(sanitize_batch.SHARDS_ENV)
+    units = {w: {"tools": list(sanitize_batch.TOOLS)} for w in "abcdef"}
+    names = [p["name"] for p in sanitize_batch.make_plan(units)["processes"]]
+    assert {t: sum(n.split("#")[0] == t for n in names) for t in sanitize_batch.TOOLS} == (
+        sanitize_batch.DEFAULT_SHARDS
+    )
+    assert sanitize_batch.DEFAULT_SHARDS["racecheck"] == max(sanitize_batch.DEFAULT_SHARDS.values())
+
+
 def test_shards_split_a_tools_workloads_over_processes(monkeypatch):
     units = {w: {"tools": ["memcheck", "racecheck"]} for w in ("a", "b", "c")}
     monkeypatch.setenv(sanitize_batch.SHARDS_ENV, "racecheck=2")

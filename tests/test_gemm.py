@@ -99,6 +99,7 @@ def test_tf32_switched_on_is_caught_on_the_gpu(tmp_path):
 
 
 @pytest.mark.cuda
+@pytest.mark.quiet_gpu
 @needs_cuda
 def test_a_bound_call_that_revalidates_every_time_is_caught_by_the_overhead_item(tmp_path):
     path = _variant(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -132,7 +133,9 @@ def _call(op: str, args: Mapping[str, Any], dtype: str, device: str) -> Any:
         kw = {"attn_mask": t.get("mask"), "is_causal": bool(t.get("causal", False)), "scale": t.get("scale")}
         if t.get("gqa"):
             kw["enable_gqa"] = True
-        return F.scaled_dot_product_attention(t["q"], t["k"], t["v"], **kw)
+        with warnings.catch_warnings():  # a pinned backend's reasons for refusing a case print once per call
+            warnings.simplefilter("ignore", UserWarning)
+            return F.scaled_dot_product_attention(t["q"], t["k"], t["v"], **kw)
     if op == "layer_norm":
         return F.layer_norm(t["x"], (t["x"].shape[-1],), t["w"], t["b"], t["eps"])
     if op == "rms_norm":

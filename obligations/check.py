@@ -46,7 +46,6 @@ from obligations.isolation import (
     known_witnesses,
     make_executor,
     raising_on_stop,
-    split_cores,
 )
 from obligations.runorder import item_name, last_seconds, longest_first, record_seconds, shared_last
 from obligations.sanitize_batch import run_scope, share
@@ -726,14 +725,14 @@ def _start_prefetcher(
     ran: Callable[[tuple[str, str, str], str, float, float], None] | None,
     last: Mapping[str, float] | None = None,
 ) -> None:
-    """Give the run's items to ``prefetcher``'s workers; the measure items run first, on a quiet GPU.
+    """Give the run's items to ``prefetcher``'s workers; the measure items run first, alone on a quiet machine.
 
-    While the measure items run (host-side wrapper overheads and bandwidths are skewed by busy neighbours) the
-    workers take only host-only items (proofs, enumerations: no GPU use), kept off a few CPUs the measuring
-    process has to itself; on fewer than 4 CPUs nothing runs beside them. Then every other item is queued.
-    Each group goes out longest first by ``last`` (the previous run's seconds by item name, obligations.runorder;
-    a regimes item, whose witnesses later items wait for, is host-only: always in an earlier group).
-    Measure records wait in the prefetcher to be taken in order. A stop propagates.
+    Nothing runs beside the measure items: a host-bound timing (the thin GEMM's wrapper overhead: one Python call
+    per ~10 us GEMM) read 1.014-1.016 of the raw call while cold proofs ran on the other CPUs and 1.001 with
+    the proofs cached (H100, 2026-11-27), so a proof run beside them moved a verdict. Then every item is queued,
+    each group longest first by ``last`` (the previous run's seconds by item name, obligations.runorder; the
+    host-only items, whose regimes witnesses later items wait for, as an earlier group). Measure records wait in
+    the prefetcher to be taken in order. A stop propagates.
     """
     wanted = list(_to_run(todo, only, options.done))
     submit = _submitter(prefetcher, todo, only, profile, options, wanted)
@@ -743,16 +742,11 @@ def _start_prefetcher(
         return longest_first(group, lambda ci: item_name(ci[0].id, ci[1]["id"]), last)
 
     quiet = [(c, it) for c, it in wanted if item_method(it) in QUIET_METHODS]
-    beside = ordered([(c, it) for c, it in wanted if item_method(it) in HOST_METHODS])
+    host = ordered([(c, it) for c, it in wanted if item_method(it) in HOST_METHODS])
     rest = ordered([(c, it) for c, it in wanted if item_method(it) not in QUIET_METHODS | HOST_METHODS])
     rest = shared_last(rest, lambda ci: item_method(ci[1]) if item_method(ci[1]) in SHARED_METHODS else None)
-    cores = split_cores() if quiet else None
-    if cores is not None:
-        prefetcher.pin(cores[1])
-        submit(beside)
     if quiet and progress:
-        where = f"; proofs run beside them on {len(cores[1])} other CPUs" if cores else ""
-        progress("note", {"text": f"timing {len(quiet)} measure item(s) first, on a quiet GPU{where}"})
+        progress("note", {"text": f"timing {len(quiet)} measure item(s) first, alone on a quiet GPU"})
     for contract, item in quiet:
         if progress:
             progress("start", item)
@@ -763,8 +757,7 @@ def _start_prefetcher(
         if ran is not None:
             ran(key, "run", t0, t1)
         prefetcher.done(key, fields, round(executor.seconds(t1 - t0), 4))
-    prefetcher.pin(None)
-    submit(rest if cores is not None else [*beside, *rest])
+    submit([*host, *rest])
 
 
 def write_timeline(path: str | Path, events: list[tuple[tuple[str, str, str], str, float, float]]) -> None:

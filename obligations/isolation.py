@@ -55,7 +55,6 @@ __all__ = [
     "default_jobs",
     "all_cores",
     "pin_process",
-    "split_cores",
     "THREAD_POOL_VARS",
     "known_witnesses",
     "seed_witnesses",
@@ -492,15 +491,6 @@ def pin_process(pid: int, cores: frozenset[int] | None) -> None:
             os.sched_setaffinity(tid, target)
 
 
-def split_cores(measure: int | None = None) -> tuple[frozenset[int], frozenset[int]] | None:
-    """(CPUs kept for the measuring process, the rest) while measure items run beside proofs; None under 4 CPUs."""
-    cores = sorted(all_cores())
-    if len(cores) < 4:
-        return None
-    keep = measure if measure is not None else max(2, len(cores) // 4)
-    return frozenset(cores[:keep]), frozenset(cores[keep:])
-
-
 def make_executor(mode: str, fields: RecordFn, settings: dict[str, Any]) -> Executor:
     """The executor named ``mode`` (see EXECUTORS); ``auto``: a worker on cuda, in process on the host."""
     if mode == "auto":
@@ -517,7 +507,7 @@ EXECUTORS: dict[str, Callable[[RecordFn, dict[str, Any]], Executor]] = {
 # Methods whose items time the machine: they run first, alone, before any worker starts (a quiet machine).
 QUIET_METHODS = frozenset({"measure"})
 
-# Methods whose items never touch the device: they run beside the measure items, on the other CPUs.
+# Methods whose items never touch the device: queued before the others once the measure items are done.
 HOST_METHODS = frozenset({"z3", "enumerate", "sympy", "regimes", "audit", "assume"})
 
 # Methods whose items share one run-wide job that the first of them to start runs (obligations.sanitize_batch:

@@ -74,9 +74,10 @@ CASES = [
         b"4294967297",
         "is greater than the maximum",
     ),
-    # cut just after an opening quote: an unterminated scalar, whatever the contract's length (a cut at a third
-    # of it landed between two lines once the contract grew, valid YAML failing only the schema)
-    ("truncated", GEMM_BYTES[: GEMM_BYTES.index(b'"', len(GEMM_BYTES) // 3) + 1], None, "YAML"),
+    # cut just after the opening bracket of a flow sequence, which the stream's end leaves unclosed, whatever the
+    # contract's length (a cut at a third of it once landed between two lines: valid YAML failing only the schema;
+    # a cut after an opening quote the loader reads as an empty scalar)
+    ("truncated", GEMM_BYTES[: GEMM_BYTES.index(b": [", len(GEMM_BYTES) // 3) + 3], None, "YAML"),
 ]
 
 

@@ -148,14 +148,7 @@ class CopyPlan:
 
 def copy_plan(outer: Any, length: Any, inner: Any, start: Any, count: Any) -> CopyPlan:
     """The window guard 0 <= start, 0 <= count, start + count <= length (no sum formed) and the int64 sizes."""
-    per_outer = MAX_ELEMENTS // smax(as_type(outer, "int64"), 1)
-    admissible = all_of(
-        outer >= 0,
-        length >= 0,
-        inner >= 0,
-        length <= per_outer,
-        inner <= per_outer // smax(as_type(length, "int64"), 1),
-    )
+    admissible = nred.axis_admissible(outer, length, inner)  # the (outer, length, inner) view reductions take
     accepts = all_of(start >= 0, count >= 0, start <= length - count)
     rows = as_type(outer, "int64") * inner
     return CopyPlan(outer, length, inner, start, count, accepts, admissible, rows * length, rows * count)

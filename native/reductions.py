@@ -43,6 +43,7 @@ __all__ = [
     "pass_grids",
     "AxisPlan",
     "axis_plan",
+    "axis_admissible",
     "ScatterPlan",
     "scatter_plan",
     "MAX_SCATTER_KEYS",
@@ -159,17 +160,22 @@ class AxisPlan:
         return as_type(o, "int64") * self.inner + i
 
 
-def axis_plan(outer: Any, length: Any, inner: Any) -> AxisPlan:
-    """Sizes of an axis reduction; element counts are int64; ``admissible``: at most MAX_ELEMENTS elements."""
+def axis_admissible(outer: Any, length: Any, inner: Any) -> Any:
+    """outer, length, inner >= 0 and outer * length * inner <= MAX_ELEMENTS (an (outer, length, inner) view)."""
     # Checked by division (never by the product, which is what could overflow): outer*length*inner <= limit.
     per_outer = MAX_ELEMENTS // smax(as_type(outer, "int64"), 1)
-    admissible = all_of(
+    return all_of(
         outer >= 0,
         length >= 0,
         inner >= 0,
         length <= per_outer,
         inner <= per_outer // smax(as_type(length, "int64"), 1),
     )
+
+
+def axis_plan(outer: Any, length: Any, inner: Any) -> AxisPlan:
+    """Sizes of an axis reduction; element counts are int64; ``admissible``: at most MAX_ELEMENTS elements."""
+    admissible = axis_admissible(outer, length, inner)
     outputs = as_type(outer, "int64") * inner
     return AxisPlan(outer, length, inner, outputs, outputs * length, admissible)
 

@@ -1196,16 +1196,6 @@ def golden(ctx: FalsifyContext) -> Outcome:
 # -- performance (device) -------------------------------------------------------------------------------------
 
 
-def _resize_chain(n: int) -> tuple[Graph, Payload]:
-    b = GraphBuilder()
-    x = b.add("input", (), (n,))
-    v = b.add("mul_elem", (x, x), (n,))
-    v = b.add("add", (v, x), (n,))
-    v = b.add("relu", (v,), (n,))
-    b.add("neg", (v,), (n,))
-    return b.build()
-
-
 Contenders = tuple[dict[str, Callable[[], Any]], dict[str, str], dict[str, Any]]
 
 
@@ -1215,7 +1205,7 @@ def perf_chain(n: int) -> Contenders:
 
     from native.ir import run_node
 
-    g, p = _resize_chain(n)
+    g, p = nf.chain4_graph(n)
     x = cupy.random.RandomState(0).standard_normal(n, dtype=cupy.float32)
     ex = nf.CUDAExecutor(nf.compile_subgraph(g), p, "cuda")
 

@@ -39,6 +39,7 @@ from spec.ir.ops import get_op
 __all__ = [
     "Part",
     "PartitionPlan",
+    "chain4_graph",
     "default_supported",
     "partition",
     "analyze_subgraph",
@@ -917,8 +918,8 @@ def _mlp(t: int = 4, d: int = 8, f: int = 16, linear: bool = True) -> tuple[Grap
     return b.build()
 
 
-def _chain4(n: int = 8) -> tuple[Graph, Payload]:
-    """A 4-op elementwise chain: neg(relu(x * x + x))."""
+def chain4_graph(n: int = 8) -> tuple[Graph, Payload]:
+    """A 4-op elementwise chain of length ``n``: neg(relu(x * x + x)) (the golden programs' and FUSION-PERF-chain's)."""
     b = GraphBuilder()
     x = b.add("input", (), (n,))
     v = b.add("mul_elem", (x, x), (n,))
@@ -959,12 +960,12 @@ def _chain_fp16(n: int = 8) -> tuple[Graph, Payload]:
 
 def fp16_example_graphs() -> dict[str, tuple[Graph, Payload]]:
     """Graphs compiled with float16 storage for the audit: the 4-op chain and a chain of every exact op."""
-    return {"chain4_fp16": _chain4(), "exact_fp16": _chain_fp16()}
+    return {"chain4_fp16": chain4_graph(), "exact_fp16": _chain_fp16()}
 
 
 def example_graphs() -> dict[str, tuple[Graph, Payload]]:
     """Representative graphs: the seed's MLP (linear and matmul forms), a 4-op chain, a mixed graph."""
-    return {"mlp": _mlp(), "mlp_matmul": _mlp(linear=False), "chain4": _chain4(), "mixed": _mixed()}
+    return {"mlp": _mlp(), "mlp_matmul": _mlp(linear=False), "chain4": chain4_graph(), "mixed": _mixed()}
 
 
 def _uses_fma(source: str) -> bool:

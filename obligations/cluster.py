@@ -323,9 +323,6 @@ class ClusterRunner:
         """Workers of the cluster when the run began (provenance)."""
         return len(self.workers)
 
-    def pin(self, cores: frozenset[int] | None) -> None:
-        """No-op: a cluster's workers are placed by their resources, not pinned by the run."""
-
     def submit(self, contract: Any, item: dict[str, Any], limit: float | None, after: Key | None = None) -> None:
         """Send ``item`` to the cluster; ``after``: the regimes item whose record (witnesses) it waits for."""
         key = item_key(contract, item["id"])

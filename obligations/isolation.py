@@ -54,7 +54,6 @@ __all__ = [
     "RunsAhead",
     "default_jobs",
     "all_cores",
-    "pin_process",
     "THREAD_POOL_VARS",
     "known_witnesses",
     "seed_witnesses",
@@ -320,19 +319,12 @@ class WorkerPool(Executor):
         self.settings = settings
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0
-        self.cores: frozenset[int] | None = None  # CPUs the worker may run on (None: all)
         self.threads: int | None = None  # size of the worker's BLAS/OpenMP thread pools (None: the libraries')
         self._buf = b""
         self._item_seconds: float | None = None
         self._closed = False
         self._ready = False  # the worker said it imported the run's modules
         self.preload: tuple[str, ...] = ()  # modules the worker imports before it says it is ready (PRELOAD_ENV)
-
-    def pin(self, cores: frozenset[int] | None) -> None:
-        """Keep the worker (every thread of it, and a replacement) on ``cores``; None: every CPU again."""
-        self.cores = cores
-        if self.proc is not None and self.proc.poll() is None:
-            pin_process(self.proc.pid, cores)
 
     def prestart(self, preload: tuple[str, ...] = ()) -> None:
         """Spawn the worker now and let it import the run's modules (and the modules ``preload`` names) while the
@@ -349,12 +341,9 @@ class WorkerPool(Executor):
     def _spawn(self) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        env.pop("KC_WORKER_CORES", None)
         env.pop(PRELOAD_ENV, None)
         if self.preload:
             env[PRELOAD_ENV] = ",".join(self.preload)
-        if self.cores:
-            env["KC_WORKER_CORES"] = ",".join(map(str, sorted(self.cores)))  # pinned before it imports anything
         if self.threads:
             for var in THREAD_POOL_VARS:  # a variable the user set wins
                 env.setdefault(var, str(self.threads))
@@ -477,20 +466,6 @@ def all_cores() -> frozenset[int]:
     return frozenset(range(os.cpu_count() or 1))
 
 
-def pin_process(pid: int, cores: frozenset[int] | None) -> None:
-    """Put every thread of process ``pid`` on ``cores`` (None: all of this process's CPUs); no-op off Linux."""
-    if not hasattr(os, "sched_setaffinity"):
-        return
-    target = cores or all_cores()
-    try:
-        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        tids = [pid]
-    for tid in tids:
-        with contextlib.suppress(OSError):  # a thread that ended meanwhile
-            os.sched_setaffinity(tid, target)
-
-
 def make_executor(mode: str, fields: RecordFn, settings: dict[str, Any]) -> Executor:
     """The executor named ``mode`` (see EXECUTORS); ``auto``: a worker on cuda, in process on the host."""
     if mode == "auto":
@@ -551,9 +526,6 @@ class RunsAhead(Protocol):
 
     def take(self, contract: Any, item: dict[str, Any]) -> tuple[dict[str, Any], float] | None:
         """The (fields, seconds) of a submitted item, waiting for it; None: the run does the item itself."""
-
-    def pin(self, cores: frozenset[int] | None) -> None:
-        """Keep the runner's processes on ``cores`` (None: every CPU)."""
 
     def close(self) -> None:
         """Drop what has not started and stop every process the runner started."""
@@ -678,11 +650,6 @@ class Prefetcher:
         if fut is None or fut.cancel():
             return None
         return fut.result()
-
-    def pin(self, cores: frozenset[int] | None) -> None:
-        """Keep every worker on ``cores`` (None: every CPU again)."""
-        for w in self._workers:
-            w.pin(cores)
 
     @property
     def started(self) -> int:

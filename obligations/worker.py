@@ -48,9 +48,6 @@ def _cuda_healthy(device: str) -> tuple[bool, str]:
 
 def _worker() -> int:
     """Serve item requests on stdin; answer each on the original stdout (the item's prints go to stderr)."""
-    cores = os.environ.get("KC_WORKER_CORES")
-    if cores and hasattr(os, "sched_setaffinity"):  # before the imports start thread pools
-        os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
     import obligations.check  # noqa: F401  (imported before "ready": not the first item's time)
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle

@@ -223,26 +223,6 @@ def test_the_workers_get_the_items_the_last_run_timed_longest_first(monkeypatch,
     assert runorder.last_seconds("host", "quick") == {}  # an unreadable file is a run in the contracts' order
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
-def test_a_pinned_worker_runs_on_its_cpus_only_and_gets_every_cpu_back():
-    from obligations.check import item_fields
-    from obligations.contract import load_contract
-    from obligations.isolation import WorkerPool, all_cores
-
-    contract = load_contract(FAULTS)
-    one = frozenset({min(all_cores())})
-    w = WorkerPool(item_fields, {"device": "host", "profile": "quick", "seed": 0})
-    try:
-        w.pin(one)
-        assert w.run(contract, contract.item("FT-OK-1"), 60)["status"] == "passed"
-        tasks = os.listdir(f"/proc/{w.proc.pid}/task")
-        assert all(os.sched_getaffinity(int(t)) == one for t in tasks)  # every thread, pinned before its imports
-        w.pin(None)
-        assert all(os.sched_getaffinity(int(t)) == all_cores() for t in os.listdir(f"/proc/{w.proc.pid}/task"))
-    finally:
-        w.close()
-
-
 def test_a_prestarted_worker_imports_its_preload_and_an_absent_module_does_not_stop_it():
     from obligations.check import item_fields
     from obligations.isolation import PRELOAD_ENV, WorkerPool

@@ -58,6 +58,7 @@ __all__ = [
     "known_witnesses",
     "seed_witnesses",
     "STOP_SIGNALS",
+    "cpu_seconds",
     "stop_on_signals",
     "raising_on_stop",
 ]
@@ -255,6 +256,12 @@ class Executor:
         """Release what the executor holds (a worker process)."""
 
 
+def cpu_seconds() -> float:
+    """CPU seconds this process and its waited-for children have used (user + system, every thread)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 class InProcess(Executor):
     """Items run in this process; a Python-level hang is stopped by a SIGALRM timer (main thread only)."""
 
@@ -262,12 +269,15 @@ class InProcess(Executor):
         self, contract: Any, item: dict[str, Any], limit: float | None, witnesses: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         seed_witnesses(contract, witnesses or {})
+        cpu0 = cpu_seconds()
         try:
             # The deadline sizes the engines' own budgets (Z3's timeout); the timer stops Python-level hangs.
             with cancel.item_deadline(limit), _alarm(limit):
-                return self.fields(contract, item)
+                fields = self.fields(contract, item)
         except (ItemTimeout, cancel.DeadlinePassed):
             return timeout_record(limit or 0, "stopped in process")
+        # CPU against wall (``seconds``) says whether an item computed or waited (on the GPU, a lock, a peer)
+        return {**fields, "cpu_seconds": round(cpu_seconds() - cpu0, 3)}
 
 
 # Seconds a worker may take to start (import the run's modules) or to load a contract and its test modules.

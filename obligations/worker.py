@@ -18,7 +18,14 @@ import time
 from typing import Any
 
 from obligations.core import cancel
-from obligations.isolation import PRELOAD_ENV, error_fields, seed_witnesses, timeout_record, worker_contract
+from obligations.isolation import (
+    PRELOAD_ENV,
+    cpu_seconds,
+    error_fields,
+    seed_witnesses,
+    timeout_record,
+    worker_contract,
+)
 
 __all__: list[str] = []
 
@@ -97,6 +104,7 @@ def _serve(answers: Any, contracts: dict[tuple[str, str], Any]) -> None:
         else:
             seed_witnesses(contract, req.get("witnesses") or {})
             limit = req.get("limit")
+            cpu0 = cpu_seconds()
             try:
                 with cancel.item_deadline(limit):
                     fields = item_fields(
@@ -106,6 +114,8 @@ def _serve(answers: Any, contracts: dict[tuple[str, str], Any]) -> None:
                         profile=req["profile"],
                         seed=req["seed"],
                     )
+                # CPU against wall (the item's ``seconds``): did the item compute or wait (GPU, lock, a peer)?
+                fields["cpu_seconds"] = round(cpu_seconds() - cpu0, 3)
             except cancel.DeadlinePassed:
                 fields = timeout_record(limit or 0, "stopped in the worker process")
         _release_device_memory()

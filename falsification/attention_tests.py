@@ -7,9 +7,10 @@ Registered names and their ``params``:
   state of their union and finalises to softmax(s) . v; fully masked tiles (-oo scores), empty tiles and
   the fully masked row (output 0) are cases; the unguarded rule's NaN at n = 0 is recorded. ``proved``
   with sympy evidence, or ``violated`` with the tile sizes, the difference and a refuting rational point.
-* ``attention.forward_bound`` {impl="native.attention:attention", storage=float32|float16, tile} — out
+* ``attention.forward_bound`` {impl="native.attention:attention", storage=float32|float16, tile, fwd16} — out
   within spec.attention.forward_bound of the float64 SDPA (masks, GQA/MQA, fully masked rows); float16 storage
-  is judged under the bound's tensor-core model (the float16 kernel's mma products).
+  is judged under the bound's tensor-core model (the float16 kernel's mma products). ``fwd16`` names a variant of
+  the float16 kernel (native.attention.FWD16_VARIANTS): a CUDA kernel, so on the host the item is skipped.
 * ``attention.vjp_bound`` {impl="native.attention:attention_vjp"} — dQ, dK, dV within spec.attention.vjp_bound.
 * ``attention.untiled_equal`` {} (host) — the tiled host path at tile = Lk is bitwise the untiled float32 spec.
 * ``attention.masked_rows`` {impl, impl_vjp} — fully masked rows: out +0.0, lse +inf, gradients +0.0, bitwise.
@@ -37,7 +38,7 @@ from falsification.registry import FalsifyContext, Replay, guarded, register_tes
 from native.attention import AttentionShapeError
 from obligations.core.evidence import SympyEvidence
 from obligations.core.plans import regime_of, resolve
-from obligations.core.results import Outcome, error, proved, violated
+from obligations.core.results import Outcome, error, proved, skipped, violated
 from spec import attention as sa
 
 __all__ = ["SYMPY_OPS", "case_inputs", "CASE_KEYS"]
@@ -220,8 +221,11 @@ def _worst(seen: dict) -> Callable[[engine.Judgement], None]:
     return observe
 
 
-def _forward_kinds(storage: str) -> Callable[[int], tuple[str, ...]]:
-    return lambda hd: ("fwd16",) if storage == "float16" else ("fwd",)
+def _forward_kinds(storage: str, variant: str | None = None) -> Callable[[int], tuple[str, ...]]:
+    from native import attention as na
+
+    kind = na.FWD16_VARIANTS[variant or na.FWD16]
+    return lambda hd: (kind,) if storage == "float16" else ("fwd",)
 
 
 def _vjp_kinds(hd: int) -> tuple[str, ...]:
@@ -301,8 +305,17 @@ def forward_bound(ctx: FalsifyContext) -> Outcome:
     storage = ctx.params.get("storage", "float32")
     dtype = {"float32": np.float32, "float16": np.float16}[storage]
     u_out = {"float32": sa.U32, "float16": sa.U16}[storage]
+    variant = ctx.params.get("fwd16")
+    variant_kw = {} if variant is None else {"fwd16": str(variant)}
+    if variant is not None:
+        from native.attention import FWD16_VARIANTS
+
+        if storage != "float16" or variant not in FWD16_VARIANTS:
+            return error(f"params.fwd16 {variant!r} needs storage float16 and one of {sorted(FWD16_VARIANTS)}")
+        if ctx.device != "cuda":  # the host path is one for every variant: ATT-FWD16-bound checks it
+            return skipped(f"fwd16 variant {variant!r} is a CUDA kernel: checked on a cuda device")
     if ctx.replay is None:
-        precompile(ctx.device, _forward_kinds(storage))
+        precompile(ctx.device, _forward_kinds(storage, variant))
 
     def native(x: dict) -> list:
         c = x["case"]
@@ -312,6 +325,7 @@ def forward_bound(ctx: FalsifyContext) -> Outcome:
             kv_lens=x["kv_lens"],
             device=ctx.device,
             tile=c["tile"],
+            **variant_kw,
         )
         return [_host(out).astype(np.float64)]
 
@@ -332,7 +346,7 @@ def forward_bound(ctx: FalsifyContext) -> Outcome:
 
     return _check(
         ctx,
-        f"{name}[{storage}]",
+        f"{name}[{storage}{'' if variant is None else ', ' + str(variant)}]",
         native,
         reference,
         ("out",),

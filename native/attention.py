@@ -52,6 +52,11 @@ ROUTE = "nvrtc-ieee"
 MAX_GRID_Y = 65535
 SMEM_MAX = 232448  # opt-in dynamic shared memory per block on sm_90 (227 KiB)
 V_LOAD = "ldmatrix"  # how the float16 kernel reads V fragments: ldmatrix.trans, or "lds" (16-bit loads)
+STAGES = 2  # shared K/V buffers of the pipelined float16 forward (cp.async STAGES - 1 tiles ahead)
+# The float16 forward's variants (the ``fwd16`` argument of :func:`attention`) and the kernel each launches: the
+# same arithmetic and values; "pipelined" double-buffers K/V with cp.async. FWD16 is the default.
+FWD16_VARIANTS: dict[str, str] = {"sync": "fwd16", "pipelined": "fwd16p"}
+FWD16 = "sync"
 
 
 class AttentionShapeError(ValueError):
@@ -91,6 +96,8 @@ class AttentionPlan:
     col_tile: Any  # floats of one [hd_pad][ld_cols] tile (also holds a [block_cols][ld_dim] tile)
     smem_fwd32: Any  # bytes: Q^T, P^T (row tiles), K^T, V (column tiles)
     smem_fwd16: Any  # bytes: K and V tiles of halves
+    stages: Any  # K/V buffers of the pipelined float16 forward
+    smem_fwd16p: Any  # bytes: its [stages][K, V][block_cols][ld_half] tiles of halves (dynamic shared memory)
     smem_dq: Any  # bytes: Q^T, dO^T, dS^T, K^T, V^T, K, and lse, Delta of the block's rows
     smem_dkdv: Any  # bytes: K^T, V^T, P/dS, Q^T, dO^T, Q, dO, and lse, Delta of the query tile
     smem_rowwise: Any  # bytes: the one-row-per-thread VJP kernels (head dims above 64): two tiles
@@ -181,6 +188,15 @@ class AttentionPlan:
         """Half offset of [key j][feature d] in the float16 kernel's K and V tiles."""
         return j * self.ld_half + d
 
+    def smem_stage(self, s: Any, w: Any, j: Any, d: Any) -> Any:
+        """Half offset of [stage s][K (w 0) or V (w 1)][key j][feature d] in the pipelined float16 forward's tiles."""
+        return ((s * 2 + w) * self.block_cols + j) * self.ld_half + d
+
+    def q_block(self, x: Any, causal: Any) -> Any:
+        """The block of query rows that blockIdx.x ``x`` computes in the pipelined float16 forward: under causal
+        reversed (the blocks with the most key tiles first), else x."""
+        return select(causal, as_type(self.grid_q, "int64") - 1 - x, as_type(x, "int64"))
+
     def micro_row(self, tid: Any, i: Any) -> Any:
         """Row i (< 8) of thread tid's micro-tile in the tiled float32 kernels (16 threads share a row)."""
         return tid // 16 * 8 + i
@@ -258,6 +274,8 @@ def attention_plan(
         col_tile,
         4 * (2 * row_tile + 2 * col_tile),
         2 * 2 * block_cols * ld_half,
+        STAGES,
+        2 * STAGES * 2 * block_cols * ld_half,
         4 * (3 * row_tile + 3 * col_tile + 2 * block_rows),
         4 * (3 * row_tile + 4 * col_tile + 2 * block_cols),
         4 * 2 * block_cols * hd_pad,
@@ -657,7 +675,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd(
 }
 """
 
-_F16 = r"""
+_F16_HEAD = r"""
 typedef unsigned short T;
 // (lo, hi) rounded to float16 and packed, lo in the low half (cvt's first source goes to the upper half).
 __device__ __forceinline__ unsigned pack_f16(float lo, float hi) {
@@ -698,6 +716,10 @@ __device__ __forceinline__ void load_h(T* dst, const T* __restrict__ src, long l
         }
     }
 }
+"""
+
+# _F16_HEAD + _F16_KERNEL is the float16 kernel's source as it stood in one piece ([1:]: no leading newline).
+_F16_KERNEL = r"""
 // Float16 storage on tensor cores (FlashAttention-2 layout): 8 warps of 16 query rows, key tiles of BC rows.
 // S = Q K^T and O += P V are mma.sync m16n8k16 with float32 accumulators; the scale, mask, online softmax (exp2f
 // of scores in log2 units) and the row sums run in float32; P is rounded to float16 for P V; O / l rounded once.
@@ -858,6 +880,220 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd16(
             const unsigned d = n * 8 + 2 * t + e;
             if (row0 < Lq && d < HD) o[(bh * Lq + row0) * HD + d] = to_f16(l0 > 0.0f ? oacc[n][e] / l0 : 0.0f);
             if (row1 < Lq && d < HD) o[(bh * Lq + row1) * HD + d] = to_f16(l1 > 0.0f ? oacc[n][2 + e] / l1 : 0.0f);
+        }
+    }
+    const float ln2 = 0.693147180559945309f;  // m is in log2 units
+    if (t == 0 && row0 < Lq) lse[bh * Lq + row0] = l0 > 0.0f ? m0 * ln2 + logf(l0) : INFINITY;
+    if (t == 0 && row1 < Lq) lse[bh * Lq + row1] = l1 > 0.0f ? m1 * ln2 + logf(l1) : INFINITY;
+}
+"""[1:]
+
+_F16P = r"""
+// cp.async of 16 bytes, global to shared; src_bytes 0 reads nothing and zero-fills the 16 bytes.
+__device__ __forceinline__ void cp_async16(T* dst, const T* src, unsigned src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// Wait until at most STAGES - 2 of this thread's groups are in flight (the tile about to be read has landed).
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2) : "memory"); }
+// Rows [t0, t0 + BC) of K and V (half bits) into kdst/vdst[c * LDH + d], zero outside: cp.async (no wait) where HD
+// is a multiple of 8 (every 16-byte chunk then lies wholly inside or outside a row), else plain loads and stores.
+__device__ __forceinline__ void load_kv(T* kdst, T* vdst, const T* __restrict__ k, const T* __restrict__ v,
+                                        long long base, long long t0, long long end) {
+    if (HD % 8 == 0) {
+        static_assert(BC * (HDP / 8) % NT == 0, "whole 16-byte chunks per thread");
+        #pragma unroll
+        for (unsigned r = 0; r < BC * (HDP / 8) / NT; ++r) {
+            const unsigned e = r * NT + threadIdx.x;
+            const unsigned c = e / (HDP / 8), d = e % (HDP / 8) * 8;
+            const long long j = t0 + c;
+            const bool in = j < end && d < HD;
+            const long long off = in ? (base + j) * HD + d : 0;  // nothing is read where out: any valid address
+            cp_async16(kdst + IX(c, LDH, d), k + off, in ? 16u : 0u);
+            cp_async16(vdst + IX(c, LDH, d), v + off, in ? 16u : 0u);
+        }
+    } else {
+        load_h(kdst, k, base, t0, end);
+        load_h(vdst, v, base, t0, end);
+    }
+}
+// The float16 forward pipelined: the same arithmetic as attn_fwd16 (the same values, bit for bit), with K and V tiles
+// in STAGES shared buffers filled by cp.async STAGES - 1 tiles ahead, so the loads of the next tiles overlap this
+// tile's tensor-core work and one __syncthreads per tile suffices; K fragments by ldmatrix (x4: two k-steps); under
+// causal the blocks with the most tiles run first (q_block), and a warp skips a tile that masks all its rows.
+extern "C" __global__ void __launch_bounds__(NT, MINB) attn_fwd16p(
+        const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
+        float* __restrict__ lse, const long long* __restrict__ kv_len, long long Hq, long long Hkv,
+        long long Lq, long long Lk, float scale, int causal) {
+    extern __shared__ __align__(16) T smh[];  // [STAGES][K, V][BC][LDH]
+    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const long long bh = blockIdx.y, b = bh / Hq, h = bh - b * Hq, hk = h / (Hq / Hkv);
+    const long long bx = causal ? (long long)(gridDim.x - 1u - blockIdx.x) : (long long)blockIdx.x;
+    const long long r0 = bx * BR;
+    const long long row0 = r0 + warp * 16 + g, row1 = row0 + 8;
+    const long long klen = kv_len[b];
+    const long long kend = causal ? min(klen, r0 + BR) : klen;
+    const long long kbase = (b * Hkv + hk) * Lk;
+    const long long ntiles = (kend + BC - 1) / BC;
+    #pragma unroll
+    for (unsigned s = 0; s + 1 < STAGES; ++s) {  // the prologue: tiles 0 .. STAGES - 2, one group each
+        if (s < ntiles)
+            load_kv(smh + IX(2 * s, BC * LDH, 0), smh + IX(2 * s + 1, BC * LDH, 0), k, v, kbase, s * BC, kend);
+        cp_async_commit();
+    }
+    const float sl = scale * 1.44269504088896341f;
+    unsigned qa[HDP / 16][4];
+    #pragma unroll
+    for (unsigned kk = 0; kk < HDP / 16; ++kk) {
+        const unsigned d = kk * 16 + 2 * t;
+        qa[kk][0] = qpair(q, bh * Lq, row0, Lq, d);
+        qa[kk][1] = qpair(q, bh * Lq, row1, Lq, d);
+        qa[kk][2] = qpair(q, bh * Lq, row0, Lq, d + 8);
+        qa[kk][3] = qpair(q, bh * Lq, row1, Lq, d + 8);
+    }
+    float oacc[HDP / 8][4];
+    #pragma unroll
+    for (unsigned n = 0; n < HDP / 8; ++n) {
+        oacc[n][0] = 0.0f; oacc[n][1] = 0.0f; oacc[n][2] = 0.0f; oacc[n][3] = 0.0f;
+    }
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    const unsigned kfrag = IX(lane % 8, LDH, lane / 8 * 8);  // ldmatrix rows: key lane % 8, features + lane / 8 * 8
+    const unsigned vfrag = IX(lane % 8 + (lane / 8 & 1) * 8, LDH, (lane / 16) * 8);
+    for (long long it = 0; it < ntiles; ++it) {
+        const long long t0 = it * BC;
+        const unsigned st = (unsigned)(it % STAGES);
+        cp_async_wait();
+        // Tile it is in every thread's view, and every warp is done with tile it - 1, whose stage is refilled now.
+        __syncthreads();
+        {
+            const long long nx = it + STAGES - 1;
+            const unsigned sn = (unsigned)(nx % STAGES);
+            if (nx < ntiles) load_kv(smh + IX(2 * sn, BC * LDH, 0), smh + IX(2 * sn + 1, BC * LDH, 0), k, v, kbase,
+                                     nx * BC, kend);
+            cp_async_commit();  // an empty group past the last tile keeps the count the wait relies on
+        }
+        if (causal && t0 > r0 + warp * 16 + 15) continue;  // every key after every row of the warp: no change
+        const T* ks = smh + IX(2 * st, BC * LDH, 0);
+        const T* vs = smh + IX(2 * st + 1, BC * LDH, 0);
+        const unsigned kaddr = smem_addr(ks + kfrag), vaddr = smem_addr(vs + vfrag);
+        float sc[BC / 8][4];
+        #pragma unroll
+        for (unsigned n = 0; n < BC / 8; ++n) {
+            sc[n][0] = 0.0f; sc[n][1] = 0.0f; sc[n][2] = 0.0f; sc[n][3] = 0.0f;
+            #pragma unroll
+            for (unsigned kk = 0; kk < HDP / 16; kk += 2) {
+                // B fragments of k-steps kk and kk + 1: K[n*8 + g][kk*16 + 2t .. +1], +8, +16, +24
+                unsigned b0, b1, b2, b3;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(kaddr + 2 * (n * 8 * LDH + kk * 16)));
+                mma16816(sc[n], qa[kk], b0, b1);
+                mma16816(sc[n], qa[kk + 1], b2, b3);
+            }
+        }
+        float tmax0 = -INFINITY, tmax1 = -INFINITY;
+        const bool full = t0 + BC <= kend && (!causal || t0 + BC - 1 <= r0 + warp * 16);
+        if (full) {
+            #pragma unroll
+            for (unsigned n = 0; n < BC / 8; ++n) {
+                #pragma unroll
+                for (unsigned e = 0; e < 2; ++e) {
+                    sc[n][e] = sc[n][e] * sl;
+                    sc[n][2 + e] = sc[n][2 + e] * sl;
+                    tmax0 = fmaxf(tmax0, sc[n][e]);
+                    tmax1 = fmaxf(tmax1, sc[n][2 + e]);
+                }
+            }
+        } else {
+            #pragma unroll
+            for (unsigned n = 0; n < BC / 8; ++n) {
+                #pragma unroll
+                for (unsigned e = 0; e < 2; ++e) {
+                    const long long key = t0 + n * 8 + 2 * t + e;
+                    const bool ok0 = key < kend && (!causal || key <= row0);
+                    const bool ok1 = key < kend && (!causal || key <= row1);
+                    sc[n][e] = ok0 ? sc[n][e] * sl : -INFINITY;
+                    sc[n][2 + e] = ok1 ? sc[n][2 + e] * sl : -INFINITY;
+                    tmax0 = fmaxf(tmax0, sc[n][e]);
+                    tmax1 = fmaxf(tmax1, sc[n][2 + e]);
+                }
+            }
+        }
+        tmax0 = fmaxf(tmax0, __shfl_xor_sync(0xffffffffu, tmax0, 1));
+        tmax0 = fmaxf(tmax0, __shfl_xor_sync(0xffffffffu, tmax0, 2));
+        tmax1 = fmaxf(tmax1, __shfl_xor_sync(0xffffffffu, tmax1, 1));
+        tmax1 = fmaxf(tmax1, __shfl_xor_sync(0xffffffffu, tmax1, 2));
+        const float mnew0 = fmaxf(m0, tmax0), mnew1 = fmaxf(m1, tmax1);
+        const float alpha0 = (mnew0 == -INFINITY) ? 1.0f : exp2f(m0 - mnew0);
+        const float alpha1 = (mnew1 == -INFINITY) ? 1.0f : exp2f(m1 - mnew1);
+        float ps0 = 0.0f, ps1 = 0.0f;
+        if (full) {
+            #pragma unroll
+            for (unsigned n = 0; n < BC / 8; ++n) {
+                #pragma unroll
+                for (unsigned e = 0; e < 2; ++e) {
+                    sc[n][e] = exp2f(sc[n][e] - mnew0);
+                    sc[n][2 + e] = exp2f(sc[n][2 + e] - mnew1);
+                    ps0 = ps0 + sc[n][e];
+                    ps1 = ps1 + sc[n][2 + e];
+                }
+            }
+        } else {
+            #pragma unroll
+            for (unsigned n = 0; n < BC / 8; ++n) {
+                #pragma unroll
+                for (unsigned e = 0; e < 2; ++e) {
+                    sc[n][e] = (sc[n][e] == -INFINITY) ? 0.0f : exp2f(sc[n][e] - mnew0);
+                    sc[n][2 + e] = (sc[n][2 + e] == -INFINITY) ? 0.0f : exp2f(sc[n][2 + e] - mnew1);
+                    ps0 = ps0 + sc[n][e];
+                    ps1 = ps1 + sc[n][2 + e];
+                }
+            }
+        }
+        l0 = l0 * alpha0 + ps0;
+        l1 = l1 * alpha1 + ps1;
+        m0 = mnew0;
+        m1 = mnew1;
+        #pragma unroll
+        for (unsigned n = 0; n < HDP / 8; ++n) {
+            oacc[n][0] = oacc[n][0] * alpha0; oacc[n][1] = oacc[n][1] * alpha0;
+            oacc[n][2] = oacc[n][2] * alpha1; oacc[n][3] = oacc[n][3] * alpha1;
+        }
+        #pragma unroll
+        for (unsigned kk = 0; kk < BC / 16; ++kk) {
+            const unsigned pa[4] = {pack_f16(sc[2 * kk][0], sc[2 * kk][1]), pack_f16(sc[2 * kk][2], sc[2 * kk][3]),
+                                    pack_f16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                                    pack_f16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+            #pragma unroll
+            for (unsigned np = 0; np < HDP / 16; ++np) {
+                unsigned b0, b1, b2, b3;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(vaddr + 2 * (kk * 16 * LDH + np * 16)));
+                mma16816(oacc[2 * np], pa, b0, b1);
+                mma16816(oacc[2 * np + 1], pa, b2, b3);
+            }
+        }
+    }
+    cp_async_wait_all();  // no copy may land in shared memory after the block exits
+    l0 = l0 + __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 = l0 + __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 = l1 + __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 = l1 + __shfl_xor_sync(0xffffffffu, l1, 2);
+    #pragma unroll
+    for (unsigned n = 0; n < HDP / 8; ++n) {
+        const unsigned d = n * 8 + 2 * t;
+        const float a0 = l0 > 0.0f ? oacc[n][0] / l0 : 0.0f, a1 = l0 > 0.0f ? oacc[n][1] / l0 : 0.0f;
+        const float c0 = l1 > 0.0f ? oacc[n][2] / l1 : 0.0f, c1 = l1 > 0.0f ? oacc[n][3] / l1 : 0.0f;
+        if (HD % 2 == 0) {  // d is even: both halves in the row or neither, one 32-bit store
+            if (row0 < Lq && d < HD) *reinterpret_cast<unsigned*>(o + (bh * Lq + row0) * HD + d) = pack_f16(a0, a1);
+            if (row1 < Lq && d < HD) *reinterpret_cast<unsigned*>(o + (bh * Lq + row1) * HD + d) = pack_f16(c0, c1);
+        } else {
+            if (row0 < Lq && d < HD) o[(bh * Lq + row0) * HD + d] = to_f16(a0);
+            if (row0 < Lq && d + 1 < HD) o[(bh * Lq + row0) * HD + d + 1] = to_f16(a1);
+            if (row1 < Lq && d < HD) o[(bh * Lq + row1) * HD + d] = to_f16(c0);
+            if (row1 < Lq && d + 1 < HD) o[(bh * Lq + row1) * HD + d + 1] = to_f16(c1);
         }
     }
     const float ln2 = 0.693147180559945309f;  // m is in log2 units
@@ -1183,14 +1419,15 @@ extern "C" __global__ void __launch_bounds__(BR) attn_row_{name}(
 # kind -> (source parts, function, storage)
 KERNELS: dict[str, tuple[tuple[str, ...], str]] = {
     "fwd": ((_SIMT, _FORWARD), "attn_fwd"),
-    "fwd16": ((_F16,), "attn_fwd16"),
+    "fwd16": ((_F16_HEAD, _F16_KERNEL), "attn_fwd16"),
+    "fwd16p": ((_F16_HEAD, _F16P), "attn_fwd16p"),
     "dq": ((_SIMT, _DQ), "attn_bwd_dq"),
     "dkdv": ((_SIMT, _DKDV), "attn_bwd_dkdv"),
     "row_dq": ((_ROW_HEADER, _ROW_DQ), "attn_row_dq"),
     "row_dv": ((_ROW_HEADER, _ROW_DKV.format(name="dv", which=0)), "attn_row_dv"),
     "row_dk": ((_ROW_HEADER, _ROW_DKV.format(name="dk", which=1)), "attn_row_dk"),
 }
-TENSOR_CORE_KERNELS = frozenset({"fwd16"})
+TENSOR_CORE_KERNELS = frozenset({"fwd16", "fwd16p"})
 
 
 def kernel_source(kind: str, head_dim: int, v_load: str | None = None) -> tuple[str, str]:
@@ -1208,8 +1445,10 @@ def kernel_source(kind: str, head_dim: int, v_load: str | None = None) -> tuple[
         ldd=p.ld_dim,
         ldh=p.ld_half,
     )
-    if kind in TENSOR_CORE_KERNELS:
+    if kind == "fwd16":
         macros += f"#define V_LDMATRIX {int((v_load or V_LOAD) == 'ldmatrix')}\n"
+    if kind == "fwd16p":  # two blocks per SM where the registers allow it (hd_pad 64: at most 128 per thread)
+        macros += f"#define STAGES {p.stages}\n#define MINB {2 if p.hd_pad <= 64 else 1}\n"
     return macros + "".join(parts), fn
 
 
@@ -1221,7 +1460,10 @@ def _builds() -> Iterator[Build]:
     a second on a CPU, so the audit keeps to the dims of the two paddings (64 and 128).
     """
     bits = attention_plan(1, 1, 1, 1, 1, 64).index_bits
-    for hd, kinds in ((64, ("fwd", "fwd16", "dq", "dkdv")), (128, ("fwd", "fwd16", "row_dq", "row_dv", "row_dk"))):
+    for hd, kinds in (
+        (64, ("fwd", "fwd16", "fwd16p", "dq", "dkdv")),
+        (128, ("fwd", "fwd16", "fwd16p", "row_dq", "row_dv", "row_dk")),
+    ):
         for kind in kinds:
             src, fn = kernel_source(kind, hd)
             yield Build(
@@ -1315,8 +1557,14 @@ def attention(
     scale: float | None = None,
     device: str = "host",
     tile: int = BC,
+    fwd16: str | None = None,
 ) -> tuple[Any, Any]:
-    """(out, lse) of fused attention on the host (NumPy) or the GPU (float32 SIMT, or float16 on tensor cores)."""
+    """(out, lse) of fused attention on the host (NumPy) or the GPU (float32 SIMT, or float16 on tensor cores).
+
+    ``fwd16`` names the float16 kernel (FWD16_VARIANTS; None: FWD16); the host path has one meaning for all."""
+    variant = FWD16 if fwd16 is None else fwd16
+    if variant not in FWD16_VARIANTS:
+        raise AttentionShapeError(f"fwd16 variant {variant!r} is not one of {sorted(FWD16_VARIANTS)}")
     if device == "host":
         _checked_plan(np.asarray(q, np.float32), np.asarray(k, np.float32), np.asarray(v, np.float32), kv_lens)
         out, lse = host_forward(q, k, v, causal=causal, kv_lens=kv_lens, scale=scale, tile=tile)
@@ -1334,7 +1582,10 @@ def attention(
     if plan.grid_q == 0:
         return out, lse
     lens, tail = _launch_args(plan, kv_lens, scale, causal)
-    kind, smem = ("fwd16", 0) if half else ("fwd", plan.smem_fwd32)
+    kind = FWD16_VARIANTS[variant] if half else "fwd"
+    smem = {"fwd": plan.smem_fwd32, "fwd16": 0, "fwd16p": plan.smem_fwd16p}[kind]
+    if kind == "fwd16p" and any(int(a.data.ptr) % 16 for a in (q, k, v)):
+        q, k, v = (cupy.array(a, copy=True) for a in (q, k, v))  # cp.async moves 16-byte chunks: aligned rows
     _launch(kind, plan, (plan.grid_q, plan.grid_y_q), smem, (q, k, v, out, lse, lens, *tail))
     return out, lse
 

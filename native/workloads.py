@@ -185,7 +185,8 @@ def attention_shapes() -> tuple[tuple[int, int, int, int, int, int], ...]:
 
 @register_workload("attention")
 def _attention(device: str = "cuda") -> int:
-    """Forward (float32 and float16) and VJP (tiled and row kernels) on one row, a partial tile, GQA, masks."""
+    """Forward (float32 and every float16 variant) and VJP (tiled and row kernels) on one row, a partial tile, GQA,
+    masks."""
     from native import attention as att
 
     xp = _xp(device)
@@ -199,15 +200,17 @@ def _attention(device: str = "cuda") -> int:
             out, lse = att.attention(q, k, v, causal=causal, kv_lens=kv_lens, device=device)
             dout = xp.asarray(rng.standard_normal(out.shape).astype(np.float32))
             att.attention_vjp(q, k, v, out, lse, dout, causal=causal, kv_lens=kv_lens, device=device)
-            att.attention(
-                q.astype(np.float16),
-                k.astype(np.float16),
-                v.astype(np.float16),
-                causal=causal,
-                kv_lens=kv_lens,
-                device=device,
-            )
-            launches += 4
+            for variant in sorted(att.FWD16_VARIANTS):  # every float16 kernel (the pipelined one's cp.async too)
+                att.attention(
+                    q.astype(np.float16),
+                    k.astype(np.float16),
+                    v.astype(np.float16),
+                    causal=causal,
+                    kv_lens=kv_lens,
+                    device=device,
+                    fwd16=variant,
+                )
+            launches += 3 + len(att.FWD16_VARIANTS)
     _sync(device)
     return launches
 

@@ -269,3 +269,65 @@ def test_precompile_builds_every_kernel_the_cases_launch_side_by_side(monkeypatc
     assert at.precompile("cuda", at._forward_kinds("float16")) == len(at._HEAD_DIMS) == len(built)
     monkeypatch.setattr(nvrtc, "_cache_dir", lambda: None)
     assert at.precompile("cuda", at._vjp_kinds) == 0
+
+
+def _fwd16_case(hd: int, causal: bool, seed: int) -> tuple:
+    """(B, Hq, Hkv, Lq, Lk) = (2, 4, 2, 300, 260), float16 inputs of magnitude 2, key lengths 260 and 131."""
+    rng = np.random.default_rng(seed)
+    q = rng.uniform(-2, 2, (2, 4, 300, hd)).astype(np.float16)
+    k = rng.uniform(-2, 2, (2, 2, 260, hd)).astype(np.float16)
+    v = rng.uniform(-1, 1, (2, 2, 260, hd)).astype(np.float16)
+    return q, k, v, np.array([260, 131], np.int64)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("hd", [64, 128, 80, 7])
+def test_pipelined_fwd16_is_within_the_derived_bound_and_equals_the_sync_kernel(hd, causal):
+    """The pipelined float16 forward (cp.async double buffers) within spec.attention.forward_bound's tensor-core
+    bound, and equal in value to the sync kernel (the same arithmetic in the same order); head dim 7 takes its
+    plain-load path, 80 pads to 128."""
+    from tests.contract_helpers import CUDA_OK
+
+    if not CUDA_OK:
+        pytest.skip("no CUDA device")
+    import cupy
+
+    q, k, v, lens = _fwd16_case(hd, causal, hd + causal)
+    ref, bound = sa.forward_bound(
+        q, k, v, causal=causal, kv_lens=lens, tiles=-(-260 // na.BC), u_out=sa.U16, tensor_core=True, tile_keys=na.BC
+    )
+    outs = {}
+    for variant in ("sync", "pipelined"):
+        out, lse = na.attention(
+            *(cupy.asarray(x) for x in (q, k, v)), causal=causal, kv_lens=lens, device="cuda", fwd16=variant
+        )
+        outs[variant] = (cupy.asnumpy(out), cupy.asnumpy(lse))
+    got = outs["pipelined"][0].astype(np.float64)
+    assert np.isfinite(got).all()
+    ratio = float((np.abs(got - ref) / bound).max())
+    assert ratio <= 1, f"max |err| / bound = {ratio}"
+    for a, b in zip(outs["pipelined"], outs["sync"], strict=True):
+        assert np.array_equal(a, b), float(np.abs(a.astype(np.float64) - b).max())
+
+
+@pytest.mark.cuda
+def test_pipelined_fwd16_copies_unaligned_views_and_refuses_unknown_variants():
+    """A view 2 bytes off a 16-byte boundary gives the same values (copied for cp.async); an unknown variant is a
+    shape error before any launch."""
+    from tests.contract_helpers import CUDA_OK
+
+    if not CUDA_OK:
+        pytest.skip("no CUDA device")
+    import cupy
+
+    q, k, v, lens = _fwd16_case(64, False, 1)
+    base = cupy.asarray(np.concatenate([np.zeros(1, np.float16), q.reshape(-1)]))
+    qv = base[1:].reshape(q.shape)
+    assert qv.data.ptr % 16 != 0
+    kd, vd = cupy.asarray(k), cupy.asarray(v)
+    a, _ = na.attention(qv, kd, vd, kv_lens=lens, device="cuda", fwd16="pipelined")
+    b, _ = na.attention(cupy.asarray(q), kd, vd, kv_lens=lens, device="cuda", fwd16="sync")
+    assert np.array_equal(cupy.asnumpy(a), cupy.asnumpy(b))
+    with pytest.raises(na.AttentionShapeError):
+        na.attention(cupy.asarray(q), kd, vd, device="cuda", fwd16="no-such-variant")

@@ -4,6 +4,15 @@ Usage: python benchmarks/bench_attention.py [--seq 2048] [--heads 32] [--head-di
 Needs a CUDA device with CuPy and torch. First a correctness pass (each path against torch in float64 on small
 shapes with masks and GQA, and against torch on the timed shape), then one line per path with both times and the
 ratio; the float16 forward is timed with each way of reading V fragments (native.attention.V_LOAD).
+
+``--fwd16-table`` instead prints one line per float16 forward variant (native.attention.FWD16_VARIANTS) x head dim
+{64, 128} x causal {no, yes} at (batch, heads, seq) = (1, 32, 2048) (``--heads``, ``--seq`` change it): the kernel's
+time (CUDA events after warm-up, trials interleaved with torch SDPA's flash backend and its default, median and a
+~95% order-statistic interval), TFLOP/s, the ratio flash / ours (median of the paired trials, interval), the time
+through the entry point ``attention()``, and agreement: max |err| / derived bound (spec.attention.forward_bound,
+tensor-core model) on head 0's first ``--bound-rows`` rows, max |err| against torch's float32 SDPA on every head,
+and whether the variant equals the sync kernel. A variant that fails to compile or to agree prints its error and the
+table goes on (the sync kernel's lines first, so a sticky CUDA error of a new variant loses only its own).
 """
 
 # ruff: noqa: B023 - each lambda is timed inside its own loop iteration
@@ -85,6 +94,153 @@ def _check(a: argparse.Namespace) -> None:
     na.V_LOAD = "ldmatrix"
 
 
+def _median_ci(xs: list[float]) -> tuple[float, float, float]:
+    """(median, low, high): the order-statistic interval of the median with coverage >= 95% (binomial ranks)."""
+    from math import comb
+
+    xs = sorted(xs)
+    n, c, k = len(xs), 0.0, 0
+    while k < n // 2:
+        p = comb(n, k) / 2**n
+        if c + p > 0.025:
+            break
+        c, k = c + p, k + 1
+    mid = xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+    return mid, xs[max(k - 1, 0)], xs[min(n - k, n - 1)]
+
+
+def _events_ms(fn: object, iters: int) -> float:
+    import cupy
+
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    for _ in range(iters):
+        fn()
+    stop.record()
+    stop.synchronize()
+    return cupy.cuda.get_elapsed_time(start, stop) / iters
+
+
+def _fwd16_table(a: argparse.Namespace) -> None:
+    """One line per float16 variant x head dim x causal: time, TFLOP/s, ratio to torch SDPA flash, agreement."""
+    import time
+
+    import cupy
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from native import attention as na
+    from spec import attention as sa
+
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def flash_ctx() -> object:
+            return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+    except ImportError:  # an older torch: the default backend stands in, and the line says so
+        import contextlib
+
+        def flash_ctx() -> object:
+            return contextlib.nullcontext()
+
+    t_start = time.perf_counter()
+    b, h, s = a.batch, a.heads, a.seq
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    print(
+        f"device: {props['name'].decode()}  torch {torch.__version__}  cupy {cupy.__version__}  shape (B, H, L) = "
+        f"({b}, {h}, {s}) float16  trials {a.trials} x {a.iters} calls  bound on head 0 rows < {a.bound_rows}",
+        flush=True,
+    )
+    inputs: dict[int, tuple] = {}
+    bounds: dict[tuple[int, bool], tuple] = {}
+    sync_out: dict[tuple[int, bool], object] = {}
+    rows = min(a.bound_rows, s)
+    for variant in sorted(na.FWD16_VARIANTS, key=lambda x: x != "sync"):
+        for hd in (64, 128):
+            if hd not in inputs:
+                rng = cupy.random.RandomState(hd)
+                inputs[hd] = tuple(
+                    rng.standard_normal((b, h, s, hd), dtype=cupy.float32).astype(cupy.float16) for _ in range(3)
+                )
+            q, k, v = inputs[hd]
+            tq, tk, tv = (torch.as_tensor(x, device="cuda") for x in (q, k, v))
+            for causal in (False, True):
+                tag = f"{variant:<10} hd {hd:<3} causal {'yes' if causal else 'no ':<3}"
+                try:
+                    run = na.prepare_forward(q, k, v, causal=causal, fwd16=variant)
+                    out, _ = run()
+                    cupy.cuda.Device().synchronize()
+                    out = out.copy()
+                except Exception as exc:  # a variant that does not compile or launch: say so, go on
+                    print(f"{tag}  ERROR {type(exc).__name__}: {str(exc)[:1500]}", flush=True)
+                    continue
+                try:
+                    if (hd, causal) not in bounds:
+                        qh, kh, vh = (cupy.asnumpy(x[:1, :1]) for x in (q, k, v))
+                        bounds[(hd, causal)] = sa.forward_bound(
+                            qh[:, :, :rows],
+                            kh,
+                            vh,
+                            causal=causal,
+                            tiles=-(-s // na.BC),
+                            u_out=sa.U16,
+                            tensor_core=True,
+                            tile_keys=na.BC,
+                        )
+                    ref, bound = bounds[(hd, causal)]
+                    got = cupy.asnumpy(out[:1, :1, :rows]).astype(np.float64)
+                    with np.errstate(all="ignore"):
+                        ratio = float(np.nanmax(np.where(np.isfinite(got), np.abs(got - ref) / bound, np.inf)))
+                    ref32 = F.scaled_dot_product_attention(tq.float(), tk.float(), tv.float(), is_causal=causal)
+                    err32 = float((torch.as_tensor(out, device="cuda").float() - ref32).abs().max())
+                    if variant == "sync":
+                        sync_out[(hd, causal)] = out
+                        same = "-"
+                    elif (hd, causal) in sync_out:
+                        same = "yes" if bool(cupy.array_equal(out, sync_out[(hd, causal)])) else "NO"
+                    else:
+                        same = "?"
+                    agree = "yes" if ratio <= 1 else "NO"
+                    check = f"err/bound {ratio:.3g} agree {agree}  max|err| vs fp32 {err32:.2e}  == sync {same}"
+                except Exception as exc:
+                    check = f"agreement check ERROR {type(exc).__name__}: {str(exc)[:500]}"
+                try:
+                    flops = 4 * b * h * s * s * hd / (2 if causal else 1)
+
+                    def flash() -> object:
+                        return F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+
+                    for _ in range(3):  # warm-up: every path once compiled, clocks up
+                        run()
+                        with flash_ctx():
+                            flash()
+                        flash()
+                    ours_t, flash_t, dflt_t = [], [], []
+                    for _ in range(a.trials):  # interleaved: ours, flash, torch's default, each over the same calls
+                        ours_t.append(_events_ms(run, a.iters))
+                        with flash_ctx():
+                            flash_t.append(_events_ms(flash, a.iters))
+                        dflt_t.append(_events_ms(flash, a.iters))
+                    entry = _events_ms(
+                        lambda: na.attention(q, k, v, causal=causal, device="cuda", fwd16=variant), a.iters
+                    )
+                    om, olo, ohi = _median_ci(ours_t)
+                    fm, _, _ = _median_ci(flash_t)
+                    dm, _, _ = _median_ci(dflt_t)
+                    rm, rlo, rhi = _median_ci([f / o for f, o in zip(flash_t, ours_t, strict=True)])
+                    print(
+                        f"{tag}  ours {om:.4f} ms [{olo:.4f}, {ohi:.4f}] {flops / om / 1e9:6.1f} TFLOP/s  "
+                        f"flash {fm:.4f} ms {flops / fm / 1e9:6.1f} TFLOP/s  "
+                        f"ratio flash/ours {rm:.3f} [{rlo:.3f}, {rhi:.3f}]  "
+                        f"(sdpa default {dm:.4f} ms, ratio {dm / om:.3f}; via attention() {entry:.4f} ms)  {check}",
+                        flush=True,
+                    )
+                except Exception as exc:
+                    print(f"{tag}  timing ERROR {type(exc).__name__}: {str(exc)[:1500]}  {check}", flush=True)
+    print(f"table done in {time.perf_counter() - t_start:.1f} s", flush=True)
+
+
 def main() -> None:
     """Check, then time forward fp32, forward fp16 storage (each V load) and the fp32 VJP, ours and torch's."""
     import cupy
@@ -102,7 +258,13 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--fwd16-table", action="store_true", help="the float16 variants table only (see the docstring)")
+    ap.add_argument("--trials", type=int, default=15)
+    ap.add_argument("--bound-rows", type=int, default=1024)
     a = ap.parse_args()
+    if a.fwd16_table:
+        _fwd16_table(a)
+        return
     shape = (a.batch, a.heads, a.seq, a.head_dim)
     print(f"device: {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}  shape {shape} causal={a.causal}")
     if not a.no_check:

@@ -53,6 +53,7 @@ __all__ = [
     "BoundGemm",
     "bind_gemm",
     "bind_matmul",
+    "clear_calls",
     "gemm_raw",
     "matmul",
     "bmm",
@@ -413,14 +414,16 @@ class CupyBlas(BlasBackend):
         from cupy.cuda import cublas
 
         self._cublas = cublas
-        self._scalars: dict[float, tuple[np.ndarray, int]] = {}
+        self._scalars: dict[int, tuple[np.ndarray, int]] = {}
 
     def _host_ptr(self, v: float) -> int:
-        # Host-pointer mode: the scalar must outlive every call that uses it; keep one float32 per value.
-        got = self._scalars.get(float(v))
+        # Host-pointer mode: the scalar must outlive every call that uses it; keep one float32 per value,
+        # keyed by its bits (0.0 == -0.0 as floats, but alpha = -0.0 flips the sign of every zero product).
+        arr = np.array(v, dtype=np.float32)
+        bits = int(arr.view(np.uint32))
+        got = self._scalars.get(bits)
         if got is None:
-            arr = np.array(v, dtype=np.float32)
-            got = self._scalars[float(v)] = (arr, arr.ctypes.data)
+            got = self._scalars[bits] = (arr, arr.ctypes.data)
         return got[1]
 
     def create(self) -> int:
@@ -659,15 +662,9 @@ class Instrumented:
         the caller folds the count into its own frame, so a bound call costs one Python frame, as a raw call."""
         return self.api.bind(*args), self._gemms.setdefault(args[15], [0])
 
-    def prepare(self, *args: Any) -> Callable[[Any, Any, Any], None]:
-        """The backend's prepared call, counted under its compute type on every run."""
-        inner, cell = self.api.prepare(*args), self._gemms.setdefault(args[15], [0])
-
-        def run(A: Any, B: Any, C: Any) -> None:  # noqa: N803
-            cell[0] += 1
-            inner(A, B, C)
-
-        return run
+    def prepare(self, *args: Any) -> tuple[Callable[[Any, Any, Any], None], list[int]]:
+        """The backend's prepared call and the counter cell its caller bumps on every run (as :meth:`bind`)."""
+        return self.api.prepare(*args), self._gemms.setdefault(args[15], [0])
 
 
 class _HandleOwner:
@@ -719,16 +716,22 @@ class GemmContext:
             self.bind()  # the first call, or a new step on another stream: bind once
 
     def step_call(
-        self, run: Callable[[Any, Any, Any], None], swap: bool, new_c: Callable[[], Any] | None = None
+        self,
+        prepared: tuple[Callable[[Any, Any, Any], None], list[int]],
+        swap: bool,
+        new_c: Callable[[], Any] | None = None,
     ) -> PreparedGemm:
-        """``call(a, b, c=None) -> c``: ``run`` in cuBLAS operand order; binds the stream on the first call."""
+        """``call(a, b, c=None) -> c``: the backend's run in cuBLAS operand order, counted in the call's own frame
+        (``prepared``: :meth:`Instrumented.prepare`'s pair); binds the stream on the first call."""
         ctx = self
+        run, cell = prepared
 
         def call(a: Any, b: Any, c: Any = None) -> Any:
             if ctx.handle is None or ctx._stream is None:
                 ctx._ensure_bound()  # closed: raises; first call: binds the current stream once
             if c is None:
                 c = new_c()
+            cell[0] += 1
             run(b, a, c) if swap else run(a, b, c)
             return c
 
@@ -972,37 +975,65 @@ def gemm_raw(
     )(a, b, c)
 
 
-# Prepared calls by operand signature. The guard is a pure function of ints that the signature fixes (a
-# C-contiguous buffer's bytes are its shape times its itemsize), so a signature it accepted stays accepted.
+# The call cache: one prepared call (handle, transposes, leading dimensions, alpha/beta host pointers, compute
+# type all resolved) per call key. A key is everything the prepared call depends on: the operands' shapes,
+# dtypes and layout (strides: a cached call is only ever made for C-contiguous operands, whose strides follow
+# from shape and dtype, so the key holds the contiguity flag for CuPy's arrays and the strides for NumPy's),
+# the current device (its context's handle), and every keyword of matmul. The stream is not in the key: the
+# prepared call holds nothing of the stream (CuPy's binding sets the caller's current stream on every call,
+# cupy_backends cublas.pyx _setStream), so one call serves every stream (test_gemm: the CUDA stream test).
+# The guard is a pure function of ints that the key fixes (a C-contiguous buffer's bytes are its shape times
+# its itemsize), so a key it accepted stays accepted.
 _PREPARED: dict[tuple, PreparedGemm] = {}
 _PREPARED_MAX = 4096
 
 
-def _numpy_signature(a: np.ndarray, b: np.ndarray, c: np.ndarray | None) -> tuple:
+def _numpy_key(
+    a: np.ndarray,
+    b: np.ndarray,
+    c: np.ndarray | None,
+    trans_a: bool,
+    trans_b: bool,
+    alpha: float,
+    beta: float,
+    out_dtype: str | None,
+    device: str,
+    compute: int,
+    args: Callable[..., CublasCall],
+) -> tuple:
     if c is None:
-        return -1, a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype, type(b)
-    return -1, a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype, type(b), c.shape, c.strides, c.dtype, type(c)
+        return (a.shape, a.strides, a.dtype, type(b), b.shape, b.strides, b.dtype, None, trans_a, trans_b, alpha,
+                beta, out_dtype, device, compute, args)  # fmt: skip
+    return (a.shape, a.strides, a.dtype, type(b), b.shape, b.strides, b.dtype, type(c), c.shape, c.strides,
+            c.dtype, trans_a, trans_b, alpha, beta, out_dtype, device, compute, args)  # fmt: skip
 
 
-def _cupy_signature(a: Any, b: Any, c: Any) -> tuple:
-    # _c_contiguous is CuPy's cached flag (an attribute read; .strides builds a tuple): the hot path is
-    # budgeted in hundreds of nanoseconds. A NumPy b or c has no such attribute: AttributeError, slow path.
+def _cupy_key(
+    a: Any,
+    b: Any,
+    c: Any,
+    trans_a: bool,
+    trans_b: bool,
+    alpha: float,
+    beta: float,
+    out_dtype: str | None,
+    device: str,
+    compute: int,
+    args: Callable[..., CublasCall],
+) -> tuple:
+    # One flat tuple (one hash, no nested tuples), attribute reads only: _c_contiguous is CuPy's cached flag
+    # (.strides builds a tuple). The hot path is budgeted in hundreds of nanoseconds. A NumPy b or c has no
+    # such attribute: AttributeError, the slow path (which converts it).
     if c is None:
-        return _device_id(), a.shape, a.dtype, b.shape, b.dtype, a._c_contiguous and b._c_contiguous
-    return (
-        _device_id(),
-        a.shape,
-        a.dtype,
-        b.shape,
-        b.dtype,
-        c.shape,
-        c.dtype,
-        a._c_contiguous and b._c_contiguous and c._c_contiguous,
-    )
+        return (_device_id(), a.shape, a.dtype, b.shape, b.dtype, a._c_contiguous and b._c_contiguous, trans_a,
+                trans_b, alpha, beta, out_dtype, device, compute, args)  # fmt: skip
+    return (_device_id(), a.shape, a.dtype, b.shape, b.dtype, c.shape, c.dtype,
+            a._c_contiguous and b._c_contiguous and c._c_contiguous, trans_a, trans_b, alpha, beta, out_dtype,
+            device, compute, args)  # fmt: skip
 
 
-# Operand signature per array class of A (registered when the class's module is first used).
-_SIGNATURES: dict[type, Callable[[Any, Any, Any], tuple]] = {np.ndarray: _numpy_signature}
+# Call key per array class of A (registered when the class's module is first used).
+_CALL_KEYS: dict[type, Callable[..., tuple]] = {np.ndarray: _numpy_key}
 
 
 def _device_id() -> int:
@@ -1011,6 +1042,16 @@ def _device_id() -> int:
     global _device_id
     _device_id = cupy.cuda.runtime.getDevice  # rebinding: later calls skip the import
     return _device_id()
+
+
+def _keyable(alpha: float, beta: float) -> bool:
+    """Whether a key identifies these scalars: -0.0 == 0.0 and NaN != NaN as floats, so neither is cached."""
+    return alpha == alpha and beta == beta and alpha != 0  # a zero beta's sign changes nothing (C is not read)
+
+
+def clear_calls() -> None:
+    """Drop every cached matmul call (the next call of each key prepares anew)."""
+    _PREPARED.clear()
 
 
 @entry_point("gemm", axes={"trans_a": (False, True), "trans_b": (False, True)})
@@ -1030,14 +1071,14 @@ def matmul(
 ) -> Any:
     """C = alpha op(A) op(B) + beta C for C-contiguous row-major stored 2-D (or 3-D batched) arrays.
 
-    The first call with an operand signature validates the shapes, runs the guard and prepares the cuBLAS
-    call; later calls with the same signature reuse it (the per-call cost is the raw binding's plus a lookup).
+    The first call with a call key validates the shapes, runs the guard and prepares the cuBLAS call; later
+    calls with the same key reuse it: a dict lookup, then the prepared call (the raw binding plus one frame).
     """
-    signature = _SIGNATURES.get(type(a))
+    key_of = _CALL_KEYS.get(type(a))
     key = None
-    if signature is not None:
+    if key_of is not None:
         try:
-            key = (signature(a, b, c), trans_a, trans_b, alpha, beta, out_dtype, device, compute, args)
+            key = key_of(a, b, c, trans_a, trans_b, alpha, beta, out_dtype, device, compute, args)
         except AttributeError:
             key = None
         else:
@@ -1053,7 +1094,7 @@ def _matmul_operands(a: Any, b: Any, trans_a: bool, trans_b: bool, c: Any, out_d
 
     dev = resolve_device(device)
     xp = array_module(dev)
-    _SIGNATURES.setdefault(xp.ndarray, _cupy_signature if dev == "cuda" else _numpy_signature)
+    _CALL_KEYS.setdefault(xp.ndarray, _cupy_key if dev == "cuda" else _numpy_key)
     # Converted operands are new arrays: their signature says nothing about the next call's.
     cacheable = (
         isinstance(a, xp.ndarray)
@@ -1101,10 +1142,10 @@ def _matmul_first(
     dev, a, b, c, ints, batch, strides, new_c, cacheable = _matmul_operands(
         a, b, trans_a, trans_b, c, out_dtype, device
     )
-    if not cacheable:
+    if not cacheable or not _keyable(alpha, beta):
         key = None
     elif key is None:  # the array class was registered just now
-        key = (_SIGNATURES[type(a)](a, b, c_given), trans_a, trans_b, alpha, beta, out_dtype, device, compute, args)
+        key = _CALL_KEYS[type(a)](a, b, c_given, trans_a, trans_b, alpha, beta, out_dtype, device, compute, args)
     prepared = prepare_gemm(
         get_context(dev), a, b, c, *ints, trans_a, trans_b, alpha, beta, batch, strides, compute, args, new_c
     )

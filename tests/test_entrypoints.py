@@ -55,3 +55,63 @@ def test_nested_recordings_each_see_their_calls():
         with recording() as inner:
             probe_divide(1.0, 2.0)
     assert inner == outer == {Call("probe", "probe_divide", "host", ())}
+
+
+class _FakeCupyArray:
+    """A value whose type lives in a module named cupy: the device scan reads it as a CUDA array."""
+
+
+_FakeCupyArray.__module__ = "cupy._core.core"
+
+
+def _forms(a, b, *rest, order="fold", device="auto", **extra):
+    """A signature with every parameter kind: positional, *args, keyword-only with defaults, **kwargs."""
+
+
+def _positional_only(x, order="fold", /, device="auto", *, mode=None):
+    """Axes that are positional-only (a keyword of the same name goes to no parameter)."""
+
+
+def test_the_fast_observer_records_what_binding_the_signature_records():
+    import inspect
+
+    from obligations.core.entrypoints import EntryPoint, _observe_slow, _observer
+
+    gpu = _FakeCupyArray()
+    cases = {
+        _forms: [
+            ((1, 2), {}),
+            ((1, 2), {"order": "tree"}),
+            ((1, 2, 3, 4), {"device": "cuda"}),
+            ((gpu, 2), {}),
+            ((1, 2, gpu), {}),  # in *args: bound.arguments holds the tuple, not the array
+            ((1,), {"b": gpu}),
+            ((1, 2), {"stray": gpu, "order": "tree"}),  # in **extra: not scanned either
+            ((1, 2), {"device": "host", "order": None}),
+            ((gpu, 2), {"device": "auto"}),
+        ],
+        _positional_only: [
+            ((1,), {}),
+            ((1, "tree"), {}),
+            ((gpu, "tree", "cuda"), {"mode": 3}),
+            ((1,), {"device": "cuda"}),
+        ],
+    }
+    axes = {"order": ("fold", "tree"), "b": (1, 2), "mode": (None, 3), "absent": (0,)}
+    for fn, calls in cases.items():
+        sig = inspect.signature(fn)
+        ep = EntryPoint("probe", fn.__name__, {a: v for a, v in axes.items() if a != "b" or fn is _forms})
+        observe = _observer(ep, sig)
+        for args, kwargs in calls:
+            assert observe(args, kwargs) == _observe_slow(ep, sig, args, kwargs), (fn.__name__, args, kwargs)
+            assert observe(args, kwargs) is observe(args, kwargs)  # memoised
+
+
+def test_a_paused_block_records_nothing_and_recording_resumes_after_it():
+    from obligations.core.entrypoints import paused
+
+    with recording() as log:
+        with paused():
+            probe_sum(np.ones(2), order="tree")
+        probe_sum(np.ones(2))
+    assert log == {Call("probe", "probe_sum", "host", (("order", "fold"),))}

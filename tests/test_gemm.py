@@ -164,11 +164,11 @@ def test_prepared_calls_are_reused_per_signature_and_never_alias_outputs():
 
 
 def test_the_first_call_of_an_unregistered_array_class_registers_it_and_is_cached(monkeypatch):
-    monkeypatch.setattr(ng, "_SIGNATURES", {})
+    monkeypatch.setattr(ng, "_CALL_KEYS", {})
     monkeypatch.setattr(ng, "_PREPARED", {})
     a = np.ones((3, 2), np.float32)
     ng.matmul(a, a.T.copy(), device="host")
-    assert list(ng._SIGNATURES) == [np.ndarray] and len(ng._PREPARED) == 1
+    assert list(ng._CALL_KEYS) == [np.ndarray] and len(ng._PREPARED) == 1
 
 
 def test_closing_the_context_drops_its_prepared_calls():

@@ -43,18 +43,18 @@ def matmul_tf32(a: Any, b: Any, **kw: Any) -> Any:
     return gemm.matmul(a, b, compute=gemm.COMPUTE_32F_FAST_TF32, **kw)
 
 
-def _signature_without_shapes(a: Any, b: Any, c: Any) -> tuple:
-    return "stale", a.dtype, b.dtype, None if c is None else c.dtype
+def _key_without_shapes(a: Any, b: Any, c: Any, *options: Any) -> tuple:
+    return ("stale", a.dtype, b.dtype, None if c is None else c.dtype, *options)
 
 
 def matmul_stale_cache(a: Any, b: Any, **kw: Any) -> Any:
     """BUG: prepared calls keyed without shapes, so a new shape reuses another shape's guarded call."""
-    real = gemm._SIGNATURES[type(a)]
-    gemm._SIGNATURES[type(a)] = _signature_without_shapes
+    real = gemm._CALL_KEYS[type(a)]
+    gemm._CALL_KEYS[type(a)] = _key_without_shapes
     try:
         return gemm.matmul(a, b, **kw)
     finally:
-        gemm._SIGNATURES[type(a)] = real
+        gemm._CALL_KEYS[type(a)] = real
 
 
 def bind_matmul_revalidating(a: Any, b: Any, c: Any = None, **kw: Any) -> Any:

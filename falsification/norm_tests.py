@@ -33,7 +33,8 @@ from obligations.core.device import array_module, to_host
 from obligations.core.plans import regime_of, resolve
 from obligations.core.results import Outcome, skipped
 from spec import norm as ref
-from spec import triton as tri
+from spec import triton_rmsnorm as trms
+from spec import triton_softmax as tsm
 
 __all__ = ["NormCase", "MIX_NAMES", "HOST_ONLY"]
 
@@ -405,8 +406,8 @@ KERNEL = Rounding(U, 2.0**-150, U + 2.0**-50)
 # the float64 references of spec.norm in the kernels' order: their own error is the same derivation at u = 2^-53
 # (sums pairwise or sequential: both within gamma_{n-1}); rsqrt = 1 / sqrt(v): (1 + u)/(1 - u) - 1 <= 2u + 2^-103
 REFERENCE = Rounding(2.0**-53, 2.0**-1075, 2.0**-52 + 2.0**-103)
-# Triton's fp32 lowering (spec.triton): rsqrt = 1 / tl.sqrt(v) is (1 + div) / (1 - sqrt) - 1 relative
-TRITON = Rounding(U, 2.0**-150, (1 + tri.DIV_REL) / (1 - tri.SQRT_REL) - 1, div=tri.DIV_REL)
+# Triton's fp32 lowering of the RMSNorm kernel (spec.triton_rmsnorm): rsqrt = 1 / tl.sqrt(v), the mean's / N div.full
+TRITON = Rounding(U, 2.0**-150, trms.RSQRT_REL, div=trms.DIV_REL)
 BOUND_EVAL = 1 + 2.0**-30  # the float64 evaluation of a bound (and of its exact quantities), relative
 
 
@@ -636,7 +637,7 @@ _BOUNDS: dict[str, _Bound] = {
     ),
     "softmax@triton": _Bound(
         lambda i, tol: softmax_bound(
-            _v(i.x), i.mask, False, tol, arg_rounds=tri.EXP_ARG_ROUNDS, exp_rel=tri.EXP_REL, div_rel=tri.DIV_REL
+            _v(i.x), i.mask, False, tol, arg_rounds=tsm.EXP_ARG_ROUNDS, exp_rel=tsm.EXP_REL, div_rel=tsm.DIV_REL
         ),
         "tol x derived softmax bound under Triton's fp32 lowering: exp's argument rounded 3 times, ex2.approx 2^-21, "
         "gamma_{L-1} (any summation order), div.full 2^-22",

@@ -1,54 +1,44 @@
-"""The triton family: the Triton softmax and RMSNorm (forward) of :mod:`native.tritonk.norm`, their launch plans,
-host wrappers and builds (the runtime that launches and compiles them is :mod:`native.tritonrt`).
+"""What the Triton tutorial kernels' families share (triton-softmax: :mod:`native.triton_softmax`, triton-rmsnorm:
+:mod:`native.triton_rmsnorm`): the row plan their launches read, the host side of a call, and their audit builds
+(the runtime that launches and compiles them is :mod:`native.tritonrt`).
 
-Each plan is the tutorial's host code as a plan: ``BLOCK_SIZE`` (the kernel's one ``tl.constexpr``) is the next
-power of two of the row length (RMSNorm: at most 64 KiB of float32 per block, the tutorial's MAX_FUSED_SIZE,
-looping over longer rows), ``num_warps`` the tutorial's rule, the grid one program per row. The wrappers launch
-through :func:`native.tritonrt.launch`, which reads exactly these, so what the contracts prove about a plan
-(every access in bounds in the kernel's int32 arithmetic, every element covered) is about the launch.
+Each family's plan is its tutorial's host code as a :class:`TritonRowPlan`: ``BLOCK_SIZE`` (the kernel's one
+``tl.constexpr``) a power of two from :func:`next_power_of_2` of the row length, ``num_warps`` the tutorial's rule,
+the grid one program per row. The wrappers launch through :func:`native.tritonrt.launch`, which reads exactly
+these, so what the contracts prove about a plan (every access in bounds in the kernel's int32 arithmetic, every
+element covered) is about the launch.
 
 The tutorials index in int32 (``row * stride + col``, Triton's type for ints below 2^31): the guards admit at
-most MAX_ELEMENTS elements so no offset wraps (with 2^31 elements a row's offset would turn negative). The
-kernels use Triton's fp32 lowering: ``/`` is div.full.f32, ``tl.exp`` ex2.approx.f32, ``tl.sqrt``
-sqrt.approx.ftz.f32 (PTX, approximate), and fusion contracts x*x + acc: each build declares the opcodes and
-the contracts bound the results against spec.norm's real values with them. Sums are ``tl.sum`` trees (any
-order: the bounds' gamma_{n-1} holds for every order).
+most MAX_ELEMENTS elements so no offset wraps (with 2^31 elements a row's offset would turn negative).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from native.builds import Build, register_builds
+from native.builds import Build
 from native.norm import RowsRefused
-from native.tritonrt import launch, load_kernel_module, triton_build
+from native.tritonrt import triton_build
 from obligations.core.device import array_module, resolve_device
-from obligations.core.entrypoints import entry_point
-from obligations.core.symbolic import all_of, as_type, select, smax, smin
-from spec.triton import declared
+from obligations.core.symbolic import all_of, as_type, select, smax
 
 __all__ = [
     "MAX_ELEMENTS",
-    "MAX_FUSED_SIZE",
-    "SOFTMAX_MAX_LENGTH",
-    "KERNELS",
+    "MAX_BLOCK",
+    "AUDIT_LENGTHS",
     "TritonRowPlan",
     "next_power_of_2",
-    "softmax_plan",
-    "rmsnorm_plan",
-    "softmax",
-    "rmsnorm",
+    "row_plan",
+    "host_rows",
+    "plan_builds",
 ]
 
-KERNELS = "native.tritonk.norm"
-MAX_FUSED_SIZE = 65536 // 4  # the tutorial's bound on a row block: 64 KiB of float32
-SOFTMAX_MAX_LENGTH = 1 << 14  # one block per row: longer rows would spill the registers of one program
+MAX_BLOCK = 1 << 14  # the largest BLOCK_SIZE either family chooses (64 KiB of float32)
 MAX_ELEMENTS = (1 << 31) - (1 << 16)  # int32 offsets: row * stride + col, and col + BLOCK_SIZE, never wrap
-_POWERS = tuple(1 << e for e in range(15))  # up to SOFTMAX_MAX_LENGTH = MAX_FUSED_SIZE = 2^14
+AUDIT_LENGTHS = (100, 16384)  # a short row and the largest block: the PTX of each launch configuration kind
+_POWERS = tuple(1 << e for e in range(15))  # up to MAX_BLOCK = 2^14
 
 
 def next_power_of_2(n: Any) -> Any:
@@ -107,7 +97,9 @@ class TritonRowPlan:
         return paths
 
 
-def _plan(rows: Any, length: Any, block: Any, warps: Any, max_length: int | None) -> TritonRowPlan:
+def row_plan(rows: Any, length: Any, block: Any, warps: Any, max_length: int | None) -> TritonRowPlan:
+    """The plan of ``rows`` rows of ``length`` at ``block`` lanes and ``warps`` warps; rows of at most
+    ``max_length`` (one block per row), or of any admitted length looped over blocks (None)."""
     r64, l64 = as_type(rows, "int64"), as_type(length, "int64")
     shape_ok = (
         all_of(rows >= 0, length >= 1) if max_length is None else all_of(rows >= 0, length >= 1, l64 <= max_length)
@@ -117,27 +109,9 @@ def _plan(rows: Any, length: Any, block: Any, warps: Any, max_length: int | None
     return TritonRowPlan(r64, l64, r64 * l64, block, warps, r64, ok, shape_ok, max_length is None)
 
 
-def softmax_plan(rows: Any, length: Any) -> TritonRowPlan:
-    """The fused-softmax tutorial's launch: BLOCK_SIZE = next_power_of_2(n_cols), num_warps 4 (8 from 2048, 16 from
-    4096), one program per row, rows of at most SOFTMAX_MAX_LENGTH."""
-    block = next_power_of_2(as_type(length, "int64"))
-    warps = select(block >= 4096, 16, select(block >= 2048, 8, 4))
-    return _plan(rows, length, block, warps, SOFTMAX_MAX_LENGTH)
-
-
-def rmsnorm_plan(rows: Any, length: Any) -> TritonRowPlan:
-    """The layer-norm tutorial's launch: BLOCK_SIZE = min(MAX_FUSED_SIZE, next_power_of_2(N)), num_warps =
-    min(max(BLOCK_SIZE // 256, 1), 8), one program per row (longer rows loop over blocks)."""
-    l64 = as_type(length, "int64")
-    block = smin(MAX_FUSED_SIZE, next_power_of_2(smin(l64, MAX_FUSED_SIZE)))
-    warps = smin(select(block // 256 >= 1, block // 256, 1), 8)
-    return _plan(rows, length, block, warps, None)
-
-
-# -- the host wrappers ------------------------------------------------------------------------------------------
-
-
-def _rows(x: Any, device: str, plan_fn: Any) -> tuple[str, Any, Any, TritonRowPlan]:
+def host_rows(x: Any, device: str, plan_fn: Callable[[int, int], TritonRowPlan]) -> tuple[str, Any, Any, TritonRowPlan]:
+    """A call's device, array module, contiguous float32 ``x`` and the plan of its rows; RowsRefused where the
+    plan's guard refuses them (an empty or too long a row)."""
     dev = resolve_device(device)
     xp = array_module(dev)
     x = xp.ascontiguousarray(xp.asarray(x, dtype=xp.float32))
@@ -149,50 +123,17 @@ def _rows(x: Any, device: str, plan_fn: Any) -> tuple[str, Any, Any, TritonRowPl
     return dev, xp, x, plan
 
 
-@entry_point("triton")
-def softmax(x: Any, mask: Any = None, device: str = "auto") -> Any:
-    """Softmax along the last axis by the Triton tutorial kernel (no mask: the kernel has none)."""
-    if mask is not None:
-        raise ValueError("the Triton softmax takes no mask (the tutorial kernel has none)")
-    dev, xp, x, plan = _rows(x, device, softmax_plan)
-    y = xp.empty_like(x)
-    kernel = load_kernel_module(KERNELS).softmax_kernel
-    launch(kernel, plan, y, x, int(plan.length), int(plan.length), int(plan.length), device=dev)
-    return y
-
-
-@entry_point("triton")
-def rmsnorm(x: Any, weight: Any, eps: float = 1e-6, device: str = "auto") -> Any:
-    """RMSNorm along the last axis by the Triton tutorial-style kernel: y = x * (1 / sqrt(mean(x * x) + eps)) * w."""
-    dev, xp, x, plan = _rows(x, device, rmsnorm_plan)
-    w = xp.ascontiguousarray(xp.asarray(weight, dtype=xp.float32)).reshape(-1)
-    if int(w.size) != int(plan.length):
-        raise ValueError(f"a weight of {w.size} elements for a last axis of {plan.length}")
-    y = xp.empty_like(x)
-    kernel = load_kernel_module(KERNELS).rms_norm_fwd
-    n = int(plan.length)
-    launch(kernel, plan, x, y, w, n, n, float(np.float32(eps)), device=dev)
-    return y
-
-
-# -- the builds the audit compiles (one per BLOCK_SIZE/num_warps regime of each plan) ---------------------------
-
-# Triton's fp32 lowering of each kernel's operations (spec.triton): the contract's bounds model exactly these.
-SOFTMAX_DECLARED = declared("div", "exp")
-RMSNORM_DECLARED = declared("div", "sqrt")
-AUDIT_LENGTHS = (100, 16384)  # a short row and the largest block: the PTX of each launch configuration kind
-
-
-_SOFTMAX_SIG = {"output_ptr": "*fp32", "input_ptr": "*fp32", "input_row_stride": "i32", "output_row_stride": "i32"}
-_SOFTMAX_SIG["n_cols"] = "i32"
-_RMSNORM_SIG = {"X": "*fp32", "Y": "*fp32", "W": "*fp32", "stride": "i32", "N": "i32", "eps": "fp32"}
-
-
-def _plan_builds(
-    family: str, kernel: str, plan_fn: Any, signature: dict[str, str], declared: frozenset[str]
+def plan_builds(
+    family: str,
+    kernel: str,
+    plan_fn: Callable[[int, int], TritonRowPlan],
+    signature: dict[str, str],
+    declared: frozenset[str],
 ) -> Iterator[Build]:
-    """One build per distinct (BLOCK_SIZE, num_warps) the plan chooses at AUDIT_LENGTHS: the launches' own."""
+    """One build of ``kernel`` (module:attr) per distinct (BLOCK_SIZE, num_warps) the plan chooses at
+    AUDIT_LENGTHS: the launches' own."""
     seen = set()
+    name = kernel.partition(":")[2]
     for n in AUDIT_LENGTHS:
         p = plan_fn(1, n)
         key = (int(p.BLOCK_SIZE), int(p.num_warps))
@@ -201,17 +142,11 @@ def _plan_builds(
         seen.add(key)
         yield triton_build(
             family,
-            f"{kernel}-block{key[0]}-warps{key[1]}",
-            f"{KERNELS}:{kernel}",
+            f"{name}-block{key[0]}-warps{key[1]}",
+            kernel,
             signature,
             {"BLOCK_SIZE": key[0]},
             num_warps=key[1],
             declared=declared,
             index_bits=32,
         )
-
-
-@register_builds("triton")
-def _builds() -> Iterator[Build]:
-    yield from _plan_builds("triton", "softmax_kernel", softmax_plan, _SOFTMAX_SIG, SOFTMAX_DECLARED)
-    yield from _plan_builds("triton", "rms_norm_fwd", rmsnorm_plan, _RMSNORM_SIG, RMSNORM_DECLARED)

@@ -25,12 +25,14 @@ kernel is launched or compiled, and without it every Triton item is ``skipped`` 
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import importlib
 import importlib.util
 import inspect
 import os
+import sysconfig
 import threading
 import warnings
 from collections.abc import Iterator, Mapping
@@ -60,6 +62,7 @@ __all__ = [
     "triton_build",
     "compiled",
     "load_kernel_module",
+    "kernel_sources",
 ]
 
 MIN_VERSION = (3, 2)
@@ -395,24 +398,109 @@ _NOT_CODE_ENV = frozenset(
 )
 
 
+def _outside_project(path: str | None) -> bool:
+    """Whether a module file is the interpreter's or an installed package's (their versions name them), not code of
+    the project whose kernels are audited."""
+    if not path or not path.endswith(".py"):
+        return True  # built-in, frozen, an extension module
+    where = Path(path).resolve()
+    installed = {"site-packages", "dist-packages"} & set(where.parts)
+    return bool(installed) or any(where.is_relative_to(root) for root in _stdlib_roots())
+
+
 @functools.cache
-def _package_digest(folder: str) -> str:
-    """SHA-256 over the names and text of the ``.py`` files of ``folder`` (sorted; memoised per process)."""
+def _stdlib_roots() -> tuple[Path, ...]:
+    paths = sysconfig.get_paths()
+    return tuple({Path(paths[k]).resolve() for k in ("stdlib", "platstdlib") if k in paths})
+
+
+def _module_file(name: str, within: str | None = None) -> Path | None:
+    """The file of module ``name`` (a package's ``__init__.py``), located without importing it or its parents; None
+    where there is none, or where it is the interpreter's or an installed package's (triton, numpy) and not of the
+    top-level package ``within``."""
+    top, _, rest = name.partition(".")
+    try:
+        spec = importlib.util.find_spec(top)  # a top-level name: located, nothing imported
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or (top != within and _outside_project(spec.origin)):
+        return None
+    if not rest:
+        return Path(spec.origin)
+    if not spec.submodule_search_locations:
+        return None
+    stem = Path(spec.origin).parent.joinpath(*rest.split("."))
+    for f in (stem.with_suffix(".py"), stem / "__init__.py"):
+        if f.is_file():
+            return f
+    return None
+
+
+def _imports(path: Path, name: str) -> set[str]:
+    """The modules that module ``name`` (at ``path``) imports, absolute (``from x import y`` names x and x.y)."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".") if package else []
+                parts = parts[: len(parts) - (node.level - 1)] if node.level > 1 else parts
+                base = ".".join([*parts, *([node.module] if node.module else [])])
+            if base:
+                out.add(base)
+                out.update(f"{base}.{a.name}" for a in node.names if a.name != "*")
+    return out
+
+
+def kernel_sources(module: str) -> dict[str, Path]:
+    """The project's source files (module name -> path) a Triton kernel module is built from, found without
+    importing any of them: the module, the packages above it, and, transitively, every module of the project they
+    import (a @triton.jit helper or a constant the kernel reads is a global of its module: defined there or
+    imported, wherever it lives), so two kernels in one package have keys of their own. Modules of the
+    interpreter and of installed packages are named by their versions instead (Triton's is the toolchain's),
+    except those of the kernel's own top-level package."""
+    top = module.partition(".")[0]  # the kernel's own package counts wherever it is installed
+    files: dict[str, Path] = {}
+    todo = [module]
+    while todo:
+        name = todo.pop().removesuffix(".__init__")
+        if name in files:
+            continue
+        path = _module_file(name, top)
+        if path is None:
+            continue
+        files[name] = path
+        parts = name.split(".")
+        todo += [".".join(parts[:k]) for k in range(1, len(parts))]
+        todo += sorted(_imports(path, name))
+    return dict(sorted(files.items()))
+
+
+@functools.cache
+def _sources_digest(module: str) -> str:
+    """SHA-256 over the names and text of :func:`kernel_sources` of ``module``, in name order (memoised per process)."""
     h = hashlib.sha256()
-    for f in sorted(Path(folder).glob("*.py")):
-        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    for name, path in kernel_sources(module).items():
+        h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
 
 
 def _inputs(build: Build) -> dict[str, Any]:
     """What Triton's code of ``build`` depends on beyond its fields and Triton's version, read without importing
-    triton: the text of the kernel's package (the kernel and the @triton.jit helpers beside it), the route's
+    triton: the text of the project's sources the kernel is built from (:func:`_sources_digest`), the route's
     options, the target, and the TRITON_* environment (a ptxas or libdevice path, a knob's default)."""
-    spec = importlib.util.find_spec(build.function.partition(":")[0])
-    if spec is None or not spec.origin:
+    module = build.function.partition(":")[0]
+    if _module_file(module, module.partition(".")[0]) is None:
         raise RuntimeError(f"the module of {build.function} is not found")
     return {
-        "kernel_sources": _package_digest(str(Path(spec.origin).parent)),
+        "kernel_sources": _sources_digest(module),
         "options": ROUTE_OPTIONS[build.route],
         "arch": ARCH,
         "environment": {

@@ -73,12 +73,14 @@ def workloads() -> list[str]:
 
 def find_workload(name: str) -> Callable[[], int]:
     """The workload ``name``, importing only the module that registers it where that is ``native.<name>`` (conv,
-    norm, indexing), else every native module; KeyError lists the known ones. Each sanitizer tool runs a workload
-    in a process of its own, and importing the whole package cost ~0.3 s of each."""
+    norm, indexing; a family's ``-`` is the module's ``_``: triton-softmax), else every native module; KeyError
+    lists the known ones. Each sanitizer tool runs a workload in a process of its own, and importing the whole
+    package cost ~0.3 s of each."""
     from native.builds import load_native_modules
 
-    if name not in _WORKLOADS and importlib.util.find_spec(f"native.{name}") is not None:
-        importlib.import_module(f"native.{name}")
+    module = f"native.{name.replace('-', '_')}"
+    if name not in _WORKLOADS and importlib.util.find_spec(module) is not None:
+        importlib.import_module(module)
     if name not in _WORKLOADS:
         load_native_modules()
     return get_workload(name)
@@ -347,20 +349,32 @@ def _halfprec() -> int:
     return launches
 
 
-@register_workload("triton")
-def _triton() -> int:
-    """The Triton softmax and RMSNorm (compiled by Triton for this GPU) at one-program, partial-block, largest-block
-    and many-warp rows: every launch configuration kind their plans choose."""
-    from native import triton as tk
+_TRITON_ROWS = ((1, 1), (3, 100), (2, 1000), (2, 2048), (1, 16384))  # one-program, partial, many-warp, largest
+
+
+@register_workload("triton-softmax")
+def _triton_softmax() -> int:
+    """The Triton softmax (compiled by Triton for this GPU) at one-program, partial-block, largest-block and
+    many-warp rows: every launch configuration kind its plan chooses."""
+    from native import triton_softmax as tsm
 
     rng = np.random.default_rng(0)
-    launches = 0
-    for rows, length in ((1, 1), (3, 100), (2, 1000), (2, 2048), (1, 16384)):
+    for rows, length in _TRITON_ROWS:
+        tsm.softmax(rng.standard_normal((rows, length)).astype(np.float32), device="cuda")
+    return len(_TRITON_ROWS)
+
+
+@register_workload("triton-rmsnorm")
+def _triton_rmsnorm() -> int:
+    """The Triton RMSNorm (compiled by Triton for this GPU) at one-program, partial-block, largest-block and
+    many-warp rows: every launch configuration kind its plan chooses."""
+    from native import triton_rmsnorm as trms
+
+    rng = np.random.default_rng(0)
+    for rows, length in _TRITON_ROWS:
         x = rng.standard_normal((rows, length)).astype(np.float32)
-        tk.softmax(x, device="cuda")
-        tk.rmsnorm(x, rng.standard_normal(length).astype(np.float32), device="cuda")
-        launches += 2
-    return launches
+        trms.rmsnorm(x, rng.standard_normal(length).astype(np.float32), device="cuda")
+    return len(_TRITON_ROWS)
 
 
 @register_workload("libm")

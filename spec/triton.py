@@ -1,7 +1,8 @@
 """Triton's fp32 arithmetic, as its compiler lowers it for NVIDIA GPUs: what a Triton kernel's results mean.
 
-The shipped Triton kernels (``native/tritonk/norm.py``) compute softmax and RMSNorm; their reference semantics
-are :mod:`spec.norm`'s real (float64) values, and their error bounds are spec.norm's derivations with the
+The shipped Triton kernels (``native/tritonk/``) compute softmax and RMSNorm (families triton-softmax and
+triton-rmsnorm: :mod:`spec.triton_softmax`, :mod:`spec.triton_rmsnorm`); their reference semantics are
+:mod:`spec.norm`'s real (float64) values, and their error bounds are spec.norm's derivations with the
 operations below in place of correctly rounded ones. Each entry: the Triton operation, the PTX opcode
 Triton 3.x emits for it on fp32 (read from its PTX by the audit, which lets exactly the declared ones
 through), and the relative error the bounds take for it (the PTX ISA's stated maxima, rounded up).

@@ -319,20 +319,40 @@ def test_the_key_names_the_sass_level_and_its_disassembler(monkeypatch):
     assert other["sass"] != device["sass"]
 
 
-def test_a_triton_builds_key_reads_its_kernels_package_without_importing_triton(tmp_path, monkeypatch):
-    pkg = tmp_path / "kc_planted_kernels"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "k.py").write_text("X = 1\n")
+def test_a_triton_builds_key_reads_its_kernels_sources_without_importing_triton(tmp_path, monkeypatch):
+    # a kernel module beside another, reading a constant from a helper module of another package
+    for pkg in ("kc_planted_kernels", "kc_planted_helpers"):
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "kc_planted_kernels" / "k.py").write_text("from kc_planted_helpers.consts import X\nimport triton\n")
+    (tmp_path / "kc_planted_kernels" / "other.py").write_text("Y = 1\n")
+    (tmp_path / "kc_planted_helpers" / "consts.py").write_text("X = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     build = tritonrt.triton_build("t", "k", "kc_planted_kernels.k:kernel", {"x": "*fp32"}, {"BLOCK_SIZE": 64})
+
+    def key_after(path: str, text: str) -> dict:
+        (tmp_path / path).write_text(text)
+        tritonrt._sources_digest.cache_clear()
+        return tritonrt._inputs(build)
+
     before = tritonrt._inputs(build)
-    (pkg / "k.py").write_text("X = 2\n")
-    tritonrt._package_digest.cache_clear()
-    after = tritonrt._inputs(build)
-    assert before["kernel_sources"] != after["kernel_sources"] and before["options"] == after["options"]
+    assert key_after("kc_planted_kernels/other.py", "Y = 2\n") == before  # a kernel beside it: not its source
+    imported = key_after("kc_planted_helpers/consts.py", "X = 2\n")
+    assert imported["kernel_sources"] != before["kernel_sources"] and imported["options"] == before["options"]
+    assert key_after("kc_planted_kernels/k.py", "from kc_planted_helpers.consts import X  # \n") != imported
     ieee = tritonrt._inputs(dataclasses.replace(build, route="triton-ieee"))
-    assert ieee["options"] != after["options"]
+    assert ieee["options"] != before["options"]
+
+
+def test_each_triton_contracts_audit_key_covers_its_own_kernel_only():
+    # the two shipped kernels share a package: each audit key reads its own kernel (and the packages above it)
+    for family, kernel in (("triton-softmax", "softmax"), ("triton-rmsnorm", "rmsnorm")):
+        (build,) = {b.function for b in all_builds(family)}
+        assert list(tritonrt.kernel_sources(build.partition(":")[0])) == [
+            "native",
+            "native.tritonk",
+            f"native.tritonk.{kernel}",
+        ]
 
 
 def test_the_key_does_not_depend_on_what_the_process_ran_before(monkeypatch):
@@ -340,7 +360,7 @@ def test_the_key_does_not_depend_on_what_the_process_ran_before(monkeypatch):
     # written TRITON_INTERPRET into the environment; the key of the same audit must not move
     from obligations import audit
 
-    builds = all_builds("rng") + all_builds("triton")
+    builds = all_builds("rng") + all_builds("triton-softmax") + all_builds("triton-rmsnorm")
     before = audit.audit_cache_parts({"method": "audit"}, "mixed", builds, "v", sass=False)
     ptx.compile_ptx(builds[0].source + "\n// another program\n", ("-ftz=false",))
     monkeypatch.setenv("TRITON_INTERPRET", "0")

@@ -1,7 +1,8 @@
 """Deliberately wrong Triton kernels and plans: each must be caught by the contract item meant to catch it.
 
-The kernels are the tutorials' (native/tritonk/norm.py) with one line changed; the wrappers launch them exactly
-as native.triton launches the right ones (the same plans, through native.tritonrt.launch).
+The kernels are the tutorials' (native/tritonk/softmax.py, native/tritonk/rmsnorm.py) with one line changed; the
+wrappers launch them exactly as native.triton_softmax and native.triton_rmsnorm launch the right ones (the same
+plans, through native.tritonrt.launch).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from native import triton as tn
+from native import triton_rmsnorm as trms
+from native import triton_softmax as tsm
+from native.triton import TritonRowPlan
 from native.tritonrt import launch
 from obligations.core.device import array_module, resolve_device
 from obligations.core.symbolic import all_of, smax
@@ -59,7 +62,7 @@ def softmax_mask_off_by_one(x: Any, mask: Any = None, device: str = "auto") -> A
     x = xp.ascontiguousarray(xp.asarray(x, dtype=xp.float32))
     rows, n = int(x.size) // int(x.shape[-1]), int(x.shape[-1])
     y = xp.empty_like(x)
-    launch(_softmax_mask_le, tn.softmax_plan(rows, n), y, x, n, n, n, device=dev)
+    launch(_softmax_mask_le, tsm.softmax_plan(rows, n), y, x, n, n, n, device=dev)
     return y
 
 
@@ -71,17 +74,17 @@ def rmsnorm_mean_over_block(x: Any, weight: Any, eps: float = 1e-6, device: str 
     rows, n = int(x.size) // int(x.shape[-1]), int(x.shape[-1])
     y = xp.empty_like(x)
     w = xp.asarray(weight, dtype=xp.float32)
-    launch(_rms_norm_mean_over_block, tn.rmsnorm_plan(rows, n), x, y, w, n, n, float(eps), device=dev)
+    launch(_rms_norm_mean_over_block, trms.rmsnorm_plan(rows, n), x, y, w, n, n, float(eps), device=dev)
     return y
 
 
-def rmsnorm_plan_short_grid(rows: Any, length: Any) -> tn.TritonRowPlan:
+def rmsnorm_plan_short_grid(rows: Any, length: Any) -> TritonRowPlan:
     """BUG: a grid of rows - 1 programs (the last row is never normalised)."""
-    plan = tn.rmsnorm_plan(rows, length)
+    plan = trms.rmsnorm_plan(rows, length)
     return replace(plan, programs=plan.rows - 1)
 
 
-def rmsnorm_plan_wide_guard(rows: Any, length: Any) -> tn.TritonRowPlan:
+def rmsnorm_plan_wide_guard(rows: Any, length: Any) -> TritonRowPlan:
     """BUG: the guard admits 2^40 elements, as the CUDA kernels' row plan does, but the kernel's offsets are int32."""
-    plan = tn.rmsnorm_plan(rows, length)
+    plan = trms.rmsnorm_plan(rows, length)
     return replace(plan, admissible=all_of(plan.shape_ok, plan.rows <= (1 << 40) // smax(plan.length, 1)))

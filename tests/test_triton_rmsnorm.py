@@ -1,5 +1,6 @@
-"""Triton kernels as contract subjects: the tutorial softmax and RMSNorm contracts hold through Triton's interpreter,
-planted bugs in the kernels, plans and builds are caught, and without triton every Triton item is skipped."""
+"""The triton-rmsnorm family: the RMSNorm in the layer-norm tutorial's style holds its contract through Triton's
+interpreter (and compiled on a GPU), planted bugs in the kernel, the plan and the builds are caught, and without
+triton every Triton item is skipped."""
 
 from __future__ import annotations
 
@@ -8,15 +9,14 @@ import dataclasses
 import numpy as np
 import pytest
 
-from native import triton as tn
+from native import triton_rmsnorm as trms
 from native import tritonrt
 from obligations.check import check_contract
 from tests.contract_helpers import CONTRACTS, check_items, contract_variant, needs_cuda
 
-CONTRACT = CONTRACTS / "triton-norm-v1.yaml"
+CONTRACT = CONTRACTS / "triton-rmsnorm-v1.yaml"
 WHY = tritonrt.triton_unavailable()
 needs_triton = pytest.mark.skipif(WHY is not None, reason=WHY or "")
-ITEMS = [line.split("id: ")[1] for line in CONTRACT.read_text().splitlines() if line.lstrip().startswith("- id: ")]
 INTERPRETER = "interpreter (TRITON_INTERPRET semantics: NumPy on the host)"
 
 
@@ -28,8 +28,8 @@ def _statuses(res: dict) -> dict[str, str]:
 def test_contract_holds_through_the_interpreter():
     res = check_contract(CONTRACT, device="host")
     bad = {k: v for k, v in _statuses(res).items() if v not in ("proved", "passed")}
-    assert bad == {"TRITON-SANITIZE": "skipped"}, bad  # compute-sanitizer needs the GPU
-    assert next(it for it in res["items"] if it["id"] == "TRITON-SANITIZE")["reason"].startswith("runs on cuda")
+    assert bad == {"TRMS-SANITIZE": "skipped"}, bad  # compute-sanitizer needs the GPU
+    assert next(it for it in res["items"] if it["id"] == "TRMS-SANITIZE")["reason"].startswith("runs on cuda")
     assert not res["unchecked_entry_points"], res["unchecked_entry_points"]
     ran = [it for it in res["items"] if it["method"] == "falsify"]
     assert ran and all(it["evidence"]["executed_by"]["triton"]["mode"] == INTERPRETER for it in ran)
@@ -39,23 +39,18 @@ def test_contract_holds_through_the_interpreter():
 
 def test_without_triton_the_triton_items_are_skipped_not_passed(monkeypatch):
     monkeypatch.setattr(tritonrt, "triton_unavailable", lambda: "triton is not importable (test); pip install it")
-    res = check_contract(
-        CONTRACT, device="host", only=[i for i in ITEMS if i.startswith(("TSM", "FALSIFY-TSM", "TRITON-AUDIT"))]
-    )
+    res = check_contract(CONTRACT, device="host", only=["TRMS-ACCESS-z3", "TRMS-bound", "TRMS-AUDIT"])
     st = _statuses(res)
     # the plan proofs need no triton; the kernel's agreement and its audit cannot run and say why
-    assert {k for k, v in st.items() if v == "proved"} == {"TSM-ACCESS-z3", "TSM-BLOCK-z3", "TSM-REGIMES"}, st
-    skipped = [it for it in res["items"] if it["status"] == "skipped"]
-    assert {it["id"] for it in skipped} == {"TSM-bound", "TSM-sum", "TRITON-AUDIT", "FALSIFY-TSM-001"}
-    assert all("triton is not importable" in it["reason"] for it in skipped)
+    assert st == {"TRMS-ACCESS-z3": "proved", "TRMS-bound": "skipped", "TRMS-AUDIT": "skipped"}, st
+    assert all("triton is not importable" in it["reason"] for it in res["items"] if it["status"] == "skipped")
     with pytest.raises(tritonrt.TritonUnavailable):
-        tn.softmax(np.ones((2, 3), np.float32), device="host")
+        trms.rmsnorm(np.ones((2, 3), np.float32), np.ones(3, np.float32), device="host")
 
 
 def test_the_launch_reads_grid_and_every_constexpr_from_the_plan():
-    plan = tn.rmsnorm_plan(3, 20000)
+    plan = trms.rmsnorm_plan(3, 20000)
     assert (plan.grid(), plan.BLOCK_SIZE, plan.num_warps, plan.blocks()) == ((3,), 16384, 8, 2)
-    assert [tn.softmax_plan(1, n).BLOCK_SIZE for n in (1, 3, 4, 1000)] == [1, 4, 4, 1024]
 
     class Kernel:  # a stand-in with a jit function's .fn: one constexpr the plan does not choose
         @staticmethod
@@ -69,52 +64,33 @@ def test_the_launch_reads_grid_and_every_constexpr_from_the_plan():
 
 @needs_triton
 @pytest.mark.parametrize(
-    ("contract", "items", "old", "new"),
+    ("items", "old", "new"),
     [
         # a wrong grid: the last row has no program
         (
-            CONTRACT,
             ["TRMS-COVER-z3"],
-            "plan: native.triton:rmsnorm_plan",
+            "plan: native.triton_rmsnorm:rmsnorm_plan",
             "plan: tests.planted.triton_bugs:rmsnorm_plan_short_grid",
         ),
         # the CUDA kernels' 2^40-element guard over the tutorial's int32 offsets: row * stride wraps
         (
-            CONTRACT,
             ["TRMS-ACCESS-z3"],
-            "plan: native.triton:rmsnorm_plan",
+            "plan: native.triton_rmsnorm:rmsnorm_plan",
             "plan: tests.planted.triton_bugs:rmsnorm_plan_wide_guard",
-        ),
-        # a wrong mask (<= n_cols): reached by the plan's masked-block witness
-        (
-            CONTRACT,
-            ["TSM-bound"],
-            'impl: "native.triton:softmax"',
-            'impl: "tests.planted.triton_bugs:softmax_mask_off_by_one"',
         ),
         # a wrong reduction: the mean of squares over BLOCK_SIZE lanes instead of the row's N
         (
-            CONTRACT,
             ["TRMS-bound"],
-            'impl: "native.triton:rmsnorm"',
+            'impl: "native.triton_rmsnorm:rmsnorm"',
             'impl: "tests.planted.triton_bugs:rmsnorm_mean_over_block"',
         ),
     ],
-    ids=["short-grid", "int32-wrap", "mask-off-by-one", "mean-over-block"],
+    ids=["short-grid", "int32-wrap", "mean-over-block"],
 )
-def test_planted_bug_is_caught(tmp_path, contract, items, old, new):
-    path = contract_variant(contract, tmp_path, old, new, count=-1)
+def test_planted_bug_is_caught(tmp_path, items, old, new):
+    path = contract_variant(CONTRACT, tmp_path, old, new, count=-1)
     got = check_items(path, items)
     assert {k: v["status"] for k, v in got.items()} == dict.fromkeys(items, "violated"), got
-
-
-@needs_triton
-def test_the_interpreter_guards_every_array():
-    from tests.planted import triton_bugs
-
-    x = np.ones((1, 3), np.float32)  # one row shorter than its block: the off-by-one lane stores past the array
-    with pytest.raises(tritonrt.OutOfBounds, match="argument 0"):
-        triton_bugs.softmax_mask_off_by_one(x, device="host")
 
 
 @needs_triton
@@ -122,8 +98,8 @@ def test_the_audit_reads_tritons_ptx_and_catches_undeclared_opcodes(monkeypatch)
     from native.builds import all_builds
     from obligations.audit import audit_build
 
-    builds = [b for b in all_builds("triton") if b.name.startswith("rms_norm_fwd")]
-    assert builds and all(b.toolchain == "triton" for b in all_builds("triton"))
+    builds = all_builds(trms.FAMILY)
+    assert builds and all(b.toolchain == "triton" and b.declared == trms.DECLARED for b in builds)
     applied, found = audit_build(builds[0])
     assert {"no-ftz", "no-approx", "no-mma"} <= set(applied) and not found
     # the same kernel without its declarations: Triton's `/` and tl.sqrt are approximate, tl.sqrt flushes subnormals
@@ -154,23 +130,3 @@ def test_contract_holds_compiled_on_the_gpu():
     assert all(it["evidence"]["executed_by"]["triton"]["mode"] == "compiled (GPU)" for it in ran)
     audit = next(it for it in res["items"] if it["method"] == "audit")
     assert audit["evidence"]["sass"]["findings"] == 0 and audit["evidence"]["sass"]["builds"] > 0
-
-
-@needs_triton
-def test_validation_checks_the_triton_role_against_the_plan(tmp_path):
-    from obligations.contract import ContractError, load_contract
-
-    not_jit = contract_variant(
-        CONTRACT, tmp_path, "triton: native.tritonk.norm:softmax_kernel", "triton: native.triton:softmax"
-    )
-    with pytest.raises(ContractError, match="native.triton:softmax is not a @triton.jit function"):
-        load_contract(not_jit)
-    # the CUDA kernels' row plan chooses no BLOCK_SIZE and no grid: the launch could not take them from it
-    (tmp_path / "p").mkdir()
-    other_plan = contract_variant(
-        CONTRACT, tmp_path / "p", "plan: native.triton:softmax_plan", "plan: native.norm:row_plan"
-    )
-    with pytest.raises(ContractError) as info:
-        load_contract(other_plan)
-    assert "tl.constexpr 'BLOCK_SIZE' is not a quantity of the plan" in str(info.value)
-    assert "the plan has no 'grid' quantity" in str(info.value)

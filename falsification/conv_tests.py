@@ -10,6 +10,9 @@ planted bugs; it has the signature of the default):
   ``max`` compares the argmax too, on inputs drawn from a few values so that ties are frequent.
 * ``conv.error_bound`` {impl} — forward conv within tolerance * (gamma_{K+1} sum|w x| + |b| terms + (K+1)
   2^-149) of the float64 value, K = cin_g * taps: the recursive-summation bound of the stated fold.
+* ``conv.cudnn_bound`` {impl} (cuda, torch) -- the cuDNN convolution of the fusion backend's ``cudnn`` step
+  (:mod:`native.cudnn`) within ``conv.error_bound``'s bound, on the CONV-AXIS-REGIMES witnesses and Hypothesis
+  draws (rank 1..3, groups, bias); skipped with the reason 'needs cuda and torch: ...' where it cannot run.
 * ``conv.adjoint`` {} — <conv(x), y> and <x, conv_T(y)> (kernel outputs, inner products in float64) differ by
   at most tolerance * (gamma_K sum|y| (|w| * |x|) + gamma_K sum|x| (|w|^T * |y|) + 2^-49 (...)).
 """
@@ -542,7 +545,33 @@ def _finite_case(c: ConvCase) -> ConvCase:
 @register_test("conv.error_bound")
 def error_bound(ctx: FalsifyContext) -> Outcome:
     """|conv - exact| <= tol * (gamma_{K+1} (sum|w x| + |b|) + (K + 1) 2^-149), K = cin_g * taps."""
-    name = ctx.params.get("impl", _DEFAULT_IMPL["fwd"])
+    return _bound_check(ctx, ctx.params.get("impl", _DEFAULT_IMPL["fwd"]))
+
+
+@register_test("conv.cudnn_bound")
+def cudnn_bound(ctx: FalsifyContext) -> Outcome:
+    """The cuDNN step's convolution within conv.error_bound's bound, on the axis regimes' witnesses and draws."""
+    from native.cudnn import cudnn_missing, versions
+    from obligations.core.results import skipped
+
+    if ctx.device != "cuda":
+        return skipped(f"needs cuda and torch: the run's device is {ctx.device}")
+    why = cudnn_missing()
+    if why:
+        return skipped(why)
+    return _bound_check(
+        ctx,
+        ctx.params.get("impl", "native.cudnn:conv"),
+        more={
+            **versions(),
+            "assumes": "an algorithm that sums the exact products (implicit GEMM / GEMM); benchmark off, so cuDNN's "
+            "heuristic picks it; Winograd and FFT are not modelled by the bound",
+        },
+    )
+
+
+def _bound_check(ctx: FalsifyContext, name: str, more: dict[str, Any] | None = None) -> Outcome:
+    """conv.error_bound's check of ``impl``; an item naming CONV-AXIS-REGIMES' witnesses runs them first."""
     impl = resolve(name)
     xp = array_module(ctx.device)
     tol = float(ctx.tolerance if ctx.tolerance is not None else 1.0)
@@ -580,7 +609,11 @@ def error_bound(ctx: FalsifyContext) -> Outcome:
             "tolerance": tol,
             "u": "2^-24",
             "reference": "spec.conv.conv_f64 (float64, exact products)",
+            **(more or {}),
         },
+        from_witness=lambda w: _finite_case(_conv_witness(ctx.seed, w)),
+        regime_of=_conv_regimes(False),
+        refuses=(ConvRefused,),
     )
     return engine.run(ctx, check, lambda: {"worst_error_over_bound": worst["ratio"]})
 

@@ -47,7 +47,7 @@ from native import fusion as nf
 from native import fusion_codegen as cg
 from native import fusion_kernels as fk
 from obligations.core.plans import regime_of, resolve
-from obligations.core.results import Outcome, error
+from obligations.core.results import Outcome, error, skipped
 from spec import fusion as sf
 from spec.ir.denote import bits, denote_all
 from spec.ir.graph import Graph, GraphBuilder, Payload
@@ -61,6 +61,8 @@ __all__ = [
     "perf_chain",
     "perf_mlp",
     "perf_rmsnorm",
+    "perf_conv",
+    "conv_graph",
     "golden_failures",
     "gqa_graph",
     "gqa_flags",
@@ -111,9 +113,15 @@ UNFUSED_TEMPLATES: tuple[str, ...] = EXACT_TEMPLATES + (
 )
 
 
-def _compile_fn(ctx: FalsifyContext) -> Callable[[Graph], nf.CUDAProgram]:
+def _compile_fn(ctx: FalsifyContext, conv: str = "direct") -> Callable[[Graph], nf.CUDAProgram]:
+    """The item's compiler; conv2d on the direct kernel by default: the bitwise items compare values bit for bit,
+    and the cuDNN step's agreement is a bound (FUSION-CUDNN-bound)."""
     fn = resolve(str(ctx.params.get("compile", "native.fusion:compile_subgraph")))
-    kw = {"variant": str(ctx.params.get("variant", "default")), "planner": str(ctx.params.get("planner", "liveness"))}
+    kw = {
+        "variant": str(ctx.params.get("variant", "default")),
+        "planner": str(ctx.params.get("planner", "liveness")),
+        "conv": str(ctx.params.get("conv", conv)),
+    }
     return lambda g: fn(g, **kw)
 
 
@@ -221,7 +229,8 @@ def planted_cases() -> tuple[GraphCase, ...]:
 def _rules_check(
     ctx: FalsifyContext, name: str, cases: Any, explicit: tuple[GraphCase, ...], with_values: bool
 ) -> Check:
-    compile_fn = _compile_fn(ctx)
+    # the rules alone (no values): conv2d planned as cuDNN steps, whatever this machine has
+    compile_fn = _compile_fn(ctx, "direct" if with_values else "cudnn")
 
     def native(case: GraphCase) -> list:
         prog = compile_fn(case.graph)
@@ -1319,6 +1328,64 @@ def perf_rmsnorm(t: int, d: int) -> Contenders:
     )
 
 
+def conv_graph(n: int, c: int, h: int, w: int, k: int, r: int, seed: int = 0) -> tuple[Graph, Payload]:
+    """One conv2d node (N, C, H, W) -> (N, K, H, W): an r x r filter, stride 1, padding r // 2, a bias."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.add("input", (), (n, c, h, w))
+    wt = (rng.standard_normal((k, c, r, r)) / (c * r * r) ** 0.5).astype(np.float32)
+    bias = rng.standard_normal(k).astype(np.float32)
+    ho = h + 2 * (r // 2) - r + 1
+    b.add(
+        "conv2d",
+        (x,),
+        (n, k, ho, w + 2 * (r // 2) - r + 1),
+        params={"weight": wt, "bias": bias},
+        out_channels=k,
+        kernel=r,
+        stride=1,
+        padding=r // 2,
+        dilation=1,
+    )
+    return b.build()
+
+
+def perf_conv(n: int, c: int, h: int, w: int, k: int, r: int) -> Contenders:
+    """The fusion backend's conv step (a one-conv2d program, planned on cuDNN) against torch's conv2d, TF32 off
+    for both (torch's other cuDNN flags its defaults); side evidence: the steps and the route."""
+    import cupy
+    import torch
+
+    from native import cudnn
+
+    g, p = conv_graph(n, c, h, w, k, r)
+    prog = nf.compile_subgraph(g, payload=p)
+    ex = nf.CUDAExecutor(prog, p, "cuda")
+    x = cupy.random.RandomState(0).standard_normal((n, c, h, w), dtype=cupy.float32)
+    e = p.get(1)
+    tx = torch.from_dlpack(x)
+    tw, tb = (torch.as_tensor(np.asarray(e[key], np.float32), device="cuda") for key in ("weight", "bias"))
+    flags = {"enabled": True, "benchmark": False, "deterministic": False, "allow_tf32": False}
+    return (
+        {
+            "ours": lambda: ex.run([x]),
+            "torch": lambda: torch.nn.functional.conv2d(tx, tw, tb, 1, r // 2),
+        },
+        {
+            "torch": f"torch {torch.__version__} torch.nn.functional.conv2d fp32, cudnn flags {flags} (TF32 off; "
+            "benchmark and deterministic torch's defaults)",
+        },
+        {
+            "steps": [s.kind for s in prog.steps],
+            "conv_route": prog.conv_reason,
+            "step_settings": dict(cudnn.SETTINGS),
+            "cudnn": torch.backends.cudnn.version(),
+            "shape": {"n": n, "c": c, "h": h, "w": w, "k": k, "r": r},
+            "contexts": {"torch": lambda: torch.backends.cudnn.flags(**flags)},
+        },
+    )
+
+
 @functools.lru_cache(maxsize=1)
 def _built(setup: Callable[..., Contenders], *args: int) -> Contenders:
     """``setup(*args)``, built once for consecutive items that time the same contenders against different peers
@@ -1339,6 +1406,10 @@ def _chain(p: dict) -> Contenders:
     return _built(perf_chain, int(p.get("n", 1 << 26)))
 
 
+def _conv(p: dict) -> Contenders:
+    return _built(perf_conv, *(int(p.get(k, v)) for k, v in (("n", 16), ("c", 64), ("h", 56), ("w", 56), ("k", 64))), 3)
+
+
 # which -> (contenders, the peer, ratio ("speed": peer_ms / ours_ms, "time": ours_ms / peer_ms), direction)
 _PERF: dict[str, tuple[Callable[[dict], Contenders], str, str, str]] = {
     "rmsnorm_vs_copy": (_rms, "copy", "speed", ">="),
@@ -1347,6 +1418,7 @@ _PERF: dict[str, tuple[Callable[[dict], Contenders], str, str, str]] = {
     "chain_vs_unfused": (_chain, "unfused", "speed", ">="),
     "mlp_vs_gemms": (_mlp, "three_gemms", "time", "<="),
     "mlp_vs_torch": (_mlp, "torch", "speed", ">="),
+    "conv_vs_torch": (_conv, "torch", "speed", ">="),
 }
 
 
@@ -1362,10 +1434,20 @@ def perf(ctx: FalsifyContext) -> Outcome:
     if ctx.tolerance is None:
         return error("fusion.perf needs the item's tolerance")
     setup, peer, ratio, direction = _PERF[which]
+    if which == "conv_vs_torch":
+        from native.cudnn import cudnn_missing
+
+        why = cudnn_missing()
+        if why:
+            return skipped(why)
     want, source = measure.threshold(ctx)
     budget = measure.Budget.of(ctx.params)
     fns, configs, side = setup(ctx.params)
-    comp = measure.Comparison(ours=fns["ours"], peers={peer: fns[peer]}, configs={peer: configs[peer]})
+    side = dict(side)
+    contexts = side.pop("contexts", {})
+    comp = measure.Comparison(
+        ours=fns["ours"], peers={peer: fns[peer]}, configs={peer: configs[peer]}, context=contexts
+    )
     verdicts = {which: measure.compare(comp, want, direction, budget, measure.item_seed(ctx.seed, which), ratio=ratio)}
     figure = f"{peer}_ms / ours_ms" if ratio == "speed" else f"ours_ms / {peer}_ms"
     claim = f"{which}: {figure} {direction} {want:g}"

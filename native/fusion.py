@@ -9,9 +9,12 @@ returns a printable :class:`CUDAProgram`. :class:`CUDAExecutor` binds inputs and
 dispatch table once and runs the steps in order: fused chains through the shared :class:`KernelCache`
 (NVRTC, route ``nvrtc-ieee``) or their host model, GEMM-shaped and reduction nodes through the unfused
 reference executor's kernels (``native.ir.run_node``: ``native.gemm``'s guarded GEMM, ``native.reductions``),
-aliases as views, and host-fallback nodes by the denotation. Before the chains, :data:`PATTERNS` (masked softmax,
-RMSNorm's six ops) become ``pattern`` steps, and rmsnorm, RoPE and embedding run the pre-written kernels of
-:mod:`native.fusion_kernels`. ``storage="float16"`` stores every value as binary16, each op rounding to it.
+aliases as views, and host-fallback nodes by the denotation. conv2d nodes are ``cudnn`` steps (cuDNN through
+:mod:`native.cudnn`, within the im2col GEMM bound) where cuDNN can run, else ``cublas`` steps on the direct
+kernel (bitwise): ``compile_subgraph(conv=...)``, :func:`conv_route`. Before the chains, :data:`PATTERNS`
+(masked softmax, RMSNorm's six ops) become ``pattern`` steps, and rmsnorm, RoPE and embedding run the
+pre-written kernels of :mod:`native.fusion_kernels`. ``storage="float16"`` stores every value as binary16, each
+op rounding to it.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ __all__ = [
     "planner_violations",
     "CUDAProgram",
     "compile_subgraph",
+    "CONV_ROUTES",
+    "conv_route",
     "PREWRITTEN",
     "CacheKey",
     "full_key",
@@ -444,6 +449,8 @@ class CUDAProgram:
     buffers: BufferPlan
     requests: tuple[Request, ...] = ()
     storage: str = "float32"
+    conv_route: str = ""  # conv2d nodes' route ("cudnn" or "direct"; "" without conv2d) and why it was taken
+    conv_reason: str = ""
 
     def spec(self) -> sf.Program:
         """The program as :mod:`spec.fusion` states it."""
@@ -467,6 +474,7 @@ class CUDAProgram:
             f"program: {c['ops']} ops -> {c['steps']} steps ({c['fused_kernels']} generated kernels); "
             f"bound {list(self.bound)}; outputs {list(self.outputs)}"
             + ("" if self.storage == "float32" else f"; storage {self.storage}")
+            + (f"; conv2d: {self.conv_reason}" if self.conv_route else "")
         ]
         for k, s in enumerate(self.steps):
             what = (
@@ -488,6 +496,27 @@ class CUDAProgram:
         return "\n".join(lines)
 
 
+# conv= of compile_subgraph: "auto" takes cuDNN where it can run (else the direct kernel, saying why), "cudnn"
+# plans cuDNN steps whatever this machine has (a CUDA executor refuses them without it), "direct" the bitwise kernel.
+CONV_ROUTES: tuple[str, ...] = ("auto", "cudnn", "direct")
+
+
+def conv_route(conv: str = "auto") -> tuple[str, str]:
+    """The conv2d route the planner takes for ``conv`` ("cudnn" or "direct") and why."""
+    if conv not in CONV_ROUTES:
+        raise ValueError(f"conv must be one of {CONV_ROUTES}, not {conv!r}")
+    if conv == "direct":
+        return "direct", "asked: the direct kernel (native.conv, bitwise the denotation)"
+    if conv == "cudnn":
+        return "cudnn", "asked: cuDNN through torch (native.cudnn)"
+    from native.cudnn import cudnn_missing
+
+    why = cudnn_missing()
+    if why:
+        return "direct", f"the direct kernel: cuDNN cannot run here ({why})"
+    return "cudnn", "cuDNN through torch (native.cudnn): CUDA, torch and cuDNN present"
+
+
 def program_outputs(graph: Graph) -> tuple[int, ...]:
     """Default outputs: the nodes nobody reads (bound sources excluded), else the last node."""
     cons = graph.consumers()
@@ -506,12 +535,16 @@ def compile_subgraph(
     payload: Payload | None = None,
     patterns: bool = True,
     storage: str = "float32",
+    conv: str = "auto",
 ) -> CUDAProgram:
     """Partition, match the multi-op patterns (the RMSNorm one needs ``payload`` to see its exponent 2), analyse
     every part into steps, generate one kernel per chain and plan the buffers. ``storage`` float16: every value
-    is stored as binary16 (only elementwise chains and data movement; each op rounds to binary16)."""
+    is stored as binary16 (only elementwise chains and data movement; each op rounds to binary16). ``conv``: the
+    conv2d route (:data:`CONV_ROUTES`, :func:`conv_route`; asked only when the graph has a conv2d node)."""
     if storage not in STORAGES:
         raise ValueError(f"storage must be one of {sorted(STORAGES)}")
+    if conv not in CONV_ROUTES:
+        raise ValueError(f"conv must be one of {CONV_ROUTES}, not {conv!r}")
     outs = tuple(outputs) if outputs is not None else program_outputs(graph)
     plan = partition(graph, is_supported)
     steps: list[sf.Step] = []
@@ -519,6 +552,16 @@ def compile_subgraph(
         found = match_patterns(graph, part, outs, payload) if patterns and fuse and storage == "float32" else {}
         steps += analyze_subgraph(graph, part, outs, fuse, extend, found)
     steps.sort(key=lambda s: s.nodes[-1])
+    route: tuple[str, str] = ("", "")
+    if any(graph[s.nodes[0]].kind == "conv2d" for s in steps if s.kind == "cublas"):
+        route = conv_route(conv)
+        if route[0] == "cudnn":
+            steps = [
+                sf.Step("cudnn", s.nodes, s.reads, s.writes)
+                if s.kind == "cublas" and graph[s.nodes[0]].kind == "conv2d"
+                else s
+                for s in steps
+            ]
     if storage != "float32":
         bad = [s for s in steps if s.kind not in ("fused", "alias")]
         if bad:
@@ -534,7 +577,9 @@ def compile_subgraph(
             k += 1
     bound = tuple(n.id for n in graph.nodes if n.kind in sf.BOUND_OPS)
     reqs = buffer_requests(graph, steps, outs, np.dtype(STORAGES[storage]).itemsize)
-    return CUDAProgram(graph, plan, bound, tuple(steps), outs, plan_buffers(reqs, planner), tuple(reqs), storage)
+    return CUDAProgram(
+        graph, plan, bound, tuple(steps), outs, plan_buffers(reqs, planner), tuple(reqs), storage, route[0], route[1]
+    )
 
 
 # -- kernel cache ----------------------------------------------------------------------------------------
@@ -676,6 +721,14 @@ class CUDAExecutor:
         )
         self.rope_tables: dict[tuple[int, int, float], tuple[Any, Any]] = {}
         self.eps: dict[int, Any] = {}  # rmsnorm node -> its eps as a one-element device array
+        if self.device != "host" and any(s.kind == "cudnn" for s in program.steps):
+            from native.cudnn import cudnn_missing
+
+            why = cudnn_missing()
+            if why:
+                raise ValueError(f"the program has cuDNN conv steps but {why} (compile with conv='direct')")
+        # conv2d node -> its planned cuDNN call, weight and bias tensors (and the CuPy arrays they view)
+        self.conv_calls: dict[int, tuple[Any, ...]] = {}
         self.table = [(_DISPATCH[s.kind], s) for s in program.steps]
         self.launchers = {s.writes[0]: self._launcher(s) for s in program.steps if s.kind == "fused"}
 
@@ -778,6 +831,29 @@ def _reference_node(ex: CUDAExecutor, step: sf.Step, values: dict[int, Any]) -> 
     values[node.id] = run_node(node, [values[p] for p in node.parents], ex.payload.get(node.id), ex.device)
 
 
+def _pair(v: Any) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (v[0], v[1])
+
+
+def _cudnn(ex: CUDAExecutor, step: sf.Step, values: dict[int, Any]) -> None:
+    node = ex.program.graph[step.nodes[0]]
+    if ex.device == "host":  # planned where cuDNN runs, executed here: the direct kernel's host path (the denotation)
+        _reference_node(ex, step, values)
+        return
+    from native import cudnn
+
+    x = values[node.parents[0]]
+    x4 = x.reshape((-1,) + tuple(x.shape[-3:]))
+    planned = ex.conv_calls.get(node.id)
+    if planned is None:  # once per node: the guard, the weights on the device as torch tensors (zero copy)
+        e, a = ex.payload.get(node.id), node_attrs(node, get_op(node.kind))
+        w, b = _upload(ex.xp, e["weight"]), _upload(ex.xp, e["bias"])
+        win = (tuple(int(v) for v in _pair(a[k])) for k in ("stride", "padding", "dilation"))
+        call = cudnn.plan_call(tuple(x4.shape), tuple(w.shape), int(b.size), *win, 1)
+        planned = ex.conv_calls[node.id] = (call, *cudnn.weights(call, w, b), w, b)
+    values[node.id] = cudnn.run(planned[0], x4, planned[1], planned[2]).reshape(node.out_shape)
+
+
 def _reduction(ex: CUDAExecutor, step: sf.Step, values: dict[int, Any]) -> None:
     node = ex.program.graph[step.nodes[0]]
     if node.kind != "rmsnorm":
@@ -866,6 +942,7 @@ _VIEWS: dict[str, Callable[[Any, Any, list], Any]] = {
 _DISPATCH: dict[str, Callable[[CUDAExecutor, sf.Step, dict[int, Any]], None]] = {
     "fused": _fused,
     "cublas": _reference_node,
+    "cudnn": _cudnn,
     "reduction": _reduction,
     "pattern": _pattern,
     "special": _special,

@@ -118,7 +118,9 @@ def classify_op(kind: str) -> str | None:
 
 
 STEP_KINDS: dict[str, str] = {
-    "cublas": "CUBLASStep: one ANCHOR_BLAS node through native.gemm (guarded cuBLAS on the device)",
+    "cublas": "CUBLASStep: one ANCHOR_BLAS node through native.gemm (guarded cuBLAS on the device); conv2d on the "
+    "direct kernel of native.conv (bitwise the denotation)",
+    "cudnn": "CUDNNStep: one conv2d node on cuDNN (native.cudnn, through torch), within the im2col GEMM bound",
     "fused": "FusedKernelStep: an elementwise chain as one generated grid-stride kernel",
     "reduction": "ReductionKernelStep: one REDUCTION node through native.reductions' folds",
     "alias": "AliasStep: one SHAPE_ALIAS node as a view (or a copy for concat)",

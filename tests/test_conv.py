@@ -28,8 +28,9 @@ def test_contract_holds_on_host():
         if it["status"] in ("violated", "error", "unknown")
     }
     assert not bad, bad
-    skipped = {it["id"] for it in res["items"] if it["status"] == "skipped"}
-    assert skipped == {"CONV-SANITIZE"}, skipped  # compute-sanitizer runs on cuda
+    skipped = {it["id"]: it["reason"] for it in res["items"] if it["status"] == "skipped"}
+    assert set(skipped) == {"CONV-SANITIZE", "CONV-CUDNN-bound"}, skipped  # compute-sanitizer, cuDNN: on cuda
+    assert skipped["CONV-CUDNN-bound"].startswith("needs cuda and torch"), skipped
     assert not res["unchecked_entry_points"], res["unchecked_entry_points"]
     insensitive = [it["id"] for it in res["items"] if (it.get("evidence") or {}).get("order_insensitive")]
     assert not insensitive, insensitive
@@ -245,3 +246,36 @@ def test_contract_holds_on_cuda():
         if it["status"] in ("violated", "error", "unknown")
     }
     assert not bad, bad
+
+
+def test_cudnn_bound_check_runs_the_axis_witnesses_and_refusals(tmp_path):
+    """CONV-CUDNN-bound's check (conv.error_bound's, with CONV-AXIS-REGIMES' witnesses) on the host, through the
+    direct kernel in cuDNN's place: every witness run, the refused window refused by the guard."""
+    path = contract_variant(CONTRACT, tmp_path, "test: conv.cudnn_bound", "test: conv.error_bound")
+    path.write_text(
+        path.read_text().replace('impl: "native.cudnn:conv"}', 'impl: "native.conv:conv", max_examples: 5}')
+    )
+    got = check_items(path, ["CONV-AXIS-REGIMES", "CONV-CUDNN-bound"])["CONV-CUDNN-bound"]
+    assert got["status"] == "passed", got["reason"]
+    ev = got["evidence"]
+    assert ev["worst_error_over_bound"] <= 1.0
+    assert not ev["boundaries_unreached"] and any(k.endswith("@reject") for k in ev["boundaries_reached"]), ev
+    assert ev["regimes_reached"], sorted(ev)
+
+
+@needs_cuda
+@pytest.mark.cuda
+def test_cudnn_conv_within_its_bound_and_a_flipped_filter_is_caught(tmp_path):
+    from native.cudnn import cudnn_missing
+
+    if cudnn_missing():
+        pytest.skip(cudnn_missing())
+    assert check_items(CONTRACT, ["CONV-AXIS-REGIMES", "CONV-CUDNN-bound"], "cuda")["CONV-CUDNN-bound"]["status"] == (
+        "passed"
+    )
+    path = contract_variant(
+        CONTRACT, tmp_path, 'impl: "native.cudnn:conv"}', 'impl: "tests.planted.conv_bugs:cudnn_flipped_filter"}'
+    )
+    assert check_items(path, ["CONV-AXIS-REGIMES", "CONV-CUDNN-bound"], "cuda")["CONV-CUDNN-bound"]["status"] == (
+        "violated"
+    )

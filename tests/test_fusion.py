@@ -303,3 +303,66 @@ def test_perf_contenders_are_built_once_for_consecutive_items():
     assert ft._built(setup, 1, 2) is ft._built(setup, 1, 2)
     assert ft._built(setup, 3, 2)[2] == {"args": (3, 2)} and calls == [(1, 2), (3, 2)]
     ft._built.cache_clear()
+
+
+def test_planner_sends_conv2d_to_cudnn_where_it_can_run_and_says_why_not():
+    from falsification.fusion_tests import conv_graph
+    from native.cudnn import cudnn_missing
+
+    g, p = conv_graph(1, 2, 5, 5, 3, 3)
+    asked = nf.compile_subgraph(g, payload=p, conv="cudnn")
+    assert [s.kind for s in asked.steps] == ["cudnn"] and asked.conv_route == "cudnn"
+    assert "cudnn" in str(asked) and sf.STEP_KINDS["cudnn"]
+    direct = nf.compile_subgraph(g, payload=p, conv="direct")
+    assert [s.kind for s in direct.steps] == ["cublas"] and direct.conv_route == "direct"
+    auto = nf.compile_subgraph(g, payload=p)
+    why = cudnn_missing()
+    assert auto.conv_route == ("direct" if why else "cudnn")
+    if why:  # this machine: no GPU or no torch; the program says why it kept the direct kernel
+        assert why.startswith("needs cuda and torch: ") and why in auto.conv_reason
+    with pytest.raises(ValueError, match="conv must be one of"):
+        nf.compile_subgraph(g, conv="winograd")
+    # no conv2d node: the route is never asked (no torch import), and nothing is recorded
+    assert nf.compile_subgraph(nf.chain4_graph()[0]).conv_route == ""
+    # a cuDNN step run by a host executor is the direct kernel's host path: the denotation, bit for bit
+    x = np.random.default_rng(1).standard_normal((1, 2, 5, 5)).astype(np.float32)
+    got = nf.CUDAExecutor(asked, p, "host").run([x])[1]
+    assert sf.same_bits(got, denote_all(g, p, [x]).value[1])
+    assert sf.program_violations(asked.spec(), cg.fusable) == []
+
+
+def test_cudnn_missing_says_needs_cuda_and_torch_without_a_gpu(monkeypatch):
+    from native import cudnn
+
+    monkeypatch.setattr(cudnn, "cuda_available", lambda: (False, "no CUDA device (test)"))
+    cudnn.cudnn_missing.cache_clear()
+    try:
+        assert cudnn.cudnn_missing() == "needs cuda and torch: no CUDA device (test)"
+        assert nf.conv_route("auto")[0] == "direct"
+        with pytest.raises(ValueError, match="runs on cuda only"):
+            cudnn.conv(np.zeros((1, 1, 3, 3), np.float32), np.zeros((1, 1, 1, 1), np.float32), device="host")
+        with pytest.raises(RuntimeError, match="needs cuda and torch"):
+            cudnn.conv(np.zeros((1, 1, 3, 3), np.float32), np.zeros((1, 1, 1, 1), np.float32))
+    finally:
+        cudnn.cudnn_missing.cache_clear()
+
+
+@needs_cuda
+@pytest.mark.cuda
+def test_cudnn_step_agrees_with_the_denotation_within_the_gemm_bound():
+    from falsification.fusion_tests import conv_graph
+    from native.cudnn import cudnn_missing
+    from native.ir import agree
+
+    if cudnn_missing():
+        pytest.skip(cudnn_missing())
+    for n, c, h, k, r in ((2, 3, 7, 4, 3), (1, 16, 9, 8, 1), (3, 8, 12, 5, 5)):
+        g, p = conv_graph(n, c, h, h + 1, k, r, seed=n + c)
+        x = np.random.default_rng(r).standard_normal((n, c, h, h + 1)).astype(np.float32)
+        prog = nf.compile_subgraph(g, payload=p)
+        assert [s.kind for s in prog.steps] == ["cudnn"], prog
+        got = nf.run_program(g, p, [x], "cuda")[1]
+        want = denote_all(g, p, [x]).value[1]
+        assert np.all(agree(g[1], [x], p.get(1), got, want)), (n, c, h, k, r)
+        direct = nf.run_program(g, p, [x], "cuda", conv="direct")[1]
+        assert sf.same_bits(direct, want)  # the bitwise reference, when asked

@@ -21,6 +21,7 @@ __all__ = [
     "im2col_pad_off_by_one",
     "conv_im2col_drops_bias",
     "im2col2d_plan_kh_for_kw",
+    "cudnn_flipped_filter",
 ]
 
 
@@ -186,3 +187,21 @@ def im2col2d_plan_kh_for_kw(
     """BUG: :func:`native.conv.im2col2d_plan` with the column decode taken modulo kh."""
     p = nc.im2col2d_plan(batch, c_in, height, width, c_out, groups, kh, kw, sh, sw, ph, pw, dh, dw, bias)
     return _Im2colKhForKw(**{f: getattr(p, f) for f in nc.Im2colPlan.__dataclass_fields__})
+
+
+def cudnn_flipped_filter(
+    x: Any,
+    w: Any,
+    b: Any = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    device: str = "cuda",
+) -> Any:
+    """BUG: the cuDNN step given the filter flipped on every spatial axis (a true convolution, not the IR's
+    cross-correlation): CONV-CUDNN-bound catches it wherever a window has two unequal taps."""
+    from native import cudnn
+
+    ws = w[(slice(None), slice(None)) + (slice(None, None, -1),) * (w.ndim - 2)]
+    return cudnn.conv(x, ws, b, stride, padding, dilation, groups, device)

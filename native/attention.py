@@ -903,6 +903,12 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // Wait until at most STAGES - 2 of this thread's groups are in flight (the tile about to be read has landed).
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2) : "memory"); }
+// qpair's bits, one 32-bit load where HD is even (d is even: both halves in the row or neither; rows 4-byte aligned).
+__device__ __forceinline__ unsigned qpair2(const T* __restrict__ q, long long base, long long row, long long Lq,
+                                           unsigned d) {
+    if (HD % 2 == 0) return (row < Lq && d < HD) ? *reinterpret_cast<const unsigned*>(q + (base + row) * HD + d) : 0u;
+    return qpair(q, base, row, Lq, d);
+}
 // Rows [t0, t0 + BC) of K and V (half bits) into kdst/vdst[c * LDH + d], zero outside: cp.async (no wait) where HD
 // is a multiple of 8 (every 16-byte chunk then lies wholly inside or outside a row), else plain loads and stores.
 __device__ __forceinline__ void load_kv(T* kdst, T* vdst, const T* __restrict__ k, const T* __restrict__ v,
@@ -953,10 +959,10 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) attn_fwd16p(
     #pragma unroll
     for (unsigned kk = 0; kk < HDP / 16; ++kk) {
         const unsigned d = kk * 16 + 2 * t;
-        qa[kk][0] = qpair(q, bh * Lq, row0, Lq, d);
-        qa[kk][1] = qpair(q, bh * Lq, row1, Lq, d);
-        qa[kk][2] = qpair(q, bh * Lq, row0, Lq, d + 8);
-        qa[kk][3] = qpair(q, bh * Lq, row1, Lq, d + 8);
+        qa[kk][0] = qpair2(q, bh * Lq, row0, Lq, d);
+        qa[kk][1] = qpair2(q, bh * Lq, row1, Lq, d);
+        qa[kk][2] = qpair2(q, bh * Lq, row0, Lq, d + 8);
+        qa[kk][3] = qpair2(q, bh * Lq, row1, Lq, d + 8);
     }
     float oacc[HDP / 8][4];
     #pragma unroll

@@ -30,8 +30,9 @@ def _interval(values: list[float], seed: int) -> str:
     return f"{i.estimate:.4f} [{i.low:.4f}, {i.high:.4f}]"
 
 
-def _error_over_bound(shape: tuple[int, int, int, int, int, int], seed: int) -> tuple[float, bool]:
-    """The cuDNN step's max |y - exact| / bound on one input, and the direct kernel bitwise the denotation."""
+def _error_over_bound(shape: tuple[int, int, int, int, int, int], seed: int, bitwise: bool) -> tuple[float, object]:
+    """The cuDNN step's max |y - exact| / bound on one input, and (``bitwise``) whether the direct kernel is bitwise
+    the denotation (the softfloat denotation takes seconds past small shapes: "not checked" there)."""
     import cupy
 
     from falsification.fusion_tests import conv_graph
@@ -49,6 +50,8 @@ def _error_over_bound(shape: tuple[int, int, int, int, int, int], seed: int) -> 
     kk = c * r * r + 1
     bound = kk * 2.0**-24 / (1 - kk * 2.0**-24) * mag + kk * 2.0**-149
     ratio = float(np.max(np.abs(got.astype(np.float64) - val) / bound))
+    if not bitwise:
+        return ratio, "not checked"
     direct = nf.run_program(g, p, [x], "cuda", conv="direct")[1]
     cupy.cuda.Device().synchronize()
     return ratio, same_bits(direct, denote_all(g, p, [x]).value[1])
@@ -64,7 +67,7 @@ def _cudnn_kernels(fn: object) -> list[str]:
             import cupy
 
             cupy.cuda.Device().synchronize()
-        names = [ev.name for ev in prof.events() if getattr(ev, "device_type", None) is not None]
+        names = [ev.name for ev in prof.events() if str(getattr(ev, "device_type", "")).endswith("CUDA")]
         cuda = [n for n in dict.fromkeys(names) if not n.startswith(("cuda", "Memcpy", "Memset"))]
         return cuda or ["(the profiler recorded no kernel)"]
     except Exception as exc:  # the profiler is diagnostics only
@@ -133,7 +136,7 @@ def main() -> int:
     for seed, shape in enumerate(
         ((2, 3, 9, 11, 4, 3), (1, 16, 14, 14, 8, 1), (1, 8, 12, 12, 5, 5), (1, a.c, a.hw, a.hw, a.k, a.r))
     ):
-        ratio_e, bitwise = _error_over_bound(shape, seed)
+        ratio_e, bitwise = _error_over_bound(shape, seed, shape[0] == 2 or shape[1] < 32)
         print(
             f"  N{shape[0]} C{shape[1]} {shape[2]}x{shape[3]} K{shape[4]} {shape[5]}x{shape[5]}: "
             f"max err/bound {ratio_e:.3g}  direct bitwise {bitwise}"

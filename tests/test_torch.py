@@ -18,6 +18,7 @@ from spec import torch as sto
 from tests.contract_helpers import CONTRACTS, CUDA_OK, check_items, contract_variant, needs_cuda
 
 CONTRACT = CONTRACTS / "torch-ops-v1.yaml"
+FUSION = CONTRACTS / "fusion-v1.yaml"
 TORCH_WHY = nt.torch_missing()
 needs_torch = pytest.mark.skipif(TORCH_WHY is not None, reason=f"{TORCH_WHY} (CI does not install torch)")
 
@@ -60,6 +61,18 @@ def test_every_backend_names_its_bound_or_why_none():
         for b in op.backends:
             assert b.bound in sto.BOUND_SOURCES or (not b.bound and b.bound_note.startswith("no derived bound")), b
             assert b.dtype in ("float32", "float16", "bfloat16")
+
+
+def test_the_inductor_item_is_the_fusion_contracts_and_skips_on_the_host_with_the_reason():
+    """Inductor compiles the decoder block fusion-v1 builds: its item is there (the fusion report shows its table)."""
+    from obligations.contract import parse_contract
+
+    def inductor_items(path):
+        return [i["id"] for i in parse_contract(path).data["falsification"] if i.get("test") == "torch.inductor"]
+
+    assert inductor_items(FUSION) == ["TORCH-INDUCTOR"] and inductor_items(CONTRACT) == []
+    item = check_items(FUSION, ["TORCH-INDUCTOR"])["TORCH-INDUCTOR"]
+    assert item["status"] == "skipped" and "runs on cuda" in item["reason"]
 
 
 def test_the_audit_items_skip_on_the_host_with_the_reason():
@@ -335,6 +348,25 @@ def test_inductor_check_on_the_cpu():
 
 
 # -- CUDA ----------------------------------------------------------------------------------------------------
+
+
+@needs_cuda
+@needs_torch
+@pytest.mark.cuda
+def test_inductor_on_the_gpu_in_the_fusion_report():
+    from obligations.check import check_contract
+
+    res = check_contract(FUSION, device="cuda", only=["TORCH-INDUCTOR"])
+    (item,) = res["items"]
+    assert item["status"] == "passed", item.get("reason")
+    steps = item["evidence"]["steps"]
+    assert steps and {s["agreement"] for s in steps} <= {
+        "bitwise",
+        "within bound",
+        "differs (no derived bound: the step's rule is bitwise)",
+    }
+    assert any(s["kernels"]["generated"] for s in steps)  # Inductor's Triton kernels, named per step
+    assert "## Inductor against the IR" in "\n".join(torch_table.markdown_lines(res))  # the fusion page's section
 
 
 @needs_cuda

@@ -1036,6 +1036,9 @@ def build_parser(config: Any = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run ``kc``; returns the exit code (see module docstring)."""
     words = sys.argv[1:] if argv is None else argv
+    from obligations.pycache import enable_bytecode_cache
+
+    enable_bytecode_cache()  # before the heavy imports: the run's workers would each compile torch from source
     if words[:1] == ["check"]:
         from obligations.isolation import stop_on_signals
 

@@ -5,19 +5,32 @@ keeps one long item from starting last and running alone. Item times come from t
 device and profile: after each run its items' seconds are stored in ``durations.json`` in the proof cache's
 directory (``KC_PROOF_CACHE_DIR``, default ``~/.cache/kernel-contracts/proofs``), written atomically (parallel
 runs: the last one wins). Only the order changes: records, witnesses and the output's order are those of an
-in-order run. An item no run has timed yet keeps its place ahead of the timed ones, so a first run goes in the
-contracts' order.
+in-order run. An item this machine has not timed yet takes its seconds from ``runorder_seconds.json`` (shipped:
+the items of a GPU run of the whole tree, so a first run on a fresh machine hands out Inductor and the sanitizer
+batch first too, instead of last; ``python -m obligations.runorder RESULT.json`` rewrites it from a result); an
+item neither knows keeps its place ahead of the timed ones.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["durations_path", "last_seconds", "record_seconds", "longest_first", "shared_last", "item_name"]
+__all__ = [
+    "durations_path",
+    "last_seconds",
+    "record_seconds",
+    "longest_first",
+    "shared_last",
+    "item_name",
+    "SHIPPED",
+    "shipped_seconds",
+    "seconds_of",
+]
 
 T = TypeVar("T")
 _FORMAT = 1
@@ -46,11 +59,34 @@ def _read(path: Path | None) -> dict[str, Any]:
     return data if isinstance(data, dict) and data.get("format") == _FORMAT else {}
 
 
-def last_seconds(device: str, profile: str, path: Path | None = None) -> dict[str, float]:
-    """Item name -> seconds of the last run on ``device`` with ``profile`` that ran the item."""
-    runs = _read(path if path is not None else durations_path()).get("runs") or {}
-    got = runs.get(f"{device}/{profile}") or {}
+SHIPPED = Path(__file__).with_name("runorder_seconds.json")
+
+
+def _seconds(data: dict[str, Any], device: str, profile: str) -> dict[str, float]:
+    got = (data.get("runs") or {}).get(f"{device}/{profile}") or {}
     return {str(k): float(v) for k, v in got.items() if isinstance(v, int | float)}
+
+
+def shipped_seconds(device: str, profile: str) -> dict[str, float]:
+    """Item name -> seconds in the shipped table (a reference run of this tree) for ``device`` and ``profile``."""
+    return _seconds(_read(SHIPPED), device, profile)
+
+
+def last_seconds(device: str, profile: str, path: Path | None = None) -> dict[str, float]:
+    """Item name -> seconds of the last run on ``device`` with ``profile`` that ran the item; the shipped table's
+    seconds for the items no run here has timed."""
+    mine = _seconds(_read(path if path is not None else durations_path()), device, profile)
+    return {**shipped_seconds(device, profile), **mine}
+
+
+def seconds_of(result: Mapping[str, Any]) -> dict[str, float]:
+    """Item name -> seconds of every item a result (``kc check --json``) ran, skipped ones left out."""
+    return {
+        item_name(str(c["id"]), str(it["id"])): round(float(it["seconds"]), 3)
+        for c in result.get("contracts") or []
+        for it in c.get("items") or []
+        if isinstance(it.get("seconds"), int | float) and it.get("status") != "skipped"
+    }
 
 
 def record_seconds(device: str, profile: str, contracts: Iterable[Mapping[str, Any]], path: Path | None = None) -> bool:
@@ -62,11 +98,7 @@ def record_seconds(device: str, profile: str, contracts: Iterable[Mapping[str, A
         return False
     data = _read(path)
     runs = data.get("runs") if isinstance(data.get("runs"), dict) else {}
-    mine = dict(runs.get(f"{device}/{profile}") or {})
-    for c in contracts:
-        for it in c.get("items") or []:
-            if isinstance(it.get("seconds"), int | float) and it.get("status") != "skipped":
-                mine[item_name(str(c["id"]), str(it["id"]))] = round(float(it["seconds"]), 3)
+    mine = {**(runs.get(f"{device}/{profile}") or {}), **seconds_of({"contracts": list(contracts)})}
     runs[f"{device}/{profile}"] = mine
     with contextlib.suppress(OSError):
         write_text_atomic(path, json.dumps({"format": _FORMAT, "runs": runs}, sort_keys=True) + "\n")
@@ -92,3 +124,25 @@ def shared_last(items: Sequence[T], group: Callable[[T], Hashable | None]) -> li
         if g is not None:
             seen.add(g)
     return head + tail
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m obligations.runorder RESULT.json``: rewrite the shipped table from a result's device/profile."""
+    if len(argv) != 1:
+        print("usage: python -m obligations.runorder RESULT.json", file=sys.stderr)
+        return 2
+    from obligations.atomic import write_text_atomic
+
+    result = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    prov = result.get("provenance") or {}
+    device = prov.get("device")
+    device = device.get("kind") if isinstance(device, dict) else device
+    data = _read(SHIPPED) or {"format": _FORMAT, "runs": {}}
+    data.setdefault("runs", {})[f"{device}/{prov.get('profile')}"] = seconds_of(result)
+    write_text_atomic(SHIPPED, json.dumps(data, sort_keys=True, indent=0) + "\n")
+    print(f"{SHIPPED}: {device}/{prov.get('profile')}, {len(seconds_of(result))} items")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -204,7 +204,11 @@ def test_the_workers_get_the_items_the_last_run_timed_longest_first(monkeypatch,
         [{"id": "gemm-cublas-v1", "items": [{"id": i, "seconds": s, "status": "passed"} for i, s in last.items()]}],
     )
     assert runorder.last_seconds("host", "quick") == {name(i): s for i, s in last.items()}
-    assert runorder.last_seconds("cuda", "full") == {}  # per device and profile
+    # per device and profile; what this machine has not timed comes from the shipped table (a reference GPU run)
+    shipped = runorder.shipped_seconds("cuda", "full")
+    assert runorder.last_seconds("cuda", "full") == shipped and shipped[name("PO-GEMM-04")] > 0
+    runorder.record_seconds("cuda", "full", [{"id": "gemm-cublas-v1", "items": [{"id": "PO-GEMM-04", "seconds": 42}]}])
+    assert runorder.last_seconds("cuda", "full") == {**shipped, name("PO-GEMM-04"): 42.0}  # this machine's time wins
     order: list[str] = []
     real_submit = Prefetcher.submit
     monkeypatch.setattr(

@@ -19,6 +19,7 @@ planted bugs; it has the signature of the default):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from obligations.core.plans import regime_of, resolve
 from obligations.core.results import Outcome
 from spec import conv as ref
 
-__all__ = ["ConvCase", "conv_cases", "MIX_NAMES", "U32", "TIE_MIX", "tie_windows"]
+__all__ = ["ConvCase", "conv_cases", "MIX_NAMES", "U32", "TIE_MIX", "tie_windows", "fusion_step_conv"]
 
 U32 = 2.0**-24
 MIX_NAMES: tuple[str, ...] = ("moderate", *sorted(MIXES))
@@ -559,18 +560,80 @@ def cudnn_bound(ctx: FalsifyContext) -> Outcome:
     why = cudnn_missing()
     if why:
         return skipped(why)
-    return _bound_check(
+    more = {
+        **versions(),
+        "assumes": "an algorithm that sums the exact products (implicit GEMM / GEMM); benchmark off, so cuDNN's "
+        "heuristic picks it; Winograd and FFT are not modelled by the bound",
+    }
+    kernel = _bound_check(ctx, ctx.params.get("impl", "native.cudnn:conv"), more=more)
+    if kernel.status.value != "passed" or not ctx.params.get("through_step", True):
+        return kernel
+    # the same claim through the fusion executor's cudnn step (IR conv2d: spatial rank 2, groups 1, a bias)
+    step = _bound_check(
         ctx,
-        ctx.params.get("impl", "native.cudnn:conv"),
-        more={
-            **versions(),
-            "assumes": "an algorithm that sums the exact products (implicit GEMM / GEMM); benchmark off, so cuDNN's "
-            "heuristic picks it; Winograd and FFT are not modelled by the bound",
-        },
+        "falsification.conv_tests:fusion_step_conv",
+        cases=conv_cases(2).map(lambda c: dataclasses.replace(c, groups=1)),
+        more=more,
     )
+    ev = engine.evidence_dict(step)
+    k = engine.evidence_dict(kernel)
+    keys = ("cases", "worst_error_over_bound", "regimes_reached", "boundaries_reached", "boundaries_unreached")
+    ev["kernel_function"] = {"impl": ctx.params.get("impl", "native.cudnn:conv"), **{x: k.get(x) for x in keys}}
+    return engine.with_evidence(step, ev)
 
 
-def _bound_check(ctx: FalsifyContext, name: str, more: dict[str, Any] | None = None) -> Outcome:
+def fusion_step_conv(
+    x: Any,
+    w: Any,
+    b: Any = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    device: str = "cuda",
+) -> Any:
+    """The call as the fusion executor's ``cudnn`` step runs it: a one-conv2d IR graph compiled with
+    conv="cudnn" (a rank-1 call as a unit H axis; no bias as a zero bias; groups 1) on ``device``."""
+    from native import cudnn
+    from native import fusion as nf
+    from spec.ir.graph import GraphBuilder
+
+    if groups != 1:
+        raise ValueError("the IR's conv2d has groups 1")
+    rank = len(x.shape) - 2
+    st, pd, dl = (
+        tuple(int(e) for e in ((v,) * rank if isinstance(v, int) else v)) for v in (stride, padding, dilation)
+    )
+    cudnn.plan_call(tuple(x.shape), tuple(w.shape), 0 if b is None else int(b.size), st, pd, dl, 1)  # the guard
+    wh = np.ascontiguousarray(to_host(w), np.float32)
+    bh = np.zeros(wh.shape[0], np.float32) if b is None else np.ascontiguousarray(to_host(b), np.float32)
+    if rank == 1:
+        x, wh = x.reshape(x.shape[:2] + (1,) + x.shape[2:]), wh.reshape(wh.shape[:2] + (1,) + wh.shape[2:])
+        st, pd, dl = (1, *st), (0, *pd), (1, *dl)
+    outs = tuple(ref.out_size(*a) for a in zip(x.shape[2:], wh.shape[2:], st, pd, dl, strict=True))
+    gb = GraphBuilder()
+    xi = gb.add("input", (), tuple(x.shape))
+    y_shape = (x.shape[0], wh.shape[0]) + outs
+    gb.add(
+        "conv2d",
+        (xi,),
+        y_shape,
+        params={"weight": wh, "bias": bh},
+        out_channels=int(wh.shape[0]),
+        kernel=tuple(wh.shape[2:]),
+        stride=st,
+        padding=pd,
+        dilation=dl,
+    )
+    g, p = gb.build()
+    prog = nf.compile_subgraph(g, payload=p, conv="cudnn")
+    if [s.kind for s in prog.steps] != ["cudnn"]:
+        raise AssertionError(f"the planner did not make one cudnn step: {prog}")
+    y = nf.CUDAExecutor(prog, p, device).run([x])[xi + 1]
+    return y.reshape(y_shape[:2] + y_shape[3:]) if rank == 1 else y
+
+
+def _bound_check(ctx: FalsifyContext, name: str, cases: Any = None, more: dict[str, Any] | None = None) -> Outcome:
     """conv.error_bound's check of ``impl``; an item naming CONV-AXIS-REGIMES' witnesses runs them first."""
     impl = resolve(name)
     xp = array_module(ctx.device)
@@ -599,7 +662,7 @@ def _bound_check(ctx: FalsifyContext, name: str, more: dict[str, Any] | None = N
         native=_conv_native("fwd", impl, ctx.device),
         reference=reference,
         agreement=agreement,
-        cases=conv_cases(3),
+        cases=conv_cases(3) if cases is None else cases,
         encode=lambda c: c.ints(),
         decode=lambda rp: ConvCase.of(rp.values),
         describe=lambda c: c.describe(),

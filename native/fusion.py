@@ -843,7 +843,7 @@ def _cudnn(ex: CUDAExecutor, step: sf.Step, values: dict[int, Any]) -> None:
     from native import cudnn
 
     x = values[node.parents[0]]
-    x4 = x.reshape((-1,) + tuple(x.shape[-3:]))
+    x4 = x.reshape((math.prod(x.shape[:-3]),) + tuple(x.shape[-3:]))  # not -1: an empty input has no size to infer
     planned = ex.conv_calls.get(node.id)
     if planned is None:  # once per node: the guard, the weights on the device as torch tensors (zero copy)
         e, a = ex.payload.get(node.id), node_attrs(node, get_op(node.kind))

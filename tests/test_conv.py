@@ -279,3 +279,21 @@ def test_cudnn_conv_within_its_bound_and_a_flipped_filter_is_caught(tmp_path):
     assert check_items(path, ["CONV-AXIS-REGIMES", "CONV-CUDNN-bound"], "cuda")["CONV-CUDNN-bound"]["status"] == (
         "violated"
     )
+
+
+def test_the_step_path_of_the_cudnn_check_builds_the_calls_graph_and_refuses_what_the_guard_refuses():
+    """conv.cudnn_bound's second half runs each call as a one-conv2d program (rank 1 as a unit H axis): on the host
+    the cudnn step is the direct kernel's host path, so it must equal native.conv bit for bit."""
+    from falsification.conv_tests import ConvCase, _operands, fusion_step_conv
+
+    for axes in (((5, 3, 2, 1, 1, 0),), ((4, 2, 1, 0, 2, 0), (6, 3, 1, 1, 1, 0)), ((3, 3, 1, 0, 1, 0),)):
+        for bias in (0, 1):
+            c = ConvCase(7, 0, 2, 1, 2, 3, bias, axes)
+            d, win = _operands(c, np, "fwd").dev, c.window()
+            b = d["b"] if bias else None
+            got = fusion_step_conv(d["x"], d["w"], b, device="host", **win)
+            assert np.array_equal(_bits(got), _bits(nc.conv(d["x"], d["w"], b, device="host", **win))), axes
+    c = ConvCase(7, 0, 1, 1, 1, 2, 1, ((2, 5, 1, 0, 1, 0),))  # a window wider than the input: refused
+    d = _operands(c, np, "fwd").dev
+    with pytest.raises(nc.ConvRefused):
+        fusion_step_conv(d["x"], d["w"], d["b"], device="host", **c.window())

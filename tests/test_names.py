@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXED_PATHS = {"graph-ir-v1.yaml": "ir", "cuda-libm-v1.yaml": "libm"}
 
 
+@functools.cache
 def _family(path: Path) -> str:
     return YAML(typ="safe").load(path.read_text())["family"]
 

@@ -112,6 +112,30 @@ def test_a_bound_call_that_revalidates_every_time_is_caught_by_the_overhead_item
 
 
 @pytest.mark.cuda
+@pytest.mark.quiet_gpu
+@needs_cuda
+def test_a_matmul_without_its_call_cache_is_caught_by_the_per_call_overhead_item(tmp_path):
+    path = _variant(
+        tmp_path,
+        'call: per_call\n      impl: "native.gemm:matmul"',
+        'call: per_call\n      impl: "tests.planted.gemm_kernel_bugs:matmul_uncached"',
+    )
+    it = _items(path, ["PO-GEMM-04-matmul"], "cuda")["PO-GEMM-04-matmul"]
+    assert it["status"] == "violated", it["reason"]
+    thin = it["evidence"]["cases_measured"]["4096x256x1024:float16"]
+    assert thin["status"] == "violated" and thin["interval"]["low"] > 1.2  # every call validates and prepares
+
+
+def test_a_measure_item_names_a_known_call_mode():
+    from falsification.gemm_tests import _claimed_call
+
+    assert _claimed_call("per_call", None)[0] == "native.gemm:matmul"
+    assert _claimed_call("bound", None)[0] == "native.gemm:bind_matmul"
+    with pytest.raises(ValueError, match="params.call"):
+        _claimed_call("graph", None)
+
+
+@pytest.mark.cuda
 @needs_cuda
 def test_cuda_contract_items_hold():
     perf = {"PO-GEMM-04", "FALSIFY-CUBLAS-003", "FALSIFY-CUBLAS-008", "FALSIFY-CUBLAS-010"}  # kc check reports them

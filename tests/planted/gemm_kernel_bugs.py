@@ -12,6 +12,7 @@ __all__ = [
     "matmul_tf32",
     "matmul_stale_cache",
     "bind_matmul_revalidating",
+    "matmul_uncached",
 ]
 
 
@@ -67,3 +68,9 @@ def bind_matmul_revalidating(a: Any, b: Any, c: Any = None, **kw: Any) -> Any:
         )
 
     return call
+
+
+def matmul_uncached(a: Any, b: Any, **kw: Any) -> Any:
+    """BUG (performance): no call cache, every call validates, guards and prepares anew (a first call each time)."""
+    gemm.clear_calls()
+    return gemm.matmul(a, b, **kw)

@@ -725,14 +725,18 @@ def _start_prefetcher(
     ran: Callable[[tuple[str, str, str], str, float, float], None] | None,
     last: Mapping[str, float] | None = None,
 ) -> None:
-    """Give the run's items to ``prefetcher``'s workers; the measure items run first, alone on a quiet machine.
+    """Give the run's items to ``prefetcher``'s workers; the measure items run last, alone on a quiet machine.
 
-    Nothing runs beside the measure items: a host-bound timing (the thin GEMM's wrapper overhead: one Python call
-    per ~10 us GEMM) read 1.014-1.016 of the raw call while cold proofs ran on the other CPUs and 1.001 with
-    the proofs cached (H100, 2026-11-27), so a proof run beside them moved a verdict. Then every item is queued,
-    each group longest first by ``last`` (the previous run's seconds by item name, obligations.runorder; the
-    host-only items, whose regimes witnesses later items wait for, as an earlier group). Measure records wait in
-    the prefetcher to be taken in order. A stop propagates.
+    Every other item is queued first, each group longest first by ``last`` (the previous run's seconds by item
+    name, obligations.runorder; the host-only items, whose regimes witnesses later items wait for, as an earlier
+    group). Once the workers have finished them all, a thread of the run times the measure items one by one in the
+    run's own executor: nothing runs beside them. A proof run beside them moved a verdict: a host-bound timing (the
+    thin GEMM's wrapper overhead: one Python call per ~10 us GEMM) read 1.014-1.016 of the raw call while cold
+    proofs ran on the other CPUs and 1.001 with the proofs cached (H100, 2026-11-27). Last rather than first: on a
+    fresh machine the workers have compiled the kernels the measure items share with the others by then (a cold
+    run timed 30 s of compiling alone, first), and the workers start while the run has nothing else to do. The
+    in-order run waits for each record (it runs no item itself: its executor is the measure items'). A stop
+    propagates.
     """
     wanted = list(_to_run(todo, only, options.done))
     submit = _submitter(prefetcher, todo, only, profile, options, wanted)
@@ -745,19 +749,46 @@ def _start_prefetcher(
     host = ordered([(c, it) for c, it in wanted if item_method(it) in HOST_METHODS])
     rest = ordered([(c, it) for c, it in wanted if item_method(it) not in QUIET_METHODS | HOST_METHODS])
     rest = shared_last(rest, lambda ci: item_method(ci[1]) if item_method(ci[1]) in SHARED_METHODS else None)
-    if quiet and progress:
-        progress("note", {"text": f"timing {len(quiet)} measure item(s) first, alone on a quiet GPU"})
-    for contract, item in quiet:
+    if quiet:
+        prefetcher.withdraws = False
+        for contract, item in quiet:
+            prefetcher.defer(contract, item)
         if progress:
-            progress("start", item)
+            progress("note", {"text": f"{len(quiet)} measure item(s) are timed last, alone on a quiet GPU"})
+    submit([*host, *rest])
+    if quiet:
+        threading.Thread(
+            target=_measure_last,
+            args=(prefetcher, quiet, executor, profile, options, ran),
+            name="kc-measure",
+            daemon=True,
+        ).start()
+
+
+def _measure_last(
+    prefetcher: Prefetcher,
+    quiet: list[tuple[Contract, dict[str, Any]]],
+    executor: Executor,
+    profile: str,
+    options: RunOptions,
+    ran: Callable[[tuple[str, str, str], str, float, float], None] | None,
+) -> None:
+    """Once the workers are idle, time ``quiet`` one by one in ``executor`` and hand each record to the run."""
+    if not prefetcher.wait_idle():
+        return  # stopped: close() gives the waiting run each item's stop record
+    for contract, item in quiet:
         key = item_key(contract, item["id"])
         t0 = time.perf_counter()
-        fields = executor.run(contract, item, item_timeout(item, profile, options.item_timeout), {})
+        try:
+            fields = executor.run(contract, item, item_timeout(item, profile, options.item_timeout), {})
+        except BaseException as e:  # a bug in the executor: the item says so, the run goes on
+            fields = error(f"{type(e).__name__}: {e}").to_json()
         t1 = time.perf_counter()
+        if cancel.stop_requested() is not None:
+            return
         if ran is not None:
             ran(key, "run", t0, t1)
         prefetcher.done(key, fields, round(executor.seconds(t1 - t0), 4))
-    submit([*host, *rest])
 
 
 def write_timeline(path: str | Path, events: list[tuple[tuple[str, str, str], str, float, float]]) -> None:

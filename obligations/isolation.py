@@ -543,6 +543,7 @@ class RunsAhead(Protocol):
 
 class Prefetcher:
     """Runs items ahead in ``jobs`` worker processes; the in-order run takes their records where it reaches them.
+    Records the run makes itself later (:meth:`defer`, :meth:`done`: the measure items) are waited for.
 
     An item no worker has started yet when the run reaches it is the run's own (:meth:`take` returns None), so
     the run never waits on a queue and is never slower than running in order. An item that names a regimes
@@ -574,6 +575,10 @@ class Prefetcher:
             t.start()
         self.finished: dict[Key, tuple[dict[str, Any], float]] = {}  # items run to their end: (fields, seconds)
         self._futures: dict[Key, Future[tuple[dict[str, Any], float]]] = {}
+        self._submitted: list[Future[tuple[dict[str, Any], float]]] = []  # what the workers were given
+        self._deferred: dict[Key, Future[tuple[dict[str, Any], float]]] = {}  # records the run hands over later
+        # False while the run's own executor is kept for the deferred records: the run waits for every item then
+        self.withdraws = True
         self._published: dict[Key, dict[str, Any]] = {}
         self._events: dict[Key, threading.Event] = {}
         self._lock = threading.Lock()
@@ -608,7 +613,23 @@ class Prefetcher:
         key = item_key(contract, item["id"])
         fut: Future[tuple[dict[str, Any], float]] = Future()
         self._futures[key] = fut
+        self._submitted.append(fut)
         self._tasks.put((fut, partial(self._run, contract, item, limit, after)))
+
+    def defer(self, contract: Any, item: dict[str, Any]) -> None:
+        """Promise ``item``'s record: the run makes it itself later (:meth:`done`), and :meth:`take` waits for it
+        instead of handing the item back (the measure items, timed once the workers are idle)."""
+        key = item_key(contract, item["id"])
+        fut: Future[tuple[dict[str, Any], float]] = Future()
+        fut.set_running_or_notify_cancel()  # running: take() waits for it, it is never withdrawn
+        self._futures[key] = self._deferred[key] = fut
+
+    def wait_idle(self) -> bool:
+        """Wait until every item given to the workers has ended; False if the run stopped meanwhile."""
+        for fut in list(self._submitted):
+            with contextlib.suppress(BaseException):
+                fut.exception()
+        return not self._closed and cancel.stop_requested() is None
 
     def _run(
         self, contract: Any, item: dict[str, Any], limit: float | None, after: Key | None
@@ -645,19 +666,21 @@ class Prefetcher:
             self.publish(key, fields)
 
     def done(self, key: Key, fields: dict[str, Any], seconds: float) -> None:
-        """Hand over a record the run made before the workers started (a measure item): :meth:`take` returns it."""
-        fut: Future[tuple[dict[str, Any], float]] = Future()
-        fut.set_result((fields, seconds))
-        self._futures[key] = fut
+        """Hand over a record the run made itself (a measure item, deferred or not): :meth:`take` returns it."""
+        fut = self._deferred.pop(key, None)
+        if fut is None:
+            fut = Future()
+            self._futures[key] = fut
         with self._lock:
             self.finished[key] = (fields, seconds)
+        fut.set_result((fields, seconds))
         self.publish(key, fields)
 
     def take(self, contract: Any, item: dict[str, Any]) -> tuple[dict[str, Any], float] | None:
         """The (record fields, seconds the item ran) of a submitted item, waiting while a worker runs it; None if
         it was never submitted or no worker has started it (it is withdrawn: the run does it itself)."""
         fut = self._futures.pop(item_key(contract, item["id"]), None)
-        if fut is None or fut.cancel():
+        if fut is None or (self.withdraws and fut.cancel()):
             return None
         return fut.result()
 
@@ -677,6 +700,9 @@ class Prefetcher:
         for fut in self._futures.values():
             fut.cancel()
         self._futures.clear()
+        for fut in self._deferred.values():  # nobody will make these now: a waiting take() gets the stop's record
+            fut.set_result((error_fields("the run stopped before this item finished"), 0.0))
+        self._deferred.clear()
         with self._lock:
             events = list(self._events.values())
         for ev in events:  # a thread waiting for witnesses that will not come

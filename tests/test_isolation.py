@@ -156,18 +156,25 @@ def test_a_prefetched_item_past_its_limit_is_error_timeout_and_close_stops_every
 
 
 def _submits_and_runs(monkeypatch):
-    """(events in order: ("submit", id) to the workers, ("run", id) by the run itself) of a gemm run with -j 1."""
+    """(events in order: ("submit", id) to the workers, ("ended", id) there, ("run", id) by the run itself) of a
+    gemm run with -j 1."""
     from obligations.check import RunOptions, check_paths
     from obligations.isolation import InProcess, Prefetcher
 
     order = []
-    real_submit, real_run = Prefetcher.submit, InProcess.run
+    real_submit, real_run, real_worker_run = Prefetcher.submit, InProcess.run, Prefetcher._run
 
     def submit(self, contract, item, *a, **k):
         order.append(("submit", item["id"]))
         real_submit(self, contract, item, *a, **k)
 
+    def worker_run(self, contract, item, *a, **k):
+        got = real_worker_run(self, contract, item, *a, **k)
+        order.append(("ended", item["id"]))
+        return got
+
     monkeypatch.setattr(Prefetcher, "submit", submit)
+    monkeypatch.setattr(Prefetcher, "_run", worker_run)
     monkeypatch.setattr(
         InProcess, "run", lambda self, c, i, *a: (order.append(("run", i["id"])), real_run(self, c, i, *a))[1]
     )
@@ -175,14 +182,18 @@ def _submits_and_runs(monkeypatch):
     ids = ["PO-GEMM-02-A-z3", "PO-GEMM-04", "FALSIFY-CUBLAS-001"]
     result = check_paths([gemm], only=ids, options=RunOptions(jobs=1))
     assert [it["id"] for it in result["contracts"][0]["items"]] == ids  # the output keeps the contract's order
-    return order
+    return order, result
 
 
-def test_measure_items_run_first_with_nothing_beside_them(monkeypatch):
+def test_measure_items_run_last_with_nothing_beside_them(monkeypatch):
     # a proof run beside them moved a host-bound timing (the thin GEMM's wrapper ratio 1.014-1.016 beside cold
-    # proofs, 1.001 with them cached, H100 2026-11-27): the workers get nothing until the measure items are done
-    order = _submits_and_runs(monkeypatch)
-    assert order[:3] == [("run", "PO-GEMM-04"), ("submit", "PO-GEMM-02-A-z3"), ("submit", "FALSIFY-CUBLAS-001")]
+    # proofs, 1.001 with them cached, H100 2026-11-27): the measure items are timed once every worker item ended,
+    # by the run's own executor, and the run takes every other record from the workers (it runs none itself)
+    order, result = _submits_and_runs(monkeypatch)
+    assert order[:2] == [("submit", "PO-GEMM-02-A-z3"), ("submit", "FALSIFY-CUBLAS-001")]
+    assert sorted(order[2:4]) == [("ended", "FALSIFY-CUBLAS-001"), ("ended", "PO-GEMM-02-A-z3")]
+    assert order[4:] == [("run", "PO-GEMM-04")]
+    assert result["contracts"][0]["items"][1]["status"] == "skipped"  # a measure item on the host
 
 
 def test_the_workers_get_the_items_the_last_run_timed_longest_first(monkeypatch, tmp_path):

@@ -264,32 +264,25 @@ kc_fused_rmsnorm_rows(const float* __restrict__ x, const float* __restrict__ w, 
         __syncthreads();                     // ... and every thread's
         if ((threadIdx.x >> 5) == fold_warp && lane < tile_rows && row0 + lane < rows) {
             // the left fold of range [lo, hi), continuing acc: shared loads run four float4 ahead of the add
-            // chain (a dependent add per element: ~30 cycles of load latency hide behind 16 adds) but never past
-            // hi (range c+1 may still be in flight: no read of it before its barrier, for racecheck too)
+            // chain (a dependent add per element: ~30 cycles of load latency hide behind 16 adds); the pad float4
+            // and the buffer's 3 extra keep them inside it (smem_index(tile_rows - 1, q + 3) < smem_float4); a
+            // read past hi may see a range still in flight, and its value is never used
             const long long lo = q * c / chunks, hi = q * (c + 1) / chunks;
             const float4* p = rr + lo;
+            float4 a0 = p[0], a1 = p[1], a2 = p[2], a3 = p[3];
+            p += 4;
             unsigned left = (unsigned)(hi - lo);
-            float4 a0, a1, a2, a3;
-            if (left >= 4) {
-                a0 = p[0];
-                a1 = p[1];
-                a2 = p[2];
-                a3 = p[3];
-                p += 4;
-                for (; left >= 8; left -= 4, p += 4) {
-                    const float4 b0 = p[0], b1 = p[1], b2 = p[2], b3 = p[3];
-                    KC_FOLD4(a0) KC_FOLD4(a1) KC_FOLD4(a2) KC_FOLD4(a3)
-                    a0 = b0;
-                    a1 = b1;
-                    a2 = b2;
-                    a3 = b3;
-                }
+            for (; left >= 4; left -= 4, p += 4) {
+                const float4 b0 = p[0], b1 = p[1], b2 = p[2], b3 = p[3];
                 KC_FOLD4(a0) KC_FOLD4(a1) KC_FOLD4(a2) KC_FOLD4(a3)
-                left -= 4;
+                a0 = b0;
+                a1 = b1;
+                a2 = b2;
+                a3 = b3;
             }
-            if (left > 0) { a0 = p[0]; KC_FOLD4(a0) }  // the range's last 0..3 float4
-            if (left > 1) { a1 = p[1]; KC_FOLD4(a1) }
-            if (left > 2) { a2 = p[2]; KC_FOLD4(a2) }
+            if (left > 0) { KC_FOLD4(a0) }
+            if (left > 1) { KC_FOLD4(a1) }
+            if (left > 2) { KC_FOLD4(a2) }
         }
     }
     if ((threadIdx.x >> 5) == fold_warp && lane < tile_rows && row0 + lane < rows) {
@@ -457,9 +450,8 @@ def rmsnorm_plan(rows: Any, d: Any, block: Any = RMSNORM_BLOCK, max_grid: Any = 
 
 def rmsnorm_rows_plan(rows: Any, d: Any, tile_rows: Any = ROWS_R, block: Any = ROWS_THREADS) -> dict:
     """The fast RMSNorm kernel's plan: block b takes rows b * tile_rows + r (r < tile_rows), grid = ceil(rows /
-    tile_rows); row ``row``'s float4 j (j < q = d / 4) sits at shared float4 r * (q + 1) + j; the fold reads j < q
-    (it once read four float4 ahead, up to j = q + 3: the buffer keeps those 3 float4 and the proofs that bound);
-    accepted while d % 4 == 0, 4 <= d <= MAX_ROW, rows
+    tile_rows); row ``row``'s float4 j (j < q = d / 4) sits at shared float4 r * (q + 1) + j, and the fold reads up to
+    j = q + 3 (four float4 ahead, from any of its column ranges); accepted while d % 4 == 0, 4 <= d <= MAX_ROW, rows
     <= 2^31 - 1 and 1 <= tile_rows <= ROWS_MAX_R (one folding lane and one rsh[] slot a row); element (row, k) at
     int64(row) * d + k."""
     rows64, d64 = as_type(rows, "int64"), as_type(d, "int64")

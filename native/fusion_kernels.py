@@ -199,8 +199,7 @@ kc_fused_rmsnorm(const float* __restrict__ x, const float* __restrict__ w, long 
 # writes (x * r) * w from shared memory. Several blocks share an SM, so one block's fold, a dependent chain of d adds,
 # overlaps the others' loads and stores. The rows per block, the threads, the ranges and which warp folds are launch
 # arguments (one compiled kernel; :func:`choose_rows_config` picks them from the device's properties): fold_mode 1
-# takes the warp from the block's hardware warp slot (%warpid), so co-resident blocks fold on different schedulers
-# (2: warp blockIdx % 4; 0: warp 0).
+# takes the warp from the block's hardware warp slot (%warpid), so co-resident blocks fold on different schedulers.
 # KC_COPY16/KC_COPY_COMMIT/KC_COPY_WAIT_GROUP/KC_WARPID are the asynchronous copy and the slot (a host emulator
 # defines them as a copy, nothing and a number).
 ROWS_R = 2  # rows per block of the fast RMSNorm kernel's default plan ...
@@ -243,7 +242,7 @@ kc_fused_rmsnorm_rows(const float* __restrict__ x, const float* __restrict__ w, 
     const unsigned nwarps = blockDim.x >> 5, lane = threadIdx.x & 31;
     if (threadIdx.x == 0) {  // which warp folds: any one is right (the same order); the slot only spreads the work
         const unsigned n4 = nwarps < 4 ? nwarps : 4;
-        fold_warp = fold_mode == 1 ? (KC_WARPID() / nwarps) % n4 : fold_mode == 2 ? blockIdx.x % n4 : 0;
+        fold_warp = fold_mode ? (KC_WARPID() / nwarps) % n4 : 0;
     }
     for (unsigned c = 0; c < chunks; ++c) {  // column range c of every row: one cp.async group
         const long long lo = q * c / chunks, hi = q * (c + 1) / chunks;
@@ -547,15 +546,15 @@ class RowsConfig:
     tile_rows: int
     block: int
     chunks: int = 1
-    fold_mode: int = 0  # 0: warp 0 folds; 1: the warp the block's hardware slot (%warpid) picks; 2: blockIdx % 4
+    fold_mode: int = 0  # 0: warp 0 folds; 1: the warp the block's hardware slot (%warpid) picks
 
     def __post_init__(self) -> None:
         if not 1 <= self.tile_rows <= ROWS_MAX_R:
             raise ValueError(f"tile_rows must be in [1, {ROWS_MAX_R}] (one folding lane a row): {self}")
         if self.block % 32 or not 32 <= self.block <= ROWS_MAX_THREADS:
             raise ValueError(f"block must be whole warps, 32..{ROWS_MAX_THREADS}: {self}")
-        if self.chunks < 1 or self.fold_mode not in (0, 1, 2):
-            raise ValueError(f"chunks must be >= 1 and fold_mode 0, 1 or 2: {self}")
+        if self.chunks < 1 or self.fold_mode not in (0, 1):
+            raise ValueError(f"chunks must be >= 1 and fold_mode 0 or 1: {self}")
 
     def label(self) -> str:
         """A short name: R<rows>xT<threads>/C<chunks>/F<mode>."""
@@ -566,14 +565,13 @@ ROWS_DEFAULT = RowsConfig(ROWS_R, ROWS_THREADS)  # the configuration before issu
 # The candidates the chooser weighs and the bench times (every one folds in the spec's order: the same bits).
 ROWS_CANDIDATES: tuple[RowsConfig, ...] = tuple(
     RowsConfig(r, t, c, f)
-    for r, t in ((1, 128), (2, 128), (2, 256), (3, 128), (3, 256), (3, 512), (4, 256), (4, 512), (6, 512), (8, 512))
+    for r, t in ((1, 128), (2, 256), (3, 256), (4, 256), (4, 512), (6, 512), (8, 512))
     for c in (1, 4)
-    for f in (0, 1, 2)
+    for f in (0, 1)
 )
 # The performance model's constants (sm_90, fp32). A fold is a chain of dependent adds (FADD_CYCLES each); a folding
 # warp issues ~FOLD_ISSUE instructions per element (FMUL, FADD, a quarter LDS.128: counted in the SASS), so a
-# scheduler holding several folding warps stretches their folds. fold_mode 0 puts every block's warp 0 folding (2:
-# warp blockIdx % 4, there only for the bench);
+# scheduler holding several folding warps stretches their folds. fold_mode 0 puts every block's warp 0 folding;
 # COLLIDE_MODE0 warps of those share a scheduler (calibrated: with it the model gives the (2, 256) kernel's measured
 # 0.84x copy on an H100 and 0.64x on an H200, within ~10%); fold_mode 1 spreads them over the 4 schedulers.
 FADD_CYCLES = 4.0
@@ -618,8 +616,7 @@ def _rows_model(props: DeviceProps, rows: int, d: int, cfg: RowsConfig, regs_per
         return math.inf, math.inf
     per_sm = props.bandwidth / props.sm_count
     clock = props.clock_khz * 1e3
-    # fold_mode 2 (blockIdx % 4) is modelled as 0: an SM's first blocks b, b + SMs, ... share b % 4 when 4 | SMs
-    sharing = math.ceil(blocks / SCHEDULERS) if cfg.fold_mode == 1 else max(1.0, COLLIDE_MODE0 * blocks)
+    sharing = math.ceil(blocks / SCHEDULERS) if cfg.fold_mode else max(1.0, COLLIDE_MODE0 * blocks)
     fold = FADD_CYCLES * d / clock * max(1.0, sharing * FOLD_ISSUE / FADD_CYCLES)
     block_bytes = 4.0 * d * cfg.tile_rows
     resident = DRAM_LATENCY_S + block_bytes / per_sm / cfg.chunks + fold + block_bytes / per_sm
@@ -632,12 +629,11 @@ def choose_rows_config(
 ) -> RowsConfig:
     """The candidate of least modelled time on this device (:func:`rows_model_ms`), from its properties alone; among
     those at the DRAM bound the one with the most slack (least residency-bound time: the model's error is there),
-    then fewer rows per block and more threads (more copies in flight, a shorter store; the model has neither);
-    ROWS_DEFAULT when none fits."""
+    then fewer rows per block and fewer threads; ROWS_DEFAULT when none fits."""
     scored = []
     for c in candidates:
         dram, resident = _rows_model(props, rows, d, c, regs_per_thread)
-        scored.append((max(dram, resident), resident, c.tile_rows, -c.block, c.chunks, c.fold_mode, c))
+        scored.append((max(dram, resident), resident, c.tile_rows, c.block, c.chunks, c.fold_mode, c))
     best = min(scored, key=lambda z: z[:6])
     return best[-1] if math.isfinite(best[0]) else ROWS_DEFAULT
 

@@ -171,7 +171,6 @@ _ROWS_CONFIGS = (
     fk.RowsConfig(3, 64, 4, 1),
     fk.RowsConfig(fk.ROWS_MAX_R, 96, 3, 1),
     fk.RowsConfig(1, 32, 2, 0),
-    fk.RowsConfig(2, 128, 4, 2),
 )
 
 

@@ -35,7 +35,6 @@ kernels use the elementwise family's proved plan (``native.elementwise.launch_pl
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -548,14 +547,6 @@ class RowsConfig:
     chunks: int = 1
     fold_mode: int = 0  # 0: warp 0 folds; 1: the warp the block's hardware slot (%warpid) picks
 
-    def __post_init__(self) -> None:
-        if not 1 <= self.tile_rows <= ROWS_MAX_R:
-            raise ValueError(f"tile_rows must be in [1, {ROWS_MAX_R}] (one folding lane a row): {self}")
-        if self.block % 32 or not 32 <= self.block <= ROWS_MAX_THREADS:
-            raise ValueError(f"block must be whole warps, 32..{ROWS_MAX_THREADS}: {self}")
-        if self.chunks < 1 or self.fold_mode not in (0, 1):
-            raise ValueError(f"chunks must be >= 1 and fold_mode 0 or 1: {self}")
-
     def label(self) -> str:
         """A short name: R<rows>xT<threads>/C<chunks>/F<mode>."""
         return f"R{self.tile_rows}xT{self.block}/C{self.chunks}/F{self.fold_mode}"
@@ -796,20 +787,13 @@ def rows_config(fast: Any, rows: int, d: int) -> RowsConfig:
     return _CONFIG[key]
 
 
-@functools.lru_cache(maxsize=256)
-def _rows_geometry(rows: int, d: int, tile_rows: int, block: int) -> tuple[bool, int, int]:
-    """(accepts, grid, shared_bytes) of :func:`rmsnorm_rows_plan`, once per shape (the plan costs ~12 us of Python
-    a call, host time a back-to-back launch of a ~70 us kernel should not add)."""
-    plan = rmsnorm_rows_plan(rows, d, tile_rows, block)
-    return bool(plan["accepts"]), int(plan["grid"]), int(plan["shared_bytes"])
-
-
 def rmsnorm_rows_launch(fast: Any, args: tuple, rows: int, d: int, cfg: RowsConfig) -> Any:
     """The fast kernel's launch for ``cfg`` (its plan's grid and shared memory), or None when the plan does not
     accept the shape or the shared memory is refused."""
-    accepts, grid, smem = _rows_geometry(rows, d, cfg.tile_rows, cfg.block)
-    if not accepts or not _prefer_shared(fast, smem):
+    plan = rmsnorm_rows_plan(rows, d, cfg.tile_rows, cfg.block)
+    if not plan["accepts"] or not _prefer_shared(fast, plan["shared_bytes"]):
         return None
+    grid, smem = int(plan["grid"]), int(plan["shared_bytes"])
     full = (*args, np.uint32(cfg.tile_rows), np.uint32(cfg.chunks), np.uint32(cfg.fold_mode))
     return lambda: fast((grid,), (cfg.block,), full, shared_mem=smem)
 

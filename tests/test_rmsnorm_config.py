@@ -73,23 +73,6 @@ def test_every_candidate_is_a_geometry_the_plan_accepts():
     assert not fk.rmsnorm_rows_plan(8, 4096, fk.ROWS_MAX_R + 1, 256)["accepts"]  # one rsh[] slot a row
 
 
-def test_a_configuration_the_kernel_cannot_run_is_refused():
-    for bad in ((0, 256), (fk.ROWS_MAX_R + 1, 256), (2, 48), (2, 1024), (2, 256, 0), (2, 256, 1, 2)):
-        with pytest.raises(ValueError):
-            fk.RowsConfig(*bad)
-
-
-def test_the_launch_geometry_is_the_plans():
-    for rows, d, cfg in (
-        (8192, 4096, fk.RowsConfig(3, 256, 4, 1)),
-        (7, 12, fk.RowsConfig(4, 64)),
-        (1, 4, fk.ROWS_DEFAULT),
-    ):
-        plan = fk.rmsnorm_rows_plan(rows, d, cfg.tile_rows, cfg.block)
-        assert fk._rows_geometry(rows, d, cfg.tile_rows, cfg.block) == (True, plan["grid"], plan["shared_bytes"])
-    assert fk._rows_geometry(4, 6, 2, 256)[0] is False  # d % 4 != 0: the general kernel's
-
-
 @needs_cuda
 @pytest.mark.cuda
 @pytest.mark.parametrize("cfg", fk.ROWS_CANDIDATES, ids=lambda c: c.label())

@@ -630,30 +630,29 @@ def choose_rows_config(
 
 
 _PROPS: list[DeviceProps] = []
-# cudaDeviceAttr numbers (driver_types.h; the clocks are attributes since CUDA 13 dropped them from cudaDeviceProp)
+# cudaDeviceAttr names as CuPy's Device.attributes spells them (getDeviceProperties lost the clocks in CUDA 13)
 _ATTRS = {
-    "sm_count": 16,  # MultiProcessorCount
-    "smem_per_sm": 81,  # MaxSharedMemoryPerMultiprocessor
-    "smem_per_block": 97,  # MaxSharedMemoryPerBlockOptin
-    "reserved_smem_per_block": 111,  # ReservedSharedMemoryPerBlock
-    "max_threads_per_sm": 39,  # MaxThreadsPerMultiProcessor
-    "max_blocks_per_sm": 106,  # MaxBlocksPerMultiprocessor
-    "regs_per_sm": 82,  # MaxRegistersPerMultiprocessor
-    "clock_khz": 13,  # ClockRate
-    "memory_clock_khz": 36,  # MemoryClockRate
-    "bus_width_bits": 37,  # GlobalMemoryBusWidth
-    "l2_bytes": 38,  # L2CacheSize
+    "sm_count": "MultiProcessorCount",
+    "smem_per_sm": "MaxSharedMemoryPerMultiprocessor",
+    "smem_per_block": "MaxSharedMemoryPerBlockOptin",
+    "reserved_smem_per_block": "ReservedSharedMemoryPerBlock",
+    "max_threads_per_sm": "MaxThreadsPerMultiProcessor",
+    "max_blocks_per_sm": "MaxBlocksPerMultiprocessor",
+    "regs_per_sm": "MaxRegistersPerMultiprocessor",
+    "clock_khz": "ClockRate",
+    "memory_clock_khz": "MemoryClockRate",
+    "bus_width_bits": "GlobalMemoryBusWidth",
+    "l2_bytes": "L2CacheSize",
 }
 
 
 def device_props() -> DeviceProps:
-    """The current CUDA device's :class:`DeviceProps` (read once, by cudaDeviceGetAttribute)."""
+    """The current CUDA device's :class:`DeviceProps` (read once)."""
     if not _PROPS:
         import cupy
 
-        dev = cupy.cuda.Device().id
-        get = cupy.cuda.runtime.deviceGetAttribute
-        _PROPS.append(DeviceProps(**{k: int(get(v, dev)) for k, v in _ATTRS.items()}))
+        attrs = cupy.cuda.Device().attributes
+        _PROPS.append(DeviceProps(**{k: int(attrs[v]) for k, v in _ATTRS.items()}))
     return _PROPS[0]
 
 

@@ -6,8 +6,7 @@ executor's: add, then softmax as ``native.ir`` runs it), each rounded to binary3
 
 * ``rmsnorm`` (the IR op, and the six-op pattern pow -> reduceMean -> add -> rsqrt -> mul -> mul): two kernels, one
   order. The fast one (``rmsnorm_rows``, 16-byte aligned rows with d % 4 == 0; :func:`rmsnorm_rows_plan`) gives each
-  block ``tile_rows`` rows (rows, threads, column ranges and folding warp chosen from the device's properties by
-  :func:`choose_rows_config`), copied into shared memory by ``cp.async``; lane r of one warp folds row r's
+  block of 256 threads two rows, copied into shared memory by ``cp.async``; lane r of warp 0 folds row r's
   ``x_k * x_k`` left to right from +0 (``spec.reductions.fold_left``, the denotation's order: the fold is a dependent
   chain of adds, so other blocks' memory traffic overlaps it instead of a tree reordering it). The general one
   (persistent blocks of 128 threads, 8 per SM, any row) stages its row in shared memory and loads its next row into
@@ -35,8 +34,6 @@ kernels use the elementwise family's proved plan (``native.elementwise.launch_pl
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -69,18 +66,6 @@ __all__ = [
     "ROWS_THREADS",
     "rmsnorm_rows_plan",
     "embedding_plan",
-    "ROWS_MAX_R",
-    "ROWS_MAX_THREADS",
-    "DeviceProps",
-    "RowsConfig",
-    "ROWS_DEFAULT",
-    "ROWS_CANDIDATES",
-    "rows_blocks_per_sm",
-    "rows_model_ms",
-    "choose_rows_config",
-    "device_props",
-    "rows_config",
-    "rmsnorm_rows_launch",
 ]
 
 ROUTE = "nvrtc-ieee"
@@ -190,113 +175,76 @@ kc_fused_rmsnorm(const float* __restrict__ x, const float* __restrict__ w, long 
 }
 """
 
-# The fast RMSNorm path (16-byte aligned rows, d % 4 == 0): block b takes rows b*tile_rows .. b*tile_rows +
-# tile_rows - 1 (one launch covers the rows, no persistent loop). Its rows land in shared memory by cp.async (16 bytes
-# per copy, no register staging) at a padded stride (q + 1 float4: the folding lanes hit different banks), in
-# ``chunks`` column ranges, one cp.async group each, so the fold of range c starts while ranges c+1.. are in flight;
-# lane r of one warp folds row r left to right (range after range: the same order as one pass), then every thread
-# writes (x * r) * w from shared memory. Several blocks share an SM, so one block's fold, a dependent chain of d adds,
-# overlaps the others' loads and stores. The rows per block, the threads, the ranges and which warp folds are launch
-# arguments (one compiled kernel; :func:`choose_rows_config` picks them from the device's properties): fold_mode 1
-# takes the warp from the block's hardware warp slot (%warpid), so co-resident blocks fold on different schedulers.
-# KC_COPY16/KC_COPY_COMMIT/KC_COPY_WAIT_GROUP/KC_WARPID are the asynchronous copy and the slot (a host emulator
-# defines them as a copy, nothing and a number).
-ROWS_R = 2  # rows per block of the fast RMSNorm kernel's default plan ...
-ROWS_THREADS = 256  # ... and its threads per block
-ROWS_MAX_R = 8  # the most rows per block (the kernel's rsh[]; one folding lane each)
-ROWS_MAX_THREADS = 512  # the kernel's __launch_bounds__ ...
-ROWS_MIN_BLOCKS = 3  # ... with 3 blocks of 512 resident: at most 40 registers, so 1536 threads fit 64K registers
+# The fast RMSNorm path (16-byte aligned rows, d % 4 == 0): block b takes rows b*KC_R .. b*KC_R + KC_R - 1 (one
+# launch covers the rows, no persistent loop). Its rows land in shared memory by cp.async (16 bytes per copy, no
+# register staging, all of a block's copies in flight at once) at a padded stride (q + 1 float4: the folding lanes hit
+# different banks); lane r of warp 0 folds row r left to right; then every thread writes (x * r) * w from shared
+# memory. Several blocks share an SM (2 rows each: ~33 KB of shared memory for d = 4096), so one block's fold, a
+# dependent chain of d adds, overlaps the others' loads and stores: the kernel runs at the copy bandwidth's pace
+# instead of the fold's. KC_COPY16/KC_COPY_WAIT are the asynchronous copy (a host emulator defines them as a copy).
+ROWS_R = 2  # rows per block of the fast RMSNorm kernel (KC_R) ...
+ROWS_THREADS = 256  # ... and its threads per block (KC_T): the source's defaults and rmsnorm_rows_plan's
 _RMSNORM_ROWS = (
-    f"#define KC_RMAX {ROWS_MAX_R}\n#define KC_TMAX {ROWS_MAX_THREADS}\n#define KC_MIN_BLOCKS {ROWS_MIN_BLOCKS}\n"
+    (f"#ifndef KC_R\n#define KC_R {ROWS_R}\n#endif\n#ifndef KC_T\n#define KC_T {ROWS_THREADS}\n#endif\n")
     + """\
 #ifndef KC_COPY16
 #define KC_COPY16(dst, src) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\\n" \\
     :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src))
-#define KC_COPY_COMMIT() asm volatile("cp.async.commit_group;\\n" ::)
-#define KC_COPY_WAIT_GROUP(n) kc_wait_group(n)
-#define KC_WARPID() kc_warpid()
-static __device__ __forceinline__ void kc_wait_group(int n) {  // wait_group takes an immediate
-    if (n <= 0) asm volatile("cp.async.wait_group 0;\\n" ::);
-    else if (n == 1) asm volatile("cp.async.wait_group 1;\\n" ::);
-    else if (n == 2) asm volatile("cp.async.wait_group 2;\\n" ::);
-    else asm volatile("cp.async.wait_group 3;\\n" ::);
-}
-static __device__ __forceinline__ unsigned kc_warpid() {
-    unsigned w;
-    asm volatile("mov.u32 %0, %%warpid;" : "=r"(w));
-    return w;
-}
+#define KC_COPY_WAIT() asm volatile("cp.async.wait_all;\\n" ::)
 #endif
 #define KC_FOLD4(v) acc = __fadd_rn(acc, __fmul_rn(v.x, v.x)); acc = __fadd_rn(acc, __fmul_rn(v.y, v.y)); \\
     acc = __fadd_rn(acc, __fmul_rn(v.z, v.z)); acc = __fadd_rn(acc, __fmul_rn(v.w, v.w));
-extern "C" __global__ void __launch_bounds__(KC_TMAX, KC_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(KC_T)
 kc_fused_rmsnorm_rows(const float* __restrict__ x, const float* __restrict__ w, long long w_stride,
                       const float* __restrict__ eps, long long eps_stride, float* __restrict__ y, long long rows,
-                      long long d, unsigned tile_rows, unsigned chunks, unsigned fold_mode) {
+                      long long d) {
     extern __shared__ float4 sm4[];
-    __shared__ float rsh[KC_RMAX];
-    __shared__ unsigned fold_warp;
+    __shared__ float rsh[KC_R];
     const long long q = d >> 2, s4 = q + 1;  // padded row stride (rmsnorm_rows_plan: smem_index)
-    const long long row0 = (long long)blockIdx.x * tile_rows;
-    const unsigned nwarps = blockDim.x >> 5, lane = threadIdx.x & 31;
-    if (threadIdx.x == 0) {  // which warp folds: any one is right (the same order); the slot only spreads the work
-        const unsigned n4 = nwarps < 4 ? nwarps : 4;
-        fold_warp = fold_mode ? (KC_WARPID() / nwarps) % n4 : 0;
-    }
-    for (unsigned c = 0; c < chunks; ++c) {  // column range c of every row: one cp.async group
-        const long long lo = q * c / chunks, hi = q * (c + 1) / chunks;
-        float4* srow = sm4;  // row r's shared float4 at r * s4, stepped (no 32-bit product)
-        for (unsigned r = 0; r < tile_rows; ++r, srow += s4) {
-            const long long row = row0 + r;
-            if (row < rows) {
-                const float4* x4 = (const float4*)(x + row * d);
-                for (long long j = lo + threadIdx.x; j < hi; j += blockDim.x) KC_COPY16(srow + j, x4 + j);
-            }
-        }
-        KC_COPY_COMMIT();
-    }
-    float acc = 0.0f;
-    const float4* rr = sm4 + (long long)lane * s4;
-    for (unsigned c = 0; c < chunks; ++c) {
-        KC_COPY_WAIT_GROUP((int)(chunks - 1 - c));  // this thread's copies of ranges 0..c have landed ...
-        __syncthreads();                     // ... and every thread's
-        if ((threadIdx.x >> 5) == fold_warp && lane < tile_rows && row0 + lane < rows) {
-            // the left fold of range [lo, hi), continuing acc: shared loads run four float4 ahead of the add
-            // chain (a dependent add per element: ~30 cycles of load latency hide behind 16 adds); the pad float4
-            // and the buffer's 3 extra keep them inside it (smem_index(tile_rows - 1, q + 3) < smem_float4); a
-            // read past hi may see a range still in flight, and its value is never used
-            const long long lo = q * c / chunks, hi = q * (c + 1) / chunks;
-            const float4* p = rr + lo;
-            float4 a0 = p[0], a1 = p[1], a2 = p[2], a3 = p[3];
-            p += 4;
-            unsigned left = (unsigned)(hi - lo);
-            for (; left >= 4; left -= 4, p += 4) {
-                const float4 b0 = p[0], b1 = p[1], b2 = p[2], b3 = p[3];
-                KC_FOLD4(a0) KC_FOLD4(a1) KC_FOLD4(a2) KC_FOLD4(a3)
-                a0 = b0;
-                a1 = b1;
-                a2 = b2;
-                a3 = b3;
-            }
-            if (left > 0) { KC_FOLD4(a0) }
-            if (left > 1) { KC_FOLD4(a1) }
-            if (left > 2) { KC_FOLD4(a2) }
+    const long long row0 = (long long)blockIdx.x * KC_R;
+    #pragma unroll
+    for (unsigned r = 0; r < KC_R; ++r) {
+        const long long row = row0 + r;
+        if (row < rows) {
+            const float4* x4 = (const float4*)(x + row * d);
+            for (long long j = threadIdx.x; j < q; j += KC_T) KC_COPY16(sm4 + r * s4 + j, x4 + j);
         }
     }
-    if ((threadIdx.x >> 5) == fold_warp && lane < tile_rows && row0 + lane < rows) {
-        const long long row = row0 + lane;
+    KC_COPY_WAIT();
+    __syncthreads();
+    if (threadIdx.x < KC_R && row0 + threadIdx.x < rows) {  // the left fold, one row per lane
+        const long long row = row0 + threadIdx.x;
+        const float4* rr = sm4 + (long long)threadIdx.x * s4;
+        float acc = 0.0f;
+        // Shared loads run four float4 ahead of the add chain (a dependent add per element: ~30 cycles of load
+        // latency hide behind 16 adds); the pad float4 and the buffer's 3 extra keep them inside it
+        // (smem_index(KC_R - 1, q + 3) < smem_float4).
+        float4 a0 = rr[0], a1 = rr[1], a2 = rr[2], a3 = rr[3];
+        const float4* p = rr + 4;
+        unsigned left = (unsigned)q;
+        for (; left >= 4; left -= 4, p += 4) {
+            const float4 b0 = p[0], b1 = p[1], b2 = p[2], b3 = p[3];
+            KC_FOLD4(a0) KC_FOLD4(a1) KC_FOLD4(a2) KC_FOLD4(a3)
+            a0 = b0;
+            a1 = b1;
+            a2 = b2;
+            a3 = b3;
+        }
+        if (left > 0) { KC_FOLD4(a0) }
+        if (left > 1) { KC_FOLD4(a1) }
+        if (left > 2) { KC_FOLD4(a2) }
         const float ms = __fdiv_rn(acc, (float)d);
         const float v = __fadd_rn(ms, eps[row * eps_stride]);
-        rsh[lane] = (float)(1.0 / sqrt((double)v));
+        rsh[threadIdx.x] = (float)(1.0 / sqrt((double)v));
     }
     __syncthreads();
-    const float4* srow = sm4;
-    for (unsigned r = 0; r < tile_rows; ++r, srow += s4) {
+    #pragma unroll
+    for (unsigned r = 0; r < KC_R; ++r) {
         const long long row = row0 + r;
         if (row < rows) {
             const float rr = rsh[r];
-            for (long long j = threadIdx.x; j < q; j += blockDim.x) {
-                const float4 a = srow[j], g = ((const float4*)(w + row * w_stride))[j];
+            for (long long j = threadIdx.x; j < q; j += KC_T) {
+                const float4 a = sm4[r * s4 + j], g = ((const float4*)(w + row * w_stride))[j];
                 float4 o;
                 o.x = __fmul_rn(__fmul_rn(a.x, rr), g.x);
                 o.y = __fmul_rn(__fmul_rn(a.y, rr), g.y);
@@ -449,21 +397,12 @@ def rmsnorm_plan(rows: Any, d: Any, block: Any = RMSNORM_BLOCK, max_grid: Any = 
 def rmsnorm_rows_plan(rows: Any, d: Any, tile_rows: Any = ROWS_R, block: Any = ROWS_THREADS) -> dict:
     """The fast RMSNorm kernel's plan: block b takes rows b * tile_rows + r (r < tile_rows), grid = ceil(rows /
     tile_rows); row ``row``'s float4 j (j < q = d / 4) sits at shared float4 r * (q + 1) + j, and the fold reads up to
-    j = q + 3 (four float4 ahead, from any of its column ranges); accepted while d % 4 == 0, 4 <= d <= MAX_ROW, rows
-    <= 2^31 - 1 and 1 <= tile_rows <= ROWS_MAX_R (one folding lane and one rsh[] slot a row); element (row, k) at
-    int64(row) * d + k."""
+    j = q + 3 (four float4 ahead); accepted while d % 4 == 0, 4 <= d <= MAX_ROW and rows <= 2^31 - 1; element (row,
+    k) at int64(row) * d + k."""
     rows64, d64 = as_type(rows, "int64"), as_type(d, "int64")
     q = d64 // 4
     stride = q + 1
-    accepts = all_of(
-        rows64 >= 1,
-        rows64 <= 2147483647,
-        d64 >= 4,
-        d64 <= MAX_ROW,
-        d64 % 4 == 0,
-        tile_rows >= 1,
-        tile_rows <= ROWS_MAX_R,
-    )
+    accepts = all_of(rows64 >= 1, rows64 <= 2147483647, d64 >= 4, d64 <= MAX_ROW, d64 % 4 == 0, tile_rows >= 1)
 
     def row_of(b: Any, r: Any) -> Any:
         """The row lane r of block b folds (and the block's threads write): int64(b) * tile_rows + r."""
@@ -514,146 +453,6 @@ def embedding_plan(vocab: Any, index: Any) -> dict:
             "last_row": all_of(index > 0, index == vocab - 1),
         },
     }
-
-
-@dataclass(frozen=True)
-class DeviceProps:
-    """The device properties the fast RMSNorm kernel's configuration is chosen from (:func:`device_props`)."""
-
-    sm_count: int
-    smem_per_sm: int  # bytes of shared memory an SM has (cudaDevAttrMaxSharedMemoryPerMultiprocessor)
-    smem_per_block: int  # the opt-in limit of one block's shared memory
-    reserved_smem_per_block: int  # what the runtime keeps per resident block
-    max_threads_per_sm: int
-    max_blocks_per_sm: int
-    regs_per_sm: int
-    clock_khz: int  # SM clock
-    memory_clock_khz: int
-    bus_width_bits: int
-    l2_bytes: int
-
-    @property
-    def bandwidth(self) -> float:
-        """Theoretical DRAM bandwidth in bytes/s: 2 (double data rate) x memory clock x bus width."""
-        return 2.0 * self.memory_clock_khz * 1e3 * self.bus_width_bits / 8
-
-
-@dataclass(frozen=True)
-class RowsConfig:
-    """One launch configuration of the fast RMSNorm kernel: rows per block, threads, column ranges, folding warp."""
-
-    tile_rows: int
-    block: int
-    chunks: int = 1
-    fold_mode: int = 0  # 0: warp 0 folds; 1: the warp the block's hardware slot (%warpid) picks
-
-    def label(self) -> str:
-        """A short name: R<rows>xT<threads>/C<chunks>/F<mode>."""
-        return f"R{self.tile_rows}xT{self.block}/C{self.chunks}/F{self.fold_mode}"
-
-
-ROWS_DEFAULT = RowsConfig(ROWS_R, ROWS_THREADS)  # the configuration before issue #29 (the bench's baseline)
-# The candidates the chooser weighs and the bench times (every one folds in the spec's order: the same bits).
-ROWS_CANDIDATES: tuple[RowsConfig, ...] = tuple(
-    RowsConfig(r, t, c, f)
-    for r, t in ((1, 128), (2, 256), (3, 256), (4, 256), (4, 512), (6, 512), (8, 512))
-    for c in (1, 4)
-    for f in (0, 1)
-)
-# The performance model's constants (sm_90, fp32). A fold is a chain of dependent adds (FADD_CYCLES each); a folding
-# warp issues ~FOLD_ISSUE instructions per element (FMUL, FADD, a quarter LDS.128: counted in the SASS), so a
-# scheduler holding several folding warps stretches their folds. fold_mode 0 puts every block's warp 0 folding;
-# COLLIDE_MODE0 warps of those share a scheduler (calibrated: with it the model gives the (2, 256) kernel's measured
-# 0.84x copy on an H100 and 0.64x on an H200, within ~10%); fold_mode 1 spreads them over the 4 schedulers.
-FADD_CYCLES = 4.0
-FOLD_ISSUE = 2.3
-SCHEDULERS = 4
-COLLIDE_MODE0 = 0.5  # the fraction of the SM's folding warps on one scheduler under fold_mode 0
-DRAM_LATENCY_S = 1e-6
-KERNEL_STATIC_SMEM = 64  # rsh[KC_RMAX] and fold_warp (ptxas: 48 bytes), rounded up
-
-
-def rows_blocks_per_sm(props: DeviceProps, d: int, cfg: RowsConfig, regs_per_thread: int) -> int:
-    """Resident blocks of ``cfg`` on one SM: the least of what shared memory, threads, registers and the block limit
-    allow (0 when one block's shared memory exceeds the opt-in limit)."""
-    smem = 16 * (cfg.tile_rows * (d // 4 + 1) + 3) + KERNEL_STATIC_SMEM
-    if smem > props.smem_per_block:
-        return 0
-    regs = -(-max(regs_per_thread, 1) // 8) * 8 * cfg.block  # registers are allocated 8 a thread at a time
-    return max(
-        0,
-        min(
-            props.smem_per_sm // (smem + props.reserved_smem_per_block),
-            props.max_threads_per_sm // cfg.block,
-            props.regs_per_sm // regs,
-            props.max_blocks_per_sm,
-        ),
-    )
-
-
-def rows_model_ms(props: DeviceProps, rows: int, d: int, cfg: RowsConfig, regs_per_thread: int) -> float:
-    """The model's time of one launch (ms): an SM's rows at its share of the DRAM bandwidth, or at the rate its
-    resident rows (blocks x tile_rows) pass through load, fold and store, whichever is slower (inf if none fit).
-
-    A row stays resident for DRAM_LATENCY_S + its block's load / chunks (the fold starts on the first range) + the
-    fold (d dependent adds, stretched when a scheduler issues for several folding warps) + its block's store."""
-    return max(_rows_model(props, rows, d, cfg, regs_per_thread))
-
-
-def _rows_model(props: DeviceProps, rows: int, d: int, cfg: RowsConfig, regs_per_thread: int) -> tuple[float, float]:
-    """(the DRAM-bound time, the residency-bound time) of :func:`rows_model_ms`, in ms."""
-    blocks = rows_blocks_per_sm(props, d, cfg, regs_per_thread)
-    if blocks == 0 or cfg.tile_rows > ROWS_MAX_R or cfg.block > ROWS_MAX_THREADS:
-        return math.inf, math.inf
-    per_sm = props.bandwidth / props.sm_count
-    clock = props.clock_khz * 1e3
-    sharing = math.ceil(blocks / SCHEDULERS) if cfg.fold_mode else max(1.0, COLLIDE_MODE0 * blocks)
-    fold = FADD_CYCLES * d / clock * max(1.0, sharing * FOLD_ISSUE / FADD_CYCLES)
-    block_bytes = 4.0 * d * cfg.tile_rows
-    resident = DRAM_LATENCY_S + block_bytes / per_sm / cfg.chunks + fold + block_bytes / per_sm
-    rows_sm = math.ceil(rows / props.sm_count)
-    return 1e3 * rows_sm * 8.0 * d / per_sm, 1e3 * rows_sm * resident / (blocks * cfg.tile_rows)
-
-
-def choose_rows_config(
-    props: DeviceProps, rows: int, d: int, regs_per_thread: int, candidates: tuple[RowsConfig, ...] = ROWS_CANDIDATES
-) -> RowsConfig:
-    """The candidate of least modelled time on this device (:func:`rows_model_ms`), from its properties alone; among
-    those at the DRAM bound the one with the most slack (least residency-bound time: the model's error is there),
-    then fewer rows per block and fewer threads; ROWS_DEFAULT when none fits."""
-    scored = []
-    for c in candidates:
-        dram, resident = _rows_model(props, rows, d, c, regs_per_thread)
-        scored.append((max(dram, resident), resident, c.tile_rows, c.block, c.chunks, c.fold_mode, c))
-    best = min(scored, key=lambda z: z[:6])
-    return best[-1] if math.isfinite(best[0]) else ROWS_DEFAULT
-
-
-_PROPS: list[DeviceProps] = []
-# cudaDeviceAttr names as CuPy's Device.attributes spells them (getDeviceProperties lost the clocks in CUDA 13)
-_ATTRS = {
-    "sm_count": "MultiProcessorCount",
-    "smem_per_sm": "MaxSharedMemoryPerMultiprocessor",
-    "smem_per_block": "MaxSharedMemoryPerBlockOptin",
-    "reserved_smem_per_block": "ReservedSharedMemoryPerBlock",
-    "max_threads_per_sm": "MaxThreadsPerMultiProcessor",
-    "max_blocks_per_sm": "MaxBlocksPerMultiprocessor",
-    "regs_per_sm": "MaxRegistersPerMultiprocessor",
-    "clock_khz": "ClockRate",
-    "memory_clock_khz": "MemoryClockRate",
-    "bus_width_bits": "GlobalMemoryBusWidth",
-    "l2_bytes": "L2CacheSize",
-}
-
-
-def device_props() -> DeviceProps:
-    """The current CUDA device's :class:`DeviceProps` (read once)."""
-    if not _PROPS:
-        import cupy
-
-        attrs = cupy.cuda.Device().attributes
-        _PROPS.append(DeviceProps(**{k: int(attrs[v]) for k, v in _ATTRS.items()}))
-    return _PROPS[0]
 
 
 _SM_COUNT: list[int] = []
@@ -770,43 +569,13 @@ def _fastest(launchers: dict[str, Any], key: tuple[int, int, bool]) -> str:
     return min(times, key=times.__getitem__)
 
 
-_NUM_REGS = 4  # CU_FUNC_ATTRIBUTE_NUM_REGS
-_CONFIG: dict[tuple[int, int, int], RowsConfig] = {}
-
-
-def rows_config(fast: Any, rows: int, d: int) -> RowsConfig:
-    """The fast kernel's configuration for (rows, d) on the current device: :func:`choose_rows_config` of its
-    properties and the compiled kernel's registers per thread (once per shape)."""
-    key = (id(fast), rows, d)
-    if key not in _CONFIG:
-        from cupy.cuda import driver
-
-        regs = int(driver.funcGetAttribute(_NUM_REGS, fast.ptr))
-        _CONFIG[key] = choose_rows_config(device_props(), rows, d, regs)
-    return _CONFIG[key]
-
-
-def rmsnorm_rows_launch(fast: Any, args: tuple, rows: int, d: int, cfg: RowsConfig) -> Any:
-    """The fast kernel's launch for ``cfg`` (its plan's grid and shared memory), or None when the plan does not
-    accept the shape or the shared memory is refused."""
-    plan = rmsnorm_rows_plan(rows, d, cfg.tile_rows, cfg.block)
-    if not plan["accepts"] or not _prefer_shared(fast, plan["shared_bytes"]):
-        return None
-    grid, smem = int(plan["grid"]), int(plan["shared_bytes"])
-    full = (*args, np.uint32(cfg.tile_rows), np.uint32(cfg.chunks), np.uint32(cfg.fold_mode))
-    return lambda: fast((grid,), (cfg.block,), full, shared_mem=smem)
-
-
-def rmsnorm_cuda(
-    fn: Any, x: Any, w: Any, eps: Any, out: Any = None, max_grid: int | None = None, config: RowsConfig | None = None
-) -> Any:
+def rmsnorm_cuda(fn: Any, x: Any, w: Any, eps: Any, out: Any = None, max_grid: int | None = None) -> Any:
     """Launch on CuPy arrays: ``fn`` is the general kernel or the pair (general, rows) whose rows kernel takes
     16-byte aligned rows with d % 4 == 0 (:func:`rmsnorm_rows_plan`); ``w`` broadcasts to x's shape, ``eps`` is a
     scalar or one value per row. Both kernels fold in the same order (the results are the same bits); for a large
     shape the faster one is chosen once by timing both (:data:`TUNING`), for a small one the rows kernel when it
     applies. ``max_grid`` caps the general kernel's persistent grid (:func:`rmsnorm_plan`: a regime witness's
-    blocks that loop over several rows); ``config`` forces the fast kernel (with that configuration) where it applies,
-    else the device's (:func:`rows_config`) takes part in the timing."""
+    blocks that loop over several rows)."""
     import cupy
 
     general, fast = fn if isinstance(fn, tuple) else (fn, None)
@@ -823,6 +592,7 @@ def rmsnorm_cuda(
     vec = d % 4 == 0 and ws % 4 == 0 and all(int(a.data.ptr) % 16 == 0 for a in (x, y, wa))
     args = (x, wa, np.int64(ws), ea, np.int64(es), y, np.int64(rows), np.int64(d))
     gen_smem = 16 * (d // 4 + 5)  # the row, its tail and 4 float4 the fold may read past it
+    plan = rmsnorm_rows_plan(rows, d)
     _prefer_shared(general, gen_smem)
     launchers = {
         "general": lambda: general(
@@ -832,14 +602,8 @@ def rmsnorm_cuda(
             shared_mem=gen_smem,
         )
     }
-    fast_launch = None
-    if fast is not None and vec:
-        fast_launch = rmsnorm_rows_launch(fast, args, rows, d, config or rows_config(fast, rows, d))
-    if fast_launch is not None:
-        if config is not None:
-            fast_launch()
-            return y
-        launchers["rows"] = fast_launch
+    if fast is not None and vec and plan["accepts"] and _prefer_shared(fast, plan["shared_bytes"]):
+        launchers["rows"] = lambda: fast((plan["grid"],), (ROWS_THREADS,), args, shared_mem=plan["shared_bytes"])
     key = (rows, d, "rows" in launchers)
     choice = _CHOICE.get(key)
     if choice is None:

@@ -313,7 +313,7 @@ def forward_bound(ctx: FalsifyContext) -> Outcome:
         if storage != "float16" or variant not in FWD16_VARIANTS:
             return error(f"params.fwd16 {variant!r} needs storage float16 and one of {sorted(FWD16_VARIANTS)}")
         if ctx.device != "cuda":  # the host path is one for every variant: ATT-FWD16-bound checks it
-            return skipped(f"fwd16 variant {variant!r} is a CUDA kernel: checked on a cuda device")
+            return skipped(f"fwd16 variant {variant!r} is a CUDA kernel: runs on cuda; this run is on {ctx.device}")
     if ctx.replay is None:
         precompile(ctx.device, _forward_kinds(storage, variant))
 

@@ -556,7 +556,9 @@ def cudnn_bound(ctx: FalsifyContext) -> Outcome:
     from obligations.core.results import skipped
 
     if ctx.device != "cuda":
-        return skipped(f"needs cuda and torch: the run's device is {ctx.device}")
+        return skipped(
+            f"needs cuda and torch: runs on cuda (the fusion backend's cuDNN step); this run is on {ctx.device}"
+        )
     why = cudnn_missing()
     if why:
         return skipped(why)

@@ -274,7 +274,8 @@ def check_contract(
                 ahead = prefetcher.take(contract, item) if prefetcher is not None else None
                 if ahead is None:
                     limit = item_timeout(item, profile, options.item_timeout)
-                    fields = executor.run(contract, item, limit, known_witnesses(contract, item, records))
+                    with getattr(prefetcher, "own", None) or contextlib.nullcontext():  # never beside measure items
+                        fields = executor.run(contract, item, limit, known_witnesses(contract, item, records))
                     seconds = round(executor.seconds(time.perf_counter() - t0), 4)
                     if ran is not None:
                         ran(item_key(contract, item["id"]), "run", t0, t0 + seconds)
@@ -730,12 +731,12 @@ def _start_prefetcher(
     Every other item is queued first, each group longest first by ``last`` (the previous run's seconds by item
     name, obligations.runorder; the host-only items, whose regimes witnesses later items wait for, as an earlier
     group). Once the workers have finished them all, a thread of the run times the measure items one by one in the
-    run's own executor: nothing runs beside them. A proof run beside them moved a verdict: a host-bound timing (the
+    run's own executor, which the in-order run uses for the items no worker has started (``prefetcher.own``, in
+    turn): nothing runs beside them. A proof run beside them moved a verdict: a host-bound timing (the
     thin GEMM's wrapper overhead: one Python call per ~10 us GEMM) read 1.014-1.016 of the raw call while cold
     proofs ran on the other CPUs and 1.001 with the proofs cached (H100, 2026-11-27). Last rather than first: on a
     fresh machine the workers have compiled the kernels the measure items share with the others by then (a cold
-    run timed 30 s of compiling alone, first), and the workers start while the run has nothing else to do. The
-    in-order run waits for each record (it runs no item itself: its executor is the measure items'). A stop
+    run timed 30 s of compiling alone, first), and the workers start while the run has nothing else to do. A stop
     propagates.
     """
     wanted = list(_to_run(todo, only, options.done))
@@ -750,7 +751,6 @@ def _start_prefetcher(
     rest = ordered([(c, it) for c, it in wanted if item_method(it) not in QUIET_METHODS | HOST_METHODS])
     rest = shared_last(rest, lambda ci: item_method(ci[1]) if item_method(ci[1]) in SHARED_METHODS else None)
     if quiet:
-        prefetcher.withdraws = False
         for contract, item in quiet:
             prefetcher.defer(contract, item)
         if progress:
@@ -776,6 +776,18 @@ def _measure_last(
     """Once the workers are idle, time ``quiet`` one by one in ``executor`` and hand each record to the run."""
     if not prefetcher.wait_idle():
         return  # stopped: close() gives the waiting run each item's stop record
+    with prefetcher.own:  # the run finishes the item it runs itself first
+        _time_each(prefetcher, quiet, executor, profile, options, ran)
+
+
+def _time_each(
+    prefetcher: Prefetcher,
+    quiet: list[tuple[Contract, dict[str, Any]]],
+    executor: Executor,
+    profile: str,
+    options: RunOptions,
+    ran: Callable[[tuple[str, str, str], str, float, float], None] | None,
+) -> None:
     for contract, item in quiet:
         key = item_key(contract, item["id"])
         t0 = time.perf_counter()

@@ -543,7 +543,8 @@ class RunsAhead(Protocol):
 
 class Prefetcher:
     """Runs items ahead in ``jobs`` worker processes; the in-order run takes their records where it reaches them.
-    Records the run makes itself later (:meth:`defer`, :meth:`done`: the measure items) are waited for.
+    Records the run makes itself later (:meth:`defer`, :meth:`done`: the measure items) are waited for; ``own``
+    keeps the run's executor to one of them at a time.
 
     An item no worker has started yet when the run reaches it is the run's own (:meth:`take` returns None), so
     the run never waits on a queue and is never slower than running in order. An item that names a regimes
@@ -577,8 +578,9 @@ class Prefetcher:
         self._futures: dict[Key, Future[tuple[dict[str, Any], float]]] = {}
         self._submitted: list[Future[tuple[dict[str, Any], float]]] = []  # what the workers were given
         self._deferred: dict[Key, Future[tuple[dict[str, Any], float]]] = {}  # records the run hands over later
-        # False while the run's own executor is kept for the deferred records: the run waits for every item then
-        self.withdraws = True
+        # Held by the run while it runs an item itself and by the deferred records' maker while it makes them: the
+        # run's own executor is theirs in turn, never both at once (nothing runs beside the measure items)
+        self.own = threading.Lock()
         self._published: dict[Key, dict[str, Any]] = {}
         self._events: dict[Key, threading.Event] = {}
         self._lock = threading.Lock()
@@ -680,7 +682,7 @@ class Prefetcher:
         """The (record fields, seconds the item ran) of a submitted item, waiting while a worker runs it; None if
         it was never submitted or no worker has started it (it is withdrawn: the run does it itself)."""
         fut = self._futures.pop(item_key(contract, item["id"]), None)
-        if fut is None or (self.withdraws and fut.cancel()):
+        if fut is None or fut.cancel():
             return None
         return fut.result()
 

@@ -188,7 +188,7 @@ def _submits_and_runs(monkeypatch):
 def test_measure_items_run_last_with_nothing_beside_them(monkeypatch):
     # a proof run beside them moved a host-bound timing (the thin GEMM's wrapper ratio 1.014-1.016 beside cold
     # proofs, 1.001 with them cached, H100 2026-11-27): the measure items are timed once every worker item ended,
-    # by the run's own executor, and the run takes every other record from the workers (it runs none itself)
+    # by the run's own executor (which the run lends to no other item meanwhile)
     order, result = _submits_and_runs(monkeypatch)
     assert order[:2] == [("submit", "PO-GEMM-02-A-z3"), ("submit", "FALSIFY-CUBLAS-001")]
     assert sorted(order[2:4]) == [("ended", "FALSIFY-CUBLAS-001"), ("ended", "PO-GEMM-02-A-z3")]

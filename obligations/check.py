@@ -537,7 +537,7 @@ def check_paths(
                 prefetcher = ClusterRunner(
                     parse_cluster(options.cluster), settings, options.isolate, item_method, ran=ran_fn, landed=landed
                 )
-                _start_cluster(prefetcher, todo, only, profile, options)
+                _start_cluster(prefetcher, todo, only, profile, options, last_seconds(device, profile))
             elif options.jobs > 0 and _worth_workers(todo, only, options):
                 # made before the measure items run, so that a stop during them still closes its workers
                 prefetcher = Prefetcher(
@@ -707,12 +707,36 @@ def _submitter(
     return submit
 
 
+def _work_order(
+    wanted: list[tuple[Contract, dict[str, Any]]], last: Mapping[str, float]
+) -> tuple[list[tuple[Contract, dict[str, Any]]], list[tuple[Contract, dict[str, Any]]]]:
+    """(the measure items, every other item in the order it goes out): the host-only items (whose regimes
+    witnesses later items wait for) then the rest, each group longest first by ``last`` (the previous run's seconds
+    by item name, obligations.runorder), a shared job's waiting items after the others."""
+
+    def ordered(group: list[tuple[Contract, dict[str, Any]]]) -> list[tuple[Contract, dict[str, Any]]]:
+        return longest_first(group, lambda ci: item_name(ci[0].id, ci[1]["id"]), last)
+
+    quiet = [(c, it) for c, it in wanted if item_method(it) in QUIET_METHODS]
+    host = ordered([(c, it) for c, it in wanted if item_method(it) in HOST_METHODS])
+    rest = ordered([(c, it) for c, it in wanted if item_method(it) not in QUIET_METHODS | HOST_METHODS])
+    rest = shared_last(rest, lambda ci: item_method(ci[1]) if item_method(ci[1]) in SHARED_METHODS else None)
+    return quiet, [*host, *rest]
+
+
 def _start_cluster(
-    runner: ClusterRunner, todo: list[Contract], only: list[str] | None, profile: str, options: RunOptions
+    runner: ClusterRunner,
+    todo: list[Contract],
+    only: list[str] | None,
+    profile: str,
+    options: RunOptions,
+    last: Mapping[str, float] | None = None,
 ) -> None:
-    """Send every item the run checks to the cluster (the runner sends the measure items first)."""
+    """Send every item the run checks to the cluster in :func:`_work_order` (the runner sends the measure items
+    first, each alone on its GPU)."""
     wanted = list(_to_run(todo, only, options.done))
-    _submitter(runner, todo, only, profile, options, wanted)(wanted)
+    quiet, others = _work_order(wanted, last or {})
+    _submitter(runner, todo, only, profile, options, wanted)([*quiet, *others])
 
 
 def _start_prefetcher(
@@ -741,21 +765,13 @@ def _start_prefetcher(
     """
     wanted = list(_to_run(todo, only, options.done))
     submit = _submitter(prefetcher, todo, only, profile, options, wanted)
-    last = last or {}
-
-    def ordered(group: list[tuple[Contract, dict[str, Any]]]) -> list[tuple[Contract, dict[str, Any]]]:
-        return longest_first(group, lambda ci: item_name(ci[0].id, ci[1]["id"]), last)
-
-    quiet = [(c, it) for c, it in wanted if item_method(it) in QUIET_METHODS]
-    host = ordered([(c, it) for c, it in wanted if item_method(it) in HOST_METHODS])
-    rest = ordered([(c, it) for c, it in wanted if item_method(it) not in QUIET_METHODS | HOST_METHODS])
-    rest = shared_last(rest, lambda ci: item_method(ci[1]) if item_method(ci[1]) in SHARED_METHODS else None)
+    quiet, others = _work_order(wanted, last or {})
     if quiet:
         for contract, item in quiet:
             prefetcher.defer(contract, item)
         if progress:
             progress("note", {"text": f"{len(quiet)} measure item(s) are timed last, alone on a quiet GPU"})
-    submit([*host, *rest])
+    submit(others)
     if quiet:
         threading.Thread(
             target=_measure_last,

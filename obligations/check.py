@@ -733,10 +733,11 @@ def _start_cluster(
     last: Mapping[str, float] | None = None,
 ) -> None:
     """Send every item the run checks to the cluster in :func:`_work_order` (the runner sends the measure items
-    first, each alone on its GPU)."""
+    last, each alone on its GPU)."""
     wanted = list(_to_run(todo, only, options.done))
     quiet, others = _work_order(wanted, last or {})
-    _submitter(runner, todo, only, profile, options, wanted)([*quiet, *others])
+    _submitter(runner, todo, only, profile, options, wanted)([*others, *quiet])
+    runner.seal()
 
 
 def _start_prefetcher(

@@ -364,7 +364,7 @@ def _early_executor(args: argparse.Namespace, device: str, seed: int, cleanup: c
     settings = {"device": device, "profile": _profile(args, device), "seed": seed}
     executor = make_executor(args.isolate, partial(item_fields, **settings), settings)
     cleanup.callback(executor.close)
-    if device == "cuda":  # it times the measure items first: their peers' libraries load while the contracts do
+    if device == "cuda":  # it times the measure items: their peers' libraries load while the contracts do
         from falsification.measure import PEER_LIBRARIES
 
         executor.prestart(preload=PEER_LIBRARIES)

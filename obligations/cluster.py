@@ -9,8 +9,11 @@ record is in, and each thread of a Dask worker runs its items through the run's 
 process replaced after a timeout, a crash or a broken CUDA context; in the Dask worker with ``--isolate none``).
 On a cuda run a measure item holds its worker's whole ``GPU`` resource, so nothing else runs on that GPU while
 it times; every other device item holds a share (:data:`GPU_SHARE`), host-only items none. Measure items are
-sent first. A Dask worker that dies takes only the items it was running: each is sent once more (to the worker
-that replaces it, or another), then recorded as ``error`` (worker lost) with both workers' names. Dask is an
+sent last, once every other item has landed (:meth:`ClusterRunner.seal`), as on one machine: the workers' kc
+processes have imported and compiled what they share by then (sent first, on 2 H100s each measure item paid a
+fresh process's start-up, 23 s for what one warm process times in 13 s, while the GPU-share items waited). A Dask
+worker that dies takes only the items it was running: each is sent once more (to the worker that replaces it, or
+another), then recorded as ``error`` (worker lost) with both workers' names. Dask is an
 optional dependency (``pip install kernel-contracts[scale]``); nothing here imports it before a cluster is
 asked for.
 """
@@ -299,6 +302,8 @@ class ClusterRunner:
         # A lost worker's threads are taken off at once; the count is read again from the scheduler while short.
         self._full = self._capacity = _threads(info)
         self._ready: list[tuple[int, int, Key]] = []  # heap of (-priority, order, key)
+        self._held: list[Key] = []  # measure items, sent once every other item has landed and the run is sealed
+        self._sealed = False
         self._in_flight = 0
         self._recount = threading.Event()
         threading.Thread(target=self._watch_workers, name="kc-cluster-workers", daemon=True).start()
@@ -335,12 +340,33 @@ class ClusterRunner:
         self._send(key)
 
     def _send(self, key: Key, first: bool = False) -> None:
-        """Queue ``key`` to go out when a worker thread is free: the measure items first (a quiet start), then
-        the rest in the run's order; ``first``: before every other (an item sent again after its worker died)."""
+        """Queue ``key`` to go out when a worker thread is free, in the run's order; a measure item is held until
+        every other item has landed; ``first``: before every other (an item sent again after its worker died)."""
         with self._lock:
             slot = self._slots[key]
-            quiet = self.method(slot.item) in QUIET_METHODS
-            heapq.heappush(self._ready, (-2 if first else -1 if quiet else 0, slot.order, key))
+            if not first and self.method(slot.item) in QUIET_METHODS:
+                self._held.append(key)
+            else:
+                heapq.heappush(self._ready, (-2 if first else 0, slot.order, key))
+        self._release()
+
+    def seal(self) -> None:
+        """Every item of the run is submitted: the measure items may go once the others have landed."""
+        with self._lock:
+            self._sealed = True
+        self._release()
+
+    def _release(self) -> None:
+        """Send the held measure items once the run is sealed and no other item is still to land; then pump."""
+        with self._lock:
+            if self._held and self._sealed:
+                others = (
+                    s for s in self._slots.values() if s.result is None and self.method(s.item) not in QUIET_METHODS
+                )
+                if next(others, None) is None:
+                    for key in self._held:
+                        heapq.heappush(self._ready, (-1, self._slots[key].order, key))
+                    self._held.clear()
         self._pump()
 
     def _pump(self) -> None:
@@ -432,7 +458,7 @@ class ClusterRunner:
             pass
         finally:
             self.publish(key, fields)  # the items waiting for its witnesses go on (without them if it has none)
-            self._pump()
+            self._release()
 
     def publish(self, key: Key, fields: dict[str, Any]) -> None:
         """A record is in (run here, landed, or resumed): send the items that wait for its witnesses."""

@@ -95,6 +95,38 @@ def test_a_two_worker_cluster_gives_the_in_process_records(scheduler, tmp_path):
 
 
 @needs_dask
+def test_measure_items_go_to_the_cluster_last_once_every_other_item_has_landed(scheduler, tmp_path, monkeypatch):
+    # as on one machine: the workers' processes have started and compiled by then (sent first on 2 H100s, each
+    # measure item paid a fresh process's start-up while the GPU-share items waited)
+    from obligations.cluster import ClusterRunner
+
+    gemm = ROOT / "contracts" / "gemm-cublas-v1.yaml"
+    ids = ["PO-GEMM-04", "PO-GEMM-02-A-z3", "FALSIFY-CUBLAS-001", "FALSIFY-CUBLAS-010"]
+    events: list[tuple[str, str]] = []
+    real_dispatch, real_land = ClusterRunner._dispatch, ClusterRunner._land
+
+    def dispatch(self, key):
+        events.append(("sent", key[2]))
+        return real_dispatch(self, key)
+
+    def land(self, key, future):
+        events.append(("landed", key[2]))
+        return real_land(self, key, future)
+
+    monkeypatch.setattr(ClusterRunner, "_dispatch", dispatch)
+    monkeypatch.setattr(ClusterRunner, "_land", land)
+    out = tmp_path / "r.json"
+    assert (
+        main(["check", str(gemm), "--device", "host", "--only", *ids, "--cluster", scheduler, "-q", "--json", str(out)])
+        == 0
+    )
+    measure = {"PO-GEMM-04", "FALSIFY-CUBLAS-010"}
+    first_measure = min(n for n, (what, item) in enumerate(events) if what == "sent" and item in measure)
+    assert {item for what, item in events[:first_measure] if what == "landed"} == set(ids) - measure
+    assert sorted(i["id"] for i in _items(out)) == sorted(ids)
+
+
+@needs_dask
 def test_a_worker_lost_mid_item_costs_one_retry_and_the_run_completes(scheduler, tmp_path):
     out, log = tmp_path / "r.json", tmp_path / "log.jsonl"
     code = main(

@@ -771,7 +771,7 @@ def _start_prefetcher(
         for contract, item in quiet:
             prefetcher.defer(contract, item)
         if progress:
-            progress("note", {"text": f"{len(quiet)} measure item(s) are timed last, alone on a quiet GPU"})
+            progress("note", {"text": f"{len(quiet)} measure item(s) are timed last, with nothing beside them"})
     submit(others)
     if quiet:
         threading.Thread(

@@ -115,6 +115,21 @@ def _device(name: str) -> tuple[str | None, str | None]:
     return name, None
 
 
+def _provenance(device: str, started: float) -> dict[str, Any]:
+    """Where and with what the audit ran: kc's provenance (commit, device, packages, date) and torch's versions."""
+    import torch
+
+    from obligations.check import provenance
+    from obligations.core.device import device_info
+
+    try:
+        where = device_info(device)
+    except Exception as e:  # torch sees the device, CuPy (which device_info asks) may not: say so, keep the audit
+        where = {"kind": device, "name": None, "why": f"{type(e).__name__}: {e}"}
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {**provenance(where, started), "torch": torch.__version__, "torch_cuda": torch.version.cuda, "cudnn": cudnn}
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the audit; print the table (and write the JSON)."""
     from falsification.torch_tests import audit_backend, inductor_check
@@ -148,6 +163,9 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_INVALID
     chosen = [i for i in items if (not args.ops or i[0] in args.ops) and (not args.backends or i[1] in args.backends)]
     t0 = time.perf_counter()
+    prov = _provenance(device, time.time())
+    name = (prov["device"] or {}).get("name") or device
+    print(f"kc audit-torch: {name} ({device}), torch {prov['torch']}, cuDNN {prov['cudnn']}, {prov['started']}")
     audits = []
     for op, backend, item, expected in chosen:
         a = audit_backend(op, backend, device, args.seed)
@@ -166,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
         _print_table(("step", "kind", "ops", "agreement", "generated kernels", "library calls"), inductor_rows(r))
         print(f"  whole block: end-to-end max relative error {r['block']['end_to_end_max_rel_error']:.3g}")
     report["seconds"] = round(time.perf_counter() - t0, 3)
+    report["provenance"] = {**prov, "seconds": report["seconds"]}
     if args.json:
         from obligations.atomic import write_text_atomic
 

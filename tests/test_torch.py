@@ -308,6 +308,11 @@ def test_cli_audits_torch_cpu_ops(capsys, tmp_path):
     assert "cumsum" in text and "rms_norm" in text and "passed" in text
     audits = json.loads(out.read_text())["audits"]
     assert [a["op"] for a in audits] == ["rms_norm", "cumsum"] and all(a["verdict"] == "passed" for a in audits)
+    import torch
+
+    prov = json.loads(out.read_text())["provenance"]  # the committed report says where and with what it ran
+    assert prov["torch"] == torch.__version__ and prov["device"]["kind"] == "host" and prov["started"]
+    assert f"torch {torch.__version__}" in text.splitlines()[0]
 
 
 @needs_torch

@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from obligations.core import cancel
@@ -28,6 +29,8 @@ from obligations.isolation import (
 )
 
 __all__: list[str] = []
+
+PROFILE_ENV = "KC_PROFILE_DIR"
 
 
 def _release_device_memory() -> None:
@@ -91,6 +94,26 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="kc-parent-watch", daemon=True).start()
 
 
+@contextlib.contextmanager
+def _profiled(contract_id: str, item_id: str) -> Iterator[None]:
+    """cProfile the item into ``$KC_PROFILE_DIR/<contract>__<item>.prof`` when that variable is set (developers:
+    where a run's CPU goes, summed over its workers with ``pstats.Stats(*files)``)."""
+    where = os.environ.get(PROFILE_ENV)
+    if not where:
+        yield
+        return
+    import cProfile
+
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        yield
+    finally:
+        prof.disable()
+        os.makedirs(where, exist_ok=True)
+        prof.dump_stats(os.path.join(where, f"{contract_id}__{item_id}.prof"))
+
+
 def _serve(answers: Any, contracts: dict[tuple[str, str], Any]) -> None:
     from obligations.check import item_fields
 
@@ -106,7 +129,7 @@ def _serve(answers: Any, contracts: dict[tuple[str, str], Any]) -> None:
             limit = req.get("limit")
             cpu0 = cpu_seconds()
             try:
-                with cancel.item_deadline(limit):
+                with cancel.item_deadline(limit), _profiled(contract.id, req["item"]):
                     fields = item_fields(
                         contract,
                         contract.item(req["item"]),

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from obligations.core import cancel
+from obligations.core.device import SYNC_POLICY_ENV
 
 __all__ = [
     "ItemTimeout",
@@ -335,6 +336,7 @@ class WorkerPool(Executor):
         self._closed = False
         self._ready = False  # the worker said it imported the run's modules
         self.preload: tuple[str, ...] = ()  # modules the worker imports before it says it is ready (PRELOAD_ENV)
+        self.cuda_sync: str | None = None  # how its CUDA waits wait (obligations.core.device.set_sync_policy)
 
     def prestart(self, preload: tuple[str, ...] = ()) -> None:
         """Spawn the worker now and let it import the run's modules (and the modules ``preload`` names) while the
@@ -352,6 +354,9 @@ class WorkerPool(Executor):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         env.pop(PRELOAD_ENV, None)
+        env.pop(SYNC_POLICY_ENV, None)
+        if self.cuda_sync:
+            env[SYNC_POLICY_ENV] = self.cuda_sync
         if self.preload:
             env[PRELOAD_ENV] = ",".join(self.preload)
         if self.threads:
@@ -564,6 +569,9 @@ class Prefetcher:
         threads = max(1, len(all_cores()) // jobs)  # the workers share the CPUs: so do their thread pools
         for w in self._workers:
             w.threads = threads
+            # Workers that wait on a shared GPU sleep instead of spinning; the run's own executor, which times the
+            # measure items on a quiet machine, keeps the driver's default.
+            w.cuda_sync = "blocking" if settings.get("device") == "cuda" else None
             self._free.put(w)
         self._ran = ran  # (key, lane, start, end) of each item a worker ran: the run's timeline
         # Daemon threads, not a ThreadPoolExecutor: the interpreter joins an executor's threads at exit, so a

@@ -287,6 +287,11 @@ WORKER_START_S = 300.0
 PRELOAD_ENV = "KC_WORKER_PRELOAD"
 
 
+def _worker_sync_policy() -> str | None:
+    chosen = os.environ.get(SYNC_POLICY_ENV, "").strip() or "blocking"
+    return None if chosen == "default" else chosen
+
+
 class WorkerStartError(RuntimeError):
     """A worker process died or hung before it was ready for its first item."""
 
@@ -569,9 +574,10 @@ class Prefetcher:
         threads = max(1, len(all_cores()) // jobs)  # the workers share the CPUs: so do their thread pools
         for w in self._workers:
             w.threads = threads
-            # Workers that wait on a shared GPU sleep instead of spinning; the run's own executor, which times the
-            # measure items on a quiet machine, keeps the driver's default.
-            w.cuda_sync = "blocking" if settings.get("device") == "cuda" else None
+            # Workers that wait on a shared GPU sleep instead of spinning (a user's KC_CUDA_SYNC wins; "default":
+            # the driver's); the run's own executor, which times the measure items on a quiet machine, keeps the
+            # driver's default.
+            w.cuda_sync = _worker_sync_policy() if settings.get("device") == "cuda" else None
             self._free.put(w)
         self._ran = ran  # (key, lane, start, end) of each item a worker ran: the run's timeline
         # Daemon threads, not a ThreadPoolExecutor: the interpreter joins an executor's threads at exit, so a

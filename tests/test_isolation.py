@@ -486,14 +486,18 @@ def test_workers_of_a_cuda_run_sleep_on_gpu_waits_and_the_runs_own_executor_keep
     from obligations.core.device import SYNC_POLICY_ENV
     from obligations.isolation import Prefetcher, WorkerPool
 
+    monkeypatch.delenv(SYNC_POLICY_ENV, raising=False)
     cuda = Prefetcher(2, item_fields, {"device": "cuda", "profile": "full", "seed": 0})
     host = Prefetcher(1, item_fields, {"device": "host", "profile": "quick", "seed": 0})
+    monkeypatch.setenv(SYNC_POLICY_ENV, "default")  # the user's choice wins: the driver's own
+    chosen = Prefetcher(1, item_fields, {"device": "cuda", "profile": "full", "seed": 0})
     try:
         assert {w.cuda_sync for w in cuda._workers} == {"blocking"}
         assert {w.cuda_sync for w in host._workers} == {None}
+        assert {w.cuda_sync for w in chosen._workers} == {None}
     finally:
-        cuda.close()
-        host.close()
+        for p in (cuda, host, chosen):
+            p.close()
     assert WorkerPool(item_fields, {"device": "cuda"}).cuda_sync is None  # the run's own: measure items spin
     # the policy reaches the worker's environment (and a stale one from the run's own environment does not)
     contract = load_contract(FAULTS)

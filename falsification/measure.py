@@ -19,6 +19,8 @@ synthetic timings); :func:`compare` and :func:`compare_cases` drive them with CU
 
 from __future__ import annotations
 
+import copy
+import json
 import math
 import time
 import zlib
@@ -50,6 +52,9 @@ __all__ = [
     "threshold",
     "verdict_evidence",
     "outcome",
+    "SHAREABLE_TESTS",
+    "share_key",
+    "Shared",
 ]
 
 DIRECTIONS = (">=", "<=")
@@ -414,3 +419,56 @@ def outcome(ctx: Any, verdicts: Mapping[str, Verdict], claim: str, budget: Budge
         f"{claim}: the interval straddles the threshold after the measuring budget: {text}",
         **engine.evidence(ctx, cases=trials, **ev),
     )
+
+
+# -- one measurement for items that ask for the same one ---------------------------------------------------------
+
+# Measure tests whose measurement depends on nothing but the item's own terms (test, params, tolerance, expect) and
+# the run's seed, profile and device (none reads the contract, the item's id or words, witnesses or a replay):
+# two of their items with the same terms in one run make the same measurement. FALSIFY-CUBLAS-009 and TRAIN-MFU
+# (training.mfu), PO-GEMM-04 and FALSIFY-CUBLAS-008 (gemm.overhead) were each measured twice per run (~3.6 s of an
+# H100 run's 15 s measure phase, 2026-11-27).
+SHAREABLE_TESTS: frozenset[str] = frozenset(
+    {"training.mfu", "gemm.overhead", "gemm.throughput", "gemm.mfu_floor", "fusion.perf", "scan.performance"}
+)
+# Item fields that state or place a claim in words: they change nothing its measurement does or decides.
+_WORDS = frozenset({"id", "kind", "location", "type", "property", "equation", "rule", "prediction", "if_fails"})
+# The statuses of a measurement made (with ``expect: violated``, a reproduced violation): what a second item reuses.
+_MADE = (*STATUSES, "violated_expected")
+
+
+def share_key(item: Mapping[str, Any]) -> str | None:
+    """What a measure item measures, as a key two items of one run share when they make the same measurement.
+
+    None where the item shares nothing: not a measure item, or its test is not in :data:`SHAREABLE_TESTS`.
+    """
+    if item.get("method") != "measure" or item.get("test") not in SHAREABLE_TESTS:
+        return None
+    return json.dumps({k: v for k, v in item.items() if k not in _WORDS}, sort_keys=True, default=repr)
+
+
+class Shared:
+    """One run's measurements by :func:`share_key`: a later item of the run that makes the same measurement reuses
+    the first one's record fields, its evidence naming the source (``shared_with``). Made per run (never across
+    runs); only a measurement made is kept: after an error or a skip the next item measures for itself."""
+
+    def __init__(self) -> None:
+        self._made: dict[str, tuple[str, dict[str, Any]]] = {}
+
+    def keep(self, source: str, item: Mapping[str, Any], fields: Mapping[str, Any]) -> None:
+        """Keep ``fields``, the record fields ``source`` ("contract:item") got, for the items measuring the same."""
+        key = share_key(item)
+        if key is not None and key not in self._made and fields.get("status") in _MADE:
+            self._made[key] = (source, copy.deepcopy(dict(fields)))
+
+    def reuse(self, item: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The record fields of the run's measurement ``item`` asks for, its evidence naming the source; None when
+        this run has made none (the item runs its own)."""
+        key = share_key(item)
+        if key is None or key not in self._made:
+            return None
+        source, fields = self._made[key]
+        out = copy.deepcopy(fields)
+        out["evidence"] = {**(out.get("evidence") or {}), "shared_with": source}
+        out["cpu_seconds"] = 0.0  # this item computed nothing: its evidence is the source's measurement
+        return out

@@ -805,13 +805,19 @@ def _time_each(
     options: RunOptions,
     ran: Callable[[tuple[str, str, str], str, float, float], None] | None,
 ) -> None:
+    from falsification.measure import Shared
+
+    shared = Shared()  # this run's measurements: an item asking for one already made reuses it (FALSIFY-CUBLAS-009)
     for contract, item in quiet:
         key = item_key(contract, item["id"])
         t0 = time.perf_counter()
-        try:
-            fields = executor.run(contract, item, item_timeout(item, profile, options.item_timeout), {})
-        except BaseException as e:  # a bug in the executor: the item says so, the run goes on
-            fields = error(f"{type(e).__name__}: {e}").to_json()
+        fields = shared.reuse(item)
+        if fields is None:
+            try:
+                fields = executor.run(contract, item, item_timeout(item, profile, options.item_timeout), {})
+            except BaseException as e:  # a bug in the executor: the item says so, the run goes on
+                fields = error(f"{type(e).__name__}: {e}").to_json()
+            shared.keep(f"{contract.id}:{item['id']}", item, fields)
         t1 = time.perf_counter()
         if cancel.stop_requested() is not None:
             return

@@ -3,6 +3,7 @@ inconclusive (not a pass; --strict fails it) and violated_expected (a declared f
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -147,3 +148,76 @@ def test_calibration_records_each_contenders_warm_up_seconds(monkeypatch):
     iters, first, warm = measure.calibrate(comp, measure.Budget(block_ms=4.0))
     assert iters == 2 and first == {"ours": 0.5, "peer": 2.0}
     assert set(warm) == {"ours", "peer"} and warm["peer"] >= 0.05 > warm["ours"]
+
+
+# -- one measurement for items that ask for the same one (issue #24) -----------------------------------------------
+
+
+@functools.cache
+def _measure_items() -> dict[str, dict]:
+    gemm, training = (load_contract(CONTRACTS / f"{n}.yaml") for n in ("gemm-cublas-v1", "training-v1"))
+    return {**{it["id"]: it for it in gemm.items}, "TRAIN-MFU": training.item("TRAIN-MFU")}
+
+
+def test_items_of_the_same_terms_share_a_key_and_any_difference_in_what_is_measured_splits_it():
+    items = _measure_items()
+    key = measure.share_key
+    # FALSIFY-CUBLAS-009 and TRAIN-MFU: one test, one tolerance, no params; worded and placed differently
+    assert key(items["FALSIFY-CUBLAS-009"]) == key(items["TRAIN-MFU"]) is not None
+    assert key(items["PO-GEMM-04"]) == key(items["FALSIFY-CUBLAS-008"]) is not None
+    assert key(items["PO-GEMM-04"]) != key(items["PO-GEMM-04-matmul"])  # another call: another measurement
+    tighter = {**items["FALSIFY-CUBLAS-008"], "tolerance": 1.01}
+    assert key(tighter) != key(items["PO-GEMM-04"])
+    assert key({**items["PO-GEMM-04"], "expect": "violated", "expect_reason": "r"}) != key(items["PO-GEMM-04"])
+    assert key(items["FALSIFY-CUBLAS-001"]) is None  # not a measure item
+    assert key({**items["PO-GEMM-04"], "test": "attention.perf"}) is None  # a test not known to read only its terms
+
+
+def test_a_shared_measurement_names_its_source_keeps_its_status_and_is_never_an_error():
+    items = _measure_items()
+    shared = measure.Shared()
+    assert shared.reuse(items["TRAIN-MFU"]) is None  # nothing measured yet: the item runs its own
+    shared.keep("gemm-cublas-v1:FALSIFY-CUBLAS-009", items["FALSIFY-CUBLAS-009"], {"status": "error", "reason": "x"})
+    assert shared.reuse(items["TRAIN-MFU"]) is None  # the source errored: no measurement to reuse
+    made = {"status": "inconclusive", "reason": "r", "evidence": {"cases_measured": {"m": {"trials": 40}}}}
+    shared.keep("gemm-cublas-v1:FALSIFY-CUBLAS-009", items["FALSIFY-CUBLAS-009"], {**made, "cpu_seconds": 2.0})
+    got = shared.reuse(items["TRAIN-MFU"])
+    assert got is not None and got["status"] == "inconclusive" and got["reason"] == "r" and got["cpu_seconds"] == 0
+    assert got["evidence"] == {**made["evidence"], "shared_with": "gemm-cublas-v1:FALSIFY-CUBLAS-009"}
+    got["evidence"]["cases_measured"]["m"]["trials"] = 0  # a reuse is a copy: the next one sees the measurement
+    assert shared.reuse(items["TRAIN-MFU"])["evidence"]["cases_measured"]["m"]["trials"] == 40
+    assert shared.reuse(items["PO-GEMM-04"]) is None  # another measurement
+
+
+def test_a_run_measures_once_per_measurement_and_a_new_run_measures_again(monkeypatch):
+    """kc check's quiet phase: FALSIFY-CUBLAS-008 takes PO-GEMM-04's measurement of the same run (a fake executor
+    stands for the GPU), PO-GEMM-04-matmul measures its own; an item after an errored source measures its own."""
+    from obligations.check import RunOptions, check_paths
+    from obligations.core.results import error
+    from obligations.isolation import InProcess
+
+    measured: list[str] = []
+    real_run = InProcess.run
+    verdict = {"PO-GEMM-04": "violated", "PO-GEMM-04-matmul": "passed"}
+
+    def run(self, contract, item, *a):
+        if item.get("method") != "measure":
+            return real_run(self, contract, item, *a)
+        measured.append(item["id"])
+        if item["id"] not in verdict:
+            return error("the fake GPU broke").to_json()
+        return {"status": verdict[item["id"]], "reason": "fake", "evidence": {"run": len(measured)}, "entry_points": []}
+
+    monkeypatch.setattr(InProcess, "run", run)
+    gemm = CONTRACTS / "gemm-cublas-v1.yaml"
+    ids = ["PO-GEMM-02-A-z3", "PO-GEMM-02-B-z3", "PO-GEMM-04", "PO-GEMM-04-matmul", "FALSIFY-CUBLAS-008"]
+    items = {it["id"]: it for it in check_paths([gemm], only=ids, options=RunOptions(jobs=1))["contracts"][0]["items"]}
+    assert measured == ["PO-GEMM-04", "PO-GEMM-04-matmul"]
+    assert items["FALSIFY-CUBLAS-008"]["status"] == items["PO-GEMM-04"]["status"] == "violated"
+    assert items["FALSIFY-CUBLAS-008"]["evidence"] == {"run": 1, "shared_with": "gemm-cublas-v1:PO-GEMM-04"}
+    assert "shared_with" not in items["PO-GEMM-04"]["evidence"]
+    verdict.pop("PO-GEMM-04")  # a new run measures again; its source errs, so FALSIFY-CUBLAS-008 measures its own
+    items = {it["id"]: it for it in check_paths([gemm], only=ids, options=RunOptions(jobs=1))["contracts"][0]["items"]}
+    assert measured[2:] == ["PO-GEMM-04", "PO-GEMM-04-matmul", "FALSIFY-CUBLAS-008"]
+    assert items["FALSIFY-CUBLAS-008"]["status"] == "error"
+    assert "shared_with" not in (items["FALSIFY-CUBLAS-008"].get("evidence") or {})

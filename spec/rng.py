@@ -1,8 +1,10 @@
 """Reference semantics of the deterministic RNG family (SplitMix64 keyed by seed and counter).
 
 Everything here is written independently of :mod:`native.rng`: SplitMix64 and the uniform map in Python
-integers (no NumPy wrap-around), the mask and dropout through the integer softfloat, and the Box-Muller
-normal in extended precision. The native kernels are checked against these functions.
+integers (no NumPy wrap-around; over arrays, :func:`splitmix64_words` and :func:`uniform_reference` use
+32-bit limbs that never wrap and integer bit search, held to the scalar functions by tests/test_rng.py), the
+mask and dropout through the integer softfloat, and the Box-Muller normal in extended precision. The native
+kernels are checked against these functions.
 
 Definitions (docs/rng.md):
 
@@ -37,6 +39,7 @@ __all__ = [
     "splitmix64",
     "key",
     "draw_words",
+    "splitmix64_words",
     "bits_reference",
     "uniform_bits",
     "design_uniform_bits",
@@ -76,11 +79,52 @@ def key(seed: int, counter: int) -> int:
 def draw_words(seed: int, counter: int, n: int, draws: int = 1) -> np.ndarray:
     """uint32 array [n, draws]: low32(splitmix64(key + draws * i + j)) for every element i and draw j."""
     k = key(seed, counter)
-    out = np.empty((n, draws), dtype=np.uint32)
-    for i in range(n):
-        for j in range(draws):
-            out[i, j] = splitmix64((k + draws * i + j) & MASK64) & 0xFFFFFFFF
-    return out
+    offsets = np.arange(n * draws, dtype=np.uint64)  # draws * i + j, row-major
+    return splitmix64_words(k, offsets).reshape(n, draws)
+
+
+def splitmix64_words(base: int, offsets: np.ndarray) -> np.ndarray:
+    """uint32 array: low32(splitmix64((base + o) mod 2^64)) for each offset o of a uint64 array.
+
+    :func:`splitmix64` over whole arrays without relying on NumPy's uint64 wrap-around: every 64-bit value is
+    held as two 32-bit limbs in uint64 lanes and each step keeps its intermediates below 2^64 (products of two
+    32-bit limbs), masking explicitly where the definition wraps. tests/test_rng.py holds it to the scalar
+    function, wrap-around included.
+    """
+    o = np.asarray(offsets, dtype=np.uint64).reshape(-1)
+    base &= MASK64
+    lo = (o & _L32) + np.uint64(base & 0xFFFFFFFF)
+    hi = (o >> _S32) + np.uint64(base >> 32) + (lo >> _S32)
+    hi, lo = _add64(hi & _L32, lo & _L32, GOLDEN)
+    hi, lo = _mul64(*_xor_shift(hi, lo, 30), MIX1)
+    hi, lo = _mul64(*_xor_shift(hi, lo, 27), MIX2)
+    _, lo = _xor_shift(hi, lo, 31)
+    return lo.astype(np.uint32)
+
+
+_L32 = np.uint64(0xFFFFFFFF)
+_S32 = np.uint64(32)
+
+
+def _add64(hi: np.ndarray, lo: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
+    """(hi, lo) + c mod 2^64 on 32-bit limbs."""
+    lo = lo + np.uint64(c & 0xFFFFFFFF)
+    hi = hi + np.uint64(c >> 32) + (lo >> _S32)
+    return hi & _L32, lo & _L32
+
+
+def _xor_shift(hi: np.ndarray, lo: np.ndarray, s: int) -> tuple[np.ndarray, np.ndarray]:
+    """z ^ (z >> s) on 32-bit limbs, 0 < s < 32."""
+    sh = np.uint64(s)
+    return hi ^ (hi >> sh), lo ^ (((lo >> sh) | (hi << np.uint64(32 - s))) & _L32)
+
+
+def _mul64(hi: np.ndarray, lo: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
+    """(hi, lo) * c mod 2^64 on 32-bit limbs: each partial product of two limbs is below 2^64."""
+    ch, cl = np.uint64(c >> 32), np.uint64(c & 0xFFFFFFFF)
+    p = lo * cl
+    mid = ((hi * cl) & _L32) + ((lo * ch) & _L32) + (p >> _S32)
+    return mid & _L32, p & _L32
 
 
 def bits_reference(seed: int, counter: int, n: int) -> np.ndarray:
@@ -105,8 +149,18 @@ def design_uniform_bits(u: int) -> int:
 
 
 def uniform_reference(words: np.ndarray) -> np.ndarray:
-    """uint32 bits of the uniform of each raw word."""
-    return np.array([uniform_bits(int(u)) for u in np.asarray(words).ravel()], dtype=np.uint32)
+    """uint32 bits of the uniform of each raw word (:func:`uniform_bits` over an array, integers only)."""
+    u24 = (np.asarray(words).ravel().astype(np.uint64) & _L32) >> np.uint64(8)
+    # e = bit_length(u24) - 1 by a branch-free binary search over the 24 bits (no float used)
+    e = np.zeros(u24.shape, dtype=np.int64)
+    y = u24.copy()
+    for s in (16, 8, 4, 2, 1):
+        m = y >= np.uint64(1 << s)
+        y = np.where(m, y >> np.uint64(s), y)
+        e += m.astype(np.int64) * s
+    frac = (u24 << (np.int64(23) - e).astype(np.uint64)) & np.uint64(0x7FFFFF)
+    bits = ((e - 24 + 127).astype(np.uint64) << np.uint64(23)) | frac
+    return np.where(u24 == 0, np.uint64(0), bits).astype(np.uint32)
 
 
 def mask_reference(uniform: np.ndarray, keep_prob_bits: int) -> np.ndarray:

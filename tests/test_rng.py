@@ -250,3 +250,30 @@ def test_initializer_kernels_are_bitwise_the_host_path():
         host = np.asarray(call("host"), np.float32).view(np.uint32)
         dev = np.asarray(call("cuda").get(), np.float32).view(np.uint32)
         np.testing.assert_array_equal(dev, host, err_msg=name)
+
+
+def test_array_splitmix_and_uniform_equal_the_scalar_definitions():
+    # spec.draw_words / uniform_reference run on 32-bit limbs over arrays: the same words as the Python-int
+    # splitmix64 and uniform_bits, key + offset wrapping past 2^64 included
+    base = 2**64 - 37
+    offs = np.arange(0, 90, dtype=np.uint64)
+    want = [spec.splitmix64((base + int(o)) & spec.MASK64) & 0xFFFFFFFF for o in offs]
+    assert spec.splitmix64_words(base, offs).tolist() == want
+    g = np.random.default_rng(3)
+    for seed, counter, n, draws in [
+        (0, 0, 70, 1),
+        (2**64 - 3, 1, 40, 2),
+        *[(int(a), int(b), 33, 2) for a, b in g.integers(0, 2**63, (6, 2))],
+    ]:
+        k = spec.key(seed, counter)
+        want = [
+            [spec.splitmix64((k + draws * i + j) & spec.MASK64) & 0xFFFFFFFF for j in range(draws)] for i in range(n)
+        ]
+        assert spec.draw_words(seed, counter, n, draws).tolist() == want
+    edges = [0, 1, 255, 256, 257, 511, 512, 2**24, 2**24 - 1, 2**31, 2**32 - 256, 2**32 - 255, 2**32 - 1]
+    words = np.concatenate([np.array(edges, np.uint32), g.integers(0, 2**32, 4000, dtype=np.uint64).astype(np.uint32)])
+    words = np.concatenate([words, (np.arange(24, dtype=np.uint64) << np.uint64(8)).astype(np.uint32)])
+    words = np.concatenate(
+        [words, ((np.uint64(1) << np.arange(24, dtype=np.uint64)) << np.uint64(8)).astype(np.uint32)]
+    )
+    assert spec.uniform_reference(words).tolist() == [spec.uniform_bits(int(u)) for u in words]

@@ -17,9 +17,10 @@ Registered names and their ``params`` (``variant`` plants a bug; the project's t
   nodes with earlier parents and one node's id shifted by -1, +1 or +2:
   the checks accept it iff an independent oracle (a NumPy evaluator with its own shape rules, written here)
   finds no defect, and every accepted graph denotes without error with values of the declared shapes.
+  Pure (no device, no draws): a pass is reused from the proof cache while the project's source is unchanged.
 * ``ir.planted_defects`` {max_nodes} -- into every accepted SSA graph of ``max_nodes`` nodes plant, at every
   node, each defect (a forward parent, an out-of-bounds parent, a wrong declared shape, a wrong arity, an
-  id/index mismatch): the first error must be of the planted kind, at the planted node.
+  id/index mismatch): the first error must be of the planted kind, at the planted node. Pure, like checker_enum.
 * ``ir.attention_domain`` {} -- bounded exhaustive, one domain per op: every attention node over q, k, v (and
   kv_lens) shapes of a small space (ranks 3..4, batch 0..2, heads 0..4 over 0..3, sequences 0..2, head dims
   0, 1, 128, 129, each dimension of k/v/kv_lens also off by one, and batch * heads_q at the grid limit) is
@@ -358,7 +359,7 @@ def checker_enum_run(
     return counts, None
 
 
-@register_test("ir.checker_enum", devices=("host", "cuda"))
+@register_test("ir.checker_enum", devices=("host", "cuda"), pure=True)
 @guarded()
 def checker_enum(ctx: FalsifyContext) -> Outcome:
     """Bounded exhaustive: the checks accept exactly the defect-free graphs, and accepted graphs denote."""
@@ -440,7 +441,7 @@ def planted_run(max_nodes: int, check: Callable[[Graph], list] = check_inferred_
     return counts, None
 
 
-@register_test("ir.planted_defects", devices=("host", "cuda"))
+@register_test("ir.planted_defects", devices=("host", "cuda"), pure=True)
 @guarded()
 def planted_defects(ctx: FalsifyContext) -> Outcome:
     """Every planted defect in every accepted enumerated graph is reported first, at its node, by its kind."""

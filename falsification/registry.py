@@ -91,6 +91,10 @@ class FalsificationTest:
     run: Callable[[FalsifyContext], Outcome]
     devices: tuple[str, ...] = ("host", "cuda")
     doc: str = ""
+    # The verdict is a pure function of the project's host code, the item's params, seed and profile: no device, no
+    # clock, no unseeded randomness, no draws that vary with the process (e.g. a bounded exhaustive enumeration).
+    # Only such a test's passed result may be reused from the proof cache (obligations.engines, like enumerations).
+    pure: bool = False
 
 
 _REGISTRY: dict[str, FalsificationTest] = {}
@@ -105,14 +109,17 @@ BUILTIN_TEST_MODULES: tuple[str, ...] = (
 )
 
 
-def register_test(name: str, *, devices: tuple[str, ...] = ("host", "cuda")) -> Callable:
-    """Decorator: register ``fn(ctx) -> Outcome`` under ``name``; duplicate names are a bug."""
+def register_test(name: str, *, devices: tuple[str, ...] = ("host", "cuda"), pure: bool = False) -> Callable:
+    """Decorator: register ``fn(ctx) -> Outcome`` under ``name``; duplicate names are a bug.
+
+    ``pure``: the test's verdict depends only on host code and the item (see :attr:`FalsificationTest.pure`).
+    """
 
     def deco(fn: Callable[[FalsifyContext], Outcome]) -> Callable[[FalsifyContext], Outcome]:
         if name in _REGISTRY and _REGISTRY[name].run is not fn:
             raise ValueError(f"falsification test {name!r} is registered twice")
         summary = (fn.__doc__ or "").strip().split("\n")[0]
-        _REGISTRY[name] = FalsificationTest(name, fn, devices, summary)
+        _REGISTRY[name] = FalsificationTest(name, fn, devices, summary, pure)
         return fn
 
     return deco

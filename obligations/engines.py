@@ -39,6 +39,7 @@ from obligations.core.results import (
     assumed,
     error,
     exhausted,
+    passed,
     proved,
     skipped,
     unknown,
@@ -727,7 +728,54 @@ class _RegisteredTestEngine(Engine):
             contract_path=shown_path(job.contract.path),
             witnesses=witnesses,
         )
+        if test.pure:
+            return with_evidence_kind(_unreported_witnesses(_pure_run(test, ctx), witnesses), self.evidence_class)
         return with_evidence_kind(_unreported_witnesses(test.run(ctx), witnesses), self.evidence_class)
+
+
+def _pure_key(test: Any, ctx: Any) -> str:
+    """The proof-cache key of a pure test's verdict: the test, the item's terms, seed, profile and device, the source
+    of every project package it may run (spec, native, falsification, obligations/core) and the Python and NumPy
+    versions."""
+    import platform
+
+    here = Path(__file__).parent
+    roots = [here / "core", *(here.parent / d for d in ("spec", "native", "falsification"))]
+    parts = {
+        "test": test.name,
+        "params": ctx.params,
+        "tolerance": ctx.tolerance,
+        "agreement": ctx.agreement,
+        "seed": ctx.seed,
+        "profile": str(ctx.profile),
+        "device": ctx.device,
+        "witnesses": ctx.witnesses,
+        "sources": sources_digest(roots),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+    }
+    return cache_key("falsify", parts)
+
+
+def _pure_run(test: Any, ctx: Any) -> Outcome:
+    """Run a pure test (:attr:`falsification.registry.FalsificationTest.pure`), reusing its passed verdict from the
+    proof cache where the same code already passed the same item (evidence ``cache: hit`` and the key), as
+    enumerations are; anything but a pass is always found again."""
+    from falsification.engine import evidence_dict
+
+    settings = proof_settings()
+    key = _pure_key(test, ctx) if settings.cache and ctx.replay is None else None
+    hit = cache_get(settings, key) if key else None
+    if hit is not None and hit.get("status") == "passed" and isinstance(hit.get("evidence"), dict):
+        ev = {k: v for k, v in hit["evidence"].items() if k != "kind"}
+        return passed(**ev, cache="hit", cache_key=key)
+    out = test.run(ctx)
+    if key is None or not isinstance(out, Outcome) or out.status.value != "passed":
+        return out
+    ev = evidence_dict(out)
+    cache_put(settings, key, {"status": "passed", "evidence": ev})
+    ev.pop("kind", None)
+    return passed(**ev, cache="miss", cache_key=key)
 
 
 def _unreported_witnesses(out: Any, witnesses: Mapping[str, Mapping[str, int]]) -> Any:

@@ -376,3 +376,53 @@ def test_a_regimes_item_is_reused_from_the_cache(cache_dir):
     assert first.status.value == again.status.value == "proved", first.reason
     assert (first.evidence["cache"], again.evidence["cache"]) == ("miss", "hit")
     assert again.evidence["witnesses"] == first.evidence["witnesses"]
+
+
+def _pure_test(results: list, pure: bool = True):
+    from falsification.registry import FalsificationTest
+
+    def run(ctx):
+        from obligations.core.results import passed, violated
+
+        results.append(ctx.seed)
+        if ctx.params.get("fail"):
+            return violated({"at": 1}, "planted", cases=1)
+        return passed(cases=7, graphs=7, seconds=0.5)
+
+    return FalsificationTest("probe.pure", run, pure=pure)
+
+
+def _ctx(seed: int = 0, **params):
+    from falsification.registry import FalsifyContext
+
+    return FalsifyContext(
+        device="host", profile="full", seed=seed, item={"id": "X", "test": "probe.pure", "params": params}
+    )
+
+
+def test_a_pure_tests_pass_is_reused_and_its_key_follows_the_item(cache_dir, monkeypatch):
+    # ir.checker_enum and ir.planted_defects (pure: a bounded enumeration of host code) are served from the proof
+    # cache like enumerations; another seed or params, a failure, a non-pure test or --no-proof-cache run again
+    from obligations.engines import _pure_run
+
+    ran: list = []
+    first = _pure_run(_pure_test(ran), _ctx())
+    again = _pure_run(_pure_test(ran), _ctx())
+    assert ran == [0] and first.status.value == again.status.value == "passed"
+    one, two = first.evidence.to_json(), again.evidence.to_json()
+    assert (one.pop("cache"), two.pop("cache")) == ("miss", "hit") and one == two and one["cases"] == 7
+    _pure_run(_pure_test(ran), _ctx(seed=1))
+    _pure_run(_pure_test(ran), _ctx(graphs=3))
+    assert ran == [0, 1, 0]
+    for _ in range(2):
+        assert _pure_run(_pure_test(ran), _ctx(fail=True)).status.value == "violated"
+    assert ran == [0, 1, 0, 0, 0]
+    monkeypatch.setenv(proofcache.CACHE_ENV, "0")
+    assert "cache" not in _pure_run(_pure_test(ran), _ctx()).evidence.to_json() and ran[-1] == 0 and len(ran) == 6
+    from falsification.registry import get_test, load_builtin_tests
+
+    load_builtin_tests()
+    import falsification.ir_tests  # noqa: F401
+
+    assert get_test("ir.checker_enum").pure and get_test("ir.planted_defects").pure
+    assert not get_test("ir.rewrite_preserves").pure  # Hypothesis' draws: not declared pure

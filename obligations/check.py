@@ -211,6 +211,12 @@ class RunOptions:
     cluster: str | None = None  # run every item on this Dask cluster (local, local:N, tcp://HOST:PORT)
     # the run's own executor, made (and started, Executor.prestart) ahead by the caller; the run closes it
     executor: Executor | None = None
+    # worker processes started ahead by the caller (kc check on cuda: while the contracts load), with ``jobs``
+    # workers: the run's prefetcher where it runs items ahead, else closed at once; the run closes it
+    prefetcher: Prefetcher | None = None
+    # (name, start, end) in perf_counter seconds of what the caller did before the run (load contracts, ...): the
+    # timeline's "run" lane, beside the items
+    phases: tuple[tuple[str, float, float], ...] = ()
 
 
 def check_contract(
@@ -522,9 +528,10 @@ def check_paths(
         partial(item_fields, device=device, profile=profile, seed=seed),
         {"device": device, "profile": profile, "seed": seed},
     )
-    prefetcher = None
+    prefetcher: RunsAhead | None = None
     events: list[tuple[tuple[str, str, str], str, float, float]] = []
     ran_fn = (lambda key, lane, t0, t1: events.append((key, lane, t0, t1))) if options.timeline else None
+    phases = list(options.phases)
     reason: str | None = None
     try:
         with raising_on_stop():  # a stop requested before the first item (while loading) ends the run here
@@ -540,11 +547,16 @@ def check_paths(
                 _start_cluster(prefetcher, todo, only, profile, options, last_seconds(device, profile))
             elif options.jobs > 0 and _worth_workers(todo, only, options):
                 # made before the measure items run, so that a stop during them still closes its workers
-                prefetcher = Prefetcher(
-                    options.jobs, executor.fields, {"device": device, "profile": profile, "seed": seed}, ran=ran_fn
+                prefetcher = options.prefetcher or Prefetcher(
+                    options.jobs, executor.fields, {"device": device, "profile": profile, "seed": seed}
                 )
+                prefetcher.ran = ran_fn
                 last = last_seconds(device, profile)  # the previous run's item times: the long ones go out first
                 _start_prefetcher(prefetcher, todo, only, profile, options, executor, progress, ran_fn, last)
+            if options.prefetcher is not None and prefetcher is not options.prefetcher:
+                t0 = time.perf_counter()
+                options.prefetcher.close()  # started ahead, not needed: fewer than two items to run ahead
+                phases.append(("close unused workers", t0, time.perf_counter()))
             for contract in todo:
                 if only and not any(selected(it["id"], only) for it in contract.items):
                     continue
@@ -571,16 +583,22 @@ def check_paths(
     except (KeyboardInterrupt, cancel.StopRequested) as e:
         interrupted, reason = True, getattr(e, "reason", None)
     finally:
+        t0 = time.perf_counter()
         if prefetcher is not None:
             prefetcher.close()
+        if options.prefetcher is not None and options.prefetcher is not prefetcher:  # a stop before it was decided
+            options.prefetcher.close()
         executor.close()
         scope.close()
+        phases.append(("close workers", t0, time.perf_counter()))
     if interrupted:
         reason = reason or cancel.stop_requested() or "SIGINT"
         if prefetcher is not None and options.log:
             _log_finished_ahead(todo, contracts, prefetcher, options.log, device, seed)
     if options.timeline:
-        write_timeline(options.timeline, events)
+        workers = options.prefetcher or prefetcher
+        starts = [*(workers.starts() if isinstance(workers, Prefetcher) else []), *_executor_starts(executor)]
+        write_timeline(options.timeline, events, phases, starts)
     record_seconds(device, profile, contracts)  # for the next run's order (obligations.runorder)
     summary = summarize(contracts)
     project = Path(todo[0].path).resolve().parent if todo else Path.cwd()
@@ -603,7 +621,8 @@ def check_paths(
         result["stopped"] = f"--maxfail {options.maxfail} reached"
     if isinstance(prefetcher, ClusterRunner):
         result["provenance"]["cluster"] = {"spec": str(prefetcher.spec), "workers": prefetcher.workers}
-    started = getattr(executor, "started", 0) + (prefetcher.started if isinstance(prefetcher, Prefetcher) else 0)
+    workers = options.prefetcher or prefetcher  # the one started ahead counts where it was closed unused too
+    started = getattr(executor, "started", 0) + (workers.started if isinstance(workers, Prefetcher) else 0)
     if started:
         result["provenance"]["workers_started"] = started
     return result
@@ -826,10 +845,34 @@ def _time_each(
         prefetcher.done(key, fields, round(executor.seconds(t1 - t0), 4))
 
 
-def write_timeline(path: str | Path, events: list[tuple[tuple[str, str, str], str, float, float]]) -> None:
-    """Write where and when each item ran as a Chrome trace (chrome://tracing, Perfetto): one row per lane."""
+def _executor_starts(executor: Executor) -> list[tuple[str, float, float]]:
+    """(lane, spawned, ready) of the run's own worker processes (an in-process executor has none)."""
+    return [(RUN_WORKER_LANE, t0, t1) for t0, t1 in getattr(executor, "starts", []) if t1 is not None]
+
+
+# The lane of the run's own worker process's starts (its items are on the "run" lane, its start overlaps the loading)
+RUN_WORKER_LANE = "run worker"
+
+
+def write_timeline(
+    path: str | Path,
+    events: list[tuple[tuple[str, str, str], str, float, float]],
+    phases: Iterable[tuple[str, float, float]] = (),
+    starts: Iterable[tuple[str, float, float]] = (),
+) -> None:
+    """Write where and when each item ran as a Chrome trace (chrome://tracing, Perfetto): one row per lane.
+
+    ``phases`` (name, start, end) are the run's own steps (load contracts, close workers) on the "run" lane and
+    ``starts`` (lane, spawned, ready) each worker process's start on its lane; all times are perf_counter seconds,
+    shown from the earliest of them all."""
     from obligations.atomic import write_text_atomic
 
+    phases, starts = list(phases), list(starts)
+    events = [
+        *events,
+        *((("", "", name), "run", t0, t1) for name, t0, t1 in phases),
+        *((("", "", "start worker"), lane, t0, t1) for lane, t0, t1 in starts),
+    ]
     origin = min((e[2] for e in events), default=0.0)
     lanes = sorted({lane for _, lane, _, _ in events}, key=lambda n: (n != "run", len(n), n))
     tid = {lane: n for n, lane in enumerate(lanes)}
@@ -839,7 +882,7 @@ def write_timeline(path: str | Path, events: list[tuple[tuple[str, str, str], st
     trace += [
         {
             "name": item_id,
-            "cat": Path(path_).stem,
+            "cat": Path(path_).stem if path_ else "kc",  # an item's contract, or kc's own start-up and end
             "ph": "X",
             "pid": 1,
             "tid": tid[lane],

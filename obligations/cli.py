@@ -198,7 +198,7 @@ def _check_options(p: argparse.ArgumentParser) -> None:
         metavar="N",
         default=None,
         help="worker processes that run items ahead while the run takes their records in order; measure items run "
-        "first on a quiet GPU (default: cores - 1, at most 15; 0: none)",
+        "last, alone, once the workers are idle (default: cores - 1, at most 15; 0: none)",
     )
     p.add_argument(
         "--cluster",
@@ -373,6 +373,60 @@ def _early_executor(args: argparse.Namespace, device: str, seed: int, cleanup: c
     return executor
 
 
+def _early_prefetcher(
+    args: argparse.Namespace, device: str, seed: int, cleanup: contextlib.ExitStack, executor: Any
+) -> Any:
+    """The run's prefetch workers, already starting (their imports overlap the loading of the contracts), on cuda
+    with --jobs > 0 and no cluster; None otherwise. Speculative: the run closes them if it has fewer than two items
+    to run ahead (obligations.check._worth_workers), so none start for one ``--only ID``; ``cleanup`` closes them
+    if the run ends before it starts (bad contracts, an unknown --only, a stop)."""
+    from obligations.isolation import Prefetcher, default_jobs
+
+    jobs = default_jobs() if args.jobs is None else args.jobs
+    one_id = len(args.only or []) == 1 and not any(ch in args.only[0] for ch in "*?[")
+    if executor is None or args.cluster or device != "cuda" or jobs <= 0 or one_id:
+        return None
+    settings = {"device": device, "profile": _profile(args, device), "seed": seed}
+    prefetcher = Prefetcher(jobs, executor.fields, settings)
+    cleanup.callback(prefetcher.close)
+    prefetcher.prestart()
+    return prefetcher
+
+
+# perf_counter times of this process's start (Linux, where kc runs as a command) and of main(): the timeline's
+_STARTED: dict[str, float] = {}
+
+
+def _process_started() -> float | None:
+    """The perf_counter time this process started (its start time in /proc/self/stat), or None where unknown."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rpartition(")")[2].split()
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):  # not Linux
+        return None
+    return time.perf_counter() - age if 0 <= age < 3600 else None
+
+
+@contextlib.contextmanager
+def _phase(phases: list[tuple[str, float, float]], name: str) -> Any:
+    """Record the block's (name, start, end) in ``phases`` (perf_counter seconds: the timeline's run lane)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases.append((name, t0, time.perf_counter()))
+
+
+def _start_phases() -> list[tuple[str, float, float]]:
+    """The phases before the check's own: Python's start and kc's imports, where this process is the command."""
+    now = time.perf_counter()
+    main_at = _STARTED.get("main", now)
+    phases = [("import kc", main_at, now)]
+    if "process" in _STARTED:
+        phases.insert(0, ("start Python", _STARTED["process"], main_at))
+    return phases
+
+
 def _run_check(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
     from obligations.check import RunOptions, check_paths
     from obligations.cluster import ClusterError
@@ -383,6 +437,7 @@ def _run_check(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
     from obligations.isolation import default_jobs, raising_on_stop
     from obligations.runlog import LogError, RunLog
 
+    phases = _start_phases()
     _split_only(args)
     resumed = None
     problems = _check_outputs(args)
@@ -408,15 +463,19 @@ def _run_check(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
     _proof_environment(args)
     try:
         with raising_on_stop():  # a stop while the device is probed and contracts load (imports) ends here, at once
-            device = _resolve_device(args.device, args.cluster)
+            with _phase(phases, "probe device"):
+                device = _resolve_device(args.device, args.cluster)
             if device is None:
                 return EXIT_INVALID
             if device == "cuda":  # before any worker starts: they inherit where the run's sanitize items meet
                 from obligations.sanitize_batch import run_scope
 
                 cleanup.enter_context(run_scope())
-            early = _early_executor(args, device, seed, cleanup)
-            loaded = load_contracts(args.paths, search_path=args.search_path)  # each file parsed and validated once
+            with _phase(phases, "start workers"):  # their imports overlap the loading
+                early = _early_executor(args, device, seed, cleanup)
+                ahead = _early_prefetcher(args, device, seed, cleanup, early)
+            with _phase(phases, "load contracts"):  # each file parsed and validated once
+                loaded = load_contracts(args.paths, search_path=args.search_path)
     except StopRequested as e:
         return _stopped_before_items(args, e.reason, seed)
     if loaded.diagnostics:
@@ -462,6 +521,8 @@ def _run_check(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
         done=resumed.done if resumed else {},
         log=log.record if log else None,
         executor=early,
+        prefetcher=ahead,
+        phases=tuple(phases),
     )
     total = sum(1 for c in loaded.contracts for it in c.items if not args.only or _selected(it["id"], args.only))
     reporter = Reporter(out, verbosity, total)
@@ -1035,6 +1096,9 @@ def build_parser(config: Any = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``kc``; returns the exit code (see module docstring)."""
+    _STARTED["main"] = time.perf_counter()
+    if argv is None and (started := _process_started()) is not None:  # the command itself, not a test's call
+        _STARTED["process"] = started
     words = sys.argv[1:] if argv is None else argv
     from obligations.pycache import enable_bytecode_cache
 

@@ -318,11 +318,14 @@ def worker_request(
 
 def worker_contract(cache: dict[tuple[str, str], Any], req: dict[str, Any]) -> Any:
     """The contract a worker's request names, parsed once: read by its absolute path, named as the run names it."""
-    from obligations.contract import import_test_modules, parse_contract
+    from obligations.contract import add_project_root, import_test_modules, parse_contract
 
     key = (req["path"], req.get("shown", req["path"]))
     if key not in cache:
         cache[key] = replace(parse_contract(req["path"]), path=key[1])
+        # The worker may have started before the run loaded the contracts (which put the checked project's root
+        # on the run's sys.path): its test modules import from that root.
+        add_project_root(req["path"])
         import_test_modules(cache[key])
     return cache[key]
 
@@ -342,6 +345,8 @@ class WorkerPool(Executor):
         self._ready = False  # the worker said it imported the run's modules
         self.preload: tuple[str, ...] = ()  # modules the worker imports before it says it is ready (PRELOAD_ENV)
         self.cuda_sync: str | None = None  # how its CUDA waits wait (obligations.core.device.set_sync_policy)
+        # (spawned, ready) of each worker process, perf_counter seconds (ready: None until heard): the timeline's
+        self.starts: list[tuple[float, float | None]] = []
 
     def prestart(self, preload: tuple[str, ...] = ()) -> None:
         """Spawn the worker now and let it import the run's modules (and the modules ``preload`` names) while the
@@ -375,6 +380,7 @@ class WorkerPool(Executor):
             start_new_session=True,
         )
         self.started += 1
+        self.starts.append((time.perf_counter(), None))
         self._buf = b""
         self._ready = False
 
@@ -390,10 +396,13 @@ class WorkerPool(Executor):
             ready = self._read_line(time.monotonic() + WORKER_START_S)
         except ItemTimeout:
             ready = None
-        if ready is None or self._closed or json.loads(ready).get("ready") is not True:
+        answer = json.loads(ready) if ready is not None else {}
+        if self._closed or answer.get("ready") is not True:
             self._kill()
             raise WorkerStartError(f"a worker process did not start within {WORKER_START_S:g} s")
         self._ready = True
+        if self.starts and isinstance(answer.get("at"), int | float):  # the worker's clock: when it was ready
+            self.starts[-1] = (self.starts[-1][0], time.perf_counter() - max(0.0, time.time() - answer["at"]))
         return proc
 
     def _kill(self) -> None:
@@ -579,7 +588,7 @@ class Prefetcher:
             # driver's default.
             w.cuda_sync = _worker_sync_policy() if settings.get("device") == "cuda" else None
             self._free.put(w)
-        self._ran = ran  # (key, lane, start, end) of each item a worker ran: the run's timeline
+        self.ran = ran  # (key, lane, start, end) of each item a worker ran: the run's timeline
         # Daemon threads, not a ThreadPoolExecutor: the interpreter joins an executor's threads at exit, so a
         # thread still waiting on a worker would hold a stopped run's exit until the item's limit.
         self._tasks: queue.Queue[tuple[Future[Any], Callable[[], Any]] | None] = queue.Queue()
@@ -673,13 +682,30 @@ class Prefetcher:
                 seconds = round(worker.seconds(t1 - t0), 4)
                 with self._lock:
                     self.finished[key] = (fields, seconds)
-                if self._ran is not None:
-                    self._ran(key, f"worker {next(n for n, w in enumerate(self._workers) if w is worker) + 1}", t0, t1)
+                if self.ran is not None:  # from its start where the worker started for it (its own span)
+                    starts = getattr(worker, "starts", None)
+                    ready = starts[-1][1] if starts else None
+                    self.ran(key, self._lane(worker), max(t0, ready or t0), t1)
                 return fields, seconds
             finally:
                 self._free.put(worker)
         finally:
             self.publish(key, fields)
+
+    def _lane(self, worker: WorkerPool) -> str:
+        return f"worker {next(n for n, w in enumerate(self._workers) if w is worker) + 1}"
+
+    def prestart(self, preload: tuple[str, ...] = ()) -> None:
+        """Spawn every worker now (each imports the run's modules while the caller goes on: kc check on cuda, while
+        the contracts load); a closed prefetcher starts none."""
+        if self._closed:
+            return
+        for w in self._workers:
+            w.prestart(preload)
+
+    def starts(self) -> list[tuple[str, float, float]]:
+        """(lane, spawned, ready) of every worker start heard ready, perf_counter seconds (the run's timeline)."""
+        return [(self._lane(w), t0, t1) for w in self._workers for t0, t1 in getattr(w, "starts", ()) if t1 is not None]
 
     def done(self, key: Key, fields: dict[str, Any], seconds: float) -> None:
         """Hand over a record the run made itself (a measure item, deferred or not): :meth:`take` returns it."""

@@ -81,7 +81,7 @@ def _worker() -> int:
         with contextlib.suppress(ImportError):  # an absent library: the item that needs it says so
             importlib.import_module(name)
     try:
-        answers.write(json.dumps({"ready": True}) + "\n")
+        answers.write(json.dumps({"ready": True, "at": time.time()}) + "\n")  # "at": the timeline's worker start
         answers.flush()
         _serve(answers, contracts)
     except BrokenPipeError:  # the run went away (killed): nobody is left to answer

@@ -652,7 +652,9 @@ def device_arch() -> str:
 def _upload(xp: Any, a: np.ndarray, dtype: Any = np.float32) -> Any:
     """A host array on the device through a 1-D copy (CuPy may fill a 0-d array from a zero by memset, turning
     -0.0 into +0.0; seen on the H100 run)."""
-    a = np.array(a, dtype=dtype, order="C", copy=True)  # keeps a 0-d array 0-d (ascontiguousarray makes it 1-d)
+    # keeps a 0-d array 0-d (ascontiguousarray makes it 1-d); a host copy only where no upload copies it (host runs):
+    # a training step's 67 MB of weights were copied three times on their way to the device
+    a = np.array(a, dtype=dtype, order="C", copy=True) if xp is np else np.asarray(a, dtype=dtype, order="C")
     return xp.asarray(a.reshape(-1)).reshape(a.shape)
 
 
@@ -669,7 +671,7 @@ def _to_storage(a: np.ndarray, storage: str) -> np.ndarray:
         if h.dtype == np.uint16:
             return h.view(np.float16)
         return cg.round16(h.view(np.float32) if h.dtype == np.uint32 else h.astype(np.float32))
-    return h.view(np.float32) if h.dtype == np.uint32 else h.astype(np.float32)
+    return h.view(np.float32) if h.dtype == np.uint32 else h.astype(np.float32, copy=False)  # _upload copies
 
 
 class CUDAExecutor:

@@ -54,9 +54,11 @@ class Trainer:
         self.last: dict[int, Any] = {}
 
     def _put(self, a: Any) -> Any:
-        a = np.array(a, np.float32, order="C", copy=True)  # keeps a 0-d array 0-d (ascontiguousarray would not)
+        if self.device == "host":
+            return np.array(a, np.float32, order="C", copy=True)  # keeps a 0-d array 0-d (ascontiguousarray would not)
+        a = np.asarray(a, np.float32, order="C")  # no host copy: the upload copies
         # through a 1-D copy: CuPy may fill a 0-d array from a zero by memset (native.fusion._upload)
-        return a if self.device == "host" else self.xp.asarray(a.reshape(-1)).reshape(a.shape)
+        return self.xp.asarray(a.reshape(-1)).reshape(a.shape)
 
     def inputs(self) -> dict[int, Any]:
         """The step graph's inputs for the next step (device arrays by node id)."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import time
 from collections.abc import Callable
@@ -414,15 +415,45 @@ def guard_test(ctx: FalsifyContext) -> Outcome:
 # -- the small model ------------------------------------------------------------------------------------
 
 
+def drawn_model(xp: Any, rng: Any, batch: int, d_in: int, hidden: int, d_out: int) -> tuple[Any, Any, Any, Any]:
+    """(x, t, W1, W2) of :class:`SmallModel`'s distributions in float32 by ``rng`` (a NumPy Generator or a CuPy
+    RandomState: both take ``standard_normal(shape, dtype=)``) in ``xp``: x ~ N(0, 1), t = tanh(x W / 4) for
+    W ~ N(0, 1), W1 ~ N(0, 1/d_in), W2 ~ N(0, 1/hidden). On the device for the MFU's model (4096 x 1024 -> 4096
+    -> 1024): the host's float64 draws and its 4096 x 1024 x 1024 product took ~0.4 s of PO-GEMM-05-floor."""
+
+    def normal(*shape: int) -> Any:
+        return rng.standard_normal(shape, dtype=np.float32)
+
+    x = normal(batch, d_in)
+    t = xp.tanh(x @ normal(d_in, d_out) * 0.25)
+    return x, t, normal(d_in, hidden) * (1 / math.sqrt(d_in)), normal(hidden, d_out) * (1 / math.sqrt(hidden))
+
+
 class SmallModel:
     """A 2-layer MLP trained by SGD: fp32 master weights, fp16 forward weights/activations, fp32 weight grads."""
 
     def __init__(
-        self, device: str, seed: int = 0, batch: int = 64, d_in: int = 32, hidden: int = 64, d_out: int = 8
+        self,
+        device: str,
+        seed: int = 0,
+        batch: int = 64,
+        d_in: int = 32,
+        hidden: int = 64,
+        d_out: int = 8,
+        *,
+        drawn_on_device: bool = False,
     ) -> None:
         self.device, self.xp = device, array_module(device)
-        rng = np.random.default_rng(seed)
         xp = self.xp
+        if drawn_on_device:  # a timing's model (gemm.mfu_floor): its values do not matter, their host draws did
+            import cupy
+
+            x, t, w1, w2 = drawn_model(cupy, cupy.random.RandomState(seed), batch, d_in, hidden, d_out)
+            self.x, self.t = cupy.asnumpy(x), cupy.asnumpy(t)  # host arrays, as each step uploads them
+            self.dev = {"W1": w1, "b1": xp.zeros(hidden, np.float32), "W2": w2, "b2": xp.zeros(d_out, np.float32)}
+            self.params = {k: cupy.asnumpy(v) for k, v in self.dev.items()}
+            return
+        rng = np.random.default_rng(seed)
         self.x = rng.standard_normal((batch, d_in)).astype(np.float32)
         self.t = np.tanh(self.x @ rng.standard_normal((d_in, d_out)) / 4).astype(np.float32)
         self.params = {
@@ -733,7 +764,7 @@ def mfu_floor(ctx: FalsifyContext) -> Outcome:
 
     floor, source = measure.threshold(ctx) if ctx.tolerance is not None else (0.025, "default")
     budget = measure.Budget.of(ctx.params)
-    model = SmallModel("cuda", ctx.seed, **_MFU_MODEL)
+    model = SmallModel("cuda", ctx.seed, **_MFU_MODEL, drawn_on_device=True)
     for _ in range(budget.warmup):
         model.step(1e-4)
     n_params = sum(int(v.size) for v in model.dev.values())
@@ -775,6 +806,7 @@ def mfu_floor(ctx: FalsifyContext) -> Outcome:
         parameters=n_params,
         tokens_per_step=tokens,
         model="MLP 1024-4096-1024, batch 4096, fp16 GEMMs, loss by the tree-order mean",
+        values="drawn on the device (cupy RandomState(seed), float32; falsification.gemm_tests.drawn_model)",
     )
 
 

@@ -293,6 +293,18 @@ def test_mfu_formula_and_the_split_of_po_gemm_05():
     assert "float64" in items["FALSIFY-CUBLAS-002"]["evidence"]["baseline"]
 
 
+def test_the_mfu_floors_model_is_drawn_in_float32_from_the_small_models_distributions():
+    """gemm.mfu_floor draws its model on the device (#24: the host's draws were ~0.4 s of the quiet phase); the
+    drawing is array-module generic, so NumPy checks it here: shapes, float32, spreads, t = tanh(x W / 4)."""
+    from falsification.gemm_tests import drawn_model
+
+    x, t, w1, w2 = drawn_model(np, np.random.default_rng(0), 512, 64, 256, 32)
+    assert [a.shape for a in (x, t, w1, w2)] == [(512, 64), (512, 32), (64, 256), (256, 32)]
+    assert {a.dtype for a in (x, t, w1, w2)} == {np.dtype(np.float32)}
+    assert 0.9 < x.std() < 1.1 and 0.9 < w1.std() * 8 < 1.1 and 0.9 < w2.std() * 16 < 1.1
+    assert np.abs(t).max() < 1 and 0.2 < t.std() < 2  # tanh of x W / 4: spread ~ sqrt(64) / 4 before the tanh
+
+
 def test_a_closed_context_keeps_its_handle_until_its_last_bound_call_is_gone():
     # A bound call checks nothing per call (one frame, as a raw cuBLAS call): the handle in its C-level partial
     # must therefore outlive it, so close() destroys the handle only when the last bound call is collected.

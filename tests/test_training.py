@@ -117,6 +117,27 @@ def test_adam_update_reference_is_the_textbook_step():
         st.task("resnet")
 
 
+def test_the_mfu_step_is_the_tasks_step_with_the_tasks_spread_of_values_drawn_where_it_runs():
+    """training.mfu builds the step from placeholders and draws the task's values on its device (#24: the task's
+    host draws were ~0.7 s of the quiet phase): the step graph spec.training's task gives, values of its shapes,
+    float32, of its spread; on the host the trainer steps."""
+    from falsification.training_tests import mfu_trainer
+
+    size = {"batch": 64, "d_in": 32, "hidden": 128, "d_out": 16}
+    sg, tr = mfu_trainer(size, 3, "host")
+    tk = st.task("mlp", seed=3, lr=1e-5, teacher=False, **size)
+    ref = st.step_graph(tk.model, tk.params, tk.opt, tk.loss)
+    assert sg.graph == ref.graph and sg.payload == ref.payload and sg.outputs == ref.outputs
+    want = st.trainable(ref, tk.params)
+    assert [p.shape for p in tr.params] == [p.shape for p in want] and {p.dtype for p in tr.params} == {
+        np.dtype(np.float32)
+    }
+    assert tr.x.shape == tk.x.shape and tr.target.shape == tk.target.shape and tr.x.dtype == np.float32
+    spread = [float(got.std() / p.std()) for got, p in zip(tr.params, want, strict=True)]  # weights 4096 draws each
+    assert 0.9 < spread[0] < 1.1 and 0.9 < spread[2] < 1.1 and all(0.5 < r < 2 for r in spread)
+    assert np.isfinite(float(tr.step()))
+
+
 @needs_cuda
 @pytest.mark.cuda
 def test_contract_holds_on_cuda():

@@ -8,7 +8,7 @@ from functools import cache
 import numpy as np
 
 from . import core, device
-from .core import I32, W64, Work, patch, round_pack, unpack, work_for
+from .core import I32, W64, Work, k, patch, round_pack, unpack, work_for
 from .env import FloatEnv, default_nan, resolve_env
 from .formats import BINARY32, RNE, Format, check_rounding
 
@@ -56,26 +56,27 @@ def _add_chunk(xp, a, b, fmt: Format, rounding: str, env: FloatEnv, want_flags: 
     t = fmt.dtype.type
     w = work_for(fmt.precision + _ADD_GUARD + 1)
     u = w.u
-    bb = b ^ t(fmt.sign_mask) if negate_b else b
+    bb = b ^ k(t, fmt.sign_mask) if negate_b else b
     # Order by magnitude so the aligned difference is never negative.
-    swap = (bb & t(fmt.abs_mask)) > (a & t(fmt.abs_mask))
+    abs_mask = k(t, fmt.abs_mask)
+    swap = (bb & abs_mask) > (a & abs_mask)
     hi = xp.where(swap, bb, a)
     lo = xp.where(swap, a, bb)
     H = unpack(xp, fmt, hi, w, env.daz)
     L = unpack(xp, fmt, lo, w, env.daz)
-    d = xp.minimum(H.e - L.e, I32(w.bits - 1)).astype(u)
-    A = H.sig << u(_ADD_GUARD)
-    Bf = L.sig << u(_ADD_GUARD)
+    d = xp.minimum(H.e - L.e, k(I32, w.bits - 1)).astype(u)
+    A = H.sig << k(u, _ADD_GUARD)
+    Bf = L.sig << k(u, _ADD_GUARD)
     B = Bf >> d
     B = B | ((B << d) != Bf).astype(u)  # jam the bits shifted out
     same = H.sign == L.sign
     X = xp.where(same, A + B, A - B)
     # An exact zero from opposite signs is +0 (-0 when rounding down); equal signs keep theirs.
     sign = H.sign
-    zero = X == u(0)
-    if not core.is_numpy(xp) or zero.any():  # exact cancellation is rare: skip the select when absent
+    zero = X == k(u, 0)
+    if not core.none_set(xp, zero):  # exact cancellation is rare: skip the select when absent
         sign = xp.where(same | ~zero, sign, core.zero_sum_sign(u, rounding))
-    res, fl = round_pack(xp, fmt, w, sign, H.e - I32(_ADD_GUARD), X, rounding, env, want_flags)
+    res, fl = round_pack(xp, fmt, w, sign, H.e - k(I32, _ADD_GUARD), X, rounding, env, want_flags)
 
     def special(idx):
         x, y, yb = a[idx], b[idx], bb[idx]
@@ -176,10 +177,10 @@ def mul(a, b, *, fmt: Format = BINARY32, rounding: str = RNE, env="ieee", flags:
 def _normalize(xp, w: Work, sig, e, top: int):
     """Shift significands left so the leading bit sits at `top` (subnormal inputs); zero stays zero."""
     u = w.u
-    if core.is_numpy(xp) and not ((sig < u(1 << top)) & (sig != u(0))).any():
+    if core.none_set(xp, (sig < k(u, 1 << top)) & (sig != k(u, 0))):
         return sig, e  # common case: no subnormal operand in this chunk
-    s = xp.maximum(I32(top) - core.msb(xp, sig, w), I32(0))
-    s = xp.where(sig == u(0), I32(0), s)
+    s = xp.maximum(k(I32, top) - core.msb(xp, sig, w), k(I32, 0))
+    s = xp.where(sig == k(u, 0), k(I32, 0), s)
     return sig << s.astype(u), e - s
 
 
@@ -192,13 +193,13 @@ def _div_chunk(xp, a, b, fmt: Format, rounding: str, env: FloatEnv, want_flags: 
     B = unpack(xp, fmt, b, w, env.daz)
     sa, ea = _normalize(xp, w, A.sig, A.e, p - 1)
     sb, eb = _normalize(xp, w, B.sig, B.e, p - 1)
-    zero_b = sb == u(0)
-    sb = xp.maximum(sb, u(1))  # zero divisors are patched below; avoid dividing by zero here
-    num = sa << u(p + 2)  # quotient has p+2 or p+3 bits: at least two below the round bit
+    zero_b = sb == k(u, 0)
+    sb = xp.maximum(sb, k(u, 1))  # zero divisors are patched below; avoid dividing by zero here
+    num = sa << k(u, p + 2)  # quotient has p+2 or p+3 bits: at least two below the round bit
     q = num // sb
     rem = num - q * sb
-    q = q | (rem != u(0)).astype(u)
-    res, fl = round_pack(xp, fmt, w, A.sign ^ B.sign, ea - eb - I32(p + 2), q, rounding, env, want_flags)
+    q = q | (rem != k(u, 0)).astype(u)
+    res, fl = round_pack(xp, fmt, w, A.sign ^ B.sign, ea - eb - k(I32, p + 2), q, rounding, env, want_flags)
 
     def special(idx):
         x, y = a[idx], b[idx]

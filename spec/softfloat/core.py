@@ -8,6 +8,7 @@ subnormal, overflow, FTZ and flag handling. Only integer dtypes are used.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Sequence
 
@@ -43,6 +44,24 @@ def get_xp(x: object):
 
 def is_numpy(xp) -> bool:
     return xp is np
+
+
+_SCALARS: dict[tuple[type, int], object] = {}
+
+
+def k(t, v: int):
+    """The NumPy scalar ``t(v)``, built once per process: building one costs about as much as a whole operation
+    on a small array, and the sequential folds of the references call the core with small arrays."""
+    try:
+        return _SCALARS[t, v]
+    except KeyError:
+        c = _SCALARS[t, v] = t(v)
+        return c
+
+
+def none_set(xp, mask) -> bool:
+    """True where ``mask`` selects nothing and that is cheap to know (NumPy); always False for CuPy (no sync)."""
+    return xp is np and not np.count_nonzero(mask)
 
 
 class Work:
@@ -107,15 +126,19 @@ def run_chunked(
         if get_xp(a) is not xp:
             raise TypeError(f"{n}: array library differs from that of {names[0]}")
     shape = common_shape(arrays, names)
-    size = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    size = math.prod(shape)
     flat = []
     for a in arrays:
         if a.ndim == 0:
             a = xp.broadcast_to(a, shape)
         flat.append(xp.ascontiguousarray(a).reshape(-1))
+    step = CHUNK["numpy" if is_numpy(xp) else "cupy"]
+    if 0 < size <= step:  # one chunk (most calls): its results are the output, copied so they never alias an input
+        bits, f = fn(xp, *flat)
+        out = xp.array(bits, dtype=out_dtype).reshape(shape)
+        return (out, xp.array(f, dtype=U8).reshape(shape)) if want_flags else out
     out = xp.empty(size, dtype=out_dtype)
     fl = xp.zeros(size, dtype=U8) if want_flags else None
-    step = CHUNK["numpy" if is_numpy(xp) else "cupy"]
     for s in range(0, size, step):
         e = min(size, s + step)
         bits, f = fn(xp, *[a[s:e] for a in flat])
@@ -134,6 +157,8 @@ def patch(xp, res, mask, fn: Callable, fl=None):
     Special operands (NaN, Inf, zero divisors) are rare in sweeps, so they are handled on the gathered
     subset instead of with full-width selects.
     """
+    if none_set(xp, mask):
+        return res, fl
     idx = xp.nonzero(mask.reshape(-1))[0]
     if idx.size == 0:
         return res, fl
@@ -153,14 +178,14 @@ def msb(xp, x, w: Work):
     u = w.u
     if hasattr(xp, "bitwise_count"):
         # Smear the top bit downwards, then count: msb = popcount - 1.
-        y = x | (x >> u(1))
-        y |= y >> u(2)
-        y |= y >> u(4)
-        y |= y >> u(8)
-        y |= y >> u(16)
+        y = x | (x >> k(u, 1))
+        y |= y >> k(u, 2)
+        y |= y >> k(u, 4)
+        y |= y >> k(u, 8)
+        y |= y >> k(u, 16)
         if w.bits == 64:
-            y |= y >> u(32)
-        return xp.bitwise_count(y).astype(I32) - I32(1)
+            y |= y >> k(u, 32)
+        return xp.bitwise_count(y).astype(I32) - k(I32, 1)
     # Fallback for namespaces without popcount: branch-free binary search.
     r = xp.zeros(x.shape, dtype=I32)
     y = x
@@ -180,19 +205,19 @@ class Unpacked:
 def unpack(xp, fmt: Format, x, w: Work, daz: bool) -> Unpacked:
     """Split bit patterns into sign, significand and exponent so that |x| = sig * 2**e for finite x."""
     u = w.u
-    xs = x.astype(u) if x.dtype != np.dtype(u) else x
+    xs = x.astype(u) if x.dtype.type is not u else x
     r = Unpacked()
-    r.sign = xs >> u(fmt.bits - 1)
-    ef = (xs >> u(fmt.frac_bits)) & u(fmt.exp_field_max)
-    normal = ef != u(0)
-    sig = (xs & u(fmt.frac_mask)) | (normal.astype(u) << u(fmt.frac_bits))
+    r.sign = xs >> k(u, fmt.bits - 1)
+    ef = (xs >> k(u, fmt.frac_bits)) & k(u, fmt.exp_field_max)
+    normal = ef != k(u, 0)
+    sig = (xs & k(u, fmt.frac_mask)) | (normal.astype(u) << k(u, fmt.frac_bits))
     if daz:
-        sig = xp.where(normal, sig, u(0))  # DAZ: subnormal operands read as zero of the same sign
+        sig = xp.where(normal, sig, k(u, 0))  # DAZ: subnormal operands read as zero of the same sign
     r.sig = sig
     # Subnormals share the exponent of the smallest normal: field 0 behaves like field 1.
     r.ef = ef
-    r.e = xp.maximum(ef, u(1)).astype(I32) - I32(fmt.bias + fmt.frac_bits)
-    r.special = ef == u(fmt.exp_field_max)
+    r.e = xp.maximum(ef, k(u, 1)).astype(I32) - k(I32, fmt.bias + fmt.frac_bits)
+    r.special = ef == k(u, fmt.exp_field_max)
     return r
 
 
@@ -244,7 +269,7 @@ def flags_from(xp, shape, **conds):
 def _round_shift(xp, w: Work, sig, rsh, sign, rounding: str):
     """Round unsigned sig right by rsh (>= 1) bits in `rounding`; the last bit of sig is sticky."""
     u = w.u
-    one = u(1)
+    one = k(u, 1)
     if rounding == RTZ:
         return sig >> rsh
     if rounding == RNE:
@@ -281,21 +306,21 @@ def round_pack(xp, fmt: Format, w: Work, sign, e, sig, rounding: str, env: Float
     P = w.P
     f = fmt.frac_bits
     m = msb(xp, sig, w)
-    sig_n = sig << (I32(P) - m).astype(u)  # leading bit now at P (zero stays zero)
+    sig_n = sig << (k(I32, P) - m).astype(u)  # leading bit now at P (zero stays zero)
     E = e + m  # exponent of the leading bit of the exact value
-    t = E + I32(fmt.bias - 1)  # biased exponent minus one; < 0 means subnormal
-    ebf = xp.maximum(t, I32(0))
+    t = E + k(I32, fmt.bias - 1)  # biased exponent minus one; < 0 means subnormal
+    ebf = xp.maximum(t, k(I32, 0))
     # Bits to drop: P - f for normal results, more for subnormal ones; capped where sig_n >> cap == 0
-    # and the round bit is 0, which is exactly right for any larger shift.
-    rsh = xp.clip(I32(P - f) - t, I32(P - f), I32(w.bits - 1)).astype(u)
+    # and the round bit is 0, which is exactly right for any larger shift (a clip, without its wrapper's cost).
+    rsh = xp.minimum(xp.maximum(k(I32, P - f) - t, k(I32, P - f)), k(I32, w.bits - 1)).astype(u)
     mant = _round_shift(xp, w, sig_n, rsh, sign, rounding)
     # Adding the significand (hidden bit included) to (biased exponent - 1) << f lets a carry out of
     # rounding bump the exponent and turns subnormals into normals for free.
-    enc = (xp.minimum(ebf, I32(fmt.exp_field_max)).astype(u) << u(f)) + mant
-    nz = sig != u(0)
-    enc = xp.where(nz, enc, u(0))
-    ovf = enc >= u(fmt.inf_bits)
-    if not is_numpy(xp) or ovf.any():
+    enc = (xp.minimum(ebf, k(I32, fmt.exp_field_max)).astype(u) << k(u, f)) + mant
+    nz = sig != k(u, 0)
+    enc = xp.where(nz, enc, k(u, 0))
+    ovf = enc >= k(u, fmt.inf_bits)
+    if not none_set(xp, ovf):
         enc = xp.where(ovf, overflow_bits(xp, fmt, sign, rounding, u), enc)
     tiny = None
     if env.ftz or want_flags:
@@ -307,7 +332,7 @@ def round_pack(xp, fmt: Format, w: Work, sign, e, sig, rounding: str, env: Float
         if env.ftz:
             enc = xp.where(tiny, u(0), enc)
     if enc.dtype == fmt.dtype:
-        out = enc | (sign << u(fmt.bits - 1))
+        out = enc | (sign << k(u, fmt.bits - 1))
     else:
         out = enc.astype(fmt.dtype) | (sign.astype(fmt.dtype) << fmt.dtype.type(fmt.bits - 1))
     if not want_flags:

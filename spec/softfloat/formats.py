@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -66,59 +67,60 @@ class Format:
         if not self.name:
             object.__setattr__(self, "name", f"e{self.exp_bits}m{self.frac_bits}")
 
-    # Derived constants are properties so the dataclass stays trivially hashable and comparable.
-    @property
+    # Derived constants are computed on first use and kept (the softfloat reads them several times per call); they
+    # are not fields, so the dataclass stays trivially hashable and comparable.
+    @cached_property
     def bits(self) -> int:
         return 1 + self.exp_bits + self.frac_bits
 
-    @property
+    @cached_property
     def precision(self) -> int:
         return self.frac_bits + 1
 
-    @property
+    @cached_property
     def bias(self) -> int:
         return (1 << (self.exp_bits - 1)) - 1
 
-    @property
+    @cached_property
     def emax(self) -> int:
         return self.bias
 
-    @property
+    @cached_property
     def emin(self) -> int:
         return 1 - self.bias
 
-    @property
+    @cached_property
     def dtype(self) -> np.dtype:
         for b, dt in ((8, np.uint8), (16, np.uint16), (32, np.uint32), (64, np.uint64)):
             if self.bits <= b:
                 return np.dtype(dt)
         raise AssertionError("unreachable")
 
-    @property
+    @cached_property
     def sign_mask(self) -> int:
         return 1 << (self.bits - 1)
 
-    @property
+    @cached_property
     def abs_mask(self) -> int:
         return self.sign_mask - 1
 
-    @property
+    @cached_property
     def exp_field_max(self) -> int:
         return (1 << self.exp_bits) - 1
 
-    @property
+    @cached_property
     def frac_mask(self) -> int:
         return (1 << self.frac_bits) - 1
 
-    @property
+    @cached_property
     def inf_bits(self) -> int:
         return self.exp_field_max << self.frac_bits
 
-    @property
+    @cached_property
     def quiet_bit(self) -> int:
         return 1 << (self.frac_bits - 1)
 
-    @property
+    @cached_property
     def max_finite_bits(self) -> int:
         return self.inf_bits - 1
 

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from obligations.core import cancel
-from obligations.core.device import SYNC_POLICY_ENV
 
 __all__ = [
     "ItemTimeout",
@@ -287,11 +286,6 @@ WORKER_START_S = 300.0
 PRELOAD_ENV = "KC_WORKER_PRELOAD"
 
 
-def _worker_sync_policy() -> str | None:
-    chosen = os.environ.get(SYNC_POLICY_ENV, "").strip() or "blocking"
-    return None if chosen == "default" else chosen
-
-
 class WorkerStartError(RuntimeError):
     """A worker process died or hung before it was ready for its first item."""
 
@@ -344,7 +338,6 @@ class WorkerPool(Executor):
         self._closed = False
         self._ready = False  # the worker said it imported the run's modules
         self.preload: tuple[str, ...] = ()  # modules the worker imports before it says it is ready (PRELOAD_ENV)
-        self.cuda_sync: str | None = None  # how its CUDA waits wait (obligations.core.device.set_sync_policy)
         # (spawned, ready) of each worker process, perf_counter seconds (ready: None until heard): the timeline's
         self.starts: list[tuple[float, float | None]] = []
 
@@ -364,9 +357,6 @@ class WorkerPool(Executor):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         env.pop(PRELOAD_ENV, None)
-        env.pop(SYNC_POLICY_ENV, None)
-        if self.cuda_sync:
-            env[SYNC_POLICY_ENV] = self.cuda_sync
         if self.preload:
             env[PRELOAD_ENV] = ",".join(self.preload)
         if self.threads:
@@ -583,10 +573,6 @@ class Prefetcher:
         threads = max(1, len(all_cores()) // jobs)  # the workers share the CPUs: so do their thread pools
         for w in self._workers:
             w.threads = threads
-            # Workers that wait on a shared GPU sleep instead of spinning (a user's KC_CUDA_SYNC wins; "default":
-            # the driver's); the run's own executor, which times the measure items on a quiet machine, keeps the
-            # driver's default.
-            w.cuda_sync = _worker_sync_policy() if settings.get("device") == "cuda" else None
             self._free.put(w)
         self.ran = ran  # (key, lane, start, end) of each item a worker ran: the run's timeline
         # Daemon threads, not a ThreadPoolExecutor: the interpreter joins an executor's threads at exit, so a

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from obligations.core import cancel
-from obligations.core.device import SYNC_POLICY_ENV
 from obligations.isolation import (
     PRELOAD_ENV,
     cpu_seconds,
@@ -59,13 +58,6 @@ def _cuda_healthy(device: str) -> tuple[bool, str]:
 
 def _worker() -> int:
     """Serve item requests on stdin; answer each on the original stdout (the item's prints go to stderr)."""
-    policy = os.environ.get(SYNC_POLICY_ENV)
-    if policy:  # before anything creates a CUDA context
-        from obligations.core.device import set_sync_policy
-
-        why = set_sync_policy(policy)
-        if why:
-            print(f"kc worker: CUDA sync policy {policy!r} not set: {why}", file=sys.stderr)
     import obligations.check  # noqa: F401  (imported before "ready": not the first item's time)
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle

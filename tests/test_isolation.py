@@ -10,7 +10,7 @@ import pytest
 
 from obligations.cli import main
 from obligations.contract import load_contract
-from tests.contract_helpers import marked_processes, needs_cuda
+from tests.contract_helpers import marked_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ROOT / "tests" / "fixtures" / "faults" / "faults-v1.yaml"
@@ -479,59 +479,3 @@ def test_the_runs_own_worker_starts_while_the_contracts_load_and_goes_with_a_run
     assert result["contracts"][0]["items"][0]["status"] == "proved"
     assert main([*args, "--only", "NO-SUCH-ITEM"]) == 2
     assert spawned == ["early", "early"] and _marked(mark) == []  # closed although no run took it
-
-
-def test_workers_of_a_cuda_run_sleep_on_gpu_waits_and_the_runs_own_executor_keeps_the_default(monkeypatch):
-    from obligations.check import item_fields
-    from obligations.core.device import SYNC_POLICY_ENV
-    from obligations.isolation import Prefetcher, WorkerPool
-
-    monkeypatch.delenv(SYNC_POLICY_ENV, raising=False)
-    cuda = Prefetcher(2, item_fields, {"device": "cuda", "profile": "full", "seed": 0})
-    host = Prefetcher(1, item_fields, {"device": "host", "profile": "quick", "seed": 0})
-    monkeypatch.setenv(SYNC_POLICY_ENV, "default")  # the user's choice wins: the driver's own
-    chosen = Prefetcher(1, item_fields, {"device": "cuda", "profile": "full", "seed": 0})
-    try:
-        assert {w.cuda_sync for w in cuda._workers} == {"blocking"}
-        assert {w.cuda_sync for w in host._workers} == {None}
-        assert {w.cuda_sync for w in chosen._workers} == {None}
-    finally:
-        for p in (cuda, host, chosen):
-            p.close()
-    assert WorkerPool(item_fields, {"device": "cuda"}).cuda_sync is None  # the run's own: measure items spin
-    # the policy reaches the worker's environment (and a stale one from the run's own environment does not)
-    contract = load_contract(FAULTS)
-    monkeypatch.setenv(SYNC_POLICY_ENV, "spin")
-    for policy in ("blocking", None):
-        w = WorkerPool(item_fields, {"device": "host", "profile": "quick", "seed": 0})
-        w.cuda_sync = policy
-        try:
-            assert w.run(contract, contract.item("FT-OK-1"), 60)["status"] == "passed"
-            env = dict(kv.split("=", 1) for kv in open(f"/proc/{w.proc.pid}/environ").read().split("\0") if "=" in kv)
-            assert env.get(SYNC_POLICY_ENV) == policy
-        finally:
-            w.close()
-
-
-def test_an_unknown_cuda_sync_policy_is_refused():
-    from obligations.core.device import set_sync_policy
-
-    with pytest.raises(ValueError, match="known"):
-        set_sync_policy("busy")
-
-
-@pytest.mark.cuda
-@needs_cuda
-def test_the_blocking_sync_policy_reaches_the_context_cupy_creates():
-    import subprocess
-    import sys
-
-    code = (
-        "import ctypes; from obligations.core.device import set_sync_policy;"
-        "assert set_sync_policy('blocking') is None;"
-        "import cupy; cupy.zeros(1).sum().get(); d = ctypes.CDLL('libcuda.so.1'); f = ctypes.c_uint(0);"
-        "assert d.cuCtxGetFlags(ctypes.byref(f)) == 0; print(f.value & 0x7)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "4"  # CU_CTX_SCHED_BLOCKING_SYNC

@@ -22,15 +22,9 @@ __all__ = [
     "to_device",
     "use_plain_reductions",
     "library_defaults",
-    "SYNC_POLICY_ENV",
-    "set_sync_policy",
 ]
 
 DEVICES: tuple[str, ...] = ("host", "cuda")
-
-# How a process's CUDA waits (synchronize, a copy to the host) wait: CU_CTX_SCHED_* flags of the primary context.
-SYNC_POLICY_ENV = "KC_CUDA_SYNC"
-_SCHED_FLAGS = {"spin": 0x1, "yield": 0x2, "blocking": 0x4}
 
 
 class DeviceUnavailable(RuntimeError):
@@ -181,34 +175,3 @@ def to_host(a: Any) -> np.ndarray:
 def to_device(a: Any, device: str) -> Any:
     """The array on ``device`` (a no-op when already there)."""
     return array_module(device).asarray(a)
-
-
-def set_sync_policy(policy: str) -> str | None:
-    """Make this process's CUDA waits ``spin``, ``yield`` or ``blocking`` (sleep until the GPU signals) on every
-    device's primary context, before the process creates it (CuPy and torch share it); None, or why not.
-
-    The driver's default (auto) spins while a process has no more contexts than the machine has CPUs: fifteen
-    worker processes that wait on one GPU then burn CPU that the others' references and case generation need.
-    """
-    import ctypes
-
-    flags = _SCHED_FLAGS.get(policy)
-    if flags is None:
-        raise ValueError(f"unknown CUDA sync policy {policy!r}; known: {sorted(_SCHED_FLAGS)}")
-    try:
-        driver = ctypes.CDLL("libcuda.so.1")
-    except OSError as exc:
-        return f"no CUDA driver ({exc})"
-    if driver.cuInit(0) != 0:
-        return "cuInit failed"
-    set_flags = getattr(driver, "cuDevicePrimaryCtxSetFlags_v2", None) or driver.cuDevicePrimaryCtxSetFlags
-    count = ctypes.c_int(0)
-    driver.cuDeviceGetCount(ctypes.byref(count))
-    for ordinal in range(count.value):
-        dev = ctypes.c_int(0)
-        if driver.cuDeviceGet(ctypes.byref(dev), ordinal) != 0:
-            return f"cuDeviceGet({ordinal}) failed"
-        rc = set_flags(dev, ctypes.c_uint(flags))
-        if rc != 0:
-            return f"cuDevicePrimaryCtxSetFlags({ordinal}, {policy}) returned CUresult {rc}"
-    return None

@@ -78,6 +78,32 @@ def test_every_parameter_slot_is_found_and_the_embedding_table_is_frozen_with_it
     assert all(len(s) == 2 for s in sg.state) and [n for n, _ in sg.scalars] == ["c1", "c2"]
 
 
+def test_slots_are_found_where_their_markers_are_bit_for_bit(monkeypatch):
+    """param_slots compares markers bit for bit (not by hashing each tensor's bytes: #24): the slots a byte-keyed
+    search of the lowered payload finds; two slots drawing one marker are refused."""
+    from spec.ir import graphspec as gs
+
+    for name in ("mlp", "decoder"):
+        model = st.task(name).model
+        d = model if isinstance(model, gs.Dag) else gs.to_dag(model)
+        marks = st._markers(d.params)
+        keys = {(m.shape, m.tobytes()): i for i, m in enumerate(marks)}
+        low = gs.lower_dag(d, marks)
+        want = sorted(
+            (keys[(a.shape, a.tobytes())], nid, n)
+            for nid, e in low.payload.entries.items()
+            for n, a in e.items()
+            if (a.shape, a.tobytes()) in keys
+        )
+        assert [(s.index, s.node, s.tensor) for s in st.param_slots(model)] == want
+    drawn = st._markers(model.params)
+    i, j = next((i, j) for j in range(len(drawn)) for i in range(j) if drawn[i].shape == drawn[j].shape)
+    drawn[j] = drawn[i].copy()
+    monkeypatch.setattr(st, "_markers", lambda abi: drawn)
+    with pytest.raises(ValueError, match="same marker"):
+        st.param_slots(model)
+
+
 def test_the_step_graph_is_shape_checked_and_has_no_dead_node():
     tk = st.task("mlp")
     sg = st.step_graph(tk.model, tk.params, tk.opt)

@@ -51,7 +51,7 @@ from obligations.core.plans import regime_of, resolve
 from obligations.core.results import Outcome, skipped
 from spec import gemm as sg
 
-__all__ = ["SmallModel", "time_ms", "host_us", "WARMUP", "mfu"]
+__all__ = ["SmallModel", "drawn_model", "time_ms", "host_us", "WARMUP", "mfu"]
 
 
 def _impl(ctx: FalsifyContext) -> tuple[str, Callable[..., Any]]:
@@ -569,12 +569,20 @@ extern "C" __global__ void kc_spin(long long cycles) {
 """
 
 
+@functools.cache
+def _spin_kernel() -> Any:
+    """The spin kernel, made once per process (a RawKernel per call loaded its module again: six per item)."""
+    import cupy
+
+    return cupy.RawKernel(_SPIN, "kc_spin")
+
+
 def host_us(fn: Callable[[], Any], calls: int = 400, spin_cycles: int = 200_000_000) -> float:
     """Host microseconds per call of ``fn`` (enqueue cost only): the GPU is held busy by a spin kernel
     meanwhile, so the calls queue without waiting for each other (``calls`` stays below the queue depth)."""
     import cupy
 
-    spin = cupy.RawKernel(_SPIN, "kc_spin")
+    spin = _spin_kernel()
     fn()
     cupy.cuda.get_current_stream().synchronize()
     spin((1,), (1,), (np.int64(spin_cycles),))

@@ -1287,7 +1287,11 @@ def perf_mlp(t: int, d: int, f: int) -> Contenders:
             "three_gemms": "native.gemm.matmul x3 (the program's GEMMs alone, fp32, CUBLAS_COMPUTE_32F)",
             "torch": f"torch {torch.__version__} eager fp32, allow_tf32={tf32} (torch's default)",
         },
-        {"steps": len(prog.steps), "shape": [t, d, f]},
+        {
+            "steps": len(prog.steps),
+            "shape": [t, d, f],
+            "weights": "N(0, 1/fan_in), float32, drawn by cupy RandomState(1)",
+        },
     )
 
 

@@ -473,4 +473,5 @@ def performance(ctx: FalsifyContext) -> Outcome:
         peer_max_rel_error=peer_error,
         lanes=256,
         chunk=ns.CHUNK,
+        operands="a ~ U[0.9, 1], b ~ N(0, 1), float32, drawn by cupy RandomState(0)",
     )

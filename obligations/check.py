@@ -153,6 +153,15 @@ def _kernel_modules(contract: Contract) -> set[str]:
     }
 
 
+def _import_kernel_modules(contract: Contract) -> None:
+    """Import the modules the contract's kernels name (their imports register its entry points)."""
+    import importlib
+
+    for name in sorted(_kernel_modules(contract)):
+        with contextlib.suppress(Exception):  # validation reported a module that does not import
+            importlib.import_module(name)
+
+
 def _agreement_kind(applied: Any) -> str | None:
     """The agreement kind from what the engine recorded (a kind name, or a dict with its parameters)."""
     return applied.get("kind") if isinstance(applied, dict) else applied
@@ -308,7 +317,9 @@ def check_contract(
         if own:
             executor.close()
     if wanted is None and "interrupted" not in entry and "stopped" not in entry:
-        # a partial run cannot say what no item calls
+        # a partial run cannot say what no item calls; the entry points are those the kernels' modules register
+        # here (imported by validation, unless it came from the load cache, or by the items run in this process)
+        _import_kernel_modules(contract)
         entry["unchecked_entry_points"] = [
             c.to_json()
             for c in entrypoints.unchecked(

@@ -475,7 +475,7 @@ def _run_check(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
                 early = _early_executor(args, device, seed, cleanup)
                 ahead = _early_prefetcher(args, device, seed, cleanup, early)
             with _phase(phases, "load contracts"):  # each file parsed and validated once
-                loaded = load_contracts(args.paths, search_path=args.search_path)
+                loaded = load_contracts(args.paths, search_path=args.search_path, cache=True)
     except StopRequested as e:
         return _stopped_before_items(args, e.reason, seed)
     if loaded.diagnostics:

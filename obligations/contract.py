@@ -126,6 +126,8 @@ class Contract:
 
     def position(self, path: Iterable[Any], value: bool = False) -> tuple[int, int]:
         """1-based (line, col) of the node at ``path`` (its key, or its value with ``value=True``)."""
+        if isinstance(self._root, _Positions):  # read from the load cache
+            return self._root.position(path, value)
         node, line, col = self._root, 1, 1
         for part in path:
             if isinstance(node, CommentedMap) and part in node:
@@ -339,13 +341,20 @@ def load_contract(
     return contract
 
 
-def parse_contract(path: str | Path) -> Contract:
-    """Read and parse one contract file (no schema or semantic checks); ContractError if it is not one."""
+def parse_contract(path: str | Path, *, cache: bool = False) -> Contract:
+    """Read and parse one contract file (no schema or semantic checks); ContractError if it is not one.
+
+    ``cache``: take the parse of the same bytes from the load cache, and keep a new one there (kc check and its
+    workers; off where the proof cache is: ``--no-proof-cache``, ``KC_PROOF_CACHE=0``)."""
     path = Path(path)
     try:
         raw = path.read_bytes()
     except OSError as e:
         raise ContractError([Diagnostic(str(path), 1, 1, f"cannot read: {e.strerror or e}")]) from None
+    sha256 = hashlib.sha256(raw).hexdigest()  # of the file's bytes, so CRLF files hash as stored
+    cached = _cached_parse(path, raw, sha256) if cache else None
+    if cached is not None:
+        return cached
     root, text = _parse(path, raw)
     if not isinstance(root, CommentedMap):
         raise ContractError([Diagnostic(str(path), 1, 1, "a contract is a YAML mapping")])
@@ -353,13 +362,9 @@ def parse_contract(path: str | Path) -> Contract:
     data = _plain(root, str(path), (1, 1), problems)
     if problems:
         raise ContractError(problems)
-    return Contract(
-        path=str(path),
-        data=data,
-        sha256=hashlib.sha256(raw).hexdigest(),  # of the file's bytes, so CRLF files hash as stored
-        text=text,
-        _root=root,
-    )
+    if cache:
+        _store_parse(sha256, data, root)
+    return Contract(path=str(path), data=data, sha256=sha256, text=text, _root=root)
 
 
 # A YAML file found by a directory scan is a contract when it has one of these top-level keys.
@@ -413,20 +418,22 @@ class Loaded:
 
 
 def load_contracts(
-    paths: Iterable[str | Path], *, search_path: Iterable[str | Path] = (), imports: bool = True
+    paths: Iterable[str | Path], *, search_path: Iterable[str | Path] = (), imports: bool = True, cache: bool = False
 ) -> Loaded:
     """Parse and validate every named contract once (directories expanded).
 
     ``depends_on`` resolves among the named contracts and those in ``search_path`` (directories or files,
     parsed for their ids only, never validated); nothing else is read. Contract ids must be unique among the
-    named files, and ``depends_on`` must not form a cycle.
+    named files, and ``depends_on`` must not form a cycle. ``cache`` (kc check): each file's parse, and its
+    validation where it found no problem, come from the load cache where kc, the bytes, the ids it may depend on,
+    the code it names and the installed packages are the same (see the load cache, below).
     """
     files = contract_files(paths)
     problems: list[Diagnostic] = []
     parsed: list[Contract] = []
     for f in files:
         try:
-            parsed.append(parse_contract(f))
+            parsed.append(parse_contract(f, cache=cache))
         except ContractError as e:
             problems.extend(e.diagnostics)
     problems.extend(_duplicate_contract_ids(parsed))
@@ -435,20 +442,231 @@ def load_contracts(
     for f in contract_files(search_path):
         if f.resolve() not in named:
             try:
-                others.append(parse_contract(f))
+                others.append(parse_contract(f, cache=cache))
             except ContractError:
                 pass  # a file on the search path only offers its id; its own problems are its own
     known = {c.data["id"] for c in (*parsed, *others) if isinstance(c.data.get("id"), str)}
     valid = []
     for c in parsed:
+        key = _valid_key(c, known, imports) if cache else None
+        if key is not None and _is_cached_valid(key):  # diagnosed without a problem before: the same verdict
+            valid.append(c)
+            continue
         with warnings.catch_warnings():  # ast's SyntaxWarnings on bad statements: the diagnostic says it
             warnings.simplefilter("ignore", SyntaxWarning)
             found = list(_diagnose(c, known, imports))
         problems.extend(found)
         if not found:
             valid.append(c)
+            if key is not None:
+                _store_valid(key)
     problems.extend(_depends_on_cycles(valid, others))
     return Loaded(tuple(parsed), tuple(problems), tuple(files))
+
+
+# -- the load cache ------------------------------------------------------------------------------------
+# A contract's parse (its data and node positions) is a function of the file's bytes and of kc (this parser,
+# ruamel, Python); its diagnosis also of the ids it may depend on, the code it names and what is installed. Both
+# are kept in the proof cache's directory (obligations.proofcache: same switch, same atomic entries), keyed on all
+# of that; only a diagnosis without a problem is kept, so a problem is always found again. JSON, never pickle.
+
+
+@dataclass(frozen=True)
+class _Positions:
+    """A contract's node positions read from the load cache: ruamel's ``lc`` of every mapping and sequence, as
+    ``{"m": {key: [key line, key col, value line, value col, child]}}`` and ``{"s": [[line, col, child], ...]}``
+    (0-based, as ruamel's; a scalar's child is None)."""
+
+    tree: Any
+
+    def position(self, path: Iterable[Any], value: bool) -> tuple[int, int]:
+        """1-based (line, col) of the node at ``path``, as :meth:`Contract.position` finds it in ruamel's nodes."""
+        node, line, col = self.tree, 1, 1
+        for part in path:
+            if (
+                isinstance(node, dict)
+                and isinstance(node.get("m"), dict)
+                and isinstance(part, str)
+                and part in node["m"]
+            ):
+                kl, kc, vl, vc, child = node["m"][part]
+                ln, cl = (vl, vc) if value else (kl, kc)
+            elif isinstance(node, dict) and isinstance(node.get("s"), list) and isinstance(part, int):
+                if not 0 <= part < len(node["s"]):
+                    break
+                ln, cl, child = node["s"][part]
+            else:
+                break
+            if ln is None or cl is None:
+                break
+            line, col, node = ln + 1, cl + 1, child
+        return line, col
+
+
+def _capture(node: Any) -> Any:
+    """The positions of ``node`` and every node below it (see :class:`_Positions`)."""
+    if isinstance(node, CommentedMap):
+        out = {}
+        for k, v in node.items():
+            try:
+                (kl, kc), (vl, vc) = node.lc.key(k), node.lc.value(k)
+            except (AttributeError, KeyError, TypeError, IndexError, ValueError):  # none recorded (a merged key)
+                kl = kc = vl = vc = None
+            out[str(k)] = [kl, kc, vl, vc, _capture(v)]
+        return {"m": out}
+    if isinstance(node, CommentedSeq):
+        items = []
+        for i, v in enumerate(node):
+            try:
+                ln, cl = node.lc.item(i)
+            except (AttributeError, KeyError, TypeError, IndexError, ValueError):
+                ln = cl = None
+            items.append([ln, cl, _capture(v)])
+        return {"s": items}
+    return None
+
+
+def _cache_settings() -> Any:
+    """The proof cache's settings where it is on (``--no-proof-cache``, ``KC_PROOF_CACHE=0``: off), else None."""
+    from obligations.proofcache import proof_settings
+
+    try:
+        settings = proof_settings()
+    except ValueError:  # a bad KC_Z3_STABILITY: the run reports it; loading goes on without the cache
+        return None
+    return settings if settings.cache and settings.cache_dir is not None else None
+
+
+def _kc_roots() -> list[Path]:
+    """kc's own code that loading runs: the packages obligations, spec, native, falsification and the schema."""
+    here = Path(__file__).resolve().parent
+    return [here, *(here.parent / d for d in ("spec", "native", "falsification")), SCHEMA_PATH]
+
+
+@functools.cache
+def _environment() -> str:
+    """SHA-256 of Python's version and the distributions installed on sys.path (a ruamel, jsonschema, triton or
+    dependency installed, removed or upgraded changes it), computed once per process."""
+    import platform
+
+    names = set()
+    for entry in dict.fromkeys(sys.path):
+        try:
+            names.update(n for n in os.listdir(entry or ".") if n.endswith((".dist-info", ".egg-info")))
+        except OSError:
+            continue
+    text = json.dumps([platform.python_implementation(), platform.python_version(), sorted(names)])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _load_key(what: str, sha256: str, **parts: Any) -> str:
+    from obligations import __version__
+    from obligations.proofcache import cache_key, sources_digest
+
+    return cache_key(
+        what,
+        {
+            "sha256": sha256,
+            "kc": __version__,
+            "sources": sources_digest(_kc_roots()),
+            "environment": _environment(),
+            **parts,
+        },
+    )
+
+
+def _parse_key(sha256: str) -> str:
+    # the loader's limits too: a file within them parses, the same bytes past a lowered one do not
+    limits = [MAX_FILE_BYTES, MAX_DEPTH, MAX_ALIASES, MAX_EXPANDED_NODES]
+    return _load_key("contract-parse", sha256, limits=limits)
+
+
+def _cached_parse(path: Path, raw: bytes, sha256: str) -> Contract | None:
+    """The contract parsed from these bytes before (the load cache), or None."""
+    from obligations.proofcache import cache_get
+
+    settings = _cache_settings()
+    if settings is None:
+        return None
+    entry = cache_get(settings, _parse_key(sha256))
+    try:
+        body = json.loads(entry["contract"]) if entry is not None else None
+        if body is None or not isinstance(body["data"], dict) or not isinstance(body["positions"], dict):
+            return None
+        text = _decode(path, raw)
+    except (KeyError, TypeError, ValueError, ContractError):  # an entry of another shape: a miss
+        return None
+    return Contract(path=str(path), data=body["data"], sha256=sha256, text=text, _root=_Positions(body["positions"]))
+
+
+def _store_parse(sha256: str, data: dict[str, Any], root: Any) -> None:
+    from obligations.proofcache import cache_put
+
+    settings = _cache_settings()
+    if settings is not None:
+        # the data as JSON text inside the entry: the entry's keys are sorted, the contract's order is kept
+        body = json.dumps({"data": data, "positions": _capture(root)})
+        cache_put(settings, _parse_key(sha256), {"contract": body})
+
+
+def _named_code(c: Contract, imports: bool) -> str | None:
+    """SHA-256 of the code outside kc's packages that the contract names (its kernels' modules and test modules:
+    each one's whole top-level package); "" where it names none; None where one is not found (not cached)."""
+    if not imports:
+        return ""  # nothing is imported: the names alone are checked, and they are in the file's bytes
+    import importlib.util
+
+    from obligations.proofcache import sources_digest
+
+    names = {str(m) for m in c.data.get("test_modules") or []}
+    for k in (c.data.get("kernels") or {}).values():
+        if isinstance(k, dict):
+            names.update(v.partition(":")[0] for v in k.values() if isinstance(v, str) and ":" in v)
+    own = {p.resolve() for p in _kc_roots()}
+    roots: set[Path] = set()
+    for top in sorted({n.split(".")[0] for n in names if n}):
+        try:
+            spec = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            return None
+        if spec is None:
+            return None
+        found = [Path(p) for p in spec.submodule_search_locations or []] or (
+            [Path(spec.origin)] if spec.origin and spec.origin not in ("built-in", "frozen") else []
+        )
+        roots.update(p.resolve() for p in found)
+    # installed packages are the environment's (their versions are in the key): only the project's own code
+    extra = sorted(r for r in roots - own if not {"site-packages", "dist-packages"} & set(r.parts))
+    return sources_digest(extra) if extra else ""
+
+
+def _valid_key(c: Contract, known: set[str], imports: bool) -> str | None:
+    """The load cache's key of ``c``'s diagnosis, or None where it is not cached (the cache off, code not found)."""
+    if _cache_settings() is None or not isinstance(c.data.get("id"), str):
+        return None
+    if imports:
+        add_project_root(c.path)  # as _diagnose does: the named modules are found from the project's root
+    code = _named_code(c, imports)
+    if code is None:
+        return None
+    checks = [f"{f.__module__}.{f.__qualname__}" for f in _CHECKS]  # a plug-in's semantic check too
+    return _load_key("contract-valid", c.sha256, imports=imports, known=sorted(known), code=code, checks=checks)
+
+
+def _is_cached_valid(key: str) -> bool:
+    from obligations.proofcache import cache_get
+
+    settings = _cache_settings()
+    entry = cache_get(settings, key) if settings is not None else None
+    return entry is not None and entry.get("valid") is True
+
+
+def _store_valid(key: str) -> None:
+    from obligations.proofcache import cache_put
+
+    settings = _cache_settings()
+    if settings is not None:
+        cache_put(settings, key, {"valid": True})
 
 
 def validate_paths(

@@ -316,7 +316,7 @@ def worker_contract(cache: dict[tuple[str, str], Any], req: dict[str, Any]) -> A
 
     key = (req["path"], req.get("shown", req["path"]))
     if key not in cache:
-        cache[key] = replace(parse_contract(req["path"]), path=key[1])
+        cache[key] = replace(parse_contract(req["path"], cache=True), path=key[1])  # as the run: the load cache
         # The worker may have started before the run loaded the contracts (which put the checked project's root
         # on the run's sys.path): its test modules import from that root.
         add_project_root(req["path"])

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from falsification.measure import Shared, share_key
 from obligations.core import cancel
 from obligations.isolation import (
     HOST_METHODS,
@@ -303,6 +304,8 @@ class ClusterRunner:
         self._full = self._capacity = _threads(info)
         self._ready: list[tuple[int, int, Key]] = []  # heap of (-priority, order, key)
         self._held: list[Key] = []  # measure items, sent once every other item has landed and the run is sealed
+        self._followers: dict[Key, list[Key]] = {}  # measure items waiting for the same measurement's record
+        self._measured = Shared()
         self._sealed = False
         self._in_flight = 0
         self._recount = threading.Event()
@@ -364,7 +367,14 @@ class ClusterRunner:
                     s for s in self._slots.values() if s.result is None and self.method(s.item) not in QUIET_METHODS
                 )
                 if next(others, None) is None:
+                    leaders: dict[str, Key] = {}  # one measurement per share key: the others take its record
                     for key in self._held:
+                        same = share_key(self._slots[key].item)
+                        if same is not None and same in leaders:
+                            self._followers.setdefault(leaders[same], []).append(key)
+                            continue
+                        if same is not None:
+                            leaders[same] = key
                         heapq.heappush(self._ready, (-1, self._slots[key].order, key))
                     self._held.clear()
         self._pump()
@@ -444,9 +454,15 @@ class ClusterRunner:
                 with contextlib.suppress(Exception):  # the timeline is a view: never a reason to lose the record
                     self._ran(key, answer["worker"], answer["start"] + self._clock, answer["end"] + self._clock)
         slot.future = None
+        self._finish(key, fields, seconds, answer is not None or bool(slot.lost))  # else cancelled: no outcome
+        self._share(key, fields)
+
+    def _finish(self, key: Key, fields: dict[str, Any], seconds: float, outcome: bool) -> None:
+        """``key``'s record is in: the run may take it (if the item had an ``outcome`` and the run goes on), the
+        log has it, the items waiting for its witnesses go on (without them if it has none), held items may go."""
+        slot = self._slots[key]
         with self._landed:
             slot.result = (fields, seconds)
-            outcome = answer is not None or bool(slot.lost)  # else cancelled: the item has no outcome
             outcome = outcome and not self._closed and cancel.stop_requested() is None
             if outcome:
                 self.finished[key] = slot.result
@@ -457,8 +473,26 @@ class ClusterRunner:
         except Exception:  # a log that cannot be written here: the in-order run writes the record and says why
             pass
         finally:
-            self.publish(key, fields)  # the items waiting for its witnesses go on (without them if it has none)
+            self.publish(key, fields)
             self._release()
+
+    def _share(self, key: Key, fields: dict[str, Any]) -> None:
+        """The measure items that make the measurement ``key`` made take its record (falsification.measure.Shared,
+        as on one GPU); after an error or a skip each measures its own."""
+        with self._lock:
+            followers = self._followers.pop(key, [])
+        if not followers:
+            return
+        slot = self._slots[key]
+        self._measured.keep(f"{slot.contract.id}:{slot.item['id']}", slot.item, fields)
+        for other in followers:
+            reused = self._measured.reuse(self._slots[other].item)
+            if reused is not None:
+                self._finish(other, reused, 0.0, True)
+            else:
+                with self._lock:
+                    heapq.heappush(self._ready, (-1, self._slots[other].order, other))
+                self._pump()
 
     def publish(self, key: Key, fields: dict[str, Any]) -> None:
         """A record is in (run here, landed, or resumed): send the items that wait for its witnesses."""

@@ -303,3 +303,39 @@ def test_a_cuda_run_on_a_schedulers_workers_needs_no_local_gpu_but_a_worker_that
     # two CPU workers declare none, so the run refuses at once instead of waiting for one for ever
     assert main(argv) == 2
     assert "no worker declares a GPU" in capsys.readouterr().err
+
+
+@needs_dask
+def test_measure_items_of_one_measurement_are_measured_once_on_the_cluster(scheduler, tmp_path, monkeypatch):
+    # as on one GPU (falsification.measure.Shared): the second item takes the first one's record, naming it
+    import falsification.measure as fm
+    from obligations.cluster import ClusterRunner
+
+    monkeypatch.setattr(fm, "SHAREABLE_TESTS", fm.SHAREABLE_TESTS | {"faults.ok"})
+    text = SCALE.read_text().split("falsification:\n")[0] + "falsification:\n"
+    for n in (1, 2):  # the same measurement, said in other words
+        text += (
+            f"  - id: SC-MEASURE-{n}\n    rule: planted measurement {n}\n    prediction: measured once\n"
+            "    if_fails: measured twice\n    method: measure\n    test: faults.ok\n    tolerance: 1.0\n"
+        )
+    text += "qa_gate: {id: GATE, requires: [SC-MEASURE-1]}\n"
+    contract = tmp_path / "scale-v1.yaml"
+    contract.write_text(text)
+    sent: list[str] = []
+    real_dispatch = ClusterRunner._dispatch
+
+    def dispatch(self, key):
+        sent.append(key[2])
+        return real_dispatch(self, key)
+
+    monkeypatch.setattr(ClusterRunner, "_dispatch", dispatch)
+    out = tmp_path / "r.json"
+    argv = ["check", str(contract), "--device", "host", "--cluster", scheduler, "-q", "--json", str(out)]
+    assert main(argv) == 0
+    items = {i["id"]: i for i in _items(out)}
+    assert sent == ["SC-MEASURE-1"]
+    assert items["SC-MEASURE-2"]["status"] == items["SC-MEASURE-1"]["status"] == "passed"
+    assert items["SC-MEASURE-2"]["evidence"] == {
+        **items["SC-MEASURE-1"]["evidence"],
+        "shared_with": "scale-v1:SC-MEASURE-1",
+    }

@@ -223,6 +223,8 @@ class RunOptions:
     # worker processes started ahead by the caller (kc check on cuda: while the contracts load), with ``jobs``
     # workers: the run's prefetcher where it runs items ahead, else closed at once; the run closes it
     prefetcher: Prefetcher | None = None
+    # the --cluster being opened ahead by the caller (while the contracts load): the run takes it
+    cluster_opening: Any = None
     # (name, start, end) in perf_counter seconds of what the caller did before the run (load contracts, ...): the
     # timeline's "run" lane, beside the items
     phases: tuple[tuple[str, float, float], ...] = ()
@@ -553,8 +555,17 @@ def check_paths(
                 settings = {"device": device, "profile": profile, "seed": seed}
                 landed = partial(_log_landed, options.log, device, seed) if isinstance(options.log, _LogOnce) else None
                 prefetcher = ClusterRunner(
-                    parse_cluster(options.cluster), settings, options.isolate, item_method, ran=ran_fn, landed=landed
+                    parse_cluster(options.cluster),
+                    settings,
+                    options.isolate,
+                    item_method,
+                    ran=ran_fn,
+                    landed=landed,
+                    opened=options.cluster_opening,
                 )
+                opening = options.cluster_opening
+                if opening is not None and opening.ended is not None:
+                    phases.append(("open cluster", opening.began, opening.ended))
                 _start_cluster(prefetcher, todo, only, profile, options, last_seconds(device, profile))
             elif options.jobs > 0 and _worth_workers(todo, only, options):
                 # made before the measure items run, so that a stop during them still closes its workers
@@ -766,6 +777,8 @@ def _start_cluster(
     last, each alone on its GPU)."""
     wanted = list(_to_run(todo, only, options.done))
     quiet, others = _work_order(wanted, last or {})
+    # longest first: the GPUs share the measure phase, and a long item last on one of them would be its tail alone
+    quiet = longest_first(quiet, lambda ci: item_name(ci[0].id, ci[1]["id"]), last or {})
     _submitter(runner, todo, only, profile, options, wanted)([*others, *quiet])
     runner.seal()
 

@@ -393,6 +393,18 @@ def _early_prefetcher(
     return prefetcher
 
 
+def _early_cluster(args: argparse.Namespace, device: str, cleanup: contextlib.ExitStack) -> Any:
+    """The --cluster, already opening in the background (a local cluster's workers start while the contracts load);
+    None without one. ``cleanup`` closes it if the run ends before it takes it."""
+    if not args.cluster:
+        return None
+    from obligations.cluster import OpeningCluster, parse_cluster
+
+    opening = OpeningCluster(parse_cluster(args.cluster), device)
+    cleanup.callback(opening.close)
+    return opening
+
+
 # perf_counter times of this process's start (Linux, where kc runs as a command) and of main(): the timeline's
 _STARTED: dict[str, float] = {}
 
@@ -474,6 +486,7 @@ def _run_check(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
             with _phase(phases, "start workers"):  # their imports overlap the loading
                 early = _early_executor(args, device, seed, cleanup)
                 ahead = _early_prefetcher(args, device, seed, cleanup, early)
+                opening = _early_cluster(args, device, cleanup)
             with _phase(phases, "load contracts"):  # each file parsed and validated once
                 loaded = load_contracts(args.paths, search_path=args.search_path, cache=True)
     except StopRequested as e:
@@ -518,6 +531,7 @@ def _run_check(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
         jobs=default_jobs() if args.jobs is None else args.jobs,
         timeline=args.timeline,
         cluster=args.cluster,
+        cluster_opening=opening,
         done=resumed.done if resumed else {},
         log=log.record if log else None,
         executor=early,

@@ -45,6 +45,7 @@ from obligations.isolation import (
 )
 
 __all__ = [
+    "OpeningCluster",
     "ClusterSpec",
     "ClusterError",
     "parse_cluster",
@@ -202,6 +203,52 @@ def open_cluster(spec: ClusterSpec, device: str, timeout: float = 30.0) -> tuple
     return client, cluster
 
 
+class OpeningCluster:
+    """A cluster being opened in the background (kc check: while the contracts load, as its workers start on one
+    machine); :meth:`take` waits for it, :meth:`close` closes it if nobody took it."""
+
+    def __init__(self, spec: ClusterSpec, device: str, timeout: float = 30.0) -> None:
+        self.spec, self.device = spec, device
+        self._done = threading.Event()
+        self._opened: tuple[Any, Any] | None = None
+        self._error: BaseException | None = None
+        self._taken = False
+        self.began = time.perf_counter()
+        self.ended: float | None = None  # when it was open (the run's timeline)
+        threading.Thread(target=self._open, args=(timeout,), name="kc-cluster-open", daemon=True).start()
+
+    def _open(self, timeout: float) -> None:
+        try:
+            self._opened = open_cluster(self.spec, self.device, timeout)
+        except BaseException as e:  # ClusterError, or a stop: the taker raises it
+            self._error = e
+        finally:
+            self.ended = time.perf_counter()
+            self._done.set()
+
+    def take(self) -> tuple[Any, Any]:
+        """(client, the local cluster or None), once opened; the error that stopped it, raised here."""
+        while not self._done.wait(0.25):  # short waits: a stop signal is handled in the caller's thread
+            cancel.checkpoint()
+        if self._error is not None:
+            raise self._error
+        self._taken = True
+        assert self._opened is not None
+        return self._opened
+
+    def close(self) -> None:
+        """Close what was opened, unless a run took it (the run closes it then)."""
+        self._done.wait()
+        if self._taken or self._opened is None:
+            return
+        client, cluster = self._opened
+        with contextlib.suppress(Exception):
+            client.close(timeout=10)
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                cluster.close(timeout=20)
+
+
 def _needs_gpus(client: Any, cluster: Any, spec: ClusterSpec, device: str) -> None:
     """On a cuda run, ClusterError (client and local cluster closed) unless a worker declares a GPU resource:
     the run's device items would wait for one for ever."""
@@ -277,12 +324,14 @@ class ClusterRunner:
         method: Callable[[dict[str, Any]], str],
         ran: Callable[[Key, str, float, float], None] | None = None,
         landed: Callable[[Any, dict[str, Any], dict[str, Any], float], None] | None = None,
+        opened: OpeningCluster | None = None,
     ):
         self.spec = spec
         self.method = method  # an item's method (obligations.check.item_method): measure, proofs, the rest
         self.settings = dict(settings)
         self.isolate = isolate
-        self.client, self.cluster = open_cluster(spec, settings["device"])
+        early = opened is not None and opened.spec == spec and opened.device == settings["device"]
+        self.client, self.cluster = opened.take() if early else open_cluster(spec, settings["device"])
         _needs_gpus(self.client, self.cluster, spec, settings["device"])
         self._ran = ran
         self._landed_fn = landed  # (contract, item, fields, seconds) of each item that lands with an outcome

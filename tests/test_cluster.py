@@ -339,3 +339,33 @@ def test_measure_items_of_one_measurement_are_measured_once_on_the_cluster(sched
         **items["SC-MEASURE-1"]["evidence"],
         "shared_with": "scale-v1:SC-MEASURE-1",
     }
+
+
+@needs_dask
+def test_the_cluster_opens_while_the_contracts_load_once_and_is_closed_when_the_run_ends_first(tmp_path, monkeypatch):
+    import obligations.cluster as oc
+
+    opened: list[object] = []
+    real_open, real_close = oc.open_cluster, oc.OpeningCluster.close
+
+    def counted_open(spec, device, timeout=30.0):
+        opened.append(spec)
+        return real_open(spec, device, timeout)
+
+    closed: list[bool] = []
+
+    def close(self):
+        closed.append(self._taken)
+        return real_close(self)
+
+    monkeypatch.setattr(oc, "open_cluster", counted_open)
+    monkeypatch.setattr(oc.OpeningCluster, "close", close)
+    out = tmp_path / "r.json"
+    timeline = tmp_path / "t.json"
+    argv = ["check", str(TRANSFER), "--device", "host", "--cluster", "local:1", "-q", "--json", str(out)]
+    assert main([*argv, "--timeline", str(timeline)]) == 0
+    phases = [e["name"] for e in json.loads(timeline.read_text())["traceEvents"] if e.get("ph") == "X"]
+    assert "open cluster" in phases and "load contracts" in phases
+    assert len(opened) == 1 and closed == [True]  # the run took the one opened early: it closed it itself
+    assert main(["check", str(TRANSFER), "--device", "host", "--cluster", "local:1", "--only", "NO-SUCH-ID"]) == 2
+    assert len(opened) == 2 and closed[1:] == [False]  # opened ahead, not taken: closed by the run's cleanup

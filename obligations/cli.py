@@ -405,6 +405,20 @@ def _early_cluster(args: argparse.Namespace, device: str, cleanup: contextlib.Ex
     return opening
 
 
+def _start_workers(
+    args: argparse.Namespace, device: str, seed: int, cleanup: contextlib.ExitStack, phases: list
+) -> tuple[Any, Any]:
+    """The run's own executor and its prefetch workers, started ahead (see :func:`_early_executor`,
+    :func:`_early_prefetcher`); ``cleanup`` closes them if the run ends before it takes them."""
+    if device == "cuda":  # before any worker starts: they inherit where the run's sanitize items meet
+        from obligations.sanitize_batch import run_scope
+
+        cleanup.enter_context(run_scope())
+    with _phase(phases, "start workers"):  # their imports overlap the probe and the loading
+        early = _early_executor(args, device, seed, cleanup)
+        return early, _early_prefetcher(args, device, seed, cleanup, early)
+
+
 # perf_counter times of this process's start (Linux, where kc runs as a command) and of main(): the timeline's
 _STARTED: dict[str, float] = {}
 
@@ -475,18 +489,18 @@ def _run_check(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
     _proof_environment(args)
     try:
         with raising_on_stop():  # a stop while the device is probed and contracts load (imports) ends here, at once
+            # --device cuda: the workers start before the probe too (it imports CuPy and wakes the driver; a
+            # failed one exits 2 and closes them); auto waits for the probe (a host without a GPU starts none)
+            told = "cuda" if args.device == "cuda" and not args.cluster else None
+            if told:
+                early, ahead = _start_workers(args, told, seed, cleanup, phases)
             with _phase(phases, "probe device"):
                 device = _resolve_device(args.device, args.cluster)
             if device is None:
                 return EXIT_INVALID
-            if device == "cuda":  # before any worker starts: they inherit where the run's sanitize items meet
-                from obligations.sanitize_batch import run_scope
-
-                cleanup.enter_context(run_scope())
-            with _phase(phases, "start workers"):  # their imports overlap the loading
-                early = _early_executor(args, device, seed, cleanup)
-                ahead = _early_prefetcher(args, device, seed, cleanup, early)
-                opening = _early_cluster(args, device, cleanup)
+            if not told:
+                early, ahead = _start_workers(args, device, seed, cleanup, phases)
+            opening = _early_cluster(args, device, cleanup)  # its own start is on the timeline ("open cluster")
             with _phase(phases, "load contracts"):  # each file parsed and validated once
                 loaded = load_contracts(args.paths, search_path=args.search_path, cache=True)
     except StopRequested as e:

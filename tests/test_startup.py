@@ -10,6 +10,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from obligations.cli import main
 from obligations.contract import load_contract
 from tests.contract_helpers import marked_processes
@@ -116,3 +118,26 @@ def test_kc_checks_timeline_holds_its_start_up_phases(tmp_path):
     events = json.loads(tl.read_text())["traceEvents"]
     names = [e["name"] for e in events if e["ph"] == "X" and e.get("cat") == "kc"]
     assert names == ["import kc", "probe device", "start workers", "load contracts", "close workers"]
+
+
+def test_device_cuda_starts_the_workers_before_the_probe_and_a_failed_probe_closes_them(monkeypatch):
+    """--device cuda: the workers' imports overlap the probe too; where there is no GPU (here) it exits 2 and leaves
+    no worker behind."""
+    import obligations.cli as cli
+    from obligations.core.device import cuda_available
+    from obligations.isolation import Prefetcher
+
+    if cuda_available()[0]:
+        pytest.skip("a GPU is here: the probe succeeds")
+    mark = f"startup-probe-{os.getpid()}"
+    monkeypatch.setenv("KC_TEST_MARK", mark)
+    monkeypatch.setattr("falsification.measure.PEER_LIBRARIES", ())
+    order: list[str] = []
+    real_start, real_probe = Prefetcher.prestart, cli._resolve_device
+    monkeypatch.setattr(Prefetcher, "prestart", lambda self, *a: (order.append("workers"), real_start(self, *a))[1])
+    monkeypatch.setattr(cli, "_resolve_device", lambda *a: (order.append("probe"), real_probe(*a))[1])
+    assert main(["check", str(FAULTS), "--device", "cuda", "-j", "2", "-q"]) == 2
+    assert order == ["workers", "probe"] and marked_processes(mark) == []
+    order.clear()
+    assert main(["check", str(FAULTS), "--device", "auto", "-j", "2", "--only", "FT-OK-1", "-q"]) == 0
+    assert order == ["probe"]  # auto on a host without a GPU: no worker started ahead

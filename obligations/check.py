@@ -606,6 +606,8 @@ def check_paths(
         interrupted, reason = True, getattr(e, "reason", None)
     finally:
         t0 = time.perf_counter()
+        for held in (prefetcher, options.prefetcher, executor):  # all signalled first: their ends overlap
+            getattr(held, "signal_stop", lambda: None)()
         if prefetcher is not None:
             prefetcher.close()
         if options.prefetcher is not None and options.prefetcher is not prefetcher:  # a stop before it was decided

@@ -252,6 +252,10 @@ class Executor:
         """Start what the first item will need (a worker process, importing ``preload`` too) without waiting for it;
         a no-op in process."""
 
+    def signal_stop(self) -> None:
+        """Tell what the executor holds to end now without waiting for it (:meth:`close` waits): a run ending its
+        workers signals them all first, so their ends (a CUDA context's teardown each) overlap."""
+
     def close(self) -> None:
         """Release what the executor holds (a worker process)."""
 
@@ -405,6 +409,12 @@ class WorkerPool(Executor):
             for stream in (proc.stdin, proc.stdout):
                 with contextlib.suppress(Exception):
                     stream.close()
+
+    def signal_stop(self) -> None:
+        proc = self.proc
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
     def close(self) -> None:
         self._closed = True  # a start under way in another thread kills its process instead of keeping it
@@ -681,6 +691,12 @@ class Prefetcher:
     def _lane(self, worker: WorkerPool) -> str:
         return f"worker {next(n for n, w in enumerate(self._workers) if w is worker) + 1}"
 
+    def signal_stop(self) -> None:
+        """Signal every worker to end now, without waiting (their ends overlap; :meth:`close` waits for them)."""
+        self._closed = True  # first: a thread whose worker dies now returns the stop's record, not a crash's
+        for w in self._workers:
+            getattr(w, "signal_stop", lambda: None)()
+
     def prestart(self, preload: tuple[str, ...] = ()) -> None:
         """Spawn every worker now (each imports the run's modules while the caller goes on: kc check on cuda, while
         the contracts load); a closed prefetcher starts none."""
@@ -735,6 +751,7 @@ class Prefetcher:
             events = list(self._events.values())
         for ev in events:  # a thread waiting for witnesses that will not come
             ev.set()
+        self.signal_stop()
         for w in self._workers:
             w.close()
         for _ in self._threads:

@@ -141,3 +141,23 @@ def test_device_cuda_starts_the_workers_before_the_probe_and_a_failed_probe_clos
     order.clear()
     assert main(["check", str(FAULTS), "--device", "auto", "-j", "2", "--only", "FT-OK-1", "-q"]) == 0
     assert order == ["probe"]  # auto on a host without a GPU: no worker started ahead
+
+
+def test_closing_the_workers_signals_them_all_before_waiting_for_any(monkeypatch):
+    """A worker's end waits for its CUDA context's teardown: ending 15 of them one after the other added up."""
+    import subprocess
+
+    from obligations.check import item_fields
+    from obligations.isolation import Prefetcher
+
+    pre = Prefetcher(3, item_fields, SETTINGS)
+    pre.prestart()
+    log: list[str] = []
+    real_kill, real_wait = os.killpg, subprocess.Popen.wait
+    monkeypatch.setattr(os, "killpg", lambda pid, sig: (log.append("kill"), real_kill(pid, sig))[1])
+    monkeypatch.setattr(
+        subprocess.Popen, "wait", lambda self, *a, **k: (log.append("wait"), real_wait(self, *a, **k))[1]
+    )
+    pre.close()
+    # three signals, then each worker's close (its kill again, a no-op, and its wait)
+    assert log[:5] == ["kill"] * 4 + ["wait"] and all(w.proc is None for w in pre._workers)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -550,25 +551,24 @@ def _run_check(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
         log=log.record if log else None,
         executor=early,
         prefetcher=ahead,
-        phases=tuple(phases),
     )
     total = sum(1 for c in loaded.contracts for it in c.items if not args.only or _selected(it["id"], args.only))
     reporter = Reporter(out, verbosity, total)
     result = None
     try:
+        with _phase(phases, "device info"):
+            info = _remote_device(args.cluster) if _on_scheduler(args.device, args.cluster) else device_info(device)
         result = check_paths(
             loaded.contracts,
             device=device,
-            device_info=_remote_device(args.cluster)
-            if _on_scheduler(args.device, args.cluster)
-            else device_info(device),
+            device_info=info,
             only=args.only,
             profile=profile,
             seed=seed,
             strict=args.strict,
             progress=reporter,
             argv=["kc", *sys.argv[1:]],
-            options=options,
+            options=dataclasses.replace(options, phases=tuple(phases)),
         )
     except ClusterError as e:  # a scheduler that does not answer, no GPU for a local cuda cluster: bad input
         print(f"kc: error: --cluster {e}", file=sys.stderr)

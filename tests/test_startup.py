@@ -117,7 +117,7 @@ def test_kc_checks_timeline_holds_its_start_up_phases(tmp_path):
     assert main(["check", str(FAULTS), "--device", "host", "-j", "0", "--only", "FT-OK-1", "--timeline", str(tl)]) == 0
     events = json.loads(tl.read_text())["traceEvents"]
     names = [e["name"] for e in events if e["ph"] == "X" and e.get("cat") == "kc"]
-    assert names == ["import kc", "probe device", "start workers", "load contracts", "close workers"]
+    assert names == ["import kc", "probe device", "start workers", "load contracts", "device info", "close workers"]
 
 
 def test_device_cuda_starts_the_workers_before_the_probe_and_a_failed_probe_closes_them(monkeypatch):

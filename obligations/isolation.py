@@ -422,6 +422,7 @@ class WorkerPool(Executor):
                     stream.close()
 
     def signal_stop(self) -> None:
+        """SIGKILL the worker's process group now; :meth:`close` reaps it."""
         proc = self.proc
         if proc is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -19,7 +19,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from falsification.agreement import Agreement
-from falsification.engine import Check, Elements, NativeResult
+from falsification.engine import Check, DrawCodec, Elements, NativeResult
 from falsification.float32_inputs import MIXES, BatchSpec, batch_specs, generate_bits, layout_arrays
 from falsification.profiles import Budget
 from falsification.registry import Replay
@@ -132,6 +132,25 @@ def batch_check(
         layouts=layouts,
         scalar_bits=scalar_strategy,
     )
+    # Everything the strategy depends on (with the project's source, which the store adds): its draws may be reused.
+    # A check drawing its scalars from a strategy of its own is not described here, so its draws are never stored.
+    codec = (
+        DrawCodec(
+            key={
+                "strategy": "falsification.float32_inputs.batch_specs",
+                "arity": arity,
+                "n_scalars": n_scalars,
+                "max_size": budget.max_size,
+                "max_explicit": budget.max_explicit,
+                "mixes": list(mixes or DEFAULT_MIXES),
+                "layouts": list(layouts),
+            },
+            encode=lambda spec: spec.to_json(),
+            decode=BatchSpec.from_json,
+        )
+        if scalar_strategy is None
+        else None
+    )
     # Explicit first cases: one full-size batch per mix (scalars 1.0), whatever Hypothesis draws after them.
     ones = tuple(0x3F800000 for _ in range(n_scalars))
     firsts = tuple(
@@ -164,4 +183,5 @@ def batch_check(
         unit="elements",
         from_witness=from_witness if plan is not None else None,
         regime_of=regimes if plan is not None else None,
+        draw_codec=codec,
     )

@@ -46,6 +46,7 @@ from obligations.core.results import Outcome, error, passed, skipped, violated
 
 __all__ = [
     "Check",
+    "DrawCodec",
     "Elements",
     "Judgement",
     "NativeResult",
@@ -115,6 +116,21 @@ class Elements(Generic[C]):
 
 
 @dataclass(frozen=True)
+class DrawCodec(Generic[C]):
+    """How a check's Hypothesis draws may be stored and reused by the run's :class:`~falsification.registry.DrawStore`.
+
+    While every example passes, the cases Hypothesis draws depend only on the strategy, the seed, ``max_examples`` and
+    the Hypothesis version (:func:`_explore` relies on it to draw in a thread): ``key`` names everything the check's
+    strategy depends on besides the project's source (the store adds that and the versions), and ``encode``/``decode``
+    map a case to JSON and back exactly (a draw list that does not round-trip is never stored).
+    """
+
+    key: Mapping[str, Any]
+    encode: Callable[[C], Any]
+    decode: Callable[[Any], C]
+
+
+@dataclass(frozen=True)
 class Check(Generic[C]):
     """What a family test declares; :func:`run` drives it.
 
@@ -161,6 +177,8 @@ class Check(Generic[C]):
     # Threads that materialise cases and evaluate the reference ahead of the judging (pipelined runs; 0: none).
     # Only for checks whose inputs and reference are pure host code that releases the GIL (NumPy float64).
     reference_threads: int = 0
+    # Hypothesis' draws of this check may be stored and reused (the same cases, not drawn again; see DrawCodec)
+    draw_codec: DrawCodec[C] | None = None
 
 
 @dataclass(frozen=True)
@@ -570,6 +588,7 @@ class _Search(Generic[C]):
     regimes: dict[str, int] = field(default_factory=dict)  # plan regime -> cases judged in it
     boundaries: dict[str, int] = field(default_factory=dict)  # boundary witness -> 1 once run (refused, if rejected)
     order_sensitive: int = 0  # cases whose bits the check's alternative order changes
+    draw_cache: dict[str, Any] | None = None  # the drawn cases reused from the run's draw store ("hit") or stored
 
     def one(self, case: C, prepared: Future[tuple[Any, Any]] | None = None) -> None:
         """Judge one case; raise _Disagreement on a failure (Hypothesis then shrinks it).
@@ -678,6 +697,8 @@ class _Search(Generic[C]):
                 order_sensitive_cases=self.order_sensitive,
                 order_insensitive=self.order_sensitive == 0,
             )
+        if self.draw_cache is not None:
+            ev["draw_cache"] = self.draw_cache
         return ev
 
 
@@ -739,12 +760,28 @@ def set_pipelined(on: bool) -> None:
 
 
 class _Drawn:
-    """Hypothesis' cases drawn in a thread by a body that only records them (see :func:`_explore`)."""
+    """Hypothesis' cases drawn in a thread by a body that only records them (see :func:`_explore`), or the same cases
+    reused from the run's draw store where the check has a draw codec and this draw was stored before."""
 
     def __init__(self, ctx: FalsifyContext, check: Check[C], max_examples: int) -> None:
         self._cases: queue.Queue[Any] = queue.Queue()
         self._end, self._stop = object(), threading.Event()
         self.failed = False
+        self._thread: threading.Thread | None = None
+        self._recorded: list[Any] = []
+        codec, store = check.draw_codec, ctx.draws
+        self._key = None
+        if codec is not None and store is not None and ctx.replay is None:
+            parts = {"check": codec.key, "seed": ctx.seed, "max_examples": max_examples, "hypothesis": _hyp_version()}
+            self._key = store.key(parts)
+            stored = store.get(self._key)
+            if stored is not None:
+                self.cache: dict[str, Any] | None = {"status": "hit", "key": self._key, "cases": len(stored)}
+                for value in stored:
+                    self._cases.put(codec.decode(value))
+                self._cases.put(self._end)
+                return
+        self.cache = {"status": "miss", "key": self._key} if self._key is not None else None
         self._thread = threading.Thread(
             target=self._produce, args=(ctx, check, max_examples), name="kc-hypothesis", daemon=True
         )
@@ -754,12 +791,16 @@ class _Drawn:
         def record(case: C) -> None:
             if not self._stop.is_set():
                 self._cases.put(case)
+                self._recorded.append(case)
 
         try:
             with _no_local_constants():
                 _hypothesis(ctx, check, max_examples, record)()
         except BaseException:  # e.g. a strategy error: the serial search meets it again and reports it
             self.failed = True
+        try:  # stored before the end is announced, so the judging's close() waits for it
+            if not self.failed and self._key is not None and not self._stop.is_set():  # a whole draw
+                _store_draws(ctx, check, self._key, self._recorded)
         finally:
             self._cases.put(self._end)
 
@@ -770,7 +811,24 @@ class _Drawn:
     def close(self) -> None:
         """Stop recording and wait for the thread (Hypothesis' state is shared with a serial run after it)."""
         self._stop.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def _hyp_version() -> str:
+    import hypothesis
+
+    return str(hypothesis.__version__)
+
+
+def _store_draws(ctx: FalsifyContext, check: Check[C], key: str, cases: list[Any]) -> None:
+    """Store a whole draw (every example recorded, none failed), only where every case round-trips through JSON."""
+    codec, store = check.draw_codec, ctx.draws
+    if codec is None or store is None:
+        return
+    encoded = [codec.encode(c) for c in cases]
+    if all(codec.decode(e) == c for e, c in zip(encoded, cases, strict=True)):
+        store.put(key, encoded)
 
 
 def _prepare(check: Check[C], case: C) -> tuple[Any, Any]:
@@ -841,6 +899,8 @@ def _explore(ctx: FalsifyContext, search: _Search[C]) -> _Disagreement | None:
     check = search.check
     pipelined = _PIPELINE["on"]
     drawn = _Drawn(ctx, check, search.budget.max_examples) if pipelined and check.cases is not None else None
+    if drawn is not None:
+        search.draw_cache = drawn.cache
     pool = (
         ThreadPoolExecutor(max_workers=check.reference_threads, thread_name_prefix="kc-reference")
         if pipelined and check.reference_threads > 0

@@ -256,6 +256,18 @@ class BatchSpec:
             "scalars": [f"0x{b:08X}" for b in self.scalars],
         }
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> BatchSpec:
+        """The spec of :meth:`to_json`'s form."""
+        return cls(
+            seed=int(d["seed"]),
+            size=int(d["size"]),
+            mix=str(d["mix"]),
+            explicit=tuple((int(p), tuple(int(b, 16) for b in bits)) for p, bits in d["explicit"]),
+            scalars=tuple(int(b, 16) for b in d["scalars"]),
+            layout=str(d["layout"]),
+        )
+
 
 def batch_specs(
     arity: int,

@@ -7,12 +7,13 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from falsification.profiles import Budget, Profile, budget_for
 from obligations.core.results import Outcome
 
 __all__ = [
+    "DrawStore",
     "FalsifyContext",
     "Replay",
     "FalsificationTest",
@@ -41,6 +42,24 @@ class Replay:
         return cls(tuple(int(str(v), 0) for v in values), tuple(int(str(s), 0) for s in scalars))
 
 
+class DrawStore(Protocol):
+    """Where a run keeps the Hypothesis draws of checks that declare a draw codec (``obligations.engines`` backs it
+    with the proof cache): ``key`` names the draws (it adds the project's source and the library versions to
+    ``parts``), ``get`` gives the stored JSON cases or None, ``put`` stores them."""
+
+    def key(self, parts: Mapping[str, Any]) -> str:
+        """The store's key of the draws ``parts`` describes."""
+        ...
+
+    def get(self, key: str) -> list[Any] | None:
+        """The JSON cases stored under ``key``, or None."""
+        ...
+
+    def put(self, key: str, cases: list[Any]) -> None:
+        """Store the JSON cases under ``key``."""
+        ...
+
+
 @dataclass(frozen=True)
 class FalsifyContext:
     """Everything a falsification test may read: where to run, how hard to try, and the item's own terms.
@@ -58,6 +77,8 @@ class FalsifyContext:
     replay: Replay | None = None  # re-check this one case instead of searching
     # regime -> the smallest plan values reaching it (the item's ``witnesses:`` regimes item), run as explicit cases
     witnesses: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # where Hypothesis' draws of a check with a draw codec are kept and reused (None: every run draws its own)
+    draws: DrawStore | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "profile", Profile.of(self.profile))

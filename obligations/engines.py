@@ -727,10 +727,48 @@ class _RegisteredTestEngine(Engine):
             contract=job.contract.data,
             contract_path=shown_path(job.contract.path),
             witnesses=witnesses,
+            draws=_draw_store(),
         )
         if test.pure:
             return with_evidence_kind(_unreported_witnesses(_pure_run(test, ctx), witnesses), self.evidence_class)
         return with_evidence_kind(_unreported_witnesses(test.run(ctx), witnesses), self.evidence_class)
+
+
+def _project_sources() -> str:
+    """The digest of the project packages a falsification test runs: spec, native, falsification, obligations/core."""
+    here = Path(__file__).parent
+    return sources_digest([here / "core", *(here.parent / d for d in ("spec", "native", "falsification"))])
+
+
+@dataclass(frozen=True)
+class _ProofCacheDraws:
+    """The run's falsification draw store (:class:`falsification.registry.DrawStore`) in the proof cache: a check's
+    Hypothesis cases stored under its strategy's description, seed, example count, the Hypothesis, Python and NumPy
+    versions and the project's source, reused by a later run instead of being drawn again."""
+
+    settings: Any
+
+    def key(self, parts: Mapping[str, Any]) -> str:
+        """The proof-cache key of the draws ``parts`` describes, with the project's source and versions."""
+        import platform
+
+        full = {**parts, "sources": _project_sources(), "python": platform.python_version(), "numpy": np.__version__}
+        return cache_key("draws", full)
+
+    def get(self, key: str) -> list[Any] | None:
+        """The stored JSON cases of ``key``, or None."""
+        hit = cache_get(self.settings, key)
+        cases = hit.get("cases") if hit is not None and hit.get("status") == "drawn" else None
+        return cases if isinstance(cases, list) else None
+
+    def put(self, key: str, cases: list[Any]) -> None:
+        """Store the JSON cases under ``key``."""
+        cache_put(self.settings, key, {"status": "drawn", "cases": cases})
+
+
+def _draw_store() -> _ProofCacheDraws | None:
+    settings = proof_settings()
+    return _ProofCacheDraws(settings) if settings.cache else None
 
 
 def _pure_key(test: Any, ctx: Any) -> str:
@@ -739,8 +777,6 @@ def _pure_key(test: Any, ctx: Any) -> str:
     versions."""
     import platform
 
-    here = Path(__file__).parent
-    roots = [here / "core", *(here.parent / d for d in ("spec", "native", "falsification"))]
     parts = {
         "test": test.name,
         "params": ctx.params,
@@ -750,7 +786,7 @@ def _pure_key(test: Any, ctx: Any) -> str:
         "profile": str(ctx.profile),
         "device": ctx.device,
         "witnesses": ctx.witnesses,
-        "sources": sources_digest(roots),
+        "sources": _project_sources(),
         "python": platform.python_version(),
         "numpy": np.__version__,
     }

@@ -16,7 +16,7 @@ from falsification import engine
 from obligations.check import check_contract
 
 ROOT = Path(__file__).resolve().parent.parent
-TIMING = {"wall_s", "cases_per_s", "elements_per_s", "seconds", "compare_seconds"}
+TIMING = {"wall_s", "cases_per_s", "elements_per_s", "seconds", "compare_seconds", "draw_cache"}
 
 
 def _strip(x):
@@ -128,3 +128,64 @@ def test_a_drawn_failure_is_judged_once_and_shrunk_as_in_the_serial_search(bad_f
     assert s_calls == p_calls  # the same cases judged, in the same order, each once (shrinking included)
     if bad_from <= 10_000:
         assert p_ce["element"]["outputs"]["r"]["reference"] == f"0x{bad_from:08X}"  # shrunk to the boundary
+
+
+class _MemoryDraws:
+    """An in-memory draw store (the run's is the proof cache): JSON cases by key."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, list] = {}
+
+    def key(self, parts):
+        import json
+
+        return json.dumps(parts, sort_keys=True)
+
+    def get(self, key):
+        return self.entries.get(key)
+
+    def put(self, key, cases):
+        self.entries[key] = list(cases)
+
+
+@pytest.mark.parametrize("bad_from", [10**9, 9000, 1])
+def test_stored_draws_are_the_cases_hypothesis_draws(bad_from):
+    # a check with a draw codec: a whole passing draw is stored; a later run takes the same cases from the store
+    # (not drawn again) and judges them in the same order with the same verdict, shrinking included; a draw that
+    # found a failure is never stored
+    from dataclasses import replace
+
+    from falsification.registry import FalsifyContext
+
+    store, runs = _MemoryDraws(), []
+    for _ in range(2):
+        calls: list[int] = []
+        check = replace(_synthetic(calls, bad_from), draw_codec=engine.DrawCodec({"s": "ints"}, int, int))
+        ctx = FalsifyContext(device="host", profile="quick", seed=11, item={"id": "t", "test": "x"}, draws=store)
+        out = engine.run(ctx, check)
+        runs.append((out.status.value, _strip(out.counterexample), engine.evidence_dict(out), calls))
+    (s1, ce1, ev1, calls1), (s2, ce2, ev2, calls2) = runs
+    assert s1 == s2 and ce1 == ce2 and calls1 == calls2
+    if bad_from > 10_000:
+        assert (ev1["draw_cache"]["status"], ev2["draw_cache"]["status"]) == ("miss", "hit")
+        assert len(next(iter(store.entries.values()))) == ev2["draw_cache"]["cases"] == ev2["draws"] - 3
+    else:
+        assert not store.entries and ev2["draw_cache"]["status"] == "miss"
+    assert _strip(ev1) == _strip(ev2)
+
+
+def test_batch_specs_round_trip_through_their_json():
+    from hypothesis import find, settings
+
+    from falsification.float32_inputs import BatchSpec, batch_specs
+
+    seen: list[BatchSpec] = []
+
+    def keep(spec: BatchSpec) -> bool:
+        seen.append(spec)
+        return False
+
+    with pytest.raises(Exception):  # noqa: B017 - find raises NoSuchExample after its examples
+        find(batch_specs(3, 2, 1 << 16, 6, layouts=("contiguous", "strided")), keep, settings=settings(max_examples=60))
+    assert seen and all(BatchSpec.from_json(s.to_json()) == s for s in seen)
+    assert any(s.explicit for s in seen) and any(s.scalars for s in seen)

@@ -822,7 +822,8 @@ def _hyp_version() -> str:
 
 
 def _store_draws(ctx: FalsifyContext, check: Check[C], key: str, cases: list[Any]) -> None:
-    """Store a whole draw (every example recorded, none failed), only where every case round-trips through JSON."""
+    """Store a whole draw (every example recorded: the recording body never fails, so it is the same whatever the
+    judging finds), only where every case round-trips through JSON."""
     codec, store = check.draw_codec, ctx.draws
     if codec is None or store is None:
         return

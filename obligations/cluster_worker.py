@@ -48,6 +48,13 @@ def run_on_worker(request: dict[str, Any]) -> dict[str, Any]:
     executor = _executors.get(key)
     if executor is None:
         executor = _executors[key] = make_executor(isolate, partial(item_fields, **settings), settings)
+        if settings["device"] == "cuda":
+            # As the run's own executor on one GPU: any process of a GPU worker may be given a measure item, whose
+            # peers' libraries (torch, cupyx) a fresh process would import inside its timed item's set-up
+            # (FALSIFY-CUBLAS-010 took 2.5 s on a 2 x H200 cluster against 0.16 s on one GPU, 2026-11-27).
+            from falsification.measure import PEER_LIBRARIES
+
+            executor.prestart(preload=PEER_LIBRARIES)
     start = time.time()
     t0 = time.perf_counter()
     fields = executor.run(contract, contract.item(request["item"]), request["limit"], request["witnesses"])

@@ -65,6 +65,7 @@ def batch_check(
     mixes: tuple[str, ...] | None = None,
     prepare: Callable[[list], list] | None = None,
     scalar_strategy: st.SearchStrategy[int] | None = None,
+    scalar_key: Any = None,
     build: dict[str, Any] | None = None,
     plan: Callable[..., Any] | None = None,
     knobs: tuple[str, ...] = (),
@@ -74,6 +75,8 @@ def batch_check(
     The first cases are full-size batches, balanced then one per mix (scalars 1.0); Hypothesis then draws
     batch specs.
     ``prepare`` maps operand views before both sides see them (e.g. into a function's domain).
+    ``scalar_key``: a JSON description of ``scalar_strategy`` naming everything its draws depend on; with it (or
+    without a scalar strategy) the check's draws may be stored and reused (:class:`~falsification.engine.DrawCodec`).
     ``plan`` (the kernel's launch plan, taking ``n`` and ``knobs``): a regime witness becomes a batch of its
     ``n`` elements launched with its knobs (``native(views, scalars, **knobs)``), and each batch's regimes are
     counted.
@@ -133,7 +136,8 @@ def batch_check(
         scalar_bits=scalar_strategy,
     )
     # Everything the strategy depends on (with the project's source, which the store adds): its draws may be reused.
-    # A check drawing its scalars from a strategy of its own is not described here, so its draws are never stored.
+    # A check drawing its scalars from a strategy of its own needs that strategy described (scalar_key), else its
+    # draws are never stored.
     codec = (
         DrawCodec(
             key={
@@ -144,11 +148,12 @@ def batch_check(
                 "max_explicit": budget.max_explicit,
                 "mixes": list(mixes or DEFAULT_MIXES),
                 "layouts": list(layouts),
+                "scalar_strategy": scalar_key,
             },
             encode=lambda spec: spec.to_json(),
             decode=BatchSpec.from_json,
         )
-        if scalar_strategy is None
+        if scalar_strategy is None or scalar_key is not None
         else None
     )
     # Explicit first cases: one full-size batch per mix (scalars 1.0), whatever Hypothesis draws after them.

@@ -148,6 +148,7 @@ def elementwise_check(
     custom_reference: Callable[[list, tuple], list] | None = None,
     prepare: Callable[[list], list] | None = None,
     scalar_strategy: Any = None,
+    scalar_key: Any = None,
     build: dict[str, Any] | None = None,
 ) -> Check[BatchSpec]:
     """The engine check of kernel ``op`` (as ``variant``) on the run's device against its reference."""
@@ -221,6 +222,7 @@ def elementwise_check(
         mixes=mixes,
         prepare=prepare,
         scalar_strategy=scalar_strategy,
+        scalar_key=scalar_key,
         build={**evidence, **(build or {})},
         plan=launch_plan,
         knobs=("block", "max_grid"),
@@ -360,6 +362,8 @@ def determinism(ctx: FalsifyContext) -> Outcome:
 # -- backward rules vs finite differences ----------------------------------------------------------
 
 _FD_EXP = (121, 134)  # operands are moved to |x| in [2^-6, 2^7): FD truncation error stays ~1e-9
+# The scalar operands (clamp's bounds) the backward checks draw from: -1, 1, 0, -2, 2, 0.5.
+_FD_SCALARS = (0xBF800000, 0x3F800000, 0x00000000, 0xC0000000, 0x40000000, 0x3F000000)
 
 
 def _moderate(xp: Any, u: Any) -> Any:
@@ -437,7 +441,7 @@ def _backward_check(ctx: FalsifyContext) -> Check[BatchSpec]:
 
     fd_bound.__name__ = f"{rel:g} * (|reference| + |dy|)"
     agreement = engine.item_agreement(ctx, "error_bound", bound=fd_bound)
-    scalar_strategy = st.sampled_from([0xBF800000, 0x3F800000, 0x00000000, 0xC0000000, 0x40000000, 0x3F000000])
+    scalar_strategy = st.sampled_from(list(_FD_SCALARS))
     return elementwise_check(
         op,
         ctx,
@@ -447,6 +451,7 @@ def _backward_check(ctx: FalsifyContext) -> Check[BatchSpec]:
         custom_reference=reference,
         prepare=prepare,
         scalar_strategy=scalar_strategy,
+        scalar_key={"sampled_from": list(_FD_SCALARS)},
         build={"h_rel": h_rel, "domain": "|x| in [2^-6, 2^7) or 0"},
     )
 

@@ -13,7 +13,8 @@ compared output by output with the expected arrays. A case is recorded as
 Only the case modules of the supported ops are imported (``collect_testcases()`` would build all ~1900 cases, about
 15 s); they are built once per process. ONNX's pool modules compute their expected outputs with a pure-Python
 reference (about 10 s), so their float32 cases are read from ``tests/fixtures/onnx_node_cases_pool.npz`` (written by
-:func:`write_fixture`, the onnx version recorded in it) when that version is the installed one. Graph inputs after
+:func:`write_fixture`, the onnx versions recorded in it: the writer's and those whose own build was checked to equal it
+bit for bit, 1.23.2 and the GPU machines' 1.23.1) when the installed version is one of them. Graph inputs after
 the first are promoted to initializers, as exported
 models carry their weights; the first stays a graph input. The table in ``docs/graphs.md`` is :func:`table_markdown`
 of :func:`run_conformance` (``tests/test_onnx_conformance.py`` keeps it current).
@@ -46,6 +47,7 @@ __all__ = [
     "NodeAgreement",
     "node_by_node",
     "FIXTURE",
+    "fixture_versions",
     "LOW_PRECISION",
     "REFERENCE_DISAGREES",
 ]
@@ -305,11 +307,13 @@ def _build_module(mod: str) -> list[Any]:
     return list(node_cases._NodeTestCases[before:])
 
 
-def write_fixture(path: Path = FIXTURE) -> int:
-    """Write the float32 cases of FIXTURE_MODULES (model bytes, inputs, outputs) with the onnx version; the count."""
+def write_fixture(path: Path = FIXTURE, also: tuple[str, ...] = ()) -> int:
+    """Write the float32 cases of FIXTURE_MODULES (model bytes, inputs, outputs) with the onnx version (and the
+    versions ``also`` whose build was checked to equal it); the count."""
     import onnx
 
-    d: dict[str, np.ndarray] = {"onnx_version": np.frombuffer(onnx.__version__.encode(), np.uint8)}
+    versions = ",".join(dict.fromkeys((onnx.__version__, *also)))
+    d: dict[str, np.ndarray] = {"onnx_version": np.frombuffer(versions.encode(), np.uint8)}
     n = 0
     for mod in FIXTURE_MODULES:
         for c in _CACHE.setdefault(mod, _build_module(mod)):
@@ -326,15 +330,26 @@ def write_fixture(path: Path = FIXTURE) -> int:
     return n
 
 
+def fixture_versions(path: Path = FIXTURE) -> tuple[str, ...]:
+    """The onnx versions whose own build of the pool cases the fixture equals, bit for bit (its ``onnx_version``
+    field: the writer's, and any added once tests/test_onnx_conformance.py's slow fixture test passed under them)."""
+    with np.load(path) as z:
+        return tuple(v for v in bytes(z["onnx_version"]).decode().split(",") if v)
+
+
 def _fixture_cases() -> list[Any] | None:
-    """The fixture's cases, or None when it is absent or was written by another onnx version."""
+    """The fixture's cases, or None when it is absent or not known to equal the installed onnx version's build."""
     import onnx
 
-    if not FIXTURE.exists():
+    if not FIXTURE.exists() or onnx.__version__ not in fixture_versions():
         return None
-    with np.load(FIXTURE) as z:
-        if bytes(z["onnx_version"]).decode() != onnx.__version__:
-            return None
+    return _read_fixture(FIXTURE)
+
+
+def _read_fixture(path: Path) -> list[Any]:
+    import onnx
+
+    with np.load(path) as z:
         names = sorted({k.split("/")[0] for k in z.files if "/" in k})
         out = []
         for name in names:

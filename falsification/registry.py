@@ -43,9 +43,10 @@ class Replay:
 
 
 class DrawStore(Protocol):
-    """Where a run keeps the Hypothesis draws of checks that declare a draw codec (``obligations.engines`` backs it
-    with the proof cache): ``key`` names the draws (it adds the project's source and the library versions to
-    ``parts``), ``get`` gives the stored JSON cases or None, ``put`` stores them."""
+    """Where a run keeps deterministic host-side results a test may reuse (``obligations.engines`` backs it with the
+    proof cache): the Hypothesis draws of checks that declare a draw codec, a model's digest (rng.uniform_map_model).
+    ``key`` names a result (it adds the project's source and the library versions to ``parts``), ``get`` gives the
+    stored JSON list or None, ``put`` stores one."""
 
     def key(self, parts: Mapping[str, Any]) -> str:
         """The store's key of the draws ``parts`` describes."""
@@ -77,7 +78,8 @@ class FalsifyContext:
     replay: Replay | None = None  # re-check this one case instead of searching
     # regime -> the smallest plan values reaching it (the item's ``witnesses:`` regimes item), run as explicit cases
     witnesses: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
-    # where Hypothesis' draws of a check with a draw codec are kept and reused (None: every run draws its own)
+    # where Hypothesis' draws (checks with a draw codec) and other deterministic host results are kept and reused
+    # (None: every run computes its own)
     draws: DrawStore | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -277,3 +277,40 @@ def test_array_splitmix_and_uniform_equal_the_scalar_definitions():
         [words, ((np.uint64(1) << np.arange(24, dtype=np.uint64)) << np.uint64(8)).astype(np.uint32)]
     )
     assert spec.uniform_reference(words).tolist() == [spec.uniform_bits(int(u)) for u in words]
+
+
+class _Store:
+    """An in-memory store of the run's deterministic host results (the proof cache in a run)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, list] = {}
+
+    def key(self, parts):  # type: ignore[no-untyped-def]
+        return repr(sorted(parts.items()))
+
+    def get(self, key):  # type: ignore[no-untyped-def]
+        return self.entries.get(key)
+
+    def put(self, key, values):  # type: ignore[no-untyped-def]
+        self.entries[key] = list(values)
+
+
+def test_uniform_map_model_reuses_the_models_digest_and_still_catches_the_design_kernel(monkeypatch):
+    # the model's bits are stored as their digest; a later run whose kernel bits have that digest skips evaluating
+    # the model (same evidence), and a kernel whose bits differ evaluates it and is caught as before
+    from falsification.registry import FalsifyContext, get_test
+    from falsification.rng_tests import uniform_map_model
+
+    store, calls = _Store(), []
+    real = rng.uniform_map_plan
+    monkeypatch.setattr(rng, "uniform_map_plan", lambda u: calls.append(1) or real(u))
+    item = {"id": "FALSIFY-RNG-006", "test": "rng.uniform_map_model"}
+    run = lambda params: uniform_map_model(  # noqa: E731
+        FalsifyContext("host", "quick", 0, {**item, "params": params}, draws=store)
+    )
+    first, second = run({}), run({})
+    assert first.status.value == second.status.value == "passed" and len(calls) == 1 and len(store.entries) == 1
+    assert first.evidence.to_json() == second.evidence.to_json()
+    bad = run({"variant": "uniform_design"})
+    assert bad.status.value == "violated" and len(calls) == 2
+    assert get_test("rng.uniform_map_model") is not None

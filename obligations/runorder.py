@@ -79,13 +79,20 @@ def last_seconds(device: str, profile: str, path: Path | None = None) -> dict[st
     return {**shipped_seconds(device, profile), **mine}
 
 
+def _computed(item: Mapping[str, Any]) -> bool:
+    """Whether the record's seconds are what the item costs: it ran (not skipped) and no cache served it."""
+    return item.get("status") != "skipped" and (item.get("evidence") or {}).get("cache") != "hit"
+
+
 def seconds_of(result: Mapping[str, Any]) -> dict[str, float]:
-    """Item name -> seconds of every item a result (``kc check --json``) ran, skipped ones left out."""
+    """Item name -> seconds of every item a result (``kc check --json``) computed: skipped ones and those the proof
+    cache served left out (a hit's hundredth of a second would order a 17-s enumeration last in the next run whose
+    cache misses: a source change, --no-proof-cache, a fresh machine)."""
     return {
         item_name(str(c["id"]), str(it["id"])): round(float(it["seconds"]), 3)
         for c in result.get("contracts") or []
         for it in c.get("items") or []
-        if isinstance(it.get("seconds"), int | float) and it.get("status") != "skipped"
+        if isinstance(it.get("seconds"), int | float) and _computed(it)
     }
 
 

@@ -479,3 +479,17 @@ def test_the_runs_own_worker_starts_while_the_contracts_load_and_goes_with_a_run
     assert result["contracts"][0]["items"][0]["status"] == "proved"
     assert main([*args, "--only", "NO-SUCH-ITEM"]) == 2
     assert spawned == ["early", "early"] and _marked(mark) == []  # closed although no run took it
+
+
+def test_an_item_the_proof_cache_served_keeps_the_seconds_it_took_to_compute(monkeypatch, tmp_path):
+    # a hit's 0.01 s would hand a 17-s enumeration out last in the next run whose cache misses
+    from obligations import runorder
+
+    monkeypatch.setenv("KC_PROOF_CACHE_DIR", str(tmp_path))
+    name = runorder.item_name("c-v1", "E")
+    computed = {"id": "E", "seconds": 17.0, "status": "exhausted", "evidence": {"cache": "miss"}}
+    served = {"id": "E", "seconds": 0.01, "status": "exhausted", "evidence": {"cache": "hit"}}
+    runorder.record_seconds("cuda", "full", [{"id": "c-v1", "items": [computed]}])
+    runorder.record_seconds("cuda", "full", [{"id": "c-v1", "items": [served]}])
+    assert runorder.last_seconds("cuda", "full")[name] == 17.0
+    assert runorder.seconds_of({"contracts": [{"id": "c-v1", "items": [served]}]}) == {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -159,10 +160,15 @@ def _submits_and_runs(monkeypatch):
     """(events in order: ("submit", id) to the workers, ("ended", id) there, ("run", id) by the run itself) of a
     gemm run with -j 1."""
     from obligations.check import RunOptions, check_paths
-    from obligations.isolation import InProcess, Prefetcher
+    from obligations.isolation import InProcess, Prefetcher, item_key
 
     order = []
-    real_submit, real_run, real_worker_run = Prefetcher.submit, InProcess.run, Prefetcher._run
+    real_submit, real_run, real_worker_run, real_take = (
+        Prefetcher.submit,
+        InProcess.run,
+        Prefetcher._run,
+        Prefetcher.take,
+    )
 
     def submit(self, contract, item, *a, **k):
         order.append(("submit", item["id"]))
@@ -173,8 +179,18 @@ def _submits_and_runs(monkeypatch):
         order.append(("ended", item["id"]))
         return got
 
+    def take(self, contract, item):
+        # the run reaches an item only once its worker has begun it: on a loaded host the run, which takes an item
+        # no worker has started, ran the first one itself before the worker process was up
+        future = self._futures.get(item_key(contract, item["id"]))
+        deadline = time.monotonic() + 120
+        while future is not None and not (future.running() or future.done()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return real_take(self, contract, item)
+
     monkeypatch.setattr(Prefetcher, "submit", submit)
     monkeypatch.setattr(Prefetcher, "_run", worker_run)
+    monkeypatch.setattr(Prefetcher, "take", take)
     monkeypatch.setattr(
         InProcess, "run", lambda self, c, i, *a: (order.append(("run", i["id"])), real_run(self, c, i, *a))[1]
     )

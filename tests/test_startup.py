@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -86,7 +87,7 @@ def test_a_run_given_workers_started_ahead_closes_them_where_it_has_one_item_to_
 
 def test_the_timeline_shows_the_runs_phases_and_each_workers_start_before_its_first_item(tmp_path):
     from obligations.check import RunOptions, check_paths, item_fields
-    from obligations.isolation import Prefetcher
+    from obligations.isolation import InProcess, Prefetcher
 
     tl = tmp_path / "t.json"
     ahead = Prefetcher(2, item_fields, SETTINGS)
@@ -94,7 +95,14 @@ def test_the_timeline_shows_the_runs_phases_and_each_workers_start_before_its_fi
     ahead.prestart()
     phases = (("load contracts", t, t + 0.5),)  # as kc check on cuda: the workers start as the loading begins
     ids = ["FT-OK-1", "FT-OK-2", "FT-OK-3", "FT-OK-4"]
-    options = RunOptions(jobs=2, prefetcher=ahead, timeline=str(tl), phases=phases)
+
+    class Unhurried(InProcess):
+        def run(self, *args, **kwargs):
+            time.sleep(0.5)  # the workers take the items the run has not reached (a loaded CI host ran all four itself)
+            return super().run(*args, **kwargs)
+
+    own = Unhurried(partial(item_fields, **SETTINGS))
+    options = RunOptions(jobs=2, prefetcher=ahead, timeline=str(tl), phases=phases, executor=own)
     result = check_paths([load_contract(FAULTS)], only=ids, options=options)
     assert [it["status"] for it in result["contracts"][0]["items"]] == ["passed"] * 4
     events = json.loads(tl.read_text())["traceEvents"]

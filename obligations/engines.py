@@ -734,10 +734,14 @@ class _RegisteredTestEngine(Engine):
         return with_evidence_kind(_unreported_witnesses(test.run(ctx), witnesses), self.evidence_class)
 
 
-def _project_sources() -> str:
-    """The digest of the project packages a falsification test runs: spec, native, falsification, obligations/core."""
+def _code_identity() -> dict[str, str]:
+    """What a falsification result computed here depends on besides its item: the digest of the project packages a
+    test runs (spec, native, falsification, obligations/core) and the Python and NumPy versions."""
+    import platform
+
     here = Path(__file__).parent
-    return sources_digest([here / "core", *(here.parent / d for d in ("spec", "native", "falsification"))])
+    sources = sources_digest([here / "core", *(here.parent / d for d in ("spec", "native", "falsification"))])
+    return {"sources": sources, "python": platform.python_version(), "numpy": np.__version__}
 
 
 @dataclass(frozen=True)
@@ -750,10 +754,7 @@ class _ProofCacheDraws:
 
     def key(self, parts: Mapping[str, Any]) -> str:
         """The proof-cache key of the draws ``parts`` describes, with the project's source and versions."""
-        import platform
-
-        full = {**parts, "sources": _project_sources(), "python": platform.python_version(), "numpy": np.__version__}
-        return cache_key("draws", full)
+        return cache_key("draws", {**parts, **_code_identity()})
 
     def get(self, key: str) -> list[Any] | None:
         """The stored JSON cases of ``key``, or None."""
@@ -775,8 +776,6 @@ def _pure_key(test: Any, ctx: Any) -> str:
     """The proof-cache key of a pure test's verdict: the test, the item's terms, seed, profile and device, the source
     of every project package it may run (spec, native, falsification, obligations/core) and the Python and NumPy
     versions."""
-    import platform
-
     parts = {
         "test": test.name,
         "params": ctx.params,
@@ -786,9 +785,7 @@ def _pure_key(test: Any, ctx: Any) -> str:
         "profile": str(ctx.profile),
         "device": ctx.device,
         "witnesses": ctx.witnesses,
-        "sources": _project_sources(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
+        **_code_identity(),
     }
     return cache_key("falsify", parts)
 

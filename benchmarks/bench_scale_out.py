@@ -1,13 +1,15 @@
 """#28's acceptance on a multi-GPU machine: each command on one GPU, then on a local Dask cluster of every GPU.
 
-Usage: python benchmarks/bench_scale_out.py [--what check audit sweep] [--out DIR] [--repeat N]
+Usage: python benchmarks/bench_scale_out.py [--what check audit sweep] [--out DIR] [--repeat N] [--cache cold|warm]
 ``check``: ``kc check contracts --device cuda`` (one GPU: CUDA_VISIBLE_DEVICES=first, default -j) against the same
 with ``--cluster local``; statuses compared item by item, wall ratio (target >= 1.6x on 2 GPUs). ``audit``:
 ``kc audit-libm`` against ``--cluster local``; every cell's verdict, max ULP (and where) and MPFR-settled count
 compared, wall ratio (target >= 1.8x). ``sweep``: ``kc sweep exp --device cuda`` against ``--cluster local``;
 the evidence compared (2^32 inputs take ~0.2 s: a check of the merge, not of speed). Every command's JSON goes
 to DIR, a summary to DIR/scale-out.json; the exit code is 1 when any evidence differs. ``--repeat N`` runs each
-pair N times, the order reversed every other time. docs/scale-out.md: the wheels and the device command.
+pair N times, the order reversed every other time. ``--cache warm`` times ``check`` with the proof and load caches
+warm (one untimed check on one GPU first, as a CI runner that keeps its cache directory) instead of with
+``--no-proof-cache`` on both sides (``cold``, the default). docs/scale-out.md: the wheels and the device command.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def main() -> int:
     ap.add_argument("--what", nargs="+", choices=list(STEPS), default=["check", "audit", "sweep"])
     ap.add_argument("--out", default=os.environ.get("OUT", "scale-out"))
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--cache", choices=("cold", "warm"), default="cold")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -77,8 +80,13 @@ def main() -> int:
     every = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus}
     summary: dict[str, Any] = {"gpus": gpus, "steps": {}}
     same = True
+    summary["cache"] = args.cache
     for step in args.what:
         argv, evidence = STEPS[step]
+        if step == "check" and args.cache == "warm":
+            argv = [a for a in argv if a != "--no-proof-cache"]
+            wall = _run(argv, one, out / f"{step}-warm-up.log")  # fills the proof and load caches both sides use
+            print(f"{step:<6} warm-up  (one GPU, untimed): {wall:6.1f} s", flush=True)
         walls: dict[str, list[float]] = {"one": [], "cluster": []}
         for r in range(args.repeat):
             order = ["one", "cluster"] if r % 2 == 0 else ["cluster", "one"]

@@ -723,61 +723,9 @@ __device__ __forceinline__ void load_h(T* dst, const T* __restrict__ src, long l
 }
 """
 
-# _F16_HEAD + _F16_KERNEL is the float16 kernel's source as it stood in one piece ([1:]: no leading newline).
-_F16_KERNEL = r"""
-// Float16 storage on tensor cores (FlashAttention-2 layout): 8 warps of 16 query rows, key tiles of BC rows.
-// S = Q K^T and O += P V are mma.sync m16n8k16 with float32 accumulators; the scale, mask, online softmax (exp2f
-// of scores in log2 units) and the row sums run in float32; P is rounded to float16 for P V; O / l rounded once.
-extern "C" __global__ void __launch_bounds__(NT) attn_fwd16(
-        const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
-        float* __restrict__ lse, const long long* __restrict__ kv_len, long long Hq, long long Hkv,
-        long long Lq, long long Lk, float scale, int causal) {
-    __shared__ __align__(16) T ks[BC * LDH];
-    __shared__ __align__(16) T vs[BC * LDH];
-    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const long long bh = blockIdx.y, b = bh / Hq, h = bh - b * Hq, hk = h / (Hq / Hkv);
-    const long long r0 = (long long)blockIdx.x * BR;
-    const long long row0 = r0 + warp * 16 + g, row1 = row0 + 8;
-    const long long klen = kv_len[b];
-    const long long kend = causal ? min(klen, r0 + BR) : klen;
-    const long long kbase = (b * Hkv + hk) * Lk;
-    // Scores in log2 units: t = fl(S sl), sl = fl(scale log2(e)); P = exp2f(t - m) (2 ulp, as expf).
-    const float sl = scale * 1.44269504088896341f;
-    unsigned qa[HDP / 16][4];
-    #pragma unroll
-    for (unsigned kk = 0; kk < HDP / 16; ++kk) {
-        const unsigned d = kk * 16 + 2 * t;
-        qa[kk][0] = qpair(q, bh * Lq, row0, Lq, d);
-        qa[kk][1] = qpair(q, bh * Lq, row1, Lq, d);
-        qa[kk][2] = qpair(q, bh * Lq, row0, Lq, d + 8);
-        qa[kk][3] = qpair(q, bh * Lq, row1, Lq, d + 8);
-    }
-    float oacc[HDP / 8][4];
-    #pragma unroll
-    for (unsigned n = 0; n < HDP / 8; ++n) {
-        oacc[n][0] = 0.0f; oacc[n][1] = 0.0f; oacc[n][2] = 0.0f; oacc[n][3] = 0.0f;
-    }
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-    for (long long t0 = 0; t0 < kend; t0 += BC) {
-        __syncthreads();
-        load_h(ks, k, kbase, t0, kend);
-        load_h(vs, v, kbase, t0, kend);
-        __syncthreads();
-        float sc[BC / 8][4];
-        const T* kfrag = ks + IX(g, LDH, 2 * t);
-        #pragma unroll
-        for (unsigned n = 0; n < BC / 8; ++n) {
-            sc[n][0] = 0.0f; sc[n][1] = 0.0f; sc[n][2] = 0.0f; sc[n][3] = 0.0f;
-            #pragma unroll
-            for (unsigned kk = 0; kk < HDP / 16; ++kk) {
-                const T* kr = kfrag + n * 8 * LDH + kk * 16;  // B fragment: K[n*8 + g][kk*16 + 2t .. +1], +8
-                mma16816(sc[n], qa[kk], *reinterpret_cast<const unsigned*>(kr),
-                         *reinterpret_cast<const unsigned*>(kr + 8));
-            }
-        }
-        float tmax0 = -INFINITY, tmax1 = -INFINITY;
-        // Every key of the tile allowed for every row of the warp (warp-uniform): no per-entry mask, and every
-        // score finite, so exp needs no guard (the guarded form gives the same values there).
+# The online softmax step both float16 kernels take after a tile's scores: scale and mask, the tile's row maxima,
+# the rescale of l and O (one text: the two kernels' sources hold it byte for byte).
+_F16_SOFTMAX_STEP = r"""
         const bool full = t0 + BC <= kend && (!causal || t0 + BC - 1 <= r0 + warp * 16);
         if (full) {
             #pragma unroll
@@ -845,7 +793,67 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd16(
             oacc[n][0] = oacc[n][0] * alpha0; oacc[n][1] = oacc[n][1] * alpha0;
             oacc[n][2] = oacc[n][2] * alpha1; oacc[n][3] = oacc[n][3] * alpha1;
         }
-#if V_LDMATRIX
+"""[1:]
+
+# _F16_HEAD + _F16_KERNEL is the float16 kernel's source as it stood in one piece ([1:]: no leading newline).
+_F16_KERNEL = (
+    r"""
+// Float16 storage on tensor cores (FlashAttention-2 layout): 8 warps of 16 query rows, key tiles of BC rows.
+// S = Q K^T and O += P V are mma.sync m16n8k16 with float32 accumulators; the scale, mask, online softmax (exp2f
+// of scores in log2 units) and the row sums run in float32; P is rounded to float16 for P V; O / l rounded once.
+extern "C" __global__ void __launch_bounds__(NT) attn_fwd16(
+        const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
+        float* __restrict__ lse, const long long* __restrict__ kv_len, long long Hq, long long Hkv,
+        long long Lq, long long Lk, float scale, int causal) {
+    __shared__ __align__(16) T ks[BC * LDH];
+    __shared__ __align__(16) T vs[BC * LDH];
+    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const long long bh = blockIdx.y, b = bh / Hq, h = bh - b * Hq, hk = h / (Hq / Hkv);
+    const long long r0 = (long long)blockIdx.x * BR;
+    const long long row0 = r0 + warp * 16 + g, row1 = row0 + 8;
+    const long long klen = kv_len[b];
+    const long long kend = causal ? min(klen, r0 + BR) : klen;
+    const long long kbase = (b * Hkv + hk) * Lk;
+    // Scores in log2 units: t = fl(S sl), sl = fl(scale log2(e)); P = exp2f(t - m) (2 ulp, as expf).
+    const float sl = scale * 1.44269504088896341f;
+    unsigned qa[HDP / 16][4];
+    #pragma unroll
+    for (unsigned kk = 0; kk < HDP / 16; ++kk) {
+        const unsigned d = kk * 16 + 2 * t;
+        qa[kk][0] = qpair(q, bh * Lq, row0, Lq, d);
+        qa[kk][1] = qpair(q, bh * Lq, row1, Lq, d);
+        qa[kk][2] = qpair(q, bh * Lq, row0, Lq, d + 8);
+        qa[kk][3] = qpair(q, bh * Lq, row1, Lq, d + 8);
+    }
+    float oacc[HDP / 8][4];
+    #pragma unroll
+    for (unsigned n = 0; n < HDP / 8; ++n) {
+        oacc[n][0] = 0.0f; oacc[n][1] = 0.0f; oacc[n][2] = 0.0f; oacc[n][3] = 0.0f;
+    }
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    for (long long t0 = 0; t0 < kend; t0 += BC) {
+        __syncthreads();
+        load_h(ks, k, kbase, t0, kend);
+        load_h(vs, v, kbase, t0, kend);
+        __syncthreads();
+        float sc[BC / 8][4];
+        const T* kfrag = ks + IX(g, LDH, 2 * t);
+        #pragma unroll
+        for (unsigned n = 0; n < BC / 8; ++n) {
+            sc[n][0] = 0.0f; sc[n][1] = 0.0f; sc[n][2] = 0.0f; sc[n][3] = 0.0f;
+            #pragma unroll
+            for (unsigned kk = 0; kk < HDP / 16; ++kk) {
+                const T* kr = kfrag + n * 8 * LDH + kk * 16;  // B fragment: K[n*8 + g][kk*16 + 2t .. +1], +8
+                mma16816(sc[n], qa[kk], *reinterpret_cast<const unsigned*>(kr),
+                         *reinterpret_cast<const unsigned*>(kr + 8));
+            }
+        }
+        float tmax0 = -INFINITY, tmax1 = -INFINITY;
+        // Every key of the tile allowed for every row of the warp (warp-uniform): no per-entry mask, and every
+        // score finite, so exp needs no guard (the guarded form gives the same values there).
+"""
+    + _F16_SOFTMAX_STEP
+    + r"""#if V_LDMATRIX
         const T* vfrag = vs + IX(lane % 8 + (lane / 8 & 1) * 8, LDH, (lane / 16) * 8);
 #else
         const T* vfrag = vs + IX(2 * t, LDH, g);
@@ -891,9 +899,11 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd16(
     if (t == 0 && row0 < Lq) lse[bh * Lq + row0] = l0 > 0.0f ? m0 * ln2 + logf(l0) : INFINITY;
     if (t == 0 && row1 < Lq) lse[bh * Lq + row1] = l1 > 0.0f ? m1 * ln2 + logf(l1) : INFINITY;
 }
-"""[1:]
+"""
+)[1:]
 
-_F16P = r"""
+_F16P = (
+    r"""
 // cp.async of 16 bytes, global to shared; src_bytes 0 reads nothing and zero-fills the 16 bytes.
 __device__ __forceinline__ void cp_async16(T* dst, const T* src, unsigned src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
@@ -1005,74 +1015,9 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) attn_fwd16p(
             }
         }
         float tmax0 = -INFINITY, tmax1 = -INFINITY;
-        const bool full = t0 + BC <= kend && (!causal || t0 + BC - 1 <= r0 + warp * 16);
-        if (full) {
-            #pragma unroll
-            for (unsigned n = 0; n < BC / 8; ++n) {
-                #pragma unroll
-                for (unsigned e = 0; e < 2; ++e) {
-                    sc[n][e] = sc[n][e] * sl;
-                    sc[n][2 + e] = sc[n][2 + e] * sl;
-                    tmax0 = fmaxf(tmax0, sc[n][e]);
-                    tmax1 = fmaxf(tmax1, sc[n][2 + e]);
-                }
-            }
-        } else {
-            #pragma unroll
-            for (unsigned n = 0; n < BC / 8; ++n) {
-                #pragma unroll
-                for (unsigned e = 0; e < 2; ++e) {
-                    const long long key = t0 + n * 8 + 2 * t + e;
-                    const bool ok0 = key < kend && (!causal || key <= row0);
-                    const bool ok1 = key < kend && (!causal || key <= row1);
-                    sc[n][e] = ok0 ? sc[n][e] * sl : -INFINITY;
-                    sc[n][2 + e] = ok1 ? sc[n][2 + e] * sl : -INFINITY;
-                    tmax0 = fmaxf(tmax0, sc[n][e]);
-                    tmax1 = fmaxf(tmax1, sc[n][2 + e]);
-                }
-            }
-        }
-        tmax0 = fmaxf(tmax0, __shfl_xor_sync(0xffffffffu, tmax0, 1));
-        tmax0 = fmaxf(tmax0, __shfl_xor_sync(0xffffffffu, tmax0, 2));
-        tmax1 = fmaxf(tmax1, __shfl_xor_sync(0xffffffffu, tmax1, 1));
-        tmax1 = fmaxf(tmax1, __shfl_xor_sync(0xffffffffu, tmax1, 2));
-        const float mnew0 = fmaxf(m0, tmax0), mnew1 = fmaxf(m1, tmax1);
-        const float alpha0 = (mnew0 == -INFINITY) ? 1.0f : exp2f(m0 - mnew0);
-        const float alpha1 = (mnew1 == -INFINITY) ? 1.0f : exp2f(m1 - mnew1);
-        float ps0 = 0.0f, ps1 = 0.0f;
-        if (full) {
-            #pragma unroll
-            for (unsigned n = 0; n < BC / 8; ++n) {
-                #pragma unroll
-                for (unsigned e = 0; e < 2; ++e) {
-                    sc[n][e] = exp2f(sc[n][e] - mnew0);
-                    sc[n][2 + e] = exp2f(sc[n][2 + e] - mnew1);
-                    ps0 = ps0 + sc[n][e];
-                    ps1 = ps1 + sc[n][2 + e];
-                }
-            }
-        } else {
-            #pragma unroll
-            for (unsigned n = 0; n < BC / 8; ++n) {
-                #pragma unroll
-                for (unsigned e = 0; e < 2; ++e) {
-                    sc[n][e] = (sc[n][e] == -INFINITY) ? 0.0f : exp2f(sc[n][e] - mnew0);
-                    sc[n][2 + e] = (sc[n][2 + e] == -INFINITY) ? 0.0f : exp2f(sc[n][2 + e] - mnew1);
-                    ps0 = ps0 + sc[n][e];
-                    ps1 = ps1 + sc[n][2 + e];
-                }
-            }
-        }
-        l0 = l0 * alpha0 + ps0;
-        l1 = l1 * alpha1 + ps1;
-        m0 = mnew0;
-        m1 = mnew1;
-        #pragma unroll
-        for (unsigned n = 0; n < HDP / 8; ++n) {
-            oacc[n][0] = oacc[n][0] * alpha0; oacc[n][1] = oacc[n][1] * alpha0;
-            oacc[n][2] = oacc[n][2] * alpha1; oacc[n][3] = oacc[n][3] * alpha1;
-        }
-        #pragma unroll
+"""
+    + _F16_SOFTMAX_STEP
+    + r"""        #pragma unroll
         for (unsigned kk = 0; kk < BC / 16; ++kk) {
             const unsigned pa[4] = {pack_f16(sc[2 * kk][0], sc[2 * kk][1]), pack_f16(sc[2 * kk][2], sc[2 * kk][3]),
                                     pack_f16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
@@ -1112,6 +1057,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) attn_fwd16p(
     if (t == 0 && row1 < Lq) lse[bh * Lq + row1] = l1 > 0.0f ? m1 * ln2 + logf(l1) : INFINITY;
 }
 """
+)
 
 _DQ = r"""
 // dQ of BR query rows (and Delta = rowsum(dO o O), d ascending): per key tile S = Q K^T, dP = dO V^T (d ascending),

@@ -68,3 +68,16 @@ def marked_processes(mark: str) -> list[int]:
         if f"KC_TEST_MARK={mark}".encode() in env and state != "Z":
             pids.append(int(pid))
     return pids
+
+
+def surviving_processes(mark: str, grace: float = 10.0) -> list[int]:
+    """Pids of marked processes still alive ``grace`` seconds from now (or the moment none is left).
+
+    A run SIGKILLs its workers and reaps them in the background: a killed process that held a CUDA context or a
+    big heap takes a moment to exit, so a check right after the run ends may still see it on a loaded machine."""
+    import time
+
+    deadline = time.monotonic() + grace
+    while (pids := marked_processes(mark)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pids

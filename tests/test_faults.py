@@ -24,7 +24,7 @@ from obligations.cli import main
 from obligations.core import cancel
 from obligations.isolation import InProcess
 from obligations.runlog import RunLog, read_log
-from tests.contract_helpers import marked_processes
+from tests.contract_helpers import surviving_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ROOT / "tests" / "fixtures" / "faults" / "faults-v1.yaml"
@@ -33,9 +33,6 @@ HAS_PROC = Path("/proc/self/environ").exists()
 
 
 # -- signals to real runs ---------------------------------------------------------------------------------
-
-
-_marked = marked_processes
 
 
 class Run:
@@ -74,7 +71,7 @@ class Run:
         assert self.proc.returncode == expect, err
         assert "Traceback" not in err, err
         time.sleep(0.3)
-        assert _marked(self.mark) == []  # no worker outlives the run
+        assert surviving_processes(self.mark) == []  # no worker outlives the run
         return json.loads(self.out.read_text()), err, took
 
 

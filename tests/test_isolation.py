@@ -11,7 +11,7 @@ import pytest
 
 from obligations.cli import main
 from obligations.contract import load_contract
-from tests.contract_helpers import marked_processes
+from tests.contract_helpers import marked_processes, surviving_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ROOT / "tests" / "fixtures" / "faults" / "faults-v1.yaml"
@@ -463,7 +463,7 @@ def test_ctrl_c_stops_a_run_with_workers_writes_the_partial_result_and_leaves_no
     result = json.loads(out.read_text())
     assert result["interrupted"] is True and result["exit_code"] == 130
     time.sleep(0.5)
-    assert _marked(mark) == []  # no worker outlives the run
+    assert surviving_processes(mark) == []  # no worker outlives the run
 
 
 _marked = marked_processes
@@ -494,7 +494,7 @@ def test_the_runs_own_worker_starts_while_the_contracts_load_and_goes_with_a_run
     assert spawned == ["early"] and result["provenance"]["workers_started"] == 1  # the early worker ran the item
     assert result["contracts"][0]["items"][0]["status"] == "proved"
     assert main([*args, "--only", "NO-SUCH-ITEM"]) == 2
-    assert spawned == ["early", "early"] and _marked(mark) == []  # closed although no run took it
+    assert spawned == ["early", "early"] and surviving_processes(mark) == []  # closed although no run took it
 
 
 def test_an_item_the_proof_cache_served_keeps_the_seconds_it_took_to_compute(monkeypatch, tmp_path):

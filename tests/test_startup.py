@@ -15,7 +15,7 @@ import pytest
 
 from obligations.cli import main
 from obligations.contract import load_contract
-from tests.contract_helpers import marked_processes
+from tests.contract_helpers import surviving_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ROOT / "tests" / "fixtures" / "faults" / "faults-v1.yaml"
@@ -48,9 +48,9 @@ def test_on_cuda_the_workers_start_before_the_contracts_load_and_go_with_a_run_t
     bad.write_text(FAULTS.read_text().replace("family:", "famly:", 1))
     assert main(["check", str(bad), "-j", "2", "-q"]) == 2  # a diagnostic: exit 2
     assert order == ["workers", "load"]
-    assert marked_processes(mark) == []  # the run's worker and both prefetch workers are gone
+    assert surviving_processes(mark) == []  # the run's worker and both prefetch workers are gone
     assert main(["check", str(FAULTS), "-j", "2", "--only", "NO-SUCH-*", "-q"]) == 2  # an --only that selects nothing
-    assert order == ["workers", "load"] * 2 and marked_processes(mark) == []
+    assert order == ["workers", "load"] * 2 and surviving_processes(mark) == []
 
 
 def test_workers_start_ahead_only_on_cuda_with_jobs_and_more_than_one_item_id(monkeypatch):
@@ -82,7 +82,7 @@ def test_a_run_given_workers_started_ahead_closes_them_where_it_has_one_item_to_
     result = check_paths([contract], only=["FT-OK-1"], options=RunOptions(jobs=2, prefetcher=ahead))
     assert result["contracts"][0]["items"][0]["status"] == "passed"
     assert result["provenance"]["workers_started"] == 2  # started, and counted, though the run needed none
-    assert all(w.proc is None for w in ahead._workers) and marked_processes(mark) == []
+    assert all(w.proc is None for w in ahead._workers) and surviving_processes(mark) == []
 
 
 def test_the_timeline_shows_the_runs_phases_and_each_workers_start_before_its_first_item(tmp_path):
@@ -145,7 +145,7 @@ def test_device_cuda_starts_the_workers_before_the_probe_and_a_failed_probe_clos
     monkeypatch.setattr(Prefetcher, "prestart", lambda self, *a: (order.append("workers"), real_start(self, *a))[1])
     monkeypatch.setattr(cli, "_resolve_device", lambda *a: (order.append("probe"), real_probe(*a))[1])
     assert main(["check", str(FAULTS), "--device", "cuda", "-j", "2", "-q"]) == 2
-    assert order == ["workers", "probe"] and marked_processes(mark) == []
+    assert order == ["workers", "probe"] and surviving_processes(mark) == []
     order.clear()
     assert main(["check", str(FAULTS), "--device", "auto", "-j", "2", "--only", "FT-OK-1", "-q"]) == 0
     assert order == ["probe"]  # auto on a host without a GPU: no worker started ahead

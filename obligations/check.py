@@ -41,6 +41,7 @@ from obligations.isolation import (
     Executor,
     Prefetcher,
     RunsAhead,
+    WorkerPool,
     item_key,
     item_timeout,
     known_witnesses,
@@ -818,6 +819,8 @@ def _start_prefetcher(
         if progress:
             progress("note", {"text": f"{len(quiet)} measure item(s) are timed last, with nothing beside them"})
     submit(others)
+    if quiet and isinstance(executor, WorkerPool):  # in process: its time limit is the main thread's signal
+        prefetcher.lend(executor)
     if quiet:
         threading.Thread(
             target=_measure_last,

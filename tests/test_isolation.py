@@ -336,6 +336,36 @@ def test_an_item_no_worker_has_started_is_the_runs_own_and_a_started_one_is_wait
         pre.close()
 
 
+def test_the_runs_executor_takes_queued_items_while_the_run_waits_for_the_measure_phase():
+    """Once the run waits on a record it makes itself later (the first measure item), its own executor works the
+    queue beside the workers, one item at a time under ``own``; the measure phase takes ``own`` after them."""
+    import threading
+    import time
+
+    worker, own = _Stand(0.2), _Stand(0.2)
+    pre = _prefetcher_with(worker)
+    pre.lend(own)
+    try:
+        pre.defer(_C, {"id": "m"})
+        for k in range(6):
+            pre.submit(_C, {"id": f"i{k}"}, None)
+        time.sleep(0.1)
+        assert own.log == []  # lent only once the run waits: until then it runs the items it reaches itself
+        got: list = []
+        waiting = threading.Thread(target=lambda: got.append(pre.take(_C, {"id": "m"})))
+        waiting.start()
+        assert pre.wait_idle()  # the queue drained on two lanes
+        ran = [e[1] for e in worker.log] + [e[1] for e in own.log]
+        assert sorted(ran) == [f"i{k}" for k in range(6)] and own.log and len(worker.log) < 6
+        with pre.own:  # free: the measure phase gets the run's executor to itself
+            pre.done(("c.yaml", "0", "m"), {"status": "passed"}, 0.1)
+        waiting.join(5)
+        assert got == [({"status": "passed"}, 0.1)]
+        assert all(pre.take(_C, {"id": f"i{k}"})[0]["status"] == "passed" for k in range(6))
+    finally:
+        pre.close()
+
+
 def test_an_item_that_takes_witnesses_waits_for_its_regimes_items_record_and_gets_them():
     import time
 

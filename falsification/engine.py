@@ -71,6 +71,7 @@ __all__ = [
     "regime_counts",
     "boundary_counts",
     "set_pipelined",
+    "seeded_find",
 ]
 
 C = TypeVar("C")
@@ -1009,6 +1010,18 @@ def _no_local_constants() -> Iterator[None]:
     finally:
         providers._get_local_constants = getter
         cache.cache.clear()
+
+
+def seeded_find(strategy: Any, condition: Callable[[Any], bool], settings: Any, seed: int) -> Any:
+    """``hypothesis.find`` whose draws depend on the seed, the strategy and the Hypothesis version only (not on
+    which project modules the process happens to have imported: :func:`_no_local_constants`); raises
+    ``NoSuchExample`` as ``find`` does."""
+    import random
+
+    from hypothesis import find
+
+    with _no_local_constants():
+        return find(strategy, condition, settings=settings, random=random.Random(seed))
 
 
 def _hypothesis(

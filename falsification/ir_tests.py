@@ -43,9 +43,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, Phase, Verbosity, find, settings
+from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis.errors import NoSuchExample
 
+from falsification.engine import seeded_find
 from falsification.ir_strategies import GraphCase, graph_cases
 from falsification.registry import FalsifyContext, guarded, register_test
 from obligations.core.results import Outcome, error, passed, violated
@@ -194,7 +195,7 @@ def _hypothesis(
         return why(case) is not None
 
     try:
-        case = find(strategy, bad, settings=_settings(_BUDGET[ctx.profile]), random=random.Random(ctx.seed))
+        case = seeded_find(strategy, bad, _settings(_BUDGET[ctx.profile]), ctx.seed)
     except NoSuchExample:
         case = None
     return case, calls[0]

@@ -28,15 +28,15 @@ Registered names and their ``params`` (``variant`` plants a bug; the project's t
 
 from __future__ import annotations
 
-import random
 import time
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, Phase, Verbosity, find, settings
+from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
+from falsification.engine import seeded_find
 from falsification.ir_strategies import TEMPLATES, GraphCase, graph_cases
 from falsification.registry import FalsifyContext, guarded, register_test
 from obligations.core.results import Outcome, error, passed, violated
@@ -362,7 +362,7 @@ def vjp_fd(ctx: FalsifyContext) -> Outcome:
         return error(f"params.templates must be among {list(VJP_TEMPLATES)}")
     strategy = vjp_cases(int(ctx.params.get("max_nodes", 6)), templates)
     try:
-        pair = find(strategy, bad, settings=_settings(n), random=random.Random(ctx.seed))
+        pair = seeded_find(strategy, bad, _settings(n), ctx.seed)
     except NoSuchExample:
         pair = None
     ev = {
@@ -533,7 +533,7 @@ def vjp_spec(ctx: FalsifyContext) -> Outcome:
 
     n = int(ctx.params.get("max_examples", _SPEC_BUDGET[ctx.profile]))
     try:
-        c = find(_spec_cases(), bad, settings=_settings(n), random=random.Random(ctx.seed))
+        c = seeded_find(_spec_cases(), bad, _settings(n), ctx.seed)
     except NoSuchExample:
         c = None
     ev = {"seed": ctx.seed, "profile": ctx.profile, "seconds": round(time.perf_counter() - t0, 3)}
@@ -612,12 +612,7 @@ def vjp_exec(ctx: FalsifyContext) -> Outcome:
 
     n = int(ctx.params.get("max_examples", _EXEC_BUDGET[ctx.profile]))
     try:
-        pair = find(
-            vjp_cases(int(ctx.params.get("max_nodes", 5)), EXEC_TEMPLATES),
-            bad,
-            settings=_settings(n),
-            random=random.Random(ctx.seed),
-        )
+        pair = seeded_find(vjp_cases(int(ctx.params.get("max_nodes", 5)), EXEC_TEMPLATES), bad, _settings(n), ctx.seed)
     except NoSuchExample:
         pair = None
     ev = {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -490,3 +492,33 @@ def test_a_write_past_the_end_stops_every_further_launch():
     out = falsify(_ctx({"test": "x"}), subject, make_agreement("bitwise"))
     assert out.status.value == "violated" and out.counterexample["kind"] == "out_of_bounds_write"
     assert len(calls) == 1, calls
+
+
+def test_seeded_find_draws_do_not_depend_on_the_modules_the_process_imported(tmp_path, monkeypatch):
+    """Hypothesis mixes literals of every loaded local module into its draws; ``seeded_find`` (the IR items'
+    search) must not: a worker that ran other items first would draw other cases (a verdict that depends on
+    the run's order)."""
+    import importlib
+
+    from hypothesis import HealthCheck, Phase, settings
+    from hypothesis import strategies as st
+    from hypothesis.errors import NoSuchExample
+
+    from falsification.engine import seeded_find
+
+    quick = settings(max_examples=200, phases=[Phase.generate], database=None, suppress_health_check=list(HealthCheck))
+
+    def draws() -> list[int]:
+        seen: list[int] = []
+        with pytest.raises(NoSuchExample):
+            seeded_find(st.integers(), lambda x: seen.append(x) or False, quick, 0)
+        return seen
+
+    before = draws()
+    (tmp_path / "kc_mined_constants.py").write_text("A = 987654321\nB = -424242\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("kc_mined_constants")
+    try:
+        assert draws() == before and 987654321 not in before
+    finally:
+        sys.modules.pop("kc_mined_constants", None)

@@ -72,6 +72,7 @@ __all__ = [
     "boundary_counts",
     "set_pipelined",
     "seeded_find",
+    "no_mined_constants",
 ]
 
 C = TypeVar("C")
@@ -795,7 +796,7 @@ class _Drawn:
                 self._recorded.append(case)
 
         try:
-            with _no_local_constants():
+            with no_mined_constants():
                 _hypothesis(ctx, check, max_examples, record)()
         except BaseException:  # e.g. a strategy error: the serial search meets it again and reports it
             self.failed = True
@@ -943,7 +944,7 @@ def _explore(ctx: FalsifyContext, search: _Search[C]) -> _Disagreement | None:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
     try:
-        with _no_local_constants():
+        with no_mined_constants():
             _hypothesis(ctx, check, search.budget.max_examples, _resuming(search.one, passed_draws, pending))()
     except _Disagreement as exc:
         return search.unsafe or exc
@@ -984,7 +985,7 @@ def run(ctx: FalsifyContext, check: Check[C], extra: Callable[[], Mapping[str, A
 
 
 @contextlib.contextmanager
-def _no_local_constants() -> Iterator[None]:
+def no_mined_constants() -> Iterator[None]:
     """Hypothesis without the literals it mines from every loaded project module.
 
     Hypothesis (>= 6.131) mixes constants found in the source of loaded local modules into its draws, so a
@@ -1014,13 +1015,13 @@ def _no_local_constants() -> Iterator[None]:
 
 def seeded_find(strategy: Any, condition: Callable[[Any], bool], settings: Any, seed: int) -> Any:
     """``hypothesis.find`` whose draws depend on the seed, the strategy and the Hypothesis version only (not on
-    which project modules the process happens to have imported: :func:`_no_local_constants`); raises
+    which project modules the process happens to have imported: :func:`no_mined_constants`); raises
     ``NoSuchExample`` as ``find`` does."""
     import random
 
     from hypothesis import find
 
-    with _no_local_constants():
+    with no_mined_constants():
         return find(strategy, condition, settings=settings, random=random.Random(seed))
 
 

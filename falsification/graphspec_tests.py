@@ -36,6 +36,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hseed
 from hypothesis import strategies as st
 
+from falsification.engine import no_mined_constants
 from falsification.registry import FalsifyContext, register_test
 from obligations.core.plans import resolve
 from obligations.core.results import Outcome, passed, skipped, violated
@@ -209,7 +210,8 @@ def run_cases(ctx: FalsifyContext, strategy: Any, check: Callable[[Any], dict | 
             raise AssertionError(bad.get("detail", "disagreement"))
 
     try:
-        prop()
+        with no_mined_constants():  # the seed's draws, whatever modules this worker imported before
+            prop()
     except AssertionError:
         return dict(failure), count[0]
     return None, count[0]

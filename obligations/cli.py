@@ -240,7 +240,7 @@ def _check_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         default=False,
         help="solve, enumerate and compile every item again (the proof cache reuses unchanged proved/exhausted "
-        "results and passed audits)",
+        "results and passed audits; the contracts' parses stay cached: KC_LOAD_CACHE=0 for those)",
     )
     p.add_argument(
         "--timeline",

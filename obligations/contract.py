@@ -345,7 +345,7 @@ def parse_contract(path: str | Path, *, cache: bool = False) -> Contract:
     """Read and parse one contract file (no schema or semantic checks); ContractError if it is not one.
 
     ``cache``: take the parse of the same bytes from the load cache, and keep a new one there (kc check and its
-    workers; off where the proof cache is: ``--no-proof-cache``, ``KC_PROOF_CACHE=0``)."""
+    workers; ``KC_LOAD_CACHE=0`` turns it off)."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -467,8 +467,9 @@ def load_contracts(
 # -- the load cache ------------------------------------------------------------------------------------
 # A contract's parse (its data and node positions) is a function of the file's bytes and of kc (this parser,
 # ruamel, Python); its diagnosis also of the ids it may depend on, the code it names and what is installed. Both
-# are kept in the proof cache's directory (obligations.proofcache: same switch, same atomic entries), keyed on all
-# of that; only a diagnosis without a problem is kept, so a problem is always found again. JSON, never pickle.
+# are kept in the proof cache's directory (obligations.proofcache: the same atomic entries, their own switch
+# KC_LOAD_CACHE), keyed on all of that; only a diagnosis without a problem is kept, so a problem is always found
+# again. JSON, never pickle.
 
 
 @dataclass(frozen=True)
@@ -527,11 +528,12 @@ def _capture(node: Any) -> Any:
 
 
 def _cache_settings() -> Any:
-    """The proof cache's settings where it is on (``--no-proof-cache``, ``KC_PROOF_CACHE=0``: off), else None."""
-    from obligations.proofcache import proof_settings
+    """The load cache's settings where it is on (``KC_LOAD_CACHE=0``: off; ``--no-proof-cache`` leaves it on: a
+    parse is no proof), else None."""
+    from obligations.proofcache import LOAD_CACHE_ENV, proof_settings
 
     try:
-        settings = proof_settings()
+        settings = proof_settings(LOAD_CACHE_ENV)
     except ValueError:  # a bad KC_Z3_STABILITY: the run reports it; loading goes on without the cache
         return None
     return settings if settings.cache and settings.cache_dir is not None else None

@@ -30,6 +30,7 @@ __all__ = [
     "STABILITY_ENV",
     "CACHE_ENV",
     "CACHE_DIR_ENV",
+    "LOAD_CACHE_ENV",
     "CACHE_FORMAT",
     "ProofSettings",
     "proof_settings",
@@ -43,6 +44,9 @@ __all__ = [
 STABILITY_ENV = "KC_Z3_STABILITY"
 CACHE_ENV = "KC_PROOF_CACHE"
 CACHE_DIR_ENV = "KC_PROOF_CACHE_DIR"
+# The load cache (contract parses, obligations.contract) shares the directory, not the switch: --no-proof-cache
+# (KC_PROOF_CACHE=0) solves every proof again but a file's parse is a function of its bytes and kc, not a result.
+LOAD_CACHE_ENV = "KC_LOAD_CACHE"
 # Bumped whenever what an entry means changes (the engines' query construction or the entry's fields).
 CACHE_FORMAT = 1
 
@@ -62,14 +66,15 @@ def default_cache_dir() -> Path:
     return Path(base) / "kernel-contracts" / "proofs"
 
 
-def proof_settings() -> ProofSettings:
-    """The settings of this run, read from the environment (set by ``kc check`` for itself and its workers)."""
+def proof_settings(switch: str = CACHE_ENV) -> ProofSettings:
+    """The settings of this run, read from the environment (set by ``kc check`` for itself and its workers);
+    ``switch``: the variable that turns the cache off (the load cache's is :data:`LOAD_CACHE_ENV`)."""
     raw = os.environ.get(STABILITY_ENV, "").strip() or "0"
     try:
         stability = max(0, int(raw))
     except ValueError:
         raise ValueError(f"{STABILITY_ENV}={raw!r} is not a number of runs") from None
-    cache = os.environ.get(CACHE_ENV, "1").strip() not in ("0", "no", "off", "false")
+    cache = os.environ.get(switch, "1").strip() not in ("0", "no", "off", "false")
     where = os.environ.get(CACHE_DIR_ENV)
     return ProofSettings(stability, cache, Path(where) if where else default_cache_dir())
 

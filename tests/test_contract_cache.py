@@ -24,6 +24,7 @@ def cache(tmp_path, monkeypatch):
     where = tmp_path / "cache"
     monkeypatch.setenv(proofcache.CACHE_DIR_ENV, str(where))
     monkeypatch.setenv(proofcache.CACHE_ENV, "1")  # restored after the test (--no-proof-cache sets it to 0)
+    monkeypatch.delenv(proofcache.LOAD_CACHE_ENV, raising=False)
     counts = {"parse": 0, "diagnose": 0}
     real_parse, real_diagnose = contract_mod._parse, contract_mod._diagnose
 
@@ -119,14 +120,20 @@ def test_the_validation_is_keyed_on_the_ids_a_contract_may_depend_on(tmp_path, c
     assert any("no contract with id 'base-v1'" in d.message for d in problems)
 
 
-def test_the_proof_cache_switch_turns_it_off(tmp_path, cache, monkeypatch):
+def test_its_own_switch_turns_it_off_and_the_proof_caches_does_not(tmp_path, cache, monkeypatch):
     where, counts = cache
-    monkeypatch.setenv(proofcache.CACHE_ENV, "0")
+    monkeypatch.setenv(proofcache.LOAD_CACHE_ENV, "0")
     path = tmp_path / "faults-v1.yaml"
     path.write_bytes(FAULTS.read_bytes())
     load_contracts([path], cache=True)
     load_contracts([path], cache=True)
     assert counts == {"parse": 2, "diagnose": 2} and _entries(where) == []
+    # --no-proof-cache (KC_PROOF_CACHE=0): the proofs are solved again; a parse is no proof, it is kept
+    monkeypatch.setenv(proofcache.LOAD_CACHE_ENV, "1")
+    monkeypatch.setenv(proofcache.CACHE_ENV, "0")
+    load_contracts([path], cache=True)
+    load_contracts([path], cache=True)
+    assert counts == {"parse": 3, "diagnose": 3} and len(_entries(where)) == 2
 
 
 def test_concurrent_writers_leave_one_readable_entry(tmp_path, cache):
@@ -152,12 +159,15 @@ def test_concurrent_writers_leave_one_readable_entry(tmp_path, cache):
     assert parse_contract(path, cache=True) == got[0] and counts["parse"] == before  # the entry reads back
 
 
-def test_kc_check_loads_from_the_cache_on_its_second_run(cache):
+def test_kc_check_loads_from_the_cache_on_its_second_run(cache, monkeypatch):
     where, counts = cache
     args = ["check", str(FAULTS), "--device", "host", "--only", "FT-OK-1", "-j", "0", "-q"]
     assert main(args) == 0 and counts == {"parse": 1, "diagnose": 1}
     assert main(args) == 0 and counts == {"parse": 1, "diagnose": 1}
-    assert main([*args, "--no-proof-cache"]) == 0 and counts == {"parse": 2, "diagnose": 2}
+    # --no-proof-cache solves the proofs again, not the parse; KC_LOAD_CACHE=0 parses and validates again
+    assert main([*args, "--no-proof-cache"]) == 0 and counts == {"parse": 1, "diagnose": 1}
+    monkeypatch.setenv(proofcache.LOAD_CACHE_ENV, "0")
+    assert main(args) == 0 and counts == {"parse": 2, "diagnose": 2}
 
 
 _UNCHECKED = """

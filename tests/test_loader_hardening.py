@@ -291,7 +291,7 @@ def test_the_json_result_is_strict_json_even_with_nan_evidence(tmp_path, monkeyp
 
 
 def test_kc_check_parses_and_validates_each_contract_once(monkeypatch):
-    monkeypatch.setenv("KC_PROOF_CACHE", "0")  # no load cache: tests/test_contract_cache.py
+    monkeypatch.setenv("KC_LOAD_CACHE", "0")  # no load cache: tests/test_contract_cache.py
     counts = {"parse": 0, "diagnose": 0}
     real_parse, real_diagnose = contract_mod._parse, contract_mod._diagnose
 

@@ -266,9 +266,12 @@ def _needs_gpus(client: Any, cluster: Any, spec: ClusterSpec, device: str) -> No
     )
 
 
-def _threads(workers: dict[str, Any]) -> int:
-    """Threads of the workers in a scheduler_info() listing (at least 1: items wait for a worker to join)."""
-    return max(1, sum(int(w.get("nthreads", 1)) for w in workers.values()))
+def _worker_threads(workers: dict[str, Any]) -> dict[str, tuple[int, bool]]:
+    """Address -> (threads, whether it has a GPU resource) of the workers in a scheduler_info() listing."""
+    return {
+        address: (int(w.get("nthreads", 1) or 1), float((w.get("resources") or {}).get("GPU", 0)) > 0)
+        for address, w in workers.items()
+    }
 
 
 def _no_scheduler_retries(dask_scheduler: Any) -> None:
@@ -307,6 +310,7 @@ class _Slot:
     lost: tuple[str, ...] = ()
     future: Any = None
     result: tuple[dict[str, Any], float] | None = None
+    worker: str | None = None  # the address the item is in flight on
 
 
 class ClusterRunner:
@@ -347,33 +351,56 @@ class ClusterRunner:
         self._gone: set[str] = set()  # addresses of workers that died during the run
         info = self.client.scheduler_info().get("workers", {})
         self.workers = sorted(info)
-        # Items in flight at most one per live worker thread: an item waits here, not assigned to a busy worker,
-        # so a worker that dies takes only the items it was running with it (Dask assigns single tasks eagerly).
-        # A lost worker's threads are taken off at once; the count is read again from the scheduler while short.
-        self._full = self._capacity = _threads(info)
+        # Each item goes to a worker with a free thread, pinned there (workers=[address], no other): an item waits
+        # here, never in a busy worker's queue, so a worker that dies takes only the items it was running with it
+        # and no thread idles while another worker holds a backlog. Dask's own choice (by its occupancy estimates)
+        # sent everything to one GPU for 5 s of a 2 x H200 run while the other's 14 threads idled beside one long
+        # item (2026-11-27). A lost worker is taken off at once; the table is read again from the scheduler.
+        self._threads_of = _worker_threads(info)  # address -> (threads, has a GPU)
+        self._full = sum(t for t, _ in self._threads_of.values())
+        self._busy: dict[str, int] = {}  # address -> items in flight there
+        self._timing: set[str] = set()  # addresses running a measure item (it holds the whole GPU)
         self._ready: list[tuple[int, int, Key]] = []  # heap of (-priority, order, key)
         self._held: list[Key] = []  # measure items, sent once every other item has landed and the run is sealed
         self._followers: dict[Key, list[Key]] = {}  # measure items waiting for the same measurement's record
         self._measured = Shared()
         self._sealed = False
-        self._in_flight = 0
         self._recount = threading.Event()
         threading.Thread(target=self._watch_workers, name="kc-cluster-workers", daemon=True).start()
 
     def _watch_workers(self) -> None:
         while not self._closed:
-            self._recount.wait(1.0 if self._capacity < self._full else 5.0)
+            with self._lock:
+                live = sum(t for a, (t, _) in self._threads_of.items() if a not in self._gone)
+                short = live == 0 or live < self._full  # a lost worker not yet replaced, or none joined yet
+            self._recount.wait(1.0 if short else 5.0)
             self._recount.clear()
             if self._closed:
                 return
             try:
-                threads = _threads(self.client.scheduler_info().get("workers", {}))
+                table = _worker_threads(self.client.scheduler_info().get("workers", {}))
             except Exception:  # the client is closing, or the scheduler is away for a moment: next time
                 continue
             with self._lock:
-                self._capacity = threads
-                self._full = max(self._full, threads)
+                self._threads_of = table  # a replaced worker comes back under a new address
+                self._full = max(self._full, sum(t for t, _ in table.values()))
             self._pump()
+
+    def _pick(self, key: Key) -> str | None:
+        """The worker ``key`` goes to now: the live one with the most free threads (a measure item: one not
+        timing another; a GPU item: one with a GPU), or None while there is none."""
+        slot = self._slots[key]
+        method = self.method(slot.item)
+        gpu = self.settings["device"] == "cuda" and method not in HOST_METHODS
+        free = [
+            (threads - self._busy.get(address, 0), address)
+            for address, (threads, has_gpu) in self._threads_of.items()
+            if address not in self._gone
+            and (has_gpu or not gpu)
+            and not (method in QUIET_METHODS and address in self._timing)
+        ]
+        best = max(free, key=lambda fa: (fa[0], -self._busy.get(fa[1], 0), fa[1]), default=None)
+        return best[1] if best is not None and best[0] > 0 else None
 
     @property
     def started(self) -> int:
@@ -431,13 +458,20 @@ class ClusterRunner:
     def _pump(self) -> None:
         while True:
             with self._lock:
-                if self._closed or not self._ready or self._in_flight >= self._capacity:
+                if self._closed or not self._ready:
                     return
-                _, _, key = heapq.heappop(self._ready)
-                self._in_flight += 1
-            self._dispatch(key)
+                key = self._ready[0][2]
+                address = self._pick(key)
+                if address is None:  # the next item waits for a thread (of a GPU, or a GPU not timing)
+                    return
+                heapq.heappop(self._ready)
+                self._busy[address] = self._busy.get(address, 0) + 1
+                if self.method(self._slots[key].item) in QUIET_METHODS:
+                    self._timing.add(address)
+                self._slots[key].worker = address
+            self._dispatch(key, address)
 
-    def _dispatch(self, key: Key) -> None:
+    def _dispatch(self, key: Key, address: str) -> None:
         with self._lock:
             slot = self._slots[key]
             if self._closed:
@@ -460,6 +494,8 @@ class ClusterRunner:
                 pure=False,
                 resources=({"GPU": 1} if method in QUIET_METHODS else {"GPU": GPU_SHARE}) if gpu else None,
                 priority=priority,
+                workers=[address],
+                allow_other_workers=False,
             )
         slot.future.add_done_callback(partial(self._land, key))
 
@@ -470,7 +506,11 @@ class ClusterRunner:
         if future is not slot.future or slot.result is not None:
             return
         with self._lock:
-            self._in_flight -= 1
+            if slot.worker is not None:  # its thread is free again (a measure item's GPU too)
+                self._busy[slot.worker] = max(0, self._busy.get(slot.worker, 0) - 1)
+                if self.method(slot.item) in QUIET_METHODS:
+                    self._timing.discard(slot.worker)
+                slot.worker = None
         answer: dict[str, Any] | None = None
         try:
             answer = future.result()
@@ -479,9 +519,8 @@ class ClusterRunner:
             who = f"{last.name} ({last.address})" if last is not None else "unknown"
             slot.lost = (*slot.lost, who)
             with self._lock:
-                if last is not None and last.address not in self._gone:  # its threads are gone until replaced
+                if last is not None:  # its threads are gone; a replacement joins under another address
                     self._gone.add(last.address)
-                    self._capacity = max(1, self._capacity - int(getattr(last, "nthreads", 1) or 1))
             self._recount.set()
             if slot.attempts <= RETRIES and not self._closed and cancel.stop_requested() is None:
                 self._send(key, first=True)  # once more, on the worker that replaces it or another

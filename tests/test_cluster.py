@@ -105,9 +105,9 @@ def test_measure_items_go_to_the_cluster_last_once_every_other_item_has_landed(s
     events: list[tuple[str, str]] = []
     real_dispatch, real_land = ClusterRunner._dispatch, ClusterRunner._land
 
-    def dispatch(self, key):
+    def dispatch(self, key, address):
         events.append(("sent", key[2]))
-        return real_dispatch(self, key)
+        return real_dispatch(self, key, address)
 
     def land(self, key, future):
         events.append(("landed", key[2]))
@@ -124,6 +124,45 @@ def test_measure_items_go_to_the_cluster_last_once_every_other_item_has_landed(s
     first_measure = min(n for n, (what, item) in enumerate(events) if what == "sent" and item in measure)
     assert {item for what, item in events[:first_measure] if what == "landed"} == set(ids) - measure
     assert sorted(i["id"] for i in _items(out)) == sorted(ids)
+
+
+@needs_dask
+def test_each_item_goes_to_a_worker_with_a_free_thread_never_behind_a_long_item(scheduler, tmp_path, monkeypatch):
+    # Dask's own placement (by its occupancy estimates) sent every item to one GPU's worker for 5 s of a 2 x H200
+    # run while the other's threads idled beside one long item: the runner pins each item to a free thread
+    from obligations.cluster import ClusterRunner
+
+    text = SCALE.read_text().split("falsification:\n")[0] + "falsification:\n"
+    for name, seconds in [("SC-LONG", 3.0)] + [(f"SC-SHORT-{n}", 0.2) for n in range(6)]:
+        text += (
+            f"  - id: {name}\n    rule: planted scheduling item\n    prediction: runs on a free thread\n"
+            f"    if_fails: queued behind another\n    test: faults.sleep\n    params: {{seconds: {seconds}}}\n"
+        )
+    text += "qa_gate: {id: GATE, requires: [SC-LONG]}\n"
+    contract = tmp_path / "scale-v1.yaml"
+    contract.write_text(text)
+    sent: list[tuple[str, str, dict]] = []
+    ran_on: dict[str, str] = {}
+    real_dispatch, real_land = ClusterRunner._dispatch, ClusterRunner._land
+
+    def dispatch(self, key, address):
+        sent.append((key[2], address, dict(self._busy)))
+        return real_dispatch(self, key, address)
+
+    def land(self, key, future):
+        if future.status == "finished":
+            ran_on[key[2]] = future.result()["worker"]
+        return real_land(self, key, future)
+
+    monkeypatch.setattr(ClusterRunner, "_dispatch", dispatch)
+    monkeypatch.setattr(ClusterRunner, "_land", land)
+    argv = ["check", str(contract), "--device", "host", "--cluster", scheduler, "--isolate", "none", "-q"]
+    assert main([*argv, "--json", str(tmp_path / "r.json")]) == 0
+    assert all(busy[address] == 1 for _, address, busy in sent)  # one thread each: each alone on its worker
+    long_at = next(address for item, address, _ in sent if item == "SC-LONG")
+    assert sent[0][0] == "SC-LONG"  # the longest goes first (the contract's order here)
+    assert all(address != long_at for item, address, _ in sent if item.startswith("SC-SHORT"))
+    assert all(address in ran_on[item] for item, address, _ in sent)  # where it was sent is where it ran
 
 
 @needs_dask
@@ -324,9 +363,9 @@ def test_measure_items_of_one_measurement_are_measured_once_on_the_cluster(sched
     sent: list[str] = []
     real_dispatch = ClusterRunner._dispatch
 
-    def dispatch(self, key):
+    def dispatch(self, key, address):
         sent.append(key[2])
-        return real_dispatch(self, key)
+        return real_dispatch(self, key, address)
 
     monkeypatch.setattr(ClusterRunner, "_dispatch", dispatch)
     out = tmp_path / "r.json"

@@ -46,6 +46,13 @@ def ok(ctx: FalsifyContext) -> Outcome:
     return passed(cases=1, seed=ctx.seed)
 
 
+@register_test("faults.sleep")
+def sleep(ctx: FalsifyContext) -> Outcome:
+    """A test that takes ``params.seconds`` (default 1) and passes: a long or short item of a scheduling test."""
+    time.sleep(float(ctx.params.get("seconds", 1.0)))
+    return passed(cases=1, seed=ctx.seed)
+
+
 @register_test("faults.hang")
 def hang(ctx: FalsifyContext) -> Outcome:
     """A host test that never returns."""

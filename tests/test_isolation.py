@@ -254,6 +254,27 @@ def test_the_workers_get_the_items_the_last_run_timed_longest_first(monkeypatch,
     assert runorder.last_seconds("host", "quick") == {}  # an unreadable file is a run in the contracts' order
 
 
+def test_a_cluster_gets_every_item_longest_first_a_regimes_item_with_its_longest_dependent():
+    """No host-only group first on a cluster (its runner holds a waiting item back without a thread): a long
+    GPU item goes out before shorter proofs, and a regimes item counts the item that waits for its witnesses."""
+    from obligations.check import _cluster_order, _work_order
+    from obligations.runorder import item_name
+
+    contract = load_contract(ROOT / "contracts" / "reductions-v1.yaml")
+    wanted = [(contract, it) for it in contract.items]
+    name = lambda i: item_name("reductions-v1", i)  # noqa: E731
+    last = {name(it["id"]): 0.5 for it in contract.items}
+    last |= {name("RED-FOLD-sum"): 20.0, name("RED-TREE-grid-z3"): 5.0, name("RED-TREE-regimes"): 1.0}
+    last |= {name("RED-TREE-bitwise"): 9.0}  # waits for RED-TREE-regimes' witnesses
+    quiet, others = _cluster_order(wanted, last)
+    ids = [it["id"] for _, it in others]
+    assert ids[:4] == ["RED-FOLD-sum", "RED-TREE-regimes", "RED-TREE-bitwise", "RED-TREE-grid-z3"]
+    assert sorted(ids + [it["id"] for _, it in quiet]) == sorted(it["id"] for it in contract.items)
+    assert {it["id"] for _, it in quiet} == {it["id"] for it in contract.items if it.get("method") == "measure"}
+    one_gpu = [it["id"] for _, it in _work_order(wanted, last)[1]]
+    assert one_gpu[0] == "RED-TREE-grid-z3"  # on one GPU the host-only items still go first
+
+
 def test_a_prestarted_worker_imports_its_preload_and_an_absent_module_does_not_stop_it():
     from obligations.check import item_fields
     from obligations.isolation import PRELOAD_ENV, WorkerPool

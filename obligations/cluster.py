@@ -161,6 +161,8 @@ def _worker_specs(spec: ClusterSpec, device: str) -> dict[str, dict[str, Any]]:
                     "resources": {"GPU": 1},
                     "env": {"CUDA_VISIBLE_DEVICES": g},
                     "name": f"gpu{g}",
+                    # each thread's kc worker process starts with the Dask worker (items on cuda always run in one)
+                    "preload": [SPARES_PRELOAD],
                 },
             }
             for g in gpus
@@ -290,6 +292,8 @@ RUN_ITEM = "obligations.cluster_worker.run_on_worker"
 STOP_ITEMS = "obligations.cluster_worker.stop_items"
 SWEEP_PART = "obligations.cluster_worker.sweep_part"
 AUDIT_PART = "obligations.cluster_worker.audit_part"
+# The Dask preload of a local cluster's workers (its dask_setup starts a kc worker process per thread)
+SPARES_PRELOAD = "obligations.cluster_worker"
 
 # Environment variables that carry run settings to the engines (--z3-stability, --no-proof-cache, ...): they
 # travel with each item, since a scheduler's workers did not inherit the run's environment.

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from obligations.cli import main
 from obligations.cluster import ClusterSpec, dask_missing, parse_cluster
+from obligations.contract import load_contract
+from obligations.isolation import worker_request
+from tests.contract_helpers import surviving_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ROOT / "tests" / "fixtures" / "faults" / "faults-v1.yaml"
@@ -295,10 +300,49 @@ def test_a_local_cuda_cluster_has_one_worker_per_visible_gpu_holding_it(monkeypa
     for g in ("0", "1"):
         options = specs[f"gpu{g}"]["options"]
         assert options["env"] == {"CUDA_VISIBLE_DEVICES": g} and options["resources"] == {"GPU": 1}
-        assert options["nthreads"] == gpu_slots(2)
+        assert options["nthreads"] == gpu_slots(2) and options["preload"] == ["obligations.cluster_worker"]
     assert _worker_specs(ClusterSpec("local", workers=3), "cuda")["gpu1"]["options"]["nthreads"] == 3
     assert gpu_slots(2, cpus=32) == 15 and gpu_slots(2, cpus=16) == 7 and gpu_slots(8, cpus=4) == 1
     assert len(_worker_specs(ClusterSpec("local", workers=3), "host")) == 3
+
+
+def test_a_gpu_workers_threads_take_the_kc_processes_it_started_with_it(monkeypatch):
+    """dask_setup (the preload of a local cluster's GPU workers) starts a kc worker process per thread; a thread's
+    first item takes one started in its request's kc environment instead of starting its own, another
+    environment starts its own, and stop_items ends them all."""
+    import types
+
+    from obligations import cluster_worker as cw
+    from obligations.isolation import WorkerPool
+
+    mark = f"spares-{os.getpid()}"
+    monkeypatch.setenv("KC_TEST_MARK", mark)
+    monkeypatch.setattr(cw, "_spares", [])
+    monkeypatch.setattr(cw, "_executors", {})
+    worker = types.SimpleNamespace(state=types.SimpleNamespace(nthreads=2, total_resources={}))
+    cw.dask_setup(worker)
+    try:
+        spares = [executor for _, executor in cw._spares]
+        assert len(spares) == 2 and all(isinstance(e, WorkerPool) and e.proc is not None for e in spares)
+        contract = load_contract(FAULTS)
+        request = {
+            **worker_request({"device": "host", "profile": "quick", "seed": 0}, contract, contract.item("FT-OK-1"), {}),
+            "isolate": "process",
+            "env": cw._kc_environment(),
+        }
+        assert cw.run_on_worker(request)["fields"]["status"] == "passed"
+        (taken,) = cw._executors.values()
+        assert taken in spares and taken.started == 1 and len(cw._spares) == 1  # no process of its own
+        assert taken.settings == {"device": "host", "profile": "quick", "seed": 0}
+        other = {**request, "env": {**request["env"], "KC_Z3_STABILITY": "3"}}
+        threading.Thread(target=lambda: cw.run_on_worker(other)).start()  # another thread, another kc setting
+        deadline = time.monotonic() + 60
+        while len(cw._executors) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(cw._spares) == 1  # the spare's environment is not the request's: it started its own
+    finally:
+        cw.stop_items()
+    assert cw._spares == [] and surviving_processes(mark) == []
 
 
 @needs_dask

@@ -401,7 +401,7 @@ def _early_cluster(args: argparse.Namespace, device: str, cleanup: contextlib.Ex
         return None
     from obligations.cluster import OpeningCluster, parse_cluster
 
-    opening = OpeningCluster(parse_cluster(args.cluster), device)
+    opening = OpeningCluster(parse_cluster(args.cluster), device, spares=True)  # a check's: kc worker processes
     cleanup.callback(opening.close)
     return opening
 

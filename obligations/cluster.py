@@ -137,9 +137,10 @@ def gpu_slots(gpus: int, cpus: int | None = None) -> int:
     return max(1, min(15, (cpus - 1) // max(1, gpus)))
 
 
-def _worker_specs(spec: ClusterSpec, device: str) -> dict[str, dict[str, Any]]:
+def _worker_specs(spec: ClusterSpec, device: str, spares: bool = False) -> dict[str, dict[str, Any]]:
     """Dask worker specs: on cuda one per visible GPU (that GPU only, resource GPU=1, :func:`gpu_slots` threads,
-    or N with local:N), else N CPU workers of one thread (local: cores - 1)."""
+    or N with local:N; ``spares``: each starts its threads' kc worker processes, for kc check), else N CPU workers
+    of one thread (local: cores - 1)."""
     from distributed import Nanny
 
     from obligations.isolation import default_jobs
@@ -161,8 +162,9 @@ def _worker_specs(spec: ClusterSpec, device: str) -> dict[str, dict[str, Any]]:
                     "resources": {"GPU": 1},
                     "env": {"CUDA_VISIBLE_DEVICES": g},
                     "name": f"gpu{g}",
-                    # each thread's kc worker process starts with the Dask worker (items on cuda always run in one)
-                    "preload": [SPARES_PRELOAD],
+                    # each thread's kc worker process starts with the Dask worker (a check's items on cuda always
+                    # run in one; a sweep's or an audit's parts run in the Dask worker itself)
+                    **({"preload": [SPARES_PRELOAD]} if spares else {}),
                 },
             }
             for g in gpus
@@ -171,8 +173,9 @@ def _worker_specs(spec: ClusterSpec, device: str) -> dict[str, dict[str, Any]]:
     return {f"cpu{k}": {"cls": Nanny, "options": {**base, "name": f"cpu{k}"}} for k in range(n)}
 
 
-def open_cluster(spec: ClusterSpec, device: str, timeout: float = 30.0) -> tuple[Any, Any]:
-    """(Dask client, the local cluster it started or None) for ``spec``; ClusterError when that cannot be."""
+def open_cluster(spec: ClusterSpec, device: str, timeout: float = 30.0, spares: bool = False) -> tuple[Any, Any]:
+    """(Dask client, the local cluster it started or None) for ``spec``; ClusterError when that cannot be;
+    ``spares``: a local cluster's GPU workers start their threads' kc worker processes (kc check)."""
     why = dask_missing()
     if why:
         raise ClusterError(why)
@@ -182,7 +185,7 @@ def open_cluster(spec: ClusterSpec, device: str, timeout: float = 30.0) -> tuple
     try:
         if spec.kind == "local":
             cluster = SpecCluster(
-                workers=_worker_specs(spec, device),
+                workers=_worker_specs(spec, device, spares),
                 scheduler={"cls": Scheduler, "options": {"dashboard": False, "dashboard_address": ":0", "port": 0}},
                 silence_logs=40,
                 name="kc",
@@ -209,8 +212,8 @@ class OpeningCluster:
     """A cluster being opened in the background (kc check: while the contracts load, as its workers start on one
     machine); :meth:`take` waits for it, :meth:`close` closes it if nobody took it."""
 
-    def __init__(self, spec: ClusterSpec, device: str, timeout: float = 30.0) -> None:
-        self.spec, self.device = spec, device
+    def __init__(self, spec: ClusterSpec, device: str, timeout: float = 30.0, spares: bool = False) -> None:
+        self.spec, self.device, self.spares = spec, device, spares
         self._done = threading.Event()
         self._opened: tuple[Any, Any] | None = None
         self._error: BaseException | None = None
@@ -221,7 +224,7 @@ class OpeningCluster:
 
     def _open(self, timeout: float) -> None:
         try:
-            self._opened = open_cluster(self.spec, self.device, timeout)
+            self._opened = open_cluster(self.spec, self.device, timeout, self.spares)
         except BaseException as e:  # ClusterError, or a stop: the taker raises it
             self._error = e
         finally:
@@ -339,7 +342,9 @@ class ClusterRunner:
         self.settings = dict(settings)
         self.isolate = isolate
         early = opened is not None and opened.spec == spec and opened.device == settings["device"]
-        self.client, self.cluster = opened.take() if early else open_cluster(spec, settings["device"])
+        self.client, self.cluster = (
+            opened.take() if early else open_cluster(spec, settings["device"], spares=True)  # type: ignore[union-attr]
+        )
         _needs_gpus(self.client, self.cluster, spec, settings["device"])
         self._ran = ran
         self._landed_fn = landed  # (contract, item, fields, seconds) of each item that lands with an outcome

@@ -295,7 +295,8 @@ def test_a_local_cuda_cluster_has_one_worker_per_visible_gpu_holding_it(monkeypa
     from obligations.cluster import _worker_specs, gpu_slots
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    specs = _worker_specs(ClusterSpec("local"), "cuda")
+    assert "preload" not in _worker_specs(ClusterSpec("local"), "cuda")["gpu0"]["options"]  # a sweep's, an audit's
+    specs = _worker_specs(ClusterSpec("local"), "cuda", spares=True)  # kc check's
     assert sorted(specs) == ["gpu0", "gpu1"]
     for g in ("0", "1"):
         options = specs[f"gpu{g}"]["options"]
@@ -431,9 +432,10 @@ def test_the_cluster_opens_while_the_contracts_load_once_and_is_closed_when_the_
     opened: list[object] = []
     real_open, real_close = oc.open_cluster, oc.OpeningCluster.close
 
-    def counted_open(spec, device, timeout=30.0):
+    def counted_open(spec, device, timeout=30.0, spares=False):
         opened.append(spec)
-        return real_open(spec, device, timeout)
+        assert spares  # a check's cluster: its GPU workers start the kc worker processes
+        return real_open(spec, device, timeout, spares)
 
     closed: list[bool] = []
 

@@ -342,9 +342,7 @@ class ClusterRunner:
         self.settings = dict(settings)
         self.isolate = isolate
         early = opened is not None and opened.spec == spec and opened.device == settings["device"]
-        self.client, self.cluster = (
-            opened.take() if early else open_cluster(spec, settings["device"], spares=True)  # type: ignore[union-attr]
-        )
+        self.client, self.cluster = opened.take() if early else open_cluster(spec, settings["device"], spares=True)
         _needs_gpus(self.client, self.cluster, spec, settings["device"])
         self._ran = ran
         self._landed_fn = landed  # (contract, item, fields, seconds) of each item that lands with an outcome
@@ -357,7 +355,6 @@ class ClusterRunner:
         self._lock = threading.RLock()
         self._order = 0
         self._closed = False
-        self._gone: set[str] = set()  # addresses of workers that died during the run
         info = self.client.scheduler_info().get("workers", {})
         self.workers = sorted(info)
         # Each item goes to a worker with a free thread, pinned there (workers=[address], no other): an item waits
@@ -380,7 +377,7 @@ class ClusterRunner:
     def _watch_workers(self) -> None:
         while not self._closed:
             with self._lock:
-                live = sum(t for a, (t, _) in self._threads_of.items() if a not in self._gone)
+                live = sum(t for t, _ in self._threads_of.values())
                 short = live == 0 or live < self._full  # a lost worker not yet replaced, or none joined yet
             self._recount.wait(1.0 if short else 5.0)
             self._recount.clear()
@@ -404,9 +401,7 @@ class ClusterRunner:
         free = [
             (threads - self._busy.get(address, 0), address)
             for address, (threads, has_gpu) in self._threads_of.items()
-            if address not in self._gone
-            and (has_gpu or not gpu)
-            and not (method in QUIET_METHODS and address in self._timing)
+            if (has_gpu or not gpu) and not (method in QUIET_METHODS and address in self._timing)
         ]
         best = max(free, key=lambda fa: (fa[0], -self._busy.get(fa[1], 0), fa[1]), default=None)
         return best[1] if best is not None and best[0] > 0 else None
@@ -528,8 +523,8 @@ class ClusterRunner:
             who = f"{last.name} ({last.address})" if last is not None else "unknown"
             slot.lost = (*slot.lost, who)
             with self._lock:
-                if last is not None:  # its threads are gone; a replacement joins under another address
-                    self._gone.add(last.address)
+                if last is not None:  # gone from the table until the scheduler lists a worker there again
+                    self._threads_of.pop(last.address, None)
             self._recount.set()
             if slot.attempts <= RETRIES and not self._closed and cancel.stop_requested() is None:
                 self._send(key, first=True)  # once more, on the worker that replaces it or another

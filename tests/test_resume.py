@@ -20,6 +20,18 @@ QUICK = ["PO-GEMM-02-A-z3", "KANI-CUBLAS-001-A", "PO-GEMM-03", "PO-GEMM-04"]  # 
 VOLATILE = frozenset({"seconds", "started", "argv"})
 
 
+def _differences(a, b, path: str = "") -> list[str]:
+    """Where two JSON values differ: ``path: a != b`` lines (at most 20)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = [f"{path}/{k}: only in {'a' if k in a else 'b'}" for k in sorted(set(a) ^ set(b), key=str)]
+        for k in sorted(set(a) & set(b), key=str):
+            out += _differences(a[k], b[k], f"{path}/{k}")
+        return out[:20]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for n, (x, y) in enumerate(zip(a, b, strict=True)) for d in _differences(x, y, f"{path}[{n}]")][:20]
+    return [] if a == b else [f"{path}: {str(a)[:200]} != {str(b)[:200]}"]
+
+
 def _stable(value, volatile=VOLATILE):
     """The result without timings (``*seconds``), timestamps and the command line."""
     if isinstance(value, dict):
@@ -141,5 +153,5 @@ def test_same_seed_gives_the_same_result_json(tmp_path):
         )
         assert proc.returncode == 1, proc.stderr
     a, b = (_stable(json.loads(o.read_text())) for o in outs)
-    assert a == b
+    assert a == b, _differences(a, b)  # the paths that differ: a failure says where
     assert a["provenance"]["seed"] == 3

@@ -23,6 +23,19 @@ def pytest_unconfigure(config) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _kc_environment_restored():
+    """Every test leaves kc's settings in the environment (KC_*) as it found them: an in-process ``main([...,
+    "--no-proof-cache"])`` or a cluster task's ``run_on_worker`` sets them for the process (and its children),
+    and a later test's ``kc check`` subprocess then ran with them (a stray KC_Z3_STABILITY added stability tables
+    to a determinism test's records, a failure that depended on which tests an xdist worker ran first)."""
+    before = {k: v for k, v in os.environ.items() if k.startswith("KC_")}
+    yield
+    for k in [k for k in os.environ if k.startswith("KC_") and k not in before]:
+        del os.environ[k]
+    os.environ.update(before)
+
+
+@pytest.fixture(autouse=True)
 def _gpu_turn(request):
     """Tests marked ``cuda`` share the GPU; a test marked ``quiet_gpu`` (it decides on a timing) has it alone.
 

@@ -60,6 +60,7 @@ inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 inline unsigned atomicExch(unsigned* p, unsigned v) {
     static std::mutex m; std::lock_guard<std::mutex> g(m); unsigned o = *p; *p = v; return o;
 }
+inline long long clock64() { static thread_local long long c = 0; return c += 4096; }  // a stagger's wait ends
 inline float kc_expf(float x) { return std::exp(x); }
 inline float kc_floorf(float x) { return std::floor(x); }
 #define expf kc_expf
@@ -102,6 +103,13 @@ int main(int argc, char** argv) {
                 kc_fused_rmsnorm_rows(x.data(), w.data(), c, ep.data(), e, y.data(), a, b); });
         }
         wr("y.bin", y);
+    } else if (which == 5) {  // the ring (benchmarks/bench_rmsnorm_ring.py): rows a, d b, strides c and e
+        const long long wn = c ? a * b : b, en = e ? a : 1;
+        auto x = rd<float>("x.bin", a * b); auto w = rd<float>("w.bin", wn); auto ep = rd<float>("e.bin", en);
+        std::vector<float> y(a * b, -7.0f);
+        launch(grid, KC_T, 16 * (b / 4 + 4), [&] {  // ring_shared_bytes; 2 "SMs", a stagger of 3 ticks
+            kc_rmsnorm_ring(x.data(), w.data(), c, ep.data(), e, y.data(), a, b, 2, 3); });
+        wr("y.bin", y);
     } else if (which == 2) {  // masked softmax: rows a, d b
         auto x = rd<float>("x.bin", a * b); auto m = rd<float>("w.bin", a * b);
         std::vector<float> y(a * b, -7.0f);
@@ -126,7 +134,19 @@ _SHARED = {
     "extern __shared__ float4 row4[];": "float4* row4 = (float4*)g_dyn;",
     "extern __shared__ float4 sm4[];": "float4* sm4 = (float4*)g_dyn;",
     "extern __shared__ float row[];": "float* row = (float*)g_dyn;",
+    "extern __shared__ float4 slot[];": "float4* slot = (float4*)g_dyn;",
 }
+
+
+def _ring_source() -> str:
+    """The experimental ring kernel's source (benchmarks/bench_rmsnorm_ring.py: not a package, loaded by path)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_rmsnorm_ring.py"
+    spec = importlib.util.spec_from_file_location("bench_rmsnorm_ring", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.RING_SOURCE
 
 
 @pytest.fixture(scope="module")
@@ -134,8 +154,10 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The four kernels' sources compiled with the emulation header into one program."""
     d = tmp_path_factory.mktemp("emu")
     src = _HEADER
-    for key in ("rmsnorm", "rmsnorm_rows", "masked_softmax", "rope", "embedding"):
-        text = fk.SOURCES[key][0]
+    for text in [
+        *(fk.SOURCES[k][0] for k in ("rmsnorm", "rmsnorm_rows", "masked_softmax", "rope", "embedding")),
+        _ring_source(),
+    ]:
         for a, b in _SHARED.items():
             text = text.replace(a, b)
         src += text + "\n"
@@ -176,6 +198,22 @@ def test_rmsnorm_kernels_equal_the_host_model(emulator, which):
             y = np.fromfile(emulator / "y.bin", np.float32).reshape(rows, d)
             want = fk.rmsnorm_host(x, w, e.reshape(-1, 1) if per_row_eps else e[0])
             assert np.array_equal(_canon(y), _canon(want)), (which, rows, d, full_w, per_row_eps)
+
+
+def test_the_experimental_ring_rmsnorm_equals_the_host_model(emulator):
+    """The ring (benchmarks/bench_rmsnorm_ring.py) folds as the shipped kernels do: the same bits, with fewer blocks
+    than rows (each block's slot takes row after row, the next copied while one is written) and more."""
+    rng = np.random.default_rng(5)
+    for rows, d, grid in ((1, 4, 1), (7, 16, 3), (23, 36, 4), (5, 1024, 2), (9, 260, 9), (3, 12, 5)):
+        for full_w, per_row_eps in ((False, False), (True, True)):
+            x = rng.standard_normal((rows, d)).astype(np.float32)
+            x[0, 0] = np.nan if rows > 2 else x[0, 0]
+            w = rng.standard_normal((rows, d) if full_w else (d,)).astype(np.float32)
+            e = (rng.random(rows) * 1e-3).astype(np.float32) if per_row_eps else np.array([1e-6], np.float32)
+            _run(emulator, 5, rows, d, d if full_w else 0, int(per_row_eps), grid, x=x, w=w, e=e)
+            y = np.fromfile(emulator / "y.bin", np.float32).reshape(rows, d)
+            want = fk.rmsnorm_host(x, w, e.reshape(-1, 1) if per_row_eps else e[0])
+            assert np.array_equal(_canon(y), _canon(want)), (rows, d, grid, full_w, per_row_eps)
 
 
 def test_rope_and_embedding_kernels_equal_the_denotation(emulator):

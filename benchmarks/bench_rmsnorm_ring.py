@@ -32,23 +32,22 @@ import argparse
 
 import numpy as np
 
+from native.fusion_kernels import COPY16_MACROS, FOLD4_MACRO, ROW_FOLD
+
 __all__ = ["RING_NAME", "RING_SOURCE", "main", "ring_launch"]
 
 RING_NAME = "kc_rmsnorm_ring"
-RING_SOURCE = r"""
+RING_SOURCE = (
+    r"""
 #ifndef KC_T
 #define KC_T 128
 #endif
-#ifndef KC_COPY16
-#define KC_COPY16(dst, src) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" \
-    :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src))
-#define KC_COPY_WAIT() asm volatile("cp.async.wait_all;\n" ::)
-#endif
-#ifndef KC_FOLD4
-#define KC_FOLD4(v) acc = __fadd_rn(acc, __fmul_rn(v.x, v.x)); acc = __fadd_rn(acc, __fmul_rn(v.y, v.y)); \
-    acc = __fadd_rn(acc, __fmul_rn(v.z, v.z)); acc = __fadd_rn(acc, __fmul_rn(v.w, v.w));
-#endif
-extern "C" __global__ void __launch_bounds__(KC_T)
+"""
+    + COPY16_MACROS
+    + "#ifndef KC_FOLD4\n"
+    + FOLD4_MACRO
+    + "#endif\n"
+    + r"""extern "C" __global__ void __launch_bounds__(KC_T)
 kc_rmsnorm_ring(const float* __restrict__ x, const float* __restrict__ w, long long w_stride,
                 const float* __restrict__ eps, long long eps_stride, float* __restrict__ y, long long rows,
                 long long d, long long sms, long long stagger) {
@@ -71,23 +70,10 @@ kc_rmsnorm_ring(const float* __restrict__ x, const float* __restrict__ w, long l
         __syncthreads();
         if (threadIdx.x == 0) {  // the left fold from +0, four float4 of shared loads ahead of the add chain
             float acc = 0.0f;
-            float4 a0 = slot[0], a1 = slot[1], a2 = slot[2], a3 = slot[3];
-            const float4* p = slot + 4;
-            unsigned left = (unsigned)q;
-            for (; left >= 4; left -= 4, p += 4) {
-                const float4 b0 = p[0], b1 = p[1], b2 = p[2], b3 = p[3];
-                KC_FOLD4(a0) KC_FOLD4(a1) KC_FOLD4(a2) KC_FOLD4(a3)
-                a0 = b0;
-                a1 = b1;
-                a2 = b2;
-                a3 = b3;
-            }
-            if (left > 0) { KC_FOLD4(a0) }
-            if (left > 1) { KC_FOLD4(a1) }
-            if (left > 2) { KC_FOLD4(a2) }
-            const float ms = __fdiv_rn(acc, (float)d);
-            const float v = __fadd_rn(ms, eps[row * eps_stride]);
-            rsh = (float)(1.0 / sqrt((double)v));
+            const float4* rr = slot;
+"""
+    + ROW_FOLD
+    + r"""            rsh = (float)(1.0 / sqrt((double)v));
         }
         __syncthreads();
         const float rr = rsh;
@@ -111,6 +97,7 @@ kc_rmsnorm_ring(const float* __restrict__ x, const float* __restrict__ w, long l
     }
 }
 """
+)
 
 
 def ring_shared_bytes(d: int) -> int:
@@ -126,20 +113,6 @@ def ring_launch(fn, threads: int, grid: int, x, w, eps, y, sms: int, stagger: in
     fn((min(grid, rows),), (threads,), args, shared_mem=ring_shared_bytes(d))
 
 
-def _time(cupy, fn, reps: int = 20) -> float:  # noqa: ANN001
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(reps):
-        a, b = cupy.cuda.Event(), cupy.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(cupy.cuda.get_elapsed_time(a, b))
-    return float(np.median(ts))
-
-
 def main() -> None:
     """Time copy, the shipped launcher and the ring's configurations; print copy/ours and bitwise agreement."""
     try:
@@ -149,6 +122,8 @@ def main() -> None:
     except Exception as e:  # no CuPy or no device: say so, exit 0 (a benchmark, not a test)
         print(f"bench_rmsnorm_ring: needs a CUDA device with CuPy ({type(e).__name__}: {e})")
         return
+    from bench_rmsnorm_variants import _time  # this directory: run as a script
+
     from falsification.engine import time_ms
     from native import fusion_kernels as fk
     from native.nvrtc import compile_function

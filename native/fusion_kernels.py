@@ -65,6 +65,9 @@ __all__ = [
     "ROWS_R",
     "ROWS_THREADS",
     "rmsnorm_rows_plan",
+    "ROW_FOLD",
+    "FOLD4_MACRO",
+    "COPY16_MACROS",
     "embedding_plan",
 ]
 
@@ -182,18 +185,47 @@ kc_fused_rmsnorm(const float* __restrict__ x, const float* __restrict__ w, long 
 # memory. Several blocks share an SM (2 rows each: ~33 KB of shared memory for d = 4096), so one block's fold, a
 # dependent chain of d adds, overlaps the others' loads and stores: the kernel runs at the copy bandwidth's pace
 # instead of the fold's. KC_COPY16/KC_COPY_WAIT are the asynchronous copy (a host emulator defines them as a copy).
-ROWS_R = 2  # rows per block of the fast RMSNorm kernel (KC_R) ...
-ROWS_THREADS = 256  # ... and its threads per block (KC_T): the source's defaults and rmsnorm_rows_plan's
-_RMSNORM_ROWS = (
-    (f"#ifndef KC_R\n#define KC_R {ROWS_R}\n#endif\n#ifndef KC_T\n#define KC_T {ROWS_THREADS}\n#endif\n")
-    + """\
+# The left fold of a row staged in shared memory at float4* rr (four float4 of loads ahead of the dependent adds),
+# then its mean square plus the row's eps: the denotation's order, written once. The rows kernel and the experimental
+# kernel of benchmarks/bench_rmsnorm_ring.py both take it, so they give the same bits.
+# cp.async of 16 bytes into shared memory and its wait (a host emulator defines them as a copy first), and the fold's
+# four steps of one float4 (x*x added left to right)
+COPY16_MACROS = """\
 #ifndef KC_COPY16
 #define KC_COPY16(dst, src) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\\n" \\
     :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src))
 #define KC_COPY_WAIT() asm volatile("cp.async.wait_all;\\n" ::)
 #endif
+"""
+FOLD4_MACRO = """\
 #define KC_FOLD4(v) acc = __fadd_rn(acc, __fmul_rn(v.x, v.x)); acc = __fadd_rn(acc, __fmul_rn(v.y, v.y)); \\
     acc = __fadd_rn(acc, __fmul_rn(v.z, v.z)); acc = __fadd_rn(acc, __fmul_rn(v.w, v.w));
+"""
+ROW_FOLD = """\
+        float4 a0 = rr[0], a1 = rr[1], a2 = rr[2], a3 = rr[3];
+        const float4* p = rr + 4;
+        unsigned left = (unsigned)q;
+        for (; left >= 4; left -= 4, p += 4) {
+            const float4 b0 = p[0], b1 = p[1], b2 = p[2], b3 = p[3];
+            KC_FOLD4(a0) KC_FOLD4(a1) KC_FOLD4(a2) KC_FOLD4(a3)
+            a0 = b0;
+            a1 = b1;
+            a2 = b2;
+            a3 = b3;
+        }
+        if (left > 0) { KC_FOLD4(a0) }
+        if (left > 1) { KC_FOLD4(a1) }
+        if (left > 2) { KC_FOLD4(a2) }
+        const float ms = __fdiv_rn(acc, (float)d);
+        const float v = __fadd_rn(ms, eps[row * eps_stride]);
+"""
+ROWS_R = 2  # rows per block of the fast RMSNorm kernel (KC_R) ...
+ROWS_THREADS = 256  # ... and its threads per block (KC_T): the source's defaults and rmsnorm_rows_plan's
+_RMSNORM_ROWS = (
+    (f"#ifndef KC_R\n#define KC_R {ROWS_R}\n#endif\n#ifndef KC_T\n#define KC_T {ROWS_THREADS}\n#endif\n")
+    + COPY16_MACROS
+    + FOLD4_MACRO
+    + """\
 extern "C" __global__ void __launch_bounds__(KC_T)
 kc_fused_rmsnorm_rows(const float* __restrict__ x, const float* __restrict__ w, long long w_stride,
                       const float* __restrict__ eps, long long eps_stride, float* __restrict__ y, long long rows,
@@ -219,23 +251,9 @@ kc_fused_rmsnorm_rows(const float* __restrict__ x, const float* __restrict__ w, 
         // Shared loads run four float4 ahead of the add chain (a dependent add per element: ~30 cycles of load
         // latency hide behind 16 adds); the pad float4 and the buffer's 3 extra keep them inside it
         // (smem_index(KC_R - 1, q + 3) < smem_float4).
-        float4 a0 = rr[0], a1 = rr[1], a2 = rr[2], a3 = rr[3];
-        const float4* p = rr + 4;
-        unsigned left = (unsigned)q;
-        for (; left >= 4; left -= 4, p += 4) {
-            const float4 b0 = p[0], b1 = p[1], b2 = p[2], b3 = p[3];
-            KC_FOLD4(a0) KC_FOLD4(a1) KC_FOLD4(a2) KC_FOLD4(a3)
-            a0 = b0;
-            a1 = b1;
-            a2 = b2;
-            a3 = b3;
-        }
-        if (left > 0) { KC_FOLD4(a0) }
-        if (left > 1) { KC_FOLD4(a1) }
-        if (left > 2) { KC_FOLD4(a2) }
-        const float ms = __fdiv_rn(acc, (float)d);
-        const float v = __fadd_rn(ms, eps[row * eps_stride]);
-        rsh[threadIdx.x] = (float)(1.0 / sqrt((double)v));
+"""
+    + ROW_FOLD
+    + """        rsh[threadIdx.x] = (float)(1.0 / sqrt((double)v));
     }
     __syncthreads();
     #pragma unroll

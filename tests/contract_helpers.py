@@ -81,3 +81,19 @@ def surviving_processes(mark: str, grace: float = 10.0) -> list[int]:
     while (pids := marked_processes(mark)) and time.monotonic() < deadline:
         time.sleep(0.05)
     return pids
+
+
+def count_loads(monkeypatch) -> dict[str, int]:
+    """Count, in the returned dict, the contract parses and validations (obligations.contract's _parse and
+    _diagnose) made while the test runs."""
+    import obligations.contract as contract_mod
+
+    counts = {"parse": 0, "diagnose": 0}
+    for name, fn in (("parse", contract_mod._parse), ("diagnose", contract_mod._diagnose)):
+
+        def counted(*args, _name=name, _fn=fn):
+            counts[_name] += 1
+            return _fn(*args)
+
+        monkeypatch.setattr(contract_mod, f"_{name}", counted)
+    return counts

@@ -12,6 +12,7 @@ import obligations.contract as contract_mod
 from obligations import proofcache
 from obligations.cli import main
 from obligations.contract import load_contracts, parse_contract
+from tests.contract_helpers import count_loads
 
 ROOT = Path(__file__).resolve().parent.parent
 GEMM = ROOT / "contracts" / "gemm-cublas-v1.yaml"
@@ -25,20 +26,7 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv(proofcache.CACHE_DIR_ENV, str(where))
     monkeypatch.setenv(proofcache.CACHE_ENV, "1")  # restored after the test (--no-proof-cache sets it to 0)
     monkeypatch.delenv(proofcache.LOAD_CACHE_ENV, raising=False)
-    counts = {"parse": 0, "diagnose": 0}
-    real_parse, real_diagnose = contract_mod._parse, contract_mod._diagnose
-
-    def parse(*args):
-        counts["parse"] += 1
-        return real_parse(*args)
-
-    def diagnose(*args):
-        counts["diagnose"] += 1
-        return real_diagnose(*args)
-
-    monkeypatch.setattr(contract_mod, "_parse", parse)
-    monkeypatch.setattr(contract_mod, "_diagnose", diagnose)
-    return where, counts
+    return where, count_loads(monkeypatch)
 
 
 def _entries(where: Path) -> list[Path]:

@@ -14,6 +14,7 @@ from obligations import contract as contract_mod
 from obligations.cli import main
 from obligations.contract import ContractError, load_contract, load_contracts, validate_paths
 from obligations.scaffold import scaffold_contract
+from tests.contract_helpers import count_loads
 
 ROOT = Path(__file__).resolve().parent.parent
 GEMM = ROOT / "contracts" / "gemm-cublas-v1.yaml"
@@ -292,19 +293,7 @@ def test_the_json_result_is_strict_json_even_with_nan_evidence(tmp_path, monkeyp
 
 def test_kc_check_parses_and_validates_each_contract_once(monkeypatch):
     monkeypatch.setenv("KC_LOAD_CACHE", "0")  # no load cache: tests/test_contract_cache.py
-    counts = {"parse": 0, "diagnose": 0}
-    real_parse, real_diagnose = contract_mod._parse, contract_mod._diagnose
-
-    def parse(*args):
-        counts["parse"] += 1
-        return real_parse(*args)
-
-    def diagnose(*args):
-        counts["diagnose"] += 1
-        return real_diagnose(*args)
-
-    monkeypatch.setattr(contract_mod, "_parse", parse)
-    monkeypatch.setattr(contract_mod, "_diagnose", diagnose)
+    counts = count_loads(monkeypatch)
     assert main(["check", str(GEMM), "--device", "host", "--only", "PO-GEMM-02-A-z3"]) == 0
     assert counts == {"parse": 1, "diagnose": 1}
 

@@ -387,6 +387,42 @@ def test_the_runs_executor_takes_queued_items_while_the_run_waits_for_the_measur
         pre.close()
 
 
+def test_a_stop_while_the_runs_executor_is_lent_signals_it_and_records_no_outcome_for_its_item():
+    """A stop (close) while the lent executor runs a queued item: it is signalled like the workers, the item has
+    the stop's record (no outcome), the run waiting on the measure item gets the stop's record too."""
+    import threading
+    import time
+
+    class Signalled(_Stand):
+        def __init__(self, delay):
+            super().__init__(delay)
+            self.stopped = threading.Event()
+
+        def signal_stop(self):
+            self.stopped.set()
+
+    worker, own = _Stand(0.05), Signalled(1.0)
+    pre = _prefetcher_with(worker)
+    pre.lend(own)
+    pre.defer(_C, {"id": "m"})
+    for k in range(4):
+        pre.submit(_C, {"id": f"i{k}"}, None)
+    got: list = []
+    waiting = threading.Thread(target=lambda: got.append(pre.take(_C, {"id": "m"})))
+    waiting.start()
+    deadline = time.monotonic() + 10
+    while not own.log and time.monotonic() < deadline:  # the lent executor has taken an item
+        time.sleep(0.01)
+    taken = own.log[0][1]
+    t0 = time.monotonic()
+    pre.close()
+    waiting.join(5)
+    assert own.stopped.is_set() and time.monotonic() - t0 < 5
+    assert got and got[0][0]["status"] == "error" and "stopped" in got[0][0]["reason"]
+    time.sleep(1.2)  # the stand-in ends its sleep: cut by the stop, its item keeps no outcome
+    assert not any(k[2] == taken for k in pre.finished)
+
+
 def test_an_item_that_takes_witnesses_waits_for_its_regimes_items_record_and_gets_them():
     import time
 

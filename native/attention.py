@@ -796,6 +796,32 @@ _F16_SOFTMAX_STEP = r"""
 """[1:]
 
 # _F16_HEAD + _F16_KERNEL is the float16 kernel's source as it stood in one piece ([1:]: no leading newline).
+# The float16 kernels' start of a row block, one text: the log2 scale, this warp's Q fragments as mma A operands
+# (read by ``load``: the plain kernel's qpair, the pipelined one's qpair2) and the zeroed accumulators and state.
+_F16_QUERY_FRAGMENTS = r"""    const float sl = scale * 1.44269504088896341f;
+    unsigned qa[HDP / 16][4];
+    #pragma unroll
+    for (unsigned kk = 0; kk < HDP / 16; ++kk) {
+        const unsigned d = kk * 16 + 2 * t;
+        qa[kk][0] = QPAIR(q, bh * Lq, row0, Lq, d);
+        qa[kk][1] = QPAIR(q, bh * Lq, row1, Lq, d);
+        qa[kk][2] = QPAIR(q, bh * Lq, row0, Lq, d + 8);
+        qa[kk][3] = QPAIR(q, bh * Lq, row1, Lq, d + 8);
+    }
+    float oacc[HDP / 8][4];
+    #pragma unroll
+    for (unsigned n = 0; n < HDP / 8; ++n) {
+        oacc[n][0] = 0.0f; oacc[n][1] = 0.0f; oacc[n][2] = 0.0f; oacc[n][3] = 0.0f;
+    }
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+"""
+
+
+def _f16_query_fragments(load: str) -> str:
+    """:data:`_F16_QUERY_FRAGMENTS` with its Q pairs read by the device function ``load``."""
+    return _F16_QUERY_FRAGMENTS.replace("QPAIR(", f"{load}(")
+
+
 _F16_KERNEL = (
     r"""
 // Float16 storage on tensor cores (FlashAttention-2 layout): 8 warps of 16 query rows, key tiles of BC rows.
@@ -815,23 +841,9 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd16(
     const long long kend = causal ? min(klen, r0 + BR) : klen;
     const long long kbase = (b * Hkv + hk) * Lk;
     // Scores in log2 units: t = fl(S sl), sl = fl(scale log2(e)); P = exp2f(t - m) (2 ulp, as expf).
-    const float sl = scale * 1.44269504088896341f;
-    unsigned qa[HDP / 16][4];
-    #pragma unroll
-    for (unsigned kk = 0; kk < HDP / 16; ++kk) {
-        const unsigned d = kk * 16 + 2 * t;
-        qa[kk][0] = qpair(q, bh * Lq, row0, Lq, d);
-        qa[kk][1] = qpair(q, bh * Lq, row1, Lq, d);
-        qa[kk][2] = qpair(q, bh * Lq, row0, Lq, d + 8);
-        qa[kk][3] = qpair(q, bh * Lq, row1, Lq, d + 8);
-    }
-    float oacc[HDP / 8][4];
-    #pragma unroll
-    for (unsigned n = 0; n < HDP / 8; ++n) {
-        oacc[n][0] = 0.0f; oacc[n][1] = 0.0f; oacc[n][2] = 0.0f; oacc[n][3] = 0.0f;
-    }
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-    for (long long t0 = 0; t0 < kend; t0 += BC) {
+"""
+    + _f16_query_fragments("qpair")
+    + r"""    for (long long t0 = 0; t0 < kend; t0 += BC) {
         __syncthreads();
         load_h(ks, k, kbase, t0, kend);
         load_h(vs, v, kbase, t0, kend);
@@ -965,23 +977,10 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) attn_fwd16p(
             load_kv(smh + IX(2 * s, BC * LDH, 0), smh + IX(2 * s + 1, BC * LDH, 0), k, v, kbase, s * BC, kend);
         cp_async_commit();
     }
-    const float sl = scale * 1.44269504088896341f;
-    unsigned qa[HDP / 16][4];
-    #pragma unroll
-    for (unsigned kk = 0; kk < HDP / 16; ++kk) {
-        const unsigned d = kk * 16 + 2 * t;
-        qa[kk][0] = qpair2(q, bh * Lq, row0, Lq, d);
-        qa[kk][1] = qpair2(q, bh * Lq, row1, Lq, d);
-        qa[kk][2] = qpair2(q, bh * Lq, row0, Lq, d + 8);
-        qa[kk][3] = qpair2(q, bh * Lq, row1, Lq, d + 8);
-    }
-    float oacc[HDP / 8][4];
-    #pragma unroll
-    for (unsigned n = 0; n < HDP / 8; ++n) {
-        oacc[n][0] = 0.0f; oacc[n][1] = 0.0f; oacc[n][2] = 0.0f; oacc[n][3] = 0.0f;
-    }
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-    const unsigned kfrag = IX(lane % 8, LDH, lane / 8 * 8);  // ldmatrix rows: key lane % 8, features + lane / 8 * 8
+"""
+    + _f16_query_fragments("qpair2")
+    + "    const unsigned kfrag = IX(lane % 8, LDH, lane / 8 * 8);"
+    + r"""  // ldmatrix rows: key lane % 8, features + lane / 8 * 8
     const unsigned vfrag = IX(lane % 8 + (lane / 8 & 1) * 8, LDH, (lane / 16) * 8);
     for (long long it = 0; it < ntiles; ++it) {
         const long long t0 = it * BC;

@@ -108,7 +108,7 @@ def test_a_bound_call_that_revalidates_every_time_is_caught_by_the_overhead_item
     it = _items(path, ["PO-GEMM-04-thin"], "cuda")["PO-GEMM-04-thin"]
     assert it["status"] == "violated", it["reason"]
     thin = it["evidence"]["cases_measured"]["4096x256x1024:float16"]
-    assert thin["status"] == "violated" and thin["interval"]["low"] > thin["threshold"]  # the whole interval misses the limit
+    assert thin["status"] == "violated" and thin["interval"]["low"] > thin["threshold"]  # misses the whole limit
 
 
 @pytest.mark.cuda

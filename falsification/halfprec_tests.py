@@ -79,7 +79,7 @@ def halfprec_reference(ctx: FalsifyContext) -> Outcome:
     return engine.outcome_passed(ctx, cases, None, **ev)
 
 
-@register_test("halfprec.exhaustive", devices=("cuda",))
+@register_test("halfprec.exhaustive", devices=("cuda",), device_pure=True)
 def halfprec_exhaustive(ctx: FalsifyContext) -> Outcome:
     """Every operand pair (or operand) of the device's half/bfloat16 op against the exact reference, bitwise."""
     from native import halfprec as native

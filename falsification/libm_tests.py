@@ -209,7 +209,7 @@ def audit_function(name: str, env: str, tolerance: Any, *, lo: int = 0, hi: int 
 # -- registered tests ------------------------------------------------------------------------------------------
 
 
-@register_test("libm.audit", devices=("cuda",))
+@register_test("libm.audit", devices=("cuda",), device_pure=True)
 @guarded(skip=(spec.SettlementError,))
 def libm_audit(ctx: FalsifyContext) -> Outcome:
     """One CUDA float function under one environment on all 2^32 inputs against the correctly rounded reference."""

@@ -118,6 +118,10 @@ class FalsificationTest:
     # clock, no unseeded randomness, no draws that vary with the process (e.g. a bounded exhaustive enumeration).
     # Only such a test's passed result may be reused from the proof cache (obligations.engines, like enumerations).
     pure: bool = False
+    # The verdict is a pure function of the above and of the device's identity (obligations.core.device.
+    # device_identity: GPU model, drivers, CUDA runtime, NVRTC): a bounded exhaustive sweep of compiled code, e.g.
+    # all 2^32 inputs of a CUDA math function. Its passed result is reused only on a device of the same identity.
+    device_pure: bool = False
 
 
 _REGISTRY: dict[str, FalsificationTest] = {}
@@ -132,17 +136,20 @@ BUILTIN_TEST_MODULES: tuple[str, ...] = (
 )
 
 
-def register_test(name: str, *, devices: tuple[str, ...] = ("host", "cuda"), pure: bool = False) -> Callable:
+def register_test(
+    name: str, *, devices: tuple[str, ...] = ("host", "cuda"), pure: bool = False, device_pure: bool = False
+) -> Callable:
     """Decorator: register ``fn(ctx) -> Outcome`` under ``name``; duplicate names are a bug.
 
-    ``pure``: the test's verdict depends only on host code and the item (see :attr:`FalsificationTest.pure`).
+    ``pure``: the test's verdict depends only on host code and the item (see :attr:`FalsificationTest.pure`);
+    ``device_pure``: only on those and the device's identity (:attr:`FalsificationTest.device_pure`).
     """
 
     def deco(fn: Callable[[FalsifyContext], Outcome]) -> Callable[[FalsifyContext], Outcome]:
         if name in _REGISTRY and _REGISTRY[name].run is not fn:
             raise ValueError(f"falsification test {name!r} is registered twice")
         summary = (fn.__doc__ or "").strip().split("\n")[0]
-        _REGISTRY[name] = FalsificationTest(name, fn, devices, summary, pure)
+        _REGISTRY[name] = FalsificationTest(name, fn, devices, summary, pure, device_pure)
         return fn
 
     return deco

@@ -12,7 +12,7 @@ from obligations.core.results import Outcome
 __all__ = ["exhaustive_sweep"]
 
 
-@register_test("elementwise.sweep")
+@register_test("elementwise.sweep", device_pure=True)
 def exhaustive_sweep(ctx: FalsifyContext) -> Outcome:
     """A unary kernel against its reference on all 2^32 inputs (cuda) or a seeded sample (host), max-ULP bounded."""
     p = ctx.params

@@ -729,7 +729,7 @@ class _RegisteredTestEngine(Engine):
             witnesses=witnesses,
             draws=_draw_store(),
         )
-        if test.pure:
+        if test.pure or test.device_pure:
             return with_evidence_kind(_unreported_witnesses(_pure_run(test, ctx), witnesses), self.evidence_class)
         return with_evidence_kind(_unreported_witnesses(test.run(ctx), witnesses), self.evidence_class)
 
@@ -775,8 +775,12 @@ def _draw_store() -> _ProofCacheDraws | None:
 def _pure_key(test: Any, ctx: Any) -> str:
     """The proof-cache key of a pure test's verdict: the test, the item's terms, seed, profile and device, the source
     of every project package it may run (spec, native, falsification, obligations/core) and the Python and NumPy
-    versions."""
+    versions; for a device-pure test also the device's identity (GPU model, drivers, CUDA runtime, NVRTC)."""
+    from obligations.core.device import device_identity
+
+    identity = {"device_identity": device_identity(ctx.device)} if test.device_pure else {}
     parts = {
+        **identity,
         "test": test.name,
         "params": ctx.params,
         "tolerance": ctx.tolerance,
@@ -791,9 +795,10 @@ def _pure_key(test: Any, ctx: Any) -> str:
 
 
 def _pure_run(test: Any, ctx: Any) -> Outcome:
-    """Run a pure test (:attr:`falsification.registry.FalsificationTest.pure`), reusing its passed verdict from the
-    proof cache where the same code already passed the same item (evidence ``cache: hit`` and the key), as
-    enumerations are; anything but a pass is always found again."""
+    """Run a pure or device-pure test (:class:`falsification.registry.FalsificationTest`), reusing its passed verdict
+    from the proof cache where the same code already passed the same item (on a device of the same identity, for a
+    device-pure test), with evidence ``cache: hit`` and the key, as enumerations are; anything but a pass is always
+    found again."""
     from falsification.engine import evidence_dict
 
     settings = proof_settings()

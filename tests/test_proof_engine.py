@@ -426,3 +426,41 @@ def test_a_pure_tests_pass_is_reused_and_its_key_follows_the_item(cache_dir, mon
 
     assert get_test("ir.checker_enum").pure and get_test("ir.planted_defects").pure
     assert not get_test("ir.rewrite_preserves").pure  # Hypothesis' draws: not declared pure
+
+
+def test_a_device_pure_tests_pass_is_reused_only_on_a_device_of_the_same_identity(cache_dir, monkeypatch):
+    # An exhaustive sweep of compiled code (all 2^32 inputs of a CUDA math function) gives the same bits on the same
+    # GPU model, drivers and compilers: its pass is reused there, and run again where any of them differs
+    from dataclasses import replace
+
+    from obligations.core import device
+    from obligations.engines import _pure_run
+
+    h100 = {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "driver": 13000, "nvrtc": "13.0", "kernel_driver": "580"}
+    identity = {"now": h100}
+    monkeypatch.setattr(device, "device_identity", lambda kind: identity["now"])
+    ran: list = []
+    sweep = replace(_pure_test(ran, pure=False), device_pure=True)
+    first, again = _pure_run(sweep, _ctx()), _pure_run(sweep, _ctx())
+    assert ran == [0] and (first.evidence.to_json()["cache"], again.evidence.to_json()["cache"]) == ("miss", "hit")
+    identity["now"] = {**h100, "name": "NVIDIA H200"}
+    assert _pure_run(sweep, _ctx()).evidence.to_json()["cache"] == "miss" and ran == [0, 0]
+    identity["now"] = {**h100, "kernel_driver": "581"}
+    assert _pure_run(sweep, _ctx()).evidence.to_json()["cache"] == "miss" and ran == [0, 0, 0]
+    for _ in range(2):  # a violation is always found again
+        assert _pure_run(sweep, _ctx(fail=True)).status.value == "violated"
+    assert ran == [0, 0, 0, 0, 0]
+    from falsification.registry import get_test, registered_tests
+
+    declared = sorted(name for name, t in registered_tests().items() if t.device_pure)
+    assert declared == ["elementwise.sweep", "halfprec.exhaustive", "libm.audit"]
+    assert not get_test("elementwise.bitwise").device_pure  # Hypothesis' draws: reused never
+
+
+def test_the_device_identity_names_the_machine_the_bits_came_from():
+    import numpy as np
+
+    from obligations.core.device import device_identity
+
+    host = device_identity("host")
+    assert host["kind"] == "host" and host["numpy"] == np.__version__ and "name" in host

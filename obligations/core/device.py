@@ -17,6 +17,7 @@ __all__ = [
     "cuda_available",
     "resolve_device",
     "device_info",
+    "device_identity",
     "array_module",
     "to_host",
     "to_device",
@@ -90,6 +91,32 @@ def device_info(device: str = "auto") -> dict[str, Any]:
         "sm_count": int(props["multiProcessorCount"]),
         "cupy": cupy.__version__,
     }
+
+
+@functools.cache
+def device_identity(device: str) -> dict[str, Any]:
+    """Everything a deterministic computation's bits on ``device`` may depend on beyond the code and its inputs.
+
+    On cuda: the GPU's name and compute capability, the kernel driver's full version (its JIT compiles PTX), the
+    driver API, CUDA runtime and NVRTC versions (NVRTC and its headers hold CUDA's math library) and CuPy's. On
+    the host: the machine, the NumPy version. The proof cache keys a device test's reused verdict by it
+    (obligations.engines), so a verdict found on an H100 is never reused on an H200 or after a driver update.
+    """
+    info = device_info(device)
+    if info["kind"] != "cuda":
+        return {k: info[k] for k in ("kind", "name", "numpy")}
+    import cupy
+
+    try:
+        nvrtc = ".".join(str(v) for v in cupy.cuda.nvrtc.getVersion())
+    except Exception as exc:  # no NVRTC: say so in the identity rather than guess
+        nvrtc = f"unavailable ({type(exc).__name__})"
+    kernel_driver = None
+    with contextlib.suppress(OSError):
+        with open("/proc/driver/nvidia/version", encoding="utf-8") as fh:  # Linux: "NVRM version: ... 580.159.04 ..."
+            kernel_driver = fh.readline().strip()
+    keep = ("kind", "name", "compute_capability", "driver", "cuda_runtime", "cupy")
+    return {**{k: info[k] for k in keep}, "nvrtc": nvrtc, "kernel_driver": kernel_driver}
 
 
 def array_module(device: str) -> ModuleType:

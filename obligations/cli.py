@@ -399,17 +399,9 @@ def _early_cluster(args: argparse.Namespace, device: str, cleanup: contextlib.Ex
     None without one. ``cleanup`` closes it if the run ends before it takes it."""
     if not args.cluster:
         return None
-    from obligations.cluster import OpeningCluster, parse_cluster, visible_gpus
-    from obligations.sanitize_batch import GPUS_ENV
+    from obligations.cluster import OpeningCluster, parse_cluster
 
-    spec = parse_cluster(args.cluster)
-    gpus = visible_gpus() if spec.kind == "local" and device == "cuda" else []
-    if len(gpus) > 1 and GPUS_ENV not in os.environ:
-        # the run's sanitizer plan spreads over the host's GPUs (set before the workers start: they inherit it, and
-        # a spare is taken only where its kc environment is the run's)
-        os.environ[GPUS_ENV] = ",".join(gpus)
-        cleanup.callback(os.environ.pop, GPUS_ENV, None)
-    opening = OpeningCluster(spec, device, spares=True)  # a check's: kc worker processes
+    opening = OpeningCluster(parse_cluster(args.cluster), device, spares=True)  # a check's: kc worker processes
     cleanup.callback(opening.close)
     return opening
 

@@ -48,10 +48,8 @@ __all__ = [
     "SHARDS_ENV",
     "DEFAULT_SHARDS",
     "SHARE_ENV",
-    "GPUS_ENV",
     "ERROR_EXIT",
     "make_plan",
-    "plan_gpus",
     "write_plan",
     "read_plan",
     "run_scope",
@@ -72,10 +70,6 @@ RUN_ENV = "KC_SANITIZE_RUN"
 SHARDS_ENV = "KC_SANITIZE_SHARDS"
 # "0": no shared plan, every sanitize item runs its workload in processes of its own (as before the plans).
 SHARE_ENV = "KC_SANITIZE_SHARE"
-# The GPUs (CUDA_VISIBLE_DEVICES entries) a plan's tool processes spread over, round robin, with that many times the
-# processes per tool; unset, they run on the GPU of the item that runs the plan. kc check --cluster local sets it to
-# the host's GPUs: on 2 H200s the whole plan on one GPU was a warm check's longest item (22 s of 29 s, 2026-11-27).
-GPUS_ENV = "KC_SANITIZE_GPUS"
 ERROR_EXIT = 86
 PRINT_LIMIT = 1000  # reports printed per process: past it a report is counted, not printed, so none is placed
 TIMEOUT_S = 600.0  # seconds one tool process may take
@@ -134,11 +128,6 @@ def _split(names: list[str], n: int, weight: Mapping[str, float]) -> list[list[s
     return [[w for w in names if part_of[w] == k] for k in range(len(loads))]
 
 
-def plan_gpus() -> list[str]:
-    """The GPUs a plan's processes spread over (:data:`GPUS_ENV`, CUDA_VISIBLE_DEVICES entries); [] where unset."""
-    return [g.strip() for g in os.environ.get(GPUS_ENV, "").split(",") if g.strip()]
-
-
 def make_plan(
     units: Mapping[str, Mapping[str, Sequence[str]]],
     shards: int | None = None,
@@ -147,17 +136,13 @@ def make_plan(
 ) -> dict[str, Any]:
     """A plan for ``units`` (workload -> {"tools": [...], "modules": [...]}): per tool, its workloads in ``shards``
     processes (default :data:`SHARDS_ENV`, else one) of about equal time by ``seconds`` (tool -> workload -> the
-    seconds it took last time, :func:`last_seconds`). Where :data:`GPUS_ENV` lists GPUs, each tool has that many
-    times the processes, and the processes take the GPUs in turn (``gpu``: the CUDA_VISIBLE_DEVICES they run with)."""
-    gpus = plan_gpus()
+    seconds it took last time, :func:`last_seconds`)."""
     processes = []
     for tool in TOOLS + tuple(sorted({t for u in units.values() for t in u["tools"]} - set(TOOLS))):
         names = [w for w, u in units.items() if tool in u["tools"]]
-        parts = _split(names, (shards or _shards(tool)) * max(1, len(gpus)), (seconds or {}).get(tool) or {})
+        parts = _split(names, shards or _shards(tool), (seconds or {}).get(tool) or {})
         for k, part in enumerate(parts):
             processes.append({"name": tool if len(parts) == 1 else f"{tool}#{k}", "tool": tool, "workloads": part})
-    for k, proc in enumerate(processes if len(gpus) > 1 else ()):
-        proc["gpu"] = gpus[k % len(gpus)]
     return {
         "id": secrets.token_hex(6),
         "units": {w: {"tools": list(u["tools"]), "modules": list(u.get("modules") or ())} for w, u in units.items()},
@@ -409,8 +394,6 @@ def _run_process(
     cmd = tool_command(exe, spec["tool"], spec["workloads"], modules, token)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the workloads import what this process does
-    if spec.get("gpu") is not None:  # a plan spread over the host's GPUs (GPUS_ENV)
-        env["CUDA_VISIBLE_DEVICES"] = str(spec["gpu"])
     t0 = time.monotonic()
     lines: list[str] = []
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", env=env)
@@ -463,7 +446,6 @@ def run_plan(where: Path, plan: Mapping[str, Any], exe: str) -> None:
         for name, verdict in list(result["workloads"].items()):
             if verdict["exit"] == "unattributed":
                 alone = {"name": f"{spec['name']}:{name}", "tool": spec["tool"], "workloads": [name]}
-                alone |= {"gpu": spec["gpu"]} if spec.get("gpu") is not None else {}
                 log = _done_path(where, plan, alone["name"], ".log")
                 again = _run_process(exe, alone, modules, timeout_s, log, live)["workloads"][name]
                 result["workloads"][name] = again | {"alone": verdict.get("reason", "")}

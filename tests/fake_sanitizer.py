@@ -42,9 +42,6 @@ def main(argv: list[str]) -> int:
     if os.environ.get("KC_FAKE_SANITIZER_LOG"):
         with open(os.environ["KC_FAKE_SANITIZER_LOG"], "a", encoding="utf-8") as log:
             log.write(f"{tool} {' '.join(a for n, a in enumerate(app) if n and app[n - 1] == '--run')}\n")
-    if os.environ.get("KC_FAKE_SANITIZER_GPU_LOG"):  # the GPU each run was given (a plan spread over GPUs)
-        with open(os.environ["KC_FAKE_SANITIZER_GPU_LOG"], "a", encoding="utf-8") as log:
-            log.write(f"{tool} {os.environ.get('CUDA_VISIBLE_DEVICES')}\n")
     print("========= COMPUTE-SANITIZER", flush=True)
     proc = subprocess.Popen(app, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     errors = 0

@@ -60,22 +60,6 @@ def test_cluster_values_are_checked_where_they_are_parsed(tmp_path, capsys):
     assert "cluster" in capsys.readouterr().err
 
 
-def test_asking_whether_dask_is_there_does_not_import_it(monkeypatch):
-    # importing distributed takes ~1 s: kc check --cluster pays it in the thread that opens the cluster, while the
-    # device is probed and the contracts load, not before them
-    import subprocess
-    import sys
-
-    code = "import sys; from obligations.cluster import dask_missing as m; m(); print('distributed' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False", out.stderr
-    import importlib.util
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "distributed" else real(name, *a))
-    assert "no distributed" in (dask_missing() or "") and "kernel-contracts[scale]" in dask_missing()
-
-
 @pytest.fixture(scope="module")
 def scheduler(tmp_path_factory):
     """One 2-worker local cluster (processes, 1 thread each) for the module: its scheduler's address."""

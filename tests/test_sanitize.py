@@ -144,59 +144,6 @@ def test_an_item_alone_runs_its_workload_alone(fake_sanitizer, monkeypatch):
     assert sorted(fake_sanitizer.read_text().splitlines()) == ["initcheck fake-oob", "memcheck fake-oob"]
 
 
-def test_a_plan_spread_over_the_hosts_gpus_gives_each_tool_a_process_per_gpu_in_turn(
-    tmp_path, fake_sanitizer, monkeypatch
-):
-    # kc check --cluster local on 2 GPUs: the run's sanitizer plan is not one GPU's longest item any more
-    units = {w: {"tools": ["memcheck", "racecheck"], "modules": ["tests.planted.sanitizer_bugs"]} for w in _FAKES[:4]}
-    assert all("gpu" not in p for p in sanitize_batch.make_plan(units, shards=1)["processes"])
-    monkeypatch.setenv(sanitize_batch.GPUS_ENV, "3,5")
-    plan = sanitize_batch.make_plan(units, shards=1)
-    assert [(p["name"], p["gpu"]) for p in plan["processes"]] == [
-        ("memcheck#0", "3"),
-        ("memcheck#1", "5"),
-        ("racecheck#0", "3"),
-        ("racecheck#1", "5"),
-    ]
-    gpus = tmp_path / "gpus.log"
-    monkeypatch.setenv("KC_FAKE_SANITIZER_GPU_LOG", str(gpus))
-    sanitize_batch.run_plan(tmp_path, plan, shutil.which("compute-sanitizer"))
-    assert sorted(gpus.read_text().splitlines()) == ["memcheck 3", "memcheck 5", "racecheck 3", "racecheck 5"]
-    done = [json.loads(f.read_text()) for f in (tmp_path / plan["id"]).glob("*.json")]
-    assert len(done) == 4 and sorted(w for d in done for w in d["workloads"]) == sorted(_FAKES[:4] * 2)
-
-
-def test_a_local_cuda_cluster_spreads_the_runs_sanitizer_plan_over_its_gpus(monkeypatch):
-    import argparse
-    import contextlib
-
-    from obligations import cli, cluster
-
-    seen = []
-
-    class Opening:
-        def __init__(self, *args, **kwargs):
-            seen.append(os.environ.get(sanitize_batch.GPUS_ENV))
-
-        def close(self):
-            pass
-
-    monkeypatch.setattr(cluster, "OpeningCluster", Opening)
-    monkeypatch.setattr(cluster, "visible_gpus", lambda: ["0", "1"])
-    monkeypatch.delenv(sanitize_batch.GPUS_ENV, raising=False)
-    with contextlib.ExitStack() as cleanup:
-        cli._early_cluster(argparse.Namespace(cluster="local"), "cuda", cleanup)
-        assert seen == ["0,1"]  # set before the workers start: they inherit it
-    assert sanitize_batch.GPUS_ENV not in os.environ  # and gone with the run
-    with contextlib.ExitStack() as cleanup:
-        cli._early_cluster(argparse.Namespace(cluster="local"), "host", cleanup)
-        cli._early_cluster(argparse.Namespace(cluster="tcp://10.0.0.5:8786"), "cuda", cleanup)
-    monkeypatch.setattr(cluster, "visible_gpus", lambda: ["0"])
-    with contextlib.ExitStack() as cleanup:
-        cli._early_cluster(argparse.Namespace(cluster="local"), "cuda", cleanup)
-    assert seen == ["0,1", None, None, None]  # a host cluster, a scheduler's workers, one GPU: the plan as it was
-
-
 def test_a_process_past_its_limit_is_stopped_and_its_unfinished_workloads_have_no_verdict(tmp_path, fake_sanitizer):
     plan = sanitize_batch.make_plan(
         {w: {"tools": ["synccheck"], "modules": ["tests.planted.sanitizer_bugs"]} for w in ("fake-hang", "fake-clean")},

@@ -90,10 +90,11 @@ BUDGETS: dict[str, dict[Profile, Budget]] = {
     # Binary32 operand batches (falsification.batches), any family: CPU CI keeps each item well under ~5 s
     # on the host. On the GPU the reference ran at ~20-35M elements/s per worker with 15 workers sharing the
     # device: deep's 200 draws of batches up to 4M elements were ~280-370M elements (10-20 s) an item. Full's
-    # 60 draws up to 1M elements test about the elements that 100 draws up to 512K did (~20-30M an item with the
-    # explicit and witness batches) in 40% fewer batches: with 15 workers time-sliced on one GPU a batch's cost is
-    # its host syncs more than its elements (the 62 elementwise items took 24 s solo and 114 s of worker time in a
-    # warm H100 run of c65ffa3 at the default -j, against 75 s at -j 11 and 24 s at -j 3).
+    # 60 draws up to 1M elements test 1.12x the elements that 100 draws up to 512K did (~20-30M an item with the
+    # explicit and witness batches; median item 1.24x) in 40% fewer batches: with 15 workers time-sliced on one GPU
+    # a batch costs its host syncs more than its elements. The elementwise items' worker time in a warm H100 run
+    # fell from 114 s (c65ffa3) to 90 s (7913be6); the run's wall time did not move (40.0-41.8 s, then 40.3 s), the
+    # GPU's freed time going to the other items.
     "batch": {
         _Q: Budget(max_examples=30, max_size=16384, budget_s=2.0),
         _F: Budget(max_examples=60, max_size=1 << 20, budget_s=SAFETY_NET_S),

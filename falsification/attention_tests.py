@@ -14,7 +14,8 @@ Registered names and their ``params``:
 * ``attention.vjp_bound`` {impl="native.attention:attention_vjp"} — dQ, dK, dV within spec.attention.vjp_bound.
 * ``attention.untiled_equal`` {} (host) — the tiled host path at tile = Lk is bitwise the untiled float32 spec.
 * ``attention.masked_rows`` {impl, impl_vjp} — fully masked rows: out +0.0, lse +inf, gradients +0.0, bitwise.
-* ``attention.perf`` {which: forward_f32|forward_f16|vjp_f32, batch, heads, seq, head_dim} (cuda, measure) —
+* ``attention.perf`` {which: forward_f32|forward_f16|vjp_f32, batch, heads, seq, head_dim; forward: cases [[head_dim,
+  causal], ...], backend flash_attention|efficient_attention|cudnn_attention|math} (cuda, measure) —
   ours over torch.nn.functional.scaled_dot_product_attention, CUDA events after warm-up; the item's
   tolerance is the least ratio torch_ms / ours_ms.
 """
@@ -625,6 +626,65 @@ def _perf_inputs(p: dict, dtype: str) -> tuple:
 
 
 _WHICH = ("forward_f32", "forward_f16", "vjp_f32")
+# SDPA backends a peer may be pinned to (torch.nn.attention.SDPBackend member names, lower case).
+_SDPA_BACKENDS = frozenset({"flash_attention", "efficient_attention", "cudnn_attention", "math"})
+
+
+def _sdpa_backend(backend: str | None) -> Any:
+    """A context pinning SDPA to ``backend`` (entered once around a measurement, so no call pays for it), or a
+    context that changes nothing."""
+    import contextlib
+
+    if backend is None:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(getattr(SDPBackend, backend.upper()))
+
+
+def _perf_forward_cases(
+    ctx: FalsifyContext, which: str, dtype: str, want: float, source: str, budget: Any, backend: str | None
+) -> Outcome:
+    """The forward against SDPA on every (head dim, causal) case of ``params.cases``, one verdict per case."""
+    import torch
+    import torch.nn.functional as F
+
+    from falsification import measure
+    from native.attention import attention
+
+    cases, shapes = {}, {}
+    for head_dim, causal in ctx.params["cases"]:
+        q, k, v, _ = _perf_inputs({**ctx.params, "head_dim": head_dim}, dtype)
+        tq, tk, tv = (torch.as_tensor(x, device="cuda") for x in (q, k, v))
+        name = f"hd{int(head_dim)}{':causal' if causal else ''}"
+        peer = f"torch.sdpa[{backend or 'default'}]"
+        cases[name] = measure.Comparison(
+            ours=lambda q=q, k=k, v=v, causal=bool(causal): attention(q, k, v, causal=causal, device="cuda"),
+            peers={
+                peer: lambda tq=tq, tk=tk, tv=tv, causal=bool(causal): F.scaled_dot_product_attention(
+                    tq, tk, tv, is_causal=causal
+                )
+            },
+            configs={
+                peer: f"torch {torch.__version__} F.scaled_dot_product_attention, {dtype}, is_causal={causal}, "
+                f"backend {backend or 'SDPA default choice'}"
+            },
+        )
+        shapes[name] = [int(x) for x in q.shape]
+    with _sdpa_backend(backend):
+        verdicts = measure.compare_cases(cases, want, ">=", budget, measure.item_seed(ctx.seed, which))
+    torch.cuda.synchronize()
+    return measure.outcome(
+        ctx,
+        verdicts,
+        f"{which}: torch_ms / ours_ms >= {want:g} for every case",
+        budget,
+        threshold_source=source,
+        shapes=shapes,
+        dtype=dtype,
+        torch=torch.__version__,
+        backend=backend or "default",
+    )
 
 
 @register_test("attention.perf", devices=("cuda",))
@@ -645,6 +705,13 @@ def perf(ctx: FalsifyContext) -> Outcome:
     want, source = measure.threshold(ctx)
     budget = measure.Budget.of(ctx.params)
     dtype = "float16" if which == "forward_f16" else "float32"
+    backend = ctx.params.get("backend")
+    if backend is not None and backend not in _SDPA_BACKENDS:
+        return error(f"params.backend must be one of {sorted(_SDPA_BACKENDS)} (omitted: SDPA's own choice)")
+    if "cases" in ctx.params:
+        if not which.startswith("forward"):
+            return error("params.cases (head dim, causal) are for the forward")
+        return _perf_forward_cases(ctx, which, dtype, want, source, budget, backend)
     q, k, v, do = _perf_inputs(ctx.params, dtype)
     tq, tk, tv, tdo = (torch.as_tensor(x, device="cuda") for x in (q, k, v, do))
     if which.startswith("forward"):

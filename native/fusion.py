@@ -845,7 +845,9 @@ def _cudnn(ex: CUDAExecutor, step: sf.Step, values: dict[int, Any]) -> None:
     from native import cudnn
 
     x = values[node.parents[0]]
-    x4 = x.reshape((math.prod(x.shape[:-3]),) + tuple(x.shape[-3:]))  # not -1: an empty input has no size to infer
+    # (N, C, H, W) as is; else flattened to it (not -1: an empty input has no size to infer). Each reshape costs
+    # microseconds of a step whose host time counts (FUSION-PERF-conv-torch).
+    x4 = x if x.ndim == 4 else x.reshape((math.prod(x.shape[:-3]),) + tuple(x.shape[-3:]))
     planned = ex.conv_calls.get(node.id)
     if planned is None:  # once per node: the guard, the weights on the device as torch tensors (zero copy)
         e, a = ex.payload.get(node.id), node_attrs(node, get_op(node.kind))
@@ -853,7 +855,8 @@ def _cudnn(ex: CUDAExecutor, step: sf.Step, values: dict[int, Any]) -> None:
         win = (tuple(int(v) for v in _pair(a[k])) for k in ("stride", "padding", "dilation"))
         call = cudnn.plan_call(tuple(x4.shape), tuple(w.shape), int(b.size), *win, 1)
         planned = ex.conv_calls[node.id] = (call, *cudnn.weights(call, w, b), w, b)
-    values[node.id] = cudnn.run(planned[0], x4, planned[1], planned[2]).reshape(node.out_shape)
+    y = cudnn.run(planned[0], x4, planned[1], planned[2])
+    values[node.id] = y if y.shape == node.out_shape else y.reshape(node.out_shape)
 
 
 def _reduction(ex: CUDAExecutor, step: sf.Step, values: dict[int, Any]) -> None:

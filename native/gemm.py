@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from obligations.core.entrypoints import entry_point
+from obligations.core.entrypoints import entry_point, note_call, recording_log
 from obligations.core.symbolic import all_of, as_type, negate, select
 
 __all__ = [
@@ -286,6 +286,11 @@ class BlasBackend(ABC):
     @abstractmethod
     def bind(self, *args: Any) -> Callable[[], None]:
         """``run()`` with the buffers bound too."""
+
+    def bind_unowned(self, *args: Any) -> Callable[[], None] | None:
+        """:meth:`bind`'s call holding no reference to its buffers (the caller checks they are alive before every
+        call), or None where the backend's bound call must hold them (the default)."""
+        return None
 
 
 class HostBlas(BlasBackend):
@@ -603,6 +608,11 @@ class CupyBlas(BlasBackend):
         run.operands = (A, B, C)  # the pointers stay valid while the call holds their arrays
         return run
 
+    def bind_unowned(self, *args: Any) -> Callable[[], None]:
+        """:meth:`bind`'s C-level partial without the arrays it keeps: pointers and ints only."""
+        run = self.bind(*args)
+        return functools.partial(run.func, *run.args)
+
 
 class Instrumented:
     """Counts every call into a BLAS backend and records the compute type of every GEMM (evidence).
@@ -666,6 +676,10 @@ class Instrumented:
         """The backend's prepared call and the counter cell its caller bumps on every run (as :meth:`bind`)."""
         return self.api.prepare(*args), self._gemms.setdefault(args[15], [0])
 
+    def bind_unowned(self, *args: Any) -> Callable[[], None] | None:
+        """The backend's bound call holding no buffers, or None (its caller bumps the count, as for ``bind``)."""
+        return self.api.bind_unowned(*args)
+
 
 class _HandleOwner:
     """A token the context and its bound calls hold: the handle is destroyed when it is collected after close."""
@@ -720,9 +734,10 @@ class GemmContext:
         prepared: tuple[Callable[[Any, Any, Any], None], list[int]],
         swap: bool,
         new_c: Callable[[], Any] | None = None,
+        args: tuple = (),
     ) -> PreparedGemm:
         """``call(a, b, c=None) -> c``: the backend's run in cuBLAS operand order, counted in the call's own frame
-        (``prepared``: :meth:`Instrumented.prepare`'s pair); binds the stream on the first call."""
+        (``prepared``: :meth:`Instrumented.prepare`'s pair, made of ``args``); binds the stream on the first call."""
         ctx = self
         run, cell = prepared
 
@@ -736,6 +751,7 @@ class GemmContext:
             return c
 
         call.context = self
+        call.parts = (self, run, cell, swap, args)  # what matmul's same-arrays path binds (``args``: prepare's)
         return call
 
     def bound_call(self, bound: tuple[Callable[[], None], list[int]], c: Any) -> BoundGemm:
@@ -910,7 +926,7 @@ def prepare_gemm(
     swap, cargs = _guarded_args(
         ctx, a, b, c, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, batch, strides, compute, args
     )
-    return ctx.step_call(ctx.api.prepare(*cargs), swap, new_c)
+    return ctx.step_call(ctx.api.prepare(*cargs), swap, new_c, cargs)
 
 
 def bind_gemm(
@@ -1034,6 +1050,17 @@ def _cupy_key(
 
 # Call key per array class of A (registered when the class's module is first used).
 _CALL_KEYS: dict[type, Callable[..., tuple]] = {np.ndarray: _numpy_key}
+# The same-arrays path (matmul): id(c) of a call on the very arrays of the previous one -> the three arrays' weak
+# references, the shapes and dtypes the call key read, the options, the device (and how to ask for the current one),
+# the context, the GEMM counter and the call bound to the buffers. A hit checks identities and shapes instead of
+# hashing the call key (the key and its lookup took 1.6 us of a 10.2 us raw call on an H200, 2026-11-27; the hit path
+# takes ~1.2 us of host time with the GEMM itself bound as bind_matmul's C-level partial). Only classes whose arrays
+# cannot be re-pointed or re-strided in place are admitted (CuPy's: the data pointer and strides are read-only; the
+# shape, settable in place, is checked on every hit).
+_SAME: dict[int, tuple] = {}
+_SAME_MAX = 256
+_SAME_ARRAYS: dict[type, Callable[[], int]] = {}  # admitted class -> its current device's id
+_LAST_IDS: list[tuple[int, int, int] | None] = [None]
 
 
 def _device_id() -> int:
@@ -1052,9 +1079,10 @@ def _keyable(alpha: float, beta: float) -> bool:
 def clear_calls() -> None:
     """Drop every cached matmul call (the next call of each key prepares anew)."""
     _PREPARED.clear()
+    _SAME.clear()
 
 
-@entry_point("gemm", axes={"trans_a": (False, True), "trans_b": (False, True)})
+@entry_point("gemm", axes={"trans_a": (False, True), "trans_b": (False, True)}, records_itself=True)
 def matmul(
     a: Any,
     b: Any,
@@ -1073,7 +1101,39 @@ def matmul(
 
     The first call with a call key validates the shapes, runs the guard and prepares the cuBLAS call; later
     calls with the same key reuse it: a dict lookup, then the prepared call (the raw binding plus one frame).
+    Calls on the very arrays of the previous call (a step's loop) skip the key: identity and shape checks, then
+    the call bound to their pointers.
     """
+    # Not wrapped (records_itself): #29 holds a call to 1.2x the raw binding's 10-14 us, and the generic wrapper's
+    # frame and argument forwarding cost about a microsecond of it.
+    if recording_log() is not None:  # kc check records the entry point's coverage
+        kwargs = {"trans_a": trans_a, "trans_b": trans_b, "alpha": alpha, "beta": beta, "c": c}
+        note_call(matmul, (a, b), {**kwargs, "out_dtype": out_dtype, "device": device, "compute": compute})
+    if c is not None:
+        same = _SAME.get(id(c))
+        if same is not None:
+            ra, rb, rc, sa, sb, sc, da, db, dc, opts, device_of, dev, ctx, cell, call = same
+            # The very arrays of an earlier call (alive: their weak references), still of the shapes and dtypes
+            # its call key read (a CuPy array's shape can be set in place), the same options and device, and
+            # the context still open: the call bound to these buffers' pointers (``_remember``).
+            if (
+                ra() is a
+                and rb() is b
+                and rc() is c
+                and a.shape == sa
+                and b.shape == sb
+                and c.shape == sc
+                and a.dtype is da
+                and b.dtype is db
+                and c.dtype is dc
+                and opts == (trans_a, trans_b, alpha, beta, out_dtype, device, compute, args)
+                and ctx.handle is not None
+                and device_of() == dev
+            ):
+                cell[0] += 1
+                call()
+                return c
+            del _SAME[id(c)]
     key_of = _CALL_KEYS.get(type(a))
     key = None
     if key_of is not None:
@@ -1084,8 +1144,37 @@ def matmul(
         else:
             prepared = _PREPARED.get(key)
             if prepared is not None:
+                if c is not None and type(a) in _SAME_ARRAYS:
+                    _remember(a, b, c, (trans_a, trans_b, alpha, beta, out_dtype, device, compute, args), prepared)
                 return prepared(a, b, c)
     return _matmul_first(key, a, b, trans_a, trans_b, alpha, beta, c, out_dtype, device, compute, args)
+
+
+def _remember(a: Any, b: Any, c: Any, opts: tuple, prepared: PreparedGemm) -> None:
+    """Keep a cached call's arrays for the same-arrays path once the same three arrays come twice in a row (a
+    step's loop); arrays that change every call (activations) cost one tuple comparison here and nothing more."""
+    ids = (id(a), id(b), id(c))
+    if _LAST_IDS[0] != ids:
+        _LAST_IDS[0] = ids
+        return
+    if len(_SAME) >= _SAME_MAX:
+        _SAME.clear()
+    refs = (weakref.ref(a), weakref.ref(b), weakref.ref(c))
+    device_of = _SAME_ARRAYS[type(a)]
+    shapes, dtypes = (a.shape, b.shape, c.shape), (a.dtype, b.dtype, c.dtype)
+    ctx, run, cell, swap, args = prepared.parts
+    operands = (b, a, c) if swap else (a, b, c)
+    # The backend's call bound to these buffers' pointers (CuPy: a C-level partial of gemmEx, as bind_matmul's call,
+    # holding ints only: valid while the arrays live, which every hit checks first), else the prepared run called
+    # on them through weak references (a partial would keep them alive).
+    call = ctx.api.bind_unowned(*args, *operands)
+    if call is None:
+        weak = tuple(weakref.ref(x) for x in operands)
+
+        def call(run: Callable[[Any, Any, Any], None] = run, weak: tuple = weak) -> None:
+            run(weak[0](), weak[1](), weak[2]())
+
+    _SAME[id(c)] = (*refs, *shapes, *dtypes, opts, device_of, device_of(), ctx, cell, call)
 
 
 def _matmul_operands(a: Any, b: Any, trans_a: bool, trans_b: bool, c: Any, out_dtype: str | None, device: str) -> tuple:
@@ -1095,6 +1184,8 @@ def _matmul_operands(a: Any, b: Any, trans_a: bool, trans_b: bool, c: Any, out_d
     dev = resolve_device(device)
     xp = array_module(dev)
     _CALL_KEYS.setdefault(xp.ndarray, _cupy_key if dev == "cuda" else _numpy_key)
+    if dev == "cuda":
+        _SAME_ARRAYS.setdefault(xp.ndarray, xp.cuda.runtime.getDevice)  # the C function itself: no import per call
     # Converted operands are new arrays: their signature says nothing about the next call's.
     cacheable = (
         isinstance(a, xp.ndarray)

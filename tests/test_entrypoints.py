@@ -115,3 +115,51 @@ def test_a_paused_block_records_nothing_and_recording_resumes_after_it():
             probe_sum(np.ones(2), order="tree")
         probe_sum(np.ones(2))
     assert log == {Call("probe", "probe_sum", "host", (("order", "fold"),))}
+
+
+def test_a_self_recording_entry_point_records_every_call_and_is_not_wrapped():
+    from obligations.core.entrypoints import note_call, recording_log
+
+    def probe_scale(x, factor=2.0, device="host"):
+        """Scale, reporting its own calls (as native.gemm.matmul does on its cached path)."""
+        if recording_log() is not None:
+            note_call(probe_scale, (x,), {"factor": factor, "device": device})
+        return x * factor
+
+    fn = entry_point("probe_self", axes={"factor": (2.0, 3.0)}, devices=("host",), records_itself=True)(probe_scale)
+    assert fn is probe_scale  # no wrapper frame on the hot path
+    with recording() as log:
+        fn(np.ones(2))
+        fn(np.ones(2), factor=3.0)
+    assert log == {
+        Call("probe_self", "probe_scale", "host", (("factor", "2.0"),)),
+        Call("probe_self", "probe_scale", "host", (("factor", "3.0"),)),
+    }
+    assert unchecked("probe_self", log, devices=("host",)) == []
+
+
+def test_a_self_recording_entry_point_that_never_notes_its_calls_is_refused():
+    import pytest
+
+    def silent(x, device="host"):
+        """Planted: claims to record itself, never does."""
+        return x
+
+    with pytest.raises(ValueError, match="never calls note_call"):
+        entry_point("probe_silent", devices=("host",), records_itself=True)(silent)
+    assert not entry_points("probe_silent")
+
+
+def test_matmul_records_its_cached_calls_too():
+    from native import gemm as ng
+
+    a, b = np.ones((4, 3), np.float32), np.ones((3, 2), np.float32)
+    ng.matmul(a, b, device="host")  # prepared and cached outside the recording
+    with recording() as log:
+        ng.matmul(a, b, device="host")  # the cached path
+        ng.matmul(a, b.T.copy(), trans_b=True, device="host")
+    assert {c.axes for c in log if c.name == "matmul"} == {
+        (("trans_a", "False"), ("trans_b", "False")),
+        (("trans_a", "False"), ("trans_b", "True")),
+    }
+    assert all(c.device == "host" for c in log if c.name == "matmul")

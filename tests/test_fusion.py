@@ -366,3 +366,33 @@ def test_cudnn_step_agrees_with_the_denotation_within_the_gemm_bound():
         assert np.all(agree(g[1], [x], p.get(1), got, want)), (n, c, h, k, r)
         direct = nf.run_program(g, p, [x], "cuda", conv="direct")[1]
         assert sf.same_bits(direct, want)  # the bitwise reference, when asked
+
+
+@needs_cuda
+@pytest.mark.cuda
+def test_cudnn_step_gives_the_same_bits_on_torchs_stream_and_on_another_cupy_stream():
+    # On CuPy's null stream torch already launches there (the direct path: no stream switch, DLPack as is); on
+    # another CuPy stream torch is switched to it. Deterministic cuDNN (SETTINGS): the same bits either way.
+    import cupy
+
+    from falsification.fusion_tests import conv_graph
+    from native import cudnn
+
+    if cudnn.cudnn_missing():
+        pytest.skip(cudnn.cudnn_missing())
+    g, p = conv_graph(2, 8, 12, 13, 5, 3, seed=4)
+    x = cupy.asarray(np.random.default_rng(4).standard_normal((2, 8, 12, 13)).astype(np.float32))
+    ex = nf.CUDAExecutor(nf.compile_subgraph(g, payload=p), p, "cuda")
+    dev = cupy.cuda.runtime.getDevice()
+    assert cudnn._torch_stream(dev) == cupy.cuda.get_current_stream().ptr  # the direct path
+    on_null = cupy.asnumpy(ex.run([x])[1])
+    side = cupy.cuda.Stream(non_blocking=True)
+    with side:
+        assert cudnn._torch_stream(dev) != side.ptr  # the switched path
+        on_side = ex.run([x])[1]
+        side.synchronize()
+    assert sf.same_bits(on_null, cupy.asnumpy(on_side))
+    want = denote_all(g, p, [cupy.asnumpy(x)]).value[1]
+    from native.ir import agree
+
+    assert np.all(agree(g[1], [cupy.asnumpy(x)], p.get(1), on_null, want))

@@ -6,7 +6,9 @@ buffer, blocks run one after another, float arithmetic is IEEE binary32 without 
 This checks what a GPU-less run can: every element is written from the right inputs in the stated order (RMSNorm's
 two kernels: the general one's persistent loop over rows, the fast one's blocks of two rows with its asynchronous
 copy as a plain copy; RoPE, the embedding gather and its error flag, the masked softmax), bit for bit against the
-host models (NaN compared as canonical: x86 keeps NaN payloads, the GPU does not).
+host models (NaN compared as canonical: x86 keeps NaN payloads, the GPU does not). The experimental streamed
+RMSNorm (benchmarks/bench_rmsnorm_stream.py: a fold warp and writer warps) runs too, its per-thread cp.async
+landing at issue or at the last wait_group that covers it, ``__syncwarp`` a barrier over the warp.
 It says nothing about speed or about the GPU's own arithmetic; the ``cuda`` tests and the contract's device run do.
 Skipped without g++ (C++20).
 """
@@ -103,13 +105,6 @@ int main(int argc, char** argv) {
                 kc_fused_rmsnorm_rows(x.data(), w.data(), c, ep.data(), e, y.data(), a, b); });
         }
         wr("y.bin", y);
-    } else if (which == 5) {  // the ring (benchmarks/bench_rmsnorm_ring.py): rows a, d b, strides c and e
-        const long long wn = c ? a * b : b, en = e ? a : 1;
-        auto x = rd<float>("x.bin", a * b); auto w = rd<float>("w.bin", wn); auto ep = rd<float>("e.bin", en);
-        std::vector<float> y(a * b, -7.0f);
-        launch(grid, KC_T, 16 * (b / 4 + 4), [&] {  // ring_shared_bytes; 2 "SMs", a stagger of 3 ticks
-            kc_rmsnorm_ring(x.data(), w.data(), c, ep.data(), e, y.data(), a, b, 2, 3); });
-        wr("y.bin", y);
     } else if (which == 2) {  // masked softmax: rows a, d b
         auto x = rd<float>("x.bin", a * b); auto m = rd<float>("w.bin", a * b);
         std::vector<float> y(a * b, -7.0f);
@@ -134,19 +129,7 @@ _SHARED = {
     "extern __shared__ float4 row4[];": "float4* row4 = (float4*)g_dyn;",
     "extern __shared__ float4 sm4[];": "float4* sm4 = (float4*)g_dyn;",
     "extern __shared__ float row[];": "float* row = (float*)g_dyn;",
-    "extern __shared__ float4 slot[];": "float4* slot = (float4*)g_dyn;",
 }
-
-
-def _ring_source() -> str:
-    """The experimental ring kernel's source (benchmarks/bench_rmsnorm_ring.py: not a package, loaded by path)."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_rmsnorm_ring.py"
-    spec = importlib.util.spec_from_file_location("bench_rmsnorm_ring", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.RING_SOURCE
 
 
 @pytest.fixture(scope="module")
@@ -154,10 +137,7 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The four kernels' sources compiled with the emulation header into one program."""
     d = tmp_path_factory.mktemp("emu")
     src = _HEADER
-    for text in [
-        *(fk.SOURCES[k][0] for k in ("rmsnorm", "rmsnorm_rows", "masked_softmax", "rope", "embedding")),
-        _ring_source(),
-    ]:
+    for text in (fk.SOURCES[k][0] for k in ("rmsnorm", "rmsnorm_rows", "masked_softmax", "rope", "embedding")):
         for a, b in _SHARED.items():
             text = text.replace(a, b)
         src += text + "\n"
@@ -200,20 +180,172 @@ def test_rmsnorm_kernels_equal_the_host_model(emulator, which):
             assert np.array_equal(_canon(y), _canon(want)), (which, rows, d, full_w, per_row_eps)
 
 
-def test_the_experimental_ring_rmsnorm_equals_the_host_model(emulator):
-    """The ring (benchmarks/bench_rmsnorm_ring.py) folds as the shipped kernels do: the same bits, with fewer blocks
-    than rows (each block's slot takes row after row, the next copied while one is written) and more."""
+_STREAM_PRELUDE = r"""
+#include <deque>
+// The streamed fold's per-thread cp.async: g_copy_mode 0 lands a copy at its issue (the earliest: a slot refilled
+// before its last read shows), 1 at the last wait_group that must cover it (the latest: a read before its wait
+// shows). __syncwarp is a barrier over the warp's 32 threads.
+struct KcCopy { float4* dst; const float4* src; };
+thread_local std::vector<std::vector<KcCopy>> kc_groups(1);  // committed groups, oldest first; the open one last
+int g_copy_mode;
+std::deque<std::barrier<>>* g_wbar;
+inline void kc_scopy(float4* dst, const float4* src) {
+    if (g_copy_mode == 0) *dst = *src; else kc_groups.back().push_back({dst, src});
+}
+inline void kc_scommit() { kc_groups.emplace_back(); }
+inline void kc_swait(size_t n) {  // all but the n newest committed groups land
+    while (kc_groups.size() - 1 > n) {
+        for (const KcCopy& c : kc_groups.front()) *c.dst = *c.src;
+        kc_groups.erase(kc_groups.begin());
+    }
+}
+#define KC_SCOPY16(dst, src) kc_scopy((dst), (src))
+#define KC_SCOMMIT() kc_scommit()
+#define KC_SWAIT(n) kc_swait(n)
+#define KC_LDX(p) (*(p))
+#define KC_STY(p, v) (*(p) = (v))
+#define __syncwarp(...) (*g_wbar)[threadIdx.x / 32].arrive_and_wait()
+template <class F> void warp_launch(unsigned grid, unsigned block, size_t smem, F kernel) {
+    gridDim = {grid, 1, 1}; blockDim = {block, 1, 1};
+    std::vector<unsigned char> dyn(smem + 64);
+    g_dyn = dyn.data();
+    for (unsigned b = 0; b < grid; ++b) {
+        std::barrier<> bar(block);
+        std::deque<std::barrier<>> warps;
+        for (unsigned t = 0; t < block; t += 32) warps.emplace_back(std::min(32u, block - t));
+        g_bar = &bar;
+        g_wbar = &warps;
+        std::vector<std::thread> ts;
+        for (unsigned t = 0; t < block; ++t)
+            ts.emplace_back([=] { threadIdx = {t, 0, 0}; blockIdx = {b, 0, 0}; kernel(); });
+        for (auto& th : ts) th.join();
+    }
+}
+"""
+
+_STREAM_MAIN = r"""
+int main(int argc, char** argv) {  // rows, d, w row stride, eps stride, grid, copy mode
+    const long long a = atoll(argv[1]), b = atoll(argv[2]), c = atoll(argv[3]), e = atoll(argv[4]);
+    const unsigned grid = (unsigned)atoi(argv[5]);
+    g_copy_mode = atoi(argv[6]);
+    const long long wn = c ? a * b : b, en = e ? a : 1;
+    auto x = rd<float>("x.bin", a * b); auto w = rd<float>("w.bin", wn); auto ep = rd<float>("e.bin", en);
+    std::vector<float> y(a * b, -7.0f);
+    warp_launch(grid, (KC_WW + 1) * 32, 16 * KC_G * KC_RING, [&] {  // stream_shared_bytes
+        kc_rmsnorm_stream2(x.data(), w.data(), c, ep.data(), e, y.data(), a, b); });
+    wr("y.bin", y);
+}
+"""
+
+
+def _stream_module():  # noqa: ANN202 (a module loaded by path)
+    """benchmarks/bench_rmsnorm_stream.py (not a package: loaded by path)."""
+    import importlib.util
+    import sys
+
+    if "bench_rmsnorm_stream" in sys.modules:
+        return sys.modules["bench_rmsnorm_stream"]
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_rmsnorm_stream.py"
+    spec = importlib.util.spec_from_file_location("bench_rmsnorm_stream", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass resolves its annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+# (G, WW, CH, DEPTH, U): one writer warp, the smallest chunk, G 8 (a quarter of the fold warp folds); only one chunk
+# in flight (DEPTH 2, wait_group 0), U 1, odd G (12: G * CH % 32 == 0 with CH 8); the script's defaults (G 16, 7
+# writer warps, CH 16, DEPTH 6, U 8)
+_STREAM_KNOBS = [(8, 1, 4, 3, 4), (12, 2, 8, 2, 1), (16, 7, 16, 6, 8)]
+
+
+def _stream_build(d: Path, knobs: tuple, source: str) -> Path | None:
+    """``source`` (the streamed fold's) with one knob set, compiled with the emulation header into ``d``/k; None
+    when g++ cannot build it."""
+    g, ww, ch, depth, u = knobs
+    text = source.replace("extern __shared__ float4 ring4[];", "float4* ring4 = (float4*)g_dyn;")
+    defs = f"#define KC_G {g}\n#define KC_WW {ww}\n#define KC_CH {ch}\n#define KC_DEPTH {depth}\n#define KC_U {u}\n"
+    (d / "k.cpp").write_text(_HEADER + _STREAM_PRELUDE + defs + text + _STREAM_MAIN)
+    cmd = ["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-pthread", "-w", "-o", str(d / "k"), str(d / "k.cpp")]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    return None if res.returncode else d
+
+
+@pytest.fixture(scope="module", params=_STREAM_KNOBS, ids=lambda k: "G{}-WW{}-CH{}-D{}-U{}".format(*k))
+def stream_emulator(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple]:
+    """The streamed fold's source with one knob set, compiled with the emulation header."""
+    module = _stream_module()
+    assert module.STREAM_NAME == "kc_rmsnorm_stream2"
+    d = _stream_build(tmp_path_factory.mktemp("stream"), request.param, module.STREAM_SOURCE)
+    if d is None:
+        pytest.skip("g++ cannot build the streamed fold's emulator")
+    return d, request.param
+
+
+def _stream_mismatches(d_: Path, knobs: tuple, first: bool = False) -> list[tuple]:
+    """The cases where the emulated streamed fold differs from the host model (all of them, or the first)."""
+    g, ww, ch, depth, u = knobs
     rng = np.random.default_rng(5)
-    for rows, d, grid in ((1, 4, 1), (7, 16, 3), (23, 36, 4), (5, 1024, 2), (9, 260, 9), (3, 12, 5)):
-        for full_w, per_row_eps in ((False, False), (True, True)):
+    ring = ch * depth
+    shapes = [
+        (1, 4, 1),  # one row of one float4: fewer rows than one group, 1 folding lane, 31 idle writer lanes
+        (g + 3, 12, 1),  # 3 float4 (< 4: the lookahead reads past the row; rows shorter than the writers' stride)
+        (3 * g + 5, 4 * ch, 2),  # 4 groups, the last partial, on 2 blocks: 2 groups each, grid-stride
+        (g - 1, 4 * (2 * ch + 3), 2),  # not a multiple of the chunk; fewer rows than G; block 1 has no group
+        (3 * g + 1, 4 * (2 * ring + 5), 5),  # the ring wraps twice and more; 4 groups on 5 blocks: one idle
+        (5 * g + 2, 4 * (32 * ww * u + 9), 2),  # a row longer than the writers' unrolled stride; 3 groups per block
+    ]
+    bad = []
+    for rows, d, grid in shapes:
+        for full_w, per_row_eps in ((False, True), (True, False), (True, True)):
             x = rng.standard_normal((rows, d)).astype(np.float32)
             x[0, 0] = np.nan if rows > 2 else x[0, 0]
             w = rng.standard_normal((rows, d) if full_w else (d,)).astype(np.float32)
             e = (rng.random(rows) * 1e-3).astype(np.float32) if per_row_eps else np.array([1e-6], np.float32)
-            _run(emulator, 5, rows, d, d if full_w else 0, int(per_row_eps), grid, x=x, w=w, e=e)
-            y = np.fromfile(emulator / "y.bin", np.float32).reshape(rows, d)
             want = fk.rmsnorm_host(x, w, e.reshape(-1, 1) if per_row_eps else e[0])
-            assert np.array_equal(_canon(y), _canon(want)), (rows, d, grid, full_w, per_row_eps)
+            for mode in (0, 1):
+                for name, arr in (("x", x), ("w", w), ("e", e)):
+                    np.ascontiguousarray(arr).tofile(d_ / f"{name}.bin")
+                args = [rows, d, d if full_w else 0, int(per_row_eps), grid, mode]
+                subprocess.run([str(d_ / "k"), *map(str, args)], cwd=d_, check=True, timeout=120)
+                y = np.fromfile(d_ / "y.bin", np.float32).reshape(rows, d)
+                if not np.array_equal(_canon(y), _canon(want)):
+                    bad.append((rows, d, grid, full_w, per_row_eps, mode))
+                    if first:
+                        return bad
+    return bad
+
+
+def test_the_experimental_streamed_rmsnorm_equals_the_host_model(stream_emulator):
+    """The streamed fold (benchmarks/bench_rmsnorm_stream.py) folds as the shipped kernels do: the same bits, with
+    copies landing at their issue and at their last wait; rows not a multiple of G and fewer than one group; rows
+    shorter than a chunk, not a multiple of it, longer than a ring and than the writers' unrolled stride; several
+    groups per block (grid-stride) and the last group's write after the loop; blocks with no group; w broadcast and
+    per row, eps per row and one; a NaN."""
+    d_, knobs = stream_emulator
+    assert _stream_mismatches(d_, knobs) == []
+
+
+# Bugs the test above must catch, planted one at a time in the source: (what, text, its replacement)
+_STREAM_BUGS = [
+    ("writers read the r buffer being folded", "rsh[(k - 1) & 1], threadIdx.x - 32u", "rsh[k & 1], threadIdx.x - 32u"),
+    ("no barrier between fold and write", "        __syncthreads();  // rsh[k & 1]", "        // rsh[k & 1]"),
+    ("no epilogue: the last group unwritten", "k <= n; ++k", "k < n; ++k"),
+    ("the next group's first chunks not issued", "if (k + 1 < n) {  // the next", "if (false) {  // the next"),
+    ("a block's group count off by one", "(groups - 1 - b) / grid + 1", "(groups - b) / grid"),
+]
+
+
+@pytest.mark.parametrize("bug", _STREAM_BUGS, ids=[b[0] for b in _STREAM_BUGS])
+def test_the_streamed_rmsnorm_emulation_catches_planted_bugs(bug, tmp_path):
+    """Each planted bug (the source's text replaced) makes the emulated kernel differ from the host model."""
+    _what, text, planted = bug
+    source = _stream_module().STREAM_SOURCE
+    assert source.count(text) == 1, text
+    d = _stream_build(tmp_path, (8, 1, 4, 3, 4), source.replace(text, planted))
+    if d is None:
+        pytest.skip("g++ cannot build the streamed fold's emulator")
+    assert _stream_mismatches(d, (8, 1, 4, 3, 4), first=True)
 
 
 def test_rope_and_embedding_kernels_equal_the_denotation(emulator):

@@ -205,6 +205,66 @@ def test_closing_the_context_drops_its_prepared_calls():
     assert np.array_equal(ng.matmul(a, a, device="host"), 2 * a) and ng.get_context("host") is not ctx
 
 
+def _same_arrays_on_the_host(monkeypatch):
+    # The same-arrays path admits CuPy's arrays only; NumPy's stand in here (their shape is settable in place too).
+    monkeypatch.setattr(ng, "_SAME", {})
+    monkeypatch.setattr(ng, "_SAME_ARRAYS", {np.ndarray: lambda: 0})
+    monkeypatch.setattr(ng, "_LAST_IDS", [None])
+
+
+def test_the_same_arrays_path_runs_the_prepared_call_and_counts_it(monkeypatch):
+    _same_arrays_on_the_host(monkeypatch)
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((6, 4)).astype(np.float32), rng.standard_normal((4, 3)).astype(np.float32)
+    c = np.zeros((6, 3), np.float32)
+    ng.matmul(a, b, c=c, device="host")  # prepares
+    ng.matmul(a, b, c=c, device="host")  # cached; the triple seen once
+    assert not ng._SAME
+    ng.matmul(a, b, c=c, device="host")  # cached; the same triple twice in a row: remembered
+    assert list(ng._SAME) == [id(c)]
+    api = ng.get_context("host").api
+    before = api.calls["gemm"]
+    a[...] = 2 * a  # later writes are seen: the path reads the buffers, it does not replay a result
+    got = ng.matmul(a, b, c=c, device="host")
+    assert got is c and api.calls["gemm"] - before == 1
+    np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-6)
+    other = np.zeros((6, 3), np.float32)
+    ng.matmul(a, b, c=other, device="host")  # another C: not this entry
+    assert np.array_equal(other, c)
+
+
+def test_the_same_arrays_path_never_runs_a_stale_call(monkeypatch):
+    _same_arrays_on_the_host(monkeypatch)
+    a, b, c = np.ones((4, 6), np.float32), np.ones((6, 4), np.float32), np.zeros((4, 4), np.float32)
+    for _ in range(3):
+        ng.matmul(a, b, c=c, device="host")
+    assert ng._SAME
+    # Options that differ from the remembered call's: its entry is dropped, the right call runs.
+    d = np.zeros((4, 4), np.float32)
+    for _ in range(3):
+        ng.matmul(a, b, c=d, device="host")
+    np.testing.assert_allclose(ng.matmul(a, b, c=d, alpha=2.0, device="host"), 12.0)
+    # A shape set in place (same buffer): the remembered (4, 6) x (6, 4) call must not run on (6, 4) x (6, 4).
+    a.shape = (6, 4)
+    with pytest.raises(ValueError, match="do not match"):
+        ng.matmul(a, b, c=c, device="host")
+    a.shape = (4, 6)
+    # A closed context: the remembered parts are not used, a new context runs the call.
+    for _ in range(3):
+        ng.matmul(a, b, c=c, device="host")
+    old = ng.get_context("host")
+    ng.close_contexts()
+    c[...] = 0
+    np.testing.assert_allclose(ng.matmul(a, b, c=c, device="host"), 6.0)
+    assert ng.get_context("host") is not old
+    # A dead array's id reused by a new array: its weak reference is dead, the entry is not used.
+    for _ in range(3):
+        ng.matmul(a, b, c=c, device="host")
+    entry = ng._SAME[id(c)]
+    del a
+    assert entry[0]() is None
+
+
 def test_a_cache_keyed_without_shapes_is_caught_by_the_agreement_item(tmp_path):
     ng.close_contexts()
     path = _variant(
@@ -271,10 +331,23 @@ def test_every_blas_backend_conforms(backend):
         args = (handle, ng.OP_N, ng.OP_N, 4, 5, 3, 1.0, 4, 0, 3, 0, 0.0, 4, 0, 1, ng.COMPUTE_32F, a.dtype, a.dtype)
         da, db = xp.asarray(a.ravel()), xp.asarray(b.ravel())
         c1, c2 = xp.zeros(20, xp.float32), xp.zeros(20, xp.float32)
-        api.prepare(*args)(db, da, c1)
+        run = api.prepare(*args)
+        run(db, da, c1)
         api.bind(*args, db, da, c2)()
         for c in (c1, c2):
             np.testing.assert_allclose(to_host(c).reshape(5, 4), want, rtol=1e-5, atol=1e-6)
+        # bind_unowned: None, or bind's call holding no buffer (only their pointers): the same bits
+        import gc
+        import sys
+
+        c3 = xp.zeros(20, xp.float32)
+        refs = sys.getrefcount(c3)
+        unowned = api.bind_unowned(*args, db, da, c3)
+        if unowned is not None:
+            gc.collect()
+            assert sys.getrefcount(c3) == refs  # it keeps no reference to the buffers
+            unowned()
+            assert np.array_equal(to_host(c3).view(np.uint32), to_host(c1).view(np.uint32))
     finally:
         api.destroy(handle)
 
@@ -343,3 +416,30 @@ def test_matmul_vjp_without_the_transpose_of_b_is_caught(monkeypatch):
 def test_training_entry_points_on_cuda():
     by = check_items(CONTRACT, ["PO-GEMM-VJP", "PO-GEMM-LINEAR", "PO-GEMM-ADDMM"], device="cuda")
     assert all(it["status"] == "passed" for it in by.values()), {k: v["reason"] for k, v in by.items()}
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_the_same_arrays_path_on_cupy_gives_the_bound_calls_bits_on_any_stream():
+    import cupy
+
+    rng = cupy.random.RandomState(3)
+    a = rng.standard_normal((64, 32), dtype=cupy.float32).astype(cupy.float16)
+    b = rng.standard_normal((32, 48), dtype=cupy.float32).astype(cupy.float16)
+    c, want = cupy.zeros((64, 48), cupy.float16), cupy.zeros((64, 48), cupy.float16)
+    ng.bind_matmul(a, b, want, device="cuda")()
+    for _ in range(3):
+        ng.matmul(a, b, c=c, device="cuda")
+    assert id(c) in ng._SAME  # the same three arrays twice in a row: remembered
+    c[...] = 0
+    ng.matmul(a, b, c=c, device="cuda")  # the same-arrays path
+    assert cupy.array_equal(c.view(cupy.uint16), want.view(cupy.uint16))
+    side = cupy.cuda.Stream(non_blocking=True)
+    with side:
+        c[...] = 0
+        ng.matmul(a, b, c=c, device="cuda")  # on the caller's current stream (CuPy's binding sets it per call)
+        side.synchronize()
+    assert cupy.array_equal(c.view(cupy.uint16), want.view(cupy.uint16))
+    a.shape = (32, 64)  # a shape set in place: the remembered call must not run
+    with pytest.raises(ValueError, match="do not match"):
+        ng.matmul(a, b, c=c, device="cuda")

@@ -186,8 +186,7 @@ kc_fused_rmsnorm(const float* __restrict__ x, const float* __restrict__ w, long 
 # dependent chain of d adds, overlaps the others' loads and stores: the kernel runs at the copy bandwidth's pace
 # instead of the fold's. KC_COPY16/KC_COPY_WAIT are the asynchronous copy (a host emulator defines them as a copy).
 # The left fold of a row staged in shared memory at float4* rr (four float4 of loads ahead of the dependent adds),
-# then its mean square plus the row's eps: the denotation's order, written once. The rows kernel takes it, and the
-# experimental kernels of benchmarks/bench_rmsnorm_stream.py fold with the same KC_FOLD4 steps: the same bits.
+# then its mean square plus the row's eps: the denotation's order, written once (the rows kernel takes it).
 # cp.async of 16 bytes into shared memory and its wait (a host emulator defines them as a copy first), and the fold's
 # four steps of one float4 (x*x added left to right)
 COPY16_MACROS = """\

@@ -190,12 +190,10 @@ def run(call: Call, x: Any, wt: Any, bt: Any) -> Any:
         # 192 us of host time a call against F.conv2d's 46 (H200, 2026-11-27): more than the convolution's 140 us on
         # the GPU, so the step ran host-bound (0.65x torch on an H100).
         tx = torch.utils.dlpack.from_dlpack(x.__dlpack__(stream=cur or 1))  # DLPack: 1 is the legacy default stream
-        y = torch_conv2d(tx, wt, bt, *window)
-        if y.is_contiguous():  # (always, for a contiguous input) a view of torch's buffer, which y keeps alive
-            mem = cupy.cuda.UnownedMemory(y.data_ptr(), 4 * y.numel(), y, device)
-            out = cupy.ndarray(tuple(y.shape), cupy.float32, cupy.cuda.MemoryPointer(mem, 0))
-        else:
-            out = cupy.from_dlpack(_Exported(torch.utils.dlpack.to_dlpack(y), device))
+        y = torch_conv2d(tx, wt, bt, *window).contiguous()  # (already so: contiguous input and weight)
+        # CuPy's view of torch's buffer, which y (its owner) keeps alive: no DLPack round trip.
+        mem = cupy.cuda.UnownedMemory(y.data_ptr(), 4 * y.numel(), y, device)
+        out = cupy.ndarray(tuple(y.shape), cupy.float32, cupy.cuda.MemoryPointer(mem, 0))
     else:
         with torch.cuda.stream(_external(cur)):
             y = torch_conv2d(_tensor(x), wt, bt, *window)
@@ -215,21 +213,6 @@ def _raw_stream_of() -> Any:
 def _torch_stream(device: int) -> int:
     """torch's current stream on ``device`` as a raw pointer (0: the legacy default stream, as CuPy's null)."""
     return int(_raw_stream_of()(device))
-
-
-class _Exported:
-    """A DLPack capsule torch made of a tensor written on the consumer's own stream, handed to CuPy as is."""
-
-    __slots__ = ("capsule", "device")
-
-    def __init__(self, capsule: Any, device: int) -> None:
-        self.capsule, self.device = capsule, device
-
-    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.capsule  # same stream: nothing to wait for (run() takes this path only then)
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return (2, self.device)  # kDLCUDA
 
 
 def _contiguous(cupy: Any, a: Any) -> Any:

@@ -1107,8 +1107,8 @@ def matmul(
     # Not wrapped (records_itself): #29 holds a call to 1.2x the raw binding's 10-14 us, and the generic wrapper's
     # frame and argument forwarding cost about a microsecond of it.
     if recording_log() is not None:  # kc check records the entry point's coverage
-        kwargs = {"trans_a": trans_a, "trans_b": trans_b, "alpha": alpha, "beta": beta, "c": c}
-        note_call(matmul, (a, b), {**kwargs, "out_dtype": out_dtype, "device": device, "compute": compute})
+        given = {"trans_a": trans_a, "trans_b": trans_b, "c": c, "device": device}  # the axes, and where it runs
+        note_call(matmul, (a, b), given)
     if c is not None:
         same = _SAME.get(id(c))
         if same is not None:

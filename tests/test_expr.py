@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import z3
+from hypothesis import given
+from hypothesis import strategies as st
 
 from obligations.core import symbolic as sym
 from obligations.expr import ExprError, parse
@@ -181,3 +183,33 @@ def test_opaque_plan_values_defer_only_the_checks_that_involve_them():
         ]:
             with pytest.raises(ExprError, match=message):
                 parse(source).evaluate(env)
+
+
+# int64 values with the boundaries drawn often: the fast paths of symbolic._exact and _tdiv (magnitude bounds, sizes
+# over positive divisors) and their exact fallbacks must give the mathematical results on every carrier.
+_I64_VALUES = st.one_of(
+    st.integers(-(2**63), 2**63 - 1),
+    st.integers(-(2**31), 2**31),
+    st.sampled_from([0, 1, -1, 3037000499, 3037000500, 2**62, -(2**62), 2**63 - 1, -(2**63)]),
+)
+_PAIRS = st.lists(st.tuples(_I64_VALUES, _I64_VALUES), min_size=1, max_size=6)
+
+
+@given(_PAIRS, st.sampled_from(["+", "-", "*"]))
+def test_exact_arithmetic_on_int64_arrays_is_the_mathematical_result(pairs, op):
+    x, y = (np.array([p[i] for p in pairs], dtype=np.int64) for i in (0, 1))
+    want = [a + b if op == "+" else a - b if op == "-" else a * b for a, b in pairs]
+    assert [int(v) for v in sym._exact(op, x, y)] == want
+    b0 = pairs[0][1]  # an array with a Python int (the plans' constants)
+    want0 = [a + b0 if op == "+" else a - b0 if op == "-" else a * b0 for a, _ in pairs]
+    assert [int(v) for v in sym._exact(op, x, b0)] == want0
+
+
+@given(_PAIRS)
+def test_truncating_division_on_int64_arrays_is_cs(pairs):
+    pairs = [(a, b) for a, b in pairs if b != 0]
+    if not pairs:
+        return
+    x, y = (np.array([p[i] for p in pairs], dtype=np.int64) for i in (0, 1))
+    want = [(abs(a) // abs(b)) * (1 if (a >= 0) == (b >= 0) else -1) for a, b in pairs]
+    assert [int(v) for v in sym._tdiv(x, y)] == want

@@ -7,7 +7,11 @@ with ``--cluster local``; statuses compared item by item, wall ratio (target >= 
 compared, wall ratio (target >= 1.8x). ``sweep``: ``kc sweep exp --device cuda`` against ``--cluster local``;
 the evidence compared (2^32 inputs take ~0.2 s: a check of the merge, not of speed). Every command's JSON goes
 to DIR, a summary to DIR/scale-out.json; the exit code is 1 when any evidence differs. ``--repeat N`` runs each
-pair N times, the order reversed every other time. ``--cache warm`` times ``check`` with the proof and load caches
+pair N times, the order reversed every other time. ``audit`` also runs ``--cluster local`` on the first GPU alone
+(``cluster-1``, untimed against the target): how much of the ratio is the cells overlapping on a GPU (four at once
+on a cluster's GPU, one at a time without one) rather than the second GPU. First, untimed, every package the
+commands import is compiled to bytecode, as a pip install does (a ``--no-compile`` install left the cluster's
+first run compiling Dask's modules in every process). ``--cache warm`` times ``check`` with the proof and load caches
 warm (one untimed check on one GPU first, as a CI runner that keeps its cache directory) instead of with
 ``--no-proof-cache`` on both sides (``cold``, the default: every proof solved again, while the contracts' parses
 come from the load cache on both sides, filled by an untimed load first: that flag leaves the load cache on, and
@@ -55,6 +59,21 @@ def _sweep_evidence(path: Path) -> dict[str, Any]:
     return {k: r.get(k) for k in keys}
 
 
+def _compile_bytecode() -> float:
+    """Compile the packages the commands import (this checkout's and Dask's) to bytecode; the seconds it took."""
+    import importlib.util
+
+    t0 = time.perf_counter()
+    repo = Path(__file__).resolve().parent.parent
+    roots = [str(repo / d) for d in ("spec", "native", "falsification", "obligations")]
+    for name in ("dask", "distributed", "tornado", "msgpack", "cloudpickle", "zict", "tblib", "partd", "toolz"):
+        found = importlib.util.find_spec(name)
+        if found is not None and found.submodule_search_locations:
+            roots.extend(found.submodule_search_locations)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", *roots], check=False)
+    return time.perf_counter() - t0
+
+
 STEPS: dict[str, tuple[list[str], Any]] = {
     # --no-proof-cache: the second run of a pair must not reuse the first one's proofs from disk
     "check": (["check", "contracts", "--device", "cuda", "--no-proof-cache", "-q"], _check_evidence),
@@ -83,6 +102,7 @@ def main() -> int:
     summary: dict[str, Any] = {"gpus": gpus, "steps": {}}
     same = True
     summary["cache"] = args.cache
+    print(f"bytecode (untimed):               {_compile_bytecode():6.1f} s", flush=True)
     for step in args.what:
         argv, evidence = STEPS[step]
         if step == "check" and args.cache == "cold":  # the load cache, not the proofs: the same on both sides
@@ -104,6 +124,12 @@ def main() -> int:
                 wall = _run([*argv, *flags], one if mode == "one" else every, out / f"{step}-{mode}-{r}.log")
                 walls[mode].append(round(wall, 2))
                 print(f"{step:<6} {mode:<8} run {r}: {wall:8.1f} s", flush=True)
+        if step == "audit":  # the same cluster on one GPU: the part of the ratio that is not the second GPU
+            json_path = out / f"{step}-cluster-1gpu.json"
+            argv1 = [*argv, "--json", str(json_path), "--cluster", "local"]
+            wall = _run(argv1, one, out / f"{step}-cluster-1gpu.log")
+            walls["cluster-1"] = [round(wall, 2)]
+            print(f"{step:<6} cluster on one GPU: {wall:6.1f} s (not the target's)", flush=True)
         a, b = evidence(out / f"{step}-one-0.json"), evidence(out / f"{step}-cluster-0.json")
         differ = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
         ratio = min(walls["one"]) / min(walls["cluster"])

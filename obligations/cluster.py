@@ -58,6 +58,8 @@ __all__ = [
     "GPU_SHARE",
     "SWEEP_PART",
     "AUDIT_PART",
+    "AUDIT_SHARE",
+    "AUDIT_PRELOAD",
     "WORKER_LOST",
 ]
 
@@ -67,6 +69,9 @@ WORKER_LOST = "worker lost"
 # The part of a worker's GPU (resource GPU=1) that a device item other than a measure item holds: up to 16 share a
 # GPU (a binary fraction: the worker's sums stay exact); a measure item holds all of it, so it times alone.
 GPU_SHARE = 1 / 16
+
+# The timeline's name of a kc process's start that an item waited for (as -j's worker lanes show theirs)
+START_WORKER: Key = ("", "", "start worker")
 
 # How many times an item is sent after its worker died under it (the issue's "retried once on another worker").
 RETRIES = 1
@@ -137,10 +142,12 @@ def gpu_slots(gpus: int, cpus: int | None = None) -> int:
     return max(1, min(15, (cpus - 1) // max(1, gpus)))
 
 
-def _worker_specs(spec: ClusterSpec, device: str, spares: bool = False) -> dict[str, dict[str, Any]]:
+def _worker_specs(
+    spec: ClusterSpec, device: str, spares: bool = False, preload: tuple[str, ...] = ()
+) -> dict[str, dict[str, Any]]:
     """Dask worker specs: on cuda one per visible GPU (that GPU only, resource GPU=1, :func:`gpu_slots` threads,
     or N with local:N; ``spares``: each starts its threads' kc worker processes, for kc check), else N CPU workers
-    of one thread (local: cores - 1)."""
+    of one thread (local: cores - 1); ``preload``: modules each worker imports as it starts (its tasks' own)."""
     from distributed import Nanny
 
     from obligations.isolation import default_jobs
@@ -153,6 +160,7 @@ def _worker_specs(spec: ClusterSpec, device: str, spares: bool = False) -> dict[
         # Each thread drives its own kc worker process (as -j's workers): items overlap on the GPU as on one GPU
         # with -j, the measure items hold the whole GPU (GPU=1) and every other device item a share of it.
         threads = spec.workers or gpu_slots(len(gpus))
+        modules = [SPARES_PRELOAD, *preload] if spares else list(preload)
         return {
             f"gpu{g}": {
                 "cls": Nanny,
@@ -164,18 +172,22 @@ def _worker_specs(spec: ClusterSpec, device: str, spares: bool = False) -> dict[
                     "name": f"gpu{g}",
                     # each thread's kc worker process starts with the Dask worker (a check's items on cuda always
                     # run in one; a sweep's or an audit's parts run in the Dask worker itself)
-                    **({"preload": [SPARES_PRELOAD]} if spares else {}),
+                    **({"preload": modules} if modules else {}),
                 },
             }
             for g in gpus
         }
     n = spec.workers if spec.workers is not None else default_jobs()
-    return {f"cpu{k}": {"cls": Nanny, "options": {**base, "name": f"cpu{k}"}} for k in range(n)}
+    imports = {"preload": list(preload)} if preload else {}
+    return {f"cpu{k}": {"cls": Nanny, "options": {**base, "name": f"cpu{k}", **imports}} for k in range(n)}
 
 
-def open_cluster(spec: ClusterSpec, device: str, timeout: float = 30.0, spares: bool = False) -> tuple[Any, Any]:
+def open_cluster(
+    spec: ClusterSpec, device: str, timeout: float = 30.0, spares: bool = False, preload: tuple[str, ...] = ()
+) -> tuple[Any, Any]:
     """(Dask client, the local cluster it started or None) for ``spec``; ClusterError when that cannot be;
-    ``spares``: a local cluster's GPU workers start their threads' kc worker processes (kc check)."""
+    ``spares``: a local cluster's GPU workers start their threads' kc worker processes (kc check); ``preload``:
+    modules a local cluster's workers import as they start (a scheduler's workers import them with a task)."""
     why = dask_missing()
     if why:
         raise ClusterError(why)
@@ -185,7 +197,7 @@ def open_cluster(spec: ClusterSpec, device: str, timeout: float = 30.0, spares: 
     try:
         if spec.kind == "local":
             cluster = SpecCluster(
-                workers=_worker_specs(spec, device, spares),
+                workers=_worker_specs(spec, device, spares, preload),
                 scheduler={"cls": Scheduler, "options": {"dashboard": False, "dashboard_address": ":0", "port": 0}},
                 silence_logs=40,
                 name="kc",
@@ -212,8 +224,15 @@ class OpeningCluster:
     """A cluster being opened in the background (kc check: while the contracts load, as its workers start on one
     machine); :meth:`take` waits for it, :meth:`close` closes it if nobody took it."""
 
-    def __init__(self, spec: ClusterSpec, device: str, timeout: float = 30.0, spares: bool = False) -> None:
-        self.spec, self.device, self.spares = spec, device, spares
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        device: str,
+        timeout: float = 30.0,
+        spares: bool = False,
+        preload: tuple[str, ...] = (),
+    ) -> None:
+        self.spec, self.device, self.spares, self.preload = spec, device, spares, preload
         self._done = threading.Event()
         self._opened: tuple[Any, Any] | None = None
         self._error: BaseException | None = None
@@ -224,7 +243,7 @@ class OpeningCluster:
 
     def _open(self, timeout: float) -> None:
         try:
-            self._opened = open_cluster(self.spec, self.device, timeout, self.spares)
+            self._opened = open_cluster(self.spec, self.device, timeout, self.spares, self.preload)
         except BaseException as e:  # ClusterError, or a stop: the taker raises it
             self._error = e
         finally:
@@ -295,6 +314,11 @@ RUN_ITEM = "obligations.cluster_worker.run_on_worker"
 STOP_ITEMS = "obligations.cluster_worker.stop_items"
 SWEEP_PART = "obligations.cluster_worker.sweep_part"
 AUDIT_PART = "obligations.cluster_worker.audit_part"
+# What an audit cell holds of its worker's GPU: four cells at once, so that one cell's host work (the MPFR
+# settlement, the reference self-check, the kernel's load) runs while the others' sweeps keep the GPU busy.
+AUDIT_SHARE = 1 / 4
+# The modules an audit cell needs, imported by a local cluster's workers as they start (while the run parses).
+AUDIT_PRELOAD = ("falsification.libm_tests", "native.libm", "cupy")
 # The Dask preload of a local cluster's workers (its dask_setup starts a kc worker process per thread)
 SPARES_PRELOAD = "obligations.cluster_worker"
 
@@ -544,7 +568,11 @@ class ClusterRunner:
                 fields.setdefault("evidence", {})["workers_lost"] = list(slot.lost)
             if self._ran is not None:
                 with contextlib.suppress(Exception):  # the timeline is a view: never a reason to lose the record
-                    self._ran(key, answer["worker"], answer["start"] + self._clock, answer["end"] + self._clock)
+                    start, ready = answer["start"] + self._clock, answer.get("ready")
+                    if ready is not None:  # it waited for its kc process to start: that wait is not the item's
+                        self._ran(START_WORKER, answer["worker"], start, ready + self._clock)
+                        start = ready + self._clock
+                    self._ran(key, answer["worker"], start, answer["end"] + self._clock)
         slot.future = None
         self._finish(key, fields, seconds, answer is not None or bool(slot.lost))  # else cancelled: no outcome
         self._share(key, fields)
@@ -639,30 +667,36 @@ class ClusterRunner:
 
 
 def run_tasks(
-    spec: ClusterSpec,
+    spec: ClusterSpec | OpeningCluster,
     device: str,
     function: str,
     requests: list[Any] | Callable[[int], list[Any]],
     progress: Callable[[int, int], None] | None = None,
+    share: float = 1.0,
 ) -> list[Any]:
-    """``function(request)`` of each request on the cluster (on cuda each holds a worker's GPU), results in
-    the requests' order (``requests`` may be a function of the cluster's number of workers). A task whose worker
-    died is sent once more, then the run fails (ClusterError naming the workers): an exhaustive sweep has no
-    partial verdict. A stop signal (Ctrl-C, SIGTERM) cancels the tasks and closes a local cluster, then raises;
+    """``function(request)`` of each request on the cluster (``spec``, or one the caller began opening), results
+    in the requests' order (``requests`` may be a function of the cluster's number of workers). On cuda each task
+    holds ``share`` of a worker's GPU (a binary fraction: 1/4 runs four at once there). A task whose worker died is
+    sent once more, then the run fails (ClusterError naming the workers): an exhaustive sweep has no partial
+    verdict. A stop signal (Ctrl-C, SIGTERM) cancels the tasks and closes a local cluster, then raises;
     ``progress(done, total)`` hears each task that lands."""
     from distributed import as_completed
     from distributed.scheduler import KilledWorker
 
     from obligations.isolation import raising_on_stop, stop_on_signals
 
-    client, cluster = open_cluster(spec, device)
+    if isinstance(spec, OpeningCluster):
+        client, cluster = spec.take()
+        spec = spec.spec
+    else:
+        client, cluster = open_cluster(spec, device)
     _needs_gpus(client, cluster, spec, device)
     futures: list[Any] = []
     try:
         if callable(requests):
             requests = requests(max(1, len(client.scheduler_info().get("workers", {}))))
         with stop_on_signals(), raising_on_stop():
-            resources = {"GPU": 1} if device == "cuda" else None
+            resources = {"GPU": share} if device == "cuda" else None
 
             def send(n: int, attempt: int) -> Any:
                 fut = client.submit(

@@ -118,7 +118,18 @@ def run_on_worker(request: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     fields = executor.run(contract, contract.item(request["item"]), request["limit"], request["witnesses"])
     seconds = round(executor.seconds(time.perf_counter() - t0), 4)
-    return {"fields": fields, "seconds": seconds, "worker": _who(), "start": start, "end": time.time()}
+    answer = {"fields": fields, "seconds": seconds, "worker": _who(), "start": start, "end": time.time()}
+    ready = _ready_since(executor, t0)
+    if ready is not None:  # the item waited for its kc process to start: the timeline shows the wait apart
+        answer["ready"] = answer["end"] - (time.perf_counter() - ready)
+    return answer
+
+
+def _ready_since(executor: Executor, t0: float) -> float | None:
+    """When (perf_counter) ``executor``'s kc process became ready, if that was after ``t0``; else None."""
+    starts = getattr(executor, "starts", None) or []
+    ready = starts[-1][1] if starts else None
+    return ready if ready is not None and ready > t0 else None
 
 
 def stop_items() -> None:
@@ -146,7 +157,11 @@ def sweep_part(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def audit_part(request: dict[str, Any]) -> dict[str, Any]:
-    """One cell of ``kc audit-libm --cluster``'s function x environment matrix, on this worker's GPU."""
+    """One cell of ``kc audit-libm --cluster``'s function x environment matrix, on this worker's GPU (on a stream
+    of its own: the cells that share the GPU neither wait for each other's kernels nor time them)."""
+    import cupy
+
     from falsification.libm_tests import audit_function
 
-    return audit_function(request["function"], request["env"], request["tolerance"])
+    with cupy.cuda.Stream(non_blocking=True):
+        return audit_function(request["function"], request["env"], request["tolerance"])

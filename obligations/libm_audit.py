@@ -102,19 +102,29 @@ def _audited(a: dict[str, Any], item: str | None) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the audit; print the table (and write the JSON)."""
+    opening = None
+    if args.cluster:
+        from obligations.cluster import AUDIT_PRELOAD, OpeningCluster, dask_missing, parse_cluster
+
+        if dask_missing():
+            print(f"kc: error: --cluster {args.cluster}: {dask_missing()}", file=sys.stderr)
+            return EXIT_INVALID
+        # The cluster's workers start (and import the audit) while this process checks and parses
+        opening = OpeningCluster(parse_cluster(args.cluster), "cuda", preload=AUDIT_PRELOAD)
+    try:
+        return _audit(args, opening)
+    finally:
+        if opening is not None:
+            opening.close()  # unless the audit took it (and closed it)
+
+
+def _audit(args: argparse.Namespace, opening: Any) -> int:
     from falsification.libm_tests import audit_function
     from obligations.contract import ContractError, parse_contract
     from obligations.core.device import DeviceUnavailable, resolve_device
     from spec.libm import ENVS, INTRINSICS, STANDARD, get_function
 
-    spec = None
-    if args.cluster:
-        from obligations.cluster import dask_missing, parse_cluster
-
-        if dask_missing():
-            print(f"kc: error: --cluster {args.cluster}: {dask_missing()}", file=sys.stderr)
-            return EXIT_INVALID
-        spec = parse_cluster(args.cluster)
+    spec = None if opening is None else opening.spec
     try:
         if spec is None or spec.kind == "local":  # a scheduler's workers have the GPUs, not necessarily this host
             resolve_device("cuda")
@@ -147,12 +157,12 @@ def run(args: argparse.Namespace) -> int:
     if spec is None:
         audits = [_audited(audit_function(name, env, tol), item) for name, env, item, tol in cells]
     else:
-        from obligations.cluster import AUDIT_PART, ClusterError, run_tasks
+        from obligations.cluster import AUDIT_PART, AUDIT_SHARE, ClusterError, run_tasks
 
         requests = [{"function": name, "env": env, "tolerance": tol} for name, env, _, tol in cells]
         print(f"kc audit-libm: {len(cells)} function x environment cell(s) on cluster {spec}", file=sys.stderr)
         try:
-            done = run_tasks(spec, "cuda", AUDIT_PART, requests)
+            done = run_tasks(opening, "cuda", AUDIT_PART, requests, share=AUDIT_SHARE)
         except ClusterError as e:
             print(f"kc: error: --cluster {e}", file=sys.stderr)
             return EXIT_FAILED

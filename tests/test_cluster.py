@@ -291,6 +291,35 @@ def test_tasks_on_the_cluster_come_back_in_the_requests_order(scheduler):
 
 
 @needs_dask
+def test_tasks_take_a_cluster_the_caller_began_opening_and_their_share_of_a_gpu(scheduler, monkeypatch):
+    # kc audit-libm opens its cluster while it parses, and runs four cells at once on a GPU (AUDIT_SHARE)
+    from obligations import cluster as oc
+
+    opening = oc.OpeningCluster(parse_cluster(scheduler), "host")
+    assert oc.run_tasks(opening, "host", "math.sqrt", [4.0, 9.0]) == [2.0, 3.0]
+    opening.close()  # taken: the run closed it, nothing is closed twice
+    sent: list[dict | None] = []
+    real_open = oc.open_cluster
+
+    def recording_open(spec, device, *args, **kwargs):
+        client, cluster = real_open(spec, "host", *args, **kwargs)
+        real_submit = client.submit
+
+        def submit(*a, **kw):
+            sent.append(kw.get("resources"))
+            kw["resources"] = None  # the host workers declare no GPU: run them anyway
+            return real_submit(*a, **kw)
+
+        client.submit = submit
+        return client, cluster
+
+    monkeypatch.setattr(oc, "open_cluster", recording_open)
+    monkeypatch.setattr(oc, "_needs_gpus", lambda *a: None)
+    assert oc.run_tasks(parse_cluster(scheduler), "cuda", "math.sqrt", [1.0, 16.0], share=oc.AUDIT_SHARE) == [1.0, 4.0]
+    assert sent == [{"GPU": 0.25}, {"GPU": 0.25}]
+
+
+@needs_dask
 def test_a_local_cuda_cluster_has_one_worker_per_visible_gpu_holding_it(monkeypatch):
     from obligations.cluster import _worker_specs, gpu_slots
 
@@ -305,6 +334,14 @@ def test_a_local_cuda_cluster_has_one_worker_per_visible_gpu_holding_it(monkeypa
     assert _worker_specs(ClusterSpec("local", workers=3), "cuda")["gpu1"]["options"]["nthreads"] == 3
     assert gpu_slots(2, cpus=32) == 15 and gpu_slots(2, cpus=16) == 7 and gpu_slots(8, cpus=4) == 1
     assert len(_worker_specs(ClusterSpec("local", workers=3), "host")) == 3
+    # an audit's workers import its modules as they start; a check's keep their kc processes first
+    audit = _worker_specs(ClusterSpec("local"), "cuda", preload=("native.libm",))["gpu1"]["options"]
+    assert audit["preload"] == ["native.libm"] and audit["resources"] == {"GPU": 1}
+    both = _worker_specs(ClusterSpec("local"), "cuda", spares=True, preload=("native.libm",))["gpu0"]["options"]
+    assert both["preload"] == ["obligations.cluster_worker", "native.libm"]
+    assert _worker_specs(ClusterSpec("local", workers=2), "host", preload=("math",))["cpu1"]["options"]["preload"] == [
+        "math"
+    ]
 
 
 def test_a_gpu_workers_threads_take_the_kc_processes_it_started_with_it(monkeypatch):
@@ -432,10 +469,10 @@ def test_the_cluster_opens_while_the_contracts_load_once_and_is_closed_when_the_
     opened: list[object] = []
     real_open, real_close = oc.open_cluster, oc.OpeningCluster.close
 
-    def counted_open(spec, device, timeout=30.0, spares=False):
+    def counted_open(spec, device, timeout=30.0, spares=False, preload=()):
         opened.append(spec)
-        assert spares  # a check's cluster: its GPU workers start the kc worker processes
-        return real_open(spec, device, timeout, spares)
+        assert spares and not preload  # a check's cluster: its GPU workers start the kc worker processes
+        return real_open(spec, device, timeout, spares, preload)
 
     closed: list[bool] = []
 
@@ -454,3 +491,15 @@ def test_the_cluster_opens_while_the_contracts_load_once_and_is_closed_when_the_
     assert len(opened) == 1 and closed == [True]  # the run took the one opened early: it closed it itself
     assert main(["check", str(TRANSFER), "--device", "host", "--cluster", "local:1", "--only", "NO-SUCH-ID"]) == 2
     assert len(opened) == 2 and closed[1:] == [False]  # opened ahead, not taken: closed by the run's cleanup
+
+
+def test_an_items_wait_for_its_kc_process_to_start_is_not_the_items_time():
+    # the timeline showed a cluster's first items starting seconds late: their spans held their processes' starts
+    import types
+
+    from obligations.cluster_worker import _ready_since
+
+    assert _ready_since(types.SimpleNamespace(starts=[(1.0, 5.0)]), 2.0) == 5.0  # became ready during the item
+    assert _ready_since(types.SimpleNamespace(starts=[(1.0, 1.5)]), 2.0) is None  # ready before it began
+    assert _ready_since(types.SimpleNamespace(starts=[(1.0, None)]), 2.0) is None  # never heard from
+    assert _ready_since(types.SimpleNamespace(), 2.0) is None  # an in-process executor

@@ -399,9 +399,9 @@ def _early_cluster(args: argparse.Namespace, device: str, cleanup: contextlib.Ex
     None without one. ``cleanup`` closes it if the run ends before it takes it."""
     if not args.cluster:
         return None
-    from obligations.cluster import OpeningCluster, parse_cluster
+    from obligations.cluster import CHECK_LAYOUT, OpeningCluster, parse_cluster
 
-    opening = OpeningCluster(parse_cluster(args.cluster), device, spares=True)  # a check's: kc worker processes
+    opening = OpeningCluster(parse_cluster(args.cluster), device, layout=CHECK_LAYOUT)  # kc worker processes
     cleanup.callback(opening.close)
     return opening
 

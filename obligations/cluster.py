@@ -59,7 +59,9 @@ __all__ = [
     "SWEEP_PART",
     "AUDIT_PART",
     "AUDIT_SHARE",
-    "AUDIT_PRELOAD",
+    "AUDIT_LAYOUT",
+    "WorkerLayout",
+    "CHECK_LAYOUT",
     "WORKER_LOST",
 ]
 
@@ -142,12 +144,30 @@ def gpu_slots(gpus: int, cpus: int | None = None) -> int:
     return max(1, min(15, (cpus - 1) // max(1, gpus)))
 
 
-def _worker_specs(
-    spec: ClusterSpec, device: str, spares: bool = False, preload: tuple[str, ...] = ()
-) -> dict[str, dict[str, Any]]:
-    """Dask worker specs: on cuda one per visible GPU (that GPU only, resource GPU=1, :func:`gpu_slots` threads,
-    or N with local:N; ``spares``: each starts its threads' kc worker processes, for kc check), else N CPU workers
-    of one thread (local: cores - 1); ``preload``: modules each worker imports as it starts (its tasks' own)."""
+@dataclass(frozen=True)
+class WorkerLayout:
+    """What a local cluster's workers are for a command: ``spares``: each GPU worker starts its threads' kc worker
+    processes (kc check); ``preload``: modules every worker imports as it starts (its tasks' own); ``per_gpu``:
+    worker processes per GPU (a power of two), each holding 1/per_gpu of it (resource GPU) with one thread, for
+    tasks whose host work holds the GIL (an audit cell's MPFR settlement) beside other tasks' kernels."""
+
+    spares: bool = False
+    preload: tuple[str, ...] = ()
+    per_gpu: int = 1
+
+    def __post_init__(self) -> None:
+        if self.per_gpu < 1 or self.per_gpu & (self.per_gpu - 1):
+            raise ValueError(f"per_gpu={self.per_gpu}: a power of two (the workers' GPU shares must sum exactly)")
+
+
+# kc check's: one worker per GPU whose threads each drive a kc worker process started with the worker
+CHECK_LAYOUT = WorkerLayout(spares=True)
+
+
+def _worker_specs(spec: ClusterSpec, device: str, layout: WorkerLayout = WorkerLayout()) -> dict[str, dict[str, Any]]:
+    """Dask worker specs: on cuda ``layout.per_gpu`` per visible GPU (that GPU only; with one, resource GPU=1 and
+    :func:`gpu_slots` threads or N with local:N; with several, one thread and GPU=1/per_gpu each), else N CPU
+    workers of one thread (local: cores - 1)."""
     from distributed import Nanny
 
     from obligations.isolation import default_jobs
@@ -157,37 +177,37 @@ def _worker_specs(
         gpus = visible_gpus()
         if not gpus:
             raise ClusterError("--cluster local on cuda: no visible GPU")
-        # Each thread drives its own kc worker process (as -j's workers): items overlap on the GPU as on one GPU
-        # with -j, the measure items hold the whole GPU (GPU=1) and every other device item a share of it.
-        threads = spec.workers or gpu_slots(len(gpus))
-        modules = [SPARES_PRELOAD, *preload] if spares else list(preload)
+        # A check: each thread drives its own kc worker process (as -j's workers), started with the Dask worker:
+        # items overlap on the GPU as on one GPU with -j, the measure items hold the whole GPU (GPU=1) and every
+        # other device item a share of it. A sweep's or an audit's parts run in the Dask worker itself.
+        modules = [SPARES_PRELOAD, *layout.preload] if layout.spares else list(layout.preload)
+        n = layout.per_gpu
+        threads = 1 if n > 1 else spec.workers or gpu_slots(len(gpus))
+        names = {(g, k): f"gpu{g}" if n == 1 else f"gpu{g}.{k}" for g in gpus for k in range(n)}
         return {
-            f"gpu{g}": {
+            name: {
                 "cls": Nanny,
                 "options": {
                     **base,
                     "nthreads": threads,
-                    "resources": {"GPU": 1},
+                    "resources": {"GPU": 1 / n},
                     "env": {"CUDA_VISIBLE_DEVICES": g},
-                    "name": f"gpu{g}",
-                    # each thread's kc worker process starts with the Dask worker (a check's items on cuda always
-                    # run in one; a sweep's or an audit's parts run in the Dask worker itself)
+                    "name": name,
                     **({"preload": modules} if modules else {}),
                 },
             }
-            for g in gpus
+            for (g, _), name in names.items()
         }
     n = spec.workers if spec.workers is not None else default_jobs()
-    imports = {"preload": list(preload)} if preload else {}
+    imports = {"preload": list(layout.preload)} if layout.preload else {}
     return {f"cpu{k}": {"cls": Nanny, "options": {**base, "name": f"cpu{k}", **imports}} for k in range(n)}
 
 
 def open_cluster(
-    spec: ClusterSpec, device: str, timeout: float = 30.0, spares: bool = False, preload: tuple[str, ...] = ()
+    spec: ClusterSpec, device: str, timeout: float = 30.0, layout: WorkerLayout = WorkerLayout()
 ) -> tuple[Any, Any]:
     """(Dask client, the local cluster it started or None) for ``spec``; ClusterError when that cannot be;
-    ``spares``: a local cluster's GPU workers start their threads' kc worker processes (kc check); ``preload``:
-    modules a local cluster's workers import as they start (a scheduler's workers import them with a task)."""
+    ``layout``: what a local cluster's workers are (a scheduler's workers are what their hosts started)."""
     why = dask_missing()
     if why:
         raise ClusterError(why)
@@ -197,7 +217,7 @@ def open_cluster(
     try:
         if spec.kind == "local":
             cluster = SpecCluster(
-                workers=_worker_specs(spec, device, spares, preload),
+                workers=_worker_specs(spec, device, layout),
                 scheduler={"cls": Scheduler, "options": {"dashboard": False, "dashboard_address": ":0", "port": 0}},
                 silence_logs=40,
                 name="kc",
@@ -229,10 +249,9 @@ class OpeningCluster:
         spec: ClusterSpec,
         device: str,
         timeout: float = 30.0,
-        spares: bool = False,
-        preload: tuple[str, ...] = (),
+        layout: WorkerLayout = WorkerLayout(),
     ) -> None:
-        self.spec, self.device, self.spares, self.preload = spec, device, spares, preload
+        self.spec, self.device, self.layout = spec, device, layout
         self._done = threading.Event()
         self._opened: tuple[Any, Any] | None = None
         self._error: BaseException | None = None
@@ -243,7 +262,7 @@ class OpeningCluster:
 
     def _open(self, timeout: float) -> None:
         try:
-            self._opened = open_cluster(self.spec, self.device, timeout, self.spares, self.preload)
+            self._opened = open_cluster(self.spec, self.device, timeout, self.layout)
         except BaseException as e:  # ClusterError, or a stop: the taker raises it
             self._error = e
         finally:
@@ -314,11 +333,12 @@ RUN_ITEM = "obligations.cluster_worker.run_on_worker"
 STOP_ITEMS = "obligations.cluster_worker.stop_items"
 SWEEP_PART = "obligations.cluster_worker.sweep_part"
 AUDIT_PART = "obligations.cluster_worker.audit_part"
-# What an audit cell holds of its worker's GPU: four cells at once, so that one cell's host work (the MPFR
-# settlement, the reference self-check, the kernel's load) runs while the others' sweeps keep the GPU busy.
-AUDIT_SHARE = 1 / 4
-# The modules an audit cell needs, imported by a local cluster's workers as they start (while the run parses).
-AUDIT_PRELOAD = ("falsification.libm_tests", "native.libm", "cupy")
+# An audit's local cluster: four worker processes per GPU, each importing the audit's modules as it starts (while
+# the run parses), so that a cell's host work (the MPFR settlement, the reference self-check, the kernel's load;
+# it holds the GIL) runs beside the other cells' sweeps on the GPU; one process per GPU settled one cell at a time.
+AUDIT_LAYOUT = WorkerLayout(preload=("falsification.libm_tests", "native.libm", "cupy"), per_gpu=4)
+# What an audit cell holds of a GPU: a quarter (a scheduler's worker of many threads runs four at once there)
+AUDIT_SHARE = 1 / AUDIT_LAYOUT.per_gpu
 # The Dask preload of a local cluster's workers (its dask_setup starts a kc worker process per thread)
 SPARES_PRELOAD = "obligations.cluster_worker"
 
@@ -366,7 +386,9 @@ class ClusterRunner:
         self.settings = dict(settings)
         self.isolate = isolate
         early = opened is not None and opened.spec == spec and opened.device == settings["device"]
-        self.client, self.cluster = opened.take() if early else open_cluster(spec, settings["device"], spares=True)
+        self.client, self.cluster = (
+            opened.take() if early else open_cluster(spec, settings["device"], layout=CHECK_LAYOUT)
+        )
         _needs_gpus(self.client, self.cluster, spec, settings["device"])
         self._ran = ran
         self._landed_fn = landed  # (contract, item, fields, seconds) of each item that lands with an outcome

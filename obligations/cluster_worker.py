@@ -12,16 +12,24 @@ import time
 from functools import partial
 from typing import Any
 
-from obligations.isolation import Executor, error_fields, make_executor, worker_contract
+from obligations.isolation import QUIET_METHODS, Executor, error_fields, make_executor, worker_contract
 
 __all__ = ["run_on_worker", "stop_items", "sweep_part", "audit_part", "dask_setup", "dask_teardown"]
 
 _contracts: dict[tuple[str, str], Any] = {}  # the contracts this worker process has loaded (worker_contract)
-_executors: dict[tuple[Any, ...], Executor] = {}  # per thread, settings and environment: a kc process is not shared
+# This Dask worker's kc worker processes (or in-process executors), idle ones by (isolation, settings, kc
+# environment): an item takes one (a thread runs one item at a time: no process is shared) and gives it back.
+_idle: dict[tuple[Any, ...], list[Executor]] = {}
+_busy: list[Executor] = []
 # kc worker processes started with this Dask worker (dask_setup), each with the kc environment it was started in:
-# a thread's first item takes one started in the environment its request carries instead of starting its own.
+# an item with no idle executor takes one started in the environment its request carries.
 _spares: list[tuple[dict[str, str], Executor]] = []
-_spares_lock = threading.Lock()
+_spares_lock = threading.Lock()  # guards _idle, _busy and _spares
+# Spares per GPU worker that import the measure items' peers (torch, cupyx) before they are ready: a measure item
+# takes one of them; the others are ready ~2 s sooner (30 processes of a 2 x H100 cluster importing torch at once
+# began the first item 4.4 s into the run, against 1.2 s on one GPU, 2026-11-28). Measure items run one at a time
+# on a GPU, so one suffices; the second is for a host-only item that took the first.
+PEER_SPARES = 2
 
 
 def _kc_environment() -> dict[str, str]:
@@ -32,24 +40,25 @@ def _kc_environment() -> dict[str, str]:
 
 def dask_setup(worker: Any) -> None:
     """Dask preload of the workers of a local cluster: start one kc worker process per thread at once (on a GPU
-    worker importing the peers' libraries, as the run's own executor on one GPU does), so that their imports
-    overlap the cluster's opening and the run's loading instead of each thread's first item: the items of a
-    2 x H200 check began 2.5 s after the cluster was open, each thread starting its process (2026-11-27)."""
+    worker :data:`PEER_SPARES` of them importing the peers' libraries, as the run's own executor on one GPU does),
+    so that their imports overlap the cluster's opening and the run's loading instead of each thread's first item:
+    the items of a 2 x H200 check began 2.5 s after the cluster was open, each thread starting its process
+    (2026-11-27)."""
     state = getattr(worker, "state", worker)
     threads = int(getattr(state, "nthreads", 1) or 1)
     cuda = float((getattr(state, "total_resources", None) or {}).get("GPU", 0)) > 0
     settings = {"device": "cuda" if cuda else "host", "profile": "quick", "seed": 0}  # a request sets its own
     env = _kc_environment()
-    preload: tuple[str, ...] = ()
+    peers: tuple[str, ...] = ()
     if cuda:
         from falsification.measure import PEER_LIBRARIES
 
-        preload = PEER_LIBRARIES
-    for _ in range(threads):
+        peers = PEER_LIBRARIES
+    for n in range(threads):
         executor = make_executor("process", None, settings)  # a process takes its record fields from requests
         try:
-            executor.prestart(preload=preload)
-        except Exception:  # a spare is an optimisation: the thread starts its own process at its first item
+            executor.prestart(preload=peers if n < PEER_SPARES else ())
+        except Exception:  # a spare is an optimisation: an item starts its own process
             executor.close()
             return
         with _spares_lock:
@@ -61,18 +70,58 @@ def dask_teardown(worker: Any) -> None:
     stop_items()
 
 
-def _spare(settings: dict[str, Any], env: dict[str, str]) -> Executor | None:
-    """A kc worker process started with this worker in ``env`` (now running ``settings``), or None."""
+def _has_peers(executor: Executor) -> bool:
+    """Whether ``executor``'s process imports the measure items' peers before it is ready."""
+    from falsification.measure import PEER_LIBRARIES
+
+    return set(PEER_LIBRARIES) <= set(getattr(executor, "preload", ()))
+
+
+def _pick(executors: list[Any], measure: bool) -> int | None:
+    """The index of the executor an item takes from ``executors``: a measure item one whose process imported the
+    peers, any other item one that did not (each the other kind where none is), None from an empty list."""
+    if not executors:
+        return None
+    return next((n for n, e in enumerate(executors) if _has_peers(e) == measure), 0)
+
+
+def _take(key: tuple[Any, ...], settings: dict[str, Any], isolate: str, env: dict[str, str], measure: bool) -> Executor:
+    """An executor for one item: an idle one of ``key``, else a spare started in ``env``, else a new one."""
     from obligations.check import item_fields
 
     with _spares_lock:
-        n = next((n for n, (spare_env, _) in enumerate(_spares) if spare_env == env), None)
-        if n is None:
-            return None
-        executor = _spares.pop(n)[1]
-    executor.settings = dict(settings)  # the process takes its settings with each request
-    executor.fields = partial(item_fields, **settings)
+        idle = _idle.get(key, [])
+        n = _pick(idle, measure)
+        executor = idle.pop(n) if n is not None else None
+        if executor is None and isolate == "process":
+            matching = [k for k, (spare_env, _) in enumerate(_spares) if spare_env == env]
+            n = _pick([_spares[k][1] for k in matching], measure)
+            if n is not None:
+                executor = _spares.pop(matching[n])[1]
+                executor.settings = dict(settings)  # the process takes its settings with each request
+                executor.fields = partial(item_fields, **settings)
+        if executor is not None:
+            _busy.append(executor)
+            return executor
+    executor = make_executor(isolate, partial(item_fields, **settings), settings)
+    if settings["device"] == "cuda" and measure:
+        # As the run's own executor on one GPU: a measure item's peers' libraries (torch, cupyx) are imported
+        # before its process is ready, not in its timed item's set-up (FALSIFY-CUBLAS-010 took 2.5 s on a
+        # 2 x H200 cluster against 0.16 s on one GPU, 2026-11-27)
+        from falsification.measure import PEER_LIBRARIES
+
+        executor.prestart(preload=PEER_LIBRARIES)
+    with _spares_lock:
+        _busy.append(executor)
     return executor
+
+
+def _give_back(key: tuple[Any, ...], executor: Executor) -> None:
+    """``executor`` is idle again (unless :func:`stop_items` closed it meanwhile)."""
+    with _spares_lock:
+        if executor in _busy:  # else stop_items closed it meanwhile
+            _busy.remove(executor)
+            _idle.setdefault(key, []).append(executor)
 
 
 def _who() -> str:
@@ -87,8 +136,6 @@ def _who() -> str:
 
 def run_on_worker(request: dict[str, Any]) -> dict[str, Any]:
     """Run one item where this task landed: its record fields, seconds, the worker's name and wall times."""
-    from obligations.check import item_fields
-
     begin = time.time()
     os.environ.update(request.get("env") or {})  # the run's kc settings (proof cache, z3 stability)
     contract = worker_contract(_contracts, request)
@@ -99,27 +146,18 @@ def run_on_worker(request: dict[str, Any]) -> dict[str, Any]:
     # As the run's prefetch workers: a kc worker process (hard limits, replaced after a crash or a broken CUDA
     # context) unless the run asked for none; then the limit is the engines' own deadline (not the main thread).
     isolate = "none" if request["isolate"] == "none" else "process"
-    key = (threading.get_ident(), isolate, tuple(sorted(settings.items())), tuple(sorted(request["env"].items())))
-    executor = _executors.get(key)
-    if executor is None and isolate == "process":
-        executor = _spare(settings, request["env"])
-        if executor is not None:
-            _executors[key] = executor
-    if executor is None:
-        executor = _executors[key] = make_executor(isolate, partial(item_fields, **settings), settings)
-        if settings["device"] == "cuda":
-            # As the run's own executor on one GPU: any process of a GPU worker may be given a measure item, whose
-            # peers' libraries (torch, cupyx) a fresh process would import inside its timed item's set-up
-            # (FALSIFY-CUBLAS-010 took 2.5 s on a 2 x H200 cluster against 0.16 s on one GPU, 2026-11-27).
-            from falsification.measure import PEER_LIBRARIES
-
-            executor.prestart(preload=PEER_LIBRARIES)
+    key = (isolate, tuple(sorted(settings.items())), tuple(sorted(request["env"].items())))
+    item = contract.item(request["item"])
+    executor = _take(key, settings, isolate, request["env"], item.get("method") in QUIET_METHODS)
     start = time.time()
     t0 = time.perf_counter()
-    fields = executor.run(contract, contract.item(request["item"]), request["limit"], request["witnesses"])
-    seconds = round(executor.seconds(time.perf_counter() - t0), 4)
+    try:
+        fields = executor.run(contract, item, request["limit"], request["witnesses"])
+        seconds = round(executor.seconds(time.perf_counter() - t0), 4)
+        ready = _ready_since(executor, t0)
+    finally:
+        _give_back(key, executor)
     answer = {"fields": fields, "seconds": seconds, "worker": _who(), "start": start, "end": time.time()}
-    ready = _ready_since(executor, t0)
     if ready is not None:  # the item waited for its kc process to start: the timeline shows the wait apart
         answer["ready"] = answer["end"] - (time.perf_counter() - ready)
     return answer
@@ -134,13 +172,12 @@ def _ready_since(executor: Executor, t0: float) -> float | None:
 
 def stop_items() -> None:
     """Stop the kc worker processes running items here (the run that sent them stopped), and the spares."""
-    for executor in list(_executors.values()):
-        executor.close()
-    _executors.clear()
     with _spares_lock:
-        spares = [executor for _, executor in _spares]
+        executors = [*_busy, *(e for idle in _idle.values() for e in idle), *(e for _, e in _spares)]
+        _busy.clear()
+        _idle.clear()
         _spares.clear()
-    for executor in spares:
+    for executor in executors:
         executor.close()
 
 

@@ -104,13 +104,13 @@ def run(args: argparse.Namespace) -> int:
     """Run the audit; print the table (and write the JSON)."""
     opening = None
     if args.cluster:
-        from obligations.cluster import AUDIT_PRELOAD, OpeningCluster, dask_missing, parse_cluster
+        from obligations.cluster import AUDIT_LAYOUT, OpeningCluster, dask_missing, parse_cluster
 
         if dask_missing():
             print(f"kc: error: --cluster {args.cluster}: {dask_missing()}", file=sys.stderr)
             return EXIT_INVALID
         # The cluster's workers start (and import the audit) while this process checks and parses
-        opening = OpeningCluster(parse_cluster(args.cluster), "cuda", preload=AUDIT_PRELOAD)
+        opening = OpeningCluster(parse_cluster(args.cluster), "cuda", layout=AUDIT_LAYOUT)
     try:
         return _audit(args, opening)
     finally:

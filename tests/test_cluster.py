@@ -321,11 +321,11 @@ def test_tasks_take_a_cluster_the_caller_began_opening_and_their_share_of_a_gpu(
 
 @needs_dask
 def test_a_local_cuda_cluster_has_one_worker_per_visible_gpu_holding_it(monkeypatch):
-    from obligations.cluster import _worker_specs, gpu_slots
+    from obligations.cluster import AUDIT_LAYOUT, AUDIT_SHARE, CHECK_LAYOUT, WorkerLayout, _worker_specs, gpu_slots
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     assert "preload" not in _worker_specs(ClusterSpec("local"), "cuda")["gpu0"]["options"]  # a sweep's, an audit's
-    specs = _worker_specs(ClusterSpec("local"), "cuda", spares=True)  # kc check's
+    specs = _worker_specs(ClusterSpec("local"), "cuda", CHECK_LAYOUT)  # kc check's
     assert sorted(specs) == ["gpu0", "gpu1"]
     for g in ("0", "1"):
         options = specs[f"gpu{g}"]["options"]
@@ -334,14 +334,21 @@ def test_a_local_cuda_cluster_has_one_worker_per_visible_gpu_holding_it(monkeypa
     assert _worker_specs(ClusterSpec("local", workers=3), "cuda")["gpu1"]["options"]["nthreads"] == 3
     assert gpu_slots(2, cpus=32) == 15 and gpu_slots(2, cpus=16) == 7 and gpu_slots(8, cpus=4) == 1
     assert len(_worker_specs(ClusterSpec("local", workers=3), "host")) == 3
-    # an audit's workers import its modules as they start; a check's keep their kc processes first
-    audit = _worker_specs(ClusterSpec("local"), "cuda", preload=("native.libm",))["gpu1"]["options"]
-    assert audit["preload"] == ["native.libm"] and audit["resources"] == {"GPU": 1}
-    both = _worker_specs(ClusterSpec("local"), "cuda", spares=True, preload=("native.libm",))["gpu0"]["options"]
-    assert both["preload"] == ["obligations.cluster_worker", "native.libm"]
-    assert _worker_specs(ClusterSpec("local", workers=2), "host", preload=("math",))["cpu1"]["options"]["preload"] == [
-        "math"
-    ]
+    # an audit's workers: four processes per GPU, each a quarter of it, importing the audit's modules as they start
+    audit = _worker_specs(ClusterSpec("local"), "cuda", WorkerLayout(preload=("native.libm",), per_gpu=4))
+    assert sorted(audit) == [f"gpu{g}.{k}" for g in "01" for k in range(4)]
+    for name, w in audit.items():
+        options = w["options"]
+        assert options["preload"] == ["native.libm"] and options["resources"] == {"GPU": 0.25}
+        assert options["nthreads"] == 1 and options["env"] == {"CUDA_VISIBLE_DEVICES": name[3]}
+    assert AUDIT_SHARE == 1 / AUDIT_LAYOUT.per_gpu  # a cell fits one of its processes exactly
+    both = _worker_specs(ClusterSpec("local"), "cuda", WorkerLayout(spares=True, preload=("native.libm",)))
+    assert both["gpu0"]["options"]["preload"] == ["obligations.cluster_worker", "native.libm"]
+    host = _worker_specs(ClusterSpec("local", workers=2), "host", WorkerLayout(preload=("math",)))
+    assert host["cpu1"]["options"]["preload"] == ["math"]
+    for bad in (0, 3, 6):
+        with pytest.raises(ValueError):
+            WorkerLayout(per_gpu=bad)
 
 
 def test_a_gpu_workers_threads_take_the_kc_processes_it_started_with_it(monkeypatch):
@@ -356,7 +363,8 @@ def test_a_gpu_workers_threads_take_the_kc_processes_it_started_with_it(monkeypa
     mark = f"spares-{os.getpid()}"
     monkeypatch.setenv("KC_TEST_MARK", mark)
     monkeypatch.setattr(cw, "_spares", [])
-    monkeypatch.setattr(cw, "_executors", {})
+    monkeypatch.setattr(cw, "_idle", {})
+    monkeypatch.setattr(cw, "_busy", [])
     worker = types.SimpleNamespace(state=types.SimpleNamespace(nthreads=2, total_resources={}))
     cw.dask_setup(worker)
     try:
@@ -369,18 +377,47 @@ def test_a_gpu_workers_threads_take_the_kc_processes_it_started_with_it(monkeypa
             "env": cw._kc_environment(),
         }
         assert cw.run_on_worker(request)["fields"]["status"] == "passed"
-        (taken,) = cw._executors.values()
+        ((taken,),) = cw._idle.values()  # given back once the item ended
         assert taken in spares and taken.started == 1 and len(cw._spares) == 1  # no process of its own
+        assert cw.run_on_worker(request)["fields"]["status"] == "passed"
+        assert [len(v) for v in cw._idle.values()] == [1] and taken.started == 1  # the next item took it again
         assert taken.settings == {"device": "host", "profile": "quick", "seed": 0}
         other = {**request, "env": {**request["env"], "KC_Z3_STABILITY": "3"}}
         threading.Thread(target=lambda: cw.run_on_worker(other)).start()  # another thread, another kc setting
         deadline = time.monotonic() + 60
-        while len(cw._executors) < 2 and time.monotonic() < deadline:
+        while len(cw._busy) + sum(map(len, cw._idle.values())) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(cw._spares) == 1  # the spare's environment is not the request's: it started its own
     finally:
         cw.stop_items()
     assert cw._spares == [] and surviving_processes(mark) == []
+
+
+def test_a_measure_item_takes_a_process_that_imported_the_peers_and_other_items_leave_it(monkeypatch):
+    # only PEER_SPARES of a GPU worker's spares import torch before they are ready: the others start ~2 s sooner
+    import types
+
+    from obligations import cluster_worker as cw
+
+    from falsification.measure import PEER_LIBRARIES
+
+    assert cw._has_peers(types.SimpleNamespace(preload=PEER_LIBRARIES))
+    assert not cw._has_peers(types.SimpleNamespace(preload=())) and not cw._has_peers(object())
+    plain, loaded = types.SimpleNamespace(peers=False), types.SimpleNamespace(peers=True)
+    monkeypatch.setattr(cw, "_has_peers", lambda e: e.peers)
+    assert cw._pick([plain, loaded], measure=True) == 1
+    assert cw._pick([loaded, plain], measure=False) == 1
+    assert cw._pick([plain], measure=True) == 0  # the other kind where none is
+    assert cw._pick([], measure=True) is None
+    monkeypatch.setattr(cw, "_idle", {("k",): [loaded, plain]})
+    monkeypatch.setattr(cw, "_busy", [])
+    monkeypatch.setattr(cw, "_spares", [])
+    settings = {"device": "cuda", "profile": "quick", "seed": 0}
+    assert cw._take(("k",), settings, "process", {}, measure=True) is loaded
+    assert cw._busy == [loaded] and cw._idle[("k",)] == [plain]
+    cw._give_back(("k",), loaded)
+    assert cw._take(("k",), settings, "process", {}, measure=False) is plain
+    assert cw.PEER_SPARES >= 1
 
 
 @needs_dask
@@ -469,10 +506,10 @@ def test_the_cluster_opens_while_the_contracts_load_once_and_is_closed_when_the_
     opened: list[object] = []
     real_open, real_close = oc.open_cluster, oc.OpeningCluster.close
 
-    def counted_open(spec, device, timeout=30.0, spares=False, preload=()):
+    def counted_open(spec, device, timeout=30.0, layout=None):
         opened.append(spec)
-        assert spares and not preload  # a check's cluster: its GPU workers start the kc worker processes
-        return real_open(spec, device, timeout, spares, preload)
+        assert layout == oc.CHECK_LAYOUT  # a check's cluster: its GPU workers start the kc worker processes
+        return real_open(spec, device, timeout, layout)
 
     closed: list[bool] = []
 

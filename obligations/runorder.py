@@ -72,6 +72,32 @@ def shipped_seconds(device: str, profile: str) -> dict[str, float]:
     return _seconds(_read(SHIPPED), device, profile)
 
 
+def shipped_sanitize_seconds() -> dict[str, dict[str, float]]:
+    """Tool -> sanitize workload -> seconds in the shipped table's reference run (a fresh machine's plan splits
+    each tool's workloads over its processes by them, as by a run of its own: by count, one 2 x H100 cluster's
+    racecheck process took 26.9 s, the batch the run's longest item, while a split by seconds gives ~20)."""
+    got = _read(SHIPPED).get("sanitize") or {}
+    return {
+        str(tool): {str(w): float(v) for w, v in per.items() if isinstance(v, int | float)}
+        for tool, per in got.items()
+        if isinstance(per, dict)
+    }
+
+
+def sanitize_seconds_of(result: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """Tool -> workload -> seconds of the sanitize items' verdicts in a check's result."""
+    out: dict[str, dict[str, float]] = {}
+    for c in result.get("contracts") or []:
+        for it in c.get("items") or []:
+            ev = it.get("evidence") or {}
+            if ev.get("kind") != "sanitize" or not ev.get("workload"):
+                continue
+            for tool, v in (ev.get("verdicts") or {}).items():
+                if isinstance(v, dict) and isinstance(v.get("seconds"), int | float):
+                    out.setdefault(tool, {})[ev["workload"]] = round(float(v["seconds"]), 3)
+    return out
+
+
 def last_seconds(device: str, profile: str, path: Path | None = None) -> dict[str, float]:
     """Item name -> seconds of the last run on ``device`` with ``profile`` that ran the item; the shipped table's
     seconds for the items no run here has timed."""
@@ -134,7 +160,8 @@ def shared_last(items: Sequence[T], group: Callable[[T], Hashable | None]) -> li
 
 
 def _main(argv: list[str]) -> int:
-    """``python -m obligations.runorder RESULT.json``: rewrite the shipped table from a result's device/profile."""
+    """``python -m obligations.runorder RESULT.json``: rewrite the shipped table from a result's device/profile (and
+    the sanitize workloads' seconds, from a cuda result)."""
     if len(argv) != 1:
         print("usage: python -m obligations.runorder RESULT.json", file=sys.stderr)
         return 2
@@ -146,6 +173,8 @@ def _main(argv: list[str]) -> int:
     device = device.get("kind") if isinstance(device, dict) else device
     data = _read(SHIPPED) or {"format": _FORMAT, "runs": {}}
     data.setdefault("runs", {})[f"{device}/{prov.get('profile')}"] = seconds_of(result)
+    if sanitize_seconds_of(result):
+        data["sanitize"] = sanitize_seconds_of(result)
     write_text_atomic(SHIPPED, json.dumps(data, sort_keys=True, indent=0) + "\n")
     print(f"{SHIPPED}: {device}/{prov.get('profile')}, {len(seconds_of(result))} items")
     return 0

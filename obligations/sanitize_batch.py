@@ -60,6 +60,7 @@ __all__ = [
     "parallel_processes",
     "tool_command",
     "last_seconds",
+    "plan_seconds",
 ]
 
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
@@ -168,6 +169,14 @@ def last_seconds() -> dict[str, dict[str, float]]:
     return data if isinstance(data, dict) else {}
 
 
+def plan_seconds() -> dict[str, dict[str, float]]:
+    """What a plan splits by: tool -> workload -> this machine's last seconds, else the shipped reference run's."""
+    from obligations.runorder import shipped_sanitize_seconds
+
+    mine, shipped = last_seconds(), shipped_sanitize_seconds()
+    return {tool: {**shipped.get(tool, {}), **mine.get(tool, {})} for tool in {*mine, *shipped}}
+
+
 def _record_seconds(results: Iterable[Mapping[str, Any]]) -> None:
     """Keep each workload's seconds under each tool of these process results, for the next plan's split."""
     from obligations.atomic import write_text_atomic
@@ -232,7 +241,7 @@ def share(items: Iterable[Mapping[str, Any]], default_workload: Iterable[str]) -
         count += 1
     if where is None or count < 2 or os.environ.get(SHARE_ENV, "").strip() == "0":
         return None
-    plan = make_plan(units, seconds=last_seconds())
+    plan = make_plan(units, seconds=plan_seconds())
     write_plan(Path(where), plan)
     return plan
 

@@ -397,9 +397,8 @@ def test_a_measure_item_takes_a_process_that_imported_the_peers_and_other_items_
     # only PEER_SPARES of a GPU worker's spares import torch before they are ready: the others start ~2 s sooner
     import types
 
-    from obligations import cluster_worker as cw
-
     from falsification.measure import PEER_LIBRARIES
+    from obligations import cluster_worker as cw
 
     assert cw._has_peers(types.SimpleNamespace(preload=PEER_LIBRARIES))
     assert not cw._has_peers(types.SimpleNamespace(preload=())) and not cw._has_peers(object())

@@ -343,3 +343,32 @@ def test_a_plan_splits_by_the_seconds_the_last_run_recorded(fake_sanitizer):
     )
     sanitize_batch.run_plan(Path(os.environ[sanitize_batch.RUN_ENV]), plan, shutil.which("compute-sanitizer"))
     assert set(sanitize_batch.last_seconds()["memcheck"]) == {"fake-clean"}
+
+
+def test_a_fresh_machines_plan_splits_by_the_shipped_seconds_and_its_own_win(monkeypatch):
+    # without a run of its own (a CI runner, a device machine) a plan split by count: one racecheck process of a
+    # 2 x H100 cluster took 26.9 s against 22.3 for another; the shipped reference run balances them
+    from obligations import runorder
+
+    shipped = runorder.shipped_sanitize_seconds()
+    named = set()  # the sanitize items' workloads: what a device run's plan names
+    for path in sorted((ROOT / "contracts").glob("*.yaml")):
+        c = load_contract(path, check=False)
+        for it in c.data.get("obligations") or []:
+            if it.get("method") == "sanitize":
+                named.add((it.get("params") or {}).get("workload", c.data["family"]))
+    assert set(shipped) == set(TOOLS) and all(set(shipped[t]) == named for t in TOOLS), sorted(named)
+    monkeypatch.setattr(sanitize_batch, "last_seconds", lambda: {"racecheck": {"attention": 99.0}})
+    merged = sanitize_batch.plan_seconds()
+    assert merged["racecheck"]["attention"] == 99.0 and merged["racecheck"]["conv"] == shipped["racecheck"]["conv"]
+    result = {
+        "contracts": [
+            {
+                "items": [
+                    {"evidence": {"kind": "sanitize", "workload": "w", "verdicts": {"memcheck": {"seconds": 1.5}}}},
+                    {"evidence": {"kind": "z3"}},
+                ]
+            }
+        ]
+    }
+    assert runorder.sanitize_seconds_of(result) == {"memcheck": {"w": 1.5}}

@@ -122,7 +122,7 @@ def main() -> int:
             for mode in order:
                 json_path = out / f"{step}-{mode}-{r}.json"
                 flags = ["--json", str(json_path)] + (["--cluster", "local"] if mode == "cluster" else [])
-                if step == "check":  # where each item ran and when: what bounds the cluster's wall time
+                if step in ("check", "audit"):  # where each item ran and when: what bounds the cluster's wall time
                     flags += ["--timeline", str(out / f"{step}-{mode}-{r}-timeline.json")]
                 wall = _run([*argv, *flags], one if mode == "one" else every, out / f"{step}-{mode}-{r}.log")
                 walls[mode].append(round(wall, 2))

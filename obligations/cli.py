@@ -24,7 +24,7 @@ from obligations import __version__
 from obligations.argtypes import SEED, U32, bit_patterns, cluster_spec, counted, seconds
 from obligations.registry import COMMANDS, command, load_plugins
 
-__all__ = ["main", "COMMANDS", "counted", "seconds", "bit_patterns", "SEED", "probe_output"]
+__all__ = ["main", "COMMANDS", "counted", "seconds", "bit_patterns", "SEED", "probe_output", "start_phases"]
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_NO_CONTRACTS = 5  # nothing collected (as pytest's 5): checking nothing is not a pass
@@ -444,7 +444,7 @@ def _phase(phases: list[tuple[str, float, float]], name: str) -> Any:
         phases.append((name, t0, time.perf_counter()))
 
 
-def _start_phases() -> list[tuple[str, float, float]]:
+def start_phases() -> list[tuple[str, float, float]]:
     """The phases before the check's own: Python's start and kc's imports, where this process is the command."""
     now = time.perf_counter()
     main_at = _STARTED.get("main", now)
@@ -464,7 +464,7 @@ def _run_check(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
     from obligations.isolation import default_jobs, raising_on_stop
     from obligations.runlog import LogError, RunLog
 
-    phases = _start_phases()
+    phases = start_phases()
     _split_only(args)
     resumed = None
     problems = _check_outputs(args)

@@ -200,5 +200,7 @@ def audit_part(request: dict[str, Any]) -> dict[str, Any]:
 
     from falsification.libm_tests import audit_function
 
+    start = time.time()
     with cupy.cuda.Stream(non_blocking=True):
-        return audit_function(request["function"], request["env"], request["tolerance"])
+        audit = audit_function(request["function"], request["env"], request["tolerance"])
+    return {**audit, "ran": {"worker": _who(), "start": start, "end": time.time()}}  # the run's timeline

@@ -37,7 +37,12 @@ def configure(p: argparse.ArgumentParser) -> None:
         type=cluster_spec,
         metavar="local[:N]|tcp://HOST:PORT",
         default=None,
-        help="audit the function x environment matrix as tasks on a Dask cluster, one GPU each (docs/scale-out.md)",
+        help="audit the function x environment matrix as tasks on a Dask cluster (docs/scale-out.md)",
+    )
+    p.add_argument(
+        "--timeline",
+        metavar="FILE",
+        help="write where and when each cell ran as a Chrome trace (chrome://tracing, Perfetto), as kc check does",
     )
 
 
@@ -102,6 +107,9 @@ def _audited(a: dict[str, Any], item: str | None) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the audit; print the table (and write the JSON)."""
+    from obligations.cli import start_phases
+
+    phases = start_phases()  # the timeline's run lane: Python's start and kc's imports
     opening = None
     if args.cluster:
         from obligations.cluster import AUDIT_LAYOUT, OpeningCluster, dask_missing, parse_cluster
@@ -112,13 +120,13 @@ def run(args: argparse.Namespace) -> int:
         # The cluster's workers start (and import the audit) while this process checks and parses
         opening = OpeningCluster(parse_cluster(args.cluster), "cuda", layout=AUDIT_LAYOUT)
     try:
-        return _audit(args, opening)
+        return _audit(args, opening, phases)
     finally:
         if opening is not None:
             opening.close()  # unless the audit took it (and closed it)
 
 
-def _audit(args: argparse.Namespace, opening: Any) -> int:
+def _audit(args: argparse.Namespace, opening: Any, phases: list[tuple[str, float, float]]) -> int:
     from falsification.libm_tests import audit_function
     from obligations.contract import ContractError, parse_contract
     from obligations.core.device import DeviceUnavailable, resolve_device
@@ -154,8 +162,13 @@ def _audit(args: argparse.Namespace, opening: Any) -> int:
         print(f"kc: error: {args.contract} has no libm.audit item for {name} under {env}", file=sys.stderr)
         return EXIT_INVALID
     t0 = time.perf_counter()
+    events: list[tuple[tuple[str, str, str], str, float, float]] = []  # the timeline's: (cell, lane, start, end)
     if spec is None:
-        audits = [_audited(audit_function(name, env, tol), item) for name, env, item, tol in cells]
+        audits = []
+        for name, env, item, tol in cells:
+            begin = time.perf_counter()
+            audits.append(_audited(audit_function(name, env, tol), item))
+            events.append((("", "", f"{name}/{env}"), "run", begin, time.perf_counter()))
     else:
         from obligations.cluster import AUDIT_PART, AUDIT_SHARE, ClusterError, run_tasks
 
@@ -166,6 +179,11 @@ def _audit(args: argparse.Namespace, opening: Any) -> int:
         except ClusterError as e:
             print(f"kc: error: --cluster {e}", file=sys.stderr)
             return EXIT_FAILED
+        clock = time.perf_counter() - time.time()  # the workers' wall times on this process's clock
+        for a, (name, env, _, _) in zip(done, cells, strict=True):
+            ran = a.pop("ran", None)
+            if ran:
+                events.append((("", "", f"{name}/{env}"), ran["worker"], ran["start"] + clock, ran["end"] + clock))
         audits = [_audited(a, item) for a, (_, _, item, _) in zip(done, cells, strict=True)]
     report = {
         "contract": args.contract,
@@ -175,6 +193,13 @@ def _audit(args: argparse.Namespace, opening: Any) -> int:
         "audits": audits,
     }
     _print_table(table_rows(audits))
+    if args.timeline:
+        from obligations.check import write_timeline
+
+        phases = [*phases, ("audit", t0, time.perf_counter())]
+        if opening is not None and opening.ended is not None:
+            phases.append(("open cluster", opening.began, opening.ended))
+        write_timeline(args.timeline, events, phases)
     if args.json:
         from obligations.atomic import write_text_atomic
 

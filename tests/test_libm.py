@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -320,6 +321,35 @@ def test_cli_needs_a_gpu_and_documents_its_options(capsys):
     assert main(["audit-libm", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--intrinsics" in out and "--env" in out and "--functions" in out
+
+
+def test_the_audit_writes_where_and_when_each_cell_ran(monkeypatch, tmp_path):
+    """--timeline: a Chrome trace with a span per (function, environment) cell and the run's phases (the GPU's
+    sweep stood in for by a fake cell here; the cluster's cells carry their worker and wall times back)."""
+    import falsification.libm_tests as lt
+    import obligations.core.device as dev
+    from obligations.cli import main
+
+    def fake_cell(name, env, tolerance):
+        return {
+            "function": name,
+            "env": env,
+            "max_ulp": {"ulp": 1, "input": "0x3F800000"},
+            "max_abs_error": None,
+            "documented_bound": str(tolerance),
+            "settled_by_mpfr": 0,
+            "verdict": "passed",
+            "seconds": 0.01,
+        }
+
+    monkeypatch.setattr(dev, "resolve_device", lambda device: device)
+    monkeypatch.setattr(lt, "audit_function", fake_cell)
+    trace = tmp_path / "t.json"
+    assert main(["audit-libm", "--functions", "expf", "sinf", "--timeline", str(trace)]) == 0
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
+    cells = sorted(e["name"] for e in events if "/" in e["name"])
+    assert cells == ["expf/cuda", "expf/cuda-ftz", "sinf/cuda", "sinf/cuda-ftz"]
+    assert {"audit", "import kc"} <= {e["name"] for e in events}
 
 
 # -- CUDA ----------------------------------------------------------------------------------------------------------

@@ -44,6 +44,8 @@ def dask_setup(worker: Any) -> None:
     so that their imports overlap the cluster's opening and the run's loading instead of each thread's first item:
     the items of a 2 x H200 check began 2.5 s after the cluster was open, each thread starting its process
     (2026-11-27)."""
+    import obligations.check  # noqa: F401  (what run_on_worker needs, imported before the first items arrive)
+
     state = getattr(worker, "state", worker)
     threads = int(getattr(state, "nthreads", 1) or 1)
     cuda = float((getattr(state, "total_resources", None) or {}).get("GPU", 0)) > 0
@@ -138,7 +140,9 @@ def run_on_worker(request: dict[str, Any]) -> dict[str, Any]:
     """Run one item where this task landed: its record fields, seconds, the worker's name and wall times."""
     begin = time.time()
     os.environ.update(request.get("env") or {})  # the run's kc settings (proof cache, z3 stability)
-    contract = worker_contract(_contracts, request)
+    # Items in kc worker processes import the contract's test modules there: this process, whose threads share one
+    # GIL, only hands them on (importing them here held a 2 x H100 cluster's first items ~1.4 s, 2026-11-28).
+    contract = worker_contract(_contracts, request, tests=request["isolate"] == "none")
     if contract.sha256 != request["sha256"]:
         fields = error_fields(f"{request['path']} on worker {_who()} is not the file the run checks (sha256 differs)")
         return {"fields": fields, "seconds": 0.0, "worker": _who(), "start": begin, "end": time.time()}

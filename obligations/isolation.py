@@ -314,8 +314,9 @@ def worker_request(
     }
 
 
-def worker_contract(cache: dict[tuple[str, str], Any], req: dict[str, Any]) -> Any:
-    """The contract a worker's request names, parsed once: read by its absolute path, named as the run names it."""
+def worker_contract(cache: dict[tuple[str, str], Any], req: dict[str, Any], tests: bool = True) -> Any:
+    """The contract a worker's request names, parsed once: read by its absolute path, named as the run names it;
+    ``tests``: its test modules imported (a process that runs its items; not one that hands them on)."""
     from obligations.contract import add_project_root, import_test_modules, parse_contract
 
     key = (req["path"], req.get("shown", req["path"]))
@@ -324,8 +325,13 @@ def worker_contract(cache: dict[tuple[str, str], Any], req: dict[str, Any]) -> A
         # The worker may have started before the run loaded the contracts (which put the checked project's root
         # on the run's sys.path): its test modules import from that root.
         add_project_root(req["path"])
+    if tests and key not in _TESTS_IMPORTED:  # this process's imports, whichever cache the contract is in
         import_test_modules(cache[key])
+        _TESTS_IMPORTED.add(key)
     return cache[key]
+
+
+_TESTS_IMPORTED: set[tuple[str, str]] = set()  # the contracts whose test modules this process has imported
 
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:

@@ -539,3 +539,20 @@ def test_an_items_wait_for_its_kc_process_to_start_is_not_the_items_time():
     assert _ready_since(types.SimpleNamespace(starts=[(1.0, 1.5)]), 2.0) is None  # ready before it began
     assert _ready_since(types.SimpleNamespace(starts=[(1.0, None)]), 2.0) is None  # never heard from
     assert _ready_since(types.SimpleNamespace(), 2.0) is None  # an in-process executor
+
+
+def test_a_dask_worker_that_hands_items_to_kc_processes_does_not_import_their_test_modules(monkeypatch):
+    # its threads share one GIL: importing every contract's test modules there held a cluster's first items
+    import obligations.contract as oc
+    from obligations import isolation
+
+    imported: list[str] = []
+    monkeypatch.setattr(oc, "import_test_modules", lambda c: imported.append(c.data["id"]) or [])
+    monkeypatch.setattr(isolation, "_TESTS_IMPORTED", set())
+    cache: dict = {}
+    request = {"path": str(FAULTS)}
+    isolation.worker_contract(cache, request, tests=False)
+    assert imported == [] and len(cache) == 1
+    isolation.worker_contract(cache, request)  # an in-process executor's item: now they are
+    isolation.worker_contract(cache, request)
+    assert imported == ["faults-v1"]

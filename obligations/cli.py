@@ -495,13 +495,17 @@ def _run_check(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
             told = "cuda" if args.device == "cuda" and not args.cluster else None
             if told:
                 early, ahead = _start_workers(args, told, seed, cleanup, phases)
+            # A cluster on a named device opens before the probe too (Dask's import and its workers' start are the
+            # longest part of a cluster run's start); with auto, after the probe has named the device
+            opening = _early_cluster(args, args.device, cleanup) if args.device in ("cuda", "host") else None
             with _phase(phases, "probe device"):
                 device = _resolve_device(args.device, args.cluster)
             if device is None:
                 return EXIT_INVALID
             if not told:
                 early, ahead = _start_workers(args, device, seed, cleanup, phases)
-            opening = _early_cluster(args, device, cleanup)  # its own start is on the timeline ("open cluster")
+            if opening is None:
+                opening = _early_cluster(args, device, cleanup)  # its own start is on the timeline ("open cluster")
             with _phase(phases, "load contracts"):  # each file parsed and validated once
                 loaded = load_contracts(args.paths, search_path=args.search_path, cache=True)
     except StopRequested as e:

@@ -25,10 +25,11 @@ _busy: list[Executor] = []
 # an item with no idle executor takes one started in the environment its request carries.
 _spares: list[tuple[dict[str, str], Executor]] = []
 _spares_lock = threading.Lock()  # guards _idle, _busy and _spares
-# Spares per GPU worker that import the measure items' peers (torch, cupyx) before they are ready: a measure item
-# takes one of them; the others are ready ~2 s sooner (30 processes of a 2 x H100 cluster importing torch at once
-# began the first item 4.4 s into the run, against 1.2 s on one GPU, 2026-11-28). Measure items run one at a time
-# on a GPU, so one suffices; the second is for a host-only item that took the first.
+# Spares a GPU worker starts beside one per thread, importing the measure items' peers (torch, cupyx) before they
+# are ready: a measure item takes one of them, the other items the thread's, ready ~2 s sooner (30 processes of a
+# 2 x H100 cluster importing torch at once began the first item 4.4 s into the run, against 1.2 s on one GPU, and
+# with two of each worker's fifteen importing it, two items a worker waited for them, 2026-11-28). Measure items
+# run one at a time on a GPU, so one suffices; the second is for a host-only item that took the first.
 PEER_SPARES = 2
 
 
@@ -40,7 +41,7 @@ def _kc_environment() -> dict[str, str]:
 
 def dask_setup(worker: Any) -> None:
     """Dask preload of the workers of a local cluster: start one kc worker process per thread at once (on a GPU
-    worker :data:`PEER_SPARES` of them importing the peers' libraries, as the run's own executor on one GPU does),
+    worker :data:`PEER_SPARES` more, importing the peers' libraries, as the run's own executor on one GPU does),
     so that their imports overlap the cluster's opening and the run's loading instead of each thread's first item:
     the items of a 2 x H200 check began 2.5 s after the cluster was open, each thread starting its process
     (2026-11-27)."""
@@ -56,10 +57,11 @@ def dask_setup(worker: Any) -> None:
         from falsification.measure import PEER_LIBRARIES
 
         peers = PEER_LIBRARIES
-    for n in range(threads):
+    # one process per thread for the items, and on a GPU worker PEER_SPARES more with the peers for measure items
+    for n in range(threads + (PEER_SPARES if peers else 0)):
         executor = make_executor("process", None, settings)  # a process takes its record fields from requests
         try:
-            executor.prestart(preload=peers if n < PEER_SPARES else ())
+            executor.prestart(preload=peers if n >= threads else ())
         except Exception:  # a spare is an optimisation: an item starts its own process
             executor.close()
             return

@@ -23,6 +23,8 @@ __all__ = ["configure", "run", "documented_bounds", "table_rows", "audit_cells",
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 DEFAULT_CONTRACT = "contracts/cuda-libm-v1.yaml"
+# The cells' seconds are kept with kc check's item durations (obligations.runorder) under this profile
+AUDIT_PROFILE = "audit-libm"
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -130,6 +132,7 @@ def _audit(args: argparse.Namespace, opening: Any, phases: list[tuple[str, float
     from falsification.libm_tests import audit_function
     from obligations.contract import ContractError, parse_contract
     from obligations.core.device import DeviceUnavailable, resolve_device
+    from obligations.runorder import item_name, last_seconds, longest_first, record_seconds
     from spec.libm import ENVS, INTRINSICS, STANDARD, get_function
 
     spec = None if opening is None else opening.spec
@@ -174,8 +177,10 @@ def _audit(args: argparse.Namespace, opening: Any, phases: list[tuple[str, float
 
         requests = [{"function": name, "env": env, "tolerance": tol} for name, env, _, tol in cells]
         print(f"kc audit-libm: {len(cells)} function x environment cell(s) on cluster {spec}", file=sys.stderr)
+        last = last_seconds("cuda", AUDIT_PROFILE)  # longest first: no 0.9-s cell is left for the end
+        order = longest_first(range(len(cells)), lambda n: item_name(contract.id, str(cells[n][2])), last)
         try:
-            done = run_tasks(opening, "cuda", AUDIT_PART, requests, share=AUDIT_SHARE)
+            done = run_tasks(opening, "cuda", AUDIT_PART, requests, share=AUDIT_SHARE, order=order)
         except ClusterError as e:
             print(f"kc: error: --cluster {e}", file=sys.stderr)
             return EXIT_FAILED
@@ -185,6 +190,8 @@ def _audit(args: argparse.Namespace, opening: Any, phases: list[tuple[str, float
             if ran:
                 events.append((("", "", f"{name}/{env}"), ran["worker"], ran["start"] + clock, ran["end"] + clock))
         audits = [_audited(a, item) for a, (_, _, item, _) in zip(done, cells, strict=True)]
+    timed = [{"id": item, "seconds": a["seconds"]} for a, (_, _, item, _) in zip(audits, cells, strict=True)]
+    record_seconds("cuda", AUDIT_PROFILE, [{"id": contract.id, "items": timed}])  # the next cluster run's order
     report = {
         "contract": args.contract,
         **({"cluster": str(spec)} if spec is not None else {}),

@@ -291,7 +291,7 @@ def test_tasks_on_the_cluster_come_back_in_the_requests_order(scheduler):
 
 
 @needs_dask
-def test_tasks_take_a_cluster_the_caller_began_opening_and_their_share_of_a_gpu(scheduler, monkeypatch):
+def test_tasks_take_a_cluster_the_caller_began_opening_their_share_of_a_gpu_and_their_order(scheduler, monkeypatch):
     # kc audit-libm opens its cluster while it parses, and runs four cells at once on a GPU (AUDIT_SHARE)
     from obligations import cluster as oc
 
@@ -306,7 +306,7 @@ def test_tasks_take_a_cluster_the_caller_began_opening_and_their_share_of_a_gpu(
         real_submit = client.submit
 
         def submit(*a, **kw):
-            sent.append(kw.get("resources"))
+            sent.append((kw.get("resources"), kw.get("priority")))
             kw["resources"] = None  # the host workers declare no GPU: run them anyway
             return real_submit(*a, **kw)
 
@@ -315,8 +315,9 @@ def test_tasks_take_a_cluster_the_caller_began_opening_and_their_share_of_a_gpu(
 
     monkeypatch.setattr(oc, "open_cluster", recording_open)
     monkeypatch.setattr(oc, "_needs_gpus", lambda *a: None)
-    assert oc.run_tasks(parse_cluster(scheduler), "cuda", "math.sqrt", [1.0, 16.0], share=oc.AUDIT_SHARE) == [1.0, 4.0]
-    assert sent == [{"GPU": 0.25}, {"GPU": 0.25}]
+    spec = parse_cluster(scheduler)
+    assert oc.run_tasks(spec, "cuda", "math.sqrt", [1.0, 16.0], share=oc.AUDIT_SHARE, order=[1, 0]) == [1.0, 4.0]
+    assert sent == [({"GPU": 0.25}, -1), ({"GPU": 0.25}, 0)]  # the second request first: its results stay in place
 
 
 @needs_dask

@@ -25,12 +25,6 @@ _busy: list[Executor] = []
 # an item with no idle executor takes one started in the environment its request carries.
 _spares: list[tuple[dict[str, str], Executor]] = []
 _spares_lock = threading.Lock()  # guards _idle, _busy and _spares
-# Spares a GPU worker starts beside one per thread, importing the measure items' peers (torch, cupyx) before they
-# are ready: a measure item takes one of them, the other items the thread's, ready ~2 s sooner (30 processes of a
-# 2 x H100 cluster importing torch at once began the first item 4.4 s into the run, against 1.2 s on one GPU, and
-# with two of each worker's fifteen importing it, two items a worker waited for them, 2026-11-28). Measure items
-# run one at a time on a GPU, so one suffices; the second is for a host-only item that took the first.
-PEER_SPARES = 2
 
 
 def _kc_environment() -> dict[str, str]:
@@ -40,11 +34,12 @@ def _kc_environment() -> dict[str, str]:
 
 
 def dask_setup(worker: Any) -> None:
-    """Dask preload of the workers of a local cluster: start one kc worker process per thread at once (on a GPU
-    worker :data:`PEER_SPARES` more, importing the peers' libraries, as the run's own executor on one GPU does),
-    so that their imports overlap the cluster's opening and the run's loading instead of each thread's first item:
-    the items of a 2 x H200 check began 2.5 s after the cluster was open, each thread starting its process
-    (2026-11-27)."""
+    """Dask preload of the workers of a local cluster: start one kc worker process per thread at once, so that their
+    imports overlap the cluster's opening and the run's loading instead of each thread's first item: the items of a
+    2 x H200 check began 2.5 s after the cluster was open, each thread starting its process (2026-11-27). They do
+    not import the measure items' peers (torch, cupyx) before they are ready: 30 processes of a 2 x H100 cluster
+    doing so began the first item 4.4 s into the run, against 1.2 s on one GPU (2026-11-28); by the measure items,
+    sent last, most have imported them for items of their own, and a measure item takes the warmest of those."""
     import obligations.check  # noqa: F401  (what run_on_worker needs, imported before the first items arrive)
 
     state = getattr(worker, "state", worker)
@@ -52,16 +47,10 @@ def dask_setup(worker: Any) -> None:
     cuda = float((getattr(state, "total_resources", None) or {}).get("GPU", 0)) > 0
     settings = {"device": "cuda" if cuda else "host", "profile": "quick", "seed": 0}  # a request sets its own
     env = _kc_environment()
-    peers: tuple[str, ...] = ()
-    if cuda:
-        from falsification.measure import PEER_LIBRARIES
-
-        peers = PEER_LIBRARIES
-    # one process per thread for the items, and on a GPU worker PEER_SPARES more with the peers for measure items
-    for n in range(threads + (PEER_SPARES if peers else 0)):
+    for _ in range(threads):
         executor = make_executor("process", None, settings)  # a process takes its record fields from requests
         try:
-            executor.prestart(preload=peers if n >= threads else ())
+            executor.prestart()
         except Exception:  # a spare is an optimisation: an item starts its own process
             executor.close()
             return
@@ -75,18 +64,21 @@ def dask_teardown(worker: Any) -> None:
 
 
 def _has_peers(executor: Executor) -> bool:
-    """Whether ``executor``'s process imports the measure items' peers before it is ready."""
+    """Whether ``executor``'s process has imported the measure items' peers (its preload or an item of its own)."""
     from falsification.measure import PEER_LIBRARIES
 
-    return set(PEER_LIBRARIES) <= set(getattr(executor, "preload", ()))
+    return set(PEER_LIBRARIES) <= set(getattr(executor, "imported", ()))
 
 
 def _pick(executors: list[Any], measure: bool) -> int | None:
-    """The index of the executor an item takes from ``executors``: a measure item one whose process imported the
-    peers, any other item one that did not (each the other kind where none is), None from an empty list."""
+    """The index of the executor an item takes from ``executors`` (None from an empty list): a measure item the
+    warmest one with the peers imported (a fresh process pays its CUDA context, handles and kernel loads inside
+    the item: ATT-PERF-fwd32 took 1.9 s against 0.1 on a 2 x H100 cluster, 2026-11-28), any other item the first."""
     if not executors:
         return None
-    return next((n for n, e in enumerate(executors) if _has_peers(e) == measure), 0)
+    if not measure:
+        return 0
+    return max(range(len(executors)), key=lambda n: (_has_peers(executors[n]), getattr(executors[n], "items", 0)))
 
 
 def _take(key: tuple[Any, ...], settings: dict[str, Any], isolate: str, env: dict[str, str], measure: bool) -> Executor:
@@ -209,4 +201,16 @@ def audit_part(request: dict[str, Any]) -> dict[str, Any]:
     start = time.time()
     with cupy.cuda.Stream(non_blocking=True):
         audit = audit_function(request["function"], request["env"], request["tolerance"])
-    return {**audit, "ran": {"worker": _who(), "start": start, "end": time.time()}}  # the run's timeline
+    # the run's timeline: where and when, and when this worker's process began (its start before its first cell)
+    ran = {"worker": _who(), "start": start, "end": time.time(), "process": _process_began()}
+    return {**audit, "ran": ran}
+
+
+def _process_began() -> float | None:
+    """When this process was created (wall seconds), or None where that cannot be read."""
+    try:
+        import psutil  # distributed's own requirement
+
+        return float(psutil.Process().create_time())
+    except Exception:  # the timeline is a view: no start shown
+        return None

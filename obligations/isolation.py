@@ -358,6 +358,8 @@ class WorkerPool(Executor):
         self._closed = False
         self._ready = False  # the worker said it imported the run's modules
         self.preload: tuple[str, ...] = ()  # modules the worker imports before it says it is ready (PRELOAD_ENV)
+        self.items = 0  # items the current process has answered: how warm it is (contexts, handles, kernels loaded)
+        self.imported: frozenset[str] = frozenset()  # the measure items' peers it has imported (its last answer)
         # (spawned, ready) of each worker process, perf_counter seconds (ready: None until heard): the timeline's
         self.starts: list[tuple[float, float | None]] = []
 
@@ -390,6 +392,7 @@ class WorkerPool(Executor):
             start_new_session=True,
         )
         self.started += 1
+        self.items, self.imported = 0, frozenset()
         self.starts.append((time.perf_counter(), None))
         self._buf = b""
         self._ready = False
@@ -411,6 +414,7 @@ class WorkerPool(Executor):
             self._kill()
             raise WorkerStartError(f"a worker process did not start within {WORKER_START_S:g} s")
         self._ready = True
+        self.imported = frozenset(answer.get("imported") or ())
         if self.starts and isinstance(answer.get("at"), int | float):  # the worker's clock: when it was ready
             self.starts[-1] = (self.starts[-1][0], time.perf_counter() - max(0.0, time.time() - answer["at"]))
         return proc
@@ -498,6 +502,8 @@ class WorkerPool(Executor):
             return error_fields(f"the worker process died running this item ({how}); it was replaced", worker_exit=code)
         self._item_seconds = time.monotonic() - t0
         answer = json.loads(line)
+        self.items += 1
+        self.imported = self.imported | frozenset(answer.get("imported") or ())
         if not answer.get("healthy", True):
             self._kill()  # a broken CUDA context would fail every later item: the next item gets a new worker
             answer["fields"].setdefault("evidence", {})["worker_replaced"] = answer.get("why", "unhealthy")

@@ -185,10 +185,14 @@ def _audit(args: argparse.Namespace, opening: Any, phases: list[tuple[str, float
             print(f"kc: error: --cluster {e}", file=sys.stderr)
             return EXIT_FAILED
         clock = time.perf_counter() - time.time()  # the workers' wall times on this process's clock
+        first: dict[str, tuple[float, float]] = {}  # worker -> (its process's start, its first cell's)
         for a, (name, env, _, _) in zip(done, cells, strict=True):
             ran = a.pop("ran", None)
             if ran:
                 events.append((("", "", f"{name}/{env}"), ran["worker"], ran["start"] + clock, ran["end"] + clock))
+                if ran.get("process") is not None and ran["start"] < first.get(ran["worker"], (0.0, float("inf")))[1]:
+                    first[ran["worker"]] = (ran["process"], ran["start"])
+        events += [(("", "", "start worker"), w, t0 + clock, t1 + clock) for w, (t0, t1) in first.items()]
         audits = [_audited(a, item) for a, (_, _, item, _) in zip(done, cells, strict=True)]
     timed = [{"id": item, "seconds": a["seconds"]} for a, (_, _, item, _) in zip(audits, cells, strict=True)]
     record_seconds("cuda", AUDIT_PROFILE, [{"id": contract.id, "items": timed}])  # the next cluster run's order

@@ -73,7 +73,11 @@ def _worker() -> int:
         with contextlib.suppress(ImportError):  # an absent library: the item that needs it says so
             importlib.import_module(name)
     try:
-        answers.write(json.dumps({"ready": True, "at": time.time()}) + "\n")  # "at": the timeline's worker start
+        from falsification.measure import PEER_LIBRARIES
+
+        imported = [name for name in PEER_LIBRARIES if name in sys.modules]
+        # "at": the timeline's worker start; "imported": the measure items' peers its preload brought in
+        answers.write(json.dumps({"ready": True, "at": time.time(), "imported": imported}) + "\n")
         answers.flush()
         _serve(answers, contracts)
     except BrokenPipeError:  # the run went away (killed): nobody is left to answer
@@ -115,6 +119,7 @@ def _profiled(contract_id: str, item_id: str) -> Iterator[None]:
 
 
 def _serve(answers: Any, contracts: dict[tuple[str, str], Any]) -> None:
+    from falsification.measure import PEER_LIBRARIES
     from obligations.check import item_fields
 
     for line in sys.stdin:
@@ -143,7 +148,11 @@ def _serve(answers: Any, contracts: dict[tuple[str, str], Any]) -> None:
                 fields = timeout_record(limit or 0, "stopped in the worker process")
         _release_device_memory()
         healthy, why = _cuda_healthy(req["device"])
-        answers.write(json.dumps({"fields": fields, "healthy": healthy, "why": why}, default=str) + "\n")
+        # the measure items' peers this process has imported (by an item or its preload): where a run places those
+        imported = [name for name in PEER_LIBRARIES if name in sys.modules]
+        answers.write(
+            json.dumps({"fields": fields, "healthy": healthy, "why": why, "imported": imported}, default=str) + "\n"
+        )
         answers.flush()
 
 

@@ -1,6 +1,7 @@
 """#28's acceptance on a multi-GPU machine: each command on one GPU, then on a local Dask cluster of every GPU.
 
-Usage: python benchmarks/bench_scale_out.py [--what check audit sweep] [--out DIR] [--repeat N] [--cache cold|warm]
+Usage: python benchmarks/bench_scale_out.py [--what check audit sweep] [--out DIR] [--repeat N]
+[--cache cold|warm|fresh]
 ``check``: ``kc check contracts --device cuda`` (one GPU: CUDA_VISIBLE_DEVICES=first, default -j) against the same
 with ``--cluster local``; statuses compared item by item, wall ratio (target >= 1.6x on 2 GPUs). ``audit``:
 ``kc audit-libm`` against ``--cluster local``; every cell's verdict, max ULP (and where) and MPFR-settled count
@@ -11,11 +12,14 @@ pair N times, the order reversed every other time. ``audit`` also runs ``--clust
 (``cluster-1``, untimed against the target): how much of the ratio is the cells overlapping on a GPU (four at once
 on a cluster's GPU, one at a time without one) rather than the second GPU. First, untimed, every package the
 commands import is compiled to bytecode, as a pip install does (a ``--no-compile`` install left the cluster's
-first run compiling Dask's modules in every process). ``--cache warm`` times ``check`` with the proof and load caches
-warm (one untimed check on one GPU first, as a CI runner that keeps its cache directory) instead of with
-``--no-proof-cache`` on both sides (``cold``, the default: every proof solved again, while the contracts' parses
-come from the load cache on both sides, filled by an untimed load first: that flag leaves the load cache on, and
-else the first timed run alone would parse). docs/scale-out.md: the wheels and the device command.
+first run compiling Dask's modules in every process). ``--cache`` says what the timed runs find: ``cold`` (the
+default) solves every proof again (``--no-proof-cache`` on both sides) while the contracts' parses and the
+compilers' caches (NVRTC, CuPy, Triton, Inductor) are filled by untimed runs first (a load, then one check on one
+GPU): both sides find the same caches (until 2026-11-28 the one-GPU run, timed first, compiled every kernel the
+cluster then found); ``warm`` times ``check`` with the proof cache warm too (as a CI runner that keeps its cache
+directory); ``fresh`` gives each timed run empty caches of its own (``FRESH``: a fresh machine, everything compiled
+and solved on both sides). ``--no-proof-cache`` leaves the load cache on: filled first, as the first timed run
+alone would parse otherwise. docs/scale-out.md: the wheels and the device command.
 """
 
 from __future__ import annotations
@@ -74,6 +78,15 @@ def _compile_bytecode() -> float:
     return time.perf_counter() - t0
 
 
+# --cache fresh: each timed run's caches, under its own directory
+FRESH = {
+    "XDG_CACHE_HOME": "xdg",  # kc's: proofs, contract loads, item durations, NVRTC kernels, bytecode
+    "CUPY_CACHE_DIR": "cupy",
+    "TRITON_CACHE_DIR": "triton",
+    "TORCHINDUCTOR_CACHE_DIR": "inductor",
+}
+
+
 STEPS: dict[str, tuple[list[str], Any]] = {
     # --no-proof-cache: the second run of a pair must not reuse the first one's proofs from disk
     "check": (["check", "contracts", "--device", "cuda", "--no-proof-cache", "-q"], _check_evidence),
@@ -88,7 +101,7 @@ def main() -> int:
     ap.add_argument("--what", nargs="+", choices=list(STEPS), default=["check", "audit", "sweep"])
     ap.add_argument("--out", default=os.environ.get("OUT", "scale-out"))
     ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--cache", choices=("cold", "warm"), default="cold")
+    ap.add_argument("--cache", choices=("cold", "warm", "fresh"), default="cold")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -109,7 +122,11 @@ def main() -> int:
             fill = ["check", "contracts", "--device", "host", "--only", "NO-SUCH-ITEM", "-q"]  # loads, then exits 2
             wall = _run(fill, one, out / f"{step}-load.log")
             print(f"{step:<6} load     (untimed, the load cache): {wall:6.1f} s", flush=True)
-        if step == "audit":  # CuPy's kernel cache, which both sides then find (compiled in parallel: ~10 s)
+            # and the compilers' caches (NVRTC's, CuPy's, Triton's, Inductor's): else the first timed run compiles
+            # every kernel and the second finds them (the cluster, before 2026-11-28: a ratio in its favour)
+            wall = _run(argv, one, out / f"{step}-compile.log")
+            print(f"{step:<6} warm-up  (untimed, the compiler caches): {wall:6.1f} s", flush=True)
+        if step == "audit" and args.cache != "fresh":  # CuPy's kernel cache, which both sides then find
             wall = _run([*argv, "--cluster", "local"], every, out / f"{step}-warm-up.log")
             print(f"{step:<6} warm-up  (untimed, the kernel cache): {wall:6.1f} s", flush=True)
         if step == "check" and args.cache == "warm":
@@ -120,11 +137,15 @@ def main() -> int:
         for r in range(args.repeat):
             order = ["one", "cluster"] if r % 2 == 0 else ["cluster", "one"]
             for mode in order:
+                env = one if mode == "one" else every
+                if args.cache == "fresh":  # a fresh machine: every cache empty, kc's, CuPy's, Triton's, Inductor's
+                    base = out / f"fresh-{step}-{mode}-{r}"
+                    env = {**env, **{var: str(base / sub) for var, sub in FRESH.items()}}
                 json_path = out / f"{step}-{mode}-{r}.json"
                 flags = ["--json", str(json_path)] + (["--cluster", "local"] if mode == "cluster" else [])
                 if step in ("check", "audit"):  # where each item ran and when: what bounds the cluster's wall time
                     flags += ["--timeline", str(out / f"{step}-{mode}-{r}-timeline.json")]
-                wall = _run([*argv, *flags], one if mode == "one" else every, out / f"{step}-{mode}-{r}.log")
+                wall = _run([*argv, *flags], env, out / f"{step}-{mode}-{r}.log")
                 walls[mode].append(round(wall, 2))
                 print(f"{step:<6} {mode:<8} run {r}: {wall:8.1f} s", flush=True)
         if step == "audit":  # the same cluster on one GPU: the part of the ratio that is not the second GPU

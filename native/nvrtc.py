@@ -15,10 +15,14 @@ for a kernel an earlier one built (CuPy's own kernels have CuPy's cache, ``CUPY_
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import os
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,8 +185,58 @@ def _cache_dir() -> Path | None:
     return root / "kernel-contracts" / "nvrtc"
 
 
+def _read_entry(path: Path | None) -> Any:
+    """The binary stored at ``path`` ("s" + PTX text or "b" + cubin bytes), or None (none, or unreadable)."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if data[:1] not in (b"s", b"b") or len(data) < 2:
+        return None  # an unreadable entry is rebuilt
+    try:
+        return data[1:].decode() if data[:1] == b"s" else data[1:]
+    except UnicodeDecodeError:
+        return None
+
+
+# How long a process waits for another that is compiling the same kernel before it compiles it too (a compile
+# takes seconds; a holder that died released its lock with its last descriptor)
+LOCK_WAIT_S = 300.0
+
+
+@contextlib.contextmanager
+def _compiling(path: Path | None) -> Iterator[None]:
+    """Hold ``path``'s compile lock (``fcntl.flock`` on a ``.lock`` beside it): of the processes that miss the same
+    entry at once (30 kc worker processes of a fresh 2-GPU cluster), one compiles and the others read its entry."""
+    if path is None:
+        yield
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # a read-only cache: compile without it
+        yield
+        return
+    try:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    break  # compile anyway: a stuck holder only costs this process its own compile
+                time.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def _binary(source: str, options: tuple[str, ...]) -> Any:
-    """The NVRTC binary of ``source`` under ``options``: from the disk cache, else compiled (and stored)."""
+    """The NVRTC binary of ``source`` under ``options``: from the disk cache, else compiled (and stored) by one of
+    the processes that need it at once (:func:`_compiling`)."""
     import cupy
 
     arch = _arch()
@@ -190,23 +244,22 @@ def _binary(source: str, options: tuple[str, ...]) -> Any:
     key = hashlib.sha256(repr((source, options, arch, cupy.__version__, nvrtc_version)).encode()).hexdigest()
     cache = _cache_dir()
     path = cache / f"{key}.bin" if cache is not None else None
-    if path is not None and path.is_file():
-        try:
-            data = path.read_bytes()
-            if data[:1] in (b"s", b"b") and len(data) > 1:
-                return data[1:].decode() if data[:1] == b"s" else data[1:]
-        except (OSError, UnicodeDecodeError):
-            pass  # an unreadable entry is rebuilt below
-    compiled = cupy.cuda.compiler.compile_using_nvrtc(source, options=options, arch=arch)
-    binary = compiled[0] if isinstance(compiled, tuple) else compiled
-    if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_bytes(b"s" + binary.encode() if isinstance(binary, str) else b"b" + bytes(binary))
-            os.replace(tmp, path)
-        except OSError:
-            pass  # a read-only or full disk only costs the next process a compile
+    found = _read_entry(path)
+    if found is not None:
+        return found
+    with _compiling(path):
+        found = _read_entry(path)  # another process compiled it while this one waited
+        if found is not None:
+            return found
+        compiled = cupy.cuda.compiler.compile_using_nvrtc(source, options=options, arch=arch)
+        binary = compiled[0] if isinstance(compiled, tuple) else compiled
+        if path is not None:
+            try:
+                tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+                tmp.write_bytes(b"s" + binary.encode() if isinstance(binary, str) else b"b" + bytes(binary))
+                os.replace(tmp, path)
+            except OSError:
+                pass  # a read-only or full disk only costs the next process a compile
     return binary
 
 

@@ -24,7 +24,7 @@ _busy: list[Executor] = []
 # kc worker processes started with this Dask worker (dask_setup), each with the kc environment it was started in:
 # an item with no idle executor takes one started in the environment its request carries.
 _spares: list[tuple[dict[str, str], Executor]] = []
-_spares_lock = threading.Lock()  # guards _idle, _busy and _spares
+_lock = threading.Lock()  # guards _idle, _busy and _spares
 
 
 def _kc_environment() -> dict[str, str]:
@@ -54,7 +54,7 @@ def dask_setup(worker: Any) -> None:
         except Exception:  # a spare is an optimisation: an item starts its own process
             executor.close()
             return
-        with _spares_lock:
+        with _lock:
             _spares.append((env, executor))
 
 
@@ -85,7 +85,7 @@ def _take(key: tuple[Any, ...], settings: dict[str, Any], isolate: str, env: dic
     """An executor for one item: an idle one of ``key``, else a spare started in ``env``, else a new one."""
     from obligations.check import item_fields
 
-    with _spares_lock:
+    with _lock:
         idle = _idle.get(key, [])
         n = _pick(idle, measure)
         executor = idle.pop(n) if n is not None else None
@@ -107,14 +107,14 @@ def _take(key: tuple[Any, ...], settings: dict[str, Any], isolate: str, env: dic
         from falsification.measure import PEER_LIBRARIES
 
         executor.prestart(preload=PEER_LIBRARIES)
-    with _spares_lock:
+    with _lock:
         _busy.append(executor)
     return executor
 
 
 def _give_back(key: tuple[Any, ...], executor: Executor) -> None:
     """``executor`` is idle again (unless :func:`stop_items` closed it meanwhile)."""
-    with _spares_lock:
+    with _lock:
         if executor in _busy:  # else stop_items closed it meanwhile
             _busy.remove(executor)
             _idle.setdefault(key, []).append(executor)
@@ -170,7 +170,7 @@ def _ready_since(executor: Executor, t0: float) -> float | None:
 
 def stop_items() -> None:
     """Stop the kc worker processes running items here (the run that sent them stopped), and the spares."""
-    with _spares_lock:
+    with _lock:
         executors = [*_busy, *(e for idle in _idle.values() for e in idle), *(e for _, e in _spares)]
         _busy.clear()
         _idle.clear()

@@ -10,7 +10,9 @@ stock route stays available as a named route whose environment is ``cuda-ftz``.
 Compiled binaries are kept on disk, on by default: ``KC_KERNEL_CACHE`` (``0`` turns it off), else
 ``$XDG_CACHE_HOME/kernel-contracts/nvrtc`` (``~/.cache/kernel-contracts/nvrtc``). Entries are keyed by the
 source, the options, the architecture and the CuPy and NVRTC versions, so a process does not pay NVRTC again
-for a kernel an earlier one built (CuPy's own kernels have CuPy's cache, ``CUPY_CACHE_DIR``).
+for a kernel an earlier one built (CuPy's own kernels have CuPy's cache, ``CUPY_CACHE_DIR``); processes that miss
+the same entry at once build it once (a lock per entry). The audit's PTX and CUBINs (:mod:`native.ptx`) are kept
+there too (:func:`cached_build`), keyed by the NVRTC library's build-id.
 """
 
 from __future__ import annotations
@@ -27,7 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CompileFlags", "Route", "ROUTES", "INDEX_TYPES", "register_route", "get_route", "compile_function"]
+__all__ = [
+    "CompileFlags",
+    "Route",
+    "ROUTES",
+    "INDEX_TYPES",
+    "register_route",
+    "get_route",
+    "compile_function",
+    "cached_build",
+]
 
 
 # The C type of a grid-stride index of a plan's ``index_bits``: kernel sources read it from their plan.
@@ -234,33 +245,43 @@ def _compiling(path: Path | None) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def _binary(source: str, options: tuple[str, ...]) -> Any:
-    """The NVRTC binary of ``source`` under ``options``: from the disk cache, else compiled (and stored) by one of
-    the processes that need it at once (:func:`_compiling`)."""
-    import cupy
-
-    arch = _arch()
-    nvrtc_version = cupy.cuda.nvrtc.getVersion()
-    key = hashlib.sha256(repr((source, options, arch, cupy.__version__, nvrtc_version)).encode()).hexdigest()
+def cached_build(key: str, build: Callable[[], str | bytes]) -> str | bytes:
+    """``build()`` (PTX text or binary bytes) kept on disk under ``key`` (a digest of everything the output depends
+    on): read back where an earlier process stored it, else built and stored by one of the processes that need it
+    at once (:func:`_compiling`); built every time where the cache is off (``KC_KERNEL_CACHE=0``)."""
     cache = _cache_dir()
     path = cache / f"{key}.bin" if cache is not None else None
     found = _read_entry(path)
     if found is not None:
         return found
     with _compiling(path):
-        found = _read_entry(path)  # another process compiled it while this one waited
+        found = _read_entry(path)  # another process built it while this one waited
         if found is not None:
             return found
-        compiled = cupy.cuda.compiler.compile_using_nvrtc(source, options=options, arch=arch)
-        binary = compiled[0] if isinstance(compiled, tuple) else compiled
+        output = build()
         if path is not None:
             try:
                 tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-                tmp.write_bytes(b"s" + binary.encode() if isinstance(binary, str) else b"b" + bytes(binary))
+                tmp.write_bytes(b"s" + output.encode() if isinstance(output, str) else b"b" + bytes(output))
                 os.replace(tmp, path)
             except OSError:
-                pass  # a read-only or full disk only costs the next process a compile
-    return binary
+                pass  # a read-only or full disk only costs the next process a build
+    return output
+
+
+def _binary(source: str, options: tuple[str, ...]) -> Any:
+    """The NVRTC binary of ``source`` under ``options``: from the disk cache, else compiled (and stored)."""
+    import cupy
+
+    arch = _arch()
+    nvrtc_version = cupy.cuda.nvrtc.getVersion()
+    key = hashlib.sha256(repr((source, options, arch, cupy.__version__, nvrtc_version)).encode()).hexdigest()
+
+    def compiled() -> Any:
+        out = cupy.cuda.compiler.compile_using_nvrtc(source, options=options, arch=arch)
+        return out[0] if isinstance(out, tuple) else out
+
+    return cached_build(key, compiled)
 
 
 def compile_function(source: str, name: str, route: str) -> Callable[..., Any]:

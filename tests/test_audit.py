@@ -374,3 +374,34 @@ def test_nvrtc_is_named_by_the_build_id_of_the_library_the_bindings_call(tmp_pat
     assert ptx._elf_build_id(str(tmp_path / "not-elf.so")) is None
     name = ptx.nvrtc_library()
     assert name is None or (name.startswith("build-id ") and len(name.split()[1]) >= 32) or "libnvrtc" in name
+
+
+def test_the_audits_ptx_and_cubins_are_kept_by_everything_they_depend_on(monkeypatch, tmp_path):
+    """NVRTC's output is a function of its library, the source, the options, the target and what is asked (PTX or
+    CUBIN): kept on disk under all of them, so a later run reads what an earlier one compiled (EW-AUDIT's 140 builds
+    took 3.5 s to compile on every run); another library recompiles; a library that cannot be named is never kept."""
+    from native import ptx
+
+    built: list[tuple] = []
+
+    def fake_compile(source, options, arch, what):
+        built.append((source, options, arch, what))
+        return f"{what} of {source}\0".encode()
+
+    monkeypatch.setattr(ptx, "_compile_now", fake_compile)
+    monkeypatch.setenv("KC_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(ptx, "nvrtc_library", lambda: "build-id aa")
+    first = ptx._compile("k", ("-fmad=false",), "compute_90", "PTX")
+    assert ptx._compile("k", ("-fmad=false",), "compute_90", "PTX") == first == b"PTX of k\0" and len(built) == 1
+    ptx._compile("k", ("-fmad=false",), "compute_90", "CUBIN")  # what is asked
+    ptx._compile("k", ("-fmad=true",), "compute_90", "PTX")  # the options
+    ptx._compile("k", ("-fmad=false",), "compute_80", "PTX")  # the target
+    ptx._compile("k2", ("-fmad=false",), "compute_90", "PTX")  # the source
+    assert len(built) == 5
+    monkeypatch.setattr(ptx, "nvrtc_library", lambda: "build-id bb")  # another NVRTC: compiled again
+    ptx._compile("k", ("-fmad=false",), "compute_90", "PTX")
+    assert len(built) == 6
+    monkeypatch.setattr(ptx, "nvrtc_library", lambda: None)  # unnamed: never read from the cache
+    ptx._compile("k", ("-fmad=false",), "compute_90", "PTX")
+    ptx._compile("k", ("-fmad=false",), "compute_90", "PTX")
+    assert len(built) == 8

@@ -186,25 +186,44 @@ def nvdisasm_path() -> str | None:
 
 
 @functools.cache
+def _nvdisasm_version(tool: str) -> tuple[str | None, str]:
+    """(``tool --version``'s text, or None where it cannot be read; why not)."""
+    try:
+        proc = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"version unreadable: {type(exc).__name__}"
+    if proc.returncode == 0 and proc.stdout.strip():
+        return proc.stdout.strip(), ""
+    return None, f"exit {proc.returncode}"
+
+
+@functools.cache
 def nvdisasm_identity() -> str | None:
     """The nvdisasm the SASS audit runs, by its ``--version`` text (the same release wherever it is installed; its
     path where that text cannot be read); None: there is none."""
     tool = nvdisasm_path()
     if tool is None:
         return None
-    try:
-        proc = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"{tool} (version unreadable: {type(exc).__name__})"
-    return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else f"{tool} (exit {proc.returncode})"
+    text, why = _nvdisasm_version(tool)
+    return text if text is not None else f"{tool} ({why})"
 
 
 @functools.cache
 def disassemble(cubin: bytes) -> str:
-    """SASS text of a CUBIN (``nvdisasm -c``: code sections only); SassUnavailable without nvdisasm."""
+    """SASS text of a CUBIN (``nvdisasm -c``: code sections only); SassUnavailable without nvdisasm. Kept in the
+    kernel cache under the nvdisasm release and the CUBIN's digest (one nvdisasm process per build, every run)."""
     tool = nvdisasm_path()
     if tool is None:
         raise SassUnavailable("no nvdisasm (PATH, /usr/local/cuda/bin, the nvidia-cuda-nvdisasm wheel, $KC_NVDISASM)")
+    release, _ = _nvdisasm_version(tool)
+    if release is None:  # a release it cannot name: not kept
+        return _disassemble_now(tool, cubin)
+    key = hashlib.sha256(repr(("nvdisasm -c", release, hashlib.sha256(cubin).hexdigest())).encode()).hexdigest()
+    out = cached_build(key, lambda: _disassemble_now(tool, cubin))
+    return out if isinstance(out, str) else out.decode()
+
+
+def _disassemble_now(tool: str, cubin: bytes) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()

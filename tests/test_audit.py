@@ -405,3 +405,50 @@ def test_the_audits_ptx_and_cubins_are_kept_by_everything_they_depend_on(monkeyp
     ptx._compile("k", ("-fmad=false",), "compute_90", "PTX")
     ptx._compile("k", ("-fmad=false",), "compute_90", "PTX")
     assert len(built) == 8
+
+
+def test_the_sass_of_a_cubin_is_kept_by_the_nvdisasm_release_that_wrote_it(monkeypatch, tmp_path):
+    """One nvdisasm process per build on every run (EW-AUDIT's 140) becomes one per build and release: a later run
+    reads the text; another release disassembles again; a release that cannot be named is never kept."""
+    import os
+    import stat
+
+    from native import ptx
+
+    calls, version = tmp_path / "calls", tmp_path / "version"
+    tool = tmp_path / "nvdisasm"
+    tool.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = "--version" ]; then cat {version} || exit 3; exit 0; fi\n'
+        f'echo "$2" >> {calls}\n'
+        'echo "SASS of $(wc -c < "$2") bytes"\n'
+    )
+    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("KC_NVDISASM", str(tool))
+    monkeypatch.setenv("KC_KERNEL_CACHE", str(tmp_path / "cache"))
+
+    def fresh_process():
+        for fn in (ptx.nvdisasm_path, ptx._nvdisasm_version, ptx.disassemble):
+            fn.cache_clear()
+
+    def runs():
+        return len(calls.read_text().splitlines()) if calls.exists() else 0
+
+    version.write_text("nvdisasm release 13.0\n")
+    fresh_process()
+    first = ptx.disassemble(b"\x7fELF cubin")
+    fresh_process()
+    assert ptx.disassemble(b"\x7fELF cubin") == first == "SASS of 10 bytes\n" and runs() == 1
+    ptx.disassemble(b"\x7fELF other")  # another cubin
+    assert runs() == 2
+    version.write_text("nvdisasm release 13.1\n")  # another release
+    fresh_process()
+    ptx.disassemble(b"\x7fELF cubin")
+    assert runs() == 3
+    os.remove(version)  # --version fails: nothing is kept
+    fresh_process()
+    ptx.disassemble(b"\x7fELF cubin")
+    fresh_process()
+    ptx.disassemble(b"\x7fELF cubin")
+    assert runs() == 5
+    fresh_process()

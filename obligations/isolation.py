@@ -314,6 +314,9 @@ def worker_request(
     }
 
 
+_TESTS_IMPORTED: set[tuple[str, str]] = set()  # the contracts whose test modules this process has imported
+
+
 def worker_contract(cache: dict[tuple[str, str], Any], req: dict[str, Any], tests: bool = True) -> Any:
     """The contract a worker's request names, parsed once: read by its absolute path, named as the run names it;
     ``tests``: its test modules imported (a process that runs its items; not one that hands them on)."""
@@ -329,9 +332,6 @@ def worker_contract(cache: dict[tuple[str, str], Any], req: dict[str, Any], test
         import_test_modules(cache[key])
         _TESTS_IMPORTED.add(key)
     return cache[key]
-
-
-_TESTS_IMPORTED: set[tuple[str, str]] = set()  # the contracts whose test modules this process has imported
 
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:

@@ -192,7 +192,7 @@ def _audit(args: argparse.Namespace, opening: Any, phases: list[tuple[str, float
                 events.append((("", "", f"{name}/{env}"), ran["worker"], ran["start"] + clock, ran["end"] + clock))
                 if ran.get("process") is not None and ran["start"] < first.get(ran["worker"], (0.0, float("inf")))[1]:
                     first[ran["worker"]] = (ran["process"], ran["start"])
-        events += [(("", "", "start worker"), w, t0 + clock, t1 + clock) for w, (t0, t1) in first.items()]
+        events += [(("", "", "start worker"), w, began + clock, cell + clock) for w, (began, cell) in first.items()]
         audits = [_audited(a, item) for a, (_, _, item, _) in zip(done, cells, strict=True)]
     timed = [{"id": item, "seconds": a["seconds"]} for a, (_, _, item, _) in zip(audits, cells, strict=True)]
     record_seconds("cuda", AUDIT_PROFILE, [{"id": contract.id, "items": timed}])  # the next cluster run's order

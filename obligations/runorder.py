@@ -173,8 +173,9 @@ def _main(argv: list[str]) -> int:
     device = device.get("kind") if isinstance(device, dict) else device
     data = _read(SHIPPED) or {"format": _FORMAT, "runs": {}}
     data.setdefault("runs", {})[f"{device}/{prov.get('profile')}"] = seconds_of(result)
-    if sanitize_seconds_of(result):
-        data["sanitize"] = sanitize_seconds_of(result)
+    sanitize = sanitize_seconds_of(result)
+    if sanitize:
+        data["sanitize"] = sanitize
     write_text_atomic(SHIPPED, json.dumps(data, sort_keys=True, indent=0) + "\n")
     print(f"{SHIPPED}: {device}/{prov.get('profile')}, {len(seconds_of(result))} items")
     return 0

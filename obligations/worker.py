@@ -73,11 +73,8 @@ def _worker() -> int:
         with contextlib.suppress(ImportError):  # an absent library: the item that needs it says so
             importlib.import_module(name)
     try:
-        from falsification.measure import PEER_LIBRARIES
-
-        imported = [name for name in PEER_LIBRARIES if name in sys.modules]
         # "at": the timeline's worker start; "imported": the measure items' peers its preload brought in
-        answers.write(json.dumps({"ready": True, "at": time.time(), "imported": imported}) + "\n")
+        answers.write(json.dumps({"ready": True, "at": time.time(), "imported": _peers_imported()}) + "\n")
         answers.flush()
         _serve(answers, contracts)
     except BrokenPipeError:  # the run went away (killed): nobody is left to answer
@@ -118,8 +115,14 @@ def _profiled(contract_id: str, item_id: str) -> Iterator[None]:
         prof.dump_stats(os.path.join(where, f"{contract_id}__{item_id}.prof"))
 
 
-def _serve(answers: Any, contracts: dict[tuple[str, str], Any]) -> None:
+def _peers_imported() -> list[str]:
+    """The measure items' peers this process has imported (its preload or an item): a run places those items here."""
     from falsification.measure import PEER_LIBRARIES
+
+    return [name for name in PEER_LIBRARIES if name in sys.modules]
+
+
+def _serve(answers: Any, contracts: dict[tuple[str, str], Any]) -> None:
     from obligations.check import item_fields
 
     for line in sys.stdin:
@@ -148,11 +151,8 @@ def _serve(answers: Any, contracts: dict[tuple[str, str], Any]) -> None:
                 fields = timeout_record(limit or 0, "stopped in the worker process")
         _release_device_memory()
         healthy, why = _cuda_healthy(req["device"])
-        # the measure items' peers this process has imported (by an item or its preload): where a run places those
-        imported = [name for name in PEER_LIBRARIES if name in sys.modules]
-        answers.write(
-            json.dumps({"fields": fields, "healthy": healthy, "why": why, "imported": imported}, default=str) + "\n"
-        )
+        answer = {"fields": fields, "healthy": healthy, "why": why, "imported": _peers_imported()}
+        answers.write(json.dumps(answer, default=str) + "\n")
         answers.flush()
 
 

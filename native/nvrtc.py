@@ -221,13 +221,14 @@ LOCK_WAIT_S = 300.0
 def _compiling(path: Path | None) -> Iterator[None]:
     """Hold ``path``'s compile lock (``fcntl.flock`` on a ``.lock`` beside it): of the processes that miss the same
     entry at once (30 kc worker processes of a fresh 2-GPU cluster), one compiles and the others read its entry."""
-    if path is None:
-        yield
-        return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:  # a read-only cache: compile without it
+    fd = None
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:  # a read-only cache: compile without the lock
+            fd = None
+    if fd is None:
         yield
         return
     try:

@@ -275,6 +275,190 @@ kc_fused_rmsnorm_rows(const float* __restrict__ x, const float* __restrict__ w, 
 """
 )
 
+# The slots RMSNorm kernel (16-byte aligned rows, d % 4 == 0, a persistent block per SM): the block's shared memory
+# holds S whole rows ("slots", S as many as fit, up to 32). Lane j of warp 0 folds the rows of slot j; warps 1..KC_W
+# ("writers") write each folded row's (x * r) * w from its slot and refill the slot with the slot's next row by
+# cp.async. No lock-step: a slot is refilled as soon as its row is written, so the S folds (one lane each, one warp
+# instruction stream for all S chains) stay busy while the writers' loads and stores overlap them, and x is read
+# from HBM once. Rows: slot j's k-th row is b + G * (S * k + j) (block b, grid G) on both sides, so no row index
+# passes between them. Hand-offs: the writers' copies of a slot arrive on the slot's mbarrier as they land (the fold
+# lane tests the phase of its k-th row); the fold lane publishes r and the count of rows it has folded in the slot
+# (a volatile flag the writers wait on). The fold is ROW_FOLD's, cut into chunks of KC_CH float4 so a lane whose slot
+# is not ready only tests it: the denotation's order, the rows kernel's bits.
+SLOTS_WRITERS = 8  # writer warps (KC_W) ...
+SLOTS_CHUNK = 64  # ... float4 a folding lane folds between looks at its slot (KC_CH) ...
+SLOTS_UNROLL = 4  # ... float4 of x and w a writer thread loads before its stores (KC_U) ...
+SLOTS_GROUPS = 2  # ... groups the writer warps form, each serving every KC_WG-th slot (KC_WG) ...
+SLOTS_ISOLATE = 1  # ... and whether warps 4, 8, ... stay idle so that the fold warp has its scheduler (KC_ISOLATE)
+_RMSNORM_SLOTS = (
+    f"#ifndef KC_W\n#define KC_W {SLOTS_WRITERS}\n#endif\n#ifndef KC_CH\n#define KC_CH {SLOTS_CHUNK}\n#endif\n"
+    f"#ifndef KC_U\n#define KC_U {SLOTS_UNROLL}\n#endif\n#ifndef KC_WG\n#define KC_WG {SLOTS_GROUPS}\n#endif\n"
+    f"#ifndef KC_ISOLATE\n#define KC_ISOLATE {SLOTS_ISOLATE}\n#endif\n#ifndef KC_AHEAD\n#define KC_AHEAD 4\n#endif\n"
+
+    + FOLD4_MACRO
+    + r"""#ifndef KC_SLOT_COPY
+// cp.async of 16 bytes (L1 bypassed); an mbarrier's init, the arrival of this thread's copies when they land, and
+// the test that the phase of a slot's k-th load has completed; the writers' wait, publication and store hint. A host
+// emulator defines them first.
+#define KC_SLOT_COPY(dst, src) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" \
+    :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory")
+#define KC_SLOT_INIT(bar, n) asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" \
+    :: "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(n) : "memory")
+#define KC_SLOT_ARRIVE(bar) asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" \
+    :: "r"((unsigned)__cvta_generic_to_shared(bar)) : "memory")
+__device__ __forceinline__ bool kc_slot_landed(unsigned long long* bar, long long k) {
+    unsigned ok;
+    asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(ok) : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"((unsigned)(k & 1)) : "memory");
+    return ok != 0;
+}
+#define KC_SLOT_LANDED(bar, k) kc_slot_landed((bar), (k))
+#define KC_FLAG_LOAD(p) (*(volatile long long*)(p))
+#define KC_FLAG_STORE(p, v) (*(volatile long long*)(p) = (v))
+#define KC_FENCE() __threadfence_block()
+#define KC_PAUSE() __nanosleep(32)
+#define KC_STY(p, v) __stcs((p), (v))
+#endif
+// Threads of a block: the fold warp, KC_W writer warps and (KC_ISOLATE) the idle warps 4, 8, ... that leave warp 0's
+// scheduler (warp w issues on scheduler w % 4) to the fold alone: its adds lose no cycle to a writer's instructions.
+#define KC_THREADS (32 * (KC_W + 1 + (KC_ISOLATE ? (KC_W - 1) / 3 : 0)))
+extern "C" __global__ void __launch_bounds__(KC_THREADS, 1)
+kc_fused_rmsnorm_slots(const float* __restrict__ x, const float* __restrict__ w, long long w_stride,
+                       const float* __restrict__ eps, long long eps_stride, float* __restrict__ y, long long rows,
+                       long long d, int slots, long long stride, int region, long long stagger) {
+    extern __shared__ float4 sm4[];
+    __shared__ long long folded[32];  // rows slot j's lane has folded (the last one's sum of squares in ssq[j])
+    __shared__ float ssq[32];
+    const long long q = d >> 2, b = blockIdx.x, g = gridDim.x, s = slots, reg = region;
+    const int nreg = (int)((q + reg - 1) / reg);  // regions of a row
+    float4* wsh = sm4 + s * stride;  // a broadcast weight row (w_stride 0) is staged after the slots, and then
+    unsigned long long* landed = (unsigned long long*)(wsh + q);  // slot j's region c: mbarrier j * nreg + c
+    for (int i = threadIdx.x; i < slots * nreg; i += blockDim.x) KC_SLOT_INIT(landed + i, 32u * KC_W / KC_WG);
+    if (threadIdx.x < (unsigned)slots) folded[threadIdx.x] = 0;
+    if (w_stride == 0) {
+        for (long long c = threadIdx.x; c < q; c += blockDim.x) wsh[c] = ((const float4*)w)[c];
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {  // lane j folds slot j's rows, a region at a time as each lands
+        const unsigned lane = threadIdx.x;
+        if (lane >= (unsigned)slots) return;
+        const unsigned mask = slots >= 32 ? 0xffffffffu : (1u << slots) - 1u;
+        const float4* rr = sm4 + (long long)lane * stride;
+        long long k = 0, row = b + g * (long long)lane;
+        int c = 0;
+        float acc = 0.0f;
+        while (__any_sync(mask, row < rows)) {
+            if (row < rows && KC_SLOT_LANDED(landed + lane * nreg + c, k)) {
+                // ROW_FOLD over float4 c * reg .. : four float4 loaded ahead of the adds (reads past the region's
+                // end are not folded; past the row's, the slot's 4 float4 of pad)
+                const float4* p = rr + c * reg;
+#if KC_AHEAD == 8
+                float4 a0 = p[0], a1 = p[1], a2 = p[2], a3 = p[3], a4 = p[4], a5 = p[5], a6 = p[6], a7 = p[7];
+                p += 8;
+#else
+                float4 a0 = p[0], a1 = p[1], a2 = p[2], a3 = p[3];
+                p += 4;
+#endif
+                unsigned left = (unsigned)(c + 1 < nreg ? reg : q - c * reg);
+                for (; left >= 4; left -= 4, p += 4) {
+                    const float4 b0 = p[0], b1 = p[1], b2 = p[2], b3 = p[3];
+                    KC_FOLD4(a0) KC_FOLD4(a1) KC_FOLD4(a2) KC_FOLD4(a3)
+#if KC_AHEAD == 8
+                    a0 = a4;
+                    a1 = a5;
+                    a2 = a6;
+                    a3 = a7;
+                    a4 = b0;
+                    a5 = b1;
+                    a6 = b2;
+                    a7 = b3;
+#else
+                    a0 = b0;
+                    a1 = b1;
+                    a2 = b2;
+                    a3 = b3;
+#endif
+                }
+                if (left > 0) { KC_FOLD4(a0) }
+                if (left > 1) { KC_FOLD4(a1) }
+                if (left > 2) { KC_FOLD4(a2) }
+                if (++c == nreg) {  // the row is folded: the writers finish r (a double division here would stall
+                    ssq[lane] = acc;  // the other lanes)
+                    KC_FENCE();
+                    KC_FLAG_STORE(folded + lane, k + 1);
+                    acc = 0.0f;
+                    c = 0;
+                    ++k;
+                    row = b + g * (s * k + lane);
+                }
+            }
+        }
+        return;
+    }
+    // Writer group wg (KC_W / KC_WG warps) serves slots wg, wg + KC_WG, ...: the groups' waits and latencies overlap.
+    // A slot's service goes region by region: write the folded row's region, copy the next row's region in its place,
+    // arrive on the region's mbarrier; the lane starts the next row as soon as its first region lands.
+    const int warp = (int)(threadIdx.x >> 5);
+    if (KC_ISOLATE && warp % 4 == 0) return;
+    const long long wt = 32LL * (KC_ISOLATE ? warp - 1 - warp / 4 : warp - 1) + (threadIdx.x & 31);  // writer thread
+    const long long nw = 32 * KC_W / KC_WG, wg = wt / nw, t = wt % nw, begin = clock64();
+    for (long long k = 0; k == 0 || b + g * s * (k - 1) < rows; ++k) {
+        for (int j = (int)wg; j < slots; j += KC_WG) {
+            float4* slot = sm4 + (long long)j * stride;
+            const long long wrow = b + g * (s * (k - 1) + j), lrow = b + g * (s * k + j);
+            const bool write = k > 0 && wrow < rows, load = lrow < rows;
+            float r = 0.0f;
+            if (write) {  // the row slot j folded last: wait for its sum of squares, then r
+                while (KC_FLAG_LOAD(folded + j) < k) KC_PAUSE();
+                KC_FENCE();
+                const float ms = __fdiv_rn(ssq[j], (float)d);
+                const float v = __fadd_rn(ms, eps[wrow * eps_stride]);
+                r = (float)(1.0 / sqrt((double)v));  // every writer thread: the same bits
+            }
+            if (k == 0 && stagger > 0) {  // first loads spread over a fold: the slots' reloads do not come at once
+                while (clock64() < begin + j * stagger) KC_PAUSE();
+            }
+            const float4* w4 = w_stride == 0 ? wsh : (const float4*)(w + wrow * w_stride);
+            float4* y4 = (float4*)(y + wrow * d);
+            const float4* x4 = (const float4*)(x + lrow * d);
+            for (int c = 0; c < nreg && (write || load); ++c) {
+                const long long end = c + 1 < nreg ? (c + 1) * reg : q;
+                if (write) {
+                    for (long long c0 = c * reg + t; c0 < end; c0 += KC_U * nw) {  // KC_U float4 loaded, then stored
+                        float4 a[KC_U], m[KC_U];
+                        #pragma unroll
+                        for (int u = 0; u < KC_U; ++u) {
+                            const long long i = c0 + u * nw;
+                            if (i < end) {
+                                a[u] = slot[i];
+                                m[u] = w4[i];
+                            }
+                        }
+                        #pragma unroll
+                        for (int u = 0; u < KC_U; ++u) {
+                            const long long i = c0 + u * nw;
+                            if (i < end) {
+                                float4 o;
+                                o.x = __fmul_rn(__fmul_rn(a[u].x, r), m[u].x);
+                                o.y = __fmul_rn(__fmul_rn(a[u].y, r), m[u].y);
+                                o.z = __fmul_rn(__fmul_rn(a[u].z, r), m[u].z);
+                                o.w = __fmul_rn(__fmul_rn(a[u].w, r), m[u].w);
+                                KC_STY(y4 + i, o);
+                            }
+                        }
+                    }
+                }
+                if (load) {  // this thread's float4 of the region (those it just read), then its arrival
+                    for (long long i = c * reg + t; i < end; i += nw) KC_SLOT_COPY(slot + i, x4 + i);
+                    KC_SLOT_ARRIVE(landed + j * nreg + c);
+                }
+            }
+        }
+    }
+}
+"""
+)
+
 _MASKED_SOFTMAX = """\
 __device__ __forceinline__ float kc_maximum(float a, float b) {
     if (a != a || b != b) return __int_as_float(0x7fffffff);
@@ -342,6 +526,7 @@ APPROXIMATE = frozenset({"masked_softmax"})  # libdevice expf (2 ulp): the softm
 SOURCES: dict[str, tuple[str, str]] = {
     "rmsnorm": (_RMSNORM, RMSNORM_NAME),
     "rmsnorm_rows": (_RMSNORM_ROWS, "kc_fused_rmsnorm_rows"),
+    "rmsnorm_slots": (_RMSNORM_SLOTS, "kc_fused_rmsnorm_slots"),
     "masked_softmax": (_MASKED_SOFTMAX, "kc_fused_masked_softmax"),
     "rope": (_ROPE, "kc_fused_rope"),
     "embedding": (_EMBEDDING, "kc_fused_embedding"),
@@ -489,13 +674,15 @@ def _persistent_grid(rows: int) -> int:
 
 
 _PREFERRED: dict[tuple[int, int], bool] = {}
+_DYNAMIC_LIMIT: dict[int, int] = {}  # per function: the dynamic shared memory its attribute allows now
 # CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES (static), ..._MAX_DYNAMIC_SHARED_SIZE_BYTES, ..._PREFERRED_SHARED_MEMORY_CARVEOUT
 _STATIC_SHARED, _MAX_DYNAMIC_SHARED, _CARVEOUT = 1, 8, 9
 
 
 def _prefer_shared(fn: Any, smem: int) -> bool:
     """Allow ``smem`` bytes of dynamic shared memory (above 48 KiB needs the opt-in) and ask for the largest
-    carveout, once per function; False when the opt-in is refused (the caller takes another kernel)."""
+    carveout, once per (function, size); False when the opt-in is refused (the caller takes another kernel). The
+    attribute only grows: a smaller size set after a larger one would make the larger one's launches invalid."""
     key = (id(fn), smem)
     if key not in _PREFERRED:
         from cupy.cuda import driver
@@ -507,8 +694,9 @@ def _prefer_shared(fn: Any, smem: int) -> bool:
             # stages exactly 48 KiB at d = MAX_ROW beside its own __shared__ scalars (its regime witness at that
             # boundary failed to launch, CUDA_ERROR_INVALID_VALUE, while smem alone was not above 48 KiB).
             static = int(driver.funcGetAttribute(_STATIC_SHARED, fn.ptr))
-            if smem + static > 48 * 1024:
+            if smem + static > 48 * 1024 and smem > _DYNAMIC_LIMIT.get(id(fn), 0):
                 driver.funcSetAttribute(fn.ptr, _MAX_DYNAMIC_SHARED, smem)
+                _DYNAMIC_LIMIT[id(fn)] = smem
             driver.funcSetAttribute(fn.ptr, _CARVEOUT, 100)
         except Exception:  # noqa: BLE001 (any driver refusal: fall back)
             ok = smem + static <= 48 * 1024

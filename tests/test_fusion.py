@@ -227,7 +227,9 @@ def test_prewritten_kernels_on_cuda_equal_their_host_paths():
     general = compile_function(*fk.SOURCES["rmsnorm"], fk.ROUTE)
     rows_k = compile_function(*fk.SOURCES["rmsnorm_rows"], fk.ROUTE)
     rng = np.random.default_rng(0)
-    for rows, d in ((64, 4096), (23, 1000), (3, 4100), (5, 4097), (1, 4), (11, 3)):
+    # (2, 12268), (2, 8000), (2, 12268): a larger shared-memory opt-in, a smaller one, the larger again (the
+    # attribute only grows: lowering it once made the third launch invalid)
+    for rows, d in ((64, 4096), (23, 1000), (3, 4100), (5, 4097), (1, 4), (11, 3), (2, 12268), (2, 8000), (2, 12268)):
         x = rng.standard_normal((rows, d)).astype(np.float32)
         w = rng.standard_normal(d).astype(np.float32)
         want = fk.rmsnorm_host(x, w, 1e-6)

@@ -29,7 +29,6 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not 
 _HEADER = r"""
 #include <barrier>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -66,33 +65,6 @@ inline float kc_expf(float x) { return std::exp(x); }
 inline float kc_floorf(float x) { return std::floor(x); }
 #define expf kc_expf
 #define floorf kc_floorf
-// The slots kernel's hand-offs: copies land at once and count on the slot's "mbarrier" (phase k complete once
-// every writer thread has arrived k + 1 times); flags are sequentially consistent atomics; a warp vote is a
-// rendezvous of the lanes in its mask (the folding lanes).
-#define KC_SLOT_COPY(dst, src) (*(dst) = *(src))
-#define KC_SLOT_INIT(bar, n) __atomic_store_n((bar), 0ull, __ATOMIC_SEQ_CST)
-#define KC_SLOT_ARRIVE(bar) __atomic_fetch_add((bar), 1ull, __ATOMIC_SEQ_CST)
-#define KC_SLOT_LANDED(bar, k) \
-    (__atomic_load_n((bar), __ATOMIC_SEQ_CST) >= (unsigned long long)((k) + 1) * 32 * KC_W / KC_WG)
-#define KC_FLAG_LOAD(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
-#define KC_FLAG_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
-#define KC_FENCE() __atomic_thread_fence(__ATOMIC_SEQ_CST)
-#define KC_PAUSE() std::this_thread::yield()
-#define KC_STY(p, v) (*(p) = (v))
-struct Vote { std::mutex m; std::condition_variable cv; int n = 0; unsigned gen = 0; bool acc = false, res = false; };
-Vote g_vote;
-inline bool __any_sync(unsigned mask, bool p) {
-    const int count = __builtin_popcount(mask);
-    std::unique_lock<std::mutex> l(g_vote.m);
-    const unsigned gen = g_vote.gen;
-    g_vote.acc = g_vote.acc || p;
-    if (++g_vote.n == count) {
-        g_vote.res = g_vote.acc; g_vote.acc = false; g_vote.n = 0; ++g_vote.gen; g_vote.cv.notify_all();
-        return g_vote.res;
-    }
-    g_vote.cv.wait(l, [&] { return g_vote.gen != gen; });
-    return g_vote.res;
-}
 template <class F> void launch(unsigned grid, unsigned block, size_t smem, F kernel) {
     gridDim = {grid, 1, 1}; blockDim = {block, 1, 1};
     std::vector<unsigned char> dyn(smem + 64);
@@ -119,18 +91,11 @@ int main(int argc, char** argv) {
     const int which = atoi(argv[1]);
     const long long a = atoll(argv[2]), b = atoll(argv[3]), c = atoll(argv[4]), e = atoll(argv[5]);
     const unsigned grid = (unsigned)atoi(argv[6]);
-    if (which <= 1 || which == 5) {  // rmsnorm: rows a, d b, weight row stride c, eps stride e
+    if (which <= 1) {  // rmsnorm: rows a, d b, weight row stride c, eps stride e
         const long long wn = c ? a * b : b, en = e ? a : 1;
         auto x = rd<float>("x.bin", a * b); auto w = rd<float>("w.bin", wn); auto ep = rd<float>("e.bin", en);
         std::vector<float> y(a * b, -7.0f);
-        if (which == 5) {  // the slots kernel: slots from argv[7], KC_W writer warps
-            const int slots = atoi(argv[7]), region = atoi(argv[8]);
-            const long long stride = (b / 4 + 4) | 1;
-            const long long nreg = (b / 4 + region - 1) / region;
-            launch(grid, KC_THREADS, 16 * (slots * stride + b / 4) + 8 * slots * nreg, [&] {
-                kc_fused_rmsnorm_slots(x.data(), w.data(), c, ep.data(), e, y.data(), a, b, slots, stride, region,
-                                       1000); });
-        } else if (which == 0) {
+        if (which == 0) {
             launch(grid, 128, 16 * (b / 4 + 5), [&] {
                 kc_fused_rmsnorm(x.data(), w.data(), c, ep.data(), e, y.data(), a, b, (int)(b % 4 == 0)); });
         } else {
@@ -170,9 +135,7 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The four kernels' sources compiled with the emulation header into one program."""
     d = tmp_path_factory.mktemp("emu")
     src = _HEADER
-    names = ("rmsnorm", "rmsnorm_rows", "rmsnorm_slots", "masked_softmax", "rope", "embedding")
-    src += "#define KC_W 5\n#define KC_WG 5\n"  # slots kernel: five one-warp writer groups, warp 4 idle (224 threads)
-    for text in (fk.SOURCES[k][0] for k in names):
+    for text in (fk.SOURCES[k][0] for k in ("rmsnorm", "rmsnorm_rows", "masked_softmax", "rope", "embedding")):
         for a, b in _SHARED.items():
             text = text.replace(a, b)
         src += text + "\n"
@@ -253,21 +216,3 @@ def test_masked_softmax_kernel_runs_the_unfused_order(emulator):
         want = run_node(Node(3, (2,), "softmax", (rows, d), {"axis": -1}), [a], None, "host")
         # the emulator's expf is the C library's, the host model's exp is float64 rounded once: 1 ulp apart at most
         assert np.all(np.abs(y - want) <= 2.0**-22 * np.abs(want))
-
-
-def test_rmsnorm_slots_kernel_equals_the_host_model(emulator):
-    """The slots kernel on the emulator: grids and slot counts where slots take several rows, rows run out before
-    the slots do, a block has no row, and the fold's chunks end mid-row and on every tail (q % 4)."""
-    rng = np.random.default_rng(5)
-    cases = ((1, 4, 1, 1, 4), (7, 16, 2, 3, 4), (9, 20, 3, 2, 4), (5, 24, 1, 8, 8), (13, 28, 2, 2, 8), (3, 8, 5, 1, 4))
-    cases += ((6, 300, 2, 2, 16), (4, 300, 1, 3, 76), (3, 64, 1, 2, 4))  # regions: a partial last one, one, several
-    for rows, d, grid, slots, region in cases:
-        for full_w, per_row_eps in ((False, False), (True, True)):
-            x = rng.standard_normal((rows, d)).astype(np.float32)
-            x[0, 0] = np.nan if rows > 2 else x[0, 0]
-            w = rng.standard_normal((rows, d) if full_w else (d,)).astype(np.float32)
-            e = (rng.random(rows) * 1e-3).astype(np.float32) if per_row_eps else np.array([1e-6], np.float32)
-            _run(emulator, 5, rows, d, d if full_w else 0, int(per_row_eps), grid, slots, region, x=x, w=w, e=e)
-            y = np.fromfile(emulator / "y.bin", np.float32).reshape(rows, d)
-            want = fk.rmsnorm_host(x, w, e.reshape(-1, 1) if per_row_eps else e[0])
-            assert np.array_equal(_canon(y), _canon(want)), (rows, d, grid, slots, region, full_w, per_row_eps)

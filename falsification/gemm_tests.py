@@ -732,6 +732,7 @@ def overhead(ctx: FalsifyContext) -> Outcome:
             raw_ms = time_ms(raw, iters=20, warmup=3)
             side[key] = {  # not claimed: the per-call API's ratio and the host enqueue costs
                 "matmul_per_call_ratio": time_ms(per_call, iters=20, warmup=3) / raw_ms,
+                "matmul_per_call_path": ng.matmul_path(c),  # graph, bound or keyed (native.gemm.matmul_path)
                 # 100 calls: ~1-2 ms of enqueue inside the ~25 ms spin, and at most 100 GEMMs to drain after it
                 # (400 drained ~0.3 s a call on the fp32 4096x1024x4096 shape: an untimed second per item)
                 "host_us_wrapper": host_us(bound, calls=100, spin_cycles=50_000_000),

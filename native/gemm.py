@@ -54,6 +54,9 @@ __all__ = [
     "bind_gemm",
     "bind_matmul",
     "clear_calls",
+    "GRAPHS",
+    "GraphedCall",
+    "matmul_path",
     "gemm_raw",
     "matmul",
     "bmm",
@@ -613,6 +616,45 @@ class CupyBlas(BlasBackend):
         run = self.bind(*args)
         return functools.partial(run.func, *run.args)
 
+    def graph(self, bound: Callable[[], None]) -> tuple[Any, Any]:
+        """(graph, stream): ``bound`` (a :meth:`bind_unowned` call) captured into a CUDA graph on a stream of its
+        own. CuPy's bindings refuse cuBLAS calls during a capture, so the capture calls the same cuBLAS entry with
+        the same arguments through the very library CuPy loaded (ctypes); the handle is bound back to the current
+        stream afterwards. Raises where the capture is refused."""
+        import cupy
+
+        lib = _cublas_library()
+        name = {self._cublas.gemmEx: "cublasGemmEx", self._cublas.gemmStridedBatchedEx: "cublasGemmStridedBatchedEx"}
+        entry = getattr(lib, name[bound.func])
+        handle = bound.args[0]
+        stream = cupy.cuda.Stream(non_blocking=True)
+        stream.begin_capture()
+        try:
+            status = (lib.cublasSetStream_v2(handle, stream.ptr), entry(*bound.args))
+        finally:
+            graph = stream.end_capture()
+            lib.cublasSetStream_v2(handle, cupy.cuda.get_current_stream().ptr)
+        if any(status):
+            raise RuntimeError(f"cuBLAS refused the captured call: status {status}")
+        return graph, stream
+
+
+@functools.cache
+def _cublas_library() -> Any:
+    """The libcublas this process has loaded (CuPy's): ctypes entries typed as cuBLAS declares them."""
+    import ctypes
+
+    with open("/proc/self/maps") as maps:  # the loaded file, so that dlopen returns the same instance
+        paths = {line.split()[-1] for line in maps if "/libcublas.so" in line}
+    if len(paths) != 1:
+        raise RuntimeError(f"expected one loaded libcublas, found {sorted(paths)}")
+    lib = ctypes.CDLL(paths.pop())
+    p, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+    lib.cublasSetStream_v2.argtypes = [p, p]
+    lib.cublasGemmEx.argtypes = [p, i, i, i, i, i, p, p, i, i, p, i, i, p, p, i, i, i, i]
+    lib.cublasGemmStridedBatchedEx.argtypes = [p, i, i, i, i, i, p, p, i, i, ll, p, i, i, ll, p, p, i, i, ll, i, i, i]
+    return lib
+
 
 class Instrumented:
     """Counts every call into a BLAS backend and records the compute type of every GEMM (evidence).
@@ -679,6 +721,11 @@ class Instrumented:
     def bind_unowned(self, *args: Any) -> Callable[[], None] | None:
         """The backend's bound call holding no buffers, or None (its caller bumps the count, as for ``bind``)."""
         return self.api.bind_unowned(*args)
+
+    def graph(self, bound: Callable[[], None]) -> tuple[Any, Any] | None:
+        """The backend's CUDA graph of a bound call (:meth:`CupyBlas.graph`), or None where it has none."""
+        graph_of = getattr(self.api, "graph", None)
+        return None if graph_of is None else graph_of(bound)
 
 
 class _HandleOwner:
@@ -1174,7 +1221,62 @@ def _remember(a: Any, b: Any, c: Any, opts: tuple, prepared: PreparedGemm) -> No
         def call(run: Callable[[Any, Any, Any], None] = run, weak: tuple = weak) -> None:
             run(weak[0](), weak[1](), weak[2]())
 
+    elif GRAPHS and ctx.device == "cuda":
+        call = _graphed(ctx.api, call) or call
     _SAME[id(c)] = (*refs, *shapes, *dtypes, opts, device_of, device_of(), ctx, cell, call)
+
+
+# Whether the same-arrays path replays its GEMM as a CUDA graph (cuda): cuBLAS's host work per call (~9-15 us of
+# cublasGemmEx on an H100, as much as a thin GEMM's GPU time) becomes one graph launch (#29: matmul within 1.2x of
+# the raw binding). The graph holds the very pointers the bound call holds; a hit checks the arrays as before.
+GRAPHS = True
+
+
+class GraphedCall:
+    """A bound GEMM captured once into a CUDA graph: each call launches the graph on the current stream, or, while
+    that stream is being captured (a graph cannot be launched into a capture), runs the bound call itself."""
+
+    __slots__ = ("bound", "graph", "stream", "launch", "capturing", "current", "launches")
+
+    def __init__(self, bound: Callable[[], None], graph: Any, stream: Any) -> None:
+        import cupy
+        from cupy_backends.cuda.api import runtime
+
+        # The capture stream is kept with its graph (nothing refers to it after the capture; it costs nothing).
+        self.bound, self.graph, self.stream, self.launch = bound, graph, stream, graph.launch
+        self.capturing, self.current = runtime.streamIsCapturing, cupy.cuda.get_current_stream
+        self.launches = 0
+
+    def __call__(self) -> None:
+        if self.capturing(self.current().ptr):
+            self.bound()
+        else:
+            self.launch()
+            self.launches += 1
+
+
+def matmul_path(c: Any) -> str:
+    """How a matmul into ``c`` runs now: "graph" (the same-arrays path's CUDA graph), "bound" (its bound call) or
+    "keyed" (the call-key cache; the same-arrays path holds nothing for ``c``): evidence for the per-call timings."""
+    same = _SAME.get(id(c))
+    if same is None or same[2]() is not c:
+        return "keyed"
+    return "graph" if isinstance(same[-1], GraphedCall) else "bound"
+
+
+def _graphed(api: Any, bound: Callable[[], None]) -> GraphedCall | None:
+    """``bound`` as a :class:`GraphedCall`, or None where the backend has no graphs or refuses the capture (the
+    caller keeps the bound call). Capturing runs nothing: the GEMM runs when the graph is launched."""
+    try:
+        import cupy
+        from cupy_backends.cuda.api import runtime
+
+        if runtime.streamIsCapturing(cupy.cuda.get_current_stream().ptr):
+            return None  # inside a caller's capture: no capture of our own
+        made = api.graph(bound)
+    except Exception:  # noqa: BLE001 (a refused capture is not an error: the bound call stays)
+        return None
+    return None if made is None else GraphedCall(bound, *made)
 
 
 def _matmul_operands(a: Any, b: Any, trans_a: bool, trans_b: bool, c: Any, out_dtype: str | None, device: str) -> tuple:

@@ -173,3 +173,63 @@ def test_a_cached_call_runs_on_the_callers_current_stream():
     busy.synchronize()
     assert not early.any(), "the cached call did not wait for its caller's stream"
     assert bool((c == 512).all())
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_the_same_arrays_path_replays_a_cuda_graph_on_the_current_stream():
+    # Calls on the same arrays: from the fourth on a hit, whose GEMM is a captured graph bound to the arrays'
+    # pointers. It must read the arrays' contents at launch (not at capture), run on the caller's current stream,
+    # and, inside a caller's own capture, be recorded into that capture rather than launched.
+    import cupy
+
+    from falsification.gemm_tests import _SPIN
+
+    rng = cupy.random.RandomState(3)
+    a = rng.standard_normal((256, 128), dtype=cupy.float32)
+    b = rng.standard_normal((128, 64), dtype=cupy.float32)
+    c = cupy.zeros((256, 64), cupy.float32)
+    ng.clear_calls()
+    for _ in range(3):
+        ng.matmul(a, b, c=c, device="cuda")
+    call = ng._SAME[id(c)][-1]
+    assert isinstance(call, ng.GraphedCall) and ng.matmul_path(c) == "graph", type(call)
+    assert call.launches == 0  # the third call kept the arrays and ran the prepared call; the fourth launches
+    ng.matmul(a, b, c=c, device="cuda")
+    assert call.launches == 1
+    assert cupy.array_equal(c.view(cupy.uint32), ng.matmul(a, b, device="cuda").view(cupy.uint32))
+    a[...] = rng.standard_normal((256, 128), dtype=cupy.float32)  # new contents, the same buffer
+    ng.matmul(a, b, c=c, device="cuda")
+    assert call.launches == 2
+    assert cupy.array_equal(c.view(cupy.uint32), ng.matmul(a, b, device="cuda").view(cupy.uint32))
+    want = c.copy()
+    c.fill(0)
+    cupy.cuda.Device().synchronize()
+    spin = cupy.RawKernel(_SPIN, "kc_spin")
+    busy, reader = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    with busy:
+        spin((1,), (1,), (np.int64(2_000_000_000),))  # about a second on any current GPU
+        ng.matmul(a, b, c=c, device="cuda")
+    with reader:
+        early = c.get(stream=reader)
+    reader.synchronize()
+    busy.synchronize()
+    assert not early.any(), "the graph did not run on its caller's stream"
+    assert cupy.array_equal(c, want) and call.launches == 3
+    capture = cupy.cuda.Stream(non_blocking=True)
+    with capture:
+        capture.begin_capture()
+        try:  # a graph cannot be launched into a capture: the bound call runs, which CuPy refuses there as before
+            with pytest.raises(NotImplementedError):
+                ng.matmul(a, b, c=c, device="cuda")
+        finally:
+            capture.end_capture()
+    assert call.launches == 3 and ng.matmul_path(c) == "graph"
+    ng.GRAPHS = False
+    try:  # without graphs the same arrays take the bound call
+        ng.clear_calls()
+        for _ in range(3):
+            ng.matmul(a, b, c=c, device="cuda")
+        assert ng.matmul_path(c) == "bound" and cupy.array_equal(c, want)
+    finally:
+        ng.GRAPHS = True

@@ -190,3 +190,20 @@ def test_each_z3_item_runs_in_its_own_context_and_reports_that_contexts_rlimit_u
     # the count is the item's own context's: a later item does not inherit the earlier one's units
     used = [it["evidence"]["rlimit_used"] for it in entry["items"]]
     assert all(0 < u < it["evidence"]["rlimit"] for u, it in zip(used, entry["items"], strict=True))
+
+
+def test_enumeration_in_chunks_gives_the_whole_grids_evidence(tmp_path, monkeypatch):
+    # The grid is evaluated a chunk at a time (obligations.engines.ENUMERATION_CHUNK points): counts, the number of
+    # failing points and the first counterexample in enumeration order must not depend on where chunks end.
+    from obligations import engines
+
+    path = _variant(tmp_path, "native.gemm:gemm_plan", "tests.planted.gemm_bugs:plan_missing_elem_size")
+    monkeypatch.setattr(engines, "ENUMERATION_CHUNK", 1 << 30)  # the whole grid at once, as before chunks
+    whole = _statuses(path, ["KANI-CUBLAS-001-A"])["KANI-CUBLAS-001-A"]
+    monkeypatch.setattr(engines, "ENUMERATION_CHUNK", 4099)  # a prime: chunks end mid-row, everywhere
+    chunked = _statuses(path, ["KANI-CUBLAS-001-A"])["KANI-CUBLAS-001-A"]
+    assert chunked["status"] == whole["status"] == "violated"
+    for field in ("points", "points_in_given", "failing_points"):
+        assert chunked["evidence"][field] == whole["evidence"][field], field
+    assert whole["evidence"]["failing_points"] > 1 and whole["evidence"]["points"] > 4099 * 100
+    assert chunked["counterexample"] == whole["counterexample"]

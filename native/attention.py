@@ -15,7 +15,6 @@ and with Z3 terms by ``kc check``.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -61,7 +60,7 @@ STAGES = 2  # shared K/V buffers of the pipelined float16 forward (cp.async STAG
 # The float16 forward's variants (the ``fwd16`` argument of :func:`attention`) and the kernel each launches: the
 # same arithmetic and values; "pipelined" double-buffers K/V with cp.async. FWD16 is the default: pipelined ran
 # at 0.76-0.77x torch SDPA flash at head dim 64 (0.63-0.75x at 128), sync at 0.43-0.52x (H100, 2026-11-27).
-FWD16_VARIANTS: dict[str, str] = {"sync": "fwd16", "pipelined": "fwd16p", "warp32": "fwd16w"}
+FWD16_VARIANTS: dict[str, str] = {"sync": "fwd16", "pipelined": "fwd16p"}
 FWD16 = "pipelined"
 
 
@@ -104,7 +103,6 @@ class AttentionPlan:
     smem_fwd16: Any  # bytes: K and V tiles of halves
     stages: Any  # K/V buffers of the pipelined float16 forward
     smem_fwd16p: Any  # bytes: its [stages][K, V][block_cols][ld_half] tiles of halves (dynamic shared memory)
-    smem_fwd16w: Any  # bytes: those tiles and the block's Q rows [block_rows][ld_half] (the 32-rows-a-warp kernel)
     smem_dq: Any  # bytes: Q^T, dO^T, dS^T, K^T, V^T, K, and lse, Delta of the block's rows
     smem_dkdv: Any  # bytes: K^T, V^T, P/dS, Q^T, dO^T, Q, dO, and lse, Delta of the query tile
     smem_rowwise: Any  # bytes: the one-row-per-thread VJP kernels (head dims above 64): two tiles
@@ -283,7 +281,6 @@ def attention_plan(
         2 * 2 * block_cols * ld_half,
         STAGES,
         2 * STAGES * 2 * block_cols * ld_half,
-        2 * (STAGES * 2 * block_cols + block_rows) * ld_half,
         4 * (3 * row_tile + 3 * col_tile + 2 * block_rows),
         4 * (3 * row_tile + 4 * col_tile + 2 * block_cols),
         4 * 2 * block_cols * hd_pad,
@@ -1061,199 +1058,6 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) attn_fwd16p(
 """
 )
 
-
-def _softmax_step_of(mt: int) -> str:
-    """:data:`_F16_SOFTMAX_STEP` for m-tile ``mt`` of a warp of 32 rows: its scores, accumulators, state and rows."""
-    text = _F16_SOFTMAX_STEP.replace("r0 + warp * 16", f"r0 + warp * 32 + {16 * mt}")
-    text = text.replace("sc[", f"sc{mt}[").replace("oacc[", f"oacc{mt}[")
-    for name in ("tmax", "mnew", "alpha", "ps", "m", "l", "row"):
-        text = re.sub(rf"\b{name}([01])\b", rf"{name}\1_{mt}", text)
-    return text
-
-
-def _f16w_output(mt: int) -> str:
-    """attn_fwd16p's epilogue (row sums over the quad, O / l rounded once, lse) for m-tile ``mt``."""
-    return rf"""    {{
-        float l0 = l0_{mt}, l1 = l1_{mt};
-        const float m0 = m0_{mt}, m1 = m1_{mt};
-        const long long row0 = row0_{mt}, row1 = row1_{mt};
-        l0 = l0 + __shfl_xor_sync(0xffffffffu, l0, 1);
-        l0 = l0 + __shfl_xor_sync(0xffffffffu, l0, 2);
-        l1 = l1 + __shfl_xor_sync(0xffffffffu, l1, 1);
-        l1 = l1 + __shfl_xor_sync(0xffffffffu, l1, 2);
-        #pragma unroll
-        for (unsigned n = 0; n < HDP / 8; ++n) {{
-            const unsigned d = n * 8 + 2 * t;
-            const float a0 = l0 > 0.0f ? oacc{mt}[n][0] / l0 : 0.0f, a1 = l0 > 0.0f ? oacc{mt}[n][1] / l0 : 0.0f;
-            const float c0 = l1 > 0.0f ? oacc{mt}[n][2] / l1 : 0.0f, c1 = l1 > 0.0f ? oacc{mt}[n][3] / l1 : 0.0f;
-            if (HD % 2 == 0) {{
-                if (row0 < Lq && d < HD) *reinterpret_cast<unsigned*>(o + (bh * Lq + row0) * HD + d) = pack_f16(a0, a1);
-                if (row1 < Lq && d < HD) *reinterpret_cast<unsigned*>(o + (bh * Lq + row1) * HD + d) = pack_f16(c0, c1);
-            }} else {{
-                if (row0 < Lq && d < HD) o[(bh * Lq + row0) * HD + d] = to_f16(a0);
-                if (row0 < Lq && d + 1 < HD) o[(bh * Lq + row0) * HD + d + 1] = to_f16(a1);
-                if (row1 < Lq && d < HD) o[(bh * Lq + row1) * HD + d] = to_f16(c0);
-                if (row1 < Lq && d + 1 < HD) o[(bh * Lq + row1) * HD + d + 1] = to_f16(c1);
-            }}
-        }}
-        if (t == 0 && row0 < Lq) lse[bh * Lq + row0] = l0 > 0.0f ? m0 * ln2 + logf(l0) : INFINITY;
-        if (t == 0 && row1 < Lq) lse[bh * Lq + row1] = l1 > 0.0f ? m1 * ln2 + logf(l1) : INFINITY;
-    }}
-"""
-
-
-# The float16 forward with 4 warps of 32 query rows (FlashAttention-2's map): each warp's two m16 tiles share every
-# K and V fragment it reads from shared memory (half the ldmatrix traffic of 16 rows a warp); Q is staged in shared
-# memory and read as A fragments by ldmatrix per k-step (the registers hold two tiles' scores and accumulators).
-# Per m-tile the arithmetic is attn_fwd16p's, step for step (the same bits); an m-tile whose rows all precede a
-# causal tile skips it, as attn_fwd16p's warp of those rows does.
-_F16W_KERNEL = r"""
-#define NTW 128
-// Rows [r0, r0 + ROWS) of src (half bits, HD a row) into dst[c * LDH + d], zero outside; NTW threads.
-template <unsigned ROWS>
-__device__ __forceinline__ void load_rows_w(T* dst, const T* __restrict__ src, long long base, long long r0,
-                                            long long end) {
-    if (HD % 8 == 0) {
-        #pragma unroll
-        for (unsigned r = 0; r < ROWS * (HDP / 8) / NTW; ++r) {
-            const unsigned e = r * NTW + threadIdx.x;
-            const unsigned c = e / (HDP / 8), d = e % (HDP / 8) * 8;
-            const long long j = r0 + c;
-            const bool in = j < end && d < HD;
-            cp_async16(dst + IX(c, LDH, d), src + (in ? (base + j) * HD + d : 0), in ? 16u : 0u);
-        }
-    } else {
-        for (unsigned e = threadIdx.x; e < ROWS * HDP; e += NTW) {
-            const unsigned c = e / HDP, d = e % HDP;
-            const long long j = r0 + c;
-            dst[IX(c, LDH, d)] = (j < end && d < HD) ? src[(base + j) * HD + d] : (T)0;
-        }
-    }
-}
-extern "C" __global__ void __launch_bounds__(NTW, 2) attn_fwd16w(
-        const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
-        float* __restrict__ lse, const long long* __restrict__ kv_len, long long Hq, long long Hkv,
-        long long Lq, long long Lk, float scale, int causal) {
-    extern __shared__ __align__(16) T smh[];  // [STAGES][K, V][BC][LDH], then Q [BR][LDH]
-    T* qs = smh + IX(2 * STAGES, BC * LDH, 0);
-    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const long long bh = blockIdx.y, b = bh / Hq, h = bh - b * Hq, hk = h / (Hq / Hkv);
-    const long long bx = causal ? (long long)(gridDim.x - 1u - blockIdx.x) : (long long)blockIdx.x;
-    const long long r0 = bx * BR;
-    const long long row0_0 = r0 + warp * 32 + g, row1_0 = row0_0 + 8, row0_1 = row0_0 + 16, row1_1 = row0_0 + 24;
-    const long long klen = kv_len[b];
-    const long long kend = causal ? min(klen, r0 + BR) : klen;
-    const long long kbase = (b * Hkv + hk) * Lk;
-    const long long ntiles = (kend + BC - 1) / BC;
-    load_rows_w<BR>(qs, q, bh * Lq, r0, Lq);  // in the first group: it lands with tile 0
-    #pragma unroll
-    for (unsigned s = 0; s + 1 < STAGES; ++s) {
-        if (s < ntiles) {
-            load_rows_w<BC>(smh + IX(2 * s, BC * LDH, 0), k, kbase, s * BC, kend);
-            load_rows_w<BC>(smh + IX(2 * s + 1, BC * LDH, 0), v, kbase, s * BC, kend);
-        }
-        cp_async_commit();
-    }
-    const float sl = scale * 1.44269504088896341f;
-    float oacc0[HDP / 8][4], oacc1[HDP / 8][4];
-    #pragma unroll
-    for (unsigned n = 0; n < HDP / 8; ++n) {
-        oacc0[n][0] = 0.0f; oacc0[n][1] = 0.0f; oacc0[n][2] = 0.0f; oacc0[n][3] = 0.0f;
-        oacc1[n][0] = 0.0f; oacc1[n][1] = 0.0f; oacc1[n][2] = 0.0f; oacc1[n][3] = 0.0f;
-    }
-    float m0_0 = -INFINITY, m1_0 = -INFINITY, l0_0 = 0.0f, l1_0 = 0.0f;
-    float m0_1 = -INFINITY, m1_1 = -INFINITY, l0_1 = 0.0f, l1_1 = 0.0f;
-    const unsigned kfrag = IX(lane % 8, LDH, lane / 8 * 8);  // ldmatrix rows: key lane % 8, features + lane / 8 * 8
-    const unsigned vfrag = IX(lane % 8 + (lane / 8 & 1) * 8, LDH, (lane / 16) * 8);
-    const unsigned qaddr = smem_addr(qs + IX(warp * 32 + lane % 16, LDH, (lane / 16) * 8));  // A: row, k halves
-    for (long long it = 0; it < ntiles; ++it) {
-        const long long t0 = it * BC;
-        const unsigned st = (unsigned)(it % STAGES);
-        cp_async_wait();
-        __syncthreads();
-        {
-            const long long nx = it + STAGES - 1;
-            const unsigned sn = (unsigned)(nx % STAGES);
-            if (nx < ntiles) {
-                load_rows_w<BC>(smh + IX(2 * sn, BC * LDH, 0), k, kbase, nx * BC, kend);
-                load_rows_w<BC>(smh + IX(2 * sn + 1, BC * LDH, 0), v, kbase, nx * BC, kend);
-            }
-            cp_async_commit();
-        }
-        const bool skip0 = causal && t0 > r0 + warp * 32 + 15, skip1 = causal && t0 > r0 + warp * 32 + 31;
-        if (skip1) continue;  // every key after every row of the warp (of its first m-tile too)
-        const T* ks = smh + IX(2 * st, BC * LDH, 0);
-        const T* vs = smh + IX(2 * st + 1, BC * LDH, 0);
-        const unsigned kaddr = smem_addr(ks + kfrag), vaddr = smem_addr(vs + vfrag);
-        float sc0[BC / 8][4], sc1[BC / 8][4];
-        #pragma unroll
-        for (unsigned n = 0; n < BC / 8; ++n) {
-            sc0[n][0] = 0.0f; sc0[n][1] = 0.0f; sc0[n][2] = 0.0f; sc0[n][3] = 0.0f;
-            sc1[n][0] = 0.0f; sc1[n][1] = 0.0f; sc1[n][2] = 0.0f; sc1[n][3] = 0.0f;
-        }
-        #pragma unroll
-        for (unsigned kk = 0; kk < HDP / 16; kk += 2) {
-            unsigned qa0[4], qa1[4], qb0[4], qb1[4];  // A fragments of k-steps kk (qa) and kk + 1 (qb), tiles 0, 1
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                         : "=r"(qa0[0]), "=r"(qa0[1]), "=r"(qa0[2]), "=r"(qa0[3]) : "r"(qaddr + 2 * (kk * 16)));
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                         : "=r"(qa1[0]), "=r"(qa1[1]), "=r"(qa1[2]), "=r"(qa1[3])
-                         : "r"(qaddr + 2 * (16 * LDH + kk * 16)));
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                         : "=r"(qb0[0]), "=r"(qb0[1]), "=r"(qb0[2]), "=r"(qb0[3]) : "r"(qaddr + 2 * (kk * 16 + 16)));
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                         : "=r"(qb1[0]), "=r"(qb1[1]), "=r"(qb1[2]), "=r"(qb1[3])
-                         : "r"(qaddr + 2 * (16 * LDH + kk * 16 + 16)));
-            #pragma unroll
-            for (unsigned n = 0; n < BC / 8; ++n) {
-                unsigned b0, b1, b2, b3;
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(kaddr + 2 * (n * 8 * LDH + kk * 16)));
-                mma16816(sc0[n], qa0, b0, b1);
-                mma16816(sc0[n], qb0, b2, b3);
-                mma16816(sc1[n], qa1, b0, b1);
-                mma16816(sc1[n], qb1, b2, b3);
-            }
-        }
-        if (!skip0) {
-            float tmax0_0 = -INFINITY, tmax1_0 = -INFINITY;
-XX_STEP0        }
-        {
-            float tmax0_1 = -INFINITY, tmax1_1 = -INFINITY;
-XX_STEP1        }
-        #pragma unroll
-        for (unsigned kk = 0; kk < BC / 16; ++kk) {
-            const unsigned pa0[4] = {pack_f16(sc0[2 * kk][0], sc0[2 * kk][1]), pack_f16(sc0[2 * kk][2], sc0[2 * kk][3]),
-                                     pack_f16(sc0[2 * kk + 1][0], sc0[2 * kk + 1][1]),
-                                     pack_f16(sc0[2 * kk + 1][2], sc0[2 * kk + 1][3])};
-            const unsigned pa1[4] = {pack_f16(sc1[2 * kk][0], sc1[2 * kk][1]), pack_f16(sc1[2 * kk][2], sc1[2 * kk][3]),
-                                     pack_f16(sc1[2 * kk + 1][0], sc1[2 * kk + 1][1]),
-                                     pack_f16(sc1[2 * kk + 1][2], sc1[2 * kk + 1][3])};
-            #pragma unroll
-            for (unsigned np = 0; np < HDP / 16; ++np) {
-                unsigned b0, b1, b2, b3;
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(vaddr + 2 * (kk * 16 * LDH + np * 16)));
-                if (!skip0) {
-                    mma16816(oacc0[2 * np], pa0, b0, b1);
-                    mma16816(oacc0[2 * np + 1], pa0, b2, b3);
-                }
-                mma16816(oacc1[2 * np], pa1, b0, b1);
-                mma16816(oacc1[2 * np + 1], pa1, b2, b3);
-            }
-        }
-    }
-    cp_async_wait_all();  // no copy may land in shared memory after the block exits
-    const float ln2 = 0.693147180559945309f;  // m is in log2 units
-XX_OUT0XX_OUT1}
-"""
-_F16W = (
-    _F16W_KERNEL.replace("XX_STEP0", _softmax_step_of(0))
-    .replace("XX_STEP1", _softmax_step_of(1))
-    .replace("XX_OUT0", _f16w_output(0))
-    .replace("XX_OUT1", _f16w_output(1))
-)
-
 _DQ = r"""
 // dQ of BR query rows (and Delta = rowsum(dO o O), d ascending): per key tile S = Q K^T, dP = dO V^T (d ascending),
 // P = exp(S scale - lse), dS = P o (dP - Delta), dQ += dS K (keys ascending); dQ = scale dQ at the end.
@@ -1573,14 +1377,13 @@ KERNELS: dict[str, tuple[tuple[str, ...], str]] = {
     "fwd": ((_SIMT, _FORWARD), "attn_fwd"),
     "fwd16": ((_F16_HEAD, _F16_KERNEL), "attn_fwd16"),
     "fwd16p": ((_F16_HEAD, _F16P), "attn_fwd16p"),
-    "fwd16w": ((_F16_HEAD, _F16P, _F16W), "attn_fwd16w"),
     "dq": ((_SIMT, _DQ), "attn_bwd_dq"),
     "dkdv": ((_SIMT, _DKDV), "attn_bwd_dkdv"),
     "row_dq": ((_ROW_HEADER, _ROW_DQ), "attn_row_dq"),
     "row_dv": ((_ROW_HEADER, _ROW_DKV.format(name="dv", which=0)), "attn_row_dv"),
     "row_dk": ((_ROW_HEADER, _ROW_DKV.format(name="dk", which=1)), "attn_row_dk"),
 }
-TENSOR_CORE_KERNELS = frozenset({"fwd16", "fwd16p", "fwd16w"})
+TENSOR_CORE_KERNELS = frozenset({"fwd16", "fwd16p"})
 
 
 def kernel_source(kind: str, head_dim: int, v_load: str | None = None) -> tuple[str, str]:
@@ -1600,7 +1403,7 @@ def kernel_source(kind: str, head_dim: int, v_load: str | None = None) -> tuple[
     )
     if kind == "fwd16":
         macros += f"#define V_LDMATRIX {int((v_load or V_LOAD) == 'ldmatrix')}\n"
-    if kind in ("fwd16p", "fwd16w"):  # two blocks per SM where the registers allow it (hd_pad 64: <= 128 a thread)
+    if kind == "fwd16p":  # two blocks per SM where the registers allow it (hd_pad 64: at most 128 per thread)
         macros += f"#define STAGES {p.stages}\n#define MINB {2 if p.hd_pad <= 64 else 1}\n"
     return macros + "".join(parts), fn
 
@@ -1696,7 +1499,7 @@ def _launch(kind: str, plan: AttentionPlan, grid: tuple[int, int], smem: int, ar
     import cupy
 
     fn = _kernel(kind, int(plan.head_dim), V_LOAD, int(smem), cupy.cuda.Device().id)
-    threads = BR if kind.startswith("row_") else 128 if kind == "fwd16w" else int(plan.threads)
+    threads = BR if kind.startswith("row_") else int(plan.threads)
     fn((int(grid[0]), int(grid[1])), (threads,), args, shared_mem=int(smem))
 
 
@@ -1745,8 +1548,8 @@ def _forward_launch(
         return (lambda: None), out, lse
     lens, tail = _launch_args(plan, kv_lens, scale, causal)
     kind = FWD16_VARIANTS[variant] if half else "fwd"
-    smem = {"fwd": plan.smem_fwd32, "fwd16": 0, "fwd16p": plan.smem_fwd16p, "fwd16w": plan.smem_fwd16w}[kind]
-    if kind in ("fwd16p", "fwd16w") and any(int(a.data.ptr) % 16 for a in (q, k, v)):
+    smem = {"fwd": plan.smem_fwd32, "fwd16": 0, "fwd16p": plan.smem_fwd16p}[kind]
+    if kind == "fwd16p" and any(int(a.data.ptr) % 16 for a in (q, k, v)):
         q, k, v = (cupy.array(a, copy=True) for a in (q, k, v))  # cp.async moves 16-byte chunks: aligned rows
     args = (q, k, v, out, lse, lens, *tail)
     return (lambda: _launch(kind, plan, (plan.grid_q, plan.grid_y_q), smem, args)), out, lse

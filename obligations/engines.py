@@ -446,10 +446,10 @@ class EnumerateEngine(Engine):
         cex = {"symbols": values, "minimality": "first in enumeration order", **conf}
         return violated(cex, _reason(conf), evidence)
 
-    def _grid(self, c: Contract, item: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], _Last | None, int]:
+    def _grid(self, c: Contract, item: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], _Expansion | None, int]:
         """(rows, last, n): every bound symbol but the last expanded into ``rows`` (one array each, a row per
-        combination so far), the last one's values per row (:class:`_Last`, expanded chunk by chunk by
-        :func:`_chunks`) and the number of points; no last symbol: the one point of an empty grid."""
+        combination so far), the last one's expansion over them (expanded chunk by chunk by :func:`_chunks`) and
+        the number of points; no symbol: the one point of an empty grid."""
         given_bound = dict(item.get("bound") or {})
         bound: dict[str, Any] = {}
         for name in _used_symbols(c, item):  # finite domains enumerate themselves, first
@@ -493,7 +493,7 @@ class EnumerateEngine(Engine):
                     raise _TooLarge("vacuous: the enumeration domain is empty (a later symbol's bound is empty)")
                 size = _count_text(whole) if exact else f"at least {_count_text(whole)}"
                 raise _TooLarge(f"enumeration domain has {size} points (limit {_count_text(MAX_ENUMERATION_POINTS)})")
-            step = _Last(name, lo, None if lo is not None else values, counts, total)
+            step = _Expansion(name, lo, None if lo is not None else values, counts, np.cumsum(counts))
             if pos == len(bound) - 1:
                 return grid, step, total
             grid = dict(_expand(grid, step, 0, total))
@@ -507,29 +507,31 @@ ENUMERATION_CHUNK = 1 << 18
 
 
 @dataclass(frozen=True)
-class _Last:
-    """A symbol's expansion over the rows so far: row i gets ``counts[i]`` points, the values ``lo[i]``,
-    ``lo[i] + 1``, ... (a range bound) or ``values`` (a listed domain, the same for every row)."""
+class _Expansion:
+    """A symbol's expansion over the rows so far: row i gets ``counts[i]`` points (the first at point
+    ``ends[i] - counts[i]``), the values ``lo[i]``, ``lo[i] + 1``, ... (a range bound) or ``values`` (a listed
+    domain, the same for every row)."""
 
     name: str
     lo: np.ndarray | None
     values: np.ndarray | None
     counts: np.ndarray
-    total: int
+    ends: np.ndarray  # cumsum(counts), computed once for every chunk
 
 
-def _expand(rows: dict[str, np.ndarray], step: _Last, p0: int, p1: int) -> Iterator[tuple[str, np.ndarray]]:
+def _expand(rows: dict[str, np.ndarray], step: _Expansion, p0: int, p1: int) -> Iterator[tuple[str, np.ndarray]]:
     """Points p0 .. p1 - 1 of ``rows`` expanded by ``step``, in enumeration order (each row's points together)."""
-    ends = np.cumsum(step.counts)
     points = np.arange(p0, p1, dtype=np.int64)
-    row = np.searchsorted(ends, points, side="right")
-    within = points - (ends[row] - step.counts[row])
+    row = np.searchsorted(step.ends, points, side="right")
+    within = points - (step.ends[row] - step.counts[row])
     for k, v in rows.items():
         yield k, v[row]
     yield step.name, step.values[within] if step.lo is None else _narrow(step.lo[row] + within)
 
 
-def _chunks(rows: dict[str, np.ndarray], last: _Last | None, n: int) -> Iterator[tuple[dict[str, np.ndarray], int]]:
+def _chunks(
+    rows: dict[str, np.ndarray], last: _Expansion | None, n: int
+) -> Iterator[tuple[dict[str, np.ndarray], int]]:
     """The grid in chunks of at most ENUMERATION_CHUNK points, in enumeration order: (chunk, points in it)."""
     if last is None:
         yield rows, n

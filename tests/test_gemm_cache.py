@@ -156,23 +156,32 @@ def test_a_cached_call_runs_on_the_callers_current_stream():
     # on each call. A call that ran on the stream it was prepared on would finish while this stream still spins.
     import cupy
 
-    from falsification.gemm_tests import _SPIN
-
     a = cupy.ones((512, 512), cupy.float32)
     c = cupy.zeros((512, 512), cupy.float32)
     ng.clear_calls()
     ng.matmul(a, a, c=cupy.zeros_like(c), device="cuda")  # prepared on the default stream
+    early = _behind_a_spin(lambda: ng.matmul(a, a, c=c, device="cuda"), c)
+    assert not early.any(), "the cached call did not wait for its caller's stream"
+    assert bool((c == 512).all())
+
+
+def _behind_a_spin(call, c):  # noqa: ANN001, ANN202
+    """Run ``call`` on a stream busy with a ~1 s spin kernel; return ``c`` as another stream reads it meanwhile
+    (all zeros where ``call`` ran on its caller's stream, behind the spin)."""
+    import cupy
+
+    from falsification.gemm_tests import _SPIN
+
     spin = cupy.RawKernel(_SPIN, "kc_spin")
     busy, reader = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
     with busy:
         spin((1,), (1,), (np.int64(2_000_000_000),))  # about a second on any current GPU
-        ng.matmul(a, a, c=c, device="cuda")
+        call()
     with reader:
         early = c.get(stream=reader)
     reader.synchronize()
     busy.synchronize()
-    assert not early.any(), "the cached call did not wait for its caller's stream"
-    assert bool((c == 512).all())
+    return early
 
 
 @pytest.mark.cuda
@@ -182,8 +191,6 @@ def test_the_same_arrays_path_replays_a_cuda_graph_on_the_current_stream():
     # pointers. It must read the arrays' contents at launch (not at capture), run on the caller's current stream,
     # and, inside a caller's own capture, be recorded into that capture rather than launched.
     import cupy
-
-    from falsification.gemm_tests import _SPIN
 
     rng = cupy.random.RandomState(3)
     a = rng.standard_normal((256, 128), dtype=cupy.float32)
@@ -205,15 +212,7 @@ def test_the_same_arrays_path_replays_a_cuda_graph_on_the_current_stream():
     want = c.copy()
     c.fill(0)
     cupy.cuda.Device().synchronize()
-    spin = cupy.RawKernel(_SPIN, "kc_spin")
-    busy, reader = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
-    with busy:
-        spin((1,), (1,), (np.int64(2_000_000_000),))  # about a second on any current GPU
-        ng.matmul(a, b, c=c, device="cuda")
-    with reader:
-        early = c.get(stream=reader)
-    reader.synchronize()
-    busy.synchronize()
+    early = _behind_a_spin(lambda: ng.matmul(a, b, c=c, device="cuda"), c)
     assert not early.any(), "the graph did not run on its caller's stream"
     assert cupy.array_equal(c, want) and call.launches == 3
     capture = cupy.cuda.Stream(non_blocking=True)

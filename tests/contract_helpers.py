@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,13 @@ def statement_item(prove: str, method: str = "z3", **extra: Any) -> dict:
         "location": {"line": 1, "column": 1},
         **extra,
     }
+
+
+def interruptible() -> None:
+    """``preexec_fn`` of a run a test stops with SIGINT: the default disposition, as at a terminal. A shell starts a
+    background job (``cmd &``) with SIGINT ignored and kc keeps an inherited ignore (nohup's choice), so a suite
+    launched that way would otherwise send its Ctrl-C into the void and wait out the hanging item's limit."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def marked_processes(mark: str) -> list[int]:

@@ -24,7 +24,7 @@ from obligations.cli import main
 from obligations.core import cancel
 from obligations.isolation import InProcess
 from obligations.runlog import RunLog, read_log
-from tests.contract_helpers import surviving_processes
+from tests.contract_helpers import interruptible, surviving_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ROOT / "tests" / "fixtures" / "faults" / "faults-v1.yaml"
@@ -46,7 +46,9 @@ class Run:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
         cmd = [sys.executable, "-m", "obligations.cli", "check", str(FAULTS), "--device", "host", *argv]
         cmd += ["--json", str(self.out), "--log", str(self.log)]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible
+        )
         self.lines: list[str] = []
 
     def wait_for(self, text: str, timeout: float = 120) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from obligations.cli import main
 from obligations.contract import load_contract
-from tests.contract_helpers import marked_processes, surviving_processes
+from tests.contract_helpers import interruptible, marked_processes, surviving_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ROOT / "tests" / "fixtures" / "faults" / "faults-v1.yaml"
@@ -539,6 +539,7 @@ def test_ctrl_c_stops_a_run_with_workers_writes_the_partial_result_and_leaves_no
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        preexec_fn=interruptible,
     )
     time.sleep(1.0)
     deadline = time.monotonic() + 60

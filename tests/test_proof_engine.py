@@ -17,7 +17,7 @@ from obligations import proofcache, z3solve
 from obligations.contract import load_contract
 from obligations.core import cancel
 from obligations.engines import Job, get_engine
-from tests.contract_helpers import probe_contract, statement_item
+from tests.contract_helpers import interruptible, probe_contract, statement_item
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -163,6 +163,7 @@ def test_ctrl_c_during_a_z3_item_ends_the_run_with_130_and_records_no_unknown(tm
         text=True,
         env=env,
         cwd=ROOT,
+        preexec_fn=interruptible,
     )
     assert proc.stdout is not None
     for line in proc.stdout:  # the contract's heading: its only item, the z3 query, runs next

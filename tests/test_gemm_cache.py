@@ -189,7 +189,7 @@ def _behind_a_spin(call, c):  # noqa: ANN001, ANN202
 def test_the_same_arrays_path_replays_a_cuda_graph_on_the_current_stream():
     # Calls on the same arrays: from the fourth on a hit, whose GEMM is a captured graph bound to the arrays'
     # pointers. It must read the arrays' contents at launch (not at capture), run on the caller's current stream,
-    # and, inside a caller's own capture, be recorded into that capture rather than launched.
+    # and never be launched into a caller's own capture (the bound call runs there, which CuPy refuses as before).
     import cupy
 
     rng = cupy.random.RandomState(3)

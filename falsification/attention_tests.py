@@ -22,6 +22,7 @@ Registered names and their ``params``:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import time
@@ -229,11 +230,18 @@ def _forward_kinds(storage: str, variant: str | None = None) -> Callable[[int], 
     return lambda hd: (kind,) if storage == "float16" else ("fwd",)
 
 
-def _vjp_kinds(hd: int) -> tuple[str, ...]:
+# The kernels of each VJP path (native.attention.vjp_path)
+VJP_KINDS = {
+    "partials": ("delta", "dkdvq", "dqsum"),
+    "kernel": ("dq", "dkdv"),
+    "rowwise": ("row_dq", "row_dv", "row_dk"),
+}
+
+
+def _vjp_kinds(hd: int, dq_path: str | None = None) -> tuple[str, ...]:
     from native import attention as na
 
-    tiled = bool(na.attention_plan(1, 1, 1, 1, 1, hd).tiled_vjp)
-    return ("fwd", "dq", "dkdv") if tiled else ("fwd", "row_dq", "row_dv", "row_dk")
+    return ("fwd", *VJP_KINDS[na.vjp_path(na.attention_plan(1, 1, 1, 1, 1, hd), dq_path)])
 
 
 def precompile(device: str, kinds_of: Callable[[int], tuple[str, ...]], head_dims: Iterable[int] = _HEAD_DIMS) -> int:
@@ -270,6 +278,7 @@ def _check(
     outputs: tuple[str, ...],
     bound_name: str,
     dtype: Any = np.float32,
+    extra: Callable[[], dict] | None = None,
 ) -> Outcome:
     seen = {"worst": 0.0}
     ag = engine.item_agreement(ctx, "error_bound", bound_name=bound_name)
@@ -294,7 +303,7 @@ def _check(
         # The float64 references (NumPy einsum, GIL released) are computed ahead in threads, in order of the cases.
         reference_threads=max(0, min(8, (os.cpu_count() or 1) - 1)),
     )
-    return engine.run(ctx, check, lambda: {"worst_error_over_bound": seen["worst"]})
+    return engine.run(ctx, check, lambda: {"worst_error_over_bound": seen["worst"], **(extra() if extra else {})})
 
 
 @register_test("attention.forward_bound")
@@ -360,18 +369,33 @@ def forward_bound(ctx: FalsifyContext) -> Outcome:
 @guarded()
 def vjp_bound(ctx: FalsifyContext) -> Outcome:
     """dQ, dK, dV within the derived bound of the float64 SDPA VJP (from the float32 forward's out and lse)."""
+    from native.attention import attention_plan, vjp_path
+
     name = ctx.params.get("impl_vjp", "native.attention:attention_vjp")
     impl = resolve(name)
     fwd = resolve(ctx.params.get("impl", "native.attention:attention"))
+    dq_path = ctx.params.get("dq_path")  # the tiled VJP's dQ path (native.attention.DQ_PATHS); omitted: the plan's
+    if dq_path is not None:
+        from native.attention import DQ_PATHS
+
+        if dq_path not in DQ_PATHS:
+            return error(f"params.dq_path {dq_path!r} must be one of {list(DQ_PATHS)}")
+        if ctx.device != "cuda":  # the host path is one for every dQ path: ATT-VJP-bound checks it
+            return skipped(f"dq_path {dq_path!r} selects CUDA kernels: runs on cuda; this run is on {ctx.device}")
     if ctx.replay is None:
-        precompile(ctx.device, _vjp_kinds)
+        precompile(ctx.device, functools.partial(_vjp_kinds, dq_path=dq_path))
+    paths: dict[str, int] = {}  # the kernels each case ran (evidence: every path the item claims is reached)
 
     def native(x: dict) -> list:
         c = x["case"]
         kw = {"causal": c["causal"], "kv_lens": x["kv_lens"], "device": ctx.device, "tile": c["tile"]}
         q, k, v = (_dev(x[n], ctx.device) for n in "qkv")
         out, lse = fwd(q, k, v, **kw)
-        grads = impl(q, k, v, out, lse, _dev(x["dout"], ctx.device), **kw)
+        grads = impl(q, k, v, out, lse, _dev(x["dout"], ctx.device), **kw, **({"dq_path": dq_path} if dq_path else {}))
+        if ctx.device != "host":
+            b, hq, lq, d = (int(n) for n in q.shape)
+            path = vjp_path(attention_plan(b, hq, int(k.shape[1]), lq, int(k.shape[2]), d), dq_path)
+            paths[path] = paths.get(path, 0) + 1
         return [np.concatenate([_host(g).astype(np.float64).reshape(-1) for g in grads])]
 
     def reference(x: dict) -> list:
@@ -383,7 +407,15 @@ def vjp_bound(ctx: FalsifyContext) -> Outcome:
             value=np.concatenate([r.reshape(-1) for r in refs]), bound=np.concatenate([b.reshape(-1) for b in bounds])
         )
 
-    return _check(ctx, name, native, reference, ("dq|dk|dv",), "tiled VJP bound (spec.attention.vjp_bound)")
+    return _check(
+        ctx,
+        name,
+        native,
+        reference,
+        ("dq|dk|dv",),
+        "tiled VJP bound (spec.attention.vjp_bound)",
+        extra=lambda: {"vjp_paths": dict(sorted(paths.items()))} if paths else {},
+    )
 
 
 def _bits(a: Any) -> np.ndarray:

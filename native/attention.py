@@ -22,13 +22,15 @@ from typing import Any
 import numpy as np
 
 from native.builds import Build, register_builds
-from obligations.core.symbolic import all_of, as_type, cdiv, negate, select, smin
+from obligations.core.symbolic import all_of, as_type, cdiv, negate, select, smax, smin
 
 __all__ = [
     "BR",
     "BC",
     "HEAD_DIM_MAX",
     "STAGES",
+    "DQ_PATHS",
+    "DQ_PARTIALS_MAX",
     "FWD16",
     "FWD16_VARIANTS",
     "ROUTE",
@@ -42,6 +44,7 @@ __all__ = [
     "attention",
     "prepare_forward",
     "attention_vjp",
+    "vjp_path",
     "host_forward",
     "host_vjp",
     "kernel_source",
@@ -62,6 +65,14 @@ STAGES = 2  # shared K/V buffers of the pipelined float16 forward (cp.async STAG
 # at 0.76-0.77x torch SDPA flash at head dim 64 (0.63-0.75x at 128), sync at 0.43-0.52x (H100, 2026-11-27).
 FWD16_VARIANTS: dict[str, str] = {"sync": "fwd16", "pipelined": "fwd16p"}
 FWD16 = "pipelined"
+# How the tiled VJP (hd_pad 64) forms dQ. "partials": the dK/dV kernel also multiplies its dS by its own keys and
+# writes that block's share of dQ (one layer per key block), which a sum kernel adds in layer order: five products
+# per (query, key) pair instead of seven, at the price of a layers x dQ float32 buffer. "kernel": a dQ kernel of its
+# own recomputes S, P and dP over every key. Partials where that buffer is at most DQ_PARTIALS_MAX bytes (fixed, so
+# the path never depends on the free memory of the moment), else the dQ kernel. H100 (1, 32, 2048, 64) float32,
+# 2026-11-28: partials 3.22 ms, the dQ kernel's path 4.28 ms, torch's backward 2.66 ms.
+DQ_PATHS = ("partials", "kernel")
+DQ_PARTIALS_MAX = 1 << 30
 
 
 class AttentionShapeError(ValueError):
@@ -105,12 +116,15 @@ class AttentionPlan:
     smem_fwd16p: Any  # bytes: its [stages][K, V][block_cols][ld_half] tiles of halves (dynamic shared memory)
     smem_dq: Any  # bytes: Q^T, dO^T, dS^T, K^T, V^T, K, and lse, Delta of the block's rows
     smem_dkdv: Any  # bytes: K^T, V^T, P/dS, Q^T, dO^T, Q, dO, and lse, Delta of the query tile
+    smem_dkdvq: Any  # bytes: the same with the keys row-major and P/dS room for dS key-major ([block_rows][ld_cols])
     smem_rowwise: Any  # bytes: the one-row-per-thread VJP kernels (head dims above 64): two tiles
     smem_max: Any
     tiled_vjp: Any  # the tiled dQ and dK/dV kernels run (hd_pad == 64); else the one-row-per-thread ones
     q_elems: Any
     kv_elems: Any
     lse_elems: Any
+    dq_partial_elems: Any  # floats of the dQ partials: a layer (q_elems) per dK/dV block
+    partial_dq: Any  # the tiled VJP forms dQ from partials (a buffer of at most DQ_PARTIALS_MAX bytes)
     admissible: Any
     index_bits: int = 64
 
@@ -196,6 +210,20 @@ class AttentionPlan:
     def smem_stage(self, s: Any, w: Any, j: Any, d: Any) -> Any:
         """Half offset of [stage s][K (w 0) or V (w 1)][key j][feature d] in the pipelined float16 forward's tiles."""
         return ((s * 2 + w) * self.block_cols + j) * self.ld_half + d
+
+    def dq_partial_offset(self, layer: Any, bh: Any, i: Any, d: Any) -> Any:
+        """Float offset of dK/dV block ``layer``'s share of dQ[b, h, i, d] in the partials, bh = b * heads_q + h."""
+        return (as_type(layer, "int64") * self.grid_y_q + bh) * self.seq_q * self.head_dim + self.q_offset(0, i, d)
+
+    def dq_layer_end(self, i: Any, causal: Any, kv_len: Any) -> Any:
+        """How many layers the sum adds for query row i: the key blocks below kv_len, under causal those up to i's."""
+        live = cdiv(as_type(kv_len, "int64"), self.block_rows)
+        return select(causal, smin(live, as_type(i, "int64") // self.block_rows + 1), live)
+
+    def dq_meet(self, half: Any, r: Any, c: Any) -> Any:
+        """Float offset of row r (< block_cols / 2), feature c of a half's slot where the dK/dV kernel's two key halves
+        meet (lo + hi) in its Q^T tile."""
+        return (half * (self.block_cols // 2) + r) * self.hd_pad + c
 
     def q_block(self, x: Any, causal: Any) -> Any:
         """The block of query rows that blockIdx.x ``x`` computes in the pipelined float16 forward: under causal
@@ -283,12 +311,16 @@ def attention_plan(
         2 * STAGES * 2 * block_cols * ld_half,
         4 * (3 * row_tile + 3 * col_tile + 2 * block_rows),
         4 * (3 * row_tile + 4 * col_tile + 2 * block_cols),
+        4 * (2 * row_tile + block_rows * ld_cols + 4 * col_tile + block_rows * ld_dim + 2 * block_cols),
         4 * 2 * block_cols * hd_pad,
         SMEM_MAX,
         hd_pad <= 64,
         bh * seq_q * head_dim,
         bkv * seq_k * head_dim,
         bh * seq_q,
+        # q_elems capped only so that the product cannot overflow: where partial_dq holds it is below the cap
+        cdiv(seq_k, block_rows) * smin(bh * seq_q * head_dim, DQ_PARTIALS_MAX // 4),
+        all_of(hd_pad <= 64, bh * seq_q * head_dim <= DQ_PARTIALS_MAX // 4 // smax(cdiv(seq_k, block_rows), 1)),
         admissible,
     )
 
@@ -1222,6 +1254,175 @@ extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dkdv(
 }
 """
 
+_DELTA = r"""
+// Delta = rowsum(dO o O) of each query row (d ascending, as the dQ kernel forms it): one thread a row.
+extern "C" __global__ void __launch_bounds__(NT) attn_bwd_delta(
+        const T* __restrict__ o, const T* __restrict__ dout, float* __restrict__ delta, long long rows) {
+    const long long r = (long long)blockIdx.x * NT + threadIdx.x;
+    if (r >= rows) return;
+    float dl = 0.0f;
+    for (unsigned d = 0; d < HD; ++d) dl = fmaf(dout[r * HD + d], o[r * HD + d], dl);
+    delta[r] = dl;
+}
+"""
+
+_DKDVQ = r"""
+// attn_bwd_dkdv's dK and dV (the same arithmetic, bitwise), and the block's share of dQ: per query tile, dQ_L = dS K
+// over the block's BR keys, written to layer L = blockIdx.x of the partials (attn_bwd_dqsum adds the layers). The
+// keys split in two halves of BR / 2, each an 8 x 4 micro-tile chain (keys ascending, fmaf from 0); the halves meet
+// in the Q^T tile, lo + hi. Five products per (query, key) pair instead of the two kernels' seven.
+extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dkdvq(
+        const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+        const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
+        float* __restrict__ dqp, const long long* __restrict__ kv_len, long long Hq, long long Hkv, long long Lq,
+        long long Lk, float scale, int causal) {
+    extern __shared__ __align__(16) float sm[];
+    float* kt = sm;                  // [HDP][LDR] K^T of the block's keys
+    float* vt = kt + HDP * LDR;      // [HDP][LDR] V^T
+    float* pt = vt + HDP * LDR;      // [BC][LDR] P, then dS, query-major; then dS key-major [BR][LDC]
+    float* qt = pt + BR * LDC;       // [HDP][LDC] Q^T of the query tile; then where the key halves meet
+    float* dot = qt + HDP * LDC;     // [HDP][LDC] dO^T
+    float* qs = dot + HDP * LDC;     // [BC][LDD] Q
+    float* dos = qs + HDP * LDC;     // [BC][LDD] dO
+    float* kr = dos + HDP * LDC;     // [BR][LDD] K
+    float* ls = kr + BR * LDD;       // [BC] lse
+    float* dls = ls + BC;            // [BC] Delta
+    const unsigned tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const unsigned half = threadIdx.x / (NT / 2), qy = threadIdx.x % (NT / 2) / 16;
+    const long long bkv = blockIdx.y, b = bkv / Hkv, hk = bkv - b * Hkv, g = Hq / Hkv;
+    const long long r0 = (long long)blockIdx.x * BR;
+    const long long klen = kv_len[b];
+    const long long kb = bkv * Lk;
+    const long long layer = (long long)blockIdx.x * gridDim.y * g;  // layer x (batch x heads_q) rows of heads
+    load_t<BR>(kt, LDR, k, kb, r0, klen);
+    load_t<BR>(vt, LDR, v, kb, r0, klen);
+    load_r<BR>(kr, LDD, k, kb, r0, klen);
+    const long long qstart = causal ? r0 / BC * BC : 0;
+    const bool live = r0 < klen;
+    float dka[8][DN], dva[8][DN];
+    zero(dka);
+    zero(dva);
+    for (long long hq = hk * g; hq < (hk + 1) * g && live; ++hq) {
+        const long long qbase = (b * Hq + hq) * Lq;
+        const long long pbase = (layer + b * Hq + hq) * Lq;
+        for (long long t0 = qstart; t0 < Lq; t0 += BC) {
+            __syncthreads();
+            load_t<BC>(qt, LDC, q, qbase, t0, Lq);
+            load_t<BC>(dot, LDC, dout, qbase, t0, Lq);
+            load_r<BC>(qs, LDD, q, qbase, t0, Lq);
+            load_r<BC>(dos, LDD, dout, qbase, t0, Lq);
+            if (threadIdx.x < BC) {
+                const long long i = t0 + threadIdx.x;
+                ls[threadIdx.x] = i < Lq ? lse[qbase + i] : INFINITY;
+                dls[threadIdx.x] = i < Lq ? delta[qbase + i] : 0.0f;
+            }
+            __syncthreads();
+            float s[8][4], dp[8][4];
+            zero(s);
+            zero(dp);
+            mm<HDP, 4>(s, kt + ty * 8, LDR, qt + tx * 4, LDC);
+            mm<HDP, 4>(dp, vt + ty * 8, LDR, dot + tx * 4, LDC);
+            #pragma unroll
+            for (unsigned i = 0; i < 8; ++i) {
+                const long long key = r0 + ty * 8 + i;
+                #pragma unroll
+                for (unsigned j = 0; j < 4; ++j) {
+                    const unsigned c = tx * 4 + j;
+                    const long long qi = t0 + c;
+                    const bool ok = key < klen && qi < Lq && (!causal || key <= qi);
+                    const float p = ok ? expf(s[i][j] * scale - ls[c]) : 0.0f;
+                    s[i][j] = p;
+                    dp[i][j] = p * (dp[i][j] - dls[c]);
+                }
+            }
+            store_t(pt, s, tx, ty);
+            __syncthreads();
+            mm<BC, DN>(dva, pt + ty * 8, LDR, dos + tx * DN, LDD);
+            __syncthreads();
+            store_t(pt, dp, tx, ty);
+            __syncthreads();
+            mm<BC, DN>(dka, pt + ty * 8, LDR, qs + tx * DN, LDD);
+            __syncthreads();
+            #pragma unroll
+            for (unsigned i = 0; i < 8; ++i)
+                *reinterpret_cast<float4*>(pt + IX(ty * 8 + i, LDC, tx * 4)) =
+                    make_float4(dp[i][0], dp[i][1], dp[i][2], dp[i][3]);
+            __syncthreads();
+            float qa[8][4];
+            zero(qa);
+            mm<BR / 2, 4>(qa, pt + IX(half * (BR / 2), LDC, qy * 8), LDC, kr + IX(half * (BR / 2), LDD, tx * 4), LDD);
+            #pragma unroll
+            for (unsigned i = 0; i < 4; ++i) {  // the lower half hands over its rows 4..7, the upper its rows 0..3
+                const unsigned r = half ? i : 4 + i;
+                *reinterpret_cast<float4*>(qt + IX(IX(half, BC / 2, qy * 4 + i), HDP, tx * 4)) =
+                    make_float4(qa[r][0], qa[r][1], qa[r][2], qa[r][3]);
+            }
+            __syncthreads();
+            #pragma unroll
+            for (unsigned i = 0; i < 4; ++i) {  // and each finishes the other four: lo + hi
+                const unsigned r = half ? 4 + i : i;
+                const float* o = qt + IX(IX(1 - half, BC / 2, qy * 4 + i), HDP, tx * 4);
+                const long long qi = t0 + qy * 8 + r;
+                float x[4];
+                #pragma unroll
+                for (unsigned c = 0; c < 4; ++c) x[c] = half ? o[c] + qa[r][c] : qa[r][c] + o[c];
+                float* dst = dqp + (pbase + qi) * HD + tx * 4;
+                if (qi < Lq && HD % 4 == 0 && tx * 4 < HD) {
+                    *reinterpret_cast<float4*>(dst) = make_float4(x[0], x[1], x[2], x[3]);
+                } else if (qi < Lq) {
+                    #pragma unroll
+                    for (unsigned c = 0; c < 4; ++c) {
+                        if (tx * 4 + c < HD) dst[c] = x[c];
+                    }
+                }
+            }
+        }
+    }
+    #pragma unroll
+    for (unsigned i = 0; i < 8; ++i) {
+        const long long key = r0 + ty * 8 + i;
+        #pragma unroll
+        for (unsigned c = 0; c < DN; ++c) {
+            const unsigned d = tx * DN + c;
+            if (key < Lk && d < HD) {
+                dk[(kb + key) * HD + d] = dka[i][c] * scale;
+                dv[(kb + key) * HD + d] = dva[i][c];
+            }
+        }
+    }
+}
+"""
+
+_DQSUM = r"""
+// dQ = scale * (layer 0 + layer 1 + ...) of the partials, layers ascending: those of the key blocks below kv_len,
+// under causal only up to the row's own (no other block wrote the row). VEC elements a thread (4 where HD allows).
+#define VEC (HD % 4 == 0 ? 4 : 1)
+extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dqsum(
+        const float* __restrict__ dqp, T* __restrict__ dq, const long long* __restrict__ kv_len, long long Hq,
+        long long Lq, long long BHq, float scale, int causal) {
+    const long long e = ((long long)blockIdx.x * NT + threadIdx.x) * VEC;
+    const long long n = BHq * Lq * HD;
+    if (e >= n) return;
+    const long long row = e / HD, bh = row / Lq, qi = row - bh * Lq;
+    const long long live = (kv_len[bh / Hq] + BR - 1) / BR;
+    const long long layers = causal && qi / BR + 1 < live ? qi / BR + 1 : live;
+    float acc[VEC];
+    #pragma unroll
+    for (unsigned c = 0; c < VEC; ++c) acc[c] = 0.0f;
+    for (long long L = 0; L < layers; ++L) {
+        const float* src = dqp + L * n + e;
+        if (VEC == 4) {
+            const float4 x = *reinterpret_cast<const float4*>(src);
+            acc[0] += x.x; acc[1 % VEC] += x.y; acc[2 % VEC] += x.z; acc[3 % VEC] += x.w;  // VEC 4 here
+        } else {
+            acc[0] += src[0];
+        }
+    }
+    #pragma unroll
+    for (unsigned c = 0; c < VEC; ++c) dq[e + c] = acc[c] * scale;
+}
+"""
+
 _ROW_HEADER = r"""
 typedef float T;
 __device__ __forceinline__ float ld(const T* p, long long i) { return p[i]; }
@@ -1379,6 +1580,9 @@ KERNELS: dict[str, tuple[tuple[str, ...], str]] = {
     "fwd16p": ((_F16_HEAD, _F16P), "attn_fwd16p"),
     "dq": ((_SIMT, _DQ), "attn_bwd_dq"),
     "dkdv": ((_SIMT, _DKDV), "attn_bwd_dkdv"),
+    "delta": ((_SIMT, _DELTA), "attn_bwd_delta"),
+    "dkdvq": ((_SIMT, _DKDVQ), "attn_bwd_dkdvq"),
+    "dqsum": ((_SIMT, _DQSUM), "attn_bwd_dqsum"),
     "row_dq": ((_ROW_HEADER, _ROW_DQ), "attn_row_dq"),
     "row_dv": ((_ROW_HEADER, _ROW_DKV.format(name="dv", which=0)), "attn_row_dv"),
     "row_dk": ((_ROW_HEADER, _ROW_DKV.format(name="dk", which=1)), "attn_row_dk"),
@@ -1417,7 +1621,7 @@ def _builds() -> Iterator[Build]:
     """
     bits = attention_plan(1, 1, 1, 1, 1, 64).index_bits
     for hd, kinds in (
-        (64, ("fwd", "fwd16", "fwd16p", "dq", "dkdv")),
+        (64, ("fwd", "fwd16", "fwd16p", "dq", "dkdv", "delta", "dkdvq", "dqsum")),
         (128, ("fwd", "fwd16", "fwd16p", "row_dq", "row_dv", "row_dk")),
     ):
         for kind in kinds:
@@ -1580,6 +1784,18 @@ def prepare_forward(
     return launch
 
 
+def vjp_path(plan: AttentionPlan, dq_path: str | None = None) -> str:
+    """Which kernels the VJP of ``plan`` runs: "partials" or "kernel" (the tiled VJP's dQ, see DQ_PATHS; ``dq_path``
+    chooses, None: partials where the plan allows them), or "rowwise" (head dims above 64)."""
+    if dq_path is not None and dq_path not in DQ_PATHS:
+        raise ValueError(f"dq_path must be one of {DQ_PATHS} or None, not {dq_path!r}")
+    if not plan.tiled_vjp:
+        return "rowwise"
+    if dq_path == "partials" and not plan.partial_dq:  # every launch of the partials is one the proofs cover
+        raise AttentionShapeError(f"the dQ partials of this call exceed DQ_PARTIALS_MAX ({DQ_PARTIALS_MAX} bytes)")
+    return dq_path or ("partials" if plan.partial_dq else "kernel")
+
+
 def attention_vjp(
     q: Any,
     k: Any,
@@ -1593,21 +1809,38 @@ def attention_vjp(
     scale: float | None = None,
     device: str = "host",
     tile: int = BC,
+    dq_path: str | None = None,
 ) -> tuple[Any, Any, Any]:
-    """(dQ, dK, dV) from the forward's saved out and lse, float32: a dQ kernel (with Delta), then dK and dV."""
+    """(dQ, dK, dV) from the forward's saved out and lse, float32: Delta, dK/dV with dQ's partials, their sum (or a
+    dQ kernel with Delta, then dK and dV: ``dq_path``, :func:`vjp_path`)."""
     if device == "host":
-        _checked_plan(np.asarray(q, np.float32), np.asarray(k, np.float32), np.asarray(v, np.float32), kv_lens)
+        plan = _checked_plan(np.asarray(q, np.float32), np.asarray(k, np.float32), np.asarray(v, np.float32), kv_lens)
+        vjp_path(plan, dq_path)  # a bad name is refused on every device
         return host_vjp(q, k, v, out, lse, dout, causal=causal, kv_lens=kv_lens, scale=scale, tile=tile)
     import cupy
 
     q, k, v, out, dout = (cupy.ascontiguousarray(a, dtype=cupy.float32) for a in (q, k, v, out, dout))
     lse = cupy.ascontiguousarray(lse, dtype=cupy.float32)
     plan = _checked_plan(q, k, v, kv_lens)
+    path = vjp_path(plan, dq_path)
     dq, dk, dv = cupy.empty_like(q), cupy.empty_like(k), cupy.empty_like(v)  # the kernels write every element
     delta = cupy.empty(q.shape[:3], dtype=cupy.float32)
     lens, tail = _launch_args(plan, kv_lens, scale, causal)
     gq, gk = (plan.grid_q, plan.grid_y_q), (plan.grid_k, plan.grid_y_kv)
-    if plan.tiled_vjp:
+    if path == "partials":
+        rows = int(plan.lse_elems)
+        parts = cupy.empty(int(plan.dq_partial_elems), dtype=cupy.float32)
+        if rows:
+            _launch("delta", plan, (-(-rows // int(plan.threads)), 1), 0, (out, dout, delta, np.int64(rows)))
+        if plan.grid_k:
+            args = (q, k, v, dout, lse, delta, dk, dv, parts, lens, *tail)
+            _launch("dkdvq", plan, gk, plan.smem_dkdvq, args)
+        if rows:
+            vec = 4 if int(plan.head_dim) % 4 == 0 else 1
+            grid = (-(-int(plan.q_elems) // (int(plan.threads) * vec)), 1)
+            _launch("dqsum", plan, grid, 0, (parts, dq, lens, tail[0], tail[2], np.int64(plan.grid_y_q), *tail[4:]))
+        return dq, dk, dv
+    if path == "kernel":
         if plan.grid_q:
             _launch("dq", plan, gq, plan.smem_dq, (q, k, v, out, dout, lse, delta, dq, lens, *tail))
         if plan.grid_k:

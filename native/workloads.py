@@ -187,8 +187,8 @@ def attention_shapes() -> tuple[tuple[int, int, int, int, int, int], ...]:
 
 @register_workload("attention")
 def _attention(device: str = "cuda") -> int:
-    """Forward (float32 and every float16 variant) and VJP (tiled and row kernels) on one row, a partial tile, GQA,
-    masks."""
+    """Forward (float32 and every float16 variant) and VJP (tiled, by dQ partials and on the partial tile by the dQ
+    kernel too, and row kernels) on one row, a partial tile, GQA, masks."""
     from native import attention as att
 
     xp = _xp(device)
@@ -202,6 +202,10 @@ def _attention(device: str = "cuda") -> int:
             out, lse = att.attention(q, k, v, causal=causal, kv_lens=kv_lens, device=device)
             dout = xp.asarray(rng.standard_normal(out.shape).astype(np.float32))
             att.attention_vjp(q, k, v, out, lse, dout, causal=causal, kv_lens=kv_lens, device=device)
+            if (lq, lk) == (att.BR + 3, att.BC + 5):  # the tiled VJP's other dQ path (the dQ kernel) on one shape
+                kw = {"causal": causal, "kv_lens": kv_lens, "device": device}
+                att.attention_vjp(q, k, v, out, lse, dout, **kw, dq_path="kernel")
+                launches += 2
             for variant in sorted(att.FWD16_VARIANTS):  # every float16 kernel (the pipelined one's cp.async too)
                 att.attention(
                     q.astype(np.float16),

@@ -10,6 +10,7 @@ import pytest
 from falsification.registry import FalsifyContext, get_test
 from native import attention as na
 from obligations.check import check_contract
+from obligations.core.symbolic import as_type, cdiv, select
 from spec import attention as sa
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,6 +36,8 @@ def test_shipped_contract_holds_on_host():
         "ATT-PLAN-gqa",
         "ATT-PLAN-keys",
         "ATT-PLAN-smem",
+        "ATT-PLAN-dq-partials",
+        "ATT-PLAN-dq-layers",
         "ATT-MERGE-identity",
     ):
         assert by[iid]["status"] == "proved", iid
@@ -50,7 +53,7 @@ def test_shipped_contract_holds_on_host():
         ev = by[iid]["evidence"]
         assert ev["regimes_unreached"] == [] and ev["boundaries_unreached"] == [], iid
         assert ev["boundaries_reached"]["head_dim <= 128 @reject"] == 1, iid
-    for iid in ("ATT-PERF-fwd32", "ATT-PERF-fwd16", "ATT-PERF-vjp32"):
+    for iid in ("ATT-PERF-fwd32", "ATT-PERF-fwd16", "ATT-PERF-vjp32", "ATT-VJP-dqkernel-bound"):
         assert by[iid]["status"] == "skipped" and "cuda" in by[iid]["reason"]
 
 
@@ -108,6 +111,53 @@ def test_int32_offsets_would_be_a_violation(tmp_path, monkeypatch):
     it = _items(CONTRACT, ["ATT-PLAN-q-inbounds"])["ATT-PLAN-q-inbounds"]
     monkeypatch.setattr(na.AttentionPlan, "q_offset", real)
     assert it["status"] == "violated", it["reason"]
+
+
+@pytest.mark.parametrize(
+    "planted, why",
+    [
+        (lambda self, i, causal, kv_len: cdiv(as_type(kv_len, "int64"), self.block_rows), "reads layers above"),
+        (
+            lambda self, i, causal, kv_len: select(
+                causal, as_type(i, "int64") // self.block_rows, cdiv(as_type(kv_len, "int64"), self.block_rows)
+            ),
+            "misses the row's own block",
+        ),
+    ],
+)
+def test_planted_dq_layer_ends_are_refuted(monkeypatch, planted, why):
+    """The dQ sum's layer end is proved exact: one that reads the causal layers no block wrote for the row, or one
+    that stops before the row's own key block, is violated by ATT-PLAN-dq-layers."""
+    monkeypatch.setattr(na.AttentionPlan, "dq_layer_end", planted)
+    it = _items(CONTRACT, ["ATT-PLAN-dq-layers"])["ATT-PLAN-dq-layers"]
+    assert it["status"] == "violated", (why, it["reason"])
+
+
+def test_planted_overlapping_dq_layers_are_refuted(monkeypatch):
+    """Layers a row apart instead of q_elems apart overlap: ATT-PLAN-dq-partials refutes the offset."""
+
+    def overlapping(self: na.AttentionPlan, layer: object, bh: object, i: object, d: object) -> object:
+        return as_type(layer, "int64") * self.head_dim + self.q_offset(bh, i, d)
+
+    monkeypatch.setattr(na.AttentionPlan, "dq_partial_offset", overlapping)
+    it = _items(CONTRACT, ["ATT-PLAN-dq-partials"])["ATT-PLAN-dq-partials"]
+    assert it["status"] == "violated", it["reason"]
+
+
+def test_vjp_paths_follow_the_plan_and_refuse_what_it_does_not_cover():
+    """Partials where the plan allows them (a fixed cap, not the free memory), the dQ kernel above, row kernels
+    above head dim 64; a forced partials path past the cap and an unknown name are refused."""
+    assert na.vjp_path(na.attention_plan(1, 32, 32, 2048, 2048, 64)) == "partials"
+    assert na.vjp_path(na.attention_plan(1, 32, 32, 2048, 2048, 64), "kernel") == "kernel"
+    big = na.attention_plan(8, 32, 32, 8192, 8192, 64)
+    assert not big.partial_dq and na.vjp_path(big) == "kernel"
+    assert na.vjp_path(na.attention_plan(1, 2, 1, 5, 7, 80), "partials") == "rowwise"
+    with pytest.raises(na.AttentionShapeError, match="DQ_PARTIALS_MAX"):
+        na.vjp_path(big, "partials")
+    with pytest.raises(ValueError, match="dq_path"):
+        na.vjp_path(big, "atomics")
+    p = na.attention_plan(1, 1, 1, 300, 200, 64)
+    assert p.dq_partial_elems == p.grid_k * p.q_elems and 4 * p.dq_partial_elems <= na.DQ_PARTIALS_MAX
 
 
 def test_unguarded_merge_is_nan_at_n0_and_guarded_is_zero():
@@ -261,7 +311,7 @@ def test_precompile_builds_every_kernel_the_cases_launch_side_by_side(monkeypatc
     want = set()
     for hd in at._HEAD_DIMS:
         tiled = bool(na.attention_plan(1, 1, 1, 1, 1, hd).tiled_vjp)
-        for kind in ("fwd", "dq", "dkdv") if tiled else ("fwd", "row_dq", "row_dv", "row_dk"):
+        for kind in ("fwd", "delta", "dkdvq", "dqsum") if tiled else ("fwd", "row_dq", "row_dv", "row_dk"):
             want.add(na.kernel_source(kind, hd, na.V_LOAD)[0])
     assert n == len(want) == len(built) and set(built) == want and peak[0] > 1
     assert {hd for hd in at._HEAD_DIMS if not na.attention_plan(1, 1, 1, 1, 1, hd).tiled_vjp} == {96}
@@ -331,3 +381,30 @@ def test_pipelined_fwd16_copies_unaligned_views_and_refuses_unknown_variants():
     assert np.array_equal(cupy.asnumpy(a), cupy.asnumpy(b))
     with pytest.raises(na.AttentionShapeError):
         na.attention(cupy.asarray(q), kd, vd, device="cuda", fwd16="no-such-variant")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("causal", [False, True])
+def test_dq_partials_give_the_dq_kernel_paths_dk_dv_and_the_same_dq_on_every_run(causal):
+    """The partials path's dK and dV are bitwise the dQ kernel path's (the same arithmetic); its dQ is within a few
+    float32 ulps of that path's (another order) and bitwise the same on a second run; fully masked rows give +0."""
+    from tests.contract_helpers import CUDA_OK
+
+    if not CUDA_OK:
+        pytest.skip("no CUDA device")
+    import cupy
+
+    rng = np.random.default_rng(7)
+    q = cupy.asarray(rng.standard_normal((2, 4, 333, 64)).astype(np.float32))
+    k, v = (cupy.asarray(rng.standard_normal((2, 2, 300, 64)).astype(np.float32)) for _ in range(2))
+    do = cupy.asarray(rng.standard_normal(q.shape).astype(np.float32))
+    lens = np.array([300, 0])  # the second batch: every row fully masked
+    out, lse = na.attention(q, k, v, causal=causal, kv_lens=lens, device="cuda")
+    runs = [na.attention_vjp(q, k, v, out, lse, do, causal=causal, kv_lens=lens, device="cuda") for _ in range(2)]
+    ref = na.attention_vjp(q, k, v, out, lse, do, causal=causal, kv_lens=lens, device="cuda", dq_path="kernel")
+    a, b, r = ([cupy.asnumpy(x) for x in g] for g in (*runs, ref))
+    assert all(np.array_equal(x.view(np.uint32), y.view(np.uint32)) for x, y in zip(a, b, strict=True))
+    assert np.array_equal(a[1], r[1]) and np.array_equal(a[2], r[2])
+    assert np.allclose(a[0], r[0], rtol=1e-5, atol=1e-6 * float(np.abs(r[0]).max()))
+    assert not np.array_equal(a[0], r[0]) or causal  # another order: some dQ bits differ (non-causal, 3 layers)
+    assert not a[0][1].view(np.uint32).any()  # +0.0 everywhere in the masked batch

@@ -256,10 +256,15 @@ def test_the_attention_workload_launches_every_attention_kernel_with_gqa_on_both
     gqa_paths: set[bool] = set()
     for b, hq, hkv, lq, lk, d in attention_shapes():
         p = att.attention_plan(b, hq, hkv, lq, lk, d)
+        paths = [att.vjp_path(p)] + (["kernel"] if (lq, lk) == (att.BR + 3, att.BC + 5) else [])  # as the workload
         if p.grid_q:
-            launched |= {"fwd", *att.FWD16_VARIANTS.values(), "dq" if p.tiled_vjp else "row_dq"}
-        if p.grid_k:
-            launched |= {"dkdv"} if p.tiled_vjp else {"row_dv", "row_dk"}
+            launched |= {"fwd", *att.FWD16_VARIANTS.values()}
+        for path in paths:
+            launched |= {
+                "partials": ({"delta", "dqsum"} if p.grid_q else set()) | ({"dkdvq"} if p.grid_k else set()),
+                "kernel": ({"dq"} if p.grid_q else set()) | ({"dkdv"} if p.grid_k else set()),
+                "rowwise": ({"row_dq"} if p.grid_q else set()) | ({"row_dv", "row_dk"} if p.grid_k else set()),
+            }[path]
         if hq > hkv:
             gqa_paths.add(bool(p.tiled_vjp))
     shapes = attention_shapes()

@@ -3,7 +3,8 @@
 Usage: python benchmarks/bench_attention.py [--seq 2048] [--heads 32] [--head-dim 64] [--iters 20] [--causal]
 Needs a CUDA device with CuPy and torch. First a correctness pass (each path against torch in float64 on small
 shapes with masks and GQA, and against torch on the timed shape), then one line per path with both times and the
-ratio; the float16 forward is timed with each way of reading V fragments (native.attention.V_LOAD).
+ratio; the float16 forward is timed with each way of reading V fragments (native.attention.V_LOAD), the VJP on its
+default path and, at head dims up to 64, on each dQ path (native.attention.DQ_PATHS).
 
 ``--fwd16-table`` instead prints one line per float16 forward variant (native.attention.FWD16_VARIANTS) x head dim
 {64, 128} x causal {no, yes} at (batch, heads, seq) = (1, 32, 2048) (``--heads``, ``--seq`` change it): the kernel's
@@ -296,15 +297,22 @@ def main() -> None:
         na.V_LOAD = "ldmatrix"
         if dtype == "float32":
             out, lse = na.attention(q, k, v, causal=a.causal, device="cuda")
-            ours = time_ms(lambda: na.attention_vjp(q, k, v, out, lse, do, causal=a.causal, device="cuda"), a.iters, 5)
             rq, rk, rv = (t.clone().requires_grad_(True) for t in (tq, tk, tv))
             tout = F.scaled_dot_product_attention(rq, rk, rv, is_causal=a.causal)
             theirs = time_ms(lambda: torch.autograd.grad(tout, (rq, rk, rv), tdo, retain_graph=True), a.iters, 5)
-            print(
-                f"vjp {dtype}: ours {ours:.3f} ms ({2.5 * flops / ours / 1e9:.1f} TFLOP/s)  torch {theirs:.3f} ms  "
-                f"ratio torch/ours {theirs / ours:.3f}",
-                flush=True,
-            )
+            plan = na.attention_plan(*shape[:2], shape[1], shape[2], shape[2], shape[3])
+            for path in (None, *(na.DQ_PATHS if plan.tiled_vjp else ())):  # the default, then each tiled dQ path
+                ours = time_ms(
+                    lambda: na.attention_vjp(q, k, v, out, lse, do, causal=a.causal, device="cuda", dq_path=path),
+                    a.iters,
+                    5,
+                )
+                print(
+                    f"vjp {dtype} [{path or 'default: ' + na.vjp_path(plan)}]: ours {ours:.3f} ms "
+                    f"({2.5 * flops / ours / 1e9:.1f} TFLOP/s)  torch {theirs:.3f} ms  "
+                    f"ratio torch/ours {theirs / ours:.3f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -1167,41 +1167,9 @@ extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dq(
 }
 """
 
-_DKDV = r"""
-// dK and dV of BR key rows over every query head of the group and every query tile from the causal start:
-// S^T = K Q^T, dP^T = V dO^T (d ascending), P = exp(S scale - lse), dS = P o (dP - Delta); dV += P^T dO and
-// dK += dS^T Q (queries ascending, heads ascending); dK = scale dK at the end.
-extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dkdv(
-        const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
-        const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
-        const long long* __restrict__ kv_len, long long Hq, long long Hkv, long long Lq, long long Lk,
-        float scale, int causal) {
-    extern __shared__ __align__(16) float sm[];
-    float* kt = sm;                  // [HDP][LDR] K^T of the block's keys
-    float* vt = kt + HDP * LDR;      // [HDP][LDR] V^T
-    float* pt = vt + HDP * LDR;      // [BC][LDR] P, then dS, query-major
-    float* qt = pt + HDP * LDR;      // [HDP][LDC] Q^T of the query tile
-    float* dot = qt + HDP * LDC;     // [HDP][LDC] dO^T
-    float* qs = dot + HDP * LDC;     // [BC][LDD] Q
-    float* dos = qs + HDP * LDC;     // [BC][LDD] dO
-    float* ls = dos + HDP * LDC;     // [BC] lse
-    float* dls = ls + BC;            // [BC] Delta
-    const unsigned tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-    const long long bkv = blockIdx.y, b = bkv / Hkv, hk = bkv - b * Hkv, g = Hq / Hkv;
-    const long long r0 = (long long)blockIdx.x * BR;
-    const long long klen = kv_len[b];
-    const long long kb = bkv * Lk;
-    load_t<BR>(kt, LDR, k, kb, r0, klen);
-    load_t<BR>(vt, LDR, v, kb, r0, klen);
-    const long long qstart = causal ? r0 / BC * BC : 0;
-    const bool live = r0 < klen;
-    float dka[8][DN], dva[8][DN];
-    zero(dka);
-    zero(dva);
-    for (long long hq = hk * g; hq < (hk + 1) * g && live; ++hq) {
-        const long long qbase = (b * Hq + hq) * Lq;
-        for (long long t0 = qstart; t0 < Lq; t0 += BC) {
-            __syncthreads();
+# The dK/dV kernels' tile step (P, dS from the tile's scores; dV += P^T dO, dK += dS^T Q) and their store of dK and
+# dV: one text, held byte for byte by attn_bwd_dkdv and attn_bwd_dkdvq (hence the same gradients, bitwise).
+_DKDV_STEP = r"""            __syncthreads();
             load_t<BC>(qt, LDC, q, qbase, t0, Lq);
             load_t<BC>(dot, LDC, dout, qbase, t0, Lq);
             load_r<BC>(qs, LDD, q, qbase, t0, Lq);
@@ -1237,9 +1205,8 @@ extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dkdv(
             store_t(pt, dp, tx, ty);
             __syncthreads();
             mm<BC, DN>(dka, pt + ty * 8, LDR, qs + tx * DN, LDD);
-        }
-    }
-    #pragma unroll
+"""
+_DKDV_STORE = r"""    #pragma unroll
     for (unsigned i = 0; i < 8; ++i) {
         const long long key = r0 + ty * 8 + i;
         #pragma unroll
@@ -1254,6 +1221,49 @@ extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dkdv(
 }
 """
 
+_DKDV = (
+    r"""
+// dK and dV of BR key rows over every query head of the group and every query tile from the causal start:
+// S^T = K Q^T, dP^T = V dO^T (d ascending), P = exp(S scale - lse), dS = P o (dP - Delta); dV += P^T dO and
+// dK += dS^T Q (queries ascending, heads ascending); dK = scale dK at the end.
+extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dkdv(
+        const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+        const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
+        const long long* __restrict__ kv_len, long long Hq, long long Hkv, long long Lq, long long Lk,
+        float scale, int causal) {
+    extern __shared__ __align__(16) float sm[];
+    float* kt = sm;                  // [HDP][LDR] K^T of the block's keys
+    float* vt = kt + HDP * LDR;      // [HDP][LDR] V^T
+    float* pt = vt + HDP * LDR;      // [BC][LDR] P, then dS, query-major
+    float* qt = pt + HDP * LDR;      // [HDP][LDC] Q^T of the query tile
+    float* dot = qt + HDP * LDC;     // [HDP][LDC] dO^T
+    float* qs = dot + HDP * LDC;     // [BC][LDD] Q
+    float* dos = qs + HDP * LDC;     // [BC][LDD] dO
+    float* ls = dos + HDP * LDC;     // [BC] lse
+    float* dls = ls + BC;            // [BC] Delta
+    const unsigned tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const long long bkv = blockIdx.y, b = bkv / Hkv, hk = bkv - b * Hkv, g = Hq / Hkv;
+    const long long r0 = (long long)blockIdx.x * BR;
+    const long long klen = kv_len[b];
+    const long long kb = bkv * Lk;
+    load_t<BR>(kt, LDR, k, kb, r0, klen);
+    load_t<BR>(vt, LDR, v, kb, r0, klen);
+    const long long qstart = causal ? r0 / BC * BC : 0;
+    const bool live = r0 < klen;
+    float dka[8][DN], dva[8][DN];
+    zero(dka);
+    zero(dva);
+    for (long long hq = hk * g; hq < (hk + 1) * g && live; ++hq) {
+        const long long qbase = (b * Hq + hq) * Lq;
+        for (long long t0 = qstart; t0 < Lq; t0 += BC) {
+"""
+    + _DKDV_STEP
+    + r"""        }
+    }
+"""
+    + _DKDV_STORE
+)
+
 _DELTA = r"""
 // Delta = rowsum(dO o O) of each query row (d ascending, as the dQ kernel forms it): one thread a row.
 extern "C" __global__ void __launch_bounds__(NT) attn_bwd_delta(
@@ -1266,7 +1276,8 @@ extern "C" __global__ void __launch_bounds__(NT) attn_bwd_delta(
 }
 """
 
-_DKDVQ = r"""
+_DKDVQ = (
+    r"""
 // attn_bwd_dkdv's dK and dV (the same arithmetic, bitwise), and the block's share of dQ: per query tile, dQ_L = dS K
 // over the block's BR keys, written to layer L = blockIdx.x of the partials (attn_bwd_dqsum adds the layers). The
 // keys split in two halves of BR / 2, each an 8 x 4 micro-tile chain (keys ascending, fmaf from 0); the halves meet
@@ -1306,43 +1317,9 @@ extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dkdvq(
         const long long qbase = (b * Hq + hq) * Lq;
         const long long pbase = (layer + b * Hq + hq) * Lq;
         for (long long t0 = qstart; t0 < Lq; t0 += BC) {
-            __syncthreads();
-            load_t<BC>(qt, LDC, q, qbase, t0, Lq);
-            load_t<BC>(dot, LDC, dout, qbase, t0, Lq);
-            load_r<BC>(qs, LDD, q, qbase, t0, Lq);
-            load_r<BC>(dos, LDD, dout, qbase, t0, Lq);
-            if (threadIdx.x < BC) {
-                const long long i = t0 + threadIdx.x;
-                ls[threadIdx.x] = i < Lq ? lse[qbase + i] : INFINITY;
-                dls[threadIdx.x] = i < Lq ? delta[qbase + i] : 0.0f;
-            }
-            __syncthreads();
-            float s[8][4], dp[8][4];
-            zero(s);
-            zero(dp);
-            mm<HDP, 4>(s, kt + ty * 8, LDR, qt + tx * 4, LDC);
-            mm<HDP, 4>(dp, vt + ty * 8, LDR, dot + tx * 4, LDC);
-            #pragma unroll
-            for (unsigned i = 0; i < 8; ++i) {
-                const long long key = r0 + ty * 8 + i;
-                #pragma unroll
-                for (unsigned j = 0; j < 4; ++j) {
-                    const unsigned c = tx * 4 + j;
-                    const long long qi = t0 + c;
-                    const bool ok = key < klen && qi < Lq && (!causal || key <= qi);
-                    const float p = ok ? expf(s[i][j] * scale - ls[c]) : 0.0f;
-                    s[i][j] = p;
-                    dp[i][j] = p * (dp[i][j] - dls[c]);
-                }
-            }
-            store_t(pt, s, tx, ty);
-            __syncthreads();
-            mm<BC, DN>(dva, pt + ty * 8, LDR, dos + tx * DN, LDD);
-            __syncthreads();
-            store_t(pt, dp, tx, ty);
-            __syncthreads();
-            mm<BC, DN>(dka, pt + ty * 8, LDR, qs + tx * DN, LDD);
-            __syncthreads();
+"""
+    + _DKDV_STEP
+    + r"""            __syncthreads();
             #pragma unroll
             for (unsigned i = 0; i < 8; ++i)
                 *reinterpret_cast<float4*>(pt + IX(ty * 8 + i, LDC, tx * 4)) =
@@ -1378,20 +1355,9 @@ extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dkdvq(
             }
         }
     }
-    #pragma unroll
-    for (unsigned i = 0; i < 8; ++i) {
-        const long long key = r0 + ty * 8 + i;
-        #pragma unroll
-        for (unsigned c = 0; c < DN; ++c) {
-            const unsigned d = tx * DN + c;
-            if (key < Lk && d < HD) {
-                dk[(kb + key) * HD + d] = dka[i][c] * scale;
-                dv[(kb + key) * HD + d] = dva[i][c];
-            }
-        }
-    }
-}
 """
+    + _DKDV_STORE
+)
 
 _DQSUM = r"""
 // dQ = scale * (layer 0 + layer 1 + ...) of the partials, layers ascending: those of the key blocks below kv_len,

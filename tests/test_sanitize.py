@@ -249,6 +249,7 @@ def test_every_gpu_family_has_a_sanitize_item_on_a_registered_workload():
 def test_the_attention_workload_launches_every_attention_kernel_with_gqa_on_both_vjp_paths():
     """The sanitizer sees every kernel (the shapes were cut for time, never below this): each kind launches, GQA
     reaches the tiled and the row VJP, a partial query tile and a key tail occur, an empty query is run."""
+    from falsification.attention_tests import VJP_KINDS
     from native import attention as att
     from native.workloads import attention_shapes
 
@@ -259,12 +260,9 @@ def test_the_attention_workload_launches_every_attention_kernel_with_gqa_on_both
         paths = [att.vjp_path(p)] + (["kernel"] if (lq, lk) == (att.BR + 3, att.BC + 5) else [])  # as the workload
         if p.grid_q:
             launched |= {"fwd", *att.FWD16_VARIANTS.values()}
-        for path in paths:
-            launched |= {
-                "partials": ({"delta", "dqsum"} if p.grid_q else set()) | ({"dkdvq"} if p.grid_k else set()),
-                "kernel": ({"dq"} if p.grid_q else set()) | ({"dkdv"} if p.grid_k else set()),
-                "rowwise": ({"row_dq"} if p.grid_q else set()) | ({"row_dv", "row_dk"} if p.grid_k else set()),
-            }[path]
+        for path in paths:  # a kernel over query rows launches where there are rows, one over key rows where keys
+            over_rows = ("delta", "dqsum", "dq", "row_dq")
+            launched |= {k for k in VJP_KINDS[path] if (p.grid_q if k in over_rows else p.grid_k)}
         if hq > hkv:
             gqa_paths.add(bool(p.tiled_vjp))
     shapes = attention_shapes()

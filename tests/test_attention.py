@@ -249,6 +249,10 @@ def test_contract_holds_on_cuda_and_the_figures_are_measured():
         if k not in perf and v["status"] in ("violated", "error", "unknown")
     }
     assert not bad, bad
+    # each VJP path is reached by cases and the evidence says which (H100 2026-11-28: partials 37 and rowwise 6,
+    # kernel 37 and rowwise 6)
+    assert {"partials", "rowwise"} <= set(by["ATT-VJP-bound"]["evidence"]["vjp_paths"])
+    assert {"kernel", "rowwise"} <= set(by["ATT-VJP-dqkernel-bound"]["evidence"]["vjp_paths"])
     for k in perf:  # measured with an interval (falsification.measure), whichever way it is decided
         assert by[k]["status"] in ("passed", "violated", "inconclusive"), (k, by[k]["status"], by[k]["reason"])
         for case in by[k]["evidence"]["cases_measured"].values():

@@ -1080,6 +1080,7 @@ def _expression_diagnostics(c: Contract, imports: bool) -> Iterator[Diagnostic]:
     Without ``imports`` the plan is not run: its quantities' names and kinds are left to the run with the
     plan, and everything else is checked with the same messages (``kc validate`` and ``kc check`` agree).
     """
+    plan_names: dict[str, dict[str, bool]] = {}  # per plan: its symbolic run's names (items share the few plans)
     for key, idx, item in _sections(c):
         names = set(c.symbols)
         quantities: set[str] = set()
@@ -1091,13 +1092,15 @@ def _expression_diagnostics(c: Contract, imports: bool) -> Iterator[Diagnostic]:
         )
         known_names = not (kernel and "plan" in kernel)  # without a plan, a name is a symbol or unknown
         if kernel and "plan" in kernel and imports:
-            try:
-                qs = plan_quantity_names(c, kernel["plan"])
-            except plans.ResolveError:
-                return  # reported at the plan's line by _dotted_paths
-            except Exception as e:  # a plan that cannot run symbolically is a contract problem
-                yield _d(c, ("kernels",), f"plan {kernel['plan']} failed on symbolic inputs: {e}")
-                return
+            if kernel["plan"] not in plan_names:
+                try:
+                    plan_names[kernel["plan"]] = plan_quantity_names(c, kernel["plan"])
+                except plans.ResolveError:
+                    return  # reported at the plan's line by _dotted_paths
+                except Exception as e:  # a plan that cannot run symbolically is a contract problem
+                    yield _d(c, ("kernels",), f"plan {kernel['plan']} failed on symbolic inputs: {e}")
+                    return
+            qs = plan_names[kernel["plan"]]
             quantities = {n for n, v in qs.items() if not v} | BUILTIN_QUANTITIES
             callables = {n for n, v in qs.items() if v}
             known_names = True

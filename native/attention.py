@@ -1168,16 +1168,29 @@ extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dq(
 """
 
 # The dK/dV kernels' tile step (P, dS from the tile's scores; dV += P^T dO, dK += dS^T Q) and their store of dK and
-# dV: one text, held byte for byte by attn_bwd_dkdv and attn_bwd_dkdvq (hence the same gradients, bitwise).
-_DKDV_STEP = r"""            __syncthreads();
-            load_t<BC>(qt, LDC, q, qbase, t0, Lq);
-            load_t<BC>(dot, LDC, dout, qbase, t0, Lq);
-            load_r<BC>(qs, LDD, q, qbase, t0, Lq);
-            load_r<BC>(dos, LDD, dout, qbase, t0, Lq);
-            if (threadIdx.x < BC) {
-                const long long i = t0 + threadIdx.x;
-                ls[threadIdx.x] = i < Lq ? lse[qbase + i] : INFINITY;
-                dls[threadIdx.x] = i < Lq ? delta[qbase + i] : 0.0f;
+# dV: one text, held byte for byte by attn_bwd_dkdv and attn_bwd_dkdvq (hence the same gradients, bitwise). A step
+# computes on the query tile the last one staged and stages the next (head, tile) meanwhile: the tile loads do not
+# stall the block (one block an SM: shared memory), and the values in shared memory are those the loads gave.
+_DKDV_STEP = r"""            cp_async_wait_all();
+            __syncthreads();  // this step's Q and dO have landed, and every thread is done with the last step
+            float* qs = cur ? qbuf1 : qbuf0;   // Q row-major
+            float* qt = cur ? qbuf0 : qbuf1;   // Q^T; once the scores are formed, the next step's Q lands here
+            float* dos = cur ? dbuf1 : dbuf0;  // dO row-major
+            float* dot = cur ? dbuf0 : dbuf1;  // dO^T; then the next step's dO
+            transpose_q(qt, qs);
+            transpose_q(dot, dos);
+            // The next step's (head, query tile): its lse and Delta read now into registers (stored at the step's
+            // end), its Q and dO staged by cp.async once the scores no longer read Q^T and dO^T.
+            long long nh = hq, nt = t0 + BC;
+            if (nt >= Lq) {
+                nh = hq + 1;
+                nt = qstart;
+            }
+            const long long nbase = (b * Hq + nh) * Lq;
+            float nl = INFINITY, nd = 0.0f;
+            if (nh < hend && threadIdx.x < BC && nt + threadIdx.x < Lq) {
+                nl = lse[nbase + nt + threadIdx.x];
+                nd = delta[nbase + nt + threadIdx.x];
             }
             __syncthreads();
             float s[8][4], dp[8][4];
@@ -1200,13 +1213,71 @@ _DKDV_STEP = r"""            __syncthreads();
             }
             store_t(pt, s, tx, ty);
             __syncthreads();
+            if (nh < hend) stage_q(qt, dot, q, dout, nbase, nt, Lq);
             mm<BC, DN>(dva, pt + ty * 8, LDR, dos + tx * DN, LDD);
             __syncthreads();
             store_t(pt, dp, tx, ty);
             __syncthreads();
             mm<BC, DN>(dka, pt + ty * 8, LDR, qs + tx * DN, LDD);
+            if (threadIdx.x < BC) {  // the next step's lse and Delta: every thread is past this step's reads
+                ls[threadIdx.x] = nl;
+                dls[threadIdx.x] = nd;
+            }
+            cur ^= 1u;
 """
-_DKDV_STORE = r"""    #pragma unroll
+# The dK/dV kernels' query-tile staging: Q and dO of a tile row-major in one of two buffers (cp.async where HD is a
+# multiple of 4: every row starts 16-byte aligned; else plain loads), transposed into Q^T / dO^T in shared memory.
+_DKDV_STAGING = r"""
+// cp.async of 16 bytes, global to shared; src_bytes 0 reads nothing and zero-fills the 16 bytes.
+__device__ __forceinline__ void cp_async16(float* dst, const float* src, unsigned src_bytes) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(a), "l"(src), "r"(src_bytes) : "memory");
+}
+// Every copy this thread issued has landed (wait_all commits the pending ones first).
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// Rows [t0, t0 + BC) of Q and dO (row base qbase) into qd / dd [r * LDD + d], zero outside (no wait).
+__device__ __forceinline__ void stage_q(float* qd, float* dd, const T* __restrict__ q, const T* __restrict__ dout,
+                                        long long qbase, long long t0, long long Lq) {
+    if (HD % 4 == 0) {
+        for (unsigned e = threadIdx.x; e < BC * (HDP / 4); e += NT) {
+            const unsigned r = e / (HDP / 4), d = e % (HDP / 4) * 4;
+            const long long j = t0 + r;
+            const bool in = j < Lq && d < HD;
+            const long long off = in ? (qbase + j) * HD + d : 0;  // nothing is read where out: any valid address
+            cp_async16(qd + IX(r, LDD, d), q + off, in ? 16u : 0u);
+            cp_async16(dd + IX(r, LDD, d), dout + off, in ? 16u : 0u);
+        }
+    } else {
+        load_r<BC>(qd, LDD, q, qbase, t0, Lq);
+        load_r<BC>(dd, LDD, dout, qbase, t0, Lq);
+    }
+}
+// dst[d * LDC + r] = src[r * LDD + d]: a staged tile transposed (its zeros with it).
+__device__ __forceinline__ void transpose_q(float* dst, const float* src) {
+    for (unsigned e = threadIdx.x; e < BC * (HDP / 4); e += NT) {
+        const unsigned r = e % BC, d = e / BC * 4;
+        const float4 x = *reinterpret_cast<const float4*>(src + IX(r, LDD, d));
+        float* p = dst + IX(d, LDC, r);
+        p[0] = x.x; p[LDC] = x.y; p[2 * LDC] = x.z; p[3 * LDC] = x.w;
+    }
+}
+"""
+# The first step's tile staged before the dK/dV kernels' loops (buffer 0).
+_DKDV_PROLOGUE = r"""    const long long hend = (hk + 1) * g;
+    unsigned cur = 0u;
+    if (live && qstart < Lq) {
+        const long long fbase = (b * Hq + hk * g) * Lq;
+        stage_q(qbuf0, dbuf0, q, dout, fbase, qstart, Lq);
+        if (threadIdx.x < BC) {
+            const long long i = qstart + threadIdx.x;
+            ls[threadIdx.x] = i < Lq ? lse[fbase + i] : INFINITY;
+            dls[threadIdx.x] = i < Lq ? delta[fbase + i] : 0.0f;
+        }
+    }
+"""
+_DKDV_STORE = r"""    cp_async_wait_all();  // no copy may land in shared memory after the block exits
+    #pragma unroll
     for (unsigned i = 0; i < 8; ++i) {
         const long long key = r0 + ty * 8 + i;
         #pragma unroll
@@ -1235,11 +1306,13 @@ extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dkdv(
     float* kt = sm;                  // [HDP][LDR] K^T of the block's keys
     float* vt = kt + HDP * LDR;      // [HDP][LDR] V^T
     float* pt = vt + HDP * LDR;      // [BC][LDR] P, then dS, query-major
-    float* qt = pt + HDP * LDR;      // [HDP][LDC] Q^T of the query tile
-    float* dot = qt + HDP * LDC;     // [HDP][LDC] dO^T
-    float* qs = dot + HDP * LDC;     // [BC][LDD] Q
-    float* dos = qs + HDP * LDC;     // [BC][LDD] dO
-    float* ls = dos + HDP * LDC;     // [BC] lse
+    // The query tile's Q and dO, each in two buffers whose roles alternate by step: [BC][LDD] row-major (this
+    // step's, staged by the last) and [HDP][LDC] transposed (then the next step's, row-major).
+    float* qbuf0 = pt + HDP * LDR;
+    float* qbuf1 = qbuf0 + HDP * LDC;
+    float* dbuf0 = qbuf1 + HDP * LDC;
+    float* dbuf1 = dbuf0 + HDP * LDC;
+    float* ls = dbuf1 + HDP * LDC;   // [BC] lse
     float* dls = ls + BC;            // [BC] Delta
     const unsigned tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     const long long bkv = blockIdx.y, b = bkv / Hkv, hk = bkv - b * Hkv, g = Hq / Hkv;
@@ -1253,8 +1326,9 @@ extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dkdv(
     float dka[8][DN], dva[8][DN];
     zero(dka);
     zero(dva);
-    for (long long hq = hk * g; hq < (hk + 1) * g && live; ++hq) {
-        const long long qbase = (b * Hq + hq) * Lq;
+"""
+    + _DKDV_PROLOGUE
+    + r"""    for (long long hq = hk * g; hq < hend && live; ++hq) {
         for (long long t0 = qstart; t0 < Lq; t0 += BC) {
 """
     + _DKDV_STEP
@@ -1281,7 +1355,8 @@ _DKDVQ = (
 // attn_bwd_dkdv's dK and dV (the same arithmetic, bitwise), and the block's share of dQ: per query tile, dQ_L = dS K
 // over the block's BR keys, written to layer L = blockIdx.x of the partials (attn_bwd_dqsum adds the layers). The
 // keys split in two halves of BR / 2, each an 8 x 4 micro-tile chain (keys ascending, fmaf from 0); the halves meet
-// in the Q^T tile, lo + hi. Five products per (query, key) pair instead of the two kernels' seven.
+// in the step's row-major Q buffer (read by then), lo + hi. Five products per (query, key) pair instead of the two
+// kernels' seven.
 extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dkdvq(
         const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
         const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
@@ -1291,11 +1366,12 @@ extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dkdvq(
     float* kt = sm;                  // [HDP][LDR] K^T of the block's keys
     float* vt = kt + HDP * LDR;      // [HDP][LDR] V^T
     float* pt = vt + HDP * LDR;      // [BC][LDR] P, then dS, query-major; then dS key-major [BR][LDC]
-    float* qt = pt + BR * LDC;       // [HDP][LDC] Q^T of the query tile; then where the key halves meet
-    float* dot = qt + HDP * LDC;     // [HDP][LDC] dO^T
-    float* qs = dot + HDP * LDC;     // [BC][LDD] Q
-    float* dos = qs + HDP * LDC;     // [BC][LDD] dO
-    float* kr = dos + HDP * LDC;     // [BR][LDD] K
+    // Q and dO as in attn_bwd_dkdv; the step's row-major Q, once read, is where the key halves meet.
+    float* qbuf0 = pt + BR * LDC;
+    float* qbuf1 = qbuf0 + HDP * LDC;
+    float* dbuf0 = qbuf1 + HDP * LDC;
+    float* dbuf1 = dbuf0 + HDP * LDC;
+    float* kr = dbuf1 + HDP * LDC;   // [BR][LDD] K
     float* ls = kr + BR * LDD;       // [BC] lse
     float* dls = ls + BC;            // [BC] Delta
     const unsigned tx = threadIdx.x % 16, ty = threadIdx.x / 16;
@@ -1313,8 +1389,9 @@ extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dkdvq(
     float dka[8][DN], dva[8][DN];
     zero(dka);
     zero(dva);
-    for (long long hq = hk * g; hq < (hk + 1) * g && live; ++hq) {
-        const long long qbase = (b * Hq + hq) * Lq;
+"""
+    + _DKDV_PROLOGUE
+    + r"""    for (long long hq = hk * g; hq < hend && live; ++hq) {
         const long long pbase = (layer + b * Hq + hq) * Lq;
         for (long long t0 = qstart; t0 < Lq; t0 += BC) {
 """
@@ -1331,14 +1408,14 @@ extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dkdvq(
             #pragma unroll
             for (unsigned i = 0; i < 4; ++i) {  // the lower half hands over its rows 4..7, the upper its rows 0..3
                 const unsigned r = half ? i : 4 + i;
-                *reinterpret_cast<float4*>(qt + IX(IX(half, BC / 2, qy * 4 + i), HDP, tx * 4)) =
+                *reinterpret_cast<float4*>(qs + IX(IX(half, BC / 2, qy * 4 + i), HDP, tx * 4)) =
                     make_float4(qa[r][0], qa[r][1], qa[r][2], qa[r][3]);
             }
             __syncthreads();
             #pragma unroll
             for (unsigned i = 0; i < 4; ++i) {  // and each finishes the other four: lo + hi
                 const unsigned r = half ? 4 + i : i;
-                const float* o = qt + IX(IX(1 - half, BC / 2, qy * 4 + i), HDP, tx * 4);
+                const float* o = qs + IX(IX(1 - half, BC / 2, qy * 4 + i), HDP, tx * 4);
                 const long long qi = t0 + qy * 8 + r;
                 float x[4];
                 #pragma unroll
@@ -1545,9 +1622,9 @@ KERNELS: dict[str, tuple[tuple[str, ...], str]] = {
     "fwd16": ((_F16_HEAD, _F16_KERNEL), "attn_fwd16"),
     "fwd16p": ((_F16_HEAD, _F16P), "attn_fwd16p"),
     "dq": ((_SIMT, _DQ), "attn_bwd_dq"),
-    "dkdv": ((_SIMT, _DKDV), "attn_bwd_dkdv"),
+    "dkdv": ((_SIMT, _DKDV_STAGING, _DKDV), "attn_bwd_dkdv"),
     "delta": ((_SIMT, _DELTA), "attn_bwd_delta"),
-    "dkdvq": ((_SIMT, _DKDVQ), "attn_bwd_dkdvq"),
+    "dkdvq": ((_SIMT, _DKDV_STAGING, _DKDVQ), "attn_bwd_dkdvq"),
     "dqsum": ((_SIMT, _DQSUM), "attn_bwd_dqsum"),
     "row_dq": ((_ROW_HEADER, _ROW_DQ), "attn_row_dq"),
     "row_dv": ((_ROW_HEADER, _ROW_DKV.format(name="dv", which=0)), "attn_row_dv"),

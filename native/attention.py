@@ -1724,20 +1724,36 @@ def _full_lens(batch: int, seq_k: int, device: int) -> Any:
     return cupy.full(batch, seq_k, dtype=cupy.int64)
 
 
+def _contiguous(a: Any, dtype: Any) -> Any:
+    """``a`` itself where it is a C-contiguous device array of ``dtype`` (no copy call on the hot path), else a
+    contiguous device copy."""
+    import cupy
+
+    if isinstance(a, cupy.ndarray) and a.dtype == dtype and a.flags.c_contiguous:
+        return a
+    return cupy.ascontiguousarray(a, dtype=dtype)
+
+
 def _launch_args(plan: AttentionPlan, kv_lens: Any, scale: float | None, causal: bool) -> tuple:
     import cupy
 
     if kv_lens is None:
-        lens = _full_lens(int(plan.batch), int(plan.seq_k), cupy.cuda.Device().id)
+        lens = _full_lens(int(plan.batch), int(plan.seq_k), cupy.cuda.runtime.getDevice())
     else:
         lens = cupy.asarray(_lens(np.asarray(kv_lens), plan.batch, plan.seq_k))
-    return lens, (
+    return lens, _launch_tail(plan, None if scale is None else float(scale), bool(causal))
+
+
+@functools.lru_cache(maxsize=512)
+def _launch_tail(plan: AttentionPlan, scale: float | None, causal: bool) -> tuple:
+    """The kernels' scalar arguments after the lengths (made once per plan, scale and mask)."""
+    return (
         np.int64(plan.heads_q),
         np.int64(plan.heads_kv),
         np.int64(plan.seq_q),
         np.int64(plan.seq_k),
         _scale(plan.head_dim, scale),
-        np.int32(bool(causal)),
+        np.int32(causal),
     )
 
 
@@ -1758,7 +1774,7 @@ def _kernel(kind: str, head_dim: int, v_load: str, smem: int, device: int) -> An
 def _launch(kind: str, plan: AttentionPlan, grid: tuple[int, int], smem: int, args: tuple) -> None:
     import cupy
 
-    fn = _kernel(kind, int(plan.head_dim), V_LOAD, int(smem), cupy.cuda.Device().id)
+    fn = _kernel(kind, int(plan.head_dim), V_LOAD, int(smem), cupy.cuda.runtime.getDevice())
     threads = BR if kind.startswith("row_") else int(plan.threads)
     fn((int(grid[0]), int(grid[1])), (threads,), args, shared_mem=int(smem))
 
@@ -1796,8 +1812,8 @@ def _forward_launch(
     """(launch, out, lse): the checked plan, buffers and arguments of one device forward, launched by ``launch``."""
     import cupy
 
-    q, k, v = (cupy.ascontiguousarray(a) for a in (q, k, v))
-    k, v = (cupy.ascontiguousarray(a, dtype=q.dtype) for a in (k, v))
+    q = _contiguous(q, q.dtype)
+    k, v = _contiguous(k, q.dtype), _contiguous(v, q.dtype)
     plan = _checked_plan(q, k, v, kv_lens)
     half = np.dtype(q.dtype) == np.dtype(np.float16)
     if not half and np.dtype(q.dtype) != np.dtype(np.float32):

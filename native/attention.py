@@ -37,6 +37,7 @@ __all__ = [
     "ROUTE",
     "AttentionPlan",
     "attention_plan",
+    "launch_blocks",
     "Ops",
     "NUMPY_OPS",
     "online_update",
@@ -126,6 +127,9 @@ class AttentionPlan:
     lse_elems: Any
     dq_partial_elems: Any  # floats of the dQ partials: a layer (q_elems) per dK/dV block
     partial_dq: Any  # the tiled VJP forms dQ from partials (a buffer of at most DQ_PARTIALS_MAX bytes)
+    dq_vec: Any  # elements a thread of the dQ sum adds (4 where head_dim % 4 == 0, else 1)
+    grid_delta: Any  # blocks of the Delta kernel (one thread a query row)
+    grid_dqsum: Any  # blocks of the dQ sum (dq_vec elements a thread)
     admissible: Any
     index_bits: int = 64
 
@@ -252,6 +256,11 @@ class AttentionPlan:
         return select(causal, self.row(bx, 0) // self.block_cols * self.block_cols, as_type(0, "int64"))
 
 
+def launch_blocks(elems: Any, per_block: Any) -> Any:
+    """Blocks of ``per_block`` elements that cover ``elems`` (the grids of the Delta kernel and the dQ sum)."""
+    return cdiv(elems, per_block)
+
+
 def attention_plan(
     batch: Any,
     heads_q: Any,
@@ -280,6 +289,7 @@ def attention_plan(
         bh <= MAX_GRID_Y,
     )
     ld_rows, ld_cols, ld_dim, ld_half = block_rows + 4, block_cols + 4, hd_pad + 4, hd_pad + 8
+    dq_vec = select(head_dim % 4 == 0, 4, 1)
     row_tile, col_tile = hd_pad * ld_rows, hd_pad * ld_cols
     return AttentionPlan(
         batch,
@@ -322,6 +332,9 @@ def attention_plan(
         # q_elems capped only so that the product cannot overflow: where partial_dq holds it is below the cap
         cdiv(seq_k, block_rows) * smin(bh * seq_q * head_dim, DQ_PARTIALS_MAX // 4),
         all_of(hd_pad <= 64, bh * seq_q * head_dim <= DQ_PARTIALS_MAX // 4 // smax(cdiv(seq_k, block_rows), 1)),
+        dq_vec,
+        launch_blocks(bh * seq_q, NT),
+        launch_blocks(bh * seq_q * head_dim, NT * dq_vec),
         admissible,
     )
 
@@ -1903,13 +1916,12 @@ def attention_vjp(
         rows = int(plan.lse_elems)
         parts = cupy.empty(int(plan.dq_partial_elems), dtype=cupy.float32)
         if rows:
-            _launch("delta", plan, (-(-rows // int(plan.threads)), 1), 0, (out, dout, delta, np.int64(rows)))
+            _launch("delta", plan, (int(plan.grid_delta), 1), 0, (out, dout, delta, np.int64(rows)))
         if plan.grid_k:
             args = (q, k, v, dout, lse, delta, dk, dv, parts, lens, *tail)
             _launch("dkdvq", plan, gk, plan.smem_dkdvq, args)
         if rows:
-            vec = 4 if int(plan.head_dim) % 4 == 0 else 1
-            grid = (-(-int(plan.q_elems) // (int(plan.threads) * vec)), 1)
+            grid = (int(plan.grid_dqsum), 1)
             _launch("dqsum", plan, grid, 0, (parts, dq, lens, tail[0], tail[2], np.int64(plan.grid_y_q), *tail[4:]))
         return dq, dk, dv
     if path == "kernel":

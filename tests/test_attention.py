@@ -38,6 +38,7 @@ def test_shipped_contract_holds_on_host():
         "ATT-PLAN-smem",
         "ATT-PLAN-dq-partials",
         "ATT-PLAN-dq-layers",
+        "ATT-PLAN-vjp-grids",
         "ATT-MERGE-identity",
     ):
         assert by[iid]["status"] == "proved", iid
@@ -141,6 +142,14 @@ def test_planted_overlapping_dq_layers_are_refuted(monkeypatch):
 
     monkeypatch.setattr(na.AttentionPlan, "dq_partial_offset", overlapping)
     it = _items(CONTRACT, ["ATT-PLAN-dq-partials"])["ATT-PLAN-dq-partials"]
+    assert it["status"] == "violated", it["reason"]
+
+
+def test_planted_short_vjp_grids_are_refuted(monkeypatch):
+    """Grids by floor division (a tail of rows or dQ elements no block covers) are violated by ATT-PLAN-vjp-grids;
+    the launches take the plan's grids, so the proof is about the numbers that run."""
+    monkeypatch.setattr(na, "launch_blocks", lambda elems, per_block: elems // per_block)
+    it = _items(CONTRACT, ["ATT-PLAN-vjp-grids"])["ATT-PLAN-vjp-grids"]
     assert it["status"] == "violated", it["reason"]
 
 

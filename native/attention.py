@@ -128,6 +128,9 @@ class AttentionPlan:
     dq_partial_elems: Any  # floats of the dQ partials: a layer (q_elems) per dK/dV block
     partial_dq: Any  # the tiled VJP forms dQ from partials (a buffer of at most DQ_PARTIALS_MAX bytes)
     dq_vec: Any  # elements a thread of the dQ sum adds (4 where head_dim % 4 == 0, else 1)
+    f16_rows: Any  # query rows per block of the float16 forwards: warps of 16 rows (4 warps at hd_pad 128)
+    f16_threads: Any  # their threads: 32 per 16 rows
+    grid_f16: Any  # their grid x: cdiv(seq_q, f16_rows)
     grid_delta: Any  # blocks of the Delta kernel (one thread a query row)
     grid_dqsum: Any  # blocks of the dQ sum (dq_vec elements a thread)
     admissible: Any
@@ -233,7 +236,7 @@ class AttentionPlan:
     def q_block(self, x: Any, causal: Any) -> Any:
         """The block of query rows that blockIdx.x ``x`` computes in the pipelined float16 forward: under causal
         reversed (the blocks with the most key tiles first), else x."""
-        return select(causal, as_type(self.grid_q, "int64") - 1 - x, as_type(x, "int64"))
+        return select(causal, as_type(self.grid_f16, "int64") - 1 - x, as_type(x, "int64"))
 
     def micro_row(self, tid: Any, i: Any) -> Any:
         """Row i (< 8) of thread tid's micro-tile in the tiled float32 kernels (16 threads share a row)."""
@@ -246,6 +249,14 @@ class AttentionPlan:
     def warp_row(self, tid: Any, e: Any) -> Any:
         """Row of accumulator half e (< 2) of thread tid in the float16 kernel (16 rows per warp, mma m16n8k16)."""
         return tid // 32 * 16 + tid % 32 // 4 + 8 * e
+
+    def f16_row(self, bx: Any, t: Any) -> Any:
+        """Query row ``t`` of block bx of the float16 forwards (blocks of f16_rows)."""
+        return as_type(bx, "int64") * self.f16_rows + t
+
+    def f16_key_end(self, bx: Any, causal: Any, kv_len: Any) -> Any:
+        """One past the last key a float16 forward block visits: kv_len, and under causal its last row + 1."""
+        return select(causal, smin(as_type(kv_len, "int64"), self.f16_row(bx + 1, 0)), as_type(kv_len, "int64"))
 
     def key_end(self, bx: Any, causal: Any, kv_len: Any) -> Any:
         """One past the last key a forward/dQ block visits: kv_len, and under causal its last row + 1."""
@@ -290,6 +301,10 @@ def attention_plan(
     )
     ld_rows, ld_cols, ld_dim, ld_half = block_rows + 4, block_cols + 4, hd_pad + 4, hd_pad + 8
     dq_vec = select(head_dim % 4 == 0, 4, 1)
+    # The float16 forward at hd_pad 128 holds 232 registers a thread: blocks of 4 warps let two blocks share an SM
+    # (their barriers and loads interleave) where one block of 8 warps filled it (flash/ours 0.65 -> 0.71 at head
+    # dim 128 on an H200, 2026-11-28, the same bits); at 64 the 8-warp block is the faster (0.78 against 0.66).
+    f16_rows = select(hd_pad <= 64, block_rows, block_rows // 2)
     row_tile, col_tile = hd_pad * ld_rows, hd_pad * ld_cols
     return AttentionPlan(
         batch,
@@ -333,6 +348,9 @@ def attention_plan(
         cdiv(seq_k, block_rows) * smin(bh * seq_q * head_dim, DQ_PARTIALS_MAX // 4),
         all_of(hd_pad <= 64, bh * seq_q * head_dim <= DQ_PARTIALS_MAX // 4 // smax(cdiv(seq_k, block_rows), 1)),
         dq_vec,
+        f16_rows,
+        32 * (f16_rows // 16),
+        cdiv(seq_q, f16_rows),
         launch_blocks(bh * seq_q, NT),
         launch_blocks(bh * seq_q * head_dim, NT * dq_vec),
         admissible,
@@ -870,7 +888,8 @@ def _f16_query_fragments(load: str) -> str:
 
 _F16_KERNEL = (
     r"""
-// Float16 storage on tensor cores (FlashAttention-2 layout): 8 warps of 16 query rows, key tiles of BC rows.
+// Float16 storage on tensor cores (FlashAttention-2 layout): warps of 16 query rows (BR / 16 of them: the plan's
+// f16_rows), key tiles of BC rows.
 // S = Q K^T and O += P V are mma.sync m16n8k16 with float32 accumulators; the scale, mask, online softmax (exp2f
 // of scores in log2 units) and the row sums run in float32; P is rounded to float16 for P V; O / l rounded once.
 extern "C" __global__ void __launch_bounds__(NT) attn_fwd16(
@@ -1651,12 +1670,13 @@ def kernel_source(kind: str, head_dim: int, v_load: str | None = None) -> tuple[
     """(CUDA source, function name) of kernel ``kind`` for a compile-time head dim; constants from the plan."""
     parts, fn = KERNELS[kind]
     p = attention_plan(1, 1, 1, 1, 1, head_dim)
+    f16 = kind in TENSOR_CORE_KERNELS  # the float16 forwards' own blocks (f16_rows in warps of 16 rows)
     macros = _MACROS.format(
         hd=head_dim,
         hdp=p.hd_pad,
-        br=p.block_rows,
+        br=p.f16_rows if f16 else p.block_rows,
         bc=p.block_cols,
-        nt=p.threads,
+        nt=p.f16_threads if f16 else p.threads,
         ldr=p.ld_rows,
         ldc=p.ld_cols,
         ldd=p.ld_dim,
@@ -1664,8 +1684,8 @@ def kernel_source(kind: str, head_dim: int, v_load: str | None = None) -> tuple[
     )
     if kind == "fwd16":
         macros += f"#define V_LDMATRIX {int((v_load or V_LOAD) == 'ldmatrix')}\n"
-    if kind == "fwd16p":  # two blocks per SM where the registers allow it (hd_pad 64: at most 128 per thread)
-        macros += f"#define STAGES {p.stages}\n#define MINB {2 if p.hd_pad <= 64 else 1}\n"
+    if kind == "fwd16p":  # two blocks an SM
+        macros += f"#define STAGES {p.stages}\n#define MINB 2\n"
     return macros + "".join(parts), fn
 
 
@@ -1788,7 +1808,10 @@ def _launch(kind: str, plan: AttentionPlan, grid: tuple[int, int], smem: int, ar
     import cupy
 
     fn = _kernel(kind, int(plan.head_dim), V_LOAD, int(smem), cupy.cuda.runtime.getDevice())
-    threads = BR if kind.startswith("row_") else int(plan.threads)
+    if kind.startswith("row_"):
+        threads = BR
+    else:
+        threads = int(plan.f16_threads) if kind in TENSOR_CORE_KERNELS else int(plan.threads)
     fn((int(grid[0]), int(grid[1])), (threads,), args, shared_mem=int(smem))
 
 
@@ -1841,7 +1864,8 @@ def _forward_launch(
     if kind == "fwd16p" and any(int(a.data.ptr) % 16 for a in (q, k, v)):
         q, k, v = (cupy.array(a, copy=True) for a in (q, k, v))  # cp.async moves 16-byte chunks: aligned rows
     args = (q, k, v, out, lse, lens, *tail)
-    return (lambda: _launch(kind, plan, (plan.grid_q, plan.grid_y_q), smem, args)), out, lse
+    grid = (plan.grid_f16 if half else plan.grid_q, plan.grid_y_q)
+    return (lambda: _launch(kind, plan, grid, smem, args)), out, lse
 
 
 def prepare_forward(

@@ -10,7 +10,7 @@ import pytest
 from falsification.registry import FalsifyContext, get_test
 from native import attention as na
 from obligations.check import check_contract
-from obligations.core.symbolic import as_type, cdiv, select
+from obligations.core.symbolic import as_type, cdiv, select, smin
 from spec import attention as sa
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -151,6 +151,28 @@ def test_planted_short_vjp_grids_are_refuted(monkeypatch):
     monkeypatch.setattr(na, "launch_blocks", lambda elems, per_block: elems // per_block)
     it = _items(CONTRACT, ["ATT-PLAN-vjp-grids"])["ATT-PLAN-vjp-grids"]
     assert it["status"] == "violated", it["reason"]
+
+
+def test_planted_float16_key_end_at_the_block_start_is_refuted(monkeypatch):
+    """A float16 forward block that stops its causal keys at its first row instead of past its last misses allowed
+    keys: ATT-PLAN-keys refutes it (the blocks of f16_rows are proved, not only the float32 kernels' block_rows)."""
+
+    def short(self: na.AttentionPlan, bx: object, causal: object, kv_len: object) -> object:
+        return select(causal, smin(as_type(kv_len, "int64"), self.f16_row(bx, 0)), as_type(kv_len, "int64"))
+
+    monkeypatch.setattr(na.AttentionPlan, "f16_key_end", short)
+    it = _items(CONTRACT, ["ATT-PLAN-keys"])["ATT-PLAN-keys"]
+    assert it["status"] == "violated", it["reason"]
+
+
+def test_float16_forward_blocks_follow_the_plan():
+    """Blocks of 8 warps at hd_pad 64, of 4 at 128: the kernels' BR and NT are the plan's f16_rows and f16_threads."""
+    for hd, rows in ((64, 128), (7, 128), (80, 64), (128, 64)):
+        p = na.attention_plan(1, 2, 2, 300, 300, hd)
+        assert (p.f16_rows, p.f16_threads, p.grid_f16) == (rows, 2 * rows, -(-300 // rows)), hd
+        for kind in na.TENSOR_CORE_KERNELS:
+            src, _ = na.kernel_source(kind, hd)
+            assert f"#define BR {rows}\n" in src and f"#define NT {2 * rows}\n" in src, (kind, hd)
 
 
 def test_vjp_paths_follow_the_plan_and_refuse_what_it_does_not_cover():

@@ -1296,8 +1296,14 @@ __device__ __forceinline__ void transpose_q(float* dst, const float* src) {
     }
 }
 """
-# The first step's tile staged before the dK/dV kernels' loops (buffer 0).
-_DKDV_PROLOGUE = r"""    const long long hend = (hk + 1) * g;
+# The dK/dV kernels' start of their loops: the causal query start, the zeroed gradients, and the first step's tile
+# staged (buffer 0).
+_DKDV_PROLOGUE = r"""    const long long qstart = causal ? r0 / BC * BC : 0;
+    const bool live = r0 < klen;
+    float dka[8][DN], dva[8][DN];
+    zero(dka);
+    zero(dva);
+    const long long hend = (hk + 1) * g;
     unsigned cur = 0u;
     if (live && qstart < Lq) {
         const long long fbase = (b * Hq + hk * g) * Lq;
@@ -1354,11 +1360,6 @@ extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dkdv(
     const long long kb = bkv * Lk;
     load_t<BR>(kt, LDR, k, kb, r0, klen);
     load_t<BR>(vt, LDR, v, kb, r0, klen);
-    const long long qstart = causal ? r0 / BC * BC : 0;
-    const bool live = r0 < klen;
-    float dka[8][DN], dva[8][DN];
-    zero(dka);
-    zero(dva);
 """
     + _DKDV_PROLOGUE
     + r"""    for (long long hq = hk * g; hq < hend && live; ++hq) {
@@ -1417,11 +1418,6 @@ extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dkdvq(
     load_t<BR>(kt, LDR, k, kb, r0, klen);
     load_t<BR>(vt, LDR, v, kb, r0, klen);
     load_r<BR>(kr, LDD, k, kb, r0, klen);
-    const long long qstart = causal ? r0 / BC * BC : 0;
-    const bool live = r0 < klen;
-    float dka[8][DN], dva[8][DN];
-    zero(dka);
-    zero(dva);
 """
     + _DKDV_PROLOGUE
     + r"""    for (long long hq = hk * g; hq < hend && live; ++hq) {

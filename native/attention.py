@@ -1467,8 +1467,8 @@ extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dkdvq(
 
 _DQSUM = r"""
 // dQ = scale * (layer 0 + layer 1 + ...) of the partials, layers ascending: those of the key blocks below kv_len,
-// under causal only up to the row's own (no other block wrote the row). VEC elements a thread (4 where HD allows).
-#define VEC (HD % 4 == 0 ? 4 : 1)
+// under causal only up to the row's own (no other block wrote the row). VEC elements a thread (the plan's dq_vec: 4
+// where HD allows).
 extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dqsum(
         const float* __restrict__ dqp, T* __restrict__ dq, const long long* __restrict__ kv_len, long long Hq,
         long long Lq, long long BHq, float scale, int causal) {
@@ -1682,6 +1682,8 @@ def kernel_source(kind: str, head_dim: int, v_load: str | None = None) -> tuple[
         macros += f"#define V_LDMATRIX {int((v_load or V_LOAD) == 'ldmatrix')}\n"
     if kind == "fwd16p":  # two blocks an SM
         macros += f"#define STAGES {p.stages}\n#define MINB 2\n"
+    if kind == "dqsum":  # the elements a thread adds, as the plan's grid_dqsum counts them
+        macros += f"#define VEC {p.dq_vec}\n"
     return macros + "".join(parts), fn
 
 

@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from native.workloads import MARKER
+from native.workloads import MARKER, workload_start
 from obligations.core import cancel
 
 __all__ = [
@@ -118,14 +118,19 @@ def _shards(tool: str) -> int:
 
 def _split(names: list[str], n: int, weight: Mapping[str, float]) -> list[list[str]]:
     """``names`` in ``n`` parts of about equal weight (longest first, each to the lightest part; an unknown weight
-    counts as the mean of the known ones), each part in the given order."""
+    counts as the mean of the known ones), each part in the given order. Workloads that start the same runtime
+    (native.workloads.workload_start) go to one part together: its start is paid once a tool, not once a part."""
     known = [weight[w] for w in names if w in weight]
     guess = sum(known) / len(known) if known else 1.0
-    loads = [0.0] * min(n, len(names))
+    groups: dict[str, list[str]] = {}
+    for w in names:
+        groups.setdefault(workload_start(w) or f"workload:{w}", []).append(w)
+    loads = [0.0] * min(n, len(groups))
     part_of: dict[str, int] = {}
-    for w in sorted(names, key=lambda w: -weight.get(w, guess)):
+    for group in sorted(groups.values(), key=lambda g: -sum(weight.get(w, guess) for w in g)):
         k = loads.index(min(loads))
-        part_of[w], loads[k] = k, loads[k] + weight.get(w, guess)
+        loads[k] += sum(weight.get(w, guess) for w in group)
+        part_of.update(dict.fromkeys(group, k))
     return [[w for w in names if part_of[w] == k] for k in range(len(loads))]
 
 

@@ -340,6 +340,24 @@ def test_shards_split_a_tools_workloads_over_processes(monkeypatch):
     assert len(sanitize_batch.make_plan(units)["processes"]) == 6  # never more processes than workloads
 
 
+def test_workloads_that_start_the_same_runtime_share_a_process(monkeypatch):
+    """Split by seconds alone, t1 and t2 would go to two processes and each would start their runtime (Triton's
+    import and launcher: ~3.8 s a process on an H200 host); as one group they share one start."""
+    from native.workloads import workload_start
+
+    assert workload_start("triton-softmax") == workload_start("triton-rmsnorm") == "triton"
+    assert workload_start("attention") is None
+    units = {w: {"tools": ["memcheck"]} for w in ("a", "b", "t1", "t2")}
+    seconds = {"memcheck": {"t1": 5.0, "a": 4.0, "t2": 3.0, "b": 1.0}}
+    monkeypatch.setenv(sanitize_batch.SHARDS_ENV, "memcheck=2")
+    monkeypatch.setattr(sanitize_batch, "workload_start", lambda w: None)
+    apart = [p["workloads"] for p in sanitize_batch.make_plan(units, seconds=seconds)["processes"]]
+    assert not any({"t1", "t2"} <= set(part) for part in apart)
+    monkeypatch.setattr(sanitize_batch, "workload_start", {"t1": "rt", "t2": "rt"}.get)
+    together = [p["workloads"] for p in sanitize_batch.make_plan(units, seconds=seconds)["processes"]]
+    assert sorted(together) == [["a", "b"], ["t1", "t2"]]
+
+
 def test_a_plan_splits_by_the_seconds_the_last_run_recorded(fake_sanitizer):
     plan = sanitize_batch.make_plan(
         {"fake-clean": {"tools": ["memcheck"], "modules": ["tests.planted.sanitizer_bugs"]}}

@@ -226,8 +226,15 @@ def _worst(seen: dict) -> Callable[[engine.Judgement], None]:
 def _forward_kinds(storage: str, variant: str | None = None) -> Callable[[int], tuple[str, ...]]:
     from native import attention as na
 
-    kind = na.FWD16_VARIANTS[variant or na.FWD16]
-    return lambda hd: (kind,) if storage == "float16" else ("fwd",)
+    def kinds(hd: int) -> tuple[str, ...]:
+        if storage != "float16":
+            return ("fwd",)
+        if variant is not None:
+            return (na.FWD16_VARIANTS[variant],)
+        hd_pad = int(na.attention_plan(1, 1, 1, 1, 1, hd).hd_pad)  # the default's kernels, with and without causal
+        return tuple(sorted({na.FWD16_VARIANTS[na.default_fwd16(hd_pad, c)] for c in (False, True)}))
+
+    return kinds
 
 
 # The kernels of each VJP path (native.attention.vjp_path)

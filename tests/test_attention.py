@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from falsification import attention_tests as at
 from falsification.registry import FalsifyContext, get_test
 from native import attention as na
 from obligations.check import check_contract
@@ -165,14 +166,45 @@ def test_planted_float16_key_end_at_the_block_start_is_refuted(monkeypatch):
     assert it["status"] == "violated", it["reason"]
 
 
+def test_planted_wide_key_end_at_the_block_start_is_refuted(monkeypatch):
+    """The same planted key end in the wide float16 forward's blocks of f16w_rows: ATT-PLAN-keys refutes it."""
+
+    def short(self: na.AttentionPlan, bx: object, causal: object, kv_len: object) -> object:
+        return select(causal, smin(as_type(kv_len, "int64"), self.f16w_row(bx, 0)), as_type(kv_len, "int64"))
+
+    monkeypatch.setattr(na.AttentionPlan, "f16w_key_end", short)
+    it = _items(CONTRACT, ["ATT-PLAN-keys"])["ATT-PLAN-keys"]
+    assert it["status"] == "violated", it["reason"]
+
+
+def test_planted_wide_query_tile_over_the_stages_is_refuted(monkeypatch):
+    """A wide forward whose Q tile starts at offset 0 would overwrite the first K/V stage: ATT-PLAN-smem refutes it."""
+    monkeypatch.setattr(na.AttentionPlan, "smem_query", lambda self, r, d: r * self.ld_half + d)
+    it = _items(CONTRACT, ["ATT-PLAN-smem"])["ATT-PLAN-smem"]
+    assert it["status"] == "violated", it["reason"]
+
+
 def test_float16_forward_blocks_follow_the_plan():
-    """Blocks of 8 warps at hd_pad 64, of 4 at 128: the kernels' BR and NT are the plan's f16_rows and f16_threads."""
+    """Blocks of 8 warps at hd_pad 64, of 4 at 128 (16 rows a warp); the wide kernel's 4 warps of 32 rows: the
+    kernels' BR and NT are the plan's f16_rows and f16_threads (f16w_rows and f16w_threads)."""
     for hd, rows in ((64, 128), (7, 128), (80, 64), (128, 64)):
         p = na.attention_plan(1, 2, 2, 300, 300, hd)
         assert (p.f16_rows, p.f16_threads, p.grid_f16) == (rows, 2 * rows, -(-300 // rows)), hd
+        assert (p.f16w_rows, p.f16w_threads, p.grid_f16w) == (128, 128, 3), hd
         for kind in na.TENSOR_CORE_KERNELS:
+            br, nt = (128, 128) if kind == "fwd16w" else (rows, 2 * rows)
             src, _ = na.kernel_source(kind, hd)
-            assert f"#define BR {rows}\n" in src and f"#define NT {2 * rows}\n" in src, (kind, hd)
+            assert f"#define BR {br}\n" in src and f"#define NT {nt}\n" in src, (kind, hd)
+
+
+def test_default_fwd16_is_wide_only_at_head_dims_above_64_without_a_causal_mask():
+    """The measured choice (native.attention.default_fwd16), and every variant a kernel of its own."""
+    assert na.default_fwd16(128, False) == "wide"
+    assert {na.default_fwd16(128, True), na.default_fwd16(64, False), na.default_fwd16(64, True)} == {"pipelined"}
+    assert set(na.FWD16_VARIANTS.values()) == set(na.TENSOR_CORE_KERNELS)
+    kinds = at._forward_kinds("float16")
+    assert kinds(128) == ("fwd16p", "fwd16w") and kinds(64) == ("fwd16p",) and kinds(7) == ("fwd16p",)
+    assert at._forward_kinds("float16", "sync")(128) == ("fwd16",) and at._forward_kinds("float32")(128) == ("fwd",)
 
 
 def test_vjp_paths_follow_the_plan_and_refuse_what_it_does_not_cover():
@@ -351,7 +383,8 @@ def test_precompile_builds_every_kernel_the_cases_launch_side_by_side(monkeypatc
     assert n == len(want) == len(built) and set(built) == want and peak[0] > 1
     assert {hd for hd in at._HEAD_DIMS if not na.attention_plan(1, 1, 1, 1, 1, hd).tiled_vjp} == {96}
     built.clear()
-    assert at.precompile("cuda", at._forward_kinds("float16")) == len(at._HEAD_DIMS) == len(built)
+    # the default's kernels: the pipelined one at every head dim, the wide one too where hd_pad is 128 (96)
+    assert at.precompile("cuda", at._forward_kinds("float16")) == len(at._HEAD_DIMS) + 1 == len(built)
     monkeypatch.setattr(nvrtc, "_cache_dir", lambda: None)
     assert at.precompile("cuda", at._vjp_kinds) == 0
 
@@ -370,8 +403,8 @@ def _fwd16_case(hd: int, causal: bool, seed: int) -> tuple:
 @pytest.mark.parametrize("hd", [64, 128, 80, 7])
 def test_pipelined_fwd16_is_within_the_derived_bound_and_equals_the_sync_kernel(hd, causal):
     """The pipelined float16 forward (cp.async double buffers) within spec.attention.forward_bound's tensor-core
-    bound, and equal in value to the sync kernel (the same arithmetic in the same order); head dim 7 takes its
-    plain-load path, 80 pads to 128."""
+    bound, and equal in value to the sync kernel (the same arithmetic in the same order), as the wide kernel (warps
+    of 32 rows) and the default are; head dim 7 takes the plain-load paths, 80 pads to 128."""
     from tests.contract_helpers import CUDA_OK
 
     if not CUDA_OK:
@@ -383,7 +416,7 @@ def test_pipelined_fwd16_is_within_the_derived_bound_and_equals_the_sync_kernel(
         q, k, v, causal=causal, kv_lens=lens, tiles=-(-260 // na.BC), u_out=sa.U16, tensor_core=True, tile_keys=na.BC
     )
     outs = {}
-    for variant in ("sync", "pipelined"):
+    for variant in ("sync", "pipelined", "wide", None):
         out, lse = na.attention(
             *(cupy.asarray(x) for x in (q, k, v)), causal=causal, kv_lens=lens, device="cuda", fwd16=variant
         )
@@ -392,8 +425,9 @@ def test_pipelined_fwd16_is_within_the_derived_bound_and_equals_the_sync_kernel(
     assert np.isfinite(got).all()
     ratio = float((np.abs(got - ref) / bound).max())
     assert ratio <= 1, f"max |err| / bound = {ratio}"
-    for a, b in zip(outs["pipelined"], outs["sync"], strict=True):
-        assert np.array_equal(a, b), float(np.abs(a.astype(np.float64) - b).max())
+    for variant in ("pipelined", "wide", None):
+        for a, b in zip(outs[variant], outs["sync"], strict=True):
+            assert np.array_equal(a, b), (variant, float(np.abs(a.astype(np.float64) - b).max()))
 
 
 @pytest.mark.cuda
@@ -412,8 +446,9 @@ def test_pipelined_fwd16_copies_unaligned_views_and_refuses_unknown_variants():
     assert qv.data.ptr % 16 != 0
     kd, vd = cupy.asarray(k), cupy.asarray(v)
     a, _ = na.attention(qv, kd, vd, kv_lens=lens, device="cuda", fwd16="pipelined")
+    w, _ = na.attention(qv, kd, vd, kv_lens=lens, device="cuda", fwd16="wide")
     b, _ = na.attention(cupy.asarray(q), kd, vd, kv_lens=lens, device="cuda", fwd16="sync")
-    assert np.array_equal(cupy.asnumpy(a), cupy.asnumpy(b))
+    assert np.array_equal(cupy.asnumpy(a), cupy.asnumpy(b)) and np.array_equal(cupy.asnumpy(w), cupy.asnumpy(b))
     with pytest.raises(na.AttentionShapeError):
         na.attention(cupy.asarray(q), kd, vd, device="cuda", fwd16="no-such-variant")
 

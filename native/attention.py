@@ -781,6 +781,14 @@ __device__ __forceinline__ unsigned pack_f16(float lo, float hi) {
     unsigned r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r; }
 __device__ __forceinline__ unsigned short to_f16(float x) {
     unsigned short h; asm("{.reg .b16 t; cvt.rn.f16.f32 t, %1; mov.b16 %0, t;}" : "=h"(h) : "f"(x)); return h; }
+// P's A operand for k-step kk of P V (keys 16 kk .. 16 kk + 15) from a warp's m16 tile of scores, rounded to
+// float16: the score fragment of S = Q K^T is the A fragment of P V.
+__device__ __forceinline__ void p_fragment(unsigned (&p)[4], const float (&s)[BC / 8][4], unsigned kk) {
+    p[0] = pack_f16(s[2 * kk][0], s[2 * kk][1]);
+    p[1] = pack_f16(s[2 * kk][2], s[2 * kk][3]);
+    p[2] = pack_f16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    p[3] = pack_f16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
 // D = A B + C on tensor cores: A 16x16 (row), B 16x8 (col) float16, C and D 16x8 float32.
 __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -967,9 +975,8 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd16(
 #endif
         #pragma unroll
         for (unsigned kk = 0; kk < BC / 16; ++kk) {
-            const unsigned pa[4] = {pack_f16(sc[2 * kk][0], sc[2 * kk][1]), pack_f16(sc[2 * kk][2], sc[2 * kk][3]),
-                                    pack_f16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                                    pack_f16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+            unsigned pa[4];
+            p_fragment(pa, sc, kk);
             #pragma unroll
             for (unsigned np = 0; np < HDP / 16; ++np) {
                 unsigned b0, b1, b2, b3;
@@ -1143,9 +1150,8 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) attn_fwd16p(
     + _F16_SOFTMAX_STEP
     + r"""        #pragma unroll
         for (unsigned kk = 0; kk < BC / 16; ++kk) {
-            const unsigned pa[4] = {pack_f16(sc[2 * kk][0], sc[2 * kk][1]), pack_f16(sc[2 * kk][2], sc[2 * kk][3]),
-                                    pack_f16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                                    pack_f16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+            unsigned pa[4];
+            p_fragment(pa, sc, kk);
             #pragma unroll
             for (unsigned np = 0; np < HDP / 16; ++np) {
                 unsigned b0, b1, b2, b3;
@@ -1279,12 +1285,9 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) attn_fwd16w(
     + r"""        }
         #pragma unroll
         for (unsigned kk = 0; kk < BC / 16; ++kk) {
-            const unsigned pa[4] = {pack_f16(sa[2 * kk][0], sa[2 * kk][1]), pack_f16(sa[2 * kk][2], sa[2 * kk][3]),
-                                    pack_f16(sa[2 * kk + 1][0], sa[2 * kk + 1][1]),
-                                    pack_f16(sa[2 * kk + 1][2], sa[2 * kk + 1][3])};
-            const unsigned pb[4] = {pack_f16(sb[2 * kk][0], sb[2 * kk][1]), pack_f16(sb[2 * kk][2], sb[2 * kk][3]),
-                                    pack_f16(sb[2 * kk + 1][0], sb[2 * kk + 1][1]),
-                                    pack_f16(sb[2 * kk + 1][2], sb[2 * kk + 1][3])};
+            unsigned pa[4], pb[4];
+            p_fragment(pa, sa, kk);
+            p_fragment(pb, sb, kk);
             #pragma unroll
             for (unsigned np = 0; np < HDP / 16; ++np) {
                 unsigned b0, b1, b2, b3;

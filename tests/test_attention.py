@@ -154,25 +154,17 @@ def test_planted_short_vjp_grids_are_refuted(monkeypatch):
     assert it["status"] == "violated", it["reason"]
 
 
-def test_planted_float16_key_end_at_the_block_start_is_refuted(monkeypatch):
-    """A float16 forward block that stops its causal keys at its first row instead of past its last misses allowed
-    keys: ATT-PLAN-keys refutes it (the blocks of f16_rows are proved, not only the float32 kernels' block_rows)."""
+@pytest.mark.parametrize(("key_end", "row"), [("f16_key_end", "f16_row"), ("f16w_key_end", "f16w_row")])
+def test_planted_float16_key_end_at_the_block_start_is_refuted(monkeypatch, key_end, row):
+    """A float16 forward block (the 16-row warps' blocks of f16_rows, the wide kernel's of f16w_rows) that stops its
+    causal keys at its first row instead of past its last misses allowed keys: ATT-PLAN-keys refutes it (the
+    float16 blocks are proved, not only the float32 kernels' block_rows)."""
 
     def short(self: na.AttentionPlan, bx: object, causal: object, kv_len: object) -> object:
-        return select(causal, smin(as_type(kv_len, "int64"), self.f16_row(bx, 0)), as_type(kv_len, "int64"))
+        first = getattr(self, row)(bx, 0)
+        return select(causal, smin(as_type(kv_len, "int64"), first), as_type(kv_len, "int64"))
 
-    monkeypatch.setattr(na.AttentionPlan, "f16_key_end", short)
-    it = _items(CONTRACT, ["ATT-PLAN-keys"])["ATT-PLAN-keys"]
-    assert it["status"] == "violated", it["reason"]
-
-
-def test_planted_wide_key_end_at_the_block_start_is_refuted(monkeypatch):
-    """The same planted key end in the wide float16 forward's blocks of f16w_rows: ATT-PLAN-keys refutes it."""
-
-    def short(self: na.AttentionPlan, bx: object, causal: object, kv_len: object) -> object:
-        return select(causal, smin(as_type(kv_len, "int64"), self.f16w_row(bx, 0)), as_type(kv_len, "int64"))
-
-    monkeypatch.setattr(na.AttentionPlan, "f16w_key_end", short)
+    monkeypatch.setattr(na.AttentionPlan, key_end, short)
     it = _items(CONTRACT, ["ATT-PLAN-keys"])["ATT-PLAN-keys"]
     assert it["status"] == "violated", it["reason"]
 

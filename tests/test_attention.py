@@ -344,7 +344,6 @@ def test_precompile_builds_every_kernel_the_cases_launch_side_by_side(monkeypatc
     import threading
     import time
 
-    from falsification import attention_tests as at
     from native import attention as na
     from native import nvrtc
 

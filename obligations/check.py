@@ -11,6 +11,7 @@ import math
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from obligations import __version__
-from obligations.cluster import ClusterRunner, parse_cluster
+from obligations.cluster import ClusterRunner, parse_cluster, visible_gpus
 from obligations.contract import Contract, ContractError, load_contract, load_contracts, shown_path
 from obligations.core import cancel, entrypoints
 from obligations.core.device import use_plain_reductions
@@ -49,7 +50,7 @@ from obligations.isolation import (
     raising_on_stop,
 )
 from obligations.runorder import item_name, last_seconds, longest_first, record_seconds, shared_last
-from obligations.sanitize_batch import run_scope, share
+from obligations.sanitize_batch import RUN_ENV, PlanRun, run_scope, share, start_plan
 
 __all__ = [
     "check_contract",
@@ -533,10 +534,14 @@ def check_paths(
     interrupted = stopped = False
     failures = [0]
     scope = contextlib.ExitStack()
+    sanitizing: PlanRun | None = None
     if device == "cuda":  # the run's sanitize items share one compute-sanitizer process per tool
         scope.enter_context(run_scope())
         shared = [(c, it) for c, it in _to_run(todo, only, options.done) if item_method(it) == "sanitize"]
-        share([it for _, it in shared], [c.data["family"] for c, _ in shared])
+        plan = share([it for _, it in shared], [c.data["family"] for c, _ in shared])
+        sanitizing = _start_sanitize_plan(plan, options) if plan is not None else None
+        if sanitizing is not None:
+            scope.callback(sanitizing.stop)
     executor = options.executor or make_executor(
         options.isolate,
         partial(item_fields, device=device, profile=profile, seed=seed),
@@ -616,6 +621,8 @@ def check_paths(
         executor.close()
         scope.close()
         phases.append(("close workers", t0, time.perf_counter()))
+        if sanitizing is not None and sanitizing.ended is not None:
+            phases.append(("sanitizer plan", sanitizing.began, sanitizing.ended))
     if interrupted:
         reason = reason or cancel.stop_requested() or "SIGINT"
         if prefetcher is not None and options.log:
@@ -692,6 +699,19 @@ def _log_finished_ahead(
             if key in prefetcher.finished and key not in have:
                 fields, seconds = prefetcher.finished[key]
                 log(contract, _record(contract, item, fields, device, seed, seconds))
+
+
+def _start_sanitize_plan(plan: dict[str, Any], options: RunOptions) -> PlanRun | None:
+    """Start the run's sanitizer plan from the run itself where its GPUs are this host's (one GPU, ``-j``, a local
+    cluster): from the first moment, spread over those GPUs, holding no worker thread. On a scheduler's workers
+    (other hosts) the first sanitize item to start runs it on its worker's GPU, as without this; so does every run
+    where the tool is not on PATH (the items then say so)."""
+    if options.cluster and parse_cluster(options.cluster).kind != "local":
+        return None
+    exe = shutil.which("compute-sanitizer")
+    if exe is None:
+        return None
+    return start_plan(Path(os.environ[RUN_ENV]), plan, exe, visible_gpus())
 
 
 def _to_run(

@@ -6,6 +6,7 @@ started by name), so that the run side never imports the checker that its worker
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 import time
@@ -40,8 +41,6 @@ def dask_setup(worker: Any) -> None:
     not import the measure items' peers (torch, cupyx) before they are ready: 30 processes of a 2 x H100 cluster
     doing so began the first item 4.4 s into the run, against 1.2 s on one GPU (2026-11-28); by the measure items,
     sent last, most have imported them for items of their own, and a measure item takes the warmest of those."""
-    import obligations.check  # noqa: F401  (what run_on_worker needs, imported before the first items arrive)
-
     state = getattr(worker, "state", worker)
     threads = int(getattr(state, "nthreads", 1) or 1)
     cuda = float((getattr(state, "total_resources", None) or {}).get("GPU", 0)) > 0
@@ -56,6 +55,10 @@ def dask_setup(worker: Any) -> None:
             return
         with _lock:
             _spares.append((env, executor))
+    # What run_on_worker needs, imported beside the processes' own start rather than before it: the worker joins the
+    # cluster at once (its first task, if one comes first, waits on the import lock), and the processes started
+    # above import their own meanwhile (2 x H200: the preload with this import first held the opening 3.3 s).
+    threading.Thread(target=importlib.import_module, args=("obligations.check",), daemon=True).start()
 
 
 def dask_teardown(worker: Any) -> None:

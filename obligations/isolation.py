@@ -30,6 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
+from native.cuda_wait import WAIT_ENV
 from obligations.core import cancel
 
 __all__ = [
@@ -55,6 +56,9 @@ __all__ = [
     "default_jobs",
     "all_cores",
     "THREAD_POOL_VARS",
+    "WORKER_WAIT",
+    "NICE_ENV",
+    "WORKER_NICE",
     "known_witnesses",
     "seed_witnesses",
     "STOP_SIGNALS",
@@ -384,6 +388,9 @@ class WorkerPool(Executor):
         if self.threads:
             for var in THREAD_POOL_VARS:  # a variable the user set wins
                 env.setdefault(var, str(self.threads))
+        if self.settings.get("device") == "cuda":
+            env.setdefault(WAIT_ENV, WORKER_WAIT)  # a wait the user set wins
+            env.setdefault(NICE_ENV, str(WORKER_NICE))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "obligations.worker"],
             stdin=subprocess.PIPE,
@@ -555,6 +562,13 @@ def default_jobs() -> int:
 
 # The thread-pool sizes of NumPy's BLAS and OpenMP code: N workers each starting one thread per CPU would run
 # N x CPUs threads on CPUs threads' worth of cores (the float64 references of GEMM, attention and conv use BLAS).
+# How a worker of a cuda run waits for its GPU (native.cuda_wait): the driver would spin a core a worker.
+WORKER_WAIT = "blocking"
+# The CPU priority a worker of a cuda run gives up (os.nice): the run's sanitizer processes, its longest job, keep
+# theirs and take the CPUs first where the items' workers want more than there are (the 30 of a 2-GPU cluster left
+# them none: every tool process took 13-19 s against ~7 s alone). Alone on the machine a worker loses nothing.
+NICE_ENV = "KC_WORKER_NICE"
+WORKER_NICE = 5
 THREAD_POOL_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
 
 

@@ -55,6 +55,10 @@ __all__ = [
     "run_scope",
     "share",
     "run_plan",
+    "assign_devices",
+    "start_plan",
+    "PlanRun",
+    "PROCESS_START_S",
     "attribute",
     "verdicts_for",
     "parallel_processes",
@@ -408,6 +412,8 @@ def _run_process(
     cmd = tool_command(exe, spec["tool"], spec["workloads"], modules, token)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the workloads import what this process does
+    if spec.get("device") is not None:  # the GPU the run gave this process (assign_devices)
+        env["CUDA_VISIBLE_DEVICES"] = str(spec["device"])
     t0 = time.monotonic()
     lines: list[str] = []
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", env=env)
@@ -444,15 +450,24 @@ def _done_path(where: Path, plan: Mapping[str, Any], name: str, suffix: str = ".
     return where / plan["id"] / f"{name.replace('#', '.')}{suffix}"
 
 
-def run_plan(where: Path, plan: Mapping[str, Any], exe: str) -> None:
+def run_plan(
+    where: Path,
+    plan: Mapping[str, Any],
+    exe: str,
+    live: set[subprocess.Popen[str]] | None = None,
+    stopping: threading.Event | None = None,
+) -> None:
     """Run every process of ``plan`` (at most :func:`parallel_processes` at a time), writing each one's verdicts to
-    ``where`` as it ends. Interrupted (the item's limit, a stop), it stops the processes it started."""
+    ``where`` as it ends. Interrupted (the item's limit, a stop), it stops the processes it started; ``live`` holds
+    them while they run and ``stopping``, once set, starts no more (a caller in another thread stops the rest)."""
     (where / plan["id"]).mkdir(parents=True, exist_ok=True)
     modules = sorted({m for u in plan["units"].values() for m in u.get("modules") or ()})
     timeout_s = float(plan["timeout_s"])
-    live: set[subprocess.Popen[str]] = set()
+    live = live if live is not None else set()
 
     def one(spec: Mapping[str, Any]) -> None:
+        if stopping is not None and stopping.is_set():
+            return  # no verdicts: the items waiting for them say the plan's run ended before they came
         log = _done_path(where, plan, spec["name"], ".log")  # the process's whole output, for a look afterwards
         result = _run_process(exe, spec, modules, timeout_s, log, live)
         # A workload whose verdict the shared process could not give (a report it could not place) runs again in a
@@ -460,6 +475,7 @@ def run_plan(where: Path, plan: Mapping[str, Any], exe: str) -> None:
         for name, verdict in list(result["workloads"].items()):
             if verdict["exit"] == "unattributed":
                 alone = {"name": f"{spec['name']}:{name}", "tool": spec["tool"], "workloads": [name]}
+                alone |= {"device": spec["device"]} if spec.get("device") is not None else {}
                 log = _done_path(where, plan, alone["name"], ".log")
                 again = _run_process(exe, alone, modules, timeout_s, log, live)["workloads"][name]
                 result["workloads"][name] = again | {"alone": verdict.get("reason", "")}
@@ -480,6 +496,89 @@ def run_plan(where: Path, plan: Mapping[str, Any], exe: str) -> None:
         raise
     pool.shutdown()
     _record_seconds((_read_done(where, plan, procs) or {}).values())
+
+
+# Seconds a tool process takes before its first workload (Python, CUDA, the tool's own start): a process's weight
+# beyond its workloads' when the run spreads the plan over its GPUs.
+PROCESS_START_S = 3.0
+
+
+def assign_devices(
+    plan: Mapping[str, Any], devices: Sequence[str], seconds: Mapping[str, Mapping[str, float]] | None = None
+) -> dict[str, Any]:
+    """``plan`` with each process given one of ``devices`` (CUDA_VISIBLE_DEVICES entries): longest first (by
+    ``seconds``, tool -> workload -> last seconds) to the GPU with the least work so far. No devices: unchanged."""
+    if not devices:
+        return dict(plan)
+    seconds = seconds or {}
+
+    def weight(spec: Mapping[str, Any]) -> float:
+        known = seconds.get(spec["tool"]) or {}
+        guess = sum(known.values()) / len(known) if known else 1.0
+        return PROCESS_START_S + sum(known.get(w, guess) for w in spec["workloads"])
+
+    load = dict.fromkeys(devices, 0.0)
+    placed: dict[str, str] = {}
+    for spec in sorted(plan["processes"], key=lambda p: -weight(p)):
+        device = min(devices, key=lambda d: load[d])  # ties: the first listed
+        load[device] += weight(spec)
+        placed[spec["name"]] = device
+    return {**plan, "processes": [{**p, "device": placed[p["name"]]} for p in plan["processes"]]}
+
+
+class PlanRun:
+    """A plan that the run itself runs in the background (:func:`start_plan`): the sanitize items only wait for
+    its verdicts. ``began``/``ended`` (perf_counter) are for the run's timeline."""
+
+    def __init__(self, where: Path, plan: Mapping[str, Any], exe: str, lock: Any) -> None:
+        self.where, self.plan, self.exe = where, plan, exe
+        self.live: set[subprocess.Popen[str]] = set()
+        self.stopping = threading.Event()
+        self.began = time.perf_counter()
+        self.ended: float | None = None
+        self._lock = lock
+        self._thread = threading.Thread(target=self._run, name="kc-sanitize-plan", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            run_plan(self.where, self.plan, self.exe, self.live, self.stopping)
+        except Exception:  # noqa: BLE001 (the items waiting for verdicts that never came say the run ended first)
+            pass
+        finally:
+            self.ended = time.perf_counter()
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            self._lock.close()
+
+    def stop(self) -> None:
+        """End the plan's processes now (a stop, the run's end) and wait for its thread."""
+        self.stopping.set()
+        for proc in list(self.live):
+            _kill_tree(proc)
+        self._thread.join(timeout=30)
+
+
+def start_plan(where: Path, plan: Mapping[str, Any], exe: str, devices: Sequence[str] = ()) -> PlanRun | None:
+    """Run ``plan`` from the run itself, in the background, as soon as it is written: its processes start beside
+    the first items instead of inside one (which held a worker thread for the plan's whole run), spread over
+    ``devices``, each process on one (:func:`assign_devices`; the plan file says where each ran). None where an item
+    has started it already."""
+    run_dir = where / plan["id"]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = open(run_dir / "lock", "a+")  # noqa: SIM115 (held until the plan's thread ends)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        return None
+    if (run_dir / "started").exists():
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        lock.close()
+        return None
+    (run_dir / "started").write_text(str(os.getpid()), encoding="utf-8")
+    placed = assign_devices(plan, devices, plan_seconds())
+    write_plan(where, placed)
+    return PlanRun(where, placed, exe, lock)
 
 
 def _covering(

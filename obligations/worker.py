@@ -20,7 +20,9 @@ from typing import Any
 
 from obligations.core import cancel
 from obligations.isolation import (
+    NICE_ENV,
     PRELOAD_ENV,
+    QUIET_METHODS,
     cpu_seconds,
     error_fields,
     seed_witnesses,
@@ -61,6 +63,8 @@ def _worker() -> int:
     import obligations.check  # noqa: F401  (imported before "ready": not the first item's time)
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    with contextlib.suppress(ValueError, OSError):  # the CPU priority the run gives up for its sanitizer plan
+        os.nice(int(os.environ.get(NICE_ENV) or 0))
     _exit_with_parent()
     answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
@@ -69,6 +73,7 @@ def _worker() -> int:
     from falsification.registry import load_builtin_tests
 
     load_builtin_tests()  # what the first falsify item would import (Hypothesis, the test modules): not its time
+    run_wait = _apply_run_wait()
     for name in filter(None, os.environ.get(PRELOAD_ENV, "").split(",")):
         with contextlib.suppress(ImportError):  # an absent library: the item that needs it says so
             importlib.import_module(name)
@@ -76,7 +81,7 @@ def _worker() -> int:
         # "at": the timeline's worker start; "imported": the measure items' peers its preload brought in
         answers.write(json.dumps({"ready": True, "at": time.time(), "imported": _peers_imported()}) + "\n")
         answers.flush()
-        _serve(answers, contracts)
+        _serve(answers, contracts, run_wait)
     except BrokenPipeError:  # the run went away (killed): nobody is left to answer
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), answers.fileno())
@@ -122,8 +127,36 @@ def _peers_imported() -> list[str]:
     return [name for name in PEER_LIBRARIES if name in sys.modules]
 
 
-def _serve(answers: Any, contracts: dict[tuple[str, str], Any]) -> None:
-    from obligations.check import item_fields
+def _apply_run_wait() -> str | None:
+    """Set this process's CUDA wait from the run's environment (native.cuda_wait); the wait set, or None."""
+    from native.cuda_wait import set_wait, wait_from_env
+
+    mode = wait_from_env()
+    if mode is None:
+        return None
+    why = set_wait(mode)
+    if why is not None:  # no driver or no GPU (a host run): the items that need one say so
+        return None
+    return mode
+
+
+@contextlib.contextmanager
+def _item_wait(method: str, run_wait: str | None) -> Iterator[None]:
+    """A measure item waits for its GPU by spinning (no wake-up latency in what it times); the run's wait after."""
+    from native.cuda_wait import MEASURE_WAIT, set_wait
+
+    switch = run_wait is not None and run_wait != MEASURE_WAIT and method in QUIET_METHODS
+    if switch:
+        set_wait(MEASURE_WAIT)
+    try:
+        yield
+    finally:
+        if switch:
+            set_wait(run_wait)
+
+
+def _serve(answers: Any, contracts: dict[tuple[str, str], Any], run_wait: str | None = None) -> None:
+    from obligations.check import item_fields, item_method
 
     for line in sys.stdin:
         req = json.loads(line)
@@ -137,10 +170,15 @@ def _serve(answers: Any, contracts: dict[tuple[str, str], Any]) -> None:
             limit = req.get("limit")
             cpu0 = cpu_seconds()
             try:
-                with cancel.item_deadline(limit), _profiled(contract.id, req["item"]):
+                item = contract.item(req["item"])
+                with (
+                    cancel.item_deadline(limit),
+                    _profiled(contract.id, req["item"]),
+                    _item_wait(item_method(item), run_wait),
+                ):
                     fields = item_fields(
                         contract,
-                        contract.item(req["item"]),
+                        item,
                         device=req["device"],
                         profile=req["profile"],
                         seed=req["seed"],

@@ -6,7 +6,8 @@ leaves the application's output on the stdout it prints to. A line ``KC-FAKE-REP
 stands for N errors that TOOL finds at that point: under that tool it prints N reports in the tool's format in their
 place (under another tool, nothing). At the end it prints the tool's summary line and exits as the tool does: the
 application's status, else ``--error-exitcode`` where it found errors. Each run appends its tool and workloads to the
-file named by ``KC_FAKE_SANITIZER_LOG``, where that is set (so a test can count the processes).
+file named by ``KC_FAKE_SANITIZER_LOG``, where that is set (so a test can count the processes), and its tool and
+``CUDA_VISIBLE_DEVICES`` to ``KC_FAKE_SANITIZER_DEVICES`` (which GPU the run gave it).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ def main(argv: list[str]) -> int:
     if os.environ.get("KC_FAKE_SANITIZER_LOG"):
         with open(os.environ["KC_FAKE_SANITIZER_LOG"], "a", encoding="utf-8") as log:
             log.write(f"{tool} {' '.join(a for n, a in enumerate(app) if n and app[n - 1] == '--run')}\n")
+    if os.environ.get("KC_FAKE_SANITIZER_DEVICES"):  # which GPU the run gave this process
+        with open(os.environ["KC_FAKE_SANITIZER_DEVICES"], "a", encoding="utf-8") as log:
+            log.write(f"{tool} {os.environ.get('CUDA_VISIBLE_DEVICES', '-')}\n")
     print("========= COMPUTE-SANITIZER", flush=True)
     proc = subprocess.Popen(app, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     errors = 0

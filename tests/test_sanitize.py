@@ -131,6 +131,61 @@ def test_one_process_per_tool_runs_every_workload_and_each_item_gets_its_own_ver
     assert after.status.value == "error" and "not run" in after.reason and "fake-crash" in after.reason
 
 
+def test_the_run_starts_its_plan_over_its_gpus_and_the_items_only_read_the_verdicts(fake_sanitizer, monkeypatch):
+    """kc check starts the plan itself (start_plan) before any item: its processes go to the run's GPUs, no item
+    runs it (none ``launched``), each item gets its own workload's verdict, and a second start finds it started."""
+    devices = fake_sanitizer.with_name("devices.log")
+    monkeypatch.setenv("KC_FAKE_SANITIZER_DEVICES", str(devices))
+    monkeypatch.setenv(sanitize_batch.SHARDS_ENV, "2")
+    names = ("fake-clean", "fake-oob", "fake-clean-2")
+    items = [_item(w, ["memcheck", "racecheck"], ["tests.planted.sanitizer_bugs"]) for w in names]
+    plan = sanitize_batch.share(items, ["-"] * len(items))
+    where, exe = Path(os.environ[sanitize_batch.RUN_ENV]), shutil.which("compute-sanitizer")
+    running = sanitize_batch.start_plan(where, plan, exe, ["3", "5"])
+    assert running is not None and sanitize_batch.start_plan(where, plan, exe, ["3", "5"]) is None
+    outs = [get_engine("sanitize").discharge(Job(CONTRACT, it, device="cuda")) for it in items]
+    running.stop()
+    assert [o.status.value for o in outs] == ["passed", "violated", "passed"], [o.reason for o in outs]
+    assert not any(o.evidence.shared["launched"] for o in outs)
+    assert running.ended is not None and running.ended >= running.began
+    given = sorted(line.split() for line in devices.read_text().splitlines())
+    assert len(given) == 4 and {d for _, d in given} == {"3", "5"}, given  # memcheck#0/#1, racecheck#0/#1
+    placed = sanitize_batch.read_plan(where)["processes"]
+    assert sorted((p["tool"], p["device"]) for p in placed) == sorted((t, d) for t, d in given)
+
+
+def test_assigning_devices_puts_the_longest_process_first_on_the_least_loaded_gpu():
+    plan = {
+        "processes": [
+            {"name": n, "tool": t, "workloads": w}
+            for n, t, w in (
+                ("racecheck", "racecheck", ["attention", "conv"]),
+                ("memcheck", "memcheck", ["attention"]),
+                ("initcheck", "initcheck", ["conv"]),
+            )
+        ]
+    }
+    seconds = {
+        "racecheck": {"attention": 20.0, "conv": 7.0},
+        "memcheck": {"attention": 6.0},
+        "initcheck": {"conv": 5.0},
+    }
+    got = {p["name"]: p["device"] for p in sanitize_batch.assign_devices(plan, ["0", "1"], seconds)["processes"]}
+    assert got == {"racecheck": "0", "memcheck": "1", "initcheck": "1"}  # 3 + 27 s against 3 + 6, then 3 + 5
+    assert sanitize_batch.assign_devices(plan, [], seconds) == plan  # no GPUs named: as the plan was
+
+
+def test_the_run_leaves_a_schedulers_plan_to_its_first_item(fake_sanitizer):
+    from obligations.check import RunOptions, _start_sanitize_plan
+
+    items = [_item(w, ["memcheck"], ["tests.planted.sanitizer_bugs"]) for w in ("fake-clean", "fake-oob")]
+    plan = sanitize_batch.share(items, ["-", "-"])
+    assert _start_sanitize_plan(plan, RunOptions(cluster="tcp://scheduler:8786")) is None  # its GPUs are elsewhere
+    running = _start_sanitize_plan(plan, RunOptions(cluster="local:2"))
+    assert running is not None
+    running.stop()
+
+
 def test_an_item_alone_runs_its_workload_alone(fake_sanitizer, monkeypatch):
     """Without a plan that names it (a single --only item, or KC_SANITIZE_SHARE=0), an item's workload runs in
     processes of its own."""

@@ -572,7 +572,9 @@ def check_paths(
                 opening = options.cluster_opening
                 if opening is not None and opening.ended is not None:
                     phases.append(("open cluster", opening.began, opening.ended))
-                _start_cluster(prefetcher, todo, only, profile, options, last_seconds(device, profile))
+                _start_cluster(
+                    prefetcher, todo, only, profile, options, last_seconds(device, profile), _started(sanitizing)
+                )
             elif options.jobs > 0 and _worth_workers(todo, only, options):
                 # made before the measure items run, so that a stop during them still closes its workers
                 prefetcher = options.prefetcher or Prefetcher(
@@ -580,7 +582,9 @@ def check_paths(
                 )
                 prefetcher.ran = ran_fn
                 last = last_seconds(device, profile)  # the previous run's item times: the long ones go out first
-                _start_prefetcher(prefetcher, todo, only, profile, options, executor, progress, ran_fn, last)
+                _start_prefetcher(
+                    prefetcher, todo, only, profile, options, executor, progress, ran_fn, last, _started(sanitizing)
+                )
             if options.prefetcher is not None and prefetcher is not options.prefetcher:
                 t0 = time.perf_counter()
                 options.prefetcher.close()  # started ahead, not needed: fewer than two items to run ahead
@@ -701,6 +705,11 @@ def _log_finished_ahead(
                 log(contract, _record(contract, item, fields, device, seed, seconds))
 
 
+def _started(sanitizing: PlanRun | None) -> frozenset[str]:
+    """The shared jobs (by method) the run runs itself: their items only wait, so they all go last."""
+    return frozenset({"sanitize"}) if sanitizing is not None else frozenset()
+
+
 def _start_sanitize_plan(plan: dict[str, Any], options: RunOptions) -> PlanRun | None:
     """Start the run's sanitizer plan from the run itself where its GPUs are this host's (one GPU, ``-j``, a local
     cluster): from the first moment, spread over those GPUs, holding no worker thread. On a scheduler's workers
@@ -772,11 +781,12 @@ def _submitter(
 
 
 def _work_order(
-    wanted: list[tuple[Contract, dict[str, Any]]], last: Mapping[str, float]
+    wanted: list[tuple[Contract, dict[str, Any]]], last: Mapping[str, float], started: frozenset[str] = frozenset()
 ) -> tuple[list[tuple[Contract, dict[str, Any]]], list[tuple[Contract, dict[str, Any]]]]:
     """(the measure items, every other item in the order it goes out): the host-only items (whose regimes
     witnesses later items wait for) then the rest, each group longest first by ``last`` (the previous run's seconds
-    by item name, obligations.runorder), a shared job's waiting items after the others."""
+    by item name, obligations.runorder), a shared job's waiting items after the others (all of its items where the
+    run has ``started`` the job itself)."""
 
     def ordered(group: list[tuple[Contract, dict[str, Any]]]) -> list[tuple[Contract, dict[str, Any]]]:
         return longest_first(group, lambda ci: item_name(ci[0].id, ci[1]["id"]), last)
@@ -784,12 +794,12 @@ def _work_order(
     quiet = [(c, it) for c, it in wanted if item_method(it) in QUIET_METHODS]
     host = ordered([(c, it) for c, it in wanted if item_method(it) in HOST_METHODS])
     rest = ordered([(c, it) for c, it in wanted if item_method(it) not in QUIET_METHODS | HOST_METHODS])
-    rest = shared_last(rest, lambda ci: item_method(ci[1]) if item_method(ci[1]) in SHARED_METHODS else None)
+    rest = shared_last(rest, lambda ci: item_method(ci[1]) if item_method(ci[1]) in SHARED_METHODS else None, started)
     return quiet, [*host, *rest]
 
 
 def _cluster_order(
-    wanted: list[tuple[Contract, dict[str, Any]]], last: Mapping[str, float]
+    wanted: list[tuple[Contract, dict[str, Any]]], last: Mapping[str, float], started: frozenset[str] = frozenset()
 ) -> tuple[list[tuple[Contract, dict[str, Any]]], list[tuple[Contract, dict[str, Any]]]]:
     """(the measure items, every other item in the order it goes to a cluster): all of them longest first by
     ``last``, a regimes item counted with its longest item that waits for its witnesses, a shared job's waiting
@@ -806,7 +816,9 @@ def _cluster_order(
     seconds = {**last, **{k: last.get(k, 0.0) + v for k, v in waits.items() if k in last}}
     quiet = [(c, it) for c, it in wanted if item_method(it) in QUIET_METHODS]
     others = longest_first([ci for ci in wanted if item_method(ci[1]) not in QUIET_METHODS], name, seconds)
-    others = shared_last(others, lambda ci: item_method(ci[1]) if item_method(ci[1]) in SHARED_METHODS else None)
+    others = shared_last(
+        others, lambda ci: item_method(ci[1]) if item_method(ci[1]) in SHARED_METHODS else None, started
+    )
     return quiet, others
 
 
@@ -817,11 +829,12 @@ def _start_cluster(
     profile: str,
     options: RunOptions,
     last: Mapping[str, float] | None = None,
+    started: frozenset[str] = frozenset(),
 ) -> None:
     """Send every item the run checks to the cluster in :func:`_cluster_order` (the runner sends the measure
-    items last, each alone on its GPU)."""
+    items last, each alone on its GPU); ``started``: the shared jobs the run runs itself."""
     wanted = list(_to_run(todo, only, options.done))
-    quiet, others = _cluster_order(wanted, last or {})
+    quiet, others = _cluster_order(wanted, last or {}, started)
     # longest first: the GPUs share the measure phase, and a long item last on one of them would be its tail alone
     quiet = longest_first(quiet, lambda ci: item_name(ci[0].id, ci[1]["id"]), last or {})
     _submitter(runner, todo, only, profile, options, wanted)([*others, *quiet])
@@ -838,6 +851,7 @@ def _start_prefetcher(
     progress: ProgressFn | None,
     ran: Callable[[tuple[str, str, str], str, float, float], None] | None,
     last: Mapping[str, float] | None = None,
+    started: frozenset[str] = frozenset(),
 ) -> None:
     """Give the run's items to ``prefetcher``'s workers; the measure items run last, alone on a quiet machine.
 
@@ -854,7 +868,7 @@ def _start_prefetcher(
     """
     wanted = list(_to_run(todo, only, options.done))
     submit = _submitter(prefetcher, todo, only, profile, options, wanted)
-    quiet, others = _work_order(wanted, last or {})
+    quiet, others = _work_order(wanted, last or {}, started)
     if quiet:
         for contract, item in quiet:
             prefetcher.defer(contract, item)

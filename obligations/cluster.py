@@ -131,12 +131,11 @@ def visible_gpus() -> list[str]:
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
         return [d.strip() for d in env.split(",") if d.strip() and d.strip() != "-1"]
-    try:
-        import cupy
+    from native.cuda_driver import device_count
 
-        return [str(n) for n in range(cupy.cuda.runtime.getDeviceCount())]
-    except Exception:  # no CuPy, no driver: no GPU to give a worker
-        return []
+    # The driver's count, not CuPy's: the thread that opens a cluster would wait on CuPy's import while the run's
+    # main thread imports it for the device probe (on 2 x H200 the scheduler started 1.5 s into the opening).
+    return [str(n) for n in range(device_count() or 0)]  # no driver or no GPU: none to give a worker
 
 
 def gpu_slots(gpus: int, cpus: int | None = None) -> int:
@@ -210,19 +209,21 @@ def _worker_specs(spec: ClusterSpec, device: str, layout: WorkerLayout = WorkerL
 FORKSERVER_PRELOAD = ("distributed", "obligations.cluster_worker")
 
 
-def _lean_forkserver() -> None:
-    """Have the fork server import :data:`FORKSERVER_PRELOAD` only. Dask's own choice adds pandas and lz4, imported
-    in the fork server and, first, in this process (the thread that opens the cluster, beside the contracts' load):
-    with it the first opening of a 2 x H200 check took 4.4 s against 3.5 s by spawning. Where Dask no longer keeps
-    its once-only flag, its own list is used: slower, not wrong."""
+def _start_forkserver() -> None:
+    """Start the fork server of a local cluster's workers now, importing :data:`FORKSERVER_PRELOAD` only, so that
+    its imports overlap this process's import of Dask. Dask's own choice adds pandas and lz4, imported in the server
+    and, first, in this process (the thread that opens the cluster, beside the contracts' load): with it the first
+    opening of a 2 x H200 check took 4.4 s against 3.5 s by spawning. Where Dask no longer keeps its once-only flag,
+    its own list is used when the server is not running yet: slower, not wrong."""
     import multiprocessing
+    from multiprocessing import forkserver
 
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    forkserver.ensure_running()
     import distributed.utils
 
-    if getattr(distributed.utils, "_forkserver_preload_set", True):
-        return
-    multiprocessing.get_context("forkserver").set_forkserver_preload(list(FORKSERVER_PRELOAD))
-    distributed.utils._forkserver_preload_set = True
+    if hasattr(distributed.utils, "_forkserver_preload_set"):
+        distributed.utils._forkserver_preload_set = True
 
 
 def open_cluster(
@@ -233,6 +234,8 @@ def open_cluster(
     why = dask_missing()
     if why:
         raise ClusterError(why)
+    if spec.kind == "local":
+        _start_forkserver()
     try:
         from distributed import Client, Scheduler, SpecCluster
     except ImportError as e:
@@ -245,8 +248,7 @@ def open_cluster(
 
             # Worker processes forked from a server that has imported Dask once, not each a fresh interpreter that
             # imports it (2 x H200: 0.13 s against 1.66 s to open two bare workers, once the server is up); each
-            # worker still sets its own CUDA_VISIBLE_DEVICES before anything in it starts CUDA.
-            _lean_forkserver()
+            # worker still sets its own CUDA_VISIBLE_DEVICES before anything in it starts CUDA (_start_forkserver).
             with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
                 cluster = SpecCluster(
                     workers=_worker_specs(spec, device, layout),

@@ -30,7 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-from native.cuda_wait import WAIT_ENV
+from native.cuda_driver import WAIT_ENV
 from obligations.core import cancel
 
 __all__ = [
@@ -562,7 +562,7 @@ def default_jobs() -> int:
 
 # The thread-pool sizes of NumPy's BLAS and OpenMP code: N workers each starting one thread per CPU would run
 # N x CPUs threads on CPUs threads' worth of cores (the float64 references of GEMM, attention and conv use BLAS).
-# How a worker of a cuda run waits for its GPU (native.cuda_wait): the driver would spin a core a worker.
+# How a worker of a cuda run waits for its GPU (native.cuda_driver): the driver would spin a core a worker.
 WORKER_WAIT = "blocking"
 # The CPU priority a worker of a cuda run gives up (os.nice): the run's sanitizer processes, its longest job, keep
 # theirs and take the CPUs first where the items' workers want more than there are (the 30 of a 2-GPU cluster left

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -145,11 +145,14 @@ def longest_first(items: Sequence[T], name: Any, seconds: Mapping[str, float]) -
     return sorted(items, key=lambda it: -seconds.get(name(it), float("inf")))
 
 
-def shared_last(items: Sequence[T], group: Callable[[T], Hashable | None]) -> list[T]:
+def shared_last(
+    items: Sequence[T], group: Callable[[T], Hashable | None], started: Collection[Hashable] = ()
+) -> list[T]:
     """``items`` with every item of a shared job (``group(item)`` names the job; None: none) but the job's first moved
     to the end, in their order: the first starts the job, the others wait for it, and at the end they find it done
-    instead of holding, while it runs, workers that other items could use."""
-    seen: set[Hashable] = set()
+    instead of holding, while it runs, workers that other items could use. A job in ``started`` runs already (the
+    run started it): all of its items go to the end."""
+    seen: set[Hashable] = set(started)
     head, tail = [], []
     for it in items:
         g = group(it)

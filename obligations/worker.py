@@ -128,8 +128,8 @@ def _peers_imported() -> list[str]:
 
 
 def _apply_run_wait() -> str | None:
-    """Set this process's CUDA wait from the run's environment (native.cuda_wait); the wait set, or None."""
-    from native.cuda_wait import set_wait, wait_from_env
+    """Set this process's CUDA wait from the run's environment (native.cuda_driver); the wait set, or None."""
+    from native.cuda_driver import set_wait, wait_from_env
 
     mode = wait_from_env()
     if mode is None:
@@ -143,7 +143,7 @@ def _apply_run_wait() -> str | None:
 @contextlib.contextmanager
 def _item_wait(method: str, run_wait: str | None) -> Iterator[None]:
     """A measure item waits for its GPU by spinning (no wake-up latency in what it times); the run's wait after."""
-    from native.cuda_wait import MEASURE_WAIT, set_wait
+    from native.cuda_driver import MEASURE_WAIT, set_wait
 
     switch = run_wait is not None and run_wait != MEASURE_WAIT and method in QUIET_METHODS
     if switch:

@@ -273,6 +273,9 @@ def test_a_cluster_gets_every_item_longest_first_a_regimes_item_with_its_longest
     assert {it["id"] for _, it in quiet} == {it["id"] for it in contract.items if it.get("method") == "measure"}
     one_gpu = [it["id"] for _, it in _work_order(wanted, last)[1]]
     assert one_gpu[0] == "RED-TREE-grid-z3"  # on one GPU the host-only items still go first
+    # a sanitizer plan the run runs itself: its items only wait for verdicts, after every other item
+    for order in (_work_order, _cluster_order):
+        assert [it["id"] for _, it in order(wanted, last, frozenset({"sanitize"}))[1]][-1] == "RED-SANITIZE"
 
 
 def test_a_prestarted_worker_imports_its_preload_and_an_absent_module_does_not_stop_it():

@@ -269,7 +269,7 @@ def test_reports_are_attributed_by_the_markers_around_them_and_what_cannot_be_pl
     assert (got["a"]["errors"], got["a"]["exit"]) == (0, 0)
 
 
-def test_the_run_queues_the_first_item_of_a_shared_job_in_its_place_and_the_others_last():
+def test_the_run_queues_the_first_item_of_a_shared_job_in_its_place_and_the_others_last_unless_it_runs_it():
     from obligations.runorder import shared_last
 
     items = ["z3-a", "san-1", "fal-b", "san-2", "fal-c", "san-3"]
@@ -281,6 +281,9 @@ def test_the_run_queues_the_first_item_of_a_shared_job_in_its_place_and_the_othe
         "san-2",
         "san-3",
     ]
+    # the run started the job itself (start_plan): every item of it only waits, so all of them go last
+    group = lambda it: "san" if it.startswith("san") else None  # noqa: E731
+    assert shared_last(items, group, started={"san"}) == ["z3-a", "fal-b", "fal-c", "san-1", "san-2", "san-3"]
 
 
 def test_every_gpu_family_has_a_sanitize_item_on_a_registered_workload():

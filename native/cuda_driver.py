@@ -1,10 +1,12 @@
-"""How this process's CUDA contexts wait for the GPU: spin on a core, yield it, or block until the GPU signals.
+"""The CUDA driver API where CuPy is not the door: how this process's contexts wait for the GPU, and how many GPUs
+it sees, without importing CuPy.
 
-The driver's default (``auto``) spins whenever a process has fewer contexts than the machine has CPUs, which is
-every kc worker. A worker waiting for its turn on a GPU time-sliced between fifteen processes then holds a core
-that the other items' Python wanted; ``blocking`` gives the core back while it waits. The driver API sets it on
-each visible device's primary context (the one CuPy, PyTorch and Triton share): before the context exists
-through ``cuDevicePrimaryCtxSetFlags``, afterwards through ``cuCtxSetFlags`` (CUDA 12.1).
+A context spins on a core, yields it, or blocks until the GPU signals. The driver's default (``auto``) spins
+whenever a process has fewer contexts than the machine has CPUs, which is every kc worker: a worker waiting for its
+turn on a GPU time-sliced between fifteen processes holds a core that the other items' Python wanted. ``blocking``
+gives the core back while it waits. The wait is set on each visible device's primary context (the one CuPy, PyTorch
+and Triton share): before the context exists through ``cuDevicePrimaryCtxSetFlags``, afterwards through
+``cuCtxSetFlags`` (CUDA 12.1).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-__all__ = ["WAITS", "WAIT_ENV", "MEASURE_WAIT", "set_wait", "current_wait", "wait_from_env"]
+__all__ = ["WAITS", "WAIT_ENV", "MEASURE_WAIT", "set_wait", "current_wait", "wait_from_env", "device_count"]
 
 # The driver's CU_CTX_SCHED_* values.
 WAITS: dict[str, int] = {"auto": 0x0, "spin": 0x1, "yield": 0x2, "blocking": 0x4}
@@ -93,6 +95,16 @@ def set_wait(mode: str) -> str | None:
         if rc != 0:
             return f"the driver refused the wait {mode!r} (CUresult {rc})"
     return None
+
+
+def device_count() -> int | None:
+    """How many GPUs this process sees (its CUDA_VISIBLE_DEVICES applied); None without a driver or a usable GPU.
+    Cheaper than CuPy's count for a thread that must not wait for CuPy's import (a cluster's opening)."""
+    lib = _driver()
+    if lib is None:
+        return None
+    devices = _devices(lib)
+    return None if isinstance(devices, str) else len(devices)
 
 
 def current_wait() -> str | None:

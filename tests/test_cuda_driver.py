@@ -1,4 +1,4 @@
-"""How a process's CUDA context waits (native.cuda_wait): a blocking wait gives its core back, a spin holds it; a
+"""How a process's CUDA context waits (native.cuda_driver): a blocking wait gives its core back, a spin holds it; a
 cuda run's workers wait by blocking and give up CPU priority to the run's sanitizer processes."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from native import cuda_wait
+from native import cuda_driver
 from obligations import isolation
 from tests.contract_helpers import needs_cuda
 
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _HOLD = r"""
 import json, sys, time
 import cupy
-from native.cuda_wait import set_wait
+from native.cuda_driver import set_wait
 if sys.argv[1] != "-":
     assert set_wait(sys.argv[1]) is None
 k = cupy.RawKernel('extern "C" __global__ void hold(long long n)'
@@ -49,26 +49,30 @@ def _waits(*argv: str) -> dict[str, tuple[float, float]]:
 
 
 def test_the_waits_are_the_drivers_scheduling_flags():
-    assert cuda_wait.WAITS == {"auto": 0, "spin": 1, "yield": 2, "blocking": 4}
-    assert cuda_wait.MEASURE_WAIT == "spin"
+    assert cuda_driver.WAITS == {"auto": 0, "spin": 1, "yield": 2, "blocking": 4}
+    assert cuda_driver.MEASURE_WAIT == "spin"
 
 
 def test_the_environment_names_a_wait_or_is_bad_input(monkeypatch):
-    monkeypatch.delenv(cuda_wait.WAIT_ENV, raising=False)
-    assert cuda_wait.wait_from_env() is None
-    monkeypatch.setenv(cuda_wait.WAIT_ENV, " blocking ")
-    assert cuda_wait.wait_from_env() == "blocking"
-    monkeypatch.setenv(cuda_wait.WAIT_ENV, "sleepy")
+    monkeypatch.delenv(cuda_driver.WAIT_ENV, raising=False)
+    assert cuda_driver.wait_from_env() is None
+    monkeypatch.setenv(cuda_driver.WAIT_ENV, " blocking ")
+    assert cuda_driver.wait_from_env() == "blocking"
+    monkeypatch.setenv(cuda_driver.WAIT_ENV, "sleepy")
     with pytest.raises(ValueError, match="KC_CUDA_WAIT='sleepy': expected one of auto, spin, yield, blocking"):
-        cuda_wait.wait_from_env()
+        cuda_driver.wait_from_env()
 
 
-def test_without_a_driver_the_wait_is_not_set_and_says_why(monkeypatch):
-    monkeypatch.setattr(cuda_wait, "_driver", lambda: None)
-    assert cuda_wait.set_wait("blocking") == "no CUDA driver (libcuda.so.1)"
-    assert cuda_wait.current_wait() is None
+def test_without_a_driver_no_wait_is_set_and_no_gpu_is_seen(monkeypatch):
+    monkeypatch.setattr(cuda_driver, "_driver", lambda: None)
+    assert cuda_driver.set_wait("blocking") == "no CUDA driver (libcuda.so.1)"
+    assert cuda_driver.current_wait() is None and cuda_driver.device_count() is None
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    from obligations.cluster import visible_gpus
+
+    assert visible_gpus() == []  # a cluster's opening finds no GPU to give a worker, and says so
     with pytest.raises(KeyError):
-        cuda_wait.set_wait("nap")
+        cuda_driver.set_wait("nap")
 
 
 def test_a_cuda_runs_workers_block_give_up_priority_and_what_the_user_set_wins(monkeypatch):
@@ -79,14 +83,14 @@ def test_a_cuda_runs_workers_block_give_up_priority_and_what_the_user_set_wins(m
             seen.append(env)
 
     monkeypatch.setattr(isolation.subprocess, "Popen", Popen)
-    monkeypatch.delenv(cuda_wait.WAIT_ENV, raising=False)
+    monkeypatch.delenv(cuda_driver.WAIT_ENV, raising=False)
     monkeypatch.delenv(isolation.NICE_ENV, raising=False)
     isolation.WorkerPool(None, {"device": "cuda"})._spawn()
     isolation.WorkerPool(None, {"device": "host"})._spawn()
-    monkeypatch.setenv(cuda_wait.WAIT_ENV, "spin")
+    monkeypatch.setenv(cuda_driver.WAIT_ENV, "spin")
     monkeypatch.setenv(isolation.NICE_ENV, "0")
     isolation.WorkerPool(None, {"device": "cuda"})._spawn()
-    assert [env.get(cuda_wait.WAIT_ENV) for env in seen] == [isolation.WORKER_WAIT, None, "spin"]
+    assert [env.get(cuda_driver.WAIT_ENV) for env in seen] == [isolation.WORKER_WAIT, None, "spin"]
     assert [env.get(isolation.NICE_ENV) for env in seen] == [str(isolation.WORKER_NICE), None, "0"]
     assert isolation.WORKER_WAIT == "blocking" and isolation.WORKER_NICE > 0
 
@@ -111,6 +115,14 @@ def test_a_blocking_wait_gives_the_core_back_and_a_spin_holds_it():
     assert min(wall_b, wall_s, wall_b2) > 0.1, got  # the GPU held the host that long
     assert cpu_b < 0.25 * wall_b and cpu_b2 < 0.25 * wall_b2, got
     assert cpu_s > 0.75 * wall_s, got
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_the_drivers_count_is_cupys():
+    import cupy
+
+    assert cuda_driver.device_count() == cupy.cuda.runtime.getDeviceCount() >= 1
 
 
 @pytest.mark.cuda

@@ -220,8 +220,10 @@ def _start_forkserver() -> None:
 
     multiprocessing.get_context("forkserver").set_forkserver_preload(list(FORKSERVER_PRELOAD))
     forkserver.ensure_running()
-    import distributed.utils
-
+    try:
+        import distributed.utils
+    except ImportError:  # open_cluster says why, next
+        return
     if hasattr(distributed.utils, "_forkserver_preload_set"):
         distributed.utils._forkserver_preload_set = True
 

@@ -30,7 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-from native.cuda_driver import WAIT_ENV
+from native.cuda_driver import WAIT_ENV, wait_from_env
 from obligations.core import cancel
 
 __all__ = [
@@ -389,6 +389,7 @@ class WorkerPool(Executor):
             for var in THREAD_POOL_VARS:  # a variable the user set wins
                 env.setdefault(var, str(self.threads))
         if self.settings.get("device") == "cuda":
+            wait_from_env()  # a wait the user set that is none: said here, by the run, not by a dying worker
             env.setdefault(WAIT_ENV, WORKER_WAIT)  # a wait the user set wins
             env.setdefault(NICE_ENV, str(WORKER_NICE))
         self.proc = subprocess.Popen(
@@ -560,15 +561,16 @@ def default_jobs() -> int:
     return max(1, min(15, (os.cpu_count() or 2) - 1))
 
 
-# The thread-pool sizes of NumPy's BLAS and OpenMP code: N workers each starting one thread per CPU would run
-# N x CPUs threads on CPUs threads' worth of cores (the float64 references of GEMM, attention and conv use BLAS).
 # How a worker of a cuda run waits for its GPU (native.cuda_driver): the driver would spin a core a worker.
 WORKER_WAIT = "blocking"
 # The CPU priority a worker of a cuda run gives up (os.nice): the run's sanitizer processes, its longest job, keep
-# theirs and take the CPUs first where the items' workers want more than there are (the 30 of a 2-GPU cluster left
-# them none: every tool process took 13-19 s against ~7 s alone). Alone on the machine a worker loses nothing.
+# theirs and take the CPUs first where the items' workers want more than there are (a 2-GPU cluster's 30 workers
+# left them none; with this and the plan started by the run it took 16 s of the cluster's run instead of 25, 2 x
+# H200). Alone on the machine a worker loses nothing.
 NICE_ENV = "KC_WORKER_NICE"
 WORKER_NICE = 5
+# The thread-pool sizes of NumPy's BLAS and OpenMP code: N workers each starting one thread per CPU would run
+# N x CPUs threads on CPUs threads' worth of cores (the float64 references of GEMM, attention and conv use BLAS).
 THREAD_POOL_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
 
 

@@ -93,6 +93,9 @@ def test_a_cuda_runs_workers_block_give_up_priority_and_what_the_user_set_wins(m
     assert [env.get(cuda_driver.WAIT_ENV) for env in seen] == [isolation.WORKER_WAIT, None, "spin"]
     assert [env.get(isolation.NICE_ENV) for env in seen] == [str(isolation.WORKER_NICE), None, "0"]
     assert isolation.WORKER_WAIT == "blocking" and isolation.WORKER_NICE > 0
+    monkeypatch.setenv(cuda_driver.WAIT_ENV, "sleepy")
+    with pytest.raises(ValueError, match="KC_CUDA_WAIT='sleepy'"):  # the run says so, before any worker starts
+        isolation.WorkerPool(None, {"device": "cuda"})._spawn()
 
 
 def test_a_worker_takes_the_priority_the_run_gives_it(monkeypatch):

@@ -558,6 +558,15 @@ class PlanRun:
         self._thread.join(timeout=30)
 
 
+def _mark_started(run_dir: Path) -> bool:
+    """Mark the plan of ``run_dir`` started by this process (whose caller holds its lock); False where a run of it
+    started before (and ended, or the lock would be held)."""
+    if (run_dir / "started").exists():
+        return False
+    (run_dir / "started").write_text(str(os.getpid()), encoding="utf-8")
+    return True
+
+
 def start_plan(where: Path, plan: Mapping[str, Any], exe: str, devices: Sequence[str] = ()) -> PlanRun | None:
     """Run ``plan`` from the run itself, in the background, as soon as it is written: its processes start beside
     the first items instead of inside one (which held a worker thread for the plan's whole run), spread over
@@ -571,11 +580,10 @@ def start_plan(where: Path, plan: Mapping[str, Any], exe: str, devices: Sequence
     except BlockingIOError:
         lock.close()
         return None
-    if (run_dir / "started").exists():
+    if not _mark_started(run_dir):
         fcntl.flock(lock, fcntl.LOCK_UN)
         lock.close()
         return None
-    (run_dir / "started").write_text(str(os.getpid()), encoding="utf-8")
     placed = assign_devices(plan, devices, plan_seconds())
     write_plan(where, placed)
     return PlanRun(where, placed, exe, lock)
@@ -631,9 +639,8 @@ def _wait_for(
                 done = _read_done(where, plan, specs)
                 if done is not None:
                     return done, False, ""
-                if (run_dir / "started").exists():  # a run that ended (killed at its limit) without these verdicts
+                if not _mark_started(run_dir):  # a run that ended (killed at its limit) without these verdicts
                     return None, False, "the item that ran the run's sanitizer processes ended before they did"
-                (run_dir / "started").write_text(str(os.getpid()), encoding="utf-8")
                 run_plan(where, plan, exe)
                 return _read_done(where, plan, specs), True, ""
             finally:

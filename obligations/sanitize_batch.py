@@ -553,9 +553,11 @@ class PlanRun:
     def stop(self) -> None:
         """End the plan's processes now (a stop, the run's end) and wait for its thread."""
         self.stopping.set()
-        for proc in list(self.live):
-            _kill_tree(proc)
-        self._thread.join(timeout=30)
+        deadline = time.monotonic() + 30
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            for proc in list(self.live):  # again each time: one may have started as the stop came
+                _kill_tree(proc)
+            self._thread.join(timeout=_POLL_S)
 
 
 def _mark_started(run_dir: Path) -> bool:

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -152,6 +153,22 @@ def test_the_run_starts_its_plan_over_its_gpus_and_the_items_only_read_the_verdi
     assert len(given) == 4 and {d for _, d in given} == {"3", "5"}, given  # memcheck#0/#1, racecheck#0/#1
     placed = sanitize_batch.read_plan(where)["processes"]
     assert sorted((p["tool"], p["device"]) for p in placed) == sorted((t, d) for t, d in given)
+
+
+def test_a_stop_ends_the_runs_plan_and_its_processes(fake_sanitizer, monkeypatch):
+    """The run's stop (Ctrl-C, SIGTERM) ends a plan it started: its thread and every tool process it had running."""
+    items = [_item(w, ["synccheck"], ["tests.planted.sanitizer_bugs"]) for w in ("fake-hang", "fake-clean")]
+    plan = sanitize_batch.share(items, ["-", "-"])
+    running = sanitize_batch.start_plan(
+        Path(os.environ[sanitize_batch.RUN_ENV]), plan, shutil.which("compute-sanitizer")
+    )
+    deadline = time.monotonic() + 30
+    while not running.live and time.monotonic() < deadline:  # the tool process is up (and hangs in fake-hang)
+        time.sleep(0.05)
+    procs = list(running.live)
+    assert procs, "the plan started no process"
+    running.stop()
+    assert running.ended is not None and all(p.poll() is not None for p in procs)
 
 
 def test_assigning_devices_puts_the_longest_process_first_on_the_least_loaded_gpu():

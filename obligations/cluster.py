@@ -204,21 +204,27 @@ def _worker_specs(spec: ClusterSpec, device: str, layout: WorkerLayout = WorkerL
     return {f"cpu{k}": {"cls": Nanny, "options": {**base, "name": f"cpu{k}", **imports}} for k in range(n)}
 
 
-# What the fork server of a local cluster imports before it forks the workers: Dask, and the module our workers
+# What the fork server of a local cluster imports before it forks the workers, besides the layout's own preload
+# (an audit's modules, once for its eight workers): Dask, and the module a check's workers
 # preload (its imports are light; the checker it needs is imported in the worker, beside its kc processes' start).
 FORKSERVER_PRELOAD = ("distributed", "obligations.cluster_worker")
+# CUDA's libraries stay out of the fork server: each worker sets its CUDA_VISIBLE_DEVICES after the fork, and none of
+# them may have read it before (each worker imports them itself, as its Dask preload).
+_CUDA_LIBRARIES = frozenset({"cupy", "cupyx", "torch", "triton"})
 
 
-def _start_forkserver() -> None:
-    """Start the fork server of a local cluster's workers now, importing :data:`FORKSERVER_PRELOAD` only, so that
-    its imports overlap this process's import of Dask. Dask's own choice adds pandas and lz4, imported in the server
-    and, first, in this process (the thread that opens the cluster, beside the contracts' load): with it the first
-    opening of a 2 x H200 check took 4.4 s against 3.5 s by spawning. Where Dask no longer keeps its once-only flag,
-    its own list is used when the server is not running yet: slower, not wrong."""
+def _start_forkserver(preload: Sequence[str] = ()) -> None:
+    """Start the fork server of a local cluster's workers now, importing :data:`FORKSERVER_PRELOAD` and ``preload``
+    only (but CUDA's libraries), so that its imports overlap this process's import of Dask.
+    Dask's own choice adds pandas and lz4, imported in the server and, first, in this process (the thread that opens
+    the cluster, beside the contracts' load): with it the first opening of a 2 x H200 check took 4.4 s against 3.5 s
+    by spawning. Where Dask no longer keeps its once-only flag, its own list is used when the server is not running
+    yet: slower, not wrong."""
     import multiprocessing
     from multiprocessing import forkserver
 
-    multiprocessing.get_context("forkserver").set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    ours = [m for m in preload if m.split(".")[0] not in _CUDA_LIBRARIES]
+    multiprocessing.get_context("forkserver").set_forkserver_preload([*FORKSERVER_PRELOAD, *ours])
     forkserver.ensure_running()
     try:
         import distributed.utils
@@ -237,7 +243,7 @@ def open_cluster(
     if why:
         raise ClusterError(why)
     if spec.kind == "local":
-        _start_forkserver()
+        _start_forkserver(layout.preload)
     try:
         from distributed import Client, Scheduler, SpecCluster
     except ImportError as e:

@@ -591,3 +591,19 @@ def test_a_dask_worker_that_hands_items_to_kc_processes_does_not_import_their_te
     isolation.worker_contract(cache, request)  # an in-process executor's item: now they are
     isolation.worker_contract(cache, request)
     assert imported == ["faults-v1"]
+
+
+def test_the_fork_server_imports_dask_ours_and_the_layouts_modules_but_no_cuda_library(monkeypatch):
+    """A local cluster's workers fork from a server that imported their modules once; CUDA's libraries stay out (a
+    worker sets its CUDA_VISIBLE_DEVICES after the fork, before any of them may read it)."""
+    import multiprocessing
+    from multiprocessing import context, forkserver
+
+    from obligations import cluster
+
+    got: list[list[str]] = []
+    monkeypatch.setattr(context.BaseContext, "set_forkserver_preload", lambda self, mods: got.append(list(mods)))
+    monkeypatch.setattr(forkserver, "ensure_running", lambda: got.append(["running"]))
+    assert multiprocessing.get_context("forkserver") is not None
+    cluster._start_forkserver(cluster.AUDIT_LAYOUT.preload + ("torch.cuda",))
+    assert got == [[*cluster.FORKSERVER_PRELOAD, "falsification.libm_tests", "native.libm"], ["running"]]

@@ -61,7 +61,7 @@ def test_cluster_values_are_checked_where_they_are_parsed(tmp_path, capsys):
 
 
 @pytest.fixture(scope="module")
-def scheduler(tmp_path_factory):
+def _two_workers(tmp_path_factory):
     """One 2-worker local cluster (processes, 1 thread each) for the module: its scheduler's address."""
     if dask_missing():
         pytest.skip(dask_missing())
@@ -82,6 +82,17 @@ def scheduler(tmp_path_factory):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@pytest.fixture
+def scheduler(_two_workers):
+    """The module's cluster with both its workers up: a test that killed one leaves its nanny restarting it, and a
+    test that counts the workers (run_tasks sizes its requests by them) saw one of two under ``pytest -n 2``."""
+    from distributed import Client
+
+    with Client(_two_workers, timeout=30) as client:
+        client.wait_for_workers(2, timeout=60)
+    return _two_workers
 
 
 @needs_dask

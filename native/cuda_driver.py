@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-__all__ = ["WAITS", "WAIT_ENV", "MEASURE_WAIT", "set_wait", "current_wait", "wait_from_env", "device_count"]
+__all__ = ["WAITS", "WAIT_ENV", "MEASURE_WAIT", "set_wait", "wait_from_env", "device_count"]
 
 # The driver's CU_CTX_SCHED_* values.
 WAITS: dict[str, int] = {"auto": 0x0, "spin": 0x1, "yield": 0x2, "blocking": 0x4}
@@ -38,7 +38,11 @@ def _driver() -> ctypes.CDLL | None:
     return _lib
 
 
-def _devices(lib: ctypes.CDLL) -> list[ctypes.c_int] | str:
+def _visible() -> tuple[ctypes.CDLL, list[ctypes.c_int]] | str:
+    """(the driver, this process's visible devices), else why there are none to use."""
+    lib = _driver()
+    if lib is None:
+        return "no CUDA driver (libcuda.so.1)"
     if lib.cuInit(0) != 0:
         return "cuInit failed (no usable GPU)"
     count = ctypes.c_int()
@@ -50,7 +54,7 @@ def _devices(lib: ctypes.CDLL) -> list[ctypes.c_int] | str:
         if lib.cuDeviceGet(ctypes.byref(dev), ordinal) != 0:
             return f"cuDeviceGet({ordinal}) failed"
         devices.append(dev)
-    return devices
+    return lib, devices
 
 
 def _set_active(lib: ctypes.CDLL, dev: ctypes.c_int, sched: int) -> int:
@@ -78,12 +82,10 @@ def _set_active(lib: ctypes.CDLL, dev: ctypes.c_int, sched: int) -> int:
 def set_wait(mode: str) -> str | None:
     """Make every visible device's primary context wait by ``mode`` (a key of WAITS); None when set, else why not."""
     sched = WAITS[mode]  # a mode not there is a caller's bug
-    lib = _driver()
-    if lib is None:
-        return "no CUDA driver (libcuda.so.1)"
-    devices = _devices(lib)
-    if isinstance(devices, str):
-        return devices
+    visible = _visible()
+    if isinstance(visible, str):
+        return visible
+    lib, devices = visible
     for dev in devices:
         flags, active = ctypes.c_uint(), ctypes.c_int()
         if lib.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)) != 0:
@@ -100,26 +102,8 @@ def set_wait(mode: str) -> str | None:
 def device_count() -> int | None:
     """How many GPUs this process sees (its CUDA_VISIBLE_DEVICES applied); None without a driver or a usable GPU.
     Cheaper than CuPy's count for a thread that must not wait for CuPy's import (a cluster's opening)."""
-    lib = _driver()
-    if lib is None:
-        return None
-    devices = _devices(lib)
-    return None if isinstance(devices, str) else len(devices)
-
-
-def current_wait() -> str | None:
-    """The wait of the first visible device's primary context (a key of WAITS), None without a driver or GPU."""
-    lib = _driver()
-    if lib is None:
-        return None
-    devices = _devices(lib)
-    if isinstance(devices, str) or not devices:
-        return None
-    flags, active = ctypes.c_uint(), ctypes.c_int()
-    if lib.cuDevicePrimaryCtxGetState(devices[0], ctypes.byref(flags), ctypes.byref(active)) != 0:
-        return None
-    sched = flags.value & _SCHED_MASK
-    return next((name for name, value in WAITS.items() if value == sched), None)
+    visible = _visible()
+    return None if isinstance(visible, str) else len(visible[1])
 
 
 def wait_from_env() -> str | None:

@@ -634,7 +634,7 @@ def check_paths(
     if options.timeline:
         workers = options.prefetcher or prefetcher
         starts = [*(workers.starts() if isinstance(workers, Prefetcher) else []), *_executor_starts(executor)]
-        write_timeline(options.timeline, events, phases, starts)
+        write_timeline(options.timeline, [*events, *_plan_lanes(sanitizing)], phases, starts)
     record_seconds(device, profile, contracts)  # for the next run's order (obligations.runorder)
     summary = summarize(contracts)
     project = Path(todo[0].path).resolve().parent if todo else Path.cwd()
@@ -937,6 +937,18 @@ def _executor_starts(executor: Executor) -> list[tuple[str, float, float]]:
 
 # The lane of the run's own worker process's starts (its items are on the "run" lane, its start overlaps the loading)
 RUN_WORKER_LANE = "run worker"
+
+
+def _plan_lanes(plan: PlanRun | None) -> list[tuple[tuple[str, str, str], str, float, float]]:
+    """The timeline's events of the run's sanitizer plan: each tool process on a lane of its own, named with its GPU."""
+    if plan is None:
+        return []
+    lanes = []
+    for spec, t0, t1 in list(plan.spans):
+        where = f" on GPU {spec['device']}" if spec.get("device") is not None else ""
+        what = f"{spec['tool']}: {len(spec['workloads'])} workloads{where}"
+        lanes.append((("", "", what), f"sanitize {spec['name']}", t0, t1))
+    return lanes
 
 
 def write_timeline(

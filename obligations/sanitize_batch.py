@@ -456,10 +456,12 @@ def run_plan(
     exe: str,
     live: set[subprocess.Popen[str]] | None = None,
     stopping: threading.Event | None = None,
+    spans: list[tuple[dict[str, Any], float, float]] | None = None,
 ) -> None:
     """Run every process of ``plan`` (at most :func:`parallel_processes` at a time), writing each one's verdicts to
     ``where`` as it ends. Interrupted (the item's limit, a stop), it stops the processes it started; ``live`` holds
-    them while they run and ``stopping``, once set, starts no more (a caller in another thread stops the rest)."""
+    them while they run and ``stopping``, once set, starts no more (a caller in another thread stops the rest).
+    ``spans`` gets (process spec, start, end) in perf_counter seconds for each process run (a run's timeline)."""
     (where / plan["id"]).mkdir(parents=True, exist_ok=True)
     modules = sorted({m for u in plan["units"].values() for m in u.get("modules") or ()})
     timeout_s = float(plan["timeout_s"])
@@ -469,7 +471,10 @@ def run_plan(
         if stopping is not None and stopping.is_set():
             return  # no verdicts: the items waiting for them say the plan's run ended before they came
         log = _done_path(where, plan, spec["name"], ".log")  # the process's whole output, for a look afterwards
+        t0 = time.perf_counter()
         result = _run_process(exe, spec, modules, timeout_s, log, live)
+        if spans is not None:
+            spans.append((dict(spec), t0, time.perf_counter()))
         # A workload whose verdict the shared process could not give (a report it could not place) runs again in a
         # process of its own, where every report is its own: a cost only where some workload has errors.
         for name, verdict in list(result["workloads"].items()):
@@ -536,13 +541,14 @@ class PlanRun:
         self.stopping = threading.Event()
         self.began = time.perf_counter()
         self.ended: float | None = None
+        self.spans: list[tuple[dict[str, Any], float, float]] = []  # each tool process run: (spec, start, end)
         self._lock = lock
         self._thread = threading.Thread(target=self._run, name="kc-sanitize-plan", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
-            run_plan(self.where, self.plan, self.exe, self.live, self.stopping)
+            run_plan(self.where, self.plan, self.exe, self.live, self.stopping, self.spans)
         except Exception:  # noqa: BLE001 (the items waiting for verdicts that never came say the run ended first)
             pass
         finally:

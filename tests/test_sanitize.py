@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from obligations import sanitize_batch
+from obligations.check import _plan_lanes
 from obligations.contract import load_contract
 from obligations.engines import Job, get_engine
 from obligations.sanitize_batch import TOOLS
@@ -153,6 +154,11 @@ def test_the_run_starts_its_plan_over_its_gpus_and_the_items_only_read_the_verdi
     assert len(given) == 4 and {d for _, d in given} == {"3", "5"}, given  # memcheck#0/#1, racecheck#0/#1
     placed = sanitize_batch.read_plan(where)["processes"]
     assert sorted((p["tool"], p["device"]) for p in placed) == sorted((t, d) for t, d in given)
+    # The run's timeline: each tool process on a lane of its own, named with its GPU, inside the plan's span.
+    lanes = _plan_lanes(running)
+    assert sorted(lane for _, lane, _, _ in lanes) == sorted(f"sanitize {p['name']}" for p in placed)
+    assert {what.rpartition(" on GPU ")[2] for (_, _, what), _, _, _ in lanes} == {"3", "5"}
+    assert all(running.began <= t0 <= t1 <= running.ended for _, _, t0, t1 in lanes)
 
 
 def test_a_stop_ends_the_runs_plan_and_its_processes(fake_sanitizer, monkeypatch):

@@ -180,7 +180,9 @@ def _audit(args: argparse.Namespace, opening: Any, phases: list[tuple[str, float
         last = last_seconds("cuda", AUDIT_PROFILE)  # longest first: no 0.9-s cell is left for the end
         order = longest_first(range(len(cells)), lambda n: item_name(contract.id, str(cells[n][2])), last)
         try:
-            done = run_tasks(opening, "cuda", AUDIT_PART, requests, share=AUDIT_SHARE, order=order)
+            # on a local cluster this process audits cells too, from before the cluster is open (its GPU is the host's)
+            here = spec.kind == "local"
+            done = run_tasks(opening, "cuda", AUDIT_PART, requests, share=AUDIT_SHARE, order=order, here=here)
         except ClusterError as e:
             print(f"kc: error: --cluster {e}", file=sys.stderr)
             return EXIT_FAILED

@@ -328,7 +328,22 @@ def test_tasks_take_a_cluster_the_caller_began_opening_their_share_of_a_gpu_and_
     monkeypatch.setattr(oc, "_needs_gpus", lambda *a: None)
     spec = parse_cluster(scheduler)
     assert oc.run_tasks(spec, "cuda", "math.sqrt", [1.0, 16.0], share=oc.AUDIT_SHARE, order=[1, 0]) == [1.0, 4.0]
-    assert sent == [({"GPU": 0.25}, -1), ({"GPU": 0.25}, 0)]  # the second request first: its results stay in place
+    assert sent == [({"GPU": 0.25}, 0), ({"GPU": 0.25}, -1)]  # the second request first: its results stay in place
+
+
+@needs_dask
+def test_the_run_takes_requests_too_from_the_end_of_the_order_from_before_its_cluster_is_open(scheduler):
+    # kc audit-libm on a local cluster: this process audits cells while the workers start, then beside them
+    from obligations import cluster as oc
+
+    opening = oc.OpeningCluster(parse_cluster(scheduler), "host")
+    order = list(range(40))[::-1]  # the last request starts first: the run takes the first ones
+    got = oc.run_tasks(opening, "host", "tests.cluster_tasks.pid_after", [0.05] * 40, order=order, here=True)
+    here = [n for n, pid in enumerate(got) if pid == os.getpid()]
+    assert 0 < len(here) < 40 and None not in got, got  # both the run and its workers ran some, every one landed
+    assert here == list(range(len(here)))  # the end of the order, where the shortest are
+    with pytest.raises(oc.ClusterError, match="planted: this part fails"):
+        oc.run_tasks(parse_cluster(scheduler), "host", "tests.cluster_tasks.planted_failure", ["a", "fail"], here=True)
 
 
 @needs_dask

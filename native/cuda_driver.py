@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-__all__ = ["WAITS", "WAIT_ENV", "MEASURE_WAIT", "set_wait", "wait_from_env", "device_count", "start_context"]
+__all__ = ["WAITS", "WAIT_ENV", "MEASURE_WAIT", "set_wait", "wait_from_env", "device_count"]
 
 # The driver's CU_CTX_SCHED_* values.
 WAITS: dict[str, int] = {"auto": 0x0, "spin": 0x1, "yield": 0x2, "blocking": 0x4}
@@ -26,9 +26,6 @@ WAIT_ENV = "KC_CUDA_WAIT"
 MEASURE_WAIT = "spin"
 
 _lib: ctypes.CDLL | None = None
-# The devices whose primary context start_context retained: held for the process's life (a release to zero
-# references would destroy the context it started).
-_held: list[int] = []
 
 
 def _driver() -> ctypes.CDLL | None:
@@ -107,26 +104,6 @@ def device_count() -> int | None:
     Cheaper than CuPy's count for a thread that must not wait for CuPy's import (a cluster's opening)."""
     visible = _visible()
     return None if isinstance(visible, str) else len(visible[1])
-
-
-def start_context() -> str | None:
-    """Create the first visible device's primary context now (the one CuPy, PyTorch and Triton use) and hold it;
-    None when it is up, else why not. A context is mostly the driver's waiting, not this process's CPU: a worker
-    starts it in a thread while it imports the checker, instead of inside its first GPU item."""
-    visible = _visible()
-    if isinstance(visible, str):
-        return visible
-    lib, devices = visible
-    if not devices:
-        return "no visible GPU"
-    if devices[0].value in _held:
-        return None
-    ctx = ctypes.c_void_p()
-    rc = lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), devices[0])
-    if rc != 0:
-        return f"cuDevicePrimaryCtxRetain failed (CUresult {rc})"
-    _held.append(devices[0].value)
-    return None
 
 
 def wait_from_env() -> str | None:

@@ -58,7 +58,6 @@ __all__ = [
     "THREAD_POOL_VARS",
     "WORKER_WAIT",
     "NICE_ENV",
-    "CUDA_START_ENV",
     "WORKER_NICE",
     "known_witnesses",
     "seed_witnesses",
@@ -393,7 +392,6 @@ class WorkerPool(Executor):
             wait_from_env()  # a wait the user set that is none: said here, by the run, not by a dying worker
             env.setdefault(WAIT_ENV, WORKER_WAIT)  # a wait the user set wins
             env.setdefault(NICE_ENV, str(WORKER_NICE))
-            env.setdefault(CUDA_START_ENV, "1")  # "0": the first GPU item starts the context, as before
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "obligations.worker"],
             stdin=subprocess.PIPE,
@@ -571,9 +569,6 @@ WORKER_WAIT = "blocking"
 # H200). Alone on the machine a worker loses nothing.
 NICE_ENV = "KC_WORKER_NICE"
 WORKER_NICE = 5
-# "1": a worker of a cuda run starts its GPU's context (native.cuda_driver.start_context) in a thread beside its
-# imports, before its first item: each context costs the GPU's memory (~0.5 GB) whether or not an item uses it.
-CUDA_START_ENV = "KC_WORKER_CUDA_START"
 # The thread-pool sizes of NumPy's BLAS and OpenMP code: N workers each starting one thread per CPU would run
 # N x CPUs threads on CPUs threads' worth of cores (the float64 references of GEMM, attention and conv use BLAS).
 THREAD_POOL_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")

@@ -15,12 +15,11 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from obligations.core import cancel
 from obligations.isolation import (
-    CUDA_START_ENV,
     NICE_ENV,
     PRELOAD_ENV,
     QUIET_METHODS,
@@ -61,7 +60,6 @@ def _cuda_healthy(device: str) -> tuple[bool, str]:
 
 def _worker() -> int:
     """Serve item requests on stdin; answer each on the original stdout (the item's prints go to stderr)."""
-    cuda_started = _start_cuda()  # the driver's waiting beside this process's imports
     import obligations.check  # noqa: F401  (imported before "ready": not the first item's time)
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
@@ -75,6 +73,7 @@ def _worker() -> int:
     from falsification.registry import load_builtin_tests
 
     load_builtin_tests()  # what the first falsify item would import (Hypothesis, the test modules): not its time
+    run_wait = _apply_run_wait()
     for name in filter(None, os.environ.get(PRELOAD_ENV, "").split(",")):
         with contextlib.suppress(ImportError):  # an absent library: the item that needs it says so
             importlib.import_module(name)
@@ -82,7 +81,7 @@ def _worker() -> int:
         # "at": the timeline's worker start; "imported": the measure items' peers its preload brought in
         answers.write(json.dumps({"ready": True, "at": time.time(), "imported": _peers_imported()}) + "\n")
         answers.flush()
-        _serve(answers, contracts, cuda_started())  # the first request waits for the GPU's context, not its item
+        _serve(answers, contracts, run_wait)
     except BrokenPipeError:  # the run went away (killed): nobody is left to answer
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), answers.fileno())
@@ -126,29 +125,6 @@ def _peers_imported() -> list[str]:
     from falsification.measure import PEER_LIBRARIES
 
     return [name for name in PEER_LIBRARIES if name in sys.modules]
-
-
-def _start_cuda() -> Callable[[], str | None]:
-    """In a thread: set the run's CUDA wait, then (where the run asks, CUDA_START_ENV) start the GPU's context. A
-    fresh process's first CUDA call waited 3-4.5 s with little CPU when fifteen started at once on a GPU; here that
-    wait overlaps the imports. Returns the join: the wait set (see :func:`_apply_run_wait`)."""
-    result: list[str | None] = [None]
-
-    def start() -> None:
-        result[0] = _apply_run_wait()
-        if os.environ.get(CUDA_START_ENV) == "1":
-            from native.cuda_driver import start_context
-
-            start_context()  # no GPU or a driver error: the first GPU item meets it and says so
-
-    thread = threading.Thread(target=start, name="kc-cuda-start", daemon=True)
-    thread.start()
-
-    def joined() -> str | None:
-        thread.join()
-        return result[0]
-
-    return joined
 
 
 def _apply_run_wait() -> str | None:

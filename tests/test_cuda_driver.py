@@ -1,6 +1,5 @@
 """How a process's CUDA context waits (native.cuda_driver): a blocking wait gives its core back, a spin holds it; a
-cuda run's workers wait by blocking, give up CPU priority to the run's sanitizer processes and start their GPU's context
-beside their imports."""
+cuda run's workers wait by blocking and give up CPU priority to the run's sanitizer processes."""
 
 from __future__ import annotations
 
@@ -86,16 +85,13 @@ def test_a_cuda_runs_workers_block_give_up_priority_and_what_the_user_set_wins(m
     monkeypatch.setattr(isolation.subprocess, "Popen", Popen)
     monkeypatch.delenv(cuda_driver.WAIT_ENV, raising=False)
     monkeypatch.delenv(isolation.NICE_ENV, raising=False)
-    monkeypatch.delenv(isolation.CUDA_START_ENV, raising=False)
     isolation.WorkerPool(None, {"device": "cuda"})._spawn()
     isolation.WorkerPool(None, {"device": "host"})._spawn()
     monkeypatch.setenv(cuda_driver.WAIT_ENV, "spin")
     monkeypatch.setenv(isolation.NICE_ENV, "0")
-    monkeypatch.setenv(isolation.CUDA_START_ENV, "0")
     isolation.WorkerPool(None, {"device": "cuda"})._spawn()
     assert [env.get(cuda_driver.WAIT_ENV) for env in seen] == [isolation.WORKER_WAIT, None, "spin"]
     assert [env.get(isolation.NICE_ENV) for env in seen] == [str(isolation.WORKER_NICE), None, "0"]
-    assert [env.get(isolation.CUDA_START_ENV) for env in seen] == ["1", None, "0"]
     assert isolation.WORKER_WAIT == "blocking" and isolation.WORKER_NICE > 0
     monkeypatch.setenv(cuda_driver.WAIT_ENV, "sleepy")
     with pytest.raises(ValueError, match="KC_CUDA_WAIT='sleepy'"):  # the run says so, before any worker starts
@@ -104,7 +100,6 @@ def test_a_cuda_runs_workers_block_give_up_priority_and_what_the_user_set_wins(m
 
 def test_a_worker_takes_the_priority_the_run_gives_it(monkeypatch):
     monkeypatch.setenv(isolation.NICE_ENV, "3")
-    monkeypatch.setenv(isolation.CUDA_START_ENV, "1")  # on a host without a GPU the start says why not, quietly
     pool = isolation.WorkerPool(None, {"device": "host"})
     try:
         pool.prestart()
@@ -123,38 +118,6 @@ def test_a_blocking_wait_gives_the_core_back_and_a_spin_holds_it():
     assert min(wall_b, wall_s, wall_b2) > 0.1, got  # the GPU held the host that long
     assert cpu_b < 0.25 * wall_b and cpu_b2 < 0.25 * wall_b2, got
     assert cpu_s > 0.75 * wall_s, got
-
-
-# Start the context as a worker does (its wait set first), then let CuPy use the GPU: one context, the started one.
-_START = r"""
-import ctypes, json
-from native.cuda_driver import _driver, set_wait, start_context
-assert set_wait("blocking") is None
-lib = _driver()
-dev, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
-assert lib.cuDeviceGet(ctypes.byref(dev), 0) == 0
-lib.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active))
-before = active.value
-assert start_context() is None and start_context() is None  # a second start holds the same context
-lib.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active))
-import cupy
-assert int((cupy.arange(4) * 2).sum()) == 12
-current, primary = ctypes.c_void_p(), ctypes.c_void_p()
-lib.cuCtxGetCurrent(ctypes.byref(current))
-lib.cuDevicePrimaryCtxRetain(ctypes.byref(primary), dev)
-same = current.value == primary.value
-print(json.dumps({"before": before, "after": active.value, "wait": flags.value & 7, "cupys": same}))
-"""
-
-
-@pytest.mark.cuda
-@needs_cuda
-def test_a_started_context_is_the_one_cupy_uses_and_keeps_the_wait():
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", _START], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    got = json.loads(done.stdout.splitlines()[-1])
-    assert got == {"before": 0, "after": 1, "wait": cuda_driver.WAITS["blocking"], "cupys": True}
 
 
 @pytest.mark.cuda

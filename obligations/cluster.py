@@ -823,9 +823,16 @@ def run_tasks(
             results = [None] * len(requests)
             pending.extend(order if order is not None else range(len(requests)))
         rank = {n: r for r, n in enumerate(order or ())}
-        # Ahead of the workers: everything, unless this process takes requests too (then two a worker thread)
-        threads = _worker_threads(client.scheduler_info().get("workers", {}))
-        ahead = len(requests) if lane is None else 2 * sum(t for t, _ in threads.values())
+        sent = 0  # requests in flight on the cluster
+
+        def window() -> int:
+            """Requests the cluster may hold: all, unless this process takes some too (then two a worker thread,
+            counted as they join)."""
+            if lane is None:
+                return len(requests)
+            threads = _worker_threads(client.scheduler_info().get("workers", {}))
+            return 2 * max(1, sum(t for t, _ in threads.values()))
+
         with stop_on_signals(), raising_on_stop():
             resources = {"GPU": share} if device == "cuda" else None
 
@@ -843,17 +850,21 @@ def run_tasks(
                 futures.append(fut)
                 return fut
 
-            def send_next(waiting: Any) -> None:
-                with lock:
-                    n = pending.popleft() if pending else None
-                if n is not None:
+            def fill(waiting: Any) -> None:
+                nonlocal sent
+                limit = window()
+                while sent < limit:
+                    with lock:
+                        n = pending.popleft() if pending else None
+                    if n is None:
+                        return
                     waiting.add(send(n, 1))
+                    sent += 1
 
             index: dict[str, tuple[int, int]] = {}
             lost: dict[int, list[str]] = {}
             waiting = as_completed()
-            for _ in range(max(1, ahead)):
-                send_next(waiting)
+            fill(waiting)
             for fut in waiting:
                 n, attempt = index[fut.key]
                 if fut.status == "error":
@@ -867,7 +878,8 @@ def run_tasks(
                     waiting.add(send(n, attempt + 1))
                     continue
                 landed(n, fut.result())
-                send_next(waiting)
+                sent -= 1
+                fill(waiting)
             if lane is not None:
                 lane.thread.join()
                 if lane.error is not None:

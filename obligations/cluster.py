@@ -745,7 +745,7 @@ class _HereLane:
         self.thread.start()
 
     def _run(self) -> None:
-        while not self.stopping.is_set():
+        while not self.stopping.is_set() and cancel.stop_requested() is None:  # a stop: no request started after it
             with self.lock:
                 if not self.pending:
                     return

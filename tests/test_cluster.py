@@ -349,6 +349,28 @@ def test_the_run_takes_requests_too_from_the_end_of_the_order_from_before_its_cl
         oc.run_tasks(parse_cluster(scheduler), "host", "tests.cluster_tasks.planted_failure", ["a", "fail"], here=True)
 
 
+def test_the_runs_own_lane_starts_no_request_after_a_stop():
+    # Ctrl-C during kc audit-libm: the run's lane ends with the cell in hand, the rest is not started
+    import threading
+    from collections import deque
+
+    from obligations import cluster as oc
+    from obligations.core import cancel
+
+    pending, got = deque(range(200)), {}
+    lane = oc._HereLane("tests.cluster_tasks.pid_after", [0.01] * 200, pending, threading.Lock(), got.__setitem__)
+    try:
+        while len(got) < 3:
+            time.sleep(0.01)
+        cancel.request_stop("SIGINT")
+        lane.thread.join(timeout=5)
+    finally:
+        cancel.clear_stop()
+    assert not lane.thread.is_alive() and lane.error is None
+    assert 3 <= len(got) < 20 and len(got) + len(pending) == 200, (len(got), len(pending))
+    assert set(got) == set(range(200 - len(got), 200))  # from the end of the order
+
+
 @needs_dask
 def test_a_local_cuda_cluster_has_one_worker_per_visible_gpu_holding_it(monkeypatch):
     from obligations.cluster import AUDIT_LAYOUT, AUDIT_SHARE, CHECK_LAYOUT, WorkerLayout, _worker_specs, gpu_slots

@@ -27,6 +27,7 @@ import os
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -737,7 +738,14 @@ class _HereLane:
     """The run's own lane of :func:`run_tasks`: a thread of this process that takes requests from the end of the
     order (the shortest) from before the cluster is open until none is left, on this host's first GPU."""
 
-    def __init__(self, function: str, requests: list[Any], pending: Any, lock: threading.Lock, landed: Any) -> None:
+    def __init__(
+        self,
+        function: str,
+        requests: list[Any],
+        pending: deque[int],
+        lock: threading.Lock,
+        landed: Callable[[int, Any], None],
+    ) -> None:
         self.function, self.requests, self.pending, self.lock, self.landed = function, requests, pending, lock, landed
         self.stopping = threading.Event()
         self.error: tuple[int, BaseException] | None = None
@@ -782,8 +790,6 @@ def run_tasks(
     runs requests too, from the end of the order, starting before the cluster is open (a local cluster opens in
     ~1.5 s, the first of 74 audit cells could start in 0.7); the cluster then gets them as its workers free up,
     at most two a worker thread ahead, so that what is left stays takeable here."""
-    from collections import deque
-
     from distributed import as_completed
     from distributed.scheduler import KilledWorker
 
@@ -879,6 +885,8 @@ def run_tasks(
                     continue
                 landed(n, fut.result())
                 sent -= 1
+                if lane is not None and lane.error is not None:
+                    break  # the run fails with the lane's error: nothing more is sent
                 fill(waiting)
             if lane is not None:
                 lane.thread.join()

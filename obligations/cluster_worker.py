@@ -129,8 +129,8 @@ def _who() -> str:
 
         w = get_worker()
         return f"{w.name} ({w.address})" if w.name is not None and str(w.name) != w.address else str(w.address)
-    except Exception:  # not in a Dask worker (a direct call)
-        return f"pid {os.getpid()}"
+    except Exception:  # not in a Dask worker: the run's own lane (run_tasks(here=True)), or a direct call
+        return f"run (pid {os.getpid()})"
 
 
 def run_on_worker(request: dict[str, Any]) -> dict[str, Any]:

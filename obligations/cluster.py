@@ -808,11 +808,16 @@ def run_tasks(
         if progress is not None:
             progress(count, len(results))
 
-    lane: _HereLane | None = None
     pending: deque[int] = deque()
+
+    def queue(count: int) -> None:
+        """``count`` requests to run, none landed: the pending indices in their start order."""
+        results[:] = [None] * count
+        pending.extend(order if order is not None else range(count))
+
+    lane: _HereLane | None = None
     if here and not callable(requests):
-        results = [None] * len(requests)
-        pending.extend(order if order is not None else range(len(requests)))
+        queue(len(requests))
         lane = _HereLane(function, requests, pending, lock, landed)
     client = cluster = None
     futures: list[Any] = []
@@ -826,8 +831,7 @@ def run_tasks(
         if callable(requests):
             requests = requests(max(1, len(client.scheduler_info().get("workers", {}))))
         if lane is None:
-            results = [None] * len(requests)
-            pending.extend(order if order is not None else range(len(requests)))
+            queue(len(requests))
         rank = {n: r for r, n in enumerate(order or ())}
         sent = 0  # requests in flight on the cluster
 
